@@ -1,0 +1,246 @@
+//! Raw Linux ioctls used by cowlink.
+//!
+//! This crate is the only place in cowlink with `unsafe` code. Each function
+//! wraps exactly one ioctl, takes borrowed file descriptors, and returns the
+//! kernel's answer as a [`rustix::io::Errno`] on failure; it never decides
+//! what an error *means*. Classification, fallbacks and messages live in the
+//! safe `cowlink` crate.
+//!
+//! The ioctl numbers come from `linux-raw-sys` (generated from the kernel
+//! UAPI headers). The FIEMAP structs are declared here because
+//! `linux-raw-sys` does not export `linux/fiemap.h`; their layout is checked
+//! against the kernel's by the size assertions at the bottom of this file.
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use linux_raw_sys::general::{file_clone_range, file_dedupe_range, file_dedupe_range_info};
+use rustix::fd::{AsRawFd, BorrowedFd};
+use rustix::io::Errno;
+use rustix::ioctl::{ioctl, Opcode, Updater};
+
+const FICLONERANGE: Opcode = linux_raw_sys::ioctl::FICLONERANGE as Opcode;
+const FIDEDUPERANGE: Opcode = linux_raw_sys::ioctl::FIDEDUPERANGE as Opcode;
+const FS_IOC_FIEMAP: Opcode = linux_raw_sys::ioctl::FS_IOC_FIEMAP as Opcode;
+
+/// `ioctl(dst, FICLONE, src)`: make all of `dst` share the blocks of `src`.
+///
+/// `dst` must be open for writing and `src` for reading. The kernel replaces
+/// `dst`'s contents and size with `src`'s. Errors are the kernel's:
+/// `EXDEV` (different filesystems), `EOPNOTSUPP` (no reflink support),
+/// `EINVAL`, `EISDIR`, `EBADF`, `ENOSPC`, `EPERM`, `ETXTBSY`, ...
+///
+/// See `ioctl_ficlone(2)`.
+pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> Result<(), Errno> {
+    rustix::fs::ioctl_ficlone(dst, src)
+}
+
+/// `ioctl(dst, FICLONERANGE, {src, src_offset, len, dst_offset})`: make
+/// `len` bytes of `dst` at `dst_offset` share the blocks of `src` at
+/// `src_offset`.
+///
+/// `len == 0` means "to the end of `src`". Offsets must be multiples of the
+/// filesystem block size, and so must `len` unless the range ends at the end
+/// of `src`; otherwise the kernel answers `EINVAL`.
+///
+/// See `ioctl_ficlonerange(2)`.
+pub fn ficlonerange(
+    dst: BorrowedFd<'_>,
+    src: BorrowedFd<'_>,
+    src_offset: u64,
+    len: u64,
+    dst_offset: u64,
+) -> Result<(), Errno> {
+    let mut arg = file_clone_range {
+        src_fd: i64::from(src.as_raw_fd()),
+        src_offset,
+        src_length: len,
+        dest_offset: dst_offset,
+    };
+    // SAFETY: FICLONERANGE is `_IOW(0x94, 13, struct file_clone_range)`; the
+    // kernel reads exactly one `file_clone_range`, which `arg` is, and it
+    // lives for the duration of the call.
+    unsafe { ioctl(dst, Updater::<FICLONERANGE, file_clone_range>::new(&mut arg)) }
+}
+
+/// How many destinations one `FIDEDUPERANGE` call accepts: the request must
+/// fit in one 4 KiB page (header of 24 bytes, 32 bytes per destination).
+pub const DEDUPE_MAX_DESTS: usize =
+    (4096 - std::mem::size_of::<file_dedupe_range>()) / std::mem::size_of::<file_dedupe_range_info>();
+
+/// The kernel's answer for one destination of a dedupe request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DedupeStatus {
+    /// The ranges were identical and now share blocks (`FILE_DEDUPE_RANGE_SAME`).
+    Same,
+    /// The ranges differ; nothing was changed (`FILE_DEDUPE_RANGE_DIFFERS`).
+    Differs,
+    /// The kernel refused this destination with an error.
+    Error(Errno),
+}
+
+/// One destination's result: its status and the kernel's `bytes_deduped`.
+///
+/// `bytes_deduped` echoes the requested length even when less was shared;
+/// never count savings with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DedupeResult {
+    /// What the kernel did for this destination.
+    pub status: DedupeStatus,
+    /// The kernel's `bytes_deduped` field, as reported.
+    pub bytes_deduped: u64,
+}
+
+#[repr(C)]
+struct DedupeBuf {
+    hdr: file_dedupe_range,
+    info: [file_dedupe_range_info; DEDUPE_MAX_DESTS],
+}
+
+/// `ioctl(src, FIDEDUPERANGE, ...)`: for each `(fd, offset)` destination,
+/// share `len` bytes of `src` at `src_offset` if, and only if, the kernel
+/// finds them byte-for-byte identical under lock.
+///
+/// At most [`DEDUPE_MAX_DESTS`] destinations per call (`EINVAL` otherwise,
+/// without calling the kernel). The kernel clamps `len` (to 1 GiB on current
+/// kernels). Returns one result per destination, in order.
+///
+/// See `ioctl_fideduperange(2)`.
+pub fn fideduperange(
+    src: BorrowedFd<'_>,
+    src_offset: u64,
+    len: u64,
+    dests: &[(BorrowedFd<'_>, u64)],
+) -> Result<Vec<DedupeResult>, Errno> {
+    if dests.len() > DEDUPE_MAX_DESTS {
+        return Err(Errno::INVAL);
+    }
+    let zero_info = file_dedupe_range_info {
+        dest_fd: 0,
+        dest_offset: 0,
+        bytes_deduped: 0,
+        status: 0,
+        reserved: 0,
+    };
+    let mut buf = Box::new(DedupeBuf {
+        hdr: file_dedupe_range {
+            src_offset,
+            src_length: len,
+            dest_count: dests.len() as u16,
+            reserved1: 0,
+            reserved2: 0,
+            info: linux_raw_sys::general::__IncompleteArrayField::new(),
+        },
+        info: [zero_info; DEDUPE_MAX_DESTS],
+    });
+    for (slot, (fd, off)) in buf.info.iter_mut().zip(dests) {
+        slot.dest_fd = i64::from(fd.as_raw_fd());
+        slot.dest_offset = *off;
+    }
+    // SAFETY: FIDEDUPERANGE is `_IOWR(0x94, 54, struct file_dedupe_range)`
+    // followed by `dest_count` `file_dedupe_range_info` entries. `DedupeBuf`
+    // is `repr(C)`: the header (24 bytes, its trailing flexible array is
+    // zero-sized) is immediately followed by the info array, which has room
+    // for `dest_count` entries. The kernel writes only inside those entries.
+    unsafe { ioctl(src, Updater::<FIDEDUPERANGE, DedupeBuf>::new(&mut buf))? };
+    Ok(buf.info[..dests.len()]
+        .iter()
+        .map(|i| DedupeResult {
+            status: match i.status {
+                s if s < 0 => DedupeStatus::Error(Errno::from_raw_os_error(-s)),
+                s if s as u32 == linux_raw_sys::general::FILE_DEDUPE_RANGE_DIFFERS => {
+                    DedupeStatus::Differs
+                }
+                _ => DedupeStatus::Same,
+            },
+            bytes_deduped: i.bytes_deduped,
+        })
+        .collect())
+}
+
+/// `FIEMAP_FLAG_SYNC`: write dirty pages back before mapping.
+pub const FIEMAP_FLAG_SYNC: u32 = 0x1;
+/// Extent flag: the last extent of the file.
+pub const FIEMAP_EXTENT_LAST: u32 = 0x1;
+/// Extent flag: data location unknown.
+pub const FIEMAP_EXTENT_UNKNOWN: u32 = 0x2;
+/// Extent flag: delayed allocation, not yet on disk.
+pub const FIEMAP_EXTENT_DELALLOC: u32 = 0x4;
+/// Extent flag: data is encoded (compressed or encrypted).
+pub const FIEMAP_EXTENT_ENCODED: u32 = 0x8;
+/// Extent flag: data is inline in metadata.
+pub const FIEMAP_EXTENT_DATA_INLINE: u32 = 0x200;
+/// Extent flag: allocated but unwritten (reads as zeros).
+pub const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x800;
+/// Extent flag: the blocks are shared with another file or snapshot.
+pub const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
+
+/// One extent as the kernel's `struct fiemap_extent` describes it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FiemapExtent {
+    /// Byte offset of the extent in the file.
+    pub logical: u64,
+    /// Byte offset of the extent on the device.
+    pub physical: u64,
+    /// Length in bytes.
+    pub length: u64,
+    reserved64: [u64; 2],
+    /// `FIEMAP_EXTENT_*` flags.
+    pub flags: u32,
+    reserved: [u32; 3],
+}
+
+/// How many extents one [`fiemap`] call returns at most.
+pub const FIEMAP_BATCH: usize = 256;
+
+#[repr(C)]
+struct FiemapBuf {
+    start: u64,
+    length: u64,
+    flags: u32,
+    mapped_extents: u32,
+    extent_count: u32,
+    reserved: u32,
+    extents: [FiemapExtent; FIEMAP_BATCH],
+}
+
+/// `ioctl(fd, FS_IOC_FIEMAP, ...)`: map up to [`FIEMAP_BATCH`] extents of
+/// the file range `[start, start + len)` into `out`, returning how many
+/// were mapped. Callers loop, starting after the last extent returned,
+/// until one carries [`FIEMAP_EXTENT_LAST`] or none are returned.
+///
+/// `EOPNOTSUPP` means the filesystem has no FIEMAP (tmpfs, ZFS).
+///
+/// See the kernel's `Documentation/filesystems/fiemap.rst`.
+pub fn fiemap(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    flags: u32,
+    out: &mut Vec<FiemapExtent>,
+) -> Result<usize, Errno> {
+    let mut buf = Box::new(FiemapBuf {
+        start,
+        length: len,
+        flags,
+        mapped_extents: 0,
+        extent_count: FIEMAP_BATCH as u32,
+        reserved: 0,
+        extents: [FiemapExtent::default(); FIEMAP_BATCH],
+    });
+    // SAFETY: FS_IOC_FIEMAP is `_IOWR('f', 11, struct fiemap)` followed by
+    // `extent_count` `struct fiemap_extent`s. `FiemapBuf` is `repr(C)` with
+    // the header fields in kernel order (32 bytes) and room for exactly
+    // `extent_count` extents; the kernel writes no further.
+    unsafe { ioctl(fd, Updater::<FS_IOC_FIEMAP, FiemapBuf>::new(&mut buf))? };
+    let n = (buf.mapped_extents as usize).min(FIEMAP_BATCH);
+    out.extend_from_slice(&buf.extents[..n]);
+    Ok(n)
+}
+
+// Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).
+const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
+const _: () = assert!(std::mem::size_of::<FiemapBuf>() == 32 + 56 * FIEMAP_BATCH);
+const _: () = assert!(std::mem::size_of::<file_dedupe_range>() == 24);
+const _: () = assert!(std::mem::size_of::<file_dedupe_range_info>() == 32);
+const _: () = assert!(DEDUPE_MAX_DESTS == 127);

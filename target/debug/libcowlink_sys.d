@@ -1,0 +1,1 @@
+/work/main/target/debug/libcowlink_sys.rlib: /work/main/crates/cowlink-sys/src/lib.rs
