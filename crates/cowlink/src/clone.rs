@@ -1,0 +1,399 @@
+//! Cloning a whole file ([`clone_file`]) or a byte range ([`clone_range`]).
+//!
+//! `clone_file` is a small state machine: try `FICLONE`; when the kernel
+//! says "not possible here" and the mode allows it, copy instead
+//! ([`crate::copy`]); report the method actually used. The destination is
+//! written through [`crate::write::PendingFile`], so it appears complete,
+//! with its metadata, or not at all.
+
+use std::ffi::OsStr;
+use std::path::{Component, Path};
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
+
+use crate::error::{is_not_possible_here, Error, ErrorKind, Operation, Result};
+use crate::fskind::FsKind;
+use crate::meta::{self, Preserve};
+use crate::write::{Overwrite, PendingFile};
+
+/// Whether to share blocks, with `cp --reflink` semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reflink {
+    /// Clone or fail: never copies (`copy_file_range` may silently copy, so
+    /// it never backs this mode).
+    Always,
+    /// Clone when possible, else the fastest correct copy (the default).
+    #[default]
+    Auto,
+    /// Never share blocks: always a physical copy with read/write.
+    Never,
+}
+
+/// How the data actually got to the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// Blocks are shared with the source (FICLONE / FICLONERANGE).
+    Reflink,
+    /// Copied in the kernel with `copy_file_range` (which may itself have
+    /// shared blocks or copied server-side, at the filesystem's choice).
+    CopyOffload,
+    /// Copied through user space with read/write.
+    ReadWrite,
+    /// A hardlink to the same inode (used by later tree/store modes).
+    Hardlink,
+}
+
+impl Method {
+    /// A word for people: "cloned", "copied (copy_file_range)", ...
+    pub fn describe(self) -> &'static str {
+        match self {
+            Method::Reflink => "cloned",
+            Method::CopyOffload => "copied (copy_file_range)",
+            Method::ReadWrite => "copied (read/write)",
+            Method::Hardlink => "hardlinked",
+        }
+    }
+}
+
+/// What an operation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Outcome {
+    /// The method actually used.
+    pub method: Method,
+    /// Logical bytes the destination received (the source's size).
+    pub bytes: u64,
+}
+
+/// Options for [`clone_file`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CloneOptions {
+    /// Share blocks always, when possible, or never.
+    pub reflink: Reflink,
+    /// What to do when the destination exists.
+    pub overwrite: Overwrite,
+    /// Metadata to carry beyond permission bits.
+    pub preserve: Preserve,
+}
+
+fn file_type_name(mode: u32) -> &'static str {
+    match FileType::from_raw_mode(mode) {
+        FileType::Directory => "a directory",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Symlink => "a symbolic link",
+        FileType::RegularFile => "a regular file",
+        FileType::Unknown => "of unknown type",
+    }
+}
+
+/// Open `src` for reading as a regular file, with typed errors that say
+/// what is wrong. Special files are rejected before they are opened
+/// (opening a FIFO would block, a tape device might rewind).
+pub(crate) fn open_source(op: Operation, src: &Path) -> Result<(OwnedFd, Stat)> {
+    let err = |e: Errno| Error::from_errno(op, e).with_src(src);
+    let st = match fs::stat(src) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => {
+            let e = err(Errno::NOENT);
+            return Err(match fs::lstat(src) {
+                Ok(l) if FileType::from_raw_mode(l.st_mode) == FileType::Symlink => {
+                    e.with_reason("source is a dangling symbolic link")
+                }
+                _ => e.with_reason("source does not exist"),
+            });
+        }
+        Err(Errno::LOOP) => return Err(err(Errno::LOOP).with_reason("too many levels of symbolic links")),
+        Err(e) => return Err(err(e)),
+    };
+    check_regular(op, src, &st)?;
+    let fd = fs::open(
+        src,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::ACCESS | Errno::PERM => err(e).with_reason("permission denied reading the source"),
+        _ => err(e),
+    })?;
+    let st = fs::fstat(&fd).map_err(err)?;
+    // Replaced between stat and open? Check again on what we opened.
+    check_regular(op, src, &st)?;
+    Ok((fd, st))
+}
+
+fn check_regular(op: Operation, src: &Path, st: &Stat) -> Result<()> {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => Ok(()),
+        FileType::Directory => Err(Error::new(op, ErrorKind::IsDirectory)
+            .with_src(src)
+            .with_reason("source is a directory")),
+        _ => Err(Error::new(op, ErrorKind::NotRegularFile)
+            .with_src(src)
+            .with_reason(format!(
+                "source is {}; only regular files can be cloned",
+                file_type_name(st.st_mode)
+            ))),
+    }
+}
+
+/// Split a destination path into its directory and final name.
+fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<(std::path::PathBuf, std::ffi::OsString)> {
+    let bad = |why: &str| {
+        Error::new(op, ErrorKind::InvalidInput)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(why.to_string())
+    };
+    if dst.as_os_str().is_empty() {
+        return Err(bad("empty destination path"));
+    }
+    match dst.components().next_back() {
+        Some(Component::Normal(name)) if !dst.as_os_str().to_string_lossy().ends_with('/') => {
+            let parent = match dst.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => ".".into(),
+            };
+            Ok((parent, name.to_os_string()))
+        }
+        _ => Err(Error::new(op, ErrorKind::IsDirectory)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason("destination names a directory, not a file")),
+    }
+}
+
+/// The filesystem kind of an open file, for messages. Never fails.
+fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
+    fs::fstatfs(fd)
+        .map(|s| FsKind::from_magic(s.f_type as u64))
+        .unwrap_or(FsKind::Other)
+}
+
+/// Clone `src` to the new file `dst`, or copy it when `options.reflink`
+/// allows and cloning is not possible here.
+///
+/// `dst` is the full destination file name (not a directory to copy into).
+/// The data goes to an unnamed temporary in `dst`'s directory and is linked
+/// into place only when complete and its metadata set, so after any error
+/// there is nothing under `dst` (or the old `dst` is untouched) and no
+/// temporary is left.
+///
+/// # Errors
+/// Typed by [`ErrorKind`]: `NotFound` (missing or dangling source, missing
+/// destination directory), `IsDirectory`, `NotRegularFile` (FIFO, device,
+/// socket), `PermissionDenied`, `AlreadyExists` (unless
+/// [`Overwrite::Replace`]), `SameFile`, `CrossDevice` and `NotSupported`
+/// (with [`Reflink::Always`] only), `NoSpace`, `ReadOnly`, `Io`.
+///
+/// Uses `ioctl(FICLONE)`, then `copy_file_range(2)` and `pread`/`pwrite`.
+pub fn clone_file(src: impl AsRef<Path>, dst: impl AsRef<Path>, options: &CloneOptions) -> Result<Outcome> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
+    let op = match options.reflink {
+        Reflink::Never => Operation::Copy,
+        _ => Operation::Clone,
+    };
+    let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
+
+    let (src_fd, st) = open_source(op, src).map_err(|e| e.with_dst(dst))?;
+    let (parent, name) = split_dest(op, src, dst)?;
+    let dir = fs::open(&parent, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| match e {
+            Errno::NOENT => err(e).with_reason(format!("directory '{}' does not exist", parent.display())),
+            Errno::NOTDIR => err(e).with_reason(format!("'{}' is not a directory", parent.display())),
+            _ => err(e),
+        })?;
+    check_existing(op, src, dst, &st, dir.as_fd(), &name, options.overwrite)?;
+
+    let pending = PendingFile::create(dir.as_fd(), &name, Mode::from_raw_mode(st.st_mode & 0o777))
+        .map_err(|e| err(e).with_reason(create_reason(e, &parent)))?;
+    let method = transfer(src_fd.as_fd(), pending.fd(), st.st_size as u64, options.reflink)
+        .map_err(|e| transfer_error(op, src, dst, e, src_fd.as_fd(), pending.fd()))?;
+    meta::apply(src_fd.as_fd(), &st, pending.fd(), options.preserve)
+        .map_err(|m| err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno))))?;
+    pending.persist(&name, options.overwrite).map_err(|e| match e {
+        Errno::EXIST => err(e).with_reason("destination already exists"),
+        Errno::ISDIR => err(e).with_reason("destination is a directory"),
+        _ => err(e),
+    })?;
+    Ok(Outcome {
+        method,
+        bytes: st.st_size as u64,
+    })
+}
+
+/// Refuse early (before moving any data) when the destination exists and
+/// may not be replaced, is a directory, or is the source itself. The final
+/// link or rename re-checks atomically; this only avoids wasted work.
+fn check_existing(
+    op: Operation,
+    src: &Path,
+    dst: &Path,
+    st: &Stat,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    overwrite: Overwrite,
+) -> Result<()> {
+    let e = |kind: ErrorKind, why: &str| {
+        Error::new(op, kind)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(why.to_string())
+    };
+    let existing = match fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(s) => s,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(errno) => return Err(Error::from_errno(op, errno).with_src(src).with_dst(dst)),
+    };
+    // Same file, directly or through a symlink at the destination.
+    let target = fs::statat(dir, name, AtFlags::empty()).unwrap_or(existing);
+    if (target.st_dev, target.st_ino) == (st.st_dev, st.st_ino) {
+        return Err(e(ErrorKind::SameFile, "source and destination are the same file"));
+    }
+    if FileType::from_raw_mode(existing.st_mode) == FileType::Directory {
+        return Err(e(ErrorKind::IsDirectory, "destination is an existing directory"));
+    }
+    match overwrite {
+        Overwrite::Refuse => Err(e(ErrorKind::AlreadyExists, "destination already exists")),
+        Overwrite::Replace => Ok(()),
+    }
+}
+
+fn create_reason(e: Errno, parent: &Path) -> String {
+    match e {
+        Errno::ACCESS | Errno::PERM => format!("permission denied creating a file in '{}'", parent.display()),
+        Errno::ROFS => format!("'{}' is on a read-only filesystem", parent.display()),
+        Errno::NOSPC | Errno::DQUOT => format!("no space left in '{}'", parent.display()),
+        _ => errno_text(e),
+    }
+}
+
+pub(crate) fn errno_text(e: Errno) -> String {
+    let s = std::io::Error::from(e).to_string();
+    let s = s.split(" (os error").next().unwrap_or(&s).to_string();
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().chain(c).collect(),
+        None => s,
+    }
+}
+
+/// Why a transfer failed, in words that name the filesystems.
+fn transfer_error(op: Operation, src: &Path, dst: &Path, e: Errno, sfd: BorrowedFd<'_>, dfd: BorrowedFd<'_>) -> Error {
+    let base = Error::from_errno(op, e).with_src(src).with_dst(dst);
+    match e {
+        Errno::XDEV => base.with_reason(format!(
+            "different filesystems ({} → {})",
+            kind_of(sfd),
+            kind_of(dfd)
+        )),
+        Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL => {
+            let k = kind_of(dfd);
+            base.with_kind(ErrorKind::NotSupported)
+                .with_reason(format!("{k} does not support reflink here: {}", k.reflink_hint()))
+        }
+        Errno::NOSPC => base.with_reason("no space left on the destination filesystem"),
+        Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
+        _ => base,
+    }
+}
+
+/// Move the data: clone, or copy as `mode` allows.
+fn transfer(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64, mode: Reflink) -> Result<Method, Errno> {
+    match mode {
+        Reflink::Never => crate::copy::copy_data(src, dst, size, false),
+        Reflink::Always => cowlink_sys::ficlone(dst, src).map(|()| Method::Reflink),
+        Reflink::Auto => match cowlink_sys::ficlone(dst, src) {
+            Ok(()) => Ok(Method::Reflink),
+            Err(e) if is_not_possible_here(e) => crate::copy::copy_data(src, dst, size, true),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// Make `len` bytes of the existing file `dst` at `dst_offset` share the
+/// blocks of `src` at `src_offset` (`ioctl(FICLONERANGE)`).
+///
+/// `len == 0` means "to the end of `src`". Both offsets must be multiples of
+/// the destination filesystem's block size, and so must `len` unless the
+/// range ends exactly at the end of `src`. `dst` must already exist; it is
+/// written in place (this is the primitive for merging image deltas, not an
+/// atomic copy). There is no fallback: a range is cloned or nothing changes.
+///
+/// # Errors
+/// `Unaligned` (naming the block size), `CrossDevice`, `NotSupported`,
+/// `NotFound`, `IsDirectory`, `NotRegularFile`, `PermissionDenied`,
+/// `InvalidInput` (range past the end of `src`, overlapping ranges in one
+/// file), `NoSpace`, `Io`.
+pub fn clone_range(
+    src: impl AsRef<Path>,
+    src_offset: u64,
+    dst: impl AsRef<Path>,
+    dst_offset: u64,
+    len: u64,
+) -> Result<Outcome> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
+    let op = Operation::CloneRange;
+    let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
+    let (src_fd, st) = open_source(op, src).map_err(|e| e.with_dst(dst))?;
+    let dst_fd = fs::open(dst, OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NONBLOCK, Mode::empty())
+        .map_err(|e| match e {
+            Errno::NOENT => err(e).with_reason("destination does not exist (range cloning writes into an existing file)"),
+            Errno::ISDIR => err(e).with_reason("destination is a directory"),
+            _ => err(e),
+        })?;
+    let dst_st = fs::fstat(&dst_fd).map_err(err)?;
+    if FileType::from_raw_mode(dst_st.st_mode) != FileType::RegularFile {
+        return Err(Error::new(op, ErrorKind::NotRegularFile)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(format!("destination is {}", file_type_name(dst_st.st_mode))));
+    }
+    let src_size = st.st_size as u64;
+    let block = fs::fstatfs(&dst_fd).map_err(err)?.f_bsize as u64;
+    let effective_len = if len == 0 { src_size.saturating_sub(src_offset) } else { len };
+    let ends_at_eof = src_offset.checked_add(effective_len) == Some(src_size);
+    let unaligned = |what: String| {
+        Error::new(op, ErrorKind::Unaligned)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(format!(
+                "{what} is not a multiple of the filesystem block size ({block} bytes); \
+                 offsets must be aligned, and the length too unless the range ends at the end of the source"
+            ))
+    };
+    if block > 0 {
+        if src_offset % block != 0 {
+            return Err(unaligned(format!("source offset {src_offset}")));
+        }
+        if dst_offset % block != 0 {
+            return Err(unaligned(format!("destination offset {dst_offset}")));
+        }
+        if effective_len % block != 0 && !ends_at_eof {
+            return Err(unaligned(format!("length {effective_len}")));
+        }
+    }
+    if src_offset.checked_add(effective_len).is_none_or(|end| end > src_size) {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(format!(
+                "range {src_offset}+{effective_len} goes past the end of the source ({src_size} bytes)"
+            )));
+    }
+    match cowlink_sys::ficlonerange(dst_fd.as_fd(), src_fd.as_fd(), src_offset, len, dst_offset) {
+        Ok(()) => Ok(Outcome {
+            method: Method::Reflink,
+            bytes: effective_len,
+        }),
+        Err(Errno::INVAL) if block > 0 && effective_len % block != 0 => Err(unaligned(format!(
+            "length {effective_len} (an unaligned tail may only be cloned to the end of the destination)"
+        ))),
+        Err(e) => Err(transfer_error(op, src, dst, e, src_fd.as_fd(), dst_fd.as_fd())),
+    }
+}

@@ -1,0 +1,337 @@
+//! One error type for the whole library.
+//!
+//! Every failure carries the operation, the path(s) involved, a [`ErrorKind`]
+//! that callers match on, the errno the kernel returned (when there was one)
+//! and, where we know better than the errno text, a human reason.
+//!
+//! [`classify`] is the single place that maps errno values to kinds, and
+//! [`is_not_possible_here`] the single place that decides which clone
+//! failures may fall back to copying. Keeping both here means the fallback
+//! policy cannot drift between callers.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use rustix::io::Errno;
+
+/// Result alias used throughout cowlink.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What kind of failure happened. Callers match on this, never on text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The filesystem cannot do this (no reflink, no dedupe, no FIEMAP).
+    NotSupported,
+    /// Source and destination are on different filesystems.
+    CrossDevice,
+    /// A range offset or length is not a multiple of the block size.
+    Unaligned,
+    /// Too many links or references to one inode or block.
+    LinkLimit,
+    /// The destination already exists.
+    AlreadyExists,
+    /// A path does not exist (or is a dangling symbolic link).
+    NotFound,
+    /// Permission denied (EACCES, EPERM).
+    PermissionDenied,
+    /// No space or quota left (ENOSPC, EDQUOT).
+    NoSpace,
+    /// A directory was given where a file is needed.
+    IsDirectory,
+    /// A path component that must be a directory is not one.
+    NotADirectory,
+    /// The source is a FIFO, socket or device, which cannot be cloned.
+    NotRegularFile,
+    /// Source and destination are the same file.
+    SameFile,
+    /// The destination filesystem is mounted read-only.
+    ReadOnly,
+    /// An argument is invalid (bad name, bad range, symlink loop...).
+    InvalidInput,
+    /// The data changed between two steps that require it unchanged.
+    ContentChanged,
+    /// The operation was cancelled.
+    Cancelled,
+    /// Any other I/O error (EIO and the rest).
+    Io,
+}
+
+impl ErrorKind {
+    /// A short English description, used when no better reason is known.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::NotSupported => "operation not supported by the filesystem",
+            ErrorKind::CrossDevice => "different filesystems",
+            ErrorKind::Unaligned => "range is not aligned to the filesystem block size",
+            ErrorKind::LinkLimit => "too many links",
+            ErrorKind::AlreadyExists => "destination already exists",
+            ErrorKind::NotFound => "no such file or directory",
+            ErrorKind::PermissionDenied => "permission denied",
+            ErrorKind::NoSpace => "no space left on device",
+            ErrorKind::IsDirectory => "is a directory",
+            ErrorKind::NotADirectory => "not a directory",
+            ErrorKind::NotRegularFile => "not a regular file",
+            ErrorKind::SameFile => "source and destination are the same file",
+            ErrorKind::ReadOnly => "read-only filesystem",
+            ErrorKind::InvalidInput => "invalid argument",
+            ErrorKind::ContentChanged => "content changed during the operation",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Io => "input/output error",
+        }
+    }
+}
+
+/// Map a kernel errno to an [`ErrorKind`]. The one place that does so.
+pub fn classify(errno: Errno) -> ErrorKind {
+    match errno {
+        Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS => ErrorKind::NotSupported,
+        Errno::XDEV => ErrorKind::CrossDevice,
+        Errno::MLINK => ErrorKind::LinkLimit,
+        Errno::EXIST | Errno::NOTEMPTY => ErrorKind::AlreadyExists,
+        Errno::NOENT => ErrorKind::NotFound,
+        Errno::ACCESS | Errno::PERM => ErrorKind::PermissionDenied,
+        Errno::NOSPC | Errno::DQUOT => ErrorKind::NoSpace,
+        Errno::ISDIR => ErrorKind::IsDirectory,
+        Errno::NOTDIR => ErrorKind::NotADirectory,
+        Errno::ROFS => ErrorKind::ReadOnly,
+        Errno::INVAL | Errno::LOOP | Errno::NAMETOOLONG => ErrorKind::InvalidInput,
+        Errno::CANCELED => ErrorKind::Cancelled,
+        _ => ErrorKind::Io,
+    }
+}
+
+/// Whether a failed clone means "cloning is not possible here" (so `Auto`
+/// may fall back to copying) rather than a real error that must be reported.
+///
+/// Only EXDEV, EOPNOTSUPP, ENOTTY, ENOSYS and EINVAL qualify. ENOENT, EACCES,
+/// EEXIST, ENOSPC, EDQUOT, EIO and everything else are real errors: copying
+/// would hide them or make them worse.
+pub fn is_not_possible_here(errno: Errno) -> bool {
+    matches!(
+        errno,
+        Errno::XDEV | Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL
+    )
+}
+
+/// The operation that failed, used to word the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Operation {
+    /// Whole-file clone or copy (`clone_file`).
+    Clone,
+    /// Data copy without cloning (`Reflink::Never`).
+    Copy,
+    /// Range clone (`clone_range`).
+    CloneRange,
+    /// Capability probe.
+    Probe,
+    /// Reading file layout (FIEMAP).
+    Extents,
+    /// Copying a directory tree.
+    CopyTree,
+}
+
+impl Operation {
+    fn verb(self) -> &'static str {
+        match self {
+            Operation::Clone => "clone",
+            Operation::Copy => "copy",
+            Operation::CloneRange => "clone range of",
+            Operation::Probe => "probe",
+            Operation::Extents => "map extents of",
+            Operation::CopyTree => "copy",
+        }
+    }
+}
+
+/// A cowlink error: what was being done, to which paths, what kind of
+/// failure, the errno and a reason.
+///
+/// Displays as "cannot clone 'a' to 'b': different filesystems (xfs → btrfs)".
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.render())]
+pub struct Error {
+    op: Operation,
+    src: Option<PathBuf>,
+    dst: Option<PathBuf>,
+    kind: ErrorKind,
+    errno: Option<Errno>,
+    reason: Option<String>,
+}
+
+impl Error {
+    /// An error of `kind` for `op`, with no paths yet.
+    pub fn new(op: Operation, kind: ErrorKind) -> Self {
+        Error {
+            op,
+            src: None,
+            dst: None,
+            kind,
+            errno: None,
+            reason: None,
+        }
+    }
+
+    /// An error from a kernel errno; the kind comes from [`classify`].
+    pub fn from_errno(op: Operation, errno: Errno) -> Self {
+        Error {
+            errno: Some(errno),
+            ..Error::new(op, classify(errno))
+        }
+    }
+
+    /// Set the source path (or the only path).
+    pub fn with_src(mut self, p: impl AsRef<Path>) -> Self {
+        self.src = Some(p.as_ref().to_path_buf());
+        self
+    }
+
+    /// Set the destination path.
+    pub fn with_dst(mut self, p: impl AsRef<Path>) -> Self {
+        self.dst = Some(p.as_ref().to_path_buf());
+        self
+    }
+
+    /// Set a human reason that replaces the generic description.
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Override the kind (when the context knows better than the errno).
+    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The operation that failed.
+    pub fn operation(&self) -> Operation {
+        self.op
+    }
+
+    /// The kernel's errno, when the failure came from a system call.
+    pub fn errno(&self) -> Option<Errno> {
+        self.errno
+    }
+
+    /// The raw OS error number, when there is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.errno.map(|e| e.raw_os_error())
+    }
+
+    /// The source path (or the only path involved).
+    pub fn src(&self) -> Option<&Path> {
+        self.src.as_deref()
+    }
+
+    /// The destination path.
+    pub fn dst(&self) -> Option<&Path> {
+        self.dst.as_deref()
+    }
+
+    /// The reason alone, without "cannot clone 'a' to 'b'".
+    pub fn reason(&self) -> String {
+        match (&self.reason, self.errno) {
+            (Some(r), _) => r.clone(),
+            (None, Some(e)) => io::Error::from(e).to_string().to_lowercase_first(),
+            (None, None) => self.kind.describe().to_string(),
+        }
+    }
+}
+
+trait LowerFirst {
+    fn to_lowercase_first(&self) -> String;
+}
+
+impl LowerFirst for String {
+    /// "No such file or directory (os error 2)" -> "no such file or directory".
+    fn to_lowercase_first(&self) -> String {
+        let s = self.split(" (os error").next().unwrap_or(self);
+        let mut c = s.chars();
+        match c.next() {
+            Some(f) => f.to_lowercase().chain(c).collect(),
+            None => String::new(),
+        }
+    }
+}
+
+impl Error {
+    fn render(&self) -> String {
+        let mut out = format!("cannot {}", self.op.verb());
+        if let Some(s) = &self.src {
+            out += &format!(" '{}'", s.display());
+        }
+        if let Some(d) = &self.dst {
+            out += &format!(" to '{}'", d.display());
+        }
+        out + ": " + &self.reason()
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        match e.errno {
+            Some(errno) => io::Error::new(io::Error::from(errno).kind(), e.to_string()),
+            None => io::Error::other(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallback_policy_is_exactly_the_documented_set() {
+        for e in [Errno::XDEV, Errno::OPNOTSUPP, Errno::NOTTY, Errno::NOSYS, Errno::INVAL] {
+            assert!(is_not_possible_here(e), "{e:?} should allow fallback");
+        }
+        for e in [
+            Errno::NOENT,
+            Errno::ACCESS,
+            Errno::EXIST,
+            Errno::NOSPC,
+            Errno::DQUOT,
+            Errno::IO,
+            Errno::PERM,
+            Errno::TXTBSY,
+        ] {
+            assert!(!is_not_possible_here(e), "{e:?} must not fall back");
+        }
+    }
+
+    #[test]
+    fn classify_maps_the_common_errnos() {
+        assert_eq!(classify(Errno::XDEV), ErrorKind::CrossDevice);
+        assert_eq!(classify(Errno::OPNOTSUPP), ErrorKind::NotSupported);
+        assert_eq!(classify(Errno::NOSPC), ErrorKind::NoSpace);
+        assert_eq!(classify(Errno::DQUOT), ErrorKind::NoSpace);
+        assert_eq!(classify(Errno::EXIST), ErrorKind::AlreadyExists);
+        assert_eq!(classify(Errno::ACCESS), ErrorKind::PermissionDenied);
+        assert_eq!(classify(Errno::IO), ErrorKind::Io);
+    }
+
+    #[test]
+    fn message_names_paths_and_reason() {
+        let e = Error::from_errno(Operation::Clone, Errno::XDEV)
+            .with_src("a")
+            .with_dst("b")
+            .with_reason("different filesystems (xfs → btrfs)");
+        assert_eq!(
+            e.to_string(),
+            "cannot clone 'a' to 'b': different filesystems (xfs → btrfs)"
+        );
+        assert_eq!(e.kind(), ErrorKind::CrossDevice);
+        assert_eq!(e.raw_os_error(), Some(18));
+        let e = Error::from_errno(Operation::Clone, Errno::NOENT).with_src("x");
+        assert_eq!(e.to_string(), "cannot clone 'x': no such file or directory");
+    }
+}

@@ -1,0 +1,48 @@
+//! cowlink: copy-on-write file cloning for Linux.
+//!
+//! On XFS, Btrfs, bcachefs, OpenZFS ≥ 2.2 and others, a file can be cloned
+//! in constant time: both names share the same blocks until one is written.
+//! This crate clones files and byte ranges, falls back to the fastest
+//! correct copy where cloning cannot work, always says which happened, and
+//! tells in advance whether two paths can clone.
+//!
+//! ```no_run
+//! use cowlink::{clone_file, CloneOptions, Method, Reflink};
+//!
+//! let outcome = clone_file("big.img", "copy.img", &CloneOptions::default())?;
+//! if outcome.method == Method::Reflink {
+//!     println!("cloned {} bytes without copying", outcome.bytes);
+//! }
+//!
+//! // Clone or fail, never copy:
+//! let strict = CloneOptions { reflink: Reflink::Always, ..Default::default() };
+//! let support = cowlink::probe::between("big.img", "/mnt/other")?;
+//! if !support.reflink.is_yes() {
+//!     eprintln!("cannot clone: {}", support.reflink.reason().unwrap_or(""));
+//! }
+//! # let _ = strict;
+//! # Ok::<(), cowlink::Error>(())
+//! ```
+//!
+//! Module map: [`clone`](clone_file) (whole file and range), `copy` (the
+//! fallback data copy), `meta` ([`Preserve`]), `write` (atomic placement,
+//! [`Overwrite`]), [`probe`] (capabilities), [`extents`] (FIEMAP),
+//! [`tree`] (directory copy), [`error`] (one error type). Linux only.
+#![deny(missing_docs)]
+
+mod clone;
+mod copy;
+pub mod error;
+pub mod extents;
+mod fskind;
+mod meta;
+pub mod mountinfo;
+pub mod probe;
+pub mod tree;
+mod write;
+
+pub use clone::{clone_file, clone_range, CloneOptions, Method, Outcome, Reflink};
+pub use error::{Error, ErrorKind, Operation, Result};
+pub use fskind::{CloneLimit, FsKind};
+pub use meta::Preserve;
+pub use write::Overwrite;

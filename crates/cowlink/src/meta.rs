@@ -1,0 +1,159 @@
+//! Carrying metadata from a source file to its copy.
+//!
+//! A clone (FICLONE) copies data only. Permission bits are always carried:
+//! the destination is created with the source's bits and the umask applies,
+//! as `cp` does, so an executable stays executable. [`Preserve`] adds the
+//! exact mode (set-id and sticky bits, no umask), ownership, nanosecond
+//! timestamps and extended attributes (which include POSIX ACLs).
+//!
+//! Order matters and is fixed here: owner first (chown clears set-id bits
+//! and file capabilities), then xattrs, then mode (an ACL write changes the
+//! group bits), then times last (every other change touches ctime only, but
+//! data writes would move mtime).
+
+use rustix::fd::BorrowedFd;
+use rustix::fs::{self, Gid, Mode, Stat, Timespec, Timestamps, Uid, XattrFlags};
+use rustix::io::Errno;
+
+/// Which metadata to carry beyond the permission bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Preserve {
+    /// Exact mode bits, including set-id and sticky, ignoring the umask.
+    pub mode: bool,
+    /// Owner and group (needs privileges; without them only the group is
+    /// attempted and a refusal is ignored, as `cp -p` does).
+    pub ownership: bool,
+    /// Access and modification times, to the nanosecond.
+    pub timestamps: bool,
+    /// Extended attributes, including POSIX ACLs and security labels.
+    pub xattrs: bool,
+}
+
+impl Preserve {
+    /// Nothing beyond the permission bits (`cp`'s default).
+    pub const NONE: Preserve = Preserve {
+        mode: false,
+        ownership: false,
+        timestamps: false,
+        xattrs: false,
+    };
+    /// `cp -p`: mode, ownership, timestamps.
+    pub const P: Preserve = Preserve {
+        mode: true,
+        ownership: true,
+        timestamps: true,
+        xattrs: false,
+    };
+    /// `cp -a`: everything.
+    pub const ALL: Preserve = Preserve {
+        mode: true,
+        ownership: true,
+        timestamps: true,
+        xattrs: true,
+    };
+}
+
+/// A metadata step that failed, for the error message.
+#[derive(Debug)]
+pub(crate) struct MetaError {
+    pub(crate) what: String,
+    pub(crate) errno: Errno,
+}
+
+fn fail(what: impl Into<String>) -> impl FnOnce(Errno) -> MetaError {
+    move |errno| MetaError {
+        what: what.into(),
+        errno,
+    }
+}
+
+/// Apply `preserve` from `src` (with its `st`) to the open file `dst`.
+pub(crate) fn apply(
+    src: BorrowedFd<'_>,
+    st: &Stat,
+    dst: BorrowedFd<'_>,
+    preserve: Preserve,
+) -> Result<(), MetaError> {
+    if preserve.ownership {
+        let uid = Uid::from_raw(st.st_uid);
+        let gid = Gid::from_raw(st.st_gid);
+        match fs::fchown(dst, Some(uid), Some(gid)) {
+            Ok(()) => {}
+            Err(Errno::PERM) if !rustix::process::geteuid().is_root() => {
+                // Like cp -p: try the group alone, ignore a refusal.
+                let _ = fs::fchown(dst, None, Some(gid));
+            }
+            Err(e) => return Err(fail("preserve ownership")(e)),
+        }
+    }
+    if preserve.xattrs {
+        copy_xattrs(src, dst)?;
+    }
+    if preserve.mode {
+        fs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777)).map_err(fail("preserve mode"))?;
+    }
+    if preserve.timestamps {
+        let times = Timestamps {
+            last_access: Timespec {
+                tv_sec: st.st_atime,
+                tv_nsec: st.st_atime_nsec as _,
+            },
+            last_modification: Timespec {
+                tv_sec: st.st_mtime,
+                tv_nsec: st.st_mtime_nsec as _,
+            },
+        };
+        fs::futimens(dst, &times).map_err(fail("preserve timestamps"))?;
+    }
+    Ok(())
+}
+
+/// Copy every extended attribute of `src` to `dst`.
+fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<(), MetaError> {
+    let names = match list_xattrs(src) {
+        Ok(n) => n,
+        // The source filesystem has no xattrs at all: nothing to carry.
+        Err(Errno::OPNOTSUPP) => return Ok(()),
+        Err(e) => return Err(fail("list extended attributes")(e)),
+    };
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        let cname = std::ffi::CString::new(name).expect("xattr names have no NUL");
+        let value = get_xattr(src, &cname).map_err(fail(format!("read extended attribute '{shown}'")))?;
+        match fs::fsetxattr(dst, &cname, &value, XattrFlags::empty()) {
+            Ok(()) => {}
+            Err(e) => return Err(fail(format!("preserve extended attribute '{shown}'"))(e)),
+        }
+    }
+    Ok(())
+}
+
+fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
+    loop {
+        let n = fs::flistxattr_query(fd)?;
+        let mut buf = vec![0u8; n];
+        match fs::flistxattr(fd, &mut buf[..]) {
+            Ok(got) => {
+                buf.truncate(got);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => continue, // grew between the calls
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn get_xattr(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<Vec<u8>, Errno> {
+    loop {
+        let n = fs::fgetxattr_query(fd, name)?;
+        let mut buf = vec![0u8; n];
+        match fs::fgetxattr(fd, name, &mut buf[..]) {
+            Ok(got) => {
+                buf.truncate(got);
+                return Ok(buf);
+            }
+            Err(Errno::RANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}

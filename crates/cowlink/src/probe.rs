@@ -1,0 +1,529 @@
+//! Can these paths clone? Answered honestly, in advance.
+//!
+//! "Does reflink work here" is decided by a real trial: two unnamed
+//! (`O_TMPFILE`) scratch files in the directory, one block written to the
+//! first, `FICLONE` into the second. Dedupe is tried the same way with
+//! `FIDEDUPERANGE`. Scratch files have no names, so nothing is left behind
+//! even if the process dies. Answers are cached per filesystem (device
+//! number) until [`clear_cache`].
+//!
+//! For a pair ([`between`]) with a regular source file, the trial clones
+//! the first block of the real source into a scratch file next to the
+//! destination; that also catches kernels older than 5.18, which refuse to
+//! clone across two mounts of one filesystem.
+//!
+//! Nothing here errors or hangs on odd mounts: every filesystem is probed
+//! on a helper thread with a deadline, autofs triggers and kernel pseudo
+//! filesystems are not touched, and what cannot be known is answered
+//! [`Answer::Unknown`] with the reason.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, LazyLock, Mutex};
+use std::time::Duration;
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::clone::errno_text;
+use crate::error::{is_not_possible_here, Error, Operation, Result};
+use crate::fskind::{CloneLimit, FsKind};
+use crate::mountinfo::{self, MountEntry};
+
+/// How long one filesystem may take to answer before it is "unknown".
+const DEADLINE: Duration = Duration::from_secs(5);
+/// Size of the scratch data written for a trial.
+const TRIAL_BYTES: usize = 4096;
+
+/// Yes, no, or unknown — with the reason for the latter two.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "answer", content = "reason", rename_all = "lowercase")]
+pub enum Answer {
+    /// It works (a trial succeeded).
+    Yes,
+    /// It does not work, and why.
+    No(String),
+    /// It could not be determined, and why.
+    Unknown(String),
+}
+
+impl Answer {
+    /// Whether the answer is [`Answer::Yes`].
+    pub fn is_yes(&self) -> bool {
+        matches!(self, Answer::Yes)
+    }
+
+    /// The reason, for `No` and `Unknown`.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Answer::Yes => None,
+            Answer::No(r) | Answer::Unknown(r) => Some(r),
+        }
+    }
+
+    /// "yes", "no" or "unknown".
+    pub fn word(&self) -> &'static str {
+        match self {
+            Answer::Yes => "yes",
+            Answer::No(_) => "no",
+            Answer::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// What one filesystem can do.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FsFacts {
+    /// The directory that was probed.
+    pub path: PathBuf,
+    /// Filesystem kind (from the statfs magic when it answered).
+    pub kind: FsKind,
+    /// The statfs `f_type` magic, when statfs answered.
+    pub magic: Option<u64>,
+    /// The device number (`st_dev`) of the probed directory.
+    pub device: Option<u64>,
+    /// Block size (clone alignment unit), when statfs answered.
+    pub block_size: Option<u64>,
+    /// Whether files here can share blocks (trial clone).
+    pub reflink: Answer,
+    /// Whether the kernel deduplicates here (trial FIDEDUPERANGE).
+    pub dedupe: Answer,
+    /// References per block allowed, where known.
+    pub clone_limit: CloneLimit,
+}
+
+impl FsFacts {
+    fn unknown(path: PathBuf, kind: FsKind, reason: String) -> FsFacts {
+        FsFacts {
+            path,
+            kind,
+            magic: None,
+            device: None,
+            block_size: None,
+            reflink: Answer::Unknown(reason.clone()),
+            dedupe: Answer::Unknown(reason),
+            clone_limit: kind.clone_limit(),
+        }
+    }
+}
+
+/// Whether a source can clone to a destination.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Support {
+    /// The source side.
+    pub src: FsFacts,
+    /// The destination side (its directory).
+    pub dst: FsFacts,
+    /// Both on one filesystem (same device, or a trial proved it).
+    pub same_filesystem: bool,
+    /// Whether cloning from `src` to `dst` works.
+    pub reflink: Answer,
+}
+
+/// One mount found by [`tree`] and what it can do.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MountSupport {
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// What is mounted (device, server export, name).
+    pub source: String,
+    /// The type name from mountinfo.
+    pub fstype: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+    /// What the filesystem can do.
+    pub facts: FsFacts,
+}
+
+/// (reflink, dedupe) answers of one filesystem.
+type Trial = (Answer, Answer);
+/// Per filesystem (device number): its trial answers.
+static FS_CACHE: LazyLock<Mutex<HashMap<u64, Trial>>> = LazyLock::new(Default::default);
+/// Per (source device, destination device): can one clone to the other.
+static PAIR_CACHE: LazyLock<Mutex<HashMap<(u64, u64), Answer>>> = LazyLock::new(Default::default);
+
+/// Forget every cached answer (after remounting, for example).
+pub fn clear_cache() {
+    FS_CACHE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    PAIR_CACHE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
+
+/// Look up `key`, or compute and remember it. Only definite answers are
+/// remembered: "unknown" may be about one directory (not writable), not
+/// about the filesystem.
+fn cached_or<K: std::hash::Hash + Eq, V: Clone>(
+    cache: &Mutex<HashMap<K, V>>,
+    key: K,
+    definite: impl Fn(&V) -> bool,
+    compute: impl FnOnce() -> V,
+) -> V {
+    if let Some(v) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return v.clone();
+    }
+    let v = compute();
+    if definite(&v) {
+        cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, v.clone());
+    }
+    v
+}
+
+fn is_definite(a: &Answer) -> bool {
+    !matches!(a, Answer::Unknown(_))
+}
+
+/// Run `f` on a helper thread; `None` if it has not answered by `deadline`
+/// (the thread is left to finish on its own, e.g. on a stale NFS mount).
+fn with_deadline<T: Send + 'static>(deadline: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("cowlink-probe".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        });
+    match spawned {
+        Ok(_) => rx.recv_timeout(deadline).ok(),
+        Err(_) => None,
+    }
+}
+
+fn no_answer(path: &Path, kind: FsKind) -> FsFacts {
+    FsFacts::unknown(
+        path.to_path_buf(),
+        kind,
+        format!(
+            "no answer within {} s (stale network mount or hung device?)",
+            DEADLINE.as_secs()
+        ),
+    )
+}
+
+/// An unnamed scratch file in `dir`, opened read-write. Falls back to a
+/// named file that is unlinked at once where `O_TMPFILE` is unsupported.
+fn scratch(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    match fs::openat(dir, c".", OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, Mode::RUSR | Mode::WUSR) {
+        Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
+            let name = format!(".cowlink-probe-{}-{:?}", std::process::id(), std::thread::current().id())
+                .replace(['(', ')'], "");
+            let flags = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC;
+            let fd = fs::openat(dir, &*name, flags, Mode::RUSR | Mode::WUSR)?;
+            let _ = fs::unlinkat(dir, &*name, AtFlags::empty());
+            Ok(fd)
+        }
+        r => r,
+    }
+}
+
+fn scratch_with_data(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    let fd = scratch(dir)?;
+    let data = [0x5au8; TRIAL_BYTES];
+    let mut done = 0;
+    while done < data.len() {
+        done += rustix::io::pwrite(&fd, &data[done..], done as u64)?;
+    }
+    Ok(fd)
+}
+
+/// Why no trial could be made, completed with what we know of the kind.
+fn untried(kind: FsKind, why: String) -> Answer {
+    if kind.never_reflinks() {
+        Answer::No(format!("{kind}: {}", kind.reflink_hint()))
+    } else {
+        Answer::Unknown(format!("{why}; {}", kind.reflink_hint()))
+    }
+}
+
+/// Trial clone and trial dedupe in `dir`.
+fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
+    let a = match scratch_with_data(dirfd) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let why = format!("cannot make a scratch file in '{}': {}", dir.display(), errno_text(e));
+            let dedupe = if kind.is_network_client() {
+                network_dedupe()
+            } else {
+                untried(kind, why.clone())
+            };
+            return (untried(kind, why), dedupe);
+        }
+    };
+    let reflink = match scratch(dirfd).and_then(|b| cowlink_sys::ficlone(b.as_fd(), a.as_fd())) {
+        Ok(()) => Answer::Yes,
+        Err(e) if is_not_possible_here(e) => {
+            Answer::No(format!("{kind} refused a trial clone ({}): {}", errno_text(e), kind.reflink_hint()))
+        }
+        Err(e) => Answer::Unknown(format!("trial clone failed: {}", errno_text(e))),
+    };
+    let dedupe = if kind.is_network_client() {
+        network_dedupe()
+    } else {
+        match scratch_with_data(dirfd) {
+            Err(e) => Answer::Unknown(format!("cannot make a scratch file: {}", errno_text(e))),
+            Ok(c) => match cowlink_sys::fideduperange(a.as_fd(), 0, TRIAL_BYTES as u64, &[(c.as_fd(), 0)]) {
+                Ok(r) => match r[0].status {
+                    cowlink_sys::DedupeStatus::Same => Answer::Yes,
+                    cowlink_sys::DedupeStatus::Differs => {
+                        Answer::Unknown("trial dedupe saw identical data as different".into())
+                    }
+                    cowlink_sys::DedupeStatus::Error(e) => dedupe_refused(kind, e),
+                },
+                Err(e) => dedupe_refused(kind, e),
+            },
+        }
+    };
+    (reflink, dedupe)
+}
+
+fn dedupe_refused(kind: FsKind, e: Errno) -> Answer {
+    if is_not_possible_here(e) {
+        Answer::No(format!("{kind} refused a trial dedupe ({})", errno_text(e)))
+    } else {
+        Answer::Unknown(format!("trial dedupe failed: {}", errno_text(e)))
+    }
+}
+
+fn network_dedupe() -> Answer {
+    Answer::No(
+        "refused on network filesystem clients: their dedupe has cloned without comparing on some kernels".into(),
+    )
+}
+
+/// Facts for the directory `dir` (which must exist), without a deadline.
+fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
+    let err = |e: Errno| Error::from_errno(Operation::Probe, e).with_src(dir);
+    let dirfd = fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(err)?;
+    let st = fs::fstat(&dirfd).map_err(err)?;
+    let sfs = fs::fstatfs(&dirfd).map_err(err)?;
+    let magic = sfs.f_type as u64;
+    let kind = FsKind::from_magic(magic);
+    let (reflink, dedupe) = if kind == FsKind::Pseudo {
+        let no = Answer::No(format!("{kind} filesystem: holds no file data"));
+        (no.clone(), no)
+    } else {
+        cached_or(
+            &FS_CACHE,
+            st.st_dev,
+            |t: &Trial| is_definite(&t.0) && is_definite(&t.1),
+            || trial(dir, dirfd.as_fd(), kind),
+        )
+    };
+    Ok(FsFacts {
+        path: dir.to_path_buf(),
+        kind,
+        magic: Some(magic),
+        device: Some(st.st_dev),
+        block_size: Some(sfs.f_bsize as u64),
+        reflink,
+        dedupe,
+        clone_limit: kind.clone_limit(),
+    })
+}
+
+/// The directory a path's facts are about: itself if a directory, else
+/// its parent.
+fn dir_of(path: &Path) -> Result<PathBuf> {
+    match fs::stat(path) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => Ok(path.to_path_buf()),
+        Ok(_) => Ok(parent_of(path)),
+        Err(e) => Err(Error::from_errno(Operation::Probe, e).with_src(path)),
+    }
+}
+
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// What the filesystem holding `path` can do.
+///
+/// # Errors
+/// `NotFound` or `PermissionDenied` for the path itself. A filesystem that
+/// does not answer within the deadline gives `Unknown` answers, not an error.
+pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
+    let dir = dir_of(path.as_ref())?;
+    let d = dir.clone();
+    with_deadline(DEADLINE, move || facts_of_dir(&d)).unwrap_or_else(|| Ok(no_answer(&dir, FsKind::Other)))
+}
+
+/// Whether `src` can be cloned to `dst`.
+///
+/// `src` is a file or directory; `dst` is a directory, or a file path whose
+/// directory exists. When `src` is a readable regular file the answer comes
+/// from cloning its first block into a scratch file next to `dst`.
+///
+/// # Errors
+/// `NotFound` when `src` or `dst`'s directory does not exist.
+pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> {
+    let (src, dst) = (src.as_ref().to_path_buf(), dst.as_ref().to_path_buf());
+    let src_st = fs::stat(&src).map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
+    let dst_dir = match fs::stat(&dst) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => dst.clone(),
+        Ok(_) | Err(Errno::NOENT) => parent_of(&dst),
+        Err(e) => return Err(Error::from_errno(Operation::Probe, e).with_src(&dst)),
+    };
+    fs::stat(&dst_dir).map_err(|e| {
+        Error::from_errno(Operation::Probe, e)
+            .with_src(&dst_dir)
+            .with_reason(format!("destination directory '{}': {}", dst_dir.display(), errno_text(e)))
+    })?;
+    let (s, d) = (src.clone(), dst_dir.clone());
+    match with_deadline(DEADLINE, move || between_inner(&s, src_st.st_mode, &d)) {
+        Some(r) => r,
+        None => {
+            let reason = no_answer(&dst_dir, FsKind::Other).reflink;
+            Ok(Support {
+                src: no_answer(&src, FsKind::Other),
+                dst: no_answer(&dst_dir, FsKind::Other),
+                same_filesystem: false,
+                reflink: reason,
+            })
+        }
+    }
+}
+
+fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
+    let src_is_file = FileType::from_raw_mode(src_mode) == FileType::RegularFile;
+    let src_facts = facts_of_dir(&if src_is_file { parent_of(src) } else { src.to_path_buf() })?;
+    let dst_facts = facts_of_dir(dst_dir)?;
+    let (sdev, ddev) = (src_facts.device.unwrap_or(0), dst_facts.device.unwrap_or(0));
+    let mut same = sdev == ddev;
+    let different = format!("different filesystems ({} → {})", src_facts.kind, dst_facts.kind);
+    let reflink = if let Answer::No(r) = &dst_facts.reflink {
+        Answer::No(r.clone())
+    } else if src_is_file {
+        let answer = cached_or(&PAIR_CACHE, (sdev, ddev), is_definite, || {
+            pair_trial(src, dst_dir, &different)
+        });
+        same |= answer.is_yes();
+        answer
+    } else if same {
+        dst_facts.reflink.clone()
+    } else if src_facts.kind == FsKind::Btrfs && dst_facts.kind == FsKind::Btrfs {
+        Answer::Unknown(
+            "different Btrfs devices (subvolumes of one filesystem can clone); probe a file to be sure".into(),
+        )
+    } else {
+        Answer::No(different)
+    };
+    Ok(Support {
+        src: src_facts,
+        dst: dst_facts,
+        same_filesystem: same,
+        reflink,
+    })
+}
+
+/// Clone the first block of the real source into a scratch file in `dst_dir`.
+fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
+    let sfd = match fs::open(src, OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(e) => return Answer::Unknown(format!("cannot open the source: {}", errno_text(e))),
+    };
+    let dfd = match fs::open(dst_dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(e) => return Answer::Unknown(format!("cannot open the destination: {}", errno_text(e))),
+    };
+    let (size, block) = match (fs::fstat(&sfd), fs::fstatfs(&sfd)) {
+        (Ok(st), Ok(sfs)) => (st.st_size as u64, sfs.f_bsize as u64),
+        (Err(e), _) | (_, Err(e)) => return Answer::Unknown(errno_text(e)),
+    };
+    // One aligned block, or to EOF (len 0) for files smaller than a block.
+    let len = if size >= block { block } else { 0 };
+    let target = match scratch(dfd.as_fd()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            return Answer::Unknown(format!(
+                "cannot make a scratch file in '{}': {}",
+                dst_dir.display(),
+                errno_text(e)
+            ))
+        }
+    };
+    match cowlink_sys::ficlonerange(target.as_fd(), sfd.as_fd(), 0, len, 0) {
+        Ok(()) => Answer::Yes,
+        Err(Errno::XDEV) => Answer::No(different.to_string()),
+        Err(e) if is_not_possible_here(e) => Answer::No(format!("trial clone refused: {}", errno_text(e))),
+        Err(e) => Answer::Unknown(format!("trial clone failed: {}", errno_text(e))),
+    }
+}
+
+/// Every mount at or under `root` (the mount holding `root` first), from
+/// `/proc/self/mountinfo`, with what each can do. Mounts are probed in
+/// parallel, each with a deadline; autofs triggers and pseudo filesystems
+/// are reported without being touched.
+///
+/// # Errors
+/// Only when `root` cannot be resolved or mountinfo cannot be read.
+pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
+    let root = root.as_ref();
+    let canon = std::fs::canonicalize(root).map_err(|e| {
+        Error::from_errno(Operation::Probe, Errno::from_io_error(&e).unwrap_or(Errno::IO)).with_src(root)
+    })?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
+        Error::from_errno(Operation::Probe, Errno::from_io_error(&e).unwrap_or(Errno::IO))
+            .with_src("/proc/self/mountinfo")
+    })?;
+    let mounts = mountinfo::at_or_under(&mountinfo::parse(&text), &canon);
+    let handles: Vec<_> = mounts
+        .into_iter()
+        .map(|m| {
+            let (tx, rx) = mpsc::channel();
+            let mp = m.mount_point.clone();
+            let kind = FsKind::from_name(&m.fstype);
+            let probe = !matches!(kind, FsKind::Pseudo | FsKind::Autofs);
+            if probe {
+                let _ = std::thread::Builder::new()
+                    .name("cowlink-probe".into())
+                    .spawn(move || {
+                        let _ = tx.send(facts_of_dir(&mp));
+                    });
+            }
+            (m, kind, probe, rx)
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    Ok(handles
+        .into_iter()
+        .map(|(m, kind, probe, rx)| {
+            let facts = if !probe {
+                untouched(&m, kind)
+            } else {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(Ok(f)) => f,
+                    Ok(Err(e)) => FsFacts::unknown(m.mount_point.clone(), kind, e.reason()),
+                    Err(_) => no_answer(&m.mount_point, kind),
+                }
+            };
+            MountSupport {
+                read_only: m.read_only(),
+                mount_point: m.mount_point,
+                source: m.source,
+                fstype: m.fstype,
+                facts,
+            }
+        })
+        .collect())
+}
+
+fn untouched(m: &MountEntry, kind: FsKind) -> FsFacts {
+    let (reflink, dedupe) = if kind == FsKind::Autofs {
+        let why = "autofs trigger: not probed, to avoid mounting or hanging".to_string();
+        (Answer::Unknown(why.clone()), Answer::Unknown(why))
+    } else {
+        let no = Answer::No(format!("{} is a pseudo filesystem: holds no file data", m.fstype));
+        (no.clone(), no)
+    };
+    FsFacts {
+        path: m.mount_point.clone(),
+        kind,
+        magic: None,
+        device: None,
+        block_size: None,
+        reflink,
+        dedupe,
+        clone_limit: CloneLimit::Unknown,
+    }
+}
