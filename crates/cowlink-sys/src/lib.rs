@@ -59,13 +59,18 @@ pub fn ficlonerange(
     // SAFETY: FICLONERANGE is `_IOW(0x94, 13, struct file_clone_range)`; the
     // kernel reads exactly one `file_clone_range`, which `arg` is, and it
     // lives for the duration of the call.
-    unsafe { ioctl(dst, Updater::<FICLONERANGE, file_clone_range>::new(&mut arg)) }
+    unsafe {
+        ioctl(
+            dst,
+            Updater::<FICLONERANGE, file_clone_range>::new(&mut arg),
+        )
+    }
 }
 
 /// How many destinations one `FIDEDUPERANGE` call accepts: the request must
 /// fit in one 4 KiB page (header of 24 bytes, 32 bytes per destination).
-pub const DEDUPE_MAX_DESTS: usize =
-    (4096 - std::mem::size_of::<file_dedupe_range>()) / std::mem::size_of::<file_dedupe_range_info>();
+pub const DEDUPE_MAX_DESTS: usize = (4096 - std::mem::size_of::<file_dedupe_range>())
+    / std::mem::size_of::<file_dedupe_range_info>();
 
 /// The kernel's answer for one destination of a dedupe request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

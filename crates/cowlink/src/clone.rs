@@ -108,7 +108,9 @@ pub(crate) fn open_source(op: Operation, src: &Path) -> Result<(OwnedFd, Stat)> 
                 _ => e.with_reason("source does not exist"),
             });
         }
-        Err(Errno::LOOP) => return Err(err(Errno::LOOP).with_reason("too many levels of symbolic links")),
+        Err(Errno::LOOP) => {
+            return Err(err(Errno::LOOP).with_reason("too many levels of symbolic links"))
+        }
         Err(e) => return Err(err(e)),
     };
     check_regular(op, src, &st)?;
@@ -143,7 +145,11 @@ fn check_regular(op: Operation, src: &Path, st: &Stat) -> Result<()> {
 }
 
 /// Split a destination path into its directory and final name.
-fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<(std::path::PathBuf, std::ffi::OsString)> {
+fn split_dest(
+    op: Operation,
+    src: &Path,
+    dst: &Path,
+) -> Result<(std::path::PathBuf, std::ffi::OsString)> {
     let bad = |why: &str| {
         Error::new(op, ErrorKind::InvalidInput)
             .with_src(src)
@@ -192,7 +198,11 @@ fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
 /// (with [`Reflink::Always`] only), `NoSpace`, `ReadOnly`, `Io`.
 ///
 /// Uses `ioctl(FICLONE)`, then `copy_file_range(2)` and `pread`/`pwrite`.
-pub fn clone_file(src: impl AsRef<Path>, dst: impl AsRef<Path>, options: &CloneOptions) -> Result<Outcome> {
+pub fn clone_file(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &CloneOptions,
+) -> Result<Outcome> {
     let (src, dst) = (src.as_ref(), dst.as_ref());
     let op = match options.reflink {
         Reflink::Never => Operation::Copy,
@@ -202,25 +212,39 @@ pub fn clone_file(src: impl AsRef<Path>, dst: impl AsRef<Path>, options: &CloneO
 
     let (src_fd, st) = open_source(op, src).map_err(|e| e.with_dst(dst))?;
     let (parent, name) = split_dest(op, src, dst)?;
-    let dir = fs::open(&parent, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| match e {
-            Errno::NOENT => err(e).with_reason(format!("directory '{}' does not exist", parent.display())),
-            Errno::NOTDIR => err(e).with_reason(format!("'{}' is not a directory", parent.display())),
-            _ => err(e),
-        })?;
+    let dir = fs::open(
+        &parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::NOENT => {
+            err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
+        }
+        Errno::NOTDIR => err(e).with_reason(format!("'{}' is not a directory", parent.display())),
+        _ => err(e),
+    })?;
     check_existing(op, src, dst, &st, dir.as_fd(), &name, options.overwrite)?;
 
     let pending = PendingFile::create(dir.as_fd(), &name, Mode::from_raw_mode(st.st_mode & 0o777))
         .map_err(|e| err(e).with_reason(create_reason(e, &parent)))?;
-    let method = transfer(src_fd.as_fd(), pending.fd(), st.st_size as u64, options.reflink)
-        .map_err(|e| transfer_error(op, src, dst, e, src_fd.as_fd(), pending.fd()))?;
-    meta::apply(src_fd.as_fd(), &st, pending.fd(), options.preserve)
-        .map_err(|m| err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno))))?;
-    pending.persist(&name, options.overwrite).map_err(|e| match e {
-        Errno::EXIST => err(e).with_reason("destination already exists"),
-        Errno::ISDIR => err(e).with_reason("destination is a directory"),
-        _ => err(e),
+    let method = transfer(
+        src_fd.as_fd(),
+        pending.fd(),
+        st.st_size as u64,
+        options.reflink,
+    )
+    .map_err(|e| transfer_error(op, src, dst, e, src_fd.as_fd(), pending.fd()))?;
+    meta::apply(src_fd.as_fd(), &st, pending.fd(), options.preserve).map_err(|m| {
+        err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
     })?;
+    pending
+        .persist(&name, options.overwrite)
+        .map_err(|e| match e {
+            Errno::EXIST => err(e).with_reason("destination already exists"),
+            Errno::ISDIR => err(e).with_reason("destination is a directory"),
+            _ => err(e),
+        })?;
     Ok(Outcome {
         method,
         bytes: st.st_size as u64,
@@ -253,10 +277,16 @@ fn check_existing(
     // Same file, directly or through a symlink at the destination.
     let target = fs::statat(dir, name, AtFlags::empty()).unwrap_or(existing);
     if (target.st_dev, target.st_ino) == (st.st_dev, st.st_ino) {
-        return Err(e(ErrorKind::SameFile, "source and destination are the same file"));
+        return Err(e(
+            ErrorKind::SameFile,
+            "source and destination are the same file",
+        ));
     }
     if FileType::from_raw_mode(existing.st_mode) == FileType::Directory {
-        return Err(e(ErrorKind::IsDirectory, "destination is an existing directory"));
+        return Err(e(
+            ErrorKind::IsDirectory,
+            "destination is an existing directory",
+        ));
     }
     match overwrite {
         Overwrite::Refuse => Err(e(ErrorKind::AlreadyExists, "destination already exists")),
@@ -266,7 +296,10 @@ fn check_existing(
 
 fn create_reason(e: Errno, parent: &Path) -> String {
     match e {
-        Errno::ACCESS | Errno::PERM => format!("permission denied creating a file in '{}'", parent.display()),
+        Errno::ACCESS | Errno::PERM => format!(
+            "permission denied creating a file in '{}'",
+            parent.display()
+        ),
         Errno::ROFS => format!("'{}' is on a read-only filesystem", parent.display()),
         Errno::NOSPC | Errno::DQUOT => format!("no space left in '{}'", parent.display()),
         _ => errno_text(e),
@@ -284,7 +317,14 @@ pub(crate) fn errno_text(e: Errno) -> String {
 }
 
 /// Why a transfer failed, in words that name the filesystems.
-fn transfer_error(op: Operation, src: &Path, dst: &Path, e: Errno, sfd: BorrowedFd<'_>, dfd: BorrowedFd<'_>) -> Error {
+fn transfer_error(
+    op: Operation,
+    src: &Path,
+    dst: &Path,
+    e: Errno,
+    sfd: BorrowedFd<'_>,
+    dfd: BorrowedFd<'_>,
+) -> Error {
     let base = Error::from_errno(op, e).with_src(src).with_dst(dst);
     match e {
         Errno::XDEV => base.with_reason(format!(
@@ -294,8 +334,10 @@ fn transfer_error(op: Operation, src: &Path, dst: &Path, e: Errno, sfd: Borrowed
         )),
         Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL => {
             let k = kind_of(dfd);
-            base.with_kind(ErrorKind::NotSupported)
-                .with_reason(format!("{k} does not support reflink here: {}", k.reflink_hint()))
+            base.with_kind(ErrorKind::NotSupported).with_reason(format!(
+                "{k} does not support reflink here: {}",
+                k.reflink_hint()
+            ))
         }
         Errno::NOSPC => base.with_reason("no space left on the destination filesystem"),
         Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
@@ -304,7 +346,12 @@ fn transfer_error(op: Operation, src: &Path, dst: &Path, e: Errno, sfd: Borrowed
 }
 
 /// Move the data: clone, or copy as `mode` allows.
-fn transfer(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64, mode: Reflink) -> Result<Method, Errno> {
+fn transfer(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    size: u64,
+    mode: Reflink,
+) -> Result<Method, Errno> {
     match mode {
         Reflink::Never => crate::copy::copy_data(src, dst, size, false),
         Reflink::Always => cowlink_sys::ficlone(dst, src).map(|()| Method::Reflink),
@@ -341,12 +388,17 @@ pub fn clone_range(
     let op = Operation::CloneRange;
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
     let (src_fd, st) = open_source(op, src).map_err(|e| e.with_dst(dst))?;
-    let dst_fd = fs::open(dst, OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NONBLOCK, Mode::empty())
-        .map_err(|e| match e {
-            Errno::NOENT => err(e).with_reason("destination does not exist (range cloning writes into an existing file)"),
-            Errno::ISDIR => err(e).with_reason("destination is a directory"),
-            _ => err(e),
-        })?;
+    let dst_fd = fs::open(
+        dst,
+        OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::NOENT => err(e)
+            .with_reason("destination does not exist (range cloning writes into an existing file)"),
+        Errno::ISDIR => err(e).with_reason("destination is a directory"),
+        _ => err(e),
+    })?;
     let dst_st = fs::fstat(&dst_fd).map_err(err)?;
     if FileType::from_raw_mode(dst_st.st_mode) != FileType::RegularFile {
         return Err(Error::new(op, ErrorKind::NotRegularFile)
@@ -356,7 +408,11 @@ pub fn clone_range(
     }
     let src_size = st.st_size as u64;
     let block = fs::fstatfs(&dst_fd).map_err(err)?.f_bsize as u64;
-    let effective_len = if len == 0 { src_size.saturating_sub(src_offset) } else { len };
+    let effective_len = if len == 0 {
+        src_size.saturating_sub(src_offset)
+    } else {
+        len
+    };
     let ends_at_eof = src_offset.checked_add(effective_len) == Some(src_size);
     let unaligned = |what: String| {
         Error::new(op, ErrorKind::Unaligned)
@@ -378,7 +434,10 @@ pub fn clone_range(
             return Err(unaligned(format!("length {effective_len}")));
         }
     }
-    if src_offset.checked_add(effective_len).is_none_or(|end| end > src_size) {
+    if src_offset
+        .checked_add(effective_len)
+        .is_none_or(|end| end > src_size)
+    {
         return Err(Error::new(op, ErrorKind::InvalidInput)
             .with_src(src)
             .with_dst(dst)

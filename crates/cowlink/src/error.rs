@@ -291,7 +291,13 @@ mod tests {
 
     #[test]
     fn fallback_policy_is_exactly_the_documented_set() {
-        for e in [Errno::XDEV, Errno::OPNOTSUPP, Errno::NOTTY, Errno::NOSYS, Errno::INVAL] {
+        for e in [
+            Errno::XDEV,
+            Errno::OPNOTSUPP,
+            Errno::NOTTY,
+            Errno::NOSYS,
+            Errno::INVAL,
+        ] {
             assert!(is_not_possible_here(e), "{e:?} should allow fallback");
         }
         for e in [

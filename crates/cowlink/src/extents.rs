@@ -53,7 +53,13 @@ pub fn extents_fd(fd: BorrowedFd<'_>) -> std::result::Result<Vec<Extent>, Errno>
     let mut start = 0u64;
     loop {
         let before = raw.len();
-        let n = cowlink_sys::fiemap(fd, start, u64::MAX - start, cowlink_sys::FIEMAP_FLAG_SYNC, &mut raw)?;
+        let n = cowlink_sys::fiemap(
+            fd,
+            start,
+            u64::MAX - start,
+            cowlink_sys::FIEMAP_FLAG_SYNC,
+            &mut raw,
+        )?;
         if n == 0 {
             break;
         }
@@ -82,8 +88,12 @@ pub fn extents_fd(fd: BorrowedFd<'_>) -> std::result::Result<Vec<Extent>, Errno>
 pub fn extents(path: impl AsRef<Path>) -> Result<Vec<Extent>> {
     let path = path.as_ref();
     let op = Operation::Extents;
-    let fd = fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK, Mode::empty())
-        .map_err(|e| Error::from_errno(op, e).with_src(path))?;
+    let fd = fs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::from_errno(op, e).with_src(path))?;
     extents_fd(fd.as_fd()).map_err(|e| {
         let err = Error::from_errno(op, e).with_src(path);
         match e {

@@ -201,11 +201,17 @@ impl FsKind {
     /// Why a trial clone on this kind might fail, for the probe's reason.
     pub fn reflink_hint(self) -> &'static str {
         match self {
-            FsKind::Xfs => "XFS shares blocks only when made with reflink=1 (mkfs.xfs -m reflink=1)",
+            FsKind::Xfs => {
+                "XFS shares blocks only when made with reflink=1 (mkfs.xfs -m reflink=1)"
+            }
             FsKind::Btrfs => "Btrfs supports reflink; something else refused it",
-            FsKind::Zfs => "OpenZFS clones only from 2.2 with block cloning enabled (zfs_bclone_enabled)",
+            FsKind::Zfs => {
+                "OpenZFS clones only from 2.2 with block cloning enabled (zfs_bclone_enabled)"
+            }
             FsKind::Nfs => "NFS clones only with NFS 4.2 and a server that supports CLONE",
-            FsKind::Cifs => "SMB clones only with SMB3 and a server that supports duplicate extents",
+            FsKind::Cifs => {
+                "SMB clones only with SMB3 and a server that supports duplicate extents"
+            }
             FsKind::Overlay => "overlayfs clones only when its upper filesystem does",
             k if k.never_reflinks() => "this filesystem cannot share blocks between files",
             _ => "the filesystem refused to share blocks",
@@ -269,7 +275,10 @@ mod tests {
         assert_eq!(FsKind::from_name("nfs4"), FsKind::Nfs);
         assert_eq!(FsKind::from_name("fuse.sshfs"), FsKind::Fuse);
         assert_eq!(FsKind::from_name("cgroup2"), FsKind::Pseudo);
-        assert_eq!(FsKind::Xfs.clone_limit(), CloneLimit::PerBlock(4_294_967_295));
+        assert_eq!(
+            FsKind::Xfs.clone_limit(),
+            CloneLimit::PerBlock(4_294_967_295)
+        );
         assert_eq!(FsKind::Btrfs.clone_limit(), CloneLimit::Unlimited);
     }
 }

@@ -119,7 +119,8 @@ fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<(), MetaError
     for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let shown = String::from_utf8_lossy(name).into_owned();
         let cname = std::ffi::CString::new(name).expect("xattr names have no NUL");
-        let value = get_xattr(src, &cname).map_err(fail(format!("read extended attribute '{shown}'")))?;
+        let value =
+            get_xattr(src, &cname).map_err(fail(format!("read extended attribute '{shown}'")))?;
         match fs::fsetxattr(dst, &cname, &value, XattrFlags::empty()) {
             Ok(()) => {}
             Err(e) => return Err(fail(format!("preserve extended attribute '{shown}'"))(e)),

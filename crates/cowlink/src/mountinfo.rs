@@ -36,7 +36,10 @@ fn unescape(field: &str) -> OsString {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -65,7 +68,9 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let options = l.next()?.to_string();
     let mut r = right.split(' ');
     let fstype = r.next()?.to_string();
-    let source = unescape(r.next().unwrap_or("")).to_string_lossy().into_owned();
+    let source = unescape(r.next().unwrap_or(""))
+        .to_string_lossy()
+        .into_owned();
     Some(MountEntry {
         id,
         parent,
@@ -94,7 +99,9 @@ pub fn at_or_under(mounts: &[MountEntry], root: &Path) -> Vec<MountEntry> {
         .map(|m| m.id);
     visible
         .into_iter()
-        .filter(|m| Some(m.id) == containing || (m.mount_point.starts_with(root) && m.mount_point != root))
+        .filter(|m| {
+            Some(m.id) == containing || (m.mount_point.starts_with(root) && m.mount_point != root)
+        })
         .cloned()
         .collect()
 }
@@ -128,7 +135,10 @@ mod tests {
     fn selects_containing_and_nested_visible_mounts() {
         let m = parse(SAMPLE);
         let sel = at_or_under(&m, Path::new("/mnt/my disk"));
-        let points: Vec<_> = sel.iter().map(|e| (e.mount_point.clone(), e.fstype.clone())).collect();
+        let points: Vec<_> = sel
+            .iter()
+            .map(|e| (e.mount_point.clone(), e.fstype.clone()))
+            .collect();
         // The btrfs mount at inner is hidden by the later tmpfs.
         assert_eq!(
             points,

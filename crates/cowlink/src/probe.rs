@@ -163,7 +163,10 @@ fn cached_or<K: std::hash::Hash + Eq, V: Clone>(
     }
     let v = compute();
     if definite(&v) {
-        cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, v.clone());
+        cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, v.clone());
     }
     v
 }
@@ -174,7 +177,10 @@ fn is_definite(a: &Answer) -> bool {
 
 /// Run `f` on a helper thread; `None` if it has not answered by `deadline`
 /// (the thread is left to finish on its own, e.g. on a stale NFS mount).
-fn with_deadline<T: Send + 'static>(deadline: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+fn with_deadline<T: Send + 'static>(
+    deadline: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("cowlink-probe".into())
@@ -201,10 +207,19 @@ fn no_answer(path: &Path, kind: FsKind) -> FsFacts {
 /// An unnamed scratch file in `dir`, opened read-write. Falls back to a
 /// named file that is unlinked at once where `O_TMPFILE` is unsupported.
 fn scratch(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
-    match fs::openat(dir, c".", OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, Mode::RUSR | Mode::WUSR) {
+    match fs::openat(
+        dir,
+        c".",
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::RUSR | Mode::WUSR,
+    ) {
         Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
-            let name = format!(".cowlink-probe-{}-{:?}", std::process::id(), std::thread::current().id())
-                .replace(['(', ')'], "");
+            let name = format!(
+                ".cowlink-probe-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            )
+            .replace(['(', ')'], "");
             let flags = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC;
             let fd = fs::openat(dir, &*name, flags, Mode::RUSR | Mode::WUSR)?;
             let _ = fs::unlinkat(dir, &*name, AtFlags::empty());
@@ -238,7 +253,11 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
     let a = match scratch_with_data(dirfd) {
         Ok(fd) => fd,
         Err(e) => {
-            let why = format!("cannot make a scratch file in '{}': {}", dir.display(), errno_text(e));
+            let why = format!(
+                "cannot make a scratch file in '{}': {}",
+                dir.display(),
+                errno_text(e)
+            );
             let dedupe = if kind.is_network_client() {
                 network_dedupe()
             } else {
@@ -249,9 +268,11 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
     };
     let reflink = match scratch(dirfd).and_then(|b| cowlink_sys::ficlone(b.as_fd(), a.as_fd())) {
         Ok(()) => Answer::Yes,
-        Err(e) if is_not_possible_here(e) => {
-            Answer::No(format!("{kind} refused a trial clone ({}): {}", errno_text(e), kind.reflink_hint()))
-        }
+        Err(e) if is_not_possible_here(e) => Answer::No(format!(
+            "{kind} refused a trial clone ({}): {}",
+            errno_text(e),
+            kind.reflink_hint()
+        )),
         Err(e) => Answer::Unknown(format!("trial clone failed: {}", errno_text(e))),
     };
     let dedupe = if kind.is_network_client() {
@@ -259,7 +280,12 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
     } else {
         match scratch_with_data(dirfd) {
             Err(e) => Answer::Unknown(format!("cannot make a scratch file: {}", errno_text(e))),
-            Ok(c) => match cowlink_sys::fideduperange(a.as_fd(), 0, TRIAL_BYTES as u64, &[(c.as_fd(), 0)]) {
+            Ok(c) => match cowlink_sys::fideduperange(
+                a.as_fd(),
+                0,
+                TRIAL_BYTES as u64,
+                &[(c.as_fd(), 0)],
+            ) {
                 Ok(r) => match r[0].status {
                     cowlink_sys::DedupeStatus::Same => Answer::Yes,
                     cowlink_sys::DedupeStatus::Differs => {
@@ -291,7 +317,12 @@ fn network_dedupe() -> Answer {
 /// Facts for the directory `dir` (which must exist), without a deadline.
 fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
     let err = |e: Errno| Error::from_errno(Operation::Probe, e).with_src(dir);
-    let dirfd = fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(err)?;
+    let dirfd = fs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(err)?;
     let st = fs::fstat(&dirfd).map_err(err)?;
     let sfs = fs::fstatfs(&dirfd).map_err(err)?;
     let magic = sfs.f_type as u64;
@@ -323,7 +354,9 @@ fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
 /// its parent.
 fn dir_of(path: &Path) -> Result<PathBuf> {
     match fs::stat(path) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => Ok(path.to_path_buf()),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+            Ok(path.to_path_buf())
+        }
         Ok(_) => Ok(parent_of(path)),
         Err(e) => Err(Error::from_errno(Operation::Probe, e).with_src(path)),
     }
@@ -344,7 +377,8 @@ fn parent_of(path: &Path) -> PathBuf {
 pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
     let dir = dir_of(path.as_ref())?;
     let d = dir.clone();
-    with_deadline(DEADLINE, move || facts_of_dir(&d)).unwrap_or_else(|| Ok(no_answer(&dir, FsKind::Other)))
+    with_deadline(DEADLINE, move || facts_of_dir(&d))
+        .unwrap_or_else(|| Ok(no_answer(&dir, FsKind::Other)))
 }
 
 /// Whether `src` can be cloned to `dst`.
@@ -357,7 +391,8 @@ pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
 /// `NotFound` when `src` or `dst`'s directory does not exist.
 pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> {
     let (src, dst) = (src.as_ref().to_path_buf(), dst.as_ref().to_path_buf());
-    let src_st = fs::stat(&src).map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
+    let src_st =
+        fs::stat(&src).map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
     let dst_dir = match fs::stat(&dst) {
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => dst.clone(),
         Ok(_) | Err(Errno::NOENT) => parent_of(&dst),
@@ -366,7 +401,11 @@ pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> 
     fs::stat(&dst_dir).map_err(|e| {
         Error::from_errno(Operation::Probe, e)
             .with_src(&dst_dir)
-            .with_reason(format!("destination directory '{}': {}", dst_dir.display(), errno_text(e)))
+            .with_reason(format!(
+                "destination directory '{}': {}",
+                dst_dir.display(),
+                errno_text(e)
+            ))
     })?;
     let (s, d) = (src.clone(), dst_dir.clone());
     match with_deadline(DEADLINE, move || between_inner(&s, src_st.st_mode, &d)) {
@@ -385,11 +424,18 @@ pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> 
 
 fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
     let src_is_file = FileType::from_raw_mode(src_mode) == FileType::RegularFile;
-    let src_facts = facts_of_dir(&if src_is_file { parent_of(src) } else { src.to_path_buf() })?;
+    let src_facts = facts_of_dir(&if src_is_file {
+        parent_of(src)
+    } else {
+        src.to_path_buf()
+    })?;
     let dst_facts = facts_of_dir(dst_dir)?;
     let (sdev, ddev) = (src_facts.device.unwrap_or(0), dst_facts.device.unwrap_or(0));
     let mut same = sdev == ddev;
-    let different = format!("different filesystems ({} → {})", src_facts.kind, dst_facts.kind);
+    let different = format!(
+        "different filesystems ({} → {})",
+        src_facts.kind, dst_facts.kind
+    );
     let reflink = if let Answer::No(r) = &dst_facts.reflink {
         Answer::No(r.clone())
     } else if src_is_file {
@@ -417,13 +463,23 @@ fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
 
 /// Clone the first block of the real source into a scratch file in `dst_dir`.
 fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
-    let sfd = match fs::open(src, OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK, Mode::empty()) {
+    let sfd = match fs::open(
+        src,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    ) {
         Ok(fd) => fd,
         Err(e) => return Answer::Unknown(format!("cannot open the source: {}", errno_text(e))),
     };
-    let dfd = match fs::open(dst_dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()) {
+    let dfd = match fs::open(
+        dst_dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
         Ok(fd) => fd,
-        Err(e) => return Answer::Unknown(format!("cannot open the destination: {}", errno_text(e))),
+        Err(e) => {
+            return Answer::Unknown(format!("cannot open the destination: {}", errno_text(e)))
+        }
     };
     let (size, block) = match (fs::fstat(&sfd), fs::fstatfs(&sfd)) {
         (Ok(st), Ok(sfs)) => (st.st_size as u64, sfs.f_bsize as u64),
@@ -444,7 +500,9 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
     match cowlink_sys::ficlonerange(target.as_fd(), sfd.as_fd(), 0, len, 0) {
         Ok(()) => Answer::Yes,
         Err(Errno::XDEV) => Answer::No(different.to_string()),
-        Err(e) if is_not_possible_here(e) => Answer::No(format!("trial clone refused: {}", errno_text(e))),
+        Err(e) if is_not_possible_here(e) => {
+            Answer::No(format!("trial clone refused: {}", errno_text(e)))
+        }
         Err(e) => Answer::Unknown(format!("trial clone failed: {}", errno_text(e))),
     }
 }
@@ -459,11 +517,18 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
 pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
     let root = root.as_ref();
     let canon = std::fs::canonicalize(root).map_err(|e| {
-        Error::from_errno(Operation::Probe, Errno::from_io_error(&e).unwrap_or(Errno::IO)).with_src(root)
+        Error::from_errno(
+            Operation::Probe,
+            Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        )
+        .with_src(root)
     })?;
     let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
-        Error::from_errno(Operation::Probe, Errno::from_io_error(&e).unwrap_or(Errno::IO))
-            .with_src("/proc/self/mountinfo")
+        Error::from_errno(
+            Operation::Probe,
+            Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        )
+        .with_src("/proc/self/mountinfo")
     })?;
     let mounts = mountinfo::at_or_under(&mountinfo::parse(&text), &canon);
     let handles: Vec<_> = mounts
@@ -513,7 +578,10 @@ fn untouched(m: &MountEntry, kind: FsKind) -> FsFacts {
         let why = "autofs trigger: not probed, to avoid mounting or hanging".to_string();
         (Answer::Unknown(why.clone()), Answer::Unknown(why))
     } else {
-        let no = Answer::No(format!("{} is a pseudo filesystem: holds no file data", m.fstype));
+        let no = Answer::No(format!(
+            "{} is a pseudo filesystem: holds no file data",
+            m.fstype
+        ));
         (no.clone(), no)
     };
     FsFacts {

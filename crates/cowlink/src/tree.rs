@@ -152,7 +152,10 @@ pub fn copy_tree(
                     let err = Error::from_errno(op, e)
                         .with_src(&s)
                         .with_dst(&d)
-                        .with_reason(format!("cannot set directory metadata: {}", crate::clone::errno_text(e)));
+                        .with_reason(format!(
+                            "cannot set directory metadata: {}",
+                            crate::clone::errno_text(e)
+                        ));
                     report.errors += 1;
                     on_event(TreeEvent::Failed(&err));
                 }
@@ -198,7 +201,9 @@ fn enter_dir(s: &Path, d: &Path) -> Result<(fs::Stat, u32), Error> {
         Err(Errno::EXIST) => {
             let dst_st = fs::stat(d).map_err(err)?;
             if FileType::from_raw_mode(dst_st.st_mode) != FileType::Directory {
-                return Err(err(Errno::EXIST).with_reason("destination exists and is not a directory"));
+                return Err(
+                    err(Errno::EXIST).with_reason("destination exists and is not a directory")
+                );
             }
             return Ok((st, dst_st.st_mode & 0o7777));
         }
@@ -212,15 +217,28 @@ fn enter_dir(s: &Path, d: &Path) -> Result<(fs::Stat, u32), Error> {
     Ok((st, made))
 }
 
-fn leave_dir(d: &Path, st: &fs::Stat, created_mode: u32, options: &TreeOptions) -> Result<(), Errno> {
+fn leave_dir(
+    d: &Path,
+    st: &fs::Stat,
+    created_mode: u32,
+    options: &TreeOptions,
+) -> Result<(), Errno> {
     let p = options.file.preserve;
     if p.ownership {
-        match fs::chown(d, Some(fs::Uid::from_raw(st.st_uid)), Some(fs::Gid::from_raw(st.st_gid))) {
+        match fs::chown(
+            d,
+            Some(fs::Uid::from_raw(st.st_uid)),
+            Some(fs::Gid::from_raw(st.st_gid)),
+        ) {
             Ok(()) | Err(Errno::PERM) => {}
             Err(e) => return Err(e),
         }
     }
-    let mode = if p.mode { st.st_mode & 0o7777 } else { created_mode };
+    let mode = if p.mode {
+        st.st_mode & 0o7777
+    } else {
+        created_mode
+    };
     fs::chmod(d, Mode::from_raw_mode(mode))?;
     if p.timestamps {
         fs::utimensat(CWD, d, &times_of(st), AtFlags::empty())?;
@@ -300,12 +318,17 @@ fn copy_symlink(s: &Path, d: &Path, options: &TreeOptions) -> Result<(), Error> 
                 return Err(err(e));
             }
         }
-        Err(Errno::EXIST) => return Err(err(Errno::EXIST).with_reason("destination already exists")),
+        Err(Errno::EXIST) => {
+            return Err(err(Errno::EXIST).with_reason("destination already exists"))
+        }
         Err(e) => return Err(err(e)),
     }
     let p = options.file.preserve;
     if p.ownership {
-        let ids = (Some(fs::Uid::from_raw(st.st_uid)), Some(fs::Gid::from_raw(st.st_gid)));
+        let ids = (
+            Some(fs::Uid::from_raw(st.st_uid)),
+            Some(fs::Gid::from_raw(st.st_gid)),
+        );
         match fs::chownat(CWD, d, ids.0, ids.1, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(()) | Err(Errno::PERM) => {}
             Err(e) => return Err(err(e)),

@@ -117,7 +117,13 @@ impl<'d> PendingFile<'d> {
                 match overwrite {
                     Overwrite::Replace => fs::renameat(self.dir, &*tmp, self.dir, name)?,
                     Overwrite::Refuse => {
-                        match fs::renameat_with(self.dir, &*tmp, self.dir, name, RenameFlags::NOREPLACE) {
+                        match fs::renameat_with(
+                            self.dir,
+                            &*tmp,
+                            self.dir,
+                            name,
+                            RenameFlags::NOREPLACE,
+                        ) {
                             Ok(()) => {}
                             // The filesystem lacks RENAME_NOREPLACE: link (atomic
                             // no-clobber) then drop the temporary name.
@@ -141,7 +147,10 @@ impl<'d> PendingFile<'d> {
         // /proc/self/fd/N with AT_SYMLINK_FOLLOW works without privileges;
         // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH on older kernels, so it is
         // the fallback for systems without /proc.
-        let proc_path = format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&self.file));
+        let proc_path = format!(
+            "/proc/self/fd/{}",
+            rustix::fd::AsRawFd::as_raw_fd(&self.file)
+        );
         match fs::linkat(CWD, &*proc_path, self.dir, name, AtFlags::SYMLINK_FOLLOW) {
             Err(Errno::NOENT) if fs::access("/proc/self/fd", fs::Access::EXISTS).is_err() => {
                 fs::linkat(&self.file, c"", self.dir, name, AtFlags::EMPTY_PATH)

@@ -1,0 +1,128 @@
+//! The `cowlink` command: clap arguments in, library calls, output out.
+//!
+//! Exit codes: 0 everything done; 1 some operations failed (each reported
+//! on stderr); 2 usage error or nothing could start.
+
+mod cp;
+mod probe;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Copy-on-write file cloning for Linux.
+///
+/// On XFS, Btrfs, bcachefs, OpenZFS ≥ 2.2 and other copy-on-write
+/// filesystems a clone takes constant time and no space: both names share
+/// the same blocks until one is written. cowlink clones where it can, copies
+/// where it must, and always says which it did.
+#[derive(Parser, Debug)]
+#[command(
+    name = "cowlink",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Clone (or copy) files, like cp.
+    Cp(cp::CpArgs),
+    /// Tell whether paths can clone, and what their filesystems can do.
+    Probe(probe::ProbeArgs),
+}
+
+/// How the process ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Everything done.
+    Ok,
+    /// Some operations failed.
+    Failed,
+    /// Usage error or fatal error.
+    Fatal,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(match e {
+            Exit::Ok => 0,
+            Exit::Failed => 1,
+            Exit::Fatal => 2,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Cp(args) => cp::run(args),
+        Command::Probe(args) => probe::run(args),
+    };
+    match result {
+        Ok(exit) => exit.into(),
+        Err(e) => {
+            eprintln!("cowlink: {e:#}");
+            Exit::Fatal.into()
+        }
+    }
+}
+
+/// Bytes for people: "0 B", "1023 B", "1.5 KiB", "16.0 MiB".
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// A duration for people: "35 µs", "4.2 ms", "1.30 s".
+pub fn human_duration(d: std::time::Duration) -> String {
+    let us = d.as_micros();
+    if us < 1000 {
+        format!("{us} µs")
+    } else if us < 1_000_000 {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    } else {
+        format!("{:.2} s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(16 << 20), "16.0 MiB");
+        assert_eq!(
+            human_duration(std::time::Duration::from_micros(35)),
+            "35 µs"
+        );
+        assert_eq!(
+            human_duration(std::time::Duration::from_micros(4200)),
+            "4.2 ms"
+        );
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
