@@ -10,7 +10,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use cowlink::extents::{extents, Extent};
-use cowlink::{clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Preserve, Reflink};
+use cowlink::{
+    clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Preserve,
+    Reflink,
+};
 use cowlink_testfs::testfs;
 
 fn opts(reflink: Reflink) -> CloneOptions {
@@ -50,7 +53,9 @@ fn names(dir: &Path) -> Vec<String> {
 }
 
 fn physical(ext: &[Extent]) -> Vec<(u64, u64, u64)> {
-    ext.iter().map(|e| (e.logical, e.physical, e.length)).collect()
+    ext.iter()
+        .map(|e| (e.logical, e.physical, e.length))
+        .collect()
 }
 
 fn assert_clone_shares(dir: &Path) {
@@ -63,9 +68,19 @@ fn assert_clone_shares(dir: &Path) {
     assert_eq!(fs::read(&b).unwrap(), content);
     let (ea, eb) = (extents(&a).unwrap(), extents(&b).unwrap());
     assert!(!ea.is_empty());
-    assert!(ea.iter().all(Extent::is_shared), "source extents not shared: {ea:?}");
-    assert!(eb.iter().all(Extent::is_shared), "clone extents not shared: {eb:?}");
-    assert_eq!(physical(&ea), physical(&eb), "clone must map to the same blocks");
+    assert!(
+        ea.iter().all(Extent::is_shared),
+        "source extents not shared: {ea:?}"
+    );
+    assert!(
+        eb.iter().all(Extent::is_shared),
+        "clone extents not shared: {eb:?}"
+    );
+    assert_eq!(
+        physical(&ea),
+        physical(&eb),
+        "clone must map to the same blocks"
+    );
 
     // Writing the clone leaves the source intact, and the reverse.
     let mut f = fs::OpenOptions::new().write(true).open(&b).unwrap();
@@ -137,7 +152,11 @@ fn xfs_to_btrfs_auto_copies_always_is_cross_device() {
     assert_eq!(fs::read(b.path().join("auto")).unwrap(), content);
     let e = clone_file(&src, b.path().join("always"), &opts(Reflink::Always)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::CrossDevice);
-    assert!(e.to_string().contains("different filesystems (xfs → btrfs)"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("different filesystems (xfs → btrfs)"),
+        "{e}"
+    );
     assert_eq!(names(b.path()), ["auto"]);
 }
 
@@ -174,7 +193,10 @@ fn sparse_file_stays_sparse_on_ext4() {
         assert_eq!(o.bytes, 300 << 20);
         assert_eq!(fs::metadata(&dst).unwrap().len(), 300 << 20);
         let got = allocated(&dst);
-        assert!(got <= src_alloc + (256 << 10), "{name}: {got} bytes allocated vs source {src_alloc}");
+        assert!(
+            got <= src_alloc + (256 << 10),
+            "{name}: {got} bytes allocated vs source {src_alloc}"
+        );
         assert!(fs::read(&dst).unwrap() == want, "{name}: content differs");
     }
 }
@@ -188,7 +210,11 @@ fn exec_bit_always_and_ns_times_with_preserve() {
     let mtime = filetime_ns(&src, 1_600_000_000, 123_456_789);
     let plain = d.path().join("plain");
     clone_file(&src, &plain, &CloneOptions::default()).unwrap();
-    assert_eq!(fs::metadata(&plain).unwrap().mode() & 0o111, 0o111, "exec bits lost");
+    assert_eq!(
+        fs::metadata(&plain).unwrap().mode() & 0o111,
+        0o111,
+        "exec bits lost"
+    );
     let kept = d.path().join("kept");
     let o = CloneOptions {
         preserve: Preserve::P,
@@ -219,7 +245,13 @@ fn xattrs_preserved_on_request() {
     let Some(d) = testfs!(Btrfs) else { return };
     let src = d.path().join("x");
     write_file(&src, b"attrs");
-    rustix::fs::setxattr(&src, "user.cowlink.test", b"value-1", rustix::fs::XattrFlags::empty()).unwrap();
+    rustix::fs::setxattr(
+        &src,
+        "user.cowlink.test",
+        b"value-1",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
     let dst = d.path().join("y");
     let o = CloneOptions {
         preserve: Preserve::ALL,
@@ -238,7 +270,11 @@ fn xattrs_preserved_on_request() {
 #[test]
 fn existing_destination_refused_unless_replace_and_never_written_through() {
     let Some(d) = testfs!(Xfs) else { return };
-    let (src, dst, other) = (d.path().join("src"), d.path().join("dst"), d.path().join("other-link"));
+    let (src, dst, other) = (
+        d.path().join("src"),
+        d.path().join("dst"),
+        d.path().join("other-link"),
+    );
     write_file(&src, b"new content");
     write_file(&dst, b"old content");
     fs::hard_link(&dst, &other).unwrap();
@@ -252,7 +288,11 @@ fn existing_destination_refused_unless_replace_and_never_written_through() {
     let o = clone_file(&src, &dst, &replace).unwrap();
     assert_eq!(o.method, Method::Reflink);
     assert_eq!(fs::read(&dst).unwrap(), b"new content");
-    assert_eq!(fs::read(&other).unwrap(), b"old content", "wrote through a hardlink");
+    assert_eq!(
+        fs::read(&other).unwrap(),
+        b"old content",
+        "wrote through a hardlink"
+    );
     // A directory is never replaced by a file; a file is not its own copy.
     fs::create_dir(d.path().join("adir")).unwrap();
     let e = clone_file(&src, d.path().join("adir"), &replace).unwrap_err();
@@ -270,7 +310,7 @@ fn bad_sources_give_typed_errors_and_create_nothing() {
     fs::create_dir(p.join("dir")).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &p.join("fifo"),
+        p.join("fifo"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o644),
         0,
@@ -290,12 +330,20 @@ fn bad_sources_give_typed_errors_and_create_nothing() {
             let e = clone_file(p.join(name), out.join(name), &opts(mode)).unwrap_err();
             assert_eq!(e.kind(), kind, "{name}: {e}");
             assert!(e.to_string().contains(text), "{name}: {e}");
-            assert!(e.to_string().contains(name), "error must name the path: {e}");
+            assert!(
+                e.to_string().contains(name),
+                "error must name the path: {e}"
+            );
         }
     }
     // Missing destination directory.
     write_file(&p.join("f"), b"x");
-    let e = clone_file(p.join("f"), p.join("no/such/dir/f"), &CloneOptions::default()).unwrap_err();
+    let e = clone_file(
+        p.join("f"),
+        p.join("no/such/dir/f"),
+        &CloneOptions::default(),
+    )
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(e.to_string().contains("does not exist"), "{e}");
     assert!(names(&out).is_empty(), "left behind: {:?}", names(&out));
@@ -307,7 +355,13 @@ fn fill(dir: &Path, leave: u64) -> PathBuf {
     let free = st.f_bavail * st.f_frsize;
     let filler = dir.join("filler");
     let f = fs::File::create(&filler).unwrap();
-    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, free.saturating_sub(leave)).unwrap();
+    rustix::fs::fallocate(
+        &f,
+        rustix::fs::FallocateFlags::empty(),
+        0,
+        free.saturating_sub(leave),
+    )
+    .unwrap();
     f.sync_all().unwrap();
     filler
 }
@@ -371,7 +425,11 @@ fn clone_range_checks_alignment_and_shares_only_the_range() {
         assert_eq!(e.kind(), ErrorKind::Unaligned, "{so} {doff} {len}: {e}");
         assert!(e.to_string().contains("4096 bytes"), "{e}");
     }
-    assert_eq!(fs::read(&dst).unwrap(), t, "failed range clone changed the file");
+    assert_eq!(
+        fs::read(&dst).unwrap(),
+        t,
+        "failed range clone changed the file"
+    );
     let o = clone_range(&src, 4096, &dst, 8192, 4096).unwrap();
     assert_eq!((o.method, o.bytes), (Method::Reflink, 4096));
     let got = fs::read(&dst).unwrap();
@@ -380,7 +438,10 @@ fn clone_range_checks_alignment_and_shares_only_the_range() {
     assert_eq!(&got[12288..], &t[12288..]);
     let es = extents(&src).unwrap();
     let ed = extents(&dst).unwrap();
-    let src_block = es.iter().find(|e| e.logical <= 4096 && 4096 < e.logical + e.length).unwrap();
+    let src_block = es
+        .iter()
+        .find(|e| e.logical <= 4096 && 4096 < e.logical + e.length)
+        .unwrap();
     let src_phys = src_block.physical + (4096 - src_block.logical);
     for e in &ed {
         let overlaps = e.logical < 12288 && 8192 < e.logical + e.length;
@@ -388,7 +449,10 @@ fn clone_range_checks_alignment_and_shares_only_the_range() {
             assert!(e.is_shared(), "cloned range not shared: {ed:?}");
             assert_eq!(e.physical + (8192 - e.logical), src_phys, "{ed:?}");
         } else {
-            assert!(!e.is_shared(), "outside the range must stay exclusive: {ed:?}");
+            assert!(
+                !e.is_shared(),
+                "outside the range must stay exclusive: {ed:?}"
+            );
         }
     }
     // The EOF exception: an unaligned length that ends at the source's end.
@@ -403,7 +467,9 @@ fn clone_range_checks_alignment_and_shares_only_the_range() {
 
 #[test]
 fn probe_reports_kinds_and_answers_on_all_four() {
-    let (Some(x), Some(b), Some(e), Some(t)) = (testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4), testfs!(Tmpfs)) else {
+    let (Some(x), Some(b), Some(e), Some(t)) =
+        (testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4), testfs!(Tmpfs))
+    else {
         return;
     };
     probe::clear_cache();
@@ -419,9 +485,17 @@ fn probe_reports_kinds_and_answers_on_all_four() {
         assert_eq!(f.dedupe.is_yes(), yes, "{kind}: {:?}", f.dedupe);
         assert_eq!(f.block_size, Some(4096));
         if !yes {
-            assert!(f.reflink.reason().unwrap().contains(kind.name()), "{:?}", f.reflink);
+            assert!(
+                f.reflink.reason().unwrap().contains(kind.name()),
+                "{:?}",
+                f.reflink
+            );
         }
-        assert!(names(dir).is_empty(), "probe left files in {}", dir.display());
+        assert!(
+            names(dir).is_empty(),
+            "probe left files in {}",
+            dir.display()
+        );
     }
     assert_eq!(
         probe::filesystem(x.path()).unwrap().clone_limit,
@@ -438,18 +512,30 @@ fn probe_reports_kinds_and_answers_on_all_four() {
         assert_eq!(s.dst.kind.name(), name);
     }
     let s = probe::between(&src, b.path()).unwrap();
-    assert_eq!(s.reflink.reason(), Some("different filesystems (xfs → btrfs)"));
+    assert_eq!(
+        s.reflink.reason(),
+        Some("different filesystems (xfs → btrfs)")
+    );
     // Directory to directory on one filesystem.
     assert!(probe::between(x.path(), x.path()).unwrap().reflink.is_yes());
     // The tree view lists the test mounts with the same answers.
-    let root = Path::new(&std::env::var_os("COWLINK_TEST_XFS").unwrap()).parent().unwrap().to_path_buf();
+    let root = Path::new(&std::env::var_os("COWLINK_TEST_XFS").unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let mounts = probe::tree(&root).unwrap();
     let xfs_mount = Path::new(&std::env::var_os("COWLINK_TEST_XFS").unwrap()).to_path_buf();
-    let m = mounts.iter().find(|m| m.mount_point == xfs_mount).expect("xfs mount listed");
+    let m = mounts
+        .iter()
+        .find(|m| m.mount_point == xfs_mount)
+        .expect("xfs mount listed");
     assert_eq!(m.fstype, "xfs");
     assert!(m.facts.reflink.is_yes());
     let ext4_mount = Path::new(&std::env::var_os("COWLINK_TEST_EXT4").unwrap()).to_path_buf();
-    let m = mounts.iter().find(|m| m.mount_point == ext4_mount).expect("ext4 mount listed");
+    let m = mounts
+        .iter()
+        .find(|m| m.mount_point == ext4_mount)
+        .expect("ext4 mount listed");
     assert!(matches!(m.facts.reflink, probe::Answer::No(_)));
     assert_eq!(names(x.path()), ["f"]);
 }

@@ -1,0 +1,281 @@
+//! The real `cowlink` binary on the real test filesystems.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cowlink_testfs::testfs;
+
+fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c.output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn shared(p: &Path) -> bool {
+    let e = cowlink::extents::extents(p).unwrap();
+    !e.is_empty() && e.iter().all(|x| x.is_shared())
+}
+
+#[test]
+fn cp_verbose_says_cloned_on_xfs_and_copied_on_ext4() {
+    let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
+        return;
+    };
+    let src = x.path().join("a");
+    fs::write(&src, vec![7u8; 300_000]).unwrap();
+    let out = cowlink(&[&"cp", &"-v", &src, &x.path().join("b")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(": cloned, 293.0 KiB in "),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(shared(&x.path().join("b")));
+    let out = cowlink(&[&"cp", &"-v", &src, &e.path()]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).contains(": copied (read/write)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(fs::read(e.path().join("a")).unwrap(), vec![7u8; 300_000]);
+}
+
+#[test]
+fn cp_always_across_filesystems_fails_with_reason_and_hint() {
+    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
+        return;
+    };
+    let src = x.path().join("a");
+    fs::write(&src, b"data").unwrap();
+    let dst = b.path().join("a");
+    let out = cowlink(&[&"cp", &"--reflink=always", &src, &dst]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "cannot clone '{}' to '{}': different filesystems (xfs → btrfs); use --reflink=auto to copy",
+            src.display(),
+            dst.display()
+        )),
+        "{err}"
+    );
+    assert!(names(b.path()).is_empty());
+    // Bare --reflink means always, as in cp.
+    let out = cowlink(&[&"cp", &"--reflink", &src, &dst]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn cp_json_reports_method_bytes_and_errors() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (a, missing) = (x.path().join("a"), x.path().join("missing"));
+    fs::write(&a, vec![1u8; 5000]).unwrap();
+    let out_dir = x.path().join("out");
+    fs::create_dir(&out_dir).unwrap();
+    let out = cowlink(&[&"cp", &"--json", &a, &missing, &out_dir]);
+    assert_eq!(out.status.code(), Some(1), "one source is missing");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &doc["results"];
+    assert_eq!(r[0]["status"], "ok");
+    assert_eq!(r[0]["method"], "reflink");
+    assert_eq!(r[0]["bytes"], 5000);
+    assert_eq!(r[1]["status"], "failed");
+    assert_eq!(r[1]["error"]["kind"], "not_found");
+    assert_eq!(r[1]["error"]["errno"], 2);
+    assert_eq!(doc["summary"]["cloned"], 1);
+    assert_eq!(doc["summary"]["failed"], 1);
+    assert_eq!(names(&out_dir), ["a"]);
+}
+
+#[test]
+fn cp_existing_destination_default_error_n_skips_f_replaces() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (a, b) = (x.path().join("a"), x.path().join("b"));
+    fs::write(&a, b"new").unwrap();
+    fs::write(&b, b"old").unwrap();
+    let out = cowlink(&[&"cp", &a, &b]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("destination already exists"));
+    let out = cowlink(&[&"cp", &"-n", &a, &b]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(fs::read(&b).unwrap(), b"old");
+    let out = cowlink(&[&"cp", &"-f", &a, &b]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(fs::read(&b).unwrap(), b"new");
+}
+
+#[test]
+fn cp_usage_errors_exit_2() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let a = x.path().join("a");
+    fs::write(&a, b"x").unwrap();
+    for args in [
+        vec![a.as_os_str().to_owned()],
+        vec![
+            "--reflink=sometimes".into(),
+            a.as_os_str().into(),
+            x.path().join("b").into(),
+        ],
+        vec![
+            a.as_os_str().into(),
+            a.as_os_str().into(),
+            x.path().join("not-a-dir").into(),
+        ],
+    ] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
+        let out = c.arg("cp").args(&args).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!text(&out.stderr).is_empty());
+    }
+    assert_eq!(names(x.path()), ["a"]);
+}
+
+#[test]
+fn cp_directory_without_r_is_refused_with_hint() {
+    let Some(x) = testfs!(Xfs) else { return };
+    fs::create_dir(x.path().join("d")).unwrap();
+    let out = cowlink(&[&"cp", &x.path().join("d"), &x.path().join("e")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("use -r"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(names(x.path()), ["d"]);
+}
+
+#[test]
+fn cp_unreadable_source_as_unprivileged_user_is_permission_denied() {
+    let Some(x) = testfs!(Xfs) else { return };
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        panic!("setpriv (util-linux) is needed for this test; scripts/setup installs it");
+    }
+    let src = x.path().join("secret");
+    fs::write(&src, b"secret").unwrap();
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o000)).unwrap();
+    let out_dir = x.path().join("out");
+    fs::create_dir(&out_dir).unwrap();
+    fs::set_permissions(&out_dir, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .args([
+            "cp".as_ref(),
+            src.as_os_str(),
+            out_dir.join("secret").as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("permission denied"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(names(&out_dir).is_empty());
+}
+
+#[test]
+fn cp_r_copies_a_tree_with_links_and_modes() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    fs::write(src.join("top.txt"), b"top").unwrap();
+    fs::write(src.join("sub/deeper/run.sh"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(
+        src.join("sub/deeper/run.sh"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("../top.txt", src.join("sub/link")).unwrap();
+    fs::set_permissions(src.join("sub"), fs::Permissions::from_mode(0o750)).unwrap();
+    let dst = x.path().join("dst");
+    let out = cowlink(&[&"cp", &"-a", &"--json", &src, &dst]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["summary"]["files"], 2);
+    assert_eq!(doc["summary"]["cloned"], 2);
+    assert_eq!(doc["summary"]["symlinks"], 1);
+    assert_eq!(doc["summary"]["dirs"], 3);
+    assert_eq!(
+        fs::read_link(dst.join("sub/link")).unwrap(),
+        Path::new("../top.txt")
+    );
+    assert!(shared(&dst.join("top.txt")));
+    // rsync (checksums, perms, times, links) sees no difference.
+    let rs = Command::new("rsync")
+        .args(["-ani", "--checksum", "--no-owner", "--no-group"])
+        .arg(format!("{}/", src.display()))
+        .arg(format!("{}/", dst.display()))
+        .output()
+        .expect("rsync is needed; scripts/setup installs it");
+    assert!(rs.status.success());
+    assert_eq!(text(&rs.stdout), "", "rsync found differences");
+    // Copying a directory into itself is refused.
+    let out = cowlink(&[&"cp", &"-r", &src, &src.join("sub")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("into itself"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn probe_answers_in_text_json_and_exit_code() {
+    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
+        return;
+    };
+    let out = cowlink(&[&"probe", &"--json", &x.path()]);
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["kind"], "xfs");
+    assert_eq!(doc["reflink"]["answer"], "yes");
+    let f = x.path().join("f");
+    fs::write(&f, b"probe me").unwrap();
+    let out = cowlink(&[&"probe", &f, &b.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("no — different filesystems (xfs → btrfs)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = cowlink(&[&"probe", &f, &x.path()]);
+    assert_eq!(out.status.code(), Some(0));
+    let root = x.path().parent().unwrap().parent().unwrap();
+    let out = cowlink(&[&"probe", &"--tree", &"--json", &root]);
+    assert!(out.status.success());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["fstype"] == "btrfs" && m["facts"]["reflink"]["answer"] == "yes"));
+    let out = cowlink(&[&"probe", &"/no/such/path"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("/no/such/path"));
+}
