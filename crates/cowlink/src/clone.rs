@@ -6,11 +6,10 @@
 //! written through [`crate::write::PendingFile`], so it appears complete,
 //! with its metadata, or not at all.
 
-use std::ffi::OsStr;
 use std::path::{Component, Path};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat, CWD};
 use rustix::io::Errno;
 
 use crate::error::{is_not_possible_here, Error, ErrorKind, Operation, Result};
@@ -144,12 +143,9 @@ fn check_regular(op: Operation, src: &Path, st: &Stat) -> Result<()> {
     }
 }
 
-/// Split a destination path into its directory and final name.
-fn split_dest(
-    op: Operation,
-    src: &Path,
-    dst: &Path,
-) -> Result<(std::path::PathBuf, std::ffi::OsString)> {
+/// The directory a destination file path lives in; refuses paths that
+/// name a directory (`dir/`, `.`, `..`).
+fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<std::path::PathBuf> {
     let bad = |why: &str| {
         Error::new(op, ErrorKind::InvalidInput)
             .with_src(src)
@@ -160,12 +156,12 @@ fn split_dest(
         return Err(bad("empty destination path"));
     }
     match dst.components().next_back() {
-        Some(Component::Normal(name)) if !dst.as_os_str().to_string_lossy().ends_with('/') => {
+        Some(Component::Normal(_)) if !dst.as_os_str().to_string_lossy().ends_with('/') => {
             let parent = match dst.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => ".".into(),
             };
-            Ok((parent, name.to_os_string()))
+            Ok(parent)
         }
         _ => Err(Error::new(op, ErrorKind::IsDirectory)
             .with_src(src)
@@ -211,37 +207,54 @@ pub fn clone_file(
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
 
     let (src_fd, st) = open_source(op, src).map_err(|e| e.with_dst(dst))?;
-    let (parent, name) = split_dest(op, src, dst)?;
-    let dir = fs::open(
-        &parent,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        Errno::NOENT => {
-            err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
+    let parent = split_dest(op, src, dst)?;
+    // Refusing an existing destination needs no check before a clone (the
+    // final link fails atomically, and a clone costs nothing), only before
+    // a data copy. Replacing needs one: never replace a directory or the
+    // source itself.
+    let precheck = || check_existing(op, src, dst, &st, &parent, options.overwrite);
+    if options.overwrite == Overwrite::Replace {
+        precheck()?;
+    }
+    let pending = PendingFile::create(&parent, dst, Mode::from_raw_mode(st.st_mode & 0o777))
+        .map_err(|e| match e {
+            Errno::NOENT => {
+                err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
+            }
+            Errno::NOTDIR => {
+                err(e).with_reason(format!("'{}' is not a directory", parent.display()))
+            }
+            _ => err(e).with_reason(create_reason(e, &parent)),
+        })?;
+    let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
+    let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
+    let copy = |offload: bool| -> Result<Method> {
+        if options.overwrite == Overwrite::Refuse {
+            precheck()?;
         }
-        Errno::NOTDIR => err(e).with_reason(format!("'{}' is not a directory", parent.display())),
-        _ => err(e),
-    })?;
-    check_existing(op, src, dst, &st, dir.as_fd(), &name, options.overwrite)?;
-
-    let pending = PendingFile::create(dir.as_fd(), &name, Mode::from_raw_mode(st.st_mode & 0o777))
-        .map_err(|e| err(e).with_reason(create_reason(e, &parent)))?;
-    let method = transfer(
-        src_fd.as_fd(),
-        pending.fd(),
-        st.st_size as u64,
-        options.reflink,
-    )
-    .map_err(|e| transfer_error(op, src, dst, e, src_fd.as_fd(), pending.fd()))?;
-    meta::apply(src_fd.as_fd(), &st, pending.fd(), options.preserve).map_err(|m| {
+        crate::copy::copy_data(sfd, dfd, size, offload).map_err(failed)
+    };
+    let method = match options.reflink {
+        Reflink::Never => copy(false)?,
+        Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
+            .map(|()| Method::Reflink)
+            .map_err(failed)?,
+        Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
+            Ok(()) => Method::Reflink,
+            Err(e) if is_not_possible_here(e) => copy(true)?,
+            Err(e) => return Err(failed(e)),
+        },
+    };
+    meta::apply(sfd, &st, dfd, options.preserve).map_err(|m| {
         err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
     })?;
     pending
-        .persist(&name, options.overwrite)
+        .persist(dst, options.overwrite)
         .map_err(|e| match e {
-            Errno::EXIST => err(e).with_reason("destination already exists"),
+            // Say why precisely: exists, is a directory, or is the source.
+            Errno::EXIST => precheck()
+                .err()
+                .unwrap_or_else(|| err(e).with_reason("destination already exists")),
             Errno::ISDIR => err(e).with_reason("destination is a directory"),
             _ => err(e),
         })?;
@@ -259,8 +272,7 @@ fn check_existing(
     src: &Path,
     dst: &Path,
     st: &Stat,
-    dir: BorrowedFd<'_>,
-    name: &OsStr,
+    parent: &Path,
     overwrite: Overwrite,
 ) -> Result<()> {
     let e = |kind: ErrorKind, why: &str| {
@@ -269,13 +281,19 @@ fn check_existing(
             .with_dst(dst)
             .with_reason(why.to_string())
     };
-    let existing = match fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+    let existing = match fs::statat(CWD, dst, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(s) => s,
         Err(Errno::NOENT) => return Ok(()),
+        Err(Errno::NOTDIR) => {
+            return Err(Error::from_errno(op, Errno::NOTDIR)
+                .with_src(src)
+                .with_dst(dst)
+                .with_reason(format!("'{}' is not a directory", parent.display())))
+        }
         Err(errno) => return Err(Error::from_errno(op, errno).with_src(src).with_dst(dst)),
     };
     // Same file, directly or through a symlink at the destination.
-    let target = fs::statat(dir, name, AtFlags::empty()).unwrap_or(existing);
+    let target = fs::statat(CWD, dst, AtFlags::empty()).unwrap_or(existing);
     if (target.st_dev, target.st_ino) == (st.st_dev, st.st_ino) {
         return Err(e(
             ErrorKind::SameFile,
@@ -342,24 +360,6 @@ fn transfer_error(
         Errno::NOSPC => base.with_reason("no space left on the destination filesystem"),
         Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
         _ => base,
-    }
-}
-
-/// Move the data: clone, or copy as `mode` allows.
-fn transfer(
-    src: BorrowedFd<'_>,
-    dst: BorrowedFd<'_>,
-    size: u64,
-    mode: Reflink,
-) -> Result<Method, Errno> {
-    match mode {
-        Reflink::Never => crate::copy::copy_data(src, dst, size, false),
-        Reflink::Always => cowlink_sys::ficlone(dst, src).map(|()| Method::Reflink),
-        Reflink::Auto => match cowlink_sys::ficlone(dst, src) {
-            Ok(()) => Ok(Method::Reflink),
-            Err(e) if is_not_possible_here(e) => crate::copy::copy_data(src, dst, size, true),
-            Err(e) => Err(e),
-        },
     }
 }
 

@@ -4,7 +4,7 @@
 //! [`PendingFile::create`] makes an `O_TMPFILE` in the destination
 //! directory: an inode with no name, so a crash, an error or a cancel at any
 //! point leaves nothing behind. [`PendingFile::persist`] links it into place:
-//! `linkat` for "refuse if it exists" (atomic: EEXIST if someone created the
+//! `linkat` (with `AT_EMPTY_PATH`, or through /proc/self/fd) for "refuse if it exists" (atomic: EEXIST if someone created the
 //! name meanwhile) or link-to-temporary-name plus `rename` for "replace"
 //! (atomic swap; a hardlink of the old destination keeps its old content).
 //!
@@ -15,7 +15,8 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, Mode, OFlags, RenameFlags, CWD};
@@ -37,17 +38,19 @@ enum TempName {
     /// `O_TMPFILE`: no name until `persist`.
     Anonymous,
     /// Fallback: a named temporary, removed on drop unless persisted.
-    Named(OsString),
+    Named(PathBuf),
 }
 
 /// A destination file being written, not yet visible under its final name.
-pub(crate) struct PendingFile<'d> {
-    dir: BorrowedFd<'d>,
+pub(crate) struct PendingFile {
     file: OwnedFd,
     temp: TempName,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Set once `linkat(AT_EMPTY_PATH)` was refused (it needs
+/// CAP_DAC_READ_SEARCH on many kernels); later links go through /proc.
+static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// A temporary name next to `name`, unique within this process and short
 /// enough for NAME_MAX.
@@ -61,25 +64,29 @@ fn temp_name(name: &OsStr) -> OsString {
     OsString::from_vec(v)
 }
 
-impl<'d> PendingFile<'d> {
-    /// Create an unnamed, writable file in `dir` with `mode` (the umask
-    /// applies, as for `open(2)` with `O_CREAT`).
-    pub(crate) fn create(dir: BorrowedFd<'d>, name: &OsStr, mode: Mode) -> Result<Self, Errno> {
+/// The temporary path next to `dst` (which has a file name).
+fn temp_path(dst: &Path) -> PathBuf {
+    dst.with_file_name(temp_name(dst.file_name().unwrap_or_default()))
+}
+
+impl PendingFile {
+    /// Create an unnamed, writable file in the directory `dir` that will
+    /// become `dst`, with `mode` (the umask applies, as for `open(2)` with
+    /// `O_CREAT`).
+    pub(crate) fn create(dir: &Path, dst: &Path, mode: Mode) -> Result<Self, Errno> {
         let flags = OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC;
-        match fs::openat(dir, c".", flags, mode) {
+        match fs::open(dir, flags, mode) {
             Ok(file) => Ok(PendingFile {
-                dir,
                 file,
                 temp: TempName::Anonymous,
             }),
             // No O_TMPFILE here: EOPNOTSUPP from the filesystem, EISDIR or
             // EINVAL from kernels or layers that do not know the flag.
             Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
-                let tmp = temp_name(name);
+                let tmp = temp_path(dst);
                 let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC;
-                let file = fs::openat(dir, &*tmp, flags, mode)?;
+                let file = fs::open(&tmp, flags, mode)?;
                 Ok(PendingFile {
-                    dir,
                     file,
                     temp: TempName::Named(tmp),
                 })
@@ -93,21 +100,21 @@ impl<'d> PendingFile<'d> {
         self.file.as_fd()
     }
 
-    /// Give the file its final `name` in the directory.
+    /// Give the file its final name `dst`.
     ///
     /// With [`Overwrite::Refuse`] an existing name gives `EEXIST` and
     /// nothing changes. With [`Overwrite::Replace`] the name is swapped
     /// atomically. On any error the temporary is gone afterwards.
-    pub(crate) fn persist(mut self, name: &OsStr, overwrite: Overwrite) -> Result<(), Errno> {
+    pub(crate) fn persist(mut self, dst: &Path, overwrite: Overwrite) -> Result<(), Errno> {
         match std::mem::replace(&mut self.temp, TempName::Anonymous) {
             TempName::Anonymous => match overwrite {
-                Overwrite::Refuse => self.link_anonymous(name),
+                Overwrite::Refuse => self.link_anonymous(dst),
                 Overwrite::Replace => {
-                    let tmp = temp_name(name);
+                    let tmp = temp_path(dst);
                     self.link_anonymous(&tmp)?;
                     // From here the named temporary must go if rename fails.
                     self.temp = TempName::Named(tmp.clone());
-                    fs::renameat(self.dir, &*tmp, self.dir, name)?;
+                    fs::rename(&tmp, dst)?;
                     self.temp = TempName::Anonymous;
                     Ok(())
                 }
@@ -115,22 +122,14 @@ impl<'d> PendingFile<'d> {
             TempName::Named(tmp) => {
                 self.temp = TempName::Named(tmp.clone());
                 match overwrite {
-                    Overwrite::Replace => fs::renameat(self.dir, &*tmp, self.dir, name)?,
+                    Overwrite::Replace => fs::rename(&tmp, dst)?,
                     Overwrite::Refuse => {
-                        match fs::renameat_with(
-                            self.dir,
-                            &*tmp,
-                            self.dir,
-                            name,
-                            RenameFlags::NOREPLACE,
-                        ) {
+                        match fs::renameat_with(CWD, &tmp, CWD, dst, RenameFlags::NOREPLACE) {
                             Ok(()) => {}
                             // The filesystem lacks RENAME_NOREPLACE: link (atomic
-                            // no-clobber) then drop the temporary name.
+                            // no-clobber); the drop removes the temporary name.
                             Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                                fs::linkat(self.dir, &*tmp, self.dir, name, AtFlags::empty())?;
-                                // The drop below removes the temporary name.
-                                return Ok(());
+                                return fs::link(&tmp, dst);
                             }
                             Err(e) => return Err(e),
                         }
@@ -142,28 +141,29 @@ impl<'d> PendingFile<'d> {
         }
     }
 
-    /// `linkat` an `O_TMPFILE` into the directory under `name`.
-    fn link_anonymous(&self, name: &OsStr) -> Result<(), Errno> {
-        // /proc/self/fd/N with AT_SYMLINK_FOLLOW works without privileges;
-        // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH on older kernels, so it is
-        // the fallback for systems without /proc.
+    /// `linkat` an `O_TMPFILE` into place as `name`.
+    fn link_anonymous(&self, name: &Path) -> Result<(), Errno> {
+        if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
+            match fs::linkat(&self.file, c"", CWD, name, AtFlags::EMPTY_PATH) {
+                Err(Errno::NOENT | Errno::PERM) => {
+                    EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed)
+                }
+                r => return r,
+            }
+        }
+        // /proc/self/fd/N with AT_SYMLINK_FOLLOW works without privileges.
         let proc_path = format!(
             "/proc/self/fd/{}",
             rustix::fd::AsRawFd::as_raw_fd(&self.file)
         );
-        match fs::linkat(CWD, &*proc_path, self.dir, name, AtFlags::SYMLINK_FOLLOW) {
-            Err(Errno::NOENT) if fs::access("/proc/self/fd", fs::Access::EXISTS).is_err() => {
-                fs::linkat(&self.file, c"", self.dir, name, AtFlags::EMPTY_PATH)
-            }
-            r => r,
-        }
+        fs::linkat(CWD, &*proc_path, CWD, name, AtFlags::SYMLINK_FOLLOW)
     }
 }
 
-impl Drop for PendingFile<'_> {
+impl Drop for PendingFile {
     fn drop(&mut self) {
         if let TempName::Named(tmp) = &self.temp {
-            let _ = fs::unlinkat(self.dir, &**tmp, AtFlags::empty());
+            let _ = fs::unlink(tmp);
         }
     }
 }
