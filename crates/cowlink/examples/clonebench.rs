@@ -95,6 +95,7 @@ fn main() {
     let dir = dir.expect("usage: clonebench DIR [--copies N] [--full]");
     let work = dir.join(format!(".clonebench-{}", std::process::id()));
     std::fs::create_dir(&work).expect("cannot create the work directory");
+    let _cleanup = RemoveOnDrop(work.clone());
     let mut sizes = vec![0, 1, KIB, 16 * KIB, 256 * KIB, MIB, 16 * MIB];
     if full {
         sizes.push(1024 * MIB);
@@ -161,5 +162,13 @@ fn main() {
         );
         std::fs::remove_file(&src).unwrap();
     }
-    std::fs::remove_dir(&work).unwrap();
+}
+
+/// Removes the work directory however `main` ends (a panic included).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
