@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use cowlink_testfs::testfs;
+use cowlink_testfs::{names, testfs};
 
 fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
@@ -17,15 +17,6 @@ fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn shared(p: &Path) -> bool {

@@ -109,3 +109,14 @@ macro_rules! testfs {
         $crate::Fs::$fs.dir(concat!(module_path!(), "-", line!()))
     };
 }
+
+/// The names in `dir`, sorted: lets a test prove nothing unexpected (no
+/// temporary, no partial file) is there.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}

@@ -12,7 +12,7 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat, CWD};
 use rustix::io::Errno;
 
-use crate::error::{is_not_possible_here, Error, ErrorKind, Operation, Result};
+use crate::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
 use crate::fskind::FsKind;
 use crate::meta::{self, Preserve};
 use crate::write::{Overwrite, PendingFile};
@@ -321,16 +321,6 @@ fn create_reason(e: Errno, parent: &Path) -> String {
         Errno::ROFS => format!("'{}' is on a read-only filesystem", parent.display()),
         Errno::NOSPC | Errno::DQUOT => format!("no space left in '{}'", parent.display()),
         _ => errno_text(e),
-    }
-}
-
-pub(crate) fn errno_text(e: Errno) -> String {
-    let s = std::io::Error::from(e).to_string();
-    let s = s.split(" (os error").next().unwrap_or(&s).to_string();
-    let mut c = s.chars();
-    match c.next() {
-        Some(f) => f.to_lowercase().chain(c).collect(),
-        None => s,
     }
 }
 

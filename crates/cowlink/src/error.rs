@@ -241,25 +241,21 @@ impl Error {
     pub fn reason(&self) -> String {
         match (&self.reason, self.errno) {
             (Some(r), _) => r.clone(),
-            (None, Some(e)) => io::Error::from(e).to_string().to_lowercase_first(),
+            (None, Some(e)) => errno_text(e),
             (None, None) => self.kind.describe().to_string(),
         }
     }
 }
 
-trait LowerFirst {
-    fn to_lowercase_first(&self) -> String;
-}
-
-impl LowerFirst for String {
-    /// "No such file or directory (os error 2)" -> "no such file or directory".
-    fn to_lowercase_first(&self) -> String {
-        let s = self.split(" (os error").next().unwrap_or(self);
-        let mut c = s.chars();
-        match c.next() {
-            Some(f) => f.to_lowercase().chain(c).collect(),
-            None => String::new(),
-        }
+/// The kernel's text for an errno, lowercased and without "(os error N)":
+/// "no such file or directory".
+pub(crate) fn errno_text(e: Errno) -> String {
+    let s = io::Error::from(e).to_string();
+    let s = s.split(" (os error").next().unwrap_or(&s);
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().chain(c).collect(),
+        None => String::new(),
     }
 }
 

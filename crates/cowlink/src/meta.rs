@@ -93,19 +93,23 @@ pub(crate) fn apply(
         fs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777)).map_err(fail("preserve mode"))?;
     }
     if preserve.timestamps {
-        let times = Timestamps {
-            last_access: Timespec {
-                tv_sec: st.st_atime,
-                tv_nsec: st.st_atime_nsec as _,
-            },
-            last_modification: Timespec {
-                tv_sec: st.st_mtime,
-                tv_nsec: st.st_mtime_nsec as _,
-            },
-        };
-        fs::futimens(dst, &times).map_err(fail("preserve timestamps"))?;
+        fs::futimens(dst, &times_of(st)).map_err(fail("preserve timestamps"))?;
     }
     Ok(())
+}
+
+/// A stat's access and modification times, to the nanosecond.
+pub(crate) fn times_of(st: &Stat) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec as _,
+        },
+        last_modification: Timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec as _,
+        },
+    }
 }
 
 /// Copy every extended attribute of `src` to `dst`.

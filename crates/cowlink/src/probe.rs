@@ -26,8 +26,7 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::clone::errno_text;
-use crate::error::{is_not_possible_here, Error, Operation, Result};
+use crate::error::{errno_text, is_not_possible_here, Error, Operation, Result};
 use crate::fskind::{CloneLimit, FsKind};
 use crate::mountinfo::{self, MountEntry};
 

@@ -13,11 +13,12 @@
 
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{self, AtFlags, FileType, Mode, Timespec, Timestamps, CWD};
+use rustix::fs::{self, AtFlags, FileType, Mode, CWD};
 use rustix::io::Errno;
 
 use crate::clone::{clone_file, CloneOptions, Method, Outcome};
-use crate::error::{Error, ErrorKind, Operation};
+use crate::error::{errno_text, Error, ErrorKind, Operation};
+use crate::meta::times_of;
 use crate::write::Overwrite;
 
 /// Options for [`copy_tree`].
@@ -152,10 +153,7 @@ pub fn copy_tree(
                     let err = Error::from_errno(op, e)
                         .with_src(&s)
                         .with_dst(&d)
-                        .with_reason(format!(
-                            "cannot set directory metadata: {}",
-                            crate::clone::errno_text(e)
-                        ));
+                        .with_reason(format!("cannot set directory metadata: {}", errno_text(e)));
                     report.errors += 1;
                     on_event(TreeEvent::Failed(&err));
                 }
@@ -244,19 +242,6 @@ fn leave_dir(
         fs::utimensat(CWD, d, &times_of(st), AtFlags::empty())?;
     }
     Ok(())
-}
-
-fn times_of(st: &fs::Stat) -> Timestamps {
-    Timestamps {
-        last_access: Timespec {
-            tv_sec: st.st_atime,
-            tv_nsec: st.st_atime_nsec as _,
-        },
-        last_modification: Timespec {
-            tv_sec: st.st_mtime,
-            tv_nsec: st.st_mtime_nsec as _,
-        },
-    }
 }
 
 fn copy_entry(

@@ -14,7 +14,7 @@ use cowlink::{
     clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Preserve,
     Reflink,
 };
-use cowlink_testfs::testfs;
+use cowlink_testfs::{names, testfs};
 
 fn opts(reflink: Reflink) -> CloneOptions {
     CloneOptions {
@@ -40,16 +40,6 @@ fn write_file(p: &Path, bytes: &[u8]) {
     let mut f = fs::File::create(p).unwrap();
     f.write_all(bytes).unwrap();
     f.sync_all().unwrap();
-}
-
-/// Names in `dir`, sorted: proves nothing unexpected (no temporaries) is there.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 fn physical(ext: &[Extent]) -> Vec<(u64, u64, u64)> {
