@@ -6,10 +6,11 @@
 //! - copy:  `clone_file` with `Reflink::Never` (a physical read/write copy)
 //! - clone: `clone_file` with `Reflink::Always`
 //! - bare:  open(src), openat(dst, O_CREAT|O_EXCL), ioctl(FICLONE), close ×2
+//! - bare + atomic link: open(src), O_TMPFILE, ioctl(FICLONE), linkat, close ×2
 //!
 //! Each destination is deleted after it is timed (not timed), so every
-//! operation creates a new file. Copies run in their own phase; clone
-//! and bare alternate (order swapped each round) so drift hits both alike. Prints a Markdown table of
+//! operation creates a new file. Copies run in their own phase; the three
+//! clone variants rotate (order shifted each round) so drift hits all alike. Prints a Markdown table of
 //! medians in µs.
 //!
 //! Usage: cargo run --release --example clonebench -- DIR [--copies N] [--full]
@@ -65,6 +66,24 @@ fn bare_clone(src: &Path, dst: &Path) {
     fs::ioctl_ficlone(&d, &s).unwrap();
 }
 
+/// The bare sequence made atomic the way `clone_file` does it: an
+/// O_TMPFILE in the directory, FICLONE, then linkat into place.
+fn bare_atomic(src: &Path, dst: &Path) {
+    let s = fs::open(src, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+    let dir = dst.parent().unwrap();
+    let d = fs::open(
+        dir,
+        OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    fs::ioctl_ficlone(&d, &s).unwrap();
+    if fs::linkat(&d, c"", fs::CWD, dst, fs::AtFlags::EMPTY_PATH).is_err() {
+        let p = format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&d));
+        fs::linkat(fs::CWD, &*p, fs::CWD, dst, fs::AtFlags::SYMLINK_FOLLOW).unwrap();
+    }
+}
+
 fn size_name(s: u64) -> String {
     match s {
         0 => "0 B".into(),
@@ -107,9 +126,9 @@ fn main() {
         sfs.f_type
     );
     println!(
-        "| size | copy (µs) | clone (µs) | copy / clone | bare FICLONE (µs) | clone_file / bare |"
+        "| size | copy (µs) | clone (µs) | copy / clone | bare FICLONE (µs) | bare + atomic link (µs) | clone_file / bare |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let never = CloneOptions {
         reflink: Reflink::Never,
         ..Default::default()
@@ -127,7 +146,8 @@ fn main() {
         } else {
             copies
         };
-        let (mut copy, mut clone, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut copy, mut clone, mut bare, mut atomic) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let dst = work.join("dst");
         // Copies first, in their own phase: deleting a physical copy leaves
         // background work (XFS inode inactivation) that would slow whatever
@@ -139,23 +159,35 @@ fn main() {
             std::fs::remove_file(&dst).unwrap();
         }
         rustix::fs::sync();
-        // Clone and bare alternate, swapping order every round.
+        // Clone, bare and bare-atomic rotate, the order shifting every round.
         for round in 0..n {
-            for which in [round % 2, 1 - round % 2] {
+            for k in 0..3 {
                 let t = Instant::now();
-                if which == 0 {
-                    clone_file(&src, &dst, &always).unwrap();
-                    clone.push(t.elapsed());
-                } else {
-                    bare_clone(&src, &dst);
-                    bare.push(t.elapsed());
+                match (round + k) % 3 {
+                    0 => {
+                        clone_file(&src, &dst, &always).unwrap();
+                        clone.push(t.elapsed());
+                    }
+                    1 => {
+                        bare_clone(&src, &dst);
+                        bare.push(t.elapsed());
+                    }
+                    _ => {
+                        bare_atomic(&src, &dst);
+                        atomic.push(t.elapsed());
+                    }
                 }
                 std::fs::remove_file(&dst).unwrap();
             }
         }
-        let (mc, ml, mb) = (median(&mut copy), median(&mut clone), median(&mut bare));
+        let (mc, ml, mb, ma) = (
+            median(&mut copy),
+            median(&mut clone),
+            median(&mut bare),
+            median(&mut atomic),
+        );
         println!(
-            "| {} | {mc:.0} | {ml:.0} | {:.1}× | {mb:.0} | {:.2}× |",
+            "| {} | {mc:.0} | {ml:.0} | {:.1}× | {mb:.0} | {ma:.0} | {:.2}× |",
             size_name(size),
             mc / ml,
             ml / mb
