@@ -1,14 +1,18 @@
 //! `cowlink cp`: clone files (and, with -r, directory trees) like cp.
 
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, TreeEvent, TreeOptions};
+use cowlink::tree::{copy_tree, Action, CancelToken, TreeEvent, TreeOptions};
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
 };
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::{human_bytes, human_duration, Exit};
@@ -19,10 +23,19 @@ use crate::{human_bytes, human_duration, Exit};
 /// a directory); `cowlink cp SRC... DIR` clones each SRC into DIR. The copy
 /// is atomic: DEST appears complete, with its metadata, or not at all.
 ///
+/// Trees (-r, -a) are copied in parallel over open directories. -a keeps
+/// modes, owners, nanosecond times, xattrs and ACLs, symlinks as symlinks,
+/// hardlinks as hardlinks, FIFOs and device nodes. A failing entry is
+/// reported and the copy goes on (exit 1 at the end). Ctrl-C stops
+/// promptly: every file already present is complete, no temporary is left,
+/// exit 130.
+///
 /// Examples:
 ///   cowlink cp -v big.img copy.img          # says "cloned" or "copied"
 ///   cowlink cp --reflink=always a b         # clone or fail, never copy
 ///   cowlink cp -a build/ staging/           # a tree, with all metadata
+///   cowlink cp -a --dry-run build/ staging/ # what would be done
+///   cowlink cp -a --json src/ dst/ | jq .summary
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CpArgs {
@@ -82,11 +95,37 @@ pub struct CpArgs {
     #[arg(short = 'T', long, conflicts_with = "target_directory")]
     no_target_directory: bool,
 
-    /// Print one line per file: cloned or copied, size and time
+    /// Follow symbolic links in SRC (copy what they point to)
+    #[arg(short = 'L', long)]
+    dereference: bool,
+
+    /// Copy with N threads (default: one per core)
+    #[arg(
+        short = 'j',
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        hide_default_value = true
+    )]
+    jobs: usize,
+
+    /// Show a progress bar (default: only when stderr is a terminal)
+    #[arg(long, overrides_with = "no_progress")]
+    progress: bool,
+
+    /// Never show a progress bar
+    #[arg(long)]
+    no_progress: bool,
+
+    /// Print what would be done, change nothing
+    #[arg(long)]
+    dry_run: bool,
+
+    /// Print one line per entry: cloned or copied, size and time
     #[arg(short, long)]
     verbose: bool,
 
-    /// Print the outcome of every file and a summary as JSON on stdout
+    /// Print the outcome of every entry and a summary as JSON on stdout
     #[arg(long)]
     json: bool,
 
@@ -111,12 +150,16 @@ enum PreserveArg {
     All,
 }
 
-/// One line of `--json` output.
+/// One entry of `--json` output.
 #[derive(Serialize, Debug)]
-struct Record {
-    src: PathBuf,
-    dst: PathBuf,
+struct Record<'a> {
+    src: &'a Path,
+    dst: &'a Path,
+    /// ok, planned, skipped, failed
     status: &'static str,
+    /// file, dir, symlink, hardlink, special
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     method: Option<Method>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,6 +170,21 @@ struct Record {
     error: Option<ErrorRecord>,
 }
 
+impl<'a> Record<'a> {
+    fn new(src: &'a Path, dst: &'a Path, status: &'static str) -> Self {
+        Record {
+            src,
+            dst,
+            status,
+            kind: None,
+            method: None,
+            bytes: None,
+            micros: None,
+            error: None,
+        }
+    }
+}
+
 #[derive(Serialize, Debug)]
 struct ErrorRecord {
     kind: ErrorKind,
@@ -134,105 +192,164 @@ struct ErrorRecord {
     errno: Option<i32>,
 }
 
+/// The end-of-run totals (the `summary` of `--json`).
 #[derive(Serialize, Debug, Default)]
 struct Summary {
     files: u64,
     dirs: u64,
     symlinks: u64,
+    hardlinks: u64,
+    specials: u64,
     bytes: u64,
     cloned: u64,
     copied: u64,
     skipped: u64,
     failed: u64,
+    elapsed_ms: u64,
+    dry_run: bool,
+    cancelled: bool,
 }
 
-struct Run {
+/// Live counters, shared by the worker threads and the progress bar.
+#[derive(Default)]
+struct Live {
+    files: AtomicU64,
+    dirs: AtomicU64,
+    symlinks: AtomicU64,
+    hardlinks: AtomicU64,
+    specials: AtomicU64,
+    bytes: AtomicU64,
+    cloned: AtomicU64,
+    copied: AtomicU64,
+    skipped: AtomicU64,
+    failed: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Everything that prints: verbose lines, errors, JSON records, progress.
+/// Called from worker threads, hence the atomics and the lock on output.
+struct Reporter {
     options: CloneOptions,
     verbose: bool,
     json: bool,
     skip_existing: bool,
     recursive: bool,
-    records: Vec<Record>,
-    summary: Summary,
+    live: Live,
+    /// Whether a JSON record was written yet (for the commas).
+    wrote_record: AtomicBool,
+    out: Mutex<std::io::Stdout>,
+    bar: Option<ProgressBar>,
 }
 
-impl Run {
-    fn done(&mut self, src: &Path, dst: &Path, o: Outcome, elapsed: Option<std::time::Duration>) {
-        self.summary.files += 1;
-        self.summary.bytes += o.bytes;
-        if o.method == Method::Reflink {
-            self.summary.cloned += 1;
-        } else {
-            self.summary.copied += 1;
+impl Reporter {
+    /// Print a line on stdout without tearing the progress bar.
+    fn print(&self, line: &str) {
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let write = || {
+            let mut o = out.lock();
+            let _ = writeln!(o, "{line}");
+        };
+        match &self.bar {
+            Some(bar) => bar.suspend(write),
+            None => write(),
         }
+    }
+
+    fn eprint(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn record(&self, r: &Record<'_>) {
+        if !self.json {
+            return;
+        }
+        let text = serde_json::to_string(r).expect("records serialize");
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let first = !self.wrote_record.swap(true, Ordering::Relaxed);
+        let mut o = out.lock();
+        let _ = write!(o, "{}\n    {text}", if first { "" } else { "," });
+    }
+
+    fn done(&self, src: &Path, dst: &Path, o: Outcome, elapsed: Option<Duration>) {
+        add(&self.live.files, 1);
+        add(&self.live.bytes, o.bytes);
+        add(
+            if o.method == Method::Reflink {
+                &self.live.cloned
+            } else {
+                &self.live.copied
+            },
+            1,
+        );
         if self.verbose {
             let took = elapsed
                 .map(|d| format!(" in {}", human_duration(d)))
                 .unwrap_or_default();
-            println!(
+            self.print(&format!(
                 "'{}' -> '{}': {}, {}{took}",
                 src.display(),
                 dst.display(),
                 o.method.describe(),
                 human_bytes(o.bytes),
-            );
+            ));
         }
-        if self.json {
-            self.records.push(Record {
-                src: src.into(),
-                dst: dst.into(),
-                status: "ok",
-                method: Some(o.method),
-                bytes: Some(o.bytes),
-                micros: elapsed.map(|d| d.as_micros() as u64),
-                error: None,
-            });
-        }
+        self.record(&Record {
+            kind: Some("file"),
+            method: Some(o.method),
+            bytes: Some(o.bytes),
+            micros: elapsed.map(|d| d.as_micros() as u64),
+            ..Record::new(src, dst, "ok")
+        });
     }
 
-    fn failed(&mut self, src: &Path, dst: &Path, e: &Error) {
+    /// Any other entry that went well (or, in a dry run, would be done).
+    fn other(&self, src: &Path, dst: &Path, kind: &'static str, words: &str, planned: bool) {
+        if self.verbose || planned {
+            let prefix = if planned { "would copy " } else { "" };
+            self.print(&format!(
+                "{prefix}'{}' -> '{}': {words}",
+                src.display(),
+                dst.display()
+            ));
+        }
+        self.record(&Record {
+            kind: Some(kind),
+            ..Record::new(src, dst, if planned { "planned" } else { "ok" })
+        });
+    }
+
+    fn failed(&self, src: &Path, dst: &Path, e: &Error) {
         if self.options.overwrite == Overwrite::Refuse
             && e.kind() == ErrorKind::AlreadyExists
             && self.skip_existing
         {
-            self.summary.skipped += 1;
+            add(&self.live.skipped, 1);
             if self.verbose {
-                println!(
+                self.print(&format!(
                     "'{}' -> '{}': skipped, destination exists",
                     src.display(),
                     dst.display()
-                );
+                ));
             }
-            if self.json {
-                self.records.push(Record {
-                    src: src.into(),
-                    dst: dst.into(),
-                    status: "skipped",
-                    method: None,
-                    bytes: None,
-                    micros: None,
-                    error: None,
-                });
-            }
+            self.record(&Record::new(src, dst, "skipped"));
             return;
         }
-        self.summary.failed += 1;
-        eprintln!("cowlink: {e}{}", self.hint(e));
-        if self.json {
-            self.records.push(Record {
-                src: src.into(),
-                dst: dst.into(),
-                status: "failed",
-                method: None,
-                bytes: None,
-                micros: None,
-                error: Some(ErrorRecord {
-                    kind: e.kind(),
-                    message: e.to_string(),
-                    errno: e.raw_os_error(),
-                }),
-            });
-        }
+        add(&self.live.failed, 1);
+        self.eprint(&format!("cowlink: {e}{}", self.hint(e)));
+        self.record(&Record {
+            error: Some(ErrorRecord {
+                kind: e.kind(),
+                message: e.to_string(),
+                errno: e.raw_os_error(),
+            }),
+            ..Record::new(src, dst, "failed")
+        });
     }
 
     fn hint(&self, e: &Error) -> &'static str {
@@ -248,6 +365,132 @@ impl Run {
             _ => "",
         }
     }
+
+    /// A tree event from a worker thread.
+    fn tree_event(&self, ev: &TreeEvent<'_>, root: (&Path, &Path)) {
+        match *ev {
+            TreeEvent::File { src, dst, outcome } => self.done(src, dst, outcome, None),
+            TreeEvent::Dir { src, dst } => {
+                add(&self.live.dirs, 1);
+                self.other(src, dst, "dir", "directory", false);
+            }
+            TreeEvent::Symlink { src, dst } => {
+                add(&self.live.symlinks, 1);
+                self.other(src, dst, "symlink", "symbolic link", false);
+            }
+            TreeEvent::Hardlink { src, dst } => {
+                add(&self.live.hardlinks, 1);
+                self.other(src, dst, "hardlink", "hardlinked to an earlier copy", false);
+            }
+            TreeEvent::Special { src, dst, .. } => {
+                add(&self.live.specials, 1);
+                self.other(src, dst, "special", "special file recreated", false);
+            }
+            TreeEvent::Planned {
+                src,
+                dst,
+                ref action,
+            } => {
+                let (kind, words, counter) = match action {
+                    Action::Dir => ("dir", "directory".to_string(), &self.live.dirs),
+                    Action::File { bytes } => {
+                        add(&self.live.bytes, *bytes);
+                        (
+                            "file",
+                            format!("file, {}", human_bytes(*bytes)),
+                            &self.live.files,
+                        )
+                    }
+                    Action::Symlink => ("symlink", "symbolic link".into(), &self.live.symlinks),
+                    Action::Hardlink => ("hardlink", "hardlink".into(), &self.live.hardlinks),
+                    Action::Special { kind } => (
+                        "special",
+                        format!("special file ({kind:?})"),
+                        &self.live.specials,
+                    ),
+                };
+                add(counter, 1);
+                self.other(src, dst, kind, &words, true);
+            }
+            TreeEvent::Failed(e) => {
+                self.failed(e.src().unwrap_or(root.0), e.dst().unwrap_or(root.1), e)
+            }
+            _ => {}
+        }
+    }
+
+    fn summary(&self, elapsed: Duration, dry_run: bool, cancelled: bool) -> Summary {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let l = &self.live;
+        Summary {
+            files: g(&l.files),
+            dirs: g(&l.dirs),
+            symlinks: g(&l.symlinks),
+            hardlinks: g(&l.hardlinks),
+            specials: g(&l.specials),
+            bytes: g(&l.bytes),
+            cloned: g(&l.cloned),
+            copied: g(&l.copied),
+            skipped: g(&l.skipped),
+            failed: g(&l.failed),
+            elapsed_ms: elapsed.as_millis() as u64,
+            dry_run,
+            cancelled,
+        }
+    }
+
+    /// The progress bar's message: counts, bytes, rate, method mix.
+    fn progress_message(&self, elapsed: Duration) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let l = &self.live;
+        let bytes = g(&l.bytes);
+        let rate = bytes as f64 / elapsed.as_secs_f64().max(0.001);
+        format!(
+            "{} files, {} dirs, {} ({}/s) · {} cloned, {} copied{}",
+            g(&l.files),
+            g(&l.dirs),
+            human_bytes(bytes),
+            human_bytes(rate as u64),
+            g(&l.cloned),
+            g(&l.copied),
+            match g(&l.failed) {
+                0 => String::new(),
+                n => format!(" · {n} failed"),
+            }
+        )
+    }
+}
+
+/// The one line printed at the end of a tree copy.
+fn summary_line(s: &Summary) -> String {
+    let verb = if s.dry_run { "would copy" } else { "copied" };
+    let mut line = format!(
+        "{verb} {} files, {} dirs, {} ({} cloned, {} copied)",
+        s.files,
+        s.dirs,
+        human_bytes(s.bytes),
+        s.cloned,
+        s.copied
+    );
+    for (n, what) in [
+        (s.symlinks, "symlinks"),
+        (s.hardlinks, "hardlinks"),
+        (s.specials, "special files"),
+        (s.skipped, "skipped"),
+        (s.failed, "failed"),
+    ] {
+        if n > 0 {
+            line.push_str(&format!(", {n} {what}"));
+        }
+    }
+    line.push_str(&format!(
+        " in {}",
+        human_duration(Duration::from_millis(s.elapsed_ms))
+    ));
+    if s.cancelled {
+        line.push_str(" — cancelled");
+    }
+    line
 }
 
 /// Run `cowlink cp`.
@@ -287,27 +530,115 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     };
     let recursive = args.recursive || args.archive;
     let jobs = plan(&args)?;
-    let mut run = Run {
+    let cancel = CancelToken::new();
+    install_interrupt_handler(&cancel);
+    // Deep trees hold two descriptors per level; raise the soft limit.
+    raise_fd_limit();
+
+    let show_progress = !args.no_progress
+        && !args.dry_run
+        && recursive
+        && (args.progress || std::io::stderr().is_terminal());
+    let bar = show_progress.then(|| {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").expect("valid template"),
+        );
+        bar
+    });
+    let reporter = Reporter {
         options,
         verbose: args.verbose,
         json: args.json,
-        records: Vec::new(),
-        summary: Summary::default(),
         skip_existing: args.no_clobber,
         recursive,
+        live: Live::default(),
+        wrote_record: AtomicBool::new(false),
+        out: Mutex::new(std::io::stdout()),
+        bar,
     };
-    for (src, dst) in jobs {
-        copy_one(&mut run, &src, &dst);
-    }
     if args.json {
-        let doc = serde_json::json!({ "results": run.records, "summary": run.summary });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        print!("{{\n  \"results\": [");
     }
-    Ok(if run.summary.failed > 0 {
+    let tree = TreeOptions {
+        file: options,
+        hardlinks: args.archive,
+        dereference: args.dereference,
+        threads: args.jobs,
+        dry_run: args.dry_run,
+        cancel: cancel.clone(),
+    };
+    let start = Instant::now();
+    let finished = AtomicBool::new(false);
+    let mut any_tree = false;
+    std::thread::scope(|s| {
+        if let Some(bar) = &reporter.bar {
+            let (reporter, finished) = (&reporter, &finished);
+            s.spawn(move || {
+                while !finished.load(Ordering::Relaxed) {
+                    bar.set_message(reporter.progress_message(start.elapsed()));
+                    bar.tick();
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+        for (src, dst) in &jobs {
+            if cancel.is_cancelled() {
+                break;
+            }
+            any_tree |= copy_one(&reporter, &tree, src, dst);
+        }
+        finished.store(true, Ordering::Relaxed);
+    });
+    if let Some(bar) = &reporter.bar {
+        bar.finish_and_clear();
+    }
+    let summary = reporter.summary(start.elapsed(), args.dry_run, cancel.is_cancelled());
+    if args.json {
+        println!(
+            "\n  ],\n  \"summary\": {}\n}}",
+            serde_json::to_string(&summary)?
+        );
+    } else if any_tree && (args.verbose || args.dry_run || reporter.bar.is_some()) {
+        eprintln!("{}", summary_line(&summary));
+    }
+    Ok(if summary.cancelled {
+        eprintln!(
+            "cowlink: interrupted; entries already copied are complete, nothing partial was left"
+        );
+        Exit::Interrupted
+    } else if summary.failed > 0 {
         Exit::Failed
     } else {
         Exit::Ok
     })
+}
+
+/// Ctrl-C (and SIGTERM) cancel the copy; a second one exits at once (files
+/// being written are unnamed until complete, so nothing partial remains).
+fn install_interrupt_handler(cancel: &CancelToken) {
+    let cancel = cancel.clone();
+    let _ = ctrlc::set_handler(move || {
+        if cancel.is_cancelled() {
+            std::process::exit(130);
+        }
+        cancel.cancel();
+    });
+}
+
+/// Raise the soft limit on open files to the hard limit.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            rustix::process::Rlimit {
+                current: lim.maximum,
+                maximum: lim.maximum,
+            },
+        );
+    }
 }
 
 /// Resolve the command line into (source, destination file) pairs, with
@@ -364,46 +695,36 @@ fn plan(args: &CpArgs) -> Result<Vec<(PathBuf, PathBuf)>> {
         .collect()
 }
 
-fn copy_one(run: &mut Run, src: &Path, dst: &Path) {
-    let is_dir = std::fs::symlink_metadata(src)
-        .map(|m| m.is_dir())
-        .unwrap_or(false)
-        || (!run.recursive && src.is_dir());
-    if is_dir && run.recursive {
-        let options = TreeOptions { file: run.options };
-        let result = copy_tree(src, dst, &options, &mut |ev| match ev {
-            TreeEvent::File { src, dst, outcome } => run.done(src, dst, outcome, None),
-            TreeEvent::Dir { .. } => run.summary.dirs += 1,
-            TreeEvent::Symlink { src, dst } => {
-                run.summary.symlinks += 1;
-                if run.verbose {
-                    println!("'{}' -> '{}': symbolic link", src.display(), dst.display());
-                }
-            }
-            TreeEvent::Failed(e) => {
-                let (s, d) = (
-                    e.src().unwrap_or(src).to_path_buf(),
-                    e.dst().unwrap_or(dst).to_path_buf(),
-                );
-                run.failed(&s, &d, e);
-            }
-        });
-        if let Err(e) = result {
-            run.failed(src, dst, &e);
-        }
-        return;
-    }
-    if is_dir {
+/// Copy one command-line source; returns whether it was a tree copy.
+fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
+    let meta = if tree.dereference {
+        std::fs::metadata(src)
+    } else {
+        std::fs::symlink_metadata(src)
+    };
+    let ft = meta.map(|m| m.file_type()).ok();
+    let is_dir = ft.is_some_and(|t| t.is_dir()) || (!r.recursive && src.is_dir());
+    let is_file_like = ft.is_none_or(|t| t.is_file()) || !r.recursive;
+    if is_dir && !r.recursive {
         let e = Error::new(cowlink::Operation::Clone, ErrorKind::IsDirectory)
             .with_src(src)
             .with_dst(dst)
             .with_reason("source is a directory (omitted)");
-        run.failed(src, dst, &e);
-        return;
+        r.failed(src, dst, &e);
+        return false;
     }
-    let t = Instant::now();
-    match clone_file(src, dst, &run.options) {
-        Ok(o) => run.done(src, dst, o, Some(t.elapsed())),
-        Err(e) => run.failed(src, dst, &e),
+    if !is_dir && is_file_like && !tree.dry_run {
+        let t = Instant::now();
+        match clone_file(src, dst, &r.options) {
+            Ok(o) => r.done(src, dst, o, Some(t.elapsed())),
+            Err(e) => r.failed(src, dst, &e),
+        }
+        return false;
     }
+    // A directory, or with -r a symlink, FIFO or device, or a dry run.
+    let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
+    if let Err(e) = copy_tree(src, dst, tree, &observer) {
+        r.failed(src, dst, &e);
+    }
+    is_dir
 }

@@ -1,7 +1,8 @@
 //! The `cowlink` command: clap arguments in, library calls, output out.
 //!
 //! Exit codes: 0 everything done; 1 some operations failed (each reported
-//! on stderr); 2 usage error or nothing could start.
+//! on stderr); 2 usage error or nothing could start; 130 interrupted
+//! (Ctrl-C or SIGTERM), after cleaning up.
 
 mod cp;
 mod probe;
@@ -45,6 +46,8 @@ pub enum Exit {
     Failed,
     /// Usage error or fatal error.
     Fatal,
+    /// Stopped by Ctrl-C (SIGINT) or SIGTERM after cleaning up.
+    Interrupted,
 }
 
 impl From<Exit> for ExitCode {
@@ -53,6 +56,7 @@ impl From<Exit> for ExitCode {
             Exit::Ok => 0,
             Exit::Failed => 1,
             Exit::Fatal => 2,
+            Exit::Interrupted => 130,
         })
     }
 }

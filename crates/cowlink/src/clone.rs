@@ -78,7 +78,7 @@ pub struct CloneOptions {
     pub preserve: Preserve,
 }
 
-fn file_type_name(mode: u32) -> &'static str {
+pub(crate) fn file_type_name(mode: u32) -> &'static str {
     match FileType::from_raw_mode(mode) {
         FileType::Directory => "a directory",
         FileType::Fifo => "a FIFO",
@@ -216,35 +216,21 @@ pub fn clone_file(
     if options.overwrite == Overwrite::Replace {
         precheck()?;
     }
-    let pending = PendingFile::create(&parent, dst, Mode::from_raw_mode(st.st_mode & 0o777))
+    let pending = PendingFile::create(CWD, &parent, dst, Mode::from_raw_mode(st.st_mode & 0o777))
         .map_err(|e| match e {
-            Errno::NOENT => {
-                err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
-            }
-            Errno::NOTDIR => {
-                err(e).with_reason(format!("'{}' is not a directory", parent.display()))
-            }
-            _ => err(e).with_reason(create_reason(e, &parent)),
-        })?;
-    let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
-    let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
-    let copy = |offload: bool| -> Result<Method> {
-        if options.overwrite == Overwrite::Refuse {
-            precheck()?;
+        Errno::NOENT => {
+            err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
         }
-        crate::copy::copy_data(sfd, dfd, size, offload).map_err(failed)
+        Errno::NOTDIR => err(e).with_reason(format!("'{}' is not a directory", parent.display())),
+        _ => err(e).with_reason(create_reason(e, &parent)),
+    })?;
+    let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
+    let before_copy = || match options.overwrite {
+        Overwrite::Refuse => precheck(),
+        Overwrite::Replace => Ok(()),
     };
-    let method = match options.reflink {
-        Reflink::Never => copy(false)?,
-        Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
-            .map(|()| Method::Reflink)
-            .map_err(failed)?,
-        Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
-            Ok(()) => Method::Reflink,
-            Err(e) if is_not_possible_here(e) => copy(true)?,
-            Err(e) => return Err(failed(e)),
-        },
-    };
+    let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
+    let method = transfer(sfd, dfd, size, options.reflink, &before_copy, &failed)?;
     meta::apply(sfd, &st, dfd, options.preserve).map_err(|m| {
         err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
     })?;
@@ -262,6 +248,35 @@ pub fn clone_file(
         method,
         bytes: st.st_size as u64,
     })
+}
+
+/// Move the data of `sfd` (`size` bytes) into the empty file `dfd`:
+/// clone, or copy when `reflink` allows and cloning is not possible here.
+/// `before_copy` runs before a data copy (to refuse early instead of
+/// copying in vain); `failed` turns an errno into the caller's error.
+pub(crate) fn transfer(
+    sfd: BorrowedFd<'_>,
+    dfd: BorrowedFd<'_>,
+    size: u64,
+    reflink: Reflink,
+    before_copy: &dyn Fn() -> Result<()>,
+    failed: &dyn Fn(Errno) -> Error,
+) -> Result<Method> {
+    let copy = |offload: bool| -> Result<Method> {
+        before_copy()?;
+        crate::copy::copy_data(sfd, dfd, size, offload).map_err(failed)
+    };
+    match reflink {
+        Reflink::Never => copy(false),
+        Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
+            .map(|()| Method::Reflink)
+            .map_err(failed),
+        Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
+            Ok(()) => Ok(Method::Reflink),
+            Err(e) if is_not_possible_here(e) => copy(true),
+            Err(e) => Err(failed(e)),
+        },
+    }
 }
 
 /// Refuse early (before moving any data) when the destination exists and
@@ -325,7 +340,7 @@ fn create_reason(e: Errno, parent: &Path) -> String {
 }
 
 /// Why a transfer failed, in words that name the filesystems.
-fn transfer_error(
+pub(crate) fn transfer_error(
     op: Operation,
     src: &Path,
     dst: &Path,

@@ -74,6 +74,25 @@ pub(crate) fn apply(
     dst: BorrowedFd<'_>,
     preserve: Preserve,
 ) -> Result<(), MetaError> {
+    apply_dir(
+        src,
+        st,
+        dst,
+        preserve,
+        preserve.mode.then_some(st.st_mode & 0o7777),
+    )
+}
+
+/// Like [`apply`], with the mode to set (if any) given by the caller: a
+/// directory copy may need its mode restored even when modes are not
+/// preserved (it was opened up to work inside).
+pub(crate) fn apply_dir(
+    src: BorrowedFd<'_>,
+    st: &Stat,
+    dst: BorrowedFd<'_>,
+    preserve: Preserve,
+    mode: Option<u32>,
+) -> Result<(), MetaError> {
     if preserve.ownership {
         let uid = Uid::from_raw(st.st_uid);
         let gid = Gid::from_raw(st.st_gid);
@@ -89,8 +108,8 @@ pub(crate) fn apply(
     if preserve.xattrs {
         copy_xattrs(src, dst)?;
     }
-    if preserve.mode {
-        fs::fchmod(dst, Mode::from_raw_mode(st.st_mode & 0o7777)).map_err(fail("preserve mode"))?;
+    if let Some(mode) = mode {
+        fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))?;
     }
     if preserve.timestamps {
         fs::futimens(dst, &times_of(st)).map_err(fail("preserve timestamps"))?;

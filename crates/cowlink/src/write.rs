@@ -42,8 +42,13 @@ enum TempName {
 }
 
 /// A destination file being written, not yet visible under its final name.
-pub(crate) struct PendingFile {
+///
+/// Names (the directory to create in, the final name, temporaries) are
+/// relative to `dir`: the current directory for path-based calls, an open
+/// directory for the tree engine (no path resolution per file).
+pub(crate) struct PendingFile<'d> {
     file: OwnedFd,
+    dir: BorrowedFd<'d>,
     temp: TempName,
 }
 
@@ -54,7 +59,7 @@ static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// A temporary name next to `name`, unique within this process and short
 /// enough for NAME_MAX.
-fn temp_name(name: &OsStr) -> OsString {
+pub(crate) fn temp_name(name: &OsStr) -> OsString {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let stem = &name.as_bytes()[..name.len().min(200)];
     let mut v = Vec::with_capacity(stem.len() + 40);
@@ -69,15 +74,21 @@ fn temp_path(dst: &Path) -> PathBuf {
     dst.with_file_name(temp_name(dst.file_name().unwrap_or_default()))
 }
 
-impl PendingFile {
-    /// Create an unnamed, writable file in the directory `dir` that will
-    /// become `dst`, with `mode` (the umask applies, as for `open(2)` with
-    /// `O_CREAT`).
-    pub(crate) fn create(dir: &Path, dst: &Path, mode: Mode) -> Result<Self, Errno> {
+impl<'d> PendingFile<'d> {
+    /// Create an unnamed, writable file in the directory `parent` (relative
+    /// to `dir`) that will become `dst` (relative to `dir`), with `mode`
+    /// (the umask applies, as for `open(2)` with `O_CREAT`).
+    pub(crate) fn create(
+        dir: BorrowedFd<'d>,
+        parent: &Path,
+        dst: &Path,
+        mode: Mode,
+    ) -> Result<Self, Errno> {
         let flags = OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC;
-        match fs::open(dir, flags, mode) {
+        match fs::openat(dir, parent, flags, mode) {
             Ok(file) => Ok(PendingFile {
                 file,
+                dir,
                 temp: TempName::Anonymous,
             }),
             // No O_TMPFILE here: EOPNOTSUPP from the filesystem, EISDIR or
@@ -85,9 +96,10 @@ impl PendingFile {
             Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
                 let tmp = temp_path(dst);
                 let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC;
-                let file = fs::open(&tmp, flags, mode)?;
+                let file = fs::openat(dir, &tmp, flags, mode)?;
                 Ok(PendingFile {
                     file,
+                    dir,
                     temp: TempName::Named(tmp),
                 })
             }
@@ -114,7 +126,7 @@ impl PendingFile {
                     self.link_anonymous(&tmp)?;
                     // From here the named temporary must go if rename fails.
                     self.temp = TempName::Named(tmp.clone());
-                    fs::rename(&tmp, dst)?;
+                    fs::renameat(self.dir, &tmp, self.dir, dst)?;
                     self.temp = TempName::Anonymous;
                     Ok(())
                 }
@@ -122,14 +134,20 @@ impl PendingFile {
             TempName::Named(tmp) => {
                 self.temp = TempName::Named(tmp.clone());
                 match overwrite {
-                    Overwrite::Replace => fs::rename(&tmp, dst)?,
+                    Overwrite::Replace => fs::renameat(self.dir, &tmp, self.dir, dst)?,
                     Overwrite::Refuse => {
-                        match fs::renameat_with(CWD, &tmp, CWD, dst, RenameFlags::NOREPLACE) {
+                        match fs::renameat_with(
+                            self.dir,
+                            &tmp,
+                            self.dir,
+                            dst,
+                            RenameFlags::NOREPLACE,
+                        ) {
                             Ok(()) => {}
                             // The filesystem lacks RENAME_NOREPLACE: link (atomic
                             // no-clobber); the drop removes the temporary name.
                             Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                                return fs::link(&tmp, dst);
+                                return fs::linkat(self.dir, &tmp, self.dir, dst, AtFlags::empty());
                             }
                             Err(e) => return Err(e),
                         }
@@ -144,7 +162,7 @@ impl PendingFile {
     /// `linkat` an `O_TMPFILE` into place as `name`.
     fn link_anonymous(&self, name: &Path) -> Result<(), Errno> {
         if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
-            match fs::linkat(&self.file, c"", CWD, name, AtFlags::EMPTY_PATH) {
+            match fs::linkat(&self.file, c"", self.dir, name, AtFlags::EMPTY_PATH) {
                 Err(Errno::NOENT | Errno::PERM) => {
                     EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed)
                 }
@@ -156,14 +174,14 @@ impl PendingFile {
             "/proc/self/fd/{}",
             rustix::fd::AsRawFd::as_raw_fd(&self.file)
         );
-        fs::linkat(CWD, &*proc_path, CWD, name, AtFlags::SYMLINK_FOLLOW)
+        fs::linkat(CWD, &*proc_path, self.dir, name, AtFlags::SYMLINK_FOLLOW)
     }
 }
 
-impl Drop for PendingFile {
+impl Drop for PendingFile<'_> {
     fn drop(&mut self) {
         if let TempName::Named(tmp) = &self.temp {
-            let _ = fs::unlink(tmp);
+            let _ = fs::unlinkat(self.dir, tmp, AtFlags::empty());
         }
     }
 }

@@ -1,0 +1,446 @@
+//! What happens to one entry of a tree: a regular file (cloned or copied,
+//! atomically), a further name of an already copied file (hardlinked), a
+//! symbolic link, or a FIFO, socket or device node. Everything is relative
+//! to open directory descriptors.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustix::fd::{AsFd, BorrowedFd};
+use rustix::fs::{self, AtFlags, FileType, Gid, Mode, OFlags, Stat, Uid};
+use rustix::io::Errno;
+
+use super::walk::{bump, DirNode, Engine};
+use super::{Action, SpecialKind, TreeEvent};
+use crate::clone::{file_type_name, transfer, transfer_error, Method, Outcome, Reflink};
+use crate::error::{errno_text, Error, ErrorKind, Operation};
+use crate::meta::{self, times_of};
+use crate::write::{Overwrite, PendingFile};
+
+/// Source inodes with more than one name, seen so far: where the first
+/// name's copy is (relative to the destination root). An entry leaves the
+/// table when all its names have been seen, so the table holds only
+/// hardlinked files in flight.
+#[derive(Default)]
+pub(super) struct LinkTable {
+    map: Mutex<HashMap<(u64, u64), Arc<LinkSlot>>>,
+}
+
+#[derive(Default)]
+struct LinkSlot {
+    /// The first copy; the lock also makes later names wait for it.
+    first: Mutex<Option<PathBuf>>,
+    seen: AtomicU64,
+}
+
+/// What became of an entry with several names.
+enum Linked {
+    /// This name was copied (it is the first, or earlier copies failed).
+    Copied,
+    /// This name was linked to the copy of an earlier name.
+    Linked,
+}
+
+impl LinkTable {
+    /// Link `name` to the copy of an earlier name of the same inode, or run
+    /// `copy` when this is the first name (or every earlier copy failed).
+    fn link_or_copy(
+        &self,
+        st: &Stat,
+        rel: PathBuf,
+        link: impl FnOnce(&Path) -> Result<(), Error>,
+        copy: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<Linked, Error> {
+        let key = (st.st_dev, st.st_ino);
+        let slot = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key).or_default().clone()
+        };
+        let result = {
+            let mut first = slot.first.lock().unwrap_or_else(|p| p.into_inner());
+            match first.as_deref() {
+                Some(to) => link(to).map(|()| Linked::Linked),
+                None => copy().map(|()| {
+                    *first = Some(rel);
+                    Linked::Copied
+                }),
+            }
+        };
+        if slot.seen.fetch_add(1, Ordering::Relaxed) + 1 >= st.st_nlink {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            map.remove(&key);
+        }
+        result
+    }
+}
+
+fn os(name: &CStr) -> &Path {
+    Path::new(OsStr::from_bytes(name.to_bytes()))
+}
+
+/// Copy the non-directory entry `name` of `node` (to the same name).
+pub(super) fn copy_entry(eng: &Engine<'_>, node: &DirNode, name: &CStr, t: FileType) {
+    copy_single(eng, node, name, name, t);
+}
+
+/// Copy the non-directory entry `name` of `node` to `dst_name` in the
+/// destination directory; report the outcome or the failure.
+pub(super) fn copy_single(
+    eng: &Engine<'_>,
+    node: &DirNode,
+    name: &CStr,
+    dst_name: &CStr,
+    t: FileType,
+) {
+    let src = node.src_path.join(os(name));
+    let dst = node.dst_path.join(os(dst_name));
+    let e = Entry {
+        eng,
+        node,
+        name,
+        dst_name,
+        src: &src,
+        dst: &dst,
+    };
+    let result = match t {
+        FileType::RegularFile => e.regular(),
+        FileType::Symlink => e.symlink(),
+        FileType::Fifo | FileType::Socket | FileType::CharacterDevice | FileType::BlockDevice => {
+            e.special(t)
+        }
+        _ => Err(e
+            .error(Errno::INVAL)
+            .with_kind(ErrorKind::NotRegularFile)
+            .with_reason("source is of unknown type, which cannot be copied")),
+    };
+    if let Err(err) = result {
+        eng.fail(err);
+    }
+}
+
+struct Entry<'e, 'a> {
+    eng: &'e Engine<'a>,
+    node: &'e DirNode,
+    name: &'e CStr,
+    dst_name: &'e CStr,
+    src: &'e Path,
+    dst: &'e Path,
+}
+
+impl Entry<'_, '_> {
+    fn op(&self) -> Operation {
+        match self.eng.opts.file.reflink {
+            Reflink::Never => Operation::Copy,
+            _ => Operation::Clone,
+        }
+    }
+
+    fn error(&self, e: Errno) -> Error {
+        Error::from_errno(self.op(), e)
+            .with_src(self.src)
+            .with_dst(self.dst)
+    }
+
+    /// An error reading the source, with the usual reasons.
+    fn source_error(&self, e: Errno) -> Error {
+        let err = self.error(e);
+        match e {
+            Errno::NOENT => err.with_reason("source vanished during the copy"),
+            Errno::ACCESS | Errno::PERM => err.with_reason("permission denied reading the source"),
+            Errno::LOOP | Errno::NOTDIR => err.with_reason("source changed type during the copy"),
+            _ => err,
+        }
+    }
+
+    /// An error creating or placing the destination.
+    fn dest_error(&self, e: Errno) -> Error {
+        let err = self.error(e);
+        match e {
+            Errno::EXIST => {
+                match fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => err
+                        .with_kind(ErrorKind::IsDirectory)
+                        .with_reason("destination is an existing directory"),
+                    _ => err.with_reason("destination already exists"),
+                }
+            }
+            Errno::ISDIR => err
+                .with_kind(ErrorKind::IsDirectory)
+                .with_reason("destination is an existing directory"),
+            Errno::NOSPC => err.with_reason("no space left on the destination filesystem"),
+            Errno::DQUOT => err.with_reason("disk quota exceeded on the destination filesystem"),
+            Errno::ACCESS | Errno::PERM => {
+                err.with_reason("permission denied creating the destination")
+            }
+            _ => err,
+        }
+    }
+
+    fn dst_dir(&self) -> BorrowedFd<'_> {
+        self.node.dst_fd()
+    }
+
+    fn lstat(&self) -> Result<Stat, Error> {
+        fs::statat(&self.node.src, self.name, self.stat_flags()).map_err(|e| self.source_error(e))
+    }
+
+    fn stat_flags(&self) -> AtFlags {
+        if self.eng.opts.dereference {
+            AtFlags::empty()
+        } else {
+            AtFlags::SYMLINK_NOFOLLOW
+        }
+    }
+
+    fn planned(&self, action: Action) {
+        self.eng.emit(TreeEvent::Planned {
+            src: self.src,
+            dst: self.dst,
+            action,
+        });
+    }
+
+    /// A regular file: clone or copy (or link to an earlier name's copy).
+    fn regular(&self) -> Result<(), Error> {
+        let opts = self.eng.opts;
+        if opts.dry_run {
+            let st = self.lstat()?;
+            return self.maybe_hardlinked(&st, || {
+                bump(&self.eng.counts.files, 1);
+                bump(&self.eng.counts.bytes, st.st_size as u64);
+                self.planned(Action::File {
+                    bytes: st.st_size as u64,
+                });
+                Ok(())
+            });
+        }
+        let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+        if !opts.dereference {
+            flags |= OFlags::NOFOLLOW;
+        }
+        let sfd = fs::openat(&self.node.src, self.name, flags, Mode::empty())
+            .map_err(|e| self.source_error(e))?;
+        let st = fs::fstat(&sfd).map_err(|e| self.source_error(e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(self
+                .error(Errno::INVAL)
+                .with_kind(ErrorKind::NotRegularFile)
+                .with_reason(format!(
+                    "source changed type during the copy (now {})",
+                    file_type_name(st.st_mode)
+                )));
+        }
+        self.maybe_hardlinked(&st, || {
+            let outcome = self.clone_file(sfd.as_fd(), &st)?;
+            let c = &self.eng.counts;
+            bump(&c.files, 1);
+            bump(&c.bytes, outcome.bytes);
+            bump(
+                if outcome.method == Method::Reflink {
+                    &c.cloned
+                } else {
+                    &c.copied
+                },
+                1,
+            );
+            self.eng.emit(TreeEvent::File {
+                src: self.src,
+                dst: self.dst,
+                outcome,
+            });
+            Ok(())
+        })
+    }
+
+    /// Run `copy`, unless this is a further name of a file already copied
+    /// (hardlinks preserved): then link to that copy instead.
+    fn maybe_hardlinked(
+        &self,
+        st: &Stat,
+        copy: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        if !self.eng.opts.hardlinks || st.st_nlink < 2 {
+            return copy();
+        }
+        let rel = self.node.rel.join(os(self.dst_name));
+        let link = |to: &Path| -> Result<(), Error> {
+            if !self.eng.opts.dry_run {
+                let root = self
+                    .eng
+                    .root_dst
+                    .as_ref()
+                    .expect("a tree copy has a root")
+                    .as_fd();
+                self.place(|dir, name| fs::linkat(root, to, dir, name, AtFlags::empty()))?;
+            }
+            bump(&self.eng.counts.hardlinks, 1);
+            if self.eng.opts.dry_run {
+                self.planned(Action::Hardlink);
+            } else {
+                self.eng.emit(TreeEvent::Hardlink {
+                    src: self.src,
+                    dst: self.dst,
+                });
+            }
+            Ok(())
+        };
+        self.eng.links.link_or_copy(st, rel, link, copy).map(|_| ())
+    }
+
+    /// Create a name with `make(dir, name)` (symlinkat, linkat, mknodat):
+    /// directly when refusing to overwrite, else at a temporary name that
+    /// is then renamed over the destination (atomic replace).
+    fn place(
+        &self,
+        make: impl Fn(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
+    ) -> Result<(), Error> {
+        let dir = self.dst_dir();
+        match make(dir, self.dst_name) {
+            Ok(()) => Ok(()),
+            Err(Errno::EXIST) if self.eng.opts.file.overwrite == Overwrite::Replace => {
+                let tmp = crate::write::temp_name(OsStr::from_bytes(self.dst_name.to_bytes()));
+                let tmp = std::ffi::CString::new(tmp.as_bytes()).expect("no NUL in a temp name");
+                make(dir, &tmp).map_err(|e| self.dest_error(e))?;
+                fs::renameat(dir, &tmp, dir, self.dst_name).map_err(|e| {
+                    let _ = fs::unlinkat(dir, &tmp, AtFlags::empty());
+                    self.dest_error(e)
+                })
+            }
+            Err(e) => Err(self.dest_error(e)),
+        }
+    }
+
+    /// Clone (or copy) the open source into an unnamed file, set its
+    /// metadata, link it into place.
+    fn clone_file(&self, sfd: BorrowedFd<'_>, st: &Stat) -> Result<Outcome, Error> {
+        let opts = &self.eng.opts.file;
+        let dir = self.dst_dir();
+        let dst_name = os(self.dst_name);
+        let pending = PendingFile::create(
+            dir,
+            Path::new("."),
+            dst_name,
+            Mode::from_raw_mode(st.st_mode & 0o777),
+        )
+        .map_err(|e| self.dest_error(e))?;
+        let dfd = pending.fd();
+        let before_copy = || match opts.overwrite {
+            // Refuse before copying data in vain (the final link re-checks).
+            Overwrite::Refuse => match fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(_) => Err(self.dest_error(Errno::EXIST)),
+                Err(_) => Ok(()),
+            },
+            Overwrite::Replace => Ok(()),
+        };
+        let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
+        let size = st.st_size as u64;
+        let method = transfer(sfd, dfd, size, opts.reflink, &before_copy, &failed)?;
+        meta::apply(sfd, st, dfd, opts.preserve).map_err(|m| {
+            self.error(m.errno)
+                .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
+        })?;
+        pending
+            .persist(dst_name, opts.overwrite)
+            .map_err(|e| self.dest_error(e))?;
+        Ok(Outcome {
+            method,
+            bytes: size,
+        })
+    }
+
+    /// A symbolic link, recreated with the same target (never followed).
+    fn symlink(&self) -> Result<(), Error> {
+        let st = self.lstat()?;
+        if self.eng.opts.dry_run {
+            bump(&self.eng.counts.symlinks, 1);
+            self.planned(Action::Symlink);
+            return Ok(());
+        }
+        let target = fs::readlinkat(&self.node.src, self.name, Vec::new())
+            .map_err(|e| self.source_error(e))?;
+        self.place(|dir, name| fs::symlinkat(target.as_c_str(), dir, name))?;
+        self.name_metadata(&st, false)?;
+        bump(&self.eng.counts.symlinks, 1);
+        self.eng.emit(TreeEvent::Symlink {
+            src: self.src,
+            dst: self.dst,
+        });
+        Ok(())
+    }
+
+    /// A FIFO, socket or device node, recreated with `mknodat`.
+    fn special(&self, t: FileType) -> Result<(), Error> {
+        let st = self.lstat()?;
+        let kind = match t {
+            FileType::Fifo => SpecialKind::Fifo,
+            FileType::Socket => SpecialKind::Socket,
+            FileType::CharacterDevice => SpecialKind::CharDevice,
+            _ => SpecialKind::BlockDevice,
+        };
+        if self.eng.opts.dry_run {
+            bump(&self.eng.counts.specials, 1);
+            self.planned(Action::Special { kind });
+            return Ok(());
+        }
+        let mode = Mode::from_raw_mode(st.st_mode & 0o777);
+        self.place(|dir, name| fs::mknodat(dir, name, t, mode, st.st_rdev))
+            .map_err(|e| match e.errno() {
+                Some(Errno::PERM) => e.with_reason(
+                    "creating device nodes needs privileges (CAP_MKNOD); run as root or leave devices out",
+                ),
+                _ => e,
+            })?;
+        self.name_metadata(&st, true)?;
+        bump(&self.eng.counts.specials, 1);
+        self.eng.emit(TreeEvent::Special {
+            src: self.src,
+            dst: self.dst,
+            kind,
+        });
+        Ok(())
+    }
+
+    /// Owner, mode (not for symlinks) and times of a name we created,
+    /// without following it.
+    fn name_metadata(&self, st: &Stat, with_mode: bool) -> Result<(), Error> {
+        let p = self.eng.opts.file.preserve;
+        let dir = self.dst_dir();
+        let what = |what: &'static str| {
+            move |e: Errno| {
+                self.error(e)
+                    .with_reason(format!("cannot {what}: {}", errno_text(e)))
+            }
+        };
+        if p.ownership {
+            let (uid, gid) = (Uid::from_raw(st.st_uid), Gid::from_raw(st.st_gid));
+            match fs::chownat(
+                dir,
+                self.dst_name,
+                Some(uid),
+                Some(gid),
+                AtFlags::SYMLINK_NOFOLLOW,
+            ) {
+                Ok(()) | Err(Errno::PERM) => {}
+                Err(e) => return Err(what("preserve ownership")(e)),
+            }
+        }
+        if with_mode && p.mode {
+            fs::chmodat(
+                dir,
+                self.dst_name,
+                Mode::from_raw_mode(st.st_mode & 0o7777),
+                AtFlags::empty(),
+            )
+            .map_err(what("set the mode"))?;
+        }
+        if p.timestamps {
+            fs::utimensat(dir, self.dst_name, &times_of(st), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(what("preserve timestamps"))?;
+        }
+        Ok(())
+    }
+}

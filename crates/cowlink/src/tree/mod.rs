@@ -1,0 +1,242 @@
+//! Copying a directory tree in parallel, with `cp -a` semantics.
+//!
+//! [`copy_tree`] walks the source over open directory file descriptors
+//! (`openat`, `mkdirat`, `getdents64`, `fstat`: no path is resolved twice)
+//! on a work-stealing pool of threads. Each thread works depth-first on its
+//! own deque; idle threads steal the oldest (shallowest) work of others, so
+//! wide trees spread out and deep ones do not pile up. Directories are read
+//! in batches and a batch is a unit of work, so a directory with 200,000
+//! entries is shared between threads too and never held in memory at once.
+//!
+//! Memory and open files grow with depth × threads, not with the number of
+//! files: a directory is held open only while it or something below it is
+//! being copied. A directory's own metadata (mode, owner, xattrs, times) is
+//! set when the last piece of work below it finishes, so its times are
+//! those of the source even though entries were created inside it.
+//!
+//! Every regular file goes through the same steps as [`crate::clone_file`]:
+//! clone, or copy when the [`Reflink`](crate::Reflink) mode allows; written
+//! to an unnamed temporary (`O_TMPFILE`) and linked into place complete, so
+//! an error, a cancel or a crash never leaves a partial file under a final
+//! name. Per-entry failures are reported to the [`Observer`], counted in the
+//! [`TreeReport`], and the walk goes on.
+//!
+//! Layout: this file has the public types; `walk` the pool, the directory
+//! jobs and their completion; `entry` what happens to one entry (file,
+//! symlink, hardlink, FIFO/device, directory).
+
+mod entry;
+mod walk;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::clone::{CloneOptions, Outcome};
+use crate::error::Error;
+
+pub use walk::copy_tree;
+
+/// A cancellation token: clone it, hand one copy to [`copy_tree`] (in
+/// [`TreeOptions::cancel`]) and call [`CancelToken::cancel`] on another,
+/// from any thread or a signal handler's thread.
+///
+/// After a cancel the workers finish the entry they are on (a file is
+/// either linked into place complete or its unnamed temporary vanishes),
+/// start nothing new, set the metadata of the directories they created, and
+/// `copy_tree` returns with [`TreeReport::cancelled`] set.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ask every operation holding this token to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Options for [`copy_tree`]. `Default` is `cp -r` with `--reflink=auto`
+/// on as many threads as there are cores; [`TreeOptions::archive`] is
+/// `cp -a`.
+#[derive(Debug, Clone, Default)]
+pub struct TreeOptions {
+    /// Per-file options: reflink mode, overwrite, metadata to preserve
+    /// (applied to directories, symlinks and special files too).
+    pub file: CloneOptions,
+    /// Recreate hardlinks inside the source tree as hardlinks (`cp -a`,
+    /// `--preserve=links`). Without it each name gets its own copy.
+    pub hardlinks: bool,
+    /// Follow symbolic links in the source (`cp -L`). Without it they are
+    /// copied as symbolic links, never followed.
+    pub dereference: bool,
+    /// Worker threads; 0 means one per core.
+    pub threads: usize,
+    /// Walk the source and report what would be done ([`TreeEvent::Planned`])
+    /// without creating or changing anything at the destination.
+    pub dry_run: bool,
+    /// Stop early when this token is cancelled.
+    pub cancel: CancelToken,
+}
+
+impl TreeOptions {
+    /// `cp -a`: every attribute preserved, hardlinks kept, links not
+    /// followed, `--reflink=auto`.
+    pub fn archive() -> Self {
+        TreeOptions {
+            file: CloneOptions {
+                preserve: crate::Preserve::ALL,
+                ..CloneOptions::default()
+            },
+            hardlinks: true,
+            ..TreeOptions::default()
+        }
+    }
+}
+
+/// The kind of a special file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecialKind {
+    /// A named pipe.
+    Fifo,
+    /// A UNIX domain socket (recreated as an unconnected socket inode).
+    Socket,
+    /// A character device.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+}
+
+/// What a dry run would do with one entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "action")]
+pub enum Action {
+    /// Create (or merge into) a directory.
+    Dir,
+    /// Clone or copy a regular file of `bytes` bytes.
+    File {
+        /// The file's size.
+        bytes: u64,
+    },
+    /// Recreate a symbolic link.
+    Symlink,
+    /// Link to the copy of an earlier name of the same source inode.
+    Hardlink,
+    /// Recreate a FIFO, socket or device node.
+    Special {
+        /// Which kind.
+        kind: SpecialKind,
+    },
+}
+
+/// What happened to one entry, as told to an [`Observer`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TreeEvent<'a> {
+    /// A regular file was cloned or copied.
+    File {
+        /// Source path.
+        src: &'a Path,
+        /// Destination path.
+        dst: &'a Path,
+        /// How, and how many bytes.
+        outcome: Outcome,
+    },
+    /// A directory was created (or an existing one is being merged into).
+    Dir {
+        /// Source path.
+        src: &'a Path,
+        /// Destination path.
+        dst: &'a Path,
+    },
+    /// A symbolic link was recreated.
+    Symlink {
+        /// Source path.
+        src: &'a Path,
+        /// Destination path.
+        dst: &'a Path,
+    },
+    /// A further name of an already copied file was linked to that copy.
+    Hardlink {
+        /// Source path.
+        src: &'a Path,
+        /// Destination path.
+        dst: &'a Path,
+    },
+    /// A FIFO, socket or device node was recreated.
+    Special {
+        /// Source path.
+        src: &'a Path,
+        /// Destination path.
+        dst: &'a Path,
+        /// Which kind.
+        kind: SpecialKind,
+    },
+    /// Dry run: this is what would be done.
+    Planned {
+        /// Source path.
+        src: &'a Path,
+        /// Destination path.
+        dst: &'a Path,
+        /// The action.
+        action: Action,
+    },
+    /// An entry failed; the walk continues.
+    Failed(&'a Error),
+}
+
+/// Hears about every entry of a [`copy_tree`] run, from the worker threads
+/// (so it must be `Sync`, and quick: it runs on the copy's critical path).
+pub trait Observer: Sync {
+    /// One entry's event.
+    fn event(&self, event: &TreeEvent<'_>);
+}
+
+impl<F: Fn(&TreeEvent<'_>) + Sync> Observer for F {
+    fn event(&self, event: &TreeEvent<'_>) {
+        self(event)
+    }
+}
+
+/// An [`Observer`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quiet;
+
+impl Observer for Quiet {
+    fn event(&self, _: &TreeEvent<'_>) {}
+}
+
+/// Totals of a tree copy. In a dry run, what would have been done.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TreeReport {
+    /// Regular files cloned or copied (hardlinks not included).
+    pub files: u64,
+    /// Directories created or merged into.
+    pub dirs: u64,
+    /// Symbolic links recreated.
+    pub symlinks: u64,
+    /// Names linked to an earlier copy of the same file.
+    pub hardlinks: u64,
+    /// FIFOs, sockets and device nodes recreated.
+    pub specials: u64,
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Files whose blocks are shared with the source.
+    pub cloned: u64,
+    /// Files physically copied (copy_file_range or read/write).
+    pub copied: u64,
+    /// Entries that failed.
+    pub errors: u64,
+    /// The run was cancelled before it finished.
+    pub cancelled: bool,
+}

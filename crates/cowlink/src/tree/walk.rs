@@ -1,0 +1,648 @@
+//! The work-stealing pool, directory jobs, and directory completion.
+//!
+//! Work is a [`Job`]: open one subdirectory (and create its copy), or read
+//! the next batch of a directory's entries. Each worker has a LIFO deque
+//! (depth-first: the newest subdirectory is copied next); an idle worker
+//! steals the oldest job of another. Regular files, symlinks and special
+//! files are copied inline by the worker that read their batch.
+//!
+//! A [`DirNode`] is shared (`Arc`) by every job below it. When the last one
+//! lets go ([`Engine::release`]), the directory is complete and its
+//! metadata is set; then its parent's reference is released the same way,
+//! iteratively, so a 10,000-level chain needs no stack.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self, Dir, FileType, Mode, OFlags, Stat, CWD};
+use rustix::io::Errno;
+
+use super::entry::{self, LinkTable};
+use super::{Observer, TreeEvent, TreeOptions, TreeReport};
+use crate::error::{errno_text, Error, ErrorKind, Operation};
+
+/// Entries read from a directory per job: small enough to share a large
+/// directory between threads, large enough to amortize the job overhead.
+const BATCH: usize = 128;
+
+/// A directory being copied: its source and destination, open.
+pub(super) struct DirNode {
+    pub(super) src_path: PathBuf,
+    pub(super) dst_path: PathBuf,
+    /// Path below the destination root (for hardlinks to earlier copies).
+    pub(super) rel: PathBuf,
+    pub(super) src: OwnedFd,
+    /// `None` in a dry run.
+    pub(super) dst: Option<OwnedFd>,
+    /// The entries not read yet; `None` once the end was reached.
+    reader: Mutex<Option<Dir>>,
+    /// The source directory's stat.
+    st: Stat,
+    /// The mode to end with when modes are not preserved, and whether the
+    /// current mode differs from it (we added u+rwx to work inside).
+    final_mode: u32,
+    mode_changed: bool,
+    /// False for the parent directories of a single-entry copy, which are
+    /// not ours to change.
+    finish: bool,
+    parent: Option<Arc<DirNode>>,
+}
+
+impl DirNode {
+    /// The source and destination paths of the entry `name` in this directory.
+    pub(super) fn paths(&self, name: &CStr) -> (PathBuf, PathBuf) {
+        let n = OsStr::from_bytes(name.to_bytes());
+        (self.src_path.join(n), self.dst_path.join(n))
+    }
+
+    /// The destination directory (not called in a dry run).
+    pub(super) fn dst_fd(&self) -> BorrowedFd<'_> {
+        self.dst
+            .as_ref()
+            .expect("destination is open outside dry runs")
+            .as_fd()
+    }
+}
+
+enum Job {
+    /// Open the subdirectory `name` of `parent`, create its copy, read it.
+    Open { parent: Arc<DirNode>, name: CString },
+    /// Read and copy the next batch of entries.
+    Read(Arc<DirNode>),
+}
+
+#[derive(Default)]
+pub(super) struct Counts {
+    pub(super) files: AtomicU64,
+    pub(super) dirs: AtomicU64,
+    pub(super) symlinks: AtomicU64,
+    pub(super) hardlinks: AtomicU64,
+    pub(super) specials: AtomicU64,
+    pub(super) bytes: AtomicU64,
+    pub(super) cloned: AtomicU64,
+    pub(super) copied: AtomicU64,
+    pub(super) errors: AtomicU64,
+}
+
+/// Add one to a counter.
+pub(super) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+pub(super) struct Engine<'a> {
+    pub(super) opts: &'a TreeOptions,
+    observer: &'a dyn Observer,
+    pub(super) counts: Counts,
+    pub(super) links: LinkTable,
+    /// The destination root (a second descriptor), for `linkat` of hardlinks.
+    pub(super) root_dst: Option<OwnedFd>,
+    /// Jobs queued or running; the pool stops when it reaches zero.
+    pending: AtomicUsize,
+    injector: Injector<Job>,
+}
+
+impl Engine<'_> {
+    pub(super) fn emit(&self, event: TreeEvent<'_>) {
+        self.observer.event(&event);
+    }
+
+    /// Record a per-entry failure.
+    pub(super) fn fail(&self, e: Error) {
+        bump(&self.counts.errors, 1);
+        self.emit(TreeEvent::Failed(&e));
+    }
+
+    pub(super) fn cancelled(&self) -> bool {
+        self.opts.cancel.is_cancelled()
+    }
+
+    fn report(&self) -> TreeReport {
+        let c = &self.counts;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TreeReport {
+            files: g(&c.files),
+            dirs: g(&c.dirs),
+            symlinks: g(&c.symlinks),
+            hardlinks: g(&c.hardlinks),
+            specials: g(&c.specials),
+            bytes: g(&c.bytes),
+            cloned: g(&c.cloned),
+            copied: g(&c.copied),
+            errors: g(&c.errors),
+            cancelled: self.cancelled(),
+        }
+    }
+
+    fn push(&self, local: &Worker<Job>, job: Job) {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        local.push(job);
+    }
+
+    fn work(&self, local: Worker<Job>, stealers: &[Stealer<Job>]) {
+        let mut idle = 0u32;
+        loop {
+            if let Some(job) = local.pop().or_else(|| self.steal(&local, stealers)) {
+                idle = 0;
+                self.run(job, &local);
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+            } else if self.pending.load(Ordering::SeqCst) == 0 {
+                return;
+            } else {
+                // Another worker is busy and may push work soon.
+                idle += 1;
+                if idle < 50 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+
+    fn steal(&self, local: &Worker<Job>, stealers: &[Stealer<Job>]) -> Option<Job> {
+        loop {
+            let s = self
+                .injector
+                .steal_batch_and_pop(local)
+                .or_else(|| stealers.iter().map(Stealer::steal).collect());
+            match s {
+                Steal::Success(job) => return Some(job),
+                Steal::Empty => return None,
+                Steal::Retry => continue,
+            }
+        }
+    }
+
+    fn run(&self, job: Job, local: &Worker<Job>) {
+        match job {
+            Job::Open { parent, name } => {
+                if !self.cancelled() {
+                    match self.open_dir(&parent, &name) {
+                        Ok(node) => self.read(node, local),
+                        Err(e) => self.fail(e),
+                    }
+                }
+                self.release(parent);
+            }
+            Job::Read(node) => {
+                if self.cancelled() {
+                    self.release(node);
+                } else {
+                    self.read(node, local);
+                }
+            }
+        }
+    }
+
+    /// Open the subdirectory `name`, create (or merge into) its copy.
+    fn open_dir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Error> {
+        let (src_path, dst_path) = parent.paths(name);
+        let err = |e: Errno| {
+            Error::from_errno(Operation::CopyTree, e)
+                .with_src(&src_path)
+                .with_dst(&dst_path)
+        };
+        let mut flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        if !self.opts.dereference {
+            flags |= OFlags::NOFOLLOW;
+        }
+        let src = fs::openat(&parent.src, name, flags, Mode::empty()).map_err(|e| match e {
+            Errno::NOENT => err(e).with_reason("source directory vanished during the copy"),
+            Errno::ACCESS | Errno::PERM => {
+                err(e).with_reason("permission denied opening the source directory")
+            }
+            Errno::NOTDIR | Errno::LOOP => {
+                err(e).with_reason("source changed type during the copy")
+            }
+            _ => err(e),
+        })?;
+        let st = fs::fstat(&src).map_err(err)?;
+        if self.opts.dereference {
+            let mut up = Some(parent);
+            while let Some(p) = up {
+                if (p.st.st_dev, p.st.st_ino) == (st.st_dev, st.st_ino) {
+                    return Err(Error::new(Operation::CopyTree, ErrorKind::InvalidInput)
+                        .with_src(&src_path)
+                        .with_dst(&dst_path)
+                        .with_reason(format!(
+                            "symbolic link loop: this is the directory '{}' again",
+                            p.src_path.display()
+                        )));
+                }
+                up = p.parent.as_ref();
+            }
+        }
+        let rel = parent.rel.join(OsStr::from_bytes(name.to_bytes()));
+        let node = if self.opts.dry_run {
+            self.emit(TreeEvent::Planned {
+                src: &src_path,
+                dst: &dst_path,
+                action: super::Action::Dir,
+            });
+            new_node(src_path, dst_path, rel, src, None, st, Some(parent.clone()))?
+        } else {
+            let made = make_dir(parent.dst_fd(), name, &st).map_err(|(e, why)| match why {
+                Some(why) => err(e).with_reason(why),
+                None => err(e),
+            })?;
+            self.emit(TreeEvent::Dir {
+                src: &src_path,
+                dst: &dst_path,
+            });
+            new_node(
+                src_path,
+                dst_path,
+                rel,
+                src,
+                Some(made),
+                st,
+                Some(parent.clone()),
+            )?
+        };
+        bump(&self.counts.dirs, 1);
+        Ok(node)
+    }
+
+    /// Read the next batch of `node`, queue the rest, copy the batch.
+    fn read(&self, node: Arc<DirNode>, local: &Worker<Job>) {
+        let mut batch: Vec<(CString, FileType)> = Vec::with_capacity(BATCH);
+        let mut more = false;
+        let mut read_error = None;
+        {
+            let mut reader = node.reader.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(dir) = reader.as_mut() {
+                while batch.len() < BATCH {
+                    match dir.read() {
+                        None => break,
+                        Some(Ok(e)) => {
+                            let name = e.file_name();
+                            if name != c"." && name != c".." {
+                                batch.push((name.to_owned(), e.file_type()));
+                            }
+                        }
+                        Some(Err(e)) => {
+                            read_error = Some(e);
+                            break;
+                        }
+                    }
+                }
+                more = batch.len() == BATCH && read_error.is_none();
+                if !more {
+                    *reader = None;
+                }
+            }
+        }
+        if more {
+            self.push(local, Job::Read(node.clone()));
+        }
+        if let Some(e) = read_error {
+            self.fail(
+                Error::from_errno(Operation::CopyTree, e)
+                    .with_src(&node.src_path)
+                    .with_reason(format!("cannot read the directory: {}", errno_text(e))),
+            );
+        }
+        for (name, t) in batch {
+            if self.cancelled() {
+                break;
+            }
+            match self.entry_type(&node, &name, t) {
+                Ok(FileType::Directory) => self.push(
+                    local,
+                    Job::Open {
+                        parent: node.clone(),
+                        name,
+                    },
+                ),
+                Ok(t) => entry::copy_entry(self, &node, &name, t),
+                Err(e) => {
+                    let (s, d) = node.paths(&name);
+                    let err = Error::from_errno(Operation::CopyTree, e)
+                        .with_src(&s)
+                        .with_dst(&d);
+                    self.fail(match e {
+                        Errno::NOENT => err.with_reason("source vanished during the copy"),
+                        _ => err,
+                    });
+                }
+            }
+        }
+        self.release(node);
+    }
+
+    /// The type of an entry, from `getdents` when it says, else from a stat
+    /// (and always from a stat of the target when following symlinks).
+    fn entry_type(&self, node: &DirNode, name: &CStr, t: FileType) -> Result<FileType, Errno> {
+        let follow = self.opts.dereference && t == FileType::Symlink;
+        if t != FileType::Unknown && !follow {
+            return Ok(t);
+        }
+        let flags = if self.opts.dereference {
+            fs::AtFlags::empty()
+        } else {
+            fs::AtFlags::SYMLINK_NOFOLLOW
+        };
+        let st = fs::statat(&node.src, name, flags)?;
+        Ok(FileType::from_raw_mode(st.st_mode))
+    }
+
+    /// Let go of a directory; the last one out sets its metadata, then lets
+    /// go of its parent.
+    fn release(&self, node: Arc<DirNode>) {
+        let mut next = Some(node);
+        while let Some(n) = next.take() {
+            if let Some(mut done) = Arc::into_inner(n) {
+                next = done.parent.take();
+                self.finish_dir(done);
+            }
+        }
+    }
+
+    fn finish_dir(&self, node: DirNode) {
+        let Some(dst) = node.dst.as_ref().filter(|_| node.finish) else {
+            return;
+        };
+        let preserve = self.opts.file.preserve;
+        let mode = if preserve.mode {
+            Some(node.st.st_mode & 0o7777)
+        } else if node.mode_changed {
+            Some(node.final_mode)
+        } else {
+            None
+        };
+        if let Err(m) =
+            crate::meta::apply_dir(node.src.as_fd(), &node.st, dst.as_fd(), preserve, mode)
+        {
+            self.fail(
+                Error::from_errno(Operation::CopyTree, m.errno)
+                    .with_src(&node.src_path)
+                    .with_dst(&node.dst_path)
+                    .with_reason(format!(
+                        "cannot {} of the directory: {}",
+                        m.what,
+                        errno_text(m.errno)
+                    )),
+            );
+        }
+    }
+}
+
+fn new_node(
+    src_path: PathBuf,
+    dst_path: PathBuf,
+    rel: PathBuf,
+    src: OwnedFd,
+    made: Option<(OwnedFd, u32, bool)>,
+    st: Stat,
+    parent: Option<Arc<DirNode>>,
+) -> Result<Arc<DirNode>, Error> {
+    // The reader gets its own descriptor: reading moves a file position,
+    // `openat` on `src` does not care, and the reader closes at the end.
+    let reader = rustix::io::fcntl_dupfd_cloexec(&src, 0)
+        .and_then(Dir::new)
+        .map_err(|e| {
+            Error::from_errno(Operation::CopyTree, e)
+                .with_src(&src_path)
+                .with_reason(format!("cannot read the directory: {}", errno_text(e)))
+        })?;
+    let (dst, final_mode, mode_changed) = match made {
+        Some((fd, mode, changed)) => (Some(fd), mode, changed),
+        None => (None, 0, false),
+    };
+    Ok(Arc::new(DirNode {
+        src_path,
+        dst_path,
+        rel,
+        src,
+        dst,
+        reader: Mutex::new(Some(reader)),
+        st,
+        final_mode,
+        mode_changed,
+        finish: true,
+        parent,
+    }))
+}
+
+/// Create the directory `name` in `dir` (or accept an existing directory),
+/// open it, and make sure we can work inside it. Returns the descriptor,
+/// the mode it should end with if modes are not preserved, and whether its
+/// mode was changed to get in.
+fn make_dir(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    src_st: &Stat,
+) -> Result<(OwnedFd, u32, bool), (Errno, Option<&'static str>)> {
+    let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(src_st.st_mode & 0o777)) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
+        Err(e @ (Errno::NOSPC | Errno::DQUOT)) => {
+            return Err((e, Some("no space left on the destination filesystem")))
+        }
+        Err(e) => return Err((e, None)),
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = fs::openat(dir, name, flags, Mode::empty()).map_err(|e| match e {
+        Errno::NOTDIR | Errno::LOOP if !created => (
+            Errno::EXIST,
+            Some("destination exists and is not a directory"),
+        ),
+        e => (e, None),
+    })?;
+    let mode = fs::fstat(&fd).map_err(|e| (e, None))?.st_mode & 0o7777;
+    let changed = mode & 0o700 != 0o700;
+    if changed {
+        fs::fchmod(&fd, Mode::from_raw_mode(mode | 0o700)).map_err(|e| (e, None))?;
+    }
+    Ok((fd, mode, changed))
+}
+
+/// The canonical form of a destination that may not exist yet.
+fn canonical_dest(dst: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(dst).ok().or_else(|| {
+        let parent = match dst.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(dst.file_name()?))
+    })
+}
+
+/// Open the directory containing `path` (for a single-entry copy).
+fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, CString), Error> {
+    let op = Operation::CopyTree;
+    let parent_of = |p: &Path| match p.parent() {
+        Some(q) if !q.as_os_str().is_empty() => q.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = src.file_name().ok_or_else(|| {
+        Error::new(op, ErrorKind::InvalidInput)
+            .with_src(src)
+            .with_reason("source has no file name")
+    })?;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let (sp, dp) = (parent_of(src), parent_of(dst));
+    let src_fd = fs::openat(CWD, &sp, flags, Mode::empty())
+        .map_err(|e| Error::from_errno(op, e).with_src(src))?;
+    let dst_fd = if dry_run {
+        None
+    } else {
+        Some(fs::openat(CWD, &dp, flags, Mode::empty()).map_err(|e| {
+            Error::from_errno(op, e)
+                .with_src(src)
+                .with_dst(dst)
+                .with_reason(format!(
+                    "cannot open the directory '{}': {}",
+                    dp.display(),
+                    errno_text(e)
+                ))
+        })?)
+    };
+    let st = fs::fstat(&src_fd).map_err(|e| Error::from_errno(op, e).with_src(src))?;
+    let node = Arc::new(DirNode {
+        src_path: sp,
+        dst_path: dp,
+        rel: PathBuf::new(),
+        src: src_fd,
+        dst: dst_fd,
+        reader: Mutex::new(None),
+        st,
+        final_mode: 0,
+        mode_changed: false,
+        finish: false,
+        parent: None,
+    });
+    let cname = CString::new(name.as_bytes()).map_err(|_| {
+        Error::new(op, ErrorKind::InvalidInput)
+            .with_src(src)
+            .with_reason("name contains a NUL byte")
+    })?;
+    Ok((node, cname))
+}
+
+/// Copy `src` to `dst` with `cp -r` semantics for the entry itself: a
+/// directory is copied with everything in it (`dst` is created, or merged
+/// into if it is an existing directory); a file, symbolic link or special
+/// file is copied as one entry. `observer` hears about every entry.
+///
+/// `dst` is the name the copy gets, not a directory to copy into (that
+/// choice is the caller's, as in `cowlink cp`).
+///
+/// # Errors
+/// Returns `Err` only when nothing could start: `src` is missing, `dst` is
+/// inside `src`, or the destination directory cannot be created. Everything
+/// else is a per-entry failure, passed to `observer` and counted in
+/// [`TreeReport::errors`].
+pub fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    options: &TreeOptions,
+    observer: &dyn Observer,
+) -> Result<TreeReport, Error> {
+    let op = Operation::CopyTree;
+    let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
+    let st = if options.dereference {
+        fs::stat(src)
+    } else {
+        fs::lstat(src)
+    }
+    .map_err(|e| match e {
+        Errno::NOENT => err(e).with_reason("source does not exist"),
+        _ => err(e),
+    })?;
+    let mut engine = Engine {
+        opts: options,
+        observer,
+        counts: Counts::default(),
+        links: LinkTable::default(),
+        root_dst: None,
+        pending: AtomicUsize::new(0),
+        injector: Injector::new(),
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        let (parent, name) = parent_node(src, dst, options.dry_run)?;
+        let dst_name = CString::new(dst.file_name().unwrap_or_default().as_bytes())
+            .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
+        entry::copy_single(
+            &engine,
+            &parent,
+            &name,
+            &dst_name,
+            FileType::from_raw_mode(st.st_mode),
+        );
+        engine.release(parent);
+        return Ok(engine.report());
+    }
+    if let (Ok(s), Some(d)) = (std::fs::canonicalize(src), canonical_dest(dst)) {
+        if d.starts_with(&s) {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(src)
+                .with_dst(dst)
+                .with_reason("cannot copy a directory into itself"));
+        }
+    }
+    let src_fd = fs::open(
+        src,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(err)?;
+    let st = fs::fstat(&src_fd).map_err(err)?;
+    let made = if options.dry_run {
+        None
+    } else {
+        let cdst = CString::new(dst.as_os_str().as_bytes())
+            .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
+        let made = make_dir(CWD, &cdst, &st).map_err(|(e, why)| match why {
+            Some(why) => err(e).with_reason(why),
+            None => err(e).with_reason(format!(
+                "cannot create the destination directory: {}",
+                errno_text(e)
+            )),
+        })?;
+        engine.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.0, 0).map_err(err)?);
+        Some(made)
+    };
+    let root = new_node(
+        src.to_path_buf(),
+        dst.to_path_buf(),
+        PathBuf::new(),
+        src_fd,
+        made,
+        st,
+        None,
+    )?;
+    engine.emit(if options.dry_run {
+        TreeEvent::Planned {
+            src,
+            dst,
+            action: super::Action::Dir,
+        }
+    } else {
+        TreeEvent::Dir { src, dst }
+    });
+    bump(&engine.counts.dirs, 1);
+
+    let threads = match options.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    engine.pending.store(1, Ordering::SeqCst);
+    engine.injector.push(Job::Read(root));
+    let workers: Vec<Worker<Job>> = (0..threads).map(|_| Worker::new_lifo()).collect();
+    let stealers: Vec<Stealer<Job>> = workers.iter().map(Worker::stealer).collect();
+    let engine = &engine;
+    std::thread::scope(|s| {
+        for w in workers {
+            let stealers = &stealers;
+            s.spawn(move || engine.work(w, stealers));
+        }
+    });
+    Ok(engine.report())
+}
