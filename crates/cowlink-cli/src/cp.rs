@@ -150,10 +150,13 @@ enum PreserveArg {
     All,
 }
 
-/// One entry of `--json` output.
+/// One entry of `--json` output. Paths that are not UTF-8 are written
+/// with U+FFFD in place of the bytes JSON cannot hold.
 #[derive(Serialize, Debug)]
 struct Record<'a> {
+    #[serde(serialize_with = "lossy")]
     src: &'a Path,
+    #[serde(serialize_with = "lossy")]
     dst: &'a Path,
     /// ok, planned, skipped, failed
     status: &'static str,
@@ -168,6 +171,10 @@ struct Record<'a> {
     micros: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<ErrorRecord>,
+}
+
+fn lossy<S: serde::Serializer>(p: &&Path, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
 }
 
 impl<'a> Record<'a> {
@@ -245,8 +252,12 @@ struct Reporter {
 }
 
 impl Reporter {
-    /// Print a line on stdout without tearing the progress bar.
+    /// Print a line on stdout without tearing the progress bar (not with
+    /// --json, which owns stdout).
     fn print(&self, line: &str) {
+        if self.json {
+            return;
+        }
         let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let write = || {
             let mut o = out.lock();

@@ -27,6 +27,8 @@ pub enum Fs {
     TinyExt4,
     /// A small XFS (300 MiB, reflink=1) for filling up: ENOSPC tests.
     TinyXfs,
+    /// A small ext4 (64 MiB) for filling up during a tree copy.
+    SmallExt4,
 }
 
 impl Fs {
@@ -39,6 +41,7 @@ impl Fs {
             Fs::Tmpfs => "COWLINK_TEST_TMPFS",
             Fs::TinyExt4 => "COWLINK_TEST_TINY_EXT4",
             Fs::TinyXfs => "COWLINK_TEST_TINY_XFS",
+            Fs::SmallExt4 => "COWLINK_TEST_SMALL_EXT4",
         }
     }
 
@@ -47,7 +50,7 @@ impl Fs {
         match self {
             Fs::Xfs | Fs::TinyXfs => 0x5846_5342,
             Fs::Btrfs => 0x9123_683e,
-            Fs::Ext4 | Fs::TinyExt4 => 0xef53,
+            Fs::Ext4 | Fs::TinyExt4 | Fs::SmallExt4 => 0xef53,
             Fs::Tmpfs => 0x0102_1994,
         }
     }
@@ -119,4 +122,191 @@ pub fn names(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// Build, under `root` (created), a source tree with everything `cp -a`
+/// must carry: files of several sizes, relative/absolute/dangling/looping
+/// symlinks and a symlink to a directory, hardlinks within and across
+/// directories (and one to a name outside the tree), modes (exec, private,
+/// read-only, setuid, setgid and sticky directories, a read-only directory
+/// with contents), owners, nanosecond times, xattrs and ACLs (access and
+/// default), a FIFO, a socket and (as root) a character device, empty
+/// directories, odd names (non-UTF-8, newline, leading dash, 255 bytes)
+/// and `deep` levels of nesting. Returns the number of regular-file names.
+///
+/// # Panics
+/// On any failure to build (the test cannot mean anything then).
+pub fn rich_tree(root: &Path, deep: usize) -> usize {
+    use rustix::fs::{self as rfs, AtFlags, FileType, Mode, Timespec, Timestamps, XattrFlags, CWD};
+    use std::ffi::OsStr;
+    use std::fs;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    let p = |rel: &str| root.join(rel);
+    let write = |rel: &Path, len: usize, seed: u8| {
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect();
+        fs::write(rel, data).unwrap();
+    };
+    let chmod = |rel: &Path, mode: u32| {
+        fs::set_permissions(rel, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let mut files = 0;
+    for d in [
+        "a",
+        "b",
+        "a/sub",
+        "empty/nested",
+        "setgid",
+        "sticky",
+        "ro",
+        "acl",
+    ] {
+        fs::create_dir_all(p(d)).unwrap();
+    }
+    for (i, (rel, len)) in [
+        ("a/small", 100),
+        ("a/block", 4096),
+        ("a/odd", 70_001),
+        ("a/sub/big", 3 << 20),
+        ("b/empty-file", 0),
+        ("setgid/in-setgid", 5000),
+        ("sticky/in-sticky", 8192),
+        ("ro/inside-ro", 12_000),
+        ("acl/with-acl", 6000),
+        ("-leading-dash", 4100),
+        ("new\nline", 4200),
+        ("with space", 4300),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        write(&p(rel), len, i as u8);
+        files += 1;
+    }
+    for (name, seed) in [
+        (OsStr::from_bytes(b"caf\xe9-latin1"), 40u8),
+        (OsStr::new(&"n".repeat(255)), 41),
+    ] {
+        write(&root.join(name), 5000, seed);
+        files += 1;
+    }
+    // Modes.
+    write(&p("a/exec"), 4096 + 17, 50);
+    chmod(&p("a/exec"), 0o755);
+    write(&p("a/private"), 9000, 51);
+    chmod(&p("a/private"), 0o600);
+    write(&p("a/readonly"), 4500, 52);
+    chmod(&p("a/readonly"), 0o444);
+    write(&p("a/setuid"), 4600, 53);
+    chmod(&p("a/setuid"), 0o4755);
+    files += 4;
+    chmod(&p("setgid"), 0o2775);
+    chmod(&p("sticky"), 0o1777);
+    // Hardlinks: within a directory, across directories, and to a name
+    // outside the tree (so only one of its names is inside).
+    fs::hard_link(p("a/odd"), p("a/odd-link")).unwrap();
+    fs::hard_link(p("a/odd"), p("b/odd-link-elsewhere")).unwrap();
+    let outside = root.with_extension("outside");
+    write(&outside, 4096, 60);
+    fs::hard_link(&outside, p("b/linked-outside")).unwrap();
+    files += 3;
+    // Symlinks.
+    symlink("small", p("a/rel-link")).unwrap();
+    symlink("/etc/hostname", p("abs-link")).unwrap();
+    symlink("nowhere/at/all", p("dangling")).unwrap();
+    symlink("loop2", p("loop1")).unwrap();
+    symlink("loop1", p("loop2")).unwrap();
+    symlink("self", p("self")).unwrap();
+    symlink("a", p("dir-link")).unwrap();
+    // Owners (as root), nanosecond times, xattrs, ACLs.
+    if rustix::process::geteuid().is_root() {
+        rfs::chown(
+            p("a/private"),
+            Some(rfs::Uid::from_raw(1234)),
+            Some(rfs::Gid::from_raw(5678)),
+        )
+        .unwrap();
+        rfs::chown(
+            p("b"),
+            Some(rfs::Uid::from_raw(4321)),
+            Some(rfs::Gid::from_raw(8765)),
+        )
+        .unwrap();
+        rfs::chownat(
+            CWD,
+            p("a/rel-link"),
+            Some(rfs::Uid::from_raw(777)),
+            None,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+        rfs::mknodat(
+            CWD,
+            p("null-dev"),
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o640),
+            rfs::makedev(1, 3),
+        )
+        .unwrap();
+    }
+    rfs::mknodat(
+        CWD,
+        p("fifo"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o620),
+        0,
+    )
+    .unwrap();
+    drop(std::os::unix::net::UnixListener::bind(p("sock")).unwrap());
+    rfs::setxattr(p("a/small"), "user.color", b"blue", XattrFlags::empty()).unwrap();
+    rfs::setxattr(p("a"), "user.dir-note", b"kept", XattrFlags::empty()).unwrap();
+    for args in [&["-m", "u:1234:rwx"][..], &["-d", "-m", "u:1234:rx"][..]] {
+        let target = if args[0] == "-d" {
+            p("acl")
+        } else {
+            p("acl/with-acl")
+        };
+        let ok = std::process::Command::new("setfacl")
+            .args(args)
+            .arg(&target)
+            .status()
+            .unwrap();
+        assert!(
+            ok.success(),
+            "setfacl {args:?} failed (is the acl package installed?)"
+        );
+    }
+    let ns = |s: i64, n: i64| Timespec {
+        tv_sec: s,
+        tv_nsec: n as _,
+    };
+    for (i, rel) in ["a/small", "a/odd", "a/sub/big", "b/empty-file"]
+        .iter()
+        .enumerate()
+    {
+        let t = Timestamps {
+            last_access: ns(1_600_000_000 + i as i64, 111_111_111),
+            last_modification: ns(1_500_000_000 + i as i64, 123_456_789 + i as i64),
+        };
+        rfs::utimensat(CWD, p(rel), &t, AtFlags::empty()).unwrap();
+    }
+    let t = Timestamps {
+        last_access: ns(1_400_000_000, 5),
+        last_modification: ns(1_400_000_001, 987_654_321),
+    };
+    rfs::utimensat(CWD, p("a/rel-link"), &t, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+    // Deep nesting, with a file at the bottom.
+    let mut deep_dir = p("deep");
+    for _ in 0..deep {
+        deep_dir.push("d");
+    }
+    fs::create_dir_all(&deep_dir).unwrap();
+    write(&deep_dir.join("bottom"), 4096, 70);
+    files += 1;
+    // Read-only directory last: nothing can be created in it afterwards.
+    chmod(&p("ro"), 0o555);
+    files
 }

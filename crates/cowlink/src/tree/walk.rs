@@ -77,6 +77,15 @@ enum Job {
     Read(Arc<DirNode>),
 }
 
+/// Counts a job as finished when dropped.
+struct JobDone<'p>(&'p AtomicUsize);
+
+impl Drop for JobDone<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[derive(Default)]
 pub(super) struct Counts {
     pub(super) files: AtomicU64,
@@ -149,8 +158,10 @@ impl Engine<'_> {
         loop {
             if let Some(job) = local.pop().or_else(|| self.steal(&local, stealers)) {
                 idle = 0;
+                // Counted down even if the job panics (an observer bug), so
+                // the other workers stop and the panic reaches the caller.
+                let _done = JobDone(&self.pending);
                 self.run(job, &local);
-                self.pending.fetch_sub(1, Ordering::SeqCst);
             } else if self.pending.load(Ordering::SeqCst) == 0 {
                 return;
             } else {

@@ -1,0 +1,369 @@
+//! `cowlink cp -r/-a` on whole trees, against GNU `cp -a`, on the real test
+//! filesystems: equality (rsync), shared extents, cancel, vanishing and
+//! unreadable sources, ENOSPC, dry run.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cowlink_testfs::{rich_tree, testfs};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cowlink"))
+}
+
+fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = bin();
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c.output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// What `rsync -aHAX --checksum` would change to make `b` equal `a`
+/// (itemized; empty when equal in content, modes, owners, times, links,
+/// hardlinks, ACLs, xattrs, devices and specials).
+fn rsync_diff(a: &Path, b: &Path) -> String {
+    let out = Command::new("rsync")
+        .args(["-aniHAX", "--checksum"])
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .expect("rsync is installed (scripts/setup)");
+    assert!(out.status.success(), "rsync failed: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Every regular file under `dir` (not following symlinks).
+fn regular_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            regular_files(&e.path(), out);
+        } else if t.is_file() {
+            out.push(e.path());
+        }
+    }
+}
+
+/// Every name under `dir` that looks like one of our temporaries.
+fn temporaries(dir: &Path) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_name().to_string_lossy().contains(".cowlink-") {
+                all.push(e.path());
+            }
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    all
+}
+
+fn shares_extents_with(a: &Path, b: &Path) -> bool {
+    let (ea, eb) = (
+        cowlink::extents::extents(a).unwrap(),
+        cowlink::extents::extents(b).unwrap(),
+    );
+    !eb.is_empty()
+        && eb.iter().all(|x| x.is_shared())
+        && ea
+            .iter()
+            .map(|x| x.physical)
+            .eq(eb.iter().map(|x| x.physical))
+}
+
+/// The rich fixture copied by cowlink and by GNU cp on one filesystem:
+/// rsync finds no difference; on reflink filesystems every file shares
+/// its source's blocks.
+fn equals_cp_a(root: &Path, reflinks: bool) {
+    let src = root.join("src");
+    let files = rich_tree(&src, 520);
+    let (reference, ours) = (root.join("ref"), root.join("ours"));
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(&reference)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = cowlink(&[&"cp", &"-a", &"--json", &src, &ours]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &doc["summary"];
+    // Three of the fixture's file names are hardlinks of others inside it.
+    assert_eq!(s["files"], files as u64 - 2, "{s}");
+    assert_eq!(s["hardlinks"], 2, "{s}");
+    assert_eq!(s["symlinks"], 7, "{s}");
+    assert_eq!(s["failed"], 0, "{s}");
+    let method_count = if reflinks { &s["cloned"] } else { &s["copied"] };
+    assert_eq!(method_count, &s["files"], "{s}");
+
+    let diff = rsync_diff(&reference, &ours);
+    assert!(
+        diff.is_empty(),
+        "cowlink's copy differs from cp -a's:\n{diff}"
+    );
+    assert!(rsync_diff(&src, &ours).is_empty());
+    assert!(temporaries(&ours).is_empty());
+    // The comparison can fail: a changed mode is seen.
+    fs::set_permissions(ours.join("a/exec"), fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(rsync_diff(&reference, &ours).contains("a/exec"));
+
+    if reflinks {
+        let mut copies = Vec::new();
+        regular_files(&ours, &mut copies);
+        let mut checked = 0;
+        for copy in &copies {
+            let orig = src.join(copy.strip_prefix(&ours).unwrap());
+            assert_eq!(fs::read(&orig).unwrap(), fs::read(copy).unwrap());
+            // Below a block, Btrfs stores data inline in metadata: nothing to share.
+            if fs::metadata(copy).unwrap().len() >= 4096 {
+                assert!(
+                    shares_extents_with(&orig, copy),
+                    "{} is not shared",
+                    copy.display()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 15, "only {checked} files checked");
+    }
+}
+
+#[test]
+fn cp_a_equals_gnu_cp_a_on_xfs() {
+    let Some(x) = testfs!(Xfs) else { return };
+    equals_cp_a(x.path(), true);
+}
+
+#[test]
+fn cp_a_equals_gnu_cp_a_on_btrfs() {
+    let Some(b) = testfs!(Btrfs) else { return };
+    equals_cp_a(b.path(), true);
+}
+
+#[test]
+fn cp_a_equals_gnu_cp_a_on_ext4_by_copying() {
+    let Some(e) = testfs!(Ext4) else { return };
+    equals_cp_a(e.path(), false);
+}
+
+#[test]
+fn dry_run_plans_without_touching_the_destination() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("src");
+    let files = rich_tree(&src, 3);
+    let dst = x.path().join("dst");
+    let out = cowlink(&[&"cp", &"-a", &"--dry-run", &"--json", &src, &dst]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!dst.exists());
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["summary"]["files"], files as u64 - 2);
+    assert_eq!(doc["summary"]["dry_run"], true);
+    let results = doc["results"].as_array().unwrap();
+    assert!(results.iter().all(|r| r["status"] == "planned"));
+    let out = cowlink(&[&"cp", &"-r", &"--dry-run", &src, &dst]);
+    assert!(text(&out.stdout).contains(&format!(
+        "would copy '{}' -> '{}': file, 3.0 MiB",
+        src.join("a/sub/big").display(),
+        dst.join("a/sub/big").display()
+    )));
+    assert!(!dst.exists());
+}
+
+#[test]
+fn copying_a_directory_into_itself_is_refused() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("in")).unwrap();
+    let out = cowlink(&[&"cp", &"-r", &src, &src.join("in")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("cannot copy a directory into itself"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!src.join("in/src").exists());
+}
+
+/// A tree of `n` files of `len` bytes in one directory, plus its names in
+/// the order the directory lists them (the order a single worker copies
+/// them in).
+fn flat_tree(dir: &Path, n: usize, len: usize) -> Vec<String> {
+    fs::create_dir(dir).unwrap();
+    for i in 0..n {
+        fs::write(dir.join(format!("f{i:05}")), vec![(i % 251) as u8; len]).unwrap();
+    }
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Read the verbose output up to the first copied file.
+fn wait_for_first_file(lines: &mut impl Iterator<Item = std::io::Result<String>>) {
+    for line in lines {
+        if line.unwrap().contains(": copied") {
+            return;
+        }
+    }
+    panic!("the copy ended without copying a file");
+}
+
+#[test]
+fn sigint_mid_run_exits_130_and_leaves_only_complete_files() {
+    let Some(e) = testfs!(Ext4) else { return };
+    // Copied (ext4 cannot clone): 3,000 files of 64 KiB take long enough to
+    // interrupt after the first one.
+    let src = e.path().join("src");
+    flat_tree(&src, 3000, 64 << 10);
+    let dst = e.path().join("dst");
+    let mut child = bin()
+        .args(["cp", "-r", "-v", "-j", "2"])
+        .arg(&src)
+        .arg(&dst)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Wait for the first copied file, then interrupt.
+    wait_for_first_file(&mut lines);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    for _ in lines {}
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let copied: Vec<_> = fs::read_dir(&dst)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(
+        !copied.is_empty() && copied.len() < 3000,
+        "{} files copied: the interrupt did not land mid-run",
+        copied.len()
+    );
+    for c in &copied {
+        let orig = src.join(c.file_name().unwrap());
+        assert_eq!(
+            fs::read(&orig).unwrap(),
+            fs::read(c).unwrap(),
+            "{} is partial",
+            c.display()
+        );
+    }
+    assert!(temporaries(&dst).is_empty());
+}
+
+#[test]
+fn vanishing_and_unreadable_sources_are_reported_and_the_run_completes() {
+    let Some(e) = testfs!(Ext4) else { return };
+    let src = e.path().join("src");
+    let order = flat_tree(&src, 400, 256 << 10);
+    // The copy runs unprivileged (root reads anything) on one thread, so
+    // it copies in directory order, reading 128 names at a time; once it
+    // reports the first file, two later files of that first batch vanish
+    // or become unreadable.
+    let (vanish, locked) = (&order[60], &order[100]);
+    let dst = e.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let chown = |p: &Path| {
+        rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(65534)), None).unwrap();
+    };
+    chown(&src);
+    chown(&dst);
+    for n in &order {
+        chown(&src.join(n));
+    }
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .args(["cp", "-r", "-v", "-j", "1"])
+        .arg(&src)
+        .arg(dst.join("out"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    wait_for_first_file(&mut lines);
+    fs::remove_file(src.join(vanish)).unwrap();
+    fs::set_permissions(src.join(locked), fs::Permissions::from_mode(0o000)).unwrap();
+    for _ in lines {}
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("'{}'", src.join(vanish).display()))
+            && err.contains("source vanished during the copy"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("'{}'", src.join(locked).display()))
+            && err.contains("permission denied reading the source"),
+        "{err}"
+    );
+    let copied = fs::read_dir(dst.join("out")).unwrap().count();
+    assert_eq!(copied, 398, "every other file is copied");
+    assert!(temporaries(&dst).is_empty());
+}
+
+#[test]
+fn enospc_mid_tree_reports_and_leaves_no_partial_file() {
+    let (Some(e), Some(small)) = (testfs!(Ext4), testfs!(SmallExt4)) else {
+        return;
+    };
+    // 48 files of 2 MiB (96 MiB) onto a 64 MiB filesystem.
+    let src = e.path().join("src");
+    flat_tree(&src, 48, 2 << 20);
+    let free_before = rustix::fs::statvfs(small.path()).unwrap().f_bfree;
+    let dst = small.path().join("dst");
+    let t = Instant::now();
+    let out = cowlink(&[&"cp", &"-r", &src, &dst]);
+    assert!(t.elapsed() < Duration::from_secs(120));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no space left on the destination filesystem"),
+        "{err}"
+    );
+    let copied: Vec<_> = fs::read_dir(&dst)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!copied.is_empty() && copied.len() < 48, "{}", copied.len());
+    for c in &copied {
+        let orig = src.join(c.file_name().unwrap());
+        assert_eq!(
+            fs::metadata(c).unwrap().size(),
+            fs::metadata(&orig).unwrap().size(),
+            "{} is partial",
+            c.display()
+        );
+        assert_eq!(fs::read(&orig).unwrap(), fs::read(c).unwrap());
+    }
+    assert!(temporaries(&dst).is_empty());
+    // The failed files' blocks went back to the filesystem.
+    fs::remove_dir_all(&dst).unwrap();
+    let free_after = rustix::fs::statvfs(small.path()).unwrap().f_bfree;
+    assert!(
+        free_after + 16 >= free_before,
+        "{free_before} → {free_after}"
+    );
+}
