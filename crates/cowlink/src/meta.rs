@@ -83,6 +83,85 @@ pub(crate) fn apply(
     )
 }
 
+/// What a file we just created has already: its owner and mode. Steps
+/// that would set the same values again are skipped (a tree copy saves
+/// two system calls per file this way).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Created {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mode: u32,
+}
+
+impl Created {
+    /// What `open(O_CREAT)` gives a file made with `mode` in a directory
+    /// whose new files get group `gid`, if the umask is known.
+    pub(crate) fn predict(mode: u32, gid: u32) -> Option<Created> {
+        static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        Some(Created {
+            uid: *EUID.get_or_init(|| rustix::process::geteuid().as_raw()),
+            gid,
+            mode: mode & 0o777 & !umask()?,
+        })
+    }
+}
+
+/// Like [`apply`] for a file just created with the properties `created`.
+pub(crate) fn apply_created(
+    src: BorrowedFd<'_>,
+    st: &Stat,
+    dst: BorrowedFd<'_>,
+    preserve: Preserve,
+    created: Created,
+) -> Result<(), MetaError> {
+    // chown as root keeps the mode unless set-id bits are involved; those
+    // never match `created.mode` (creation drops them), so mode is set then.
+    let chown_needed = preserve.ownership && (st.st_uid, st.st_gid) != (created.uid, created.gid);
+    let mut mode = preserve.mode.then_some(st.st_mode & 0o7777);
+    if mode == Some(created.mode) {
+        mode = None;
+    }
+    if chown_needed {
+        chown(dst, st)?;
+    }
+    if preserve.xattrs && copy_xattrs(src, dst)? && preserve.mode {
+        // An ACL may have changed the group bits: set the mode after all.
+        mode = Some(st.st_mode & 0o7777);
+    }
+    if let Some(mode) = mode {
+        fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))?;
+    }
+    if preserve.timestamps {
+        fs::futimens(dst, &times_of(st)).map_err(fail("preserve timestamps"))?;
+    }
+    Ok(())
+}
+
+/// The process umask, read once from /proc/self/status (reading it with
+/// umask(2) would change it for a moment under other threads).
+fn umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(line.trim(), 8).ok()
+    })
+}
+
+fn chown(dst: BorrowedFd<'_>, st: &Stat) -> Result<(), MetaError> {
+    let uid = Uid::from_raw(st.st_uid);
+    let gid = Gid::from_raw(st.st_gid);
+    match fs::fchown(dst, Some(uid), Some(gid)) {
+        Ok(()) => Ok(()),
+        Err(Errno::PERM) if !rustix::process::geteuid().is_root() => {
+            // Like cp -p: try the group alone, ignore a refusal.
+            let _ = fs::fchown(dst, None, Some(gid));
+            Ok(())
+        }
+        Err(e) => Err(fail("preserve ownership")(e)),
+    }
+}
+
 /// Like [`apply`], with the mode to set (if any) given by the caller: a
 /// directory copy may need its mode restored even when modes are not
 /// preserved (it was opened up to work inside).
@@ -94,16 +173,7 @@ pub(crate) fn apply_dir(
     mode: Option<u32>,
 ) -> Result<(), MetaError> {
     if preserve.ownership {
-        let uid = Uid::from_raw(st.st_uid);
-        let gid = Gid::from_raw(st.st_gid);
-        match fs::fchown(dst, Some(uid), Some(gid)) {
-            Ok(()) => {}
-            Err(Errno::PERM) if !rustix::process::geteuid().is_root() => {
-                // Like cp -p: try the group alone, ignore a refusal.
-                let _ = fs::fchown(dst, None, Some(gid));
-            }
-            Err(e) => return Err(fail("preserve ownership")(e)),
-        }
+        chown(dst, st)?;
     }
     if preserve.xattrs {
         copy_xattrs(src, dst)?;
@@ -131,14 +201,18 @@ pub(crate) fn times_of(st: &Stat) -> Timestamps {
     }
 }
 
-/// Copy every extended attribute of `src` to `dst`.
-fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<(), MetaError> {
+/// Copy every extended attribute of `src` to `dst`; says whether there
+/// were any.
+fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError> {
     let names = match list_xattrs(src) {
         Ok(n) => n,
         // The source filesystem has no xattrs at all: nothing to carry.
-        Err(Errno::OPNOTSUPP) => return Ok(()),
+        Err(Errno::OPNOTSUPP) => return Ok(false),
         Err(e) => return Err(fail("list extended attributes")(e)),
     };
+    if names.is_empty() {
+        return Ok(false);
+    }
     for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let shown = String::from_utf8_lossy(name).into_owned();
         let cname = std::ffi::CString::new(name).expect("xattr names have no NUL");
@@ -149,10 +223,21 @@ fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<(), MetaError
             Err(e) => return Err(fail(format!("preserve extended attribute '{shown}'"))(e)),
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
+    // Most files have no or few attributes: one call with a small buffer,
+    // asking for the size only when it is too small.
+    let mut buf = vec![0u8; 256];
+    match fs::flistxattr(fd, &mut buf[..]) {
+        Ok(got) => {
+            buf.truncate(got);
+            return Ok(buf);
+        }
+        Err(Errno::RANGE) => {}
+        Err(e) => return Err(e),
+    }
     loop {
         let n = fs::flistxattr_query(fd)?;
         let mut buf = vec![0u8; n];

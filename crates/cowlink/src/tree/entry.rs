@@ -339,7 +339,15 @@ impl Entry<'_, '_> {
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
         let size = st.st_size as u64;
         let method = transfer(sfd, dfd, size, opts.reflink, &before_copy, &failed)?;
-        meta::apply(sfd, st, dfd, opts.preserve).map_err(|m| {
+        let created = self
+            .node
+            .new_gid
+            .and_then(|gid| meta::Created::predict(st.st_mode, gid));
+        match created {
+            Some(c) => meta::apply_created(sfd, st, dfd, opts.preserve, c),
+            None => meta::apply(sfd, st, dfd, opts.preserve),
+        }
+        .map_err(|m| {
             self.error(m.errno)
                 .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
         })?;

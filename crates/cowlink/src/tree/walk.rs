@@ -48,6 +48,9 @@ pub(super) struct DirNode {
     /// current mode differs from it (we added u+rwx to work inside).
     final_mode: u32,
     mode_changed: bool,
+    /// The group new files get in the destination directory (the
+    /// directory's when it is set-group-ID), if known.
+    pub(super) new_gid: Option<u32>,
     /// False for the parent directories of a single-entry copy, which are
     /// not ours to change.
     finish: bool,
@@ -409,7 +412,7 @@ fn new_node(
     dst_path: PathBuf,
     rel: PathBuf,
     src: OwnedFd,
-    made: Option<(OwnedFd, u32, bool)>,
+    made: Option<Made>,
     st: Stat,
     parent: Option<Arc<DirNode>>,
 ) -> Result<Arc<DirNode>, Error> {
@@ -422,9 +425,9 @@ fn new_node(
                 .with_src(&src_path)
                 .with_reason(format!("cannot read the directory: {}", errno_text(e)))
         })?;
-    let (dst, final_mode, mode_changed) = match made {
-        Some((fd, mode, changed)) => (Some(fd), mode, changed),
-        None => (None, 0, false),
+    let (dst, final_mode, mode_changed, new_gid) = match made {
+        Some(m) => (Some(m.fd), m.mode, m.changed, m.new_gid),
+        None => (None, 0, false, None),
     };
     Ok(Arc::new(DirNode {
         src_path,
@@ -436,20 +439,30 @@ fn new_node(
         st,
         final_mode,
         mode_changed,
+        new_gid,
         finish: true,
         parent,
     }))
 }
 
+/// A destination directory, created or merged into.
+struct Made {
+    fd: OwnedFd,
+    /// The mode it should end with if modes are not preserved.
+    mode: u32,
+    /// Its mode was changed (u+rwx added) to work inside it.
+    changed: bool,
+    /// The group new files get in it, if predictable.
+    new_gid: Option<u32>,
+}
+
 /// Create the directory `name` in `dir` (or accept an existing directory),
-/// open it, and make sure we can work inside it. Returns the descriptor,
-/// the mode it should end with if modes are not preserved, and whether its
-/// mode was changed to get in.
+/// open it, and make sure we can work inside it.
 fn make_dir(
     dir: BorrowedFd<'_>,
     name: &CStr,
     src_st: &Stat,
-) -> Result<(OwnedFd, u32, bool), (Errno, Option<&'static str>)> {
+) -> Result<Made, (Errno, Option<&'static str>)> {
     let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(src_st.st_mode & 0o777)) {
         Ok(()) => true,
         Err(Errno::EXIST) => false,
@@ -466,12 +479,31 @@ fn make_dir(
         ),
         e => (e, None),
     })?;
-    let mode = fs::fstat(&fd).map_err(|e| (e, None))?.st_mode & 0o7777;
+    let st = fs::fstat(&fd).map_err(|e| (e, None))?;
+    let mode = st.st_mode & 0o7777;
     let changed = mode & 0o700 != 0o700;
     if changed {
         fs::fchmod(&fd, Mode::from_raw_mode(mode | 0o700)).map_err(|e| (e, None))?;
     }
-    Ok((fd, mode, changed))
+    // New files' modes follow a default ACL instead of the umask: predict
+    // nothing then (see meta::Created).
+    let default_acl = !matches!(
+        fs::fgetxattr(&fd, "system.posix_acl_default", &mut [0u8; 0][..]),
+        Err(Errno::NODATA | Errno::OPNOTSUPP)
+    );
+    let new_gid = if default_acl {
+        None
+    } else if mode & 0o2000 != 0 {
+        Some(st.st_gid)
+    } else {
+        Some(rustix::process::getegid().as_raw())
+    };
+    Ok(Made {
+        fd,
+        mode,
+        changed,
+        new_gid,
+    })
 }
 
 /// The canonical form of a destination that may not exist yet.
@@ -526,6 +558,7 @@ fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, C
         st,
         final_mode: 0,
         mode_changed: false,
+        new_gid: None,
         finish: false,
         parent: None,
     });
@@ -617,7 +650,7 @@ pub fn copy_tree(
                 errno_text(e)
             )),
         })?;
-        engine.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.0, 0).map_err(err)?);
+        engine.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
         Some(made)
     };
     let root = new_node(
