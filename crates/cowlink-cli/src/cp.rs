@@ -79,11 +79,13 @@ pub struct CpArgs {
     )]
     preserve: Vec<PreserveArg>,
 
-    /// Copy directories recursively (symbolic links inside are copied as links)
+    /// Copy directories recursively, in parallel (symbolic links inside are
+    /// copied as links)
     #[arg(short = 'r', short_alias = 'R', long)]
     recursive: bool,
 
-    /// Archive: -r with --preserve=all
+    /// Archive, like cp -a: -r with --preserve=all, hardlinks inside the
+    /// tree kept as hardlinks
     #[arg(short = 'a', long)]
     archive: bool,
 
@@ -546,11 +548,12 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     // Deep trees hold two descriptors per level; raise the soft limit.
     raise_fd_limit();
 
-    let show_progress = !args.no_progress
-        && !args.dry_run
-        && recursive
-        && (args.progress || std::io::stderr().is_terminal());
-    let bar = show_progress.then(|| {
+    // A bar on a terminal; with --progress elsewhere (logs, CI), a plain
+    // line every second instead.
+    let terminal = std::io::stderr().is_terminal();
+    let show_progress =
+        !args.no_progress && !args.dry_run && recursive && (args.progress || terminal);
+    let bar = (show_progress && terminal).then(|| {
         let bar = ProgressBar::new_spinner();
         bar.set_style(
             ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").expect("valid template"),
@@ -583,16 +586,27 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     let finished = AtomicBool::new(false);
     let mut any_tree = false;
     std::thread::scope(|s| {
-        if let Some(bar) = &reporter.bar {
+        let ticker = show_progress.then(|| {
             let (reporter, finished) = (&reporter, &finished);
             s.spawn(move || {
+                let mut last_line = Instant::now();
                 while !finished.load(Ordering::Relaxed) {
-                    bar.set_message(reporter.progress_message(start.elapsed()));
-                    bar.tick();
-                    std::thread::sleep(Duration::from_millis(100));
+                    let message = reporter.progress_message(start.elapsed());
+                    match &reporter.bar {
+                        Some(bar) => {
+                            bar.set_message(message);
+                            bar.tick();
+                        }
+                        None if last_line.elapsed() >= Duration::from_secs(1) => {
+                            eprintln!("cowlink: {message}");
+                            last_line = Instant::now();
+                        }
+                        None => {}
+                    }
+                    std::thread::park_timeout(Duration::from_millis(100));
                 }
-            });
-        }
+            })
+        });
         for (src, dst) in &jobs {
             if cancel.is_cancelled() {
                 break;
@@ -600,6 +614,9 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             any_tree |= copy_one(&reporter, &tree, src, dst);
         }
         finished.store(true, Ordering::Relaxed);
+        if let Some(t) = ticker {
+            t.thread().unpark();
+        }
     });
     if let Some(bar) = &reporter.bar {
         bar.finish_and_clear();
@@ -610,7 +627,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             "\n  ],\n  \"summary\": {}\n}}",
             serde_json::to_string(&summary)?
         );
-    } else if any_tree && (args.verbose || args.dry_run || reporter.bar.is_some()) {
+    } else if any_tree && (args.verbose || args.dry_run || show_progress) {
         eprintln!("{}", summary_line(&summary));
     }
     Ok(if summary.cancelled {

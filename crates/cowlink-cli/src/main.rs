@@ -31,7 +31,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Clone (or copy) files, like cp.
+    // Documented by CpArgs (short and long help with examples).
     Cp(cp::CpArgs),
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
