@@ -642,12 +642,17 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     })
 }
 
-/// Ctrl-C (and SIGTERM) cancel the copy; a second one exits at once (files
-/// being written are unnamed until complete, so nothing partial remains).
+/// Whether a tree copy is running (it stops through its cancel token, so
+/// that directories get their metadata and the summary is printed).
+static IN_TREE: AtomicBool = AtomicBool::new(false);
+
+/// Ctrl-C (and SIGTERM) cancel a tree copy; outside one, or at the second
+/// signal, exit at once. Files being written are unnamed (`O_TMPFILE`)
+/// until complete, so exiting leaves nothing partial.
 fn install_interrupt_handler(cancel: &CancelToken) {
     let cancel = cancel.clone();
     let _ = ctrlc::set_handler(move || {
-        if cancel.is_cancelled() {
+        if cancel.is_cancelled() || !IN_TREE.load(Ordering::SeqCst) {
             std::process::exit(130);
         }
         cancel.cancel();
@@ -751,7 +756,10 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
     }
     // A directory, or with -r a symlink, FIFO or device, or a dry run.
     let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
-    if let Err(e) = copy_tree(src, dst, tree, &observer) {
+    IN_TREE.store(true, Ordering::SeqCst);
+    let result = copy_tree(src, dst, tree, &observer);
+    IN_TREE.store(false, Ordering::SeqCst);
+    if let Err(e) = result {
         r.failed(src, dst, &e);
     }
     is_dir

@@ -367,3 +367,47 @@ fn enospc_mid_tree_reports_and_leaves_no_partial_file() {
         "{free_before} → {free_after}"
     );
 }
+
+#[test]
+fn sigint_inside_a_large_file_copy_stops_it_and_places_nothing() {
+    let Some(e) = testfs!(Ext4) else { return };
+    // One dense 1 GiB file: copying it (ext4 cannot clone) takes seconds.
+    let src = e.path().join("src");
+    fs::create_dir(&src).unwrap();
+    {
+        use std::io::Write;
+        let mut f = fs::File::create(src.join("big")).unwrap();
+        let block = vec![0x5au8; 1 << 20];
+        for _ in 0..1024 {
+            f.write_all(&block).unwrap();
+        }
+    }
+    let dst = e.path().join("dst");
+    let mut child = bin()
+        .args(["cp", "-r", "-v"])
+        .arg(&src)
+        .arg(&dst)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.ends_with(": directory"), "{first}");
+    std::thread::sleep(Duration::from_millis(100));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    // The copy stopped inside the file: no name for it, no temporary,
+    // and no error reported for it (it was cancelled, not failed).
+    assert_eq!(fs::read_dir(&dst).unwrap().count(), 0);
+    assert!(
+        !text(&out.stderr).contains("cannot"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -230,7 +230,15 @@ pub fn clone_file(
         Overwrite::Replace => Ok(()),
     };
     let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
-    let method = transfer(sfd, dfd, size, options.reflink, &before_copy, &failed)?;
+    let method = transfer(
+        sfd,
+        dfd,
+        size,
+        options.reflink,
+        &before_copy,
+        &failed,
+        &|| false,
+    )?;
     meta::apply(sfd, &st, dfd, options.preserve).map_err(|m| {
         err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
     })?;
@@ -253,7 +261,8 @@ pub fn clone_file(
 /// Move the data of `sfd` (`size` bytes) into the empty file `dfd`:
 /// clone, or copy when `reflink` allows and cloning is not possible here.
 /// `before_copy` runs before a data copy (to refuse early instead of
-/// copying in vain); `failed` turns an errno into the caller's error.
+/// copying in vain); `failed` turns an errno into the caller's error;
+/// `cancelled` can stop a data copy between chunks (ECANCELED).
 pub(crate) fn transfer(
     sfd: BorrowedFd<'_>,
     dfd: BorrowedFd<'_>,
@@ -261,10 +270,11 @@ pub(crate) fn transfer(
     reflink: Reflink,
     before_copy: &dyn Fn() -> Result<()>,
     failed: &dyn Fn(Errno) -> Error,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Method> {
     let copy = |offload: bool| -> Result<Method> {
         before_copy()?;
-        crate::copy::copy_data(sfd, dfd, size, offload).map_err(failed)
+        crate::copy::copy_data(sfd, dfd, size, offload, cancelled).map_err(failed)
     };
     match reflink {
         Reflink::Never => copy(false),

@@ -27,8 +27,9 @@ use crate::Method;
 const PREALLOC_MIN: u64 = 1 << 20;
 /// Largest read/write buffer.
 const BUF_MAX: u64 = 1 << 20;
-/// Largest single `copy_file_range` request (the kernel clamps near 2 GiB).
-const CFR_CHUNK: u64 = 1 << 30;
+/// Largest single `copy_file_range` request: small enough that a cancel is
+/// noticed within a fraction of a second, large enough to cost nothing.
+const CFR_CHUNK: u64 = 64 << 20;
 
 /// The data segments `[start, end)` of a file of `size` bytes, in order.
 /// Where the filesystem cannot report holes the whole file is one segment.
@@ -67,12 +68,15 @@ fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errn
 /// `copy_file_range` did the whole job, [`Method::ReadWrite`] when any part
 /// used read/write. Errors are the kernel's (ENOSPC, EIO, ...); "not
 /// possible here" errors from `copy_file_range` are never returned, they
-/// switch to read/write.
+/// switch to read/write. `cancelled` is asked between chunks (at most
+/// [`CFR_CHUNK`] or 1 MiB apart); when it says yes the copy stops with
+/// `ECANCELED`.
 pub(crate) fn copy_data(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     size: u64,
     mut offload: bool,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Method, Errno> {
     let segs = data_segments(src, size)?;
     let dense = segs.len() == 1 && segs[0] == (0, size);
@@ -91,6 +95,9 @@ pub(crate) fn copy_data(
     'segments: for (start, end) in segs {
         let mut pos = start;
         while pos < end {
+            if cancelled() {
+                return Err(Errno::CANCELED);
+            }
             let want = end - pos;
             if offload {
                 let (mut off_in, mut off_out) = (pos, pos);

@@ -117,8 +117,12 @@ pub(super) fn copy_single(
             .with_kind(ErrorKind::NotRegularFile)
             .with_reason("source is of unknown type, which cannot be copied")),
     };
-    if let Err(err) = result {
-        eng.fail(err);
+    match result {
+        // Stopped by a cancel: nothing was placed, and the report says
+        // the run was cancelled; not a failure of this entry.
+        Err(err) if err.kind() == ErrorKind::Cancelled && eng.cancelled() => {}
+        Err(err) => eng.fail(err),
+        Ok(()) => {}
     }
 }
 
@@ -338,7 +342,16 @@ impl Entry<'_, '_> {
         };
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
         let size = st.st_size as u64;
-        let method = transfer(sfd, dfd, size, opts.reflink, &before_copy, &failed)?;
+        let cancelled = || self.eng.cancelled();
+        let method = transfer(
+            sfd,
+            dfd,
+            size,
+            opts.reflink,
+            &before_copy,
+            &failed,
+            &cancelled,
+        )?;
         let created = self
             .node
             .new_gid
