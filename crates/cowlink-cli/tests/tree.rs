@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cowlink_testfs::{rich_tree, testfs};
+use cowlink_testfs::{rich_tree, temporaries, testfs};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cowlink"))
@@ -52,24 +52,6 @@ fn regular_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(e.path());
         }
     }
-}
-
-/// Every name under `dir` that looks like one of our temporaries.
-fn temporaries(dir: &Path) -> Vec<PathBuf> {
-    let mut all = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_name().to_string_lossy().contains(".cowlink-") {
-                all.push(e.path());
-            }
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    all
 }
 
 fn shares_extents_with(a: &Path, b: &Path) -> bool {

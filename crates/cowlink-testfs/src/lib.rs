@@ -124,6 +124,28 @@ pub fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Every name under `dir` (recursively) that looks like one of cowlink's
+/// named temporaries (`.NAME.cowlink-PID-N.tmp`).
+///
+/// # Panics
+/// When `dir` cannot be read.
+pub fn temporaries(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_name().to_string_lossy().contains(".cowlink-") {
+                found.push(e.path());
+            }
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    found
+}
+
 /// Build, under `root` (created), a source tree with everything `cp -a`
 /// must carry: files of several sizes, relative/absolute/dangling/looping
 /// symlinks and a symlink to a directory, hardlinks within and across

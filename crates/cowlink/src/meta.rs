@@ -74,7 +74,7 @@ pub(crate) fn apply(
     dst: BorrowedFd<'_>,
     preserve: Preserve,
 ) -> Result<(), MetaError> {
-    apply_dir(
+    apply_with_mode(
         src,
         st,
         dst,
@@ -165,7 +165,7 @@ fn chown(dst: BorrowedFd<'_>, st: &Stat) -> Result<(), MetaError> {
 /// Like [`apply`], with the mode to set (if any) given by the caller: a
 /// directory copy may need its mode restored even when modes are not
 /// preserved (it was opened up to work inside).
-pub(crate) fn apply_dir(
+pub(crate) fn apply_with_mode(
     src: BorrowedFd<'_>,
     st: &Stat,
     dst: BorrowedFd<'_>,

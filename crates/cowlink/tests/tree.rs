@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use cowlink::tree::{copy_tree, Quiet, TreeEvent, TreeOptions};
 use cowlink::{ErrorKind, Overwrite};
-use cowlink_testfs::testfs;
+use cowlink_testfs::{temporaries, testfs};
 
 fn tree_of(dir: &Path, dirs: usize, files: usize, len: usize) {
     for d in 0..dirs {
@@ -20,19 +20,6 @@ fn tree_of(dir: &Path, dirs: usize, files: usize, len: usize) {
             fs::write(sub.join(format!("f{f}")), vec![(d * 7 + f) as u8; len]).unwrap();
         }
     }
-}
-
-/// Every name under `dir` that looks like one of our temporaries.
-fn temporaries(dir: &Path) -> usize {
-    let mut n = 0;
-    for e in fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        n += usize::from(e.file_name().to_string_lossy().contains(".cowlink-"));
-        if e.file_type().unwrap().is_dir() {
-            n += temporaries(&e.path());
-        }
-    }
-    n
 }
 
 #[test]
@@ -68,7 +55,7 @@ fn cancel_stops_promptly_and_leaves_only_complete_files() {
         }
     }
     assert_eq!(present, report.files);
-    assert_eq!(temporaries(&dst), 0);
+    assert!(temporaries(&dst).is_empty());
 }
 
 #[test]
@@ -170,7 +157,7 @@ fn merging_into_an_existing_tree_refuses_or_replaces_files() {
     assert_eq!(fs::read(dst.join("d0/f1")).unwrap(), vec![1u8; 5000]);
     // The replaced file's other name keeps the old content.
     assert_eq!(fs::read(b.path().join("outside-link")).unwrap(), b"old");
-    assert_eq!(temporaries(&dst), 0);
+    assert!(temporaries(&dst).is_empty());
 }
 
 #[test]

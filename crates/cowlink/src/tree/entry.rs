@@ -82,11 +82,6 @@ fn os(name: &CStr) -> &Path {
     Path::new(OsStr::from_bytes(name.to_bytes()))
 }
 
-/// Copy the non-directory entry `name` of `node` (to the same name).
-pub(super) fn copy_entry(eng: &Engine<'_>, node: &DirNode, name: &CStr, t: FileType) {
-    copy_single(eng, node, name, name, t);
-}
-
 /// Copy the non-directory entry `name` of `node` to `dst_name` in the
 /// destination directory; report the outcome or the failure.
 pub(super) fn copy_single(

@@ -334,7 +334,7 @@ impl Engine<'_> {
                         name,
                     },
                 ),
-                Ok(t) => entry::copy_entry(self, &node, &name, t),
+                Ok(t) => entry::copy_single(self, &node, &name, &name, t),
                 Err(e) => {
                     let (s, d) = node.paths(&name);
                     let err = Error::from_errno(Operation::CopyTree, e)
@@ -391,7 +391,7 @@ impl Engine<'_> {
             None
         };
         if let Err(m) =
-            crate::meta::apply_dir(node.src.as_fd(), &node.st, dst.as_fd(), preserve, mode)
+            crate::meta::apply_with_mode(node.src.as_fd(), &node.st, dst.as_fd(), preserve, mode)
         {
             self.fail(
                 Error::from_errno(Operation::CopyTree, m.errno)
