@@ -5,6 +5,8 @@
 //! (Ctrl-C or SIGTERM), after cleaning up.
 
 mod cp;
+mod du;
+mod extents;
 mod probe;
 
 use std::process::ExitCode;
@@ -35,6 +37,9 @@ enum Command {
     Cp(cp::CpArgs),
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
+    // Documented by ExtentsArgs and DuArgs (long help with examples).
+    Extents(extents::ExtentsArgs),
+    Du(du::DuArgs),
 }
 
 /// How the process ends.
@@ -66,6 +71,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Cp(args) => cp::run(args),
         Command::Probe(args) => probe::run(args),
+        Command::Extents(args) => extents::run(args),
+        Command::Du(args) => du::run(args),
     };
     match result {
         Ok(exit) => exit.into(),

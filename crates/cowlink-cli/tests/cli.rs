@@ -20,7 +20,7 @@ fn text(b: &[u8]) -> String {
 }
 
 fn shared(p: &Path) -> bool {
-    let e = cowlink::extents::extents(p).unwrap();
+    let e = cowlink::extents::extents(p).unwrap().extents;
     !e.is_empty() && e.iter().all(|x| x.is_shared())
 }
 

@@ -56,8 +56,8 @@ fn regular_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn shares_extents_with(a: &Path, b: &Path) -> bool {
     let (ea, eb) = (
-        cowlink::extents::extents(a).unwrap(),
-        cowlink::extents::extents(b).unwrap(),
+        cowlink::extents::extents(a).unwrap().extents,
+        cowlink::extents::extents(b).unwrap().extents,
     );
     !eb.is_empty()
         && eb.iter().all(|x| x.is_shared())

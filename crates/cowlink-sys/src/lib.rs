@@ -1,4 +1,5 @@
-//! Raw Linux ioctls used by cowlink.
+//! Raw Linux ioctls used by cowlink (clone, dedupe, FIEMAP, and the Btrfs
+//! backreference look-ups).
 //!
 //! This crate is the only place in cowlink with `unsafe` code. Each function
 //! wraps exactly one ioctl, takes borrowed file descriptors, and returns the
@@ -243,9 +244,169 @@ pub fn fiemap(
     Ok(n)
 }
 
+const BTRFS_IOC_LOGICAL_INO_V2: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_LOGICAL_INO_V2 as Opcode;
+const BTRFS_IOC_INO_PATHS: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_PATHS as Opcode;
+
+/// Header of the kernel's `struct btrfs_data_container`, in `u64` words.
+const CONTAINER_HEADER_WORDS: usize = 2;
+
+/// Largest answer `BTRFS_IOC_LOGICAL_INO_V2` accepts (the kernel clamps to
+/// 16 MiB).
+pub const BTRFS_LOGICAL_INO_MAX: usize = 16 << 20;
+
+/// One file reference to a Btrfs data extent, as `LOGICAL_INO` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BtrfsRef {
+    /// Inode number inside its subvolume.
+    pub inode: u64,
+    /// Byte offset in that file where the reference starts.
+    pub offset: u64,
+    /// The subvolume (tree id) holding the inode.
+    pub root: u64,
+}
+
+/// `ioctl(fd, BTRFS_IOC_LOGICAL_INO_V2, ...)`: every file reference whose
+/// data covers the Btrfs logical address `logical` (FIEMAP's "physical"
+/// offset on Btrfs), in any subvolume of the filesystem `fd` is on.
+///
+/// `size` is the answer buffer in bytes (24 per reference, plus 16); when it
+/// is too small the kernel still succeeds and the second element of the
+/// result says how many bytes were missing, so the caller can retry with a
+/// larger buffer (up to [`BTRFS_LOGICAL_INO_MAX`]).
+///
+/// Needs `CAP_SYS_ADMIN` (`EPERM` otherwise); `ENOTTY` off Btrfs; `ENOENT`
+/// when no extent covers the address.
+pub fn btrfs_logical_ino(
+    fd: BorrowedFd<'_>,
+    logical: u64,
+    size: usize,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    let size = size.clamp(CONTAINER_HEADER_WORDS * 8, BTRFS_LOGICAL_INO_MAX);
+    let mut buf = vec![0u64; size / 8];
+    let mut arg = linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args {
+        logical,
+        size: (buf.len() * 8) as u64,
+        reserved: [0; 3],
+        flags: 0,
+        inodes: buf.as_mut_ptr() as u64,
+    };
+    // SAFETY: BTRFS_IOC_LOGICAL_INO_V2 is `_IOWR(0x94, 59, struct
+    // btrfs_ioctl_logical_ino_args)`. The kernel reads `arg` and writes at
+    // most `arg.size` bytes to `arg.inodes`, which points at `buf`, a live
+    // allocation of exactly that many bytes that is not otherwise borrowed
+    // during the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_LOGICAL_INO_V2, linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    let (count, missing) = container_header(&buf);
+    let vals = &buf[CONTAINER_HEADER_WORDS..];
+    let n = (count as usize).min(vals.len()) / 3 * 3;
+    let refs = vals[..n]
+        .chunks_exact(3)
+        .map(|t| BtrfsRef {
+            inode: t[0],
+            offset: t[1],
+            root: t[2],
+        })
+        .collect();
+    Ok((refs, missing))
+}
+
+/// `(elem_cnt, bytes_missing)` of a `struct btrfs_data_container` held in
+/// native-endian `u64` words: `bytes_left`, `bytes_missing` are the first
+/// word's two halves, `elem_cnt`, `elem_missed` the second's.
+fn container_header(buf: &[u64]) -> (u32, u32) {
+    let w0 = buf[0].to_ne_bytes();
+    let w1 = buf[1].to_ne_bytes();
+    let missing = u32::from_ne_bytes([w0[4], w0[5], w0[6], w0[7]]);
+    let count = u32::from_ne_bytes([w1[0], w1[1], w1[2], w1[3]]);
+    (count, missing)
+}
+
+/// `ioctl(fd, BTRFS_IOC_INO_PATHS, ...)`: the paths (relative to the root
+/// of the subvolume `fd` is in) of every hard link of inode `inode` of that
+/// subvolume. The kernel answers at most 4 KiB of paths; names beyond that
+/// are left out.
+///
+/// Needs `CAP_SYS_ADMIN` (`EPERM` otherwise); `ENOTTY` off Btrfs.
+pub fn btrfs_ino_paths(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<Vec<u8>>, Errno> {
+    let mut buf = vec![0u64; 4096 / 8];
+    let mut arg = linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args {
+        inum: inode,
+        size: (buf.len() * 8) as u64,
+        reserved: [0; 4],
+        fspath: buf.as_mut_ptr() as u64,
+    };
+    // SAFETY: BTRFS_IOC_INO_PATHS is `_IOWR(0x94, 35, struct
+    // btrfs_ioctl_ino_path_args)`. The kernel writes at most `arg.size`
+    // bytes to `arg.fspath`, which points at `buf`, a live allocation of
+    // exactly that size not otherwise borrowed during the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_INO_PATHS, linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    let (count, _) = container_header(&buf);
+    // The answer as bytes: `val[i]` is the offset of path i's NUL-terminated
+    // string, counted from the start of `val`.
+    let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let val = &bytes[CONTAINER_HEADER_WORDS * 8..];
+    let vals = &buf[CONTAINER_HEADER_WORDS..];
+    let mut paths = Vec::new();
+    for &off in vals.iter().take(count as usize) {
+        let Some(rest) = val.get(off as usize..) else {
+            continue;
+        };
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        paths.push(rest[..end].to_vec());
+    }
+    Ok(paths)
+}
+
+const BTRFS_IOC_INO_LOOKUP: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_LOOKUP as Opcode;
+
+/// `ioctl(fd, BTRFS_IOC_INO_LOOKUP, {treeid: 0, objectid: 256})`: the id
+/// of the Btrfs subvolume (tree) that `fd` is in. Unprivileged.
+///
+/// `ENOTTY` off Btrfs.
+pub fn btrfs_root_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    let mut arg = Box::new(linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args {
+        treeid: 0,
+        // BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume.
+        objectid: 256,
+        name: [0; 4080],
+    });
+    // SAFETY: BTRFS_IOC_INO_LOOKUP is `_IOWR(0x94, 18, struct
+    // btrfs_ioctl_ino_lookup_args)`; `arg` is exactly that struct (4096
+    // bytes, checked below) and lives for the duration of the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_INO_LOOKUP, linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    Ok(arg.treeid)
+}
+
 // Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).
 const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
 const _: () = assert!(std::mem::size_of::<FiemapBuf>() == 32 + 56 * FIEMAP_BATCH);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range>() == 24);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range_info>() == 32);
 const _: () = assert!(DEDUPE_MAX_DESTS == 127);
+const _: () =
+    assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args>() == 56);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args>() == 56);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_data_container>() == 16);
+const _: () =
+    assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args>() == 4096);

@@ -132,6 +132,8 @@ pub enum Operation {
     Extents,
     /// Copying a directory tree.
     CopyTree,
+    /// Measuring disk usage.
+    Usage,
 }
 
 impl Operation {
@@ -143,6 +145,7 @@ impl Operation {
             Operation::Probe => "probe",
             Operation::Extents => "map extents of",
             Operation::CopyTree => "copy",
+            Operation::Usage => "measure",
         }
     }
 }

@@ -1,15 +1,23 @@
 //! File layout through FIEMAP: which byte ranges map to which disk blocks,
-//! and which of those blocks are shared with other files.
+//! which of those blocks are shared with other files, and (on Btrfs) who
+//! the other files are.
 //!
-//! Used by tests and tools to prove that a clone really shares blocks.
-//! Always maps with `FIEMAP_FLAG_SYNC` so delayed-allocation data has real
-//! addresses, and loops until the extent flagged LAST, so files with any
-//! number of extents are listed completely.
+//! [`extents`] maps a whole file with `FIEMAP_FLAG_SYNC` (so delayed
+//! allocations have real addresses) and loops until the extent flagged
+//! LAST, so files with any number of extents are listed completely. The
+//! answer, a [`FileLayout`], carries every extent and the totals people ask
+//! for: shared bytes, holes, fragments.
+//!
+//! Who shares: on Btrfs the kernel keeps back references, so
+//! [`btrfs_refs`] asks it for every file reference to each extent (root
+//! only). On any FIEMAP filesystem, [`shared_within`] matches the physical
+//! ranges of a given set of files against each other.
 
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 use rustix::fd::{AsFd, BorrowedFd};
-use rustix::fs::{self, Mode, OFlags};
+use rustix::fs::{self, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Error, ErrorKind, Operation, Result};
@@ -19,13 +27,25 @@ use crate::error::{Error, ErrorKind, Operation, Result};
 pub struct Extent {
     /// Offset in the file, bytes.
     pub logical: u64,
-    /// Offset on the device, bytes.
+    /// Offset on the device, bytes (the Btrfs logical address on Btrfs).
     pub physical: u64,
     /// Length, bytes.
     pub length: u64,
     /// Raw `FIEMAP_EXTENT_*` flags.
     pub flags: u32,
 }
+
+/// The flags people care about, by name, in the order [`Extent::flag_names`]
+/// lists them.
+const FLAG_NAMES: [(u32, &str); 7] = [
+    (cowlink_sys::FIEMAP_EXTENT_SHARED, "shared"),
+    (cowlink_sys::FIEMAP_EXTENT_UNWRITTEN, "unwritten"),
+    (cowlink_sys::FIEMAP_EXTENT_DELALLOC, "delalloc"),
+    (cowlink_sys::FIEMAP_EXTENT_DATA_INLINE, "inline"),
+    (cowlink_sys::FIEMAP_EXTENT_ENCODED, "encoded"),
+    (cowlink_sys::FIEMAP_EXTENT_UNKNOWN, "unknown"),
+    (cowlink_sys::FIEMAP_EXTENT_LAST, "last"),
+];
 
 impl Extent {
     /// The blocks are shared with another file (FIEMAP_EXTENT_SHARED).
@@ -42,24 +62,170 @@ impl Extent {
     pub fn is_last(&self) -> bool {
         self.flags & cowlink_sys::FIEMAP_EXTENT_LAST != 0
     }
+
+    /// Stored inside filesystem metadata, not in data blocks
+    /// (FIEMAP_EXTENT_DATA_INLINE; small files on Btrfs).
+    pub fn is_inline(&self) -> bool {
+        self.flags & cowlink_sys::FIEMAP_EXTENT_DATA_INLINE != 0
+    }
+
+    /// Whether `physical` is a real, comparable disk address: not inline,
+    /// not delayed, not unknown.
+    pub fn has_address(&self) -> bool {
+        self.flags
+            & (cowlink_sys::FIEMAP_EXTENT_DATA_INLINE
+                | cowlink_sys::FIEMAP_EXTENT_DELALLOC
+                | cowlink_sys::FIEMAP_EXTENT_UNKNOWN)
+            == 0
+    }
+
+    /// The flags by name: "shared", "unwritten", "delalloc", "inline",
+    /// "encoded", "unknown", "last".
+    pub fn flag_names(&self) -> Vec<&'static str> {
+        FLAG_NAMES
+            .iter()
+            .filter(|(bit, _)| self.flags & bit != 0)
+            .map(|&(_, name)| name)
+            .collect()
+    }
+
+    /// One past the last byte on the device.
+    pub fn physical_end(&self) -> u64 {
+        self.physical.saturating_add(self.length)
+    }
 }
 
-/// All extents of an open file, in file order.
+/// A range of the file with no extent: reads as zeros, takes no space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Hole {
+    /// Offset in the file, bytes.
+    pub offset: u64,
+    /// Length, bytes.
+    pub length: u64,
+}
+
+/// Where a file's bytes live: its extents and the totals derived from them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FileLayout {
+    /// The file's size (`st_size`).
+    pub size: u64,
+    /// Bytes allocated to the file as `stat` reports them (`st_blocks` × 512).
+    pub allocated: u64,
+    /// The filesystem device (`st_dev`); physical offsets compare only
+    /// within one device.
+    pub dev: u64,
+    /// The inode number.
+    pub ino: u64,
+    /// Every extent, in file order.
+    pub extents: Vec<Extent>,
+    /// Every hole inside `[0, size)`, in file order.
+    pub holes: Vec<Hole>,
+    /// Sum of extent lengths.
+    pub mapped_bytes: u64,
+    /// Bytes in extents flagged shared.
+    pub shared_bytes: u64,
+    /// Bytes in unwritten (preallocated) extents.
+    pub unwritten_bytes: u64,
+    /// Bytes stored inline in metadata.
+    pub inline_bytes: u64,
+    /// Bytes of `[0, size)` covered by no extent.
+    pub hole_bytes: u64,
+    /// Physically contiguous runs of extents: 1 for a perfectly contiguous
+    /// file, 0 for a file with no extents.
+    pub fragments: u64,
+}
+
+impl FileLayout {
+    /// The layout of a file of `size` bytes (`allocated` bytes on disk) with
+    /// these extents; computes the totals.
+    pub fn from_extents(size: u64, allocated: u64, extents: Vec<Extent>) -> FileLayout {
+        let mut layout = FileLayout {
+            size,
+            allocated,
+            dev: 0,
+            ino: 0,
+            holes: Vec::new(),
+            mapped_bytes: 0,
+            shared_bytes: 0,
+            unwritten_bytes: 0,
+            inline_bytes: 0,
+            hole_bytes: 0,
+            fragments: 0,
+            extents,
+        };
+        let mut covered = 0u64; // file offset up to which extents were seen
+        let mut prev: Option<&Extent> = None;
+        for e in &layout.extents {
+            layout.mapped_bytes += e.length;
+            if e.is_shared() {
+                layout.shared_bytes += e.length;
+            }
+            if e.is_unwritten() {
+                layout.unwritten_bytes += e.length;
+            }
+            if e.is_inline() {
+                layout.inline_bytes += e.length;
+            }
+            let contiguous = prev.is_some_and(|p| {
+                p.has_address() && e.has_address() && p.physical_end() == e.physical
+            });
+            if !contiguous {
+                layout.fragments += 1;
+            }
+            if e.logical > covered && covered < size {
+                let end = e.logical.min(size);
+                layout.holes.push(Hole {
+                    offset: covered,
+                    length: end - covered,
+                });
+            }
+            covered = covered.max(e.logical.saturating_add(e.length));
+            prev = Some(e);
+        }
+        if covered < size {
+            layout.holes.push(Hole {
+                offset: covered,
+                length: size - covered,
+            });
+        }
+        layout.hole_bytes = layout.holes.iter().map(|h| h.length).sum();
+        layout
+    }
+
+    /// Whether any block of the file is shared with another file or
+    /// snapshot: whether it is (partly) a copy-on-write link.
+    pub fn is_cow_link(&self) -> bool {
+        self.shared_bytes > 0
+    }
+
+    /// Shared bytes as a fraction of mapped bytes (0.0 with no extents).
+    pub fn shared_fraction(&self) -> f64 {
+        if self.mapped_bytes == 0 {
+            0.0
+        } else {
+            self.shared_bytes as f64 / self.mapped_bytes as f64
+        }
+    }
+}
+
+/// All extents of an open file, in file order. FIEMAP with
+/// `FIEMAP_FLAG_SYNC` when `sync` (dirty data is written first, so it has
+/// an address), repeated until the extent flagged LAST.
 ///
 /// # Errors
-/// `NotSupported` when the filesystem has no FIEMAP (tmpfs, ZFS).
-pub fn extents_fd(fd: BorrowedFd<'_>) -> std::result::Result<Vec<Extent>, Errno> {
+/// The kernel's errno: `EOPNOTSUPP` when the filesystem has no FIEMAP
+/// (tmpfs, ZFS).
+pub fn extents_fd(fd: BorrowedFd<'_>, sync: bool) -> std::result::Result<Vec<Extent>, Errno> {
+    let flags = if sync {
+        cowlink_sys::FIEMAP_FLAG_SYNC
+    } else {
+        0
+    };
     let mut raw = Vec::new();
     let mut start = 0u64;
     loop {
         let before = raw.len();
-        let n = cowlink_sys::fiemap(
-            fd,
-            start,
-            u64::MAX - start,
-            cowlink_sys::FIEMAP_FLAG_SYNC,
-            &mut raw,
-        )?;
+        let n = cowlink_sys::fiemap(fd, start, u64::MAX - start, flags, &mut raw)?;
         if n == 0 {
             break;
         }
@@ -80,27 +246,321 @@ pub fn extents_fd(fd: BorrowedFd<'_>) -> std::result::Result<Vec<Extent>, Errno>
         .collect())
 }
 
-/// All extents of the file at `path`.
+/// The error for a failed FIEMAP on `path`, with the reason people need.
+pub(crate) fn fiemap_error(path: &Path, e: Errno) -> Error {
+    let err = Error::from_errno(Operation::Extents, e).with_src(path);
+    match e {
+        Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS => {
+            err.with_kind(ErrorKind::NotSupported).with_reason(format!(
+                "{} does not report file extents (no FIEMAP)",
+                fs_name(path)
+            ))
+        }
+        _ => err,
+    }
+}
+
+/// "this filesystem (tmpfs)" for messages; "this filesystem" if unknown.
+fn fs_name(path: &Path) -> String {
+    match fs::statfs(path) {
+        Ok(s) => format!(
+            "this filesystem ({})",
+            crate::FsKind::from_magic(s.f_type as u64).name()
+        ),
+        Err(_) => "this filesystem".into(),
+    }
+}
+
+/// The layout of the file at `path`: every extent and the totals.
 ///
 /// # Errors
-/// `NotFound`, `PermissionDenied`, `IsDirectory`, and `NotSupported` when
-/// the filesystem has no FIEMAP (tmpfs, ZFS).
-pub fn extents(path: impl AsRef<Path>) -> Result<Vec<Extent>> {
+/// `NotFound`, `PermissionDenied`; `IsDirectory` for a directory and
+/// `NotRegularFile` for FIFOs, sockets and devices; `NotSupported` when the
+/// filesystem has no FIEMAP (tmpfs, ZFS), naming the filesystem.
+pub fn extents(path: impl AsRef<Path>) -> Result<FileLayout> {
     let path = path.as_ref();
     let op = Operation::Extents;
     let fd = fs::open(
         path,
-        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
         Mode::empty(),
     )
     .map_err(|e| Error::from_errno(op, e).with_src(path))?;
-    extents_fd(fd.as_fd()).map_err(|e| {
+    let st = fs::fstat(&fd).map_err(|e| Error::from_errno(op, e).with_src(path))?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Directory => {
+            return Err(Error::new(op, ErrorKind::IsDirectory)
+                .with_src(path)
+                .with_reason("is a directory (`cowlink du` measures trees)"))
+        }
+        _ => {
+            return Err(Error::new(op, ErrorKind::NotRegularFile)
+                .with_src(path)
+                .with_reason(format!(
+                    "is a {}, which has no extents",
+                    crate::clone::file_type_name(st.st_mode)
+                )))
+        }
+    }
+    let list = extents_fd(fd.as_fd(), true).map_err(|e| fiemap_error(path, e))?;
+    let mut layout = FileLayout::from_extents(st.st_size as u64, st.st_blocks as u64 * 512, list);
+    layout.dev = st.st_dev;
+    layout.ino = st.st_ino;
+    Ok(layout)
+}
+
+/// One file reference to a Btrfs data extent.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FileRef {
+    /// The subvolume (tree id) holding the file.
+    pub root: u64,
+    /// The file's inode number in that subvolume.
+    pub inode: u64,
+    /// Offset in that file where the referencing range starts.
+    pub offset: u64,
+    /// The file's names, when asked for and when the file is in the same
+    /// subvolume as the one asked about (empty otherwise).
+    pub paths: Vec<PathBuf>,
+}
+
+/// For each extent of `layout` (the file at `path`, on Btrfs), every file
+/// reference that points at its first byte: the file itself, its clones,
+/// snapshots. An extent cloned three times has four references. Extents
+/// without an address (inline, delayed) get an empty list.
+///
+/// With `paths`, the references in the file's own subvolume are resolved
+/// to names (absolute when the subvolume's root directory is reachable
+/// above `path`, else relative to it).
+///
+/// # Errors
+/// `PermissionDenied` without root (the kernel requires `CAP_SYS_ADMIN`),
+/// `NotSupported` off Btrfs.
+pub fn btrfs_refs(
+    path: impl AsRef<Path>,
+    layout: &FileLayout,
+    paths: bool,
+) -> Result<Vec<Vec<FileRef>>> {
+    let path = path.as_ref();
+    let op = Operation::Extents;
+    let err = |e: Errno| {
         let err = Error::from_errno(op, e).with_src(path);
         match e {
-            Errno::OPNOTSUPP => err
-                .with_kind(ErrorKind::NotSupported)
-                .with_reason("this filesystem does not report file extents (no FIEMAP)"),
+            Errno::PERM | Errno::ACCESS => {
+                err.with_reason("Btrfs answers reference queries only to root (CAP_SYS_ADMIN)")
+            }
+            Errno::NOTTY | Errno::OPNOTSUPP => {
+                err.with_kind(ErrorKind::NotSupported).with_reason(format!(
+                    "reference counts come from Btrfs and {} is not Btrfs; \
+                     give all the files to compare instead",
+                    fs_name(path)
+                ))
+            }
             _ => err,
         }
-    })
+    };
+    let fd = fs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(err)?;
+    let own_root = cowlink_sys::btrfs_root_id(fd.as_fd()).map_err(err)?;
+    let base = if paths { subvolume_root(path) } else { None };
+    let mut names = std::collections::HashMap::<u64, Vec<PathBuf>>::new();
+    let mut out = Vec::with_capacity(layout.extents.len());
+    for e in &layout.extents {
+        if !e.has_address() {
+            out.push(Vec::new());
+            continue;
+        }
+        let mut size = 64 << 10;
+        let raw = loop {
+            match cowlink_sys::btrfs_logical_ino(fd.as_fd(), e.physical, size) {
+                Ok((refs, missing)) if missing > 0 && size < cowlink_sys::BTRFS_LOGICAL_INO_MAX => {
+                    size = (size + missing as usize + 4096).min(cowlink_sys::BTRFS_LOGICAL_INO_MAX);
+                    drop(refs);
+                }
+                Ok((refs, _)) => break refs,
+                // The extent went away between FIEMAP and now.
+                Err(Errno::NOENT) => break Vec::new(),
+                Err(e) => return Err(err(e)),
+            }
+        };
+        let mut refs: Vec<FileRef> = raw
+            .into_iter()
+            .map(|r| FileRef {
+                root: r.root,
+                inode: r.inode,
+                offset: r.offset,
+                paths: Vec::new(),
+            })
+            .collect();
+        refs.sort_by_key(|r| (r.root, r.inode, r.offset));
+        if paths {
+            for r in refs.iter_mut().filter(|r| r.root == own_root) {
+                if let Some(known) = names.get(&r.inode) {
+                    r.paths = known.clone();
+                    continue;
+                }
+                let found: Vec<PathBuf> = match cowlink_sys::btrfs_ino_paths(fd.as_fd(), r.inode) {
+                    Ok(list) => list
+                        .into_iter()
+                        .map(|p| {
+                            let rel = PathBuf::from(std::ffi::OsString::from_vec(p));
+                            match &base {
+                                Some(b) => b.join(rel),
+                                None => rel,
+                            }
+                        })
+                        .collect(),
+                    Err(Errno::NOENT) => Vec::new(),
+                    Err(e) => return Err(err(e)),
+                };
+                r.paths = found.clone();
+                names.insert(r.inode, found);
+            }
+        }
+        out.push(refs);
+    }
+    Ok(out)
+}
+
+/// The directory above `path` that is the root of its Btrfs subvolume
+/// (inode 256 on the same device), if it is reachable.
+fn subvolume_root(path: &Path) -> Option<PathBuf> {
+    let abs = std::fs::canonicalize(path).ok()?;
+    let dev = fs::stat(&abs).ok()?.st_dev;
+    let mut dir = abs.parent()?;
+    loop {
+        let st = fs::stat(dir).ok()?;
+        if st.st_dev != dev {
+            return None;
+        }
+        if st.st_ino == 256 {
+            return Some(dir.to_path_buf());
+        }
+        dir = dir.parent()?;
+    }
+}
+
+/// Sharing inside a set of files, found by matching physical ranges (works
+/// on every FIEMAP filesystem, needs no privileges, sees only the given
+/// files).
+///
+/// For each layout, for each of its extents: the other extents of the set
+/// (`(layout index, extent index, overlapping bytes)`) whose physical
+/// ranges overlap it, on the same device. A file cloned within itself
+/// lists its own other extents too.
+pub fn shared_within(layouts: &[FileLayout]) -> Vec<Vec<Vec<(usize, usize, u64)>>> {
+    let mut out: Vec<Vec<Vec<(usize, usize, u64)>>> = layouts
+        .iter()
+        .map(|l| vec![Vec::new(); l.extents.len()])
+        .collect();
+    // (dev, start, end, file, extent), swept in start order.
+    let mut items: Vec<(u64, u64, u64, usize, usize)> = Vec::new();
+    for (f, l) in layouts.iter().enumerate() {
+        for (x, e) in l.extents.iter().enumerate() {
+            if e.has_address() && e.length > 0 {
+                items.push((l.dev, e.physical, e.physical_end(), f, x));
+            }
+        }
+    }
+    items.sort_unstable();
+    let mut active: Vec<(u64, u64, u64, usize, usize)> = Vec::new();
+    for item in items {
+        let (dev, start, end, f, x) = item;
+        active.retain(|a| a.0 == dev && a.2 > start);
+        for a in &active {
+            let overlap = a.2.min(end) - start;
+            out[f][x].push((a.3, a.4, overlap));
+            out[a.3][a.4].push((f, x, overlap));
+        }
+        active.push(item);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cowlink_sys::{FIEMAP_EXTENT_LAST as LAST, FIEMAP_EXTENT_SHARED as SHARED};
+
+    fn ext(logical: u64, physical: u64, length: u64, flags: u32) -> Extent {
+        Extent {
+            logical,
+            physical,
+            length,
+            flags,
+        }
+    }
+
+    #[test]
+    fn totals_holes_and_fragments() {
+        // [0,4K) at 100K, hole [4K,8K), [8K,12K) at 104K (contiguous with
+        // the first physically), [12K,16K) shared at 200K, tail hole to 20K.
+        let l = FileLayout::from_extents(
+            20 << 10,
+            12 << 10,
+            vec![
+                ext(0, 100 << 10, 4 << 10, 0),
+                ext(8 << 10, 104 << 10, 4 << 10, 0),
+                ext(12 << 10, 200 << 10, 4 << 10, SHARED | LAST),
+            ],
+        );
+        assert_eq!(l.mapped_bytes, 12 << 10);
+        assert_eq!(l.shared_bytes, 4 << 10);
+        assert_eq!(
+            l.holes,
+            vec![
+                Hole {
+                    offset: 4 << 10,
+                    length: 4 << 10
+                },
+                Hole {
+                    offset: 16 << 10,
+                    length: 4 << 10
+                }
+            ]
+        );
+        assert_eq!(l.hole_bytes, 8 << 10);
+        assert_eq!(l.fragments, 2);
+        assert!(l.is_cow_link());
+        assert_eq!(l.extents[2].flag_names(), vec!["shared", "last"]);
+    }
+
+    #[test]
+    fn empty_and_fully_sparse_files() {
+        let l = FileLayout::from_extents(0, 0, Vec::new());
+        assert_eq!((l.fragments, l.hole_bytes, l.holes.len()), (0, 0, 0));
+        let l = FileLayout::from_extents(1 << 20, 0, Vec::new());
+        assert_eq!(l.hole_bytes, 1 << 20);
+        assert!(!l.is_cow_link());
+    }
+
+    #[test]
+    fn extents_past_eof_make_no_negative_hole() {
+        // Preallocated beyond EOF (fallocate KEEP_SIZE).
+        let l = FileLayout::from_extents(1000, 8192, vec![ext(0, 0, 8192, LAST)]);
+        assert_eq!(l.hole_bytes, 0);
+    }
+
+    #[test]
+    fn sharing_within_a_set_matches_overlapping_ranges() {
+        let mut a = FileLayout::from_extents(8192, 8192, vec![ext(0, 1 << 20, 8192, SHARED)]);
+        let mut b = FileLayout::from_extents(
+            8192,
+            8192,
+            vec![ext(0, 1 << 20, 4096, SHARED), ext(4096, 5 << 20, 4096, 0)],
+        );
+        let mut c = FileLayout::from_extents(4096, 4096, vec![ext(0, 1 << 20, 4096, SHARED)]);
+        a.dev = 1;
+        b.dev = 1;
+        c.dev = 2; // other filesystem: same numbers mean nothing
+        let s = shared_within(&[a, b, c]);
+        assert_eq!(s[0][0], vec![(1, 0, 4096)]);
+        assert_eq!(s[1][0], vec![(0, 0, 4096)]);
+        assert!(s[1][1].is_empty());
+        assert!(s[2][0].is_empty());
+    }
 }

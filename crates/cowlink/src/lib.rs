@@ -27,7 +27,8 @@
 //! Module map: [`clone`](clone_file) (whole file and range), `copy` (the
 //! fallback data copy), `meta` ([`Preserve`]), `write` (atomic placement,
 //! [`Overwrite`]), [`probe`] (capabilities), [`extents`] (FIEMAP),
-//! [`tree`] (directory copy), [`error`] (one error type). Linux only.
+//! [`tree`] (directory copy), [`usage`] (true disk usage), [`error`] (one
+//! error type). Linux only.
 #![deny(missing_docs)]
 
 mod clone;
@@ -38,11 +39,14 @@ mod fskind;
 mod meta;
 pub mod mountinfo;
 pub mod probe;
+mod scan;
 pub mod tree;
+pub mod usage;
 mod write;
 
 pub use clone::{clone_file, clone_range, CloneOptions, Method, Outcome, Reflink};
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use fskind::{CloneLimit, FsKind};
 pub use meta::Preserve;
+pub use usage::{usage, Usage};
 pub use write::Overwrite;

@@ -56,7 +56,7 @@ fn assert_clone_shares(dir: &Path) {
     assert_eq!(o.method, Method::Reflink);
     assert_eq!(o.bytes, 1 << 20);
     assert_eq!(fs::read(&b).unwrap(), content);
-    let (ea, eb) = (extents(&a).unwrap(), extents(&b).unwrap());
+    let (ea, eb) = (extents(&a).unwrap().extents, extents(&b).unwrap().extents);
     assert!(!ea.is_empty());
     assert!(
         ea.iter().all(Extent::is_shared),
@@ -426,8 +426,8 @@ fn clone_range_checks_alignment_and_shares_only_the_range() {
     assert_eq!(&got[8192..12288], &s[4096..8192]);
     assert_eq!(&got[..8192], &t[..8192]);
     assert_eq!(&got[12288..], &t[12288..]);
-    let es = extents(&src).unwrap();
-    let ed = extents(&dst).unwrap();
+    let es = extents(&src).unwrap().extents;
+    let ed = extents(&dst).unwrap().extents;
     let src_block = es
         .iter()
         .find(|e| e.logical <= 4096 && 4096 < e.logical + e.length)

@@ -1,0 +1,504 @@
+//! True disk usage of a set of paths on copy-on-write filesystems: what is
+//! exclusive, what is shared inside the set, what is shared with files
+//! outside it, and how much sharing saves.
+//!
+//! The walk ([`crate::scan`]) maps every regular file with FIEMAP (without
+//! forcing writeback) in parallel. Extents flagged shared are collected as
+//! physical ranges per device; a sweep over their boundaries then finds,
+//! for every piece of disk, how many references to it lie inside each
+//! scope (the whole set, each argument, each directory). A piece referenced
+//! twice or more inside a scope is "shared inside" it; referenced once but
+//! flagged shared, it is "shared outside" (with a file or snapshot the
+//! scope does not contain).
+//!
+//! The figures match `btrfs filesystem du`: `data` is its "Total",
+//! `exclusive` its "Exclusive" and `shared` its "Set shared". Inline,
+//! delayed and unknown extents are left out of `data` as it does (inline
+//! data lives in metadata; delayed data has no address yet and is counted
+//! in `pending`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rustix::fd::AsFd;
+use rustix::fs::{self, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::{Error, Operation, Result};
+use crate::extents::{extents_fd, fiemap_error};
+use crate::scan::{self, DirInfo, Entry, Visitor};
+
+/// Space figures for a set of files (hard links counted once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    /// Regular files.
+    pub files: u64,
+    /// Directories (their own size is not counted, as `btrfs filesystem du`).
+    pub dirs: u64,
+    /// Symbolic links, FIFOs, sockets, devices.
+    pub others: u64,
+    /// Apparent size: the sum of `st_size` of files and symbolic links.
+    pub apparent: u64,
+    /// What `stat` says is allocated (`st_blocks` × 512), as `du` shows.
+    pub allocated: u64,
+    /// Bytes of data extents the files reference (each reference counted).
+    pub data: u64,
+    /// Bytes in extents no other file or snapshot references.
+    pub exclusive: u64,
+    /// Distinct bytes on disk referenced by two or more files of the set.
+    pub shared_inside: u64,
+    /// Distinct bytes on disk referenced once in the set but shared with
+    /// files (or snapshots) outside it.
+    pub shared_outside: u64,
+    /// `shared_inside + shared_outside`: all distinct shared bytes (the
+    /// "Set shared" of `btrfs filesystem du`).
+    pub shared: u64,
+    /// `exclusive + shared`: the distinct data bytes on disk.
+    pub on_disk: u64,
+    /// `data - on_disk`: the space the set would take more if nothing in it
+    /// were shared.
+    pub saved: u64,
+    /// Bytes stored inline in metadata (small files on Btrfs).
+    pub inline: u64,
+    /// Bytes written but not yet allocated (delayed allocation).
+    pub pending: u64,
+    /// Regular files whose extents could not be mapped (see the errors).
+    pub unmapped: u64,
+}
+
+impl Usage {
+    fn add_file(&mut self, f: &FileRec) {
+        self.files += 1;
+        self.apparent += f.apparent;
+        self.allocated += f.allocated;
+        self.data += f.data;
+        self.exclusive += f.exclusive;
+        self.inline += f.inline;
+        self.pending += f.pending;
+        self.unmapped += u64::from(!f.mapped);
+    }
+
+    fn finish(&mut self) {
+        self.shared = self.shared_inside + self.shared_outside;
+        self.on_disk = self.exclusive + self.shared;
+        self.saved = self.data.saturating_sub(self.on_disk);
+    }
+}
+
+/// Usage of one argument or one directory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PathUsage {
+    /// The path as given (or found below an argument).
+    pub path: PathBuf,
+    /// Its figures; "inside" means inside this path.
+    pub usage: Usage,
+}
+
+/// The answer of [`usage_report`].
+#[derive(Debug, Default)]
+pub struct UsageReport {
+    /// The whole set: all arguments together.
+    pub total: Usage,
+    /// Each argument on its own, in the order given.
+    pub args: Vec<PathUsage>,
+    /// Each directory, when [`UsageOptions::per_dir`] asked for them, in
+    /// path order within each argument.
+    pub dirs: Vec<PathUsage>,
+    /// What could not be read or mapped. A filesystem without FIEMAP is
+    /// reported once, not per file.
+    pub errors: Vec<Error>,
+}
+
+/// How [`usage_report`] walks.
+#[derive(Debug, Clone)]
+pub struct UsageOptions {
+    /// Worker threads (default: the number of CPUs).
+    pub threads: usize,
+    /// Also report every directory (as `du` without `-s`).
+    pub per_dir: bool,
+}
+
+impl Default for UsageOptions {
+    fn default() -> Self {
+        UsageOptions {
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            per_dir: false,
+        }
+    }
+}
+
+/// The usage of `paths` taken together (directories walked, symbolic links
+/// not followed, hard links counted once).
+///
+/// # Errors
+/// The first error met (a missing path, a filesystem without FIEMAP...);
+/// use [`usage_report`] to get figures despite errors.
+pub fn usage<P: AsRef<Path>>(paths: &[P]) -> Result<Usage> {
+    let mut report = usage_report(paths, &UsageOptions::default());
+    match report.errors.is_empty() {
+        true => Ok(report.total),
+        false => Err(report.errors.swap_remove(0)),
+    }
+}
+
+/// The usage of `paths`: the whole set, each argument, and (on request)
+/// each directory, with every error met. Never stops at an error.
+pub fn usage_report<P: AsRef<Path>>(paths: &[P], opts: &UsageOptions) -> UsageReport {
+    let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+    let c = Collector::default();
+    scan::walk(&roots, opts.threads, Operation::Usage, &c);
+    let Collector {
+        dirs,
+        files,
+        shared,
+        errors,
+        ..
+    } = c;
+    let mut dirs = dirs.into_inner().unwrap_or_else(|e| e.into_inner());
+    dirs.sort_by_key(|d| d.id);
+    let files = files.into_inner().unwrap_or_else(|e| e.into_inner());
+    let shared = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+    errors.sort_by(|a, b| a.src().cmp(&b.src()));
+    aggregate(&roots, opts.per_dir, dirs, files, shared, errors)
+}
+
+/// A regular file (or link/special entry) as the walk saw it.
+struct FileRec {
+    dir: Option<usize>,
+    root: usize,
+    /// `(dev, ino)` when the file has more than one name.
+    link: Option<(u64, u64)>,
+    /// Kept only for hard-linked files, to count the first name.
+    path: Option<PathBuf>,
+    regular: bool,
+    mapped: bool,
+    apparent: u64,
+    allocated: u64,
+    data: u64,
+    exclusive: u64,
+    inline: u64,
+    pending: u64,
+}
+
+#[derive(Debug)]
+struct DirRec {
+    id: usize,
+    parent: Option<usize>,
+    root: usize,
+    path: PathBuf,
+}
+
+#[derive(Default)]
+struct Collector {
+    dirs: Mutex<Vec<DirRec>>,
+    files: Mutex<Vec<FileRec>>,
+    /// `(dev, start, end, file index)` of every shared extent.
+    shared: Mutex<Vec<(u64, u64, u64, usize)>>,
+    errors: Mutex<Vec<Error>>,
+    /// Devices already reported as having no FIEMAP.
+    no_fiemap: Mutex<Vec<u64>>,
+}
+
+impl Visitor for Collector {
+    fn dir(&self, dir: &DirInfo, _st: &fs::Stat) {
+        lock(&self.dirs).push(DirRec {
+            id: dir.id,
+            parent: dir.parent,
+            root: dir.root,
+            path: dir.path.clone(),
+        });
+    }
+
+    fn entry(&self, e: Entry<'_>) {
+        let op = Operation::Usage;
+        let regular = e.file_type.is_none_or(|t| t == FileType::RegularFile);
+        let (st, fd) = if regular {
+            match fs::openat(
+                e.dirfd,
+                e.name,
+                OFlags::RDONLY
+                    | OFlags::NOFOLLOW
+                    | OFlags::NONBLOCK
+                    | OFlags::NOCTTY
+                    | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => match fs::fstat(&fd) {
+                    Ok(st) => (st, Some(fd)),
+                    Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
+                },
+                // A symlink, or a FIFO/socket found by an unknown d_type, or
+                // a file we may not open: stat it for its sizes.
+                Err(Errno::LOOP | Errno::NXIO | Errno::ACCESS | Errno::PERM) => {
+                    match fs::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                            return self
+                                .error(Error::from_errno(op, Errno::ACCESS).with_src(&e.path))
+                        }
+                        Ok(st) => (st, None),
+                        Err(err) => {
+                            return self.error(Error::from_errno(op, err).with_src(&e.path))
+                        }
+                    }
+                }
+                Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
+            }
+        } else {
+            match fs::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => (st, None),
+                Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
+            }
+        };
+        let kind = FileType::from_raw_mode(st.st_mode);
+        let counts_size = matches!(kind, FileType::RegularFile | FileType::Symlink);
+        let mut rec = FileRec {
+            dir: e.dir.map(|d| d.id),
+            root: e.root,
+            link: (st.st_nlink > 1).then_some((st.st_dev, st.st_ino)),
+            path: (st.st_nlink > 1).then(|| e.path.clone()),
+            regular: kind == FileType::RegularFile,
+            mapped: true,
+            apparent: if counts_size { st.st_size as u64 } else { 0 },
+            allocated: if counts_size {
+                st.st_blocks as u64 * 512
+            } else {
+                0
+            },
+            data: 0,
+            exclusive: 0,
+            inline: 0,
+            pending: 0,
+        };
+        let mut ranges = Vec::new();
+        if let (true, Some(fd)) = (rec.regular, fd) {
+            match extents_fd(fd.as_fd(), false) {
+                Ok(list) => {
+                    for x in list {
+                        if x.is_inline() {
+                            rec.inline += x.length;
+                        } else if !x.has_address() {
+                            rec.pending += x.length;
+                        } else if x.is_shared() {
+                            rec.data += x.length;
+                            ranges.push((st.st_dev, x.physical, x.physical_end()));
+                        } else {
+                            rec.data += x.length;
+                            rec.exclusive += x.length;
+                        }
+                    }
+                }
+                Err(err) => {
+                    rec.mapped = false;
+                    let unsupported = matches!(err, Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS);
+                    let first = !unsupported || {
+                        let mut seen = lock(&self.no_fiemap);
+                        let first = !seen.contains(&st.st_dev);
+                        if first {
+                            seen.push(st.st_dev);
+                        }
+                        first
+                    };
+                    if first {
+                        self.error(fiemap_error(&e.path, err));
+                    }
+                }
+            }
+        }
+        let index = {
+            let mut files = lock(&self.files);
+            files.push(rec);
+            files.len() - 1
+        };
+        if !ranges.is_empty() {
+            lock(&self.shared).extend(ranges.into_iter().map(|(d, s, e)| (d, s, e, index)));
+        }
+    }
+
+    fn error(&self, err: Error) {
+        lock(&self.errors).push(err);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Turn the walk's records into figures per scope.
+fn aggregate(
+    roots: &[PathBuf],
+    per_dir: bool,
+    dirs: Vec<DirRec>,
+    files: Vec<FileRec>,
+    shared: Vec<(u64, u64, u64, usize)>,
+    errors: Vec<Error>,
+) -> UsageReport {
+    // Hard links: only the name that sorts first (argument, then path)
+    // counts, so the answer does not depend on thread timing.
+    let mut first_name: HashMap<(u64, u64), usize> = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        if let Some(key) = f.link {
+            first_name
+                .entry(key)
+                .and_modify(|j| {
+                    if (f.root, &f.path) < (files[*j].root, &files[*j].path) {
+                        *j = i;
+                    }
+                })
+                .or_insert(i);
+        }
+    }
+    let counted = |i: usize| files[i].link.is_none_or(|k| first_name[&k] == i);
+
+    // Dense dir index: ids are dense already, but be safe with a map.
+    let slot: HashMap<usize, usize> = dirs.iter().enumerate().map(|(i, d)| (d.id, i)).collect();
+    let parent_slot: Vec<Option<usize>> = dirs
+        .iter()
+        .map(|d| d.parent.and_then(|p| slot.get(&p).copied()))
+        .collect();
+    let ancestors = |dir: Option<usize>, out: &mut Vec<usize>| {
+        out.clear();
+        let mut cur = dir.and_then(|d| slot.get(&d).copied());
+        while let Some(s) = cur {
+            out.push(s);
+            cur = parent_slot[s];
+        }
+    };
+
+    let mut total = Usage::default();
+    let mut args = vec![Usage::default(); roots.len()];
+    let mut per = vec![Usage::default(); if per_dir { dirs.len() } else { 0 }];
+    let mut up = Vec::new();
+    for d in &dirs {
+        total.dirs += 1;
+        args[d.root].dirs += 1;
+        if per_dir {
+            ancestors(Some(d.id), &mut up);
+            for &a in &up {
+                per[a].dirs += 1;
+            }
+        }
+    }
+    for (i, f) in files.iter().enumerate() {
+        if !counted(i) {
+            continue;
+        }
+        let add = |u: &mut Usage| {
+            if f.regular {
+                u.add_file(f);
+            } else {
+                u.others += 1;
+                u.apparent += f.apparent;
+                u.allocated += f.allocated;
+            }
+        };
+        add(&mut total);
+        add(&mut args[f.root]);
+        if per_dir {
+            ancestors(f.dir, &mut up);
+            for &a in &up {
+                add(&mut per[a]);
+            }
+        }
+    }
+
+    // Sweep the shared ranges: boundaries sorted per device; between two
+    // boundaries the active references are constant.
+    let mut events: Vec<(u64, u64, bool, usize)> = Vec::with_capacity(shared.len() * 2);
+    for &(dev, start, end, file) in &shared {
+        if counted(file) && end > start {
+            events.push((dev, start, true, file));
+            events.push((dev, end, false, file));
+        }
+    }
+    // At one position, ends sort before starts (false < true).
+    events.sort_unstable();
+    let mut active: Vec<usize> = Vec::new();
+    let mut counts: HashMap<Scope, u32> = HashMap::new();
+    let mut i = 0;
+    while i < events.len() {
+        let (dev, pos, _, _) = events[i];
+        while i < events.len() && events[i].0 == dev && events[i].1 == pos {
+            let (_, _, start, file) = events[i];
+            if start {
+                active.push(file);
+            } else if let Some(k) = active.iter().position(|&f| f == file) {
+                active.swap_remove(k);
+            }
+            i += 1;
+        }
+        let next = match events.get(i) {
+            Some(&(d, p, _, _)) if d == dev => p,
+            _ => continue, // device ends: nothing can be active
+        };
+        if active.is_empty() {
+            continue;
+        }
+        let len = next - pos;
+        counts.clear();
+        for &f in &active {
+            *counts.entry(Scope::Total).or_default() += 1;
+            *counts.entry(Scope::Arg(files[f].root)).or_default() += 1;
+            if per_dir {
+                ancestors(files[f].dir, &mut up);
+                for &a in &up {
+                    *counts.entry(Scope::Dir(a)).or_default() += 1;
+                }
+            }
+        }
+        for (&scope, &n) in &counts {
+            let u = match scope {
+                Scope::Total => &mut total,
+                Scope::Arg(a) => &mut args[a],
+                Scope::Dir(d) => &mut per[d],
+            };
+            if n >= 2 {
+                u.shared_inside += len;
+            } else {
+                u.shared_outside += len;
+            }
+        }
+    }
+
+    total.finish();
+    let args = roots
+        .iter()
+        .zip(args)
+        .map(|(p, mut u)| {
+            u.finish();
+            PathUsage {
+                path: p.clone(),
+                usage: u,
+            }
+        })
+        .collect();
+    let mut dir_rows: Vec<(usize, PathUsage)> = dirs
+        .iter()
+        .zip(per)
+        .map(|(d, mut u)| {
+            u.finish();
+            (
+                d.root,
+                PathUsage {
+                    path: d.path.clone(),
+                    usage: u,
+                },
+            )
+        })
+        .collect();
+    dir_rows.sort_by(|a, b| (a.0, &a.1.path).cmp(&(b.0, &b.1.path)));
+    UsageReport {
+        total,
+        args,
+        dirs: dir_rows.into_iter().map(|(_, r)| r).collect(),
+        errors,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Scope {
+    Total,
+    Arg(usize),
+    Dir(usize),
+}
