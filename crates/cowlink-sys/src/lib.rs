@@ -199,21 +199,26 @@ pub struct FiemapExtent {
 /// How many extents one [`fiemap`] call returns at most.
 pub const FIEMAP_BATCH: usize = 256;
 
+/// How many extents the first [`fiemap`] call of a file asks for: most
+/// files have one or two, and a small request costs less to set up.
+pub const FIEMAP_FIRST_BATCH: usize = 8;
+
 #[repr(C)]
-struct FiemapBuf {
+struct FiemapBuf<const N: usize> {
     start: u64,
     length: u64,
     flags: u32,
     mapped_extents: u32,
     extent_count: u32,
     reserved: u32,
-    extents: [FiemapExtent; FIEMAP_BATCH],
+    extents: [FiemapExtent; N],
 }
 
-/// `ioctl(fd, FS_IOC_FIEMAP, ...)`: map up to [`FIEMAP_BATCH`] extents of
-/// the file range `[start, start + len)` into `out`, returning how many
-/// were mapped. Callers loop, starting after the last extent returned,
-/// until one carries [`FIEMAP_EXTENT_LAST`] or none are returned.
+/// `ioctl(fd, FS_IOC_FIEMAP, ...)`: map the extents of the file range
+/// `[start, start + len)` into `out`, returning how many were mapped: up
+/// to [`FIEMAP_FIRST_BATCH`] while `out` is empty, else up to
+/// [`FIEMAP_BATCH`]. Callers loop, starting after the last extent
+/// returned, until one carries [`FIEMAP_EXTENT_LAST`] or none are returned.
 ///
 /// `EOPNOTSUPP` means the filesystem has no FIEMAP (tmpfs, ZFS).
 ///
@@ -225,21 +230,35 @@ pub fn fiemap(
     flags: u32,
     out: &mut Vec<FiemapExtent>,
 ) -> Result<usize, Errno> {
-    let mut buf = Box::new(FiemapBuf {
+    if out.is_empty() {
+        fiemap_n::<FIEMAP_FIRST_BATCH>(fd, start, len, flags, out)
+    } else {
+        fiemap_n::<FIEMAP_BATCH>(fd, start, len, flags, out)
+    }
+}
+
+fn fiemap_n<const N: usize>(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    flags: u32,
+    out: &mut Vec<FiemapExtent>,
+) -> Result<usize, Errno> {
+    let mut buf = Box::new(FiemapBuf::<N> {
         start,
         length: len,
         flags,
         mapped_extents: 0,
-        extent_count: FIEMAP_BATCH as u32,
+        extent_count: N as u32,
         reserved: 0,
-        extents: [FiemapExtent::default(); FIEMAP_BATCH],
+        extents: [FiemapExtent::default(); N],
     });
     // SAFETY: FS_IOC_FIEMAP is `_IOWR('f', 11, struct fiemap)` followed by
     // `extent_count` `struct fiemap_extent`s. `FiemapBuf` is `repr(C)` with
     // the header fields in kernel order (32 bytes) and room for exactly
-    // `extent_count` extents; the kernel writes no further.
-    unsafe { ioctl(fd, Updater::<FS_IOC_FIEMAP, FiemapBuf>::new(&mut buf))? };
-    let n = (buf.mapped_extents as usize).min(FIEMAP_BATCH);
+    // `extent_count` (= N) extents; the kernel writes no further.
+    unsafe { ioctl(fd, Updater::<FS_IOC_FIEMAP, FiemapBuf<N>>::new(&mut buf))? };
+    let n = (buf.mapped_extents as usize).min(N);
     out.extend_from_slice(&buf.extents[..n]);
     Ok(n)
 }
@@ -400,7 +419,10 @@ pub fn btrfs_root_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 
 // Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).
 const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
-const _: () = assert!(std::mem::size_of::<FiemapBuf>() == 32 + 56 * FIEMAP_BATCH);
+const _: () = assert!(std::mem::size_of::<FiemapBuf<FIEMAP_BATCH>>() == 32 + 56 * FIEMAP_BATCH);
+const _: () = assert!(
+    std::mem::size_of::<FiemapBuf<FIEMAP_FIRST_BATCH>>() == 32 + 56 * FIEMAP_FIRST_BATCH
+);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range>() == 24);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range_info>() == 32);
 const _: () = assert!(DEDUPE_MAX_DESTS == 127);
