@@ -420,9 +420,8 @@ pub fn btrfs_root_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 // Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).
 const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
 const _: () = assert!(std::mem::size_of::<FiemapBuf<FIEMAP_BATCH>>() == 32 + 56 * FIEMAP_BATCH);
-const _: () = assert!(
-    std::mem::size_of::<FiemapBuf<FIEMAP_FIRST_BATCH>>() == 32 + 56 * FIEMAP_FIRST_BATCH
-);
+const _: () =
+    assert!(std::mem::size_of::<FiemapBuf<FIEMAP_FIRST_BATCH>>() == 32 + 56 * FIEMAP_FIRST_BATCH);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range>() == 24);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range_info>() == 32);
 const _: () = assert!(DEDUPE_MAX_DESTS == 127);

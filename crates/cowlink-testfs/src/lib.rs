@@ -113,6 +113,31 @@ macro_rules! testfs {
     };
 }
 
+/// Deterministic pseudo-random bytes (xorshift), different per seed:
+/// incompressible test data whose equality can be checked.
+pub fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Write `bytes` to a new file at `p` and flush it to disk.
+///
+/// # Panics
+/// When the file cannot be written.
+pub fn write_file(p: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// The names in `dir`, sorted: lets a test prove nothing unexpected (no
 /// temporary, no partial file) is there.
 pub fn names(dir: &Path) -> Vec<String> {

@@ -329,6 +329,9 @@ pub struct FileRef {
 /// snapshots. An extent cloned three times has four references. Extents
 /// without an address (inline, delayed) get an empty list.
 ///
+/// Commits the filesystem's pending transaction first (`syncfs`), since the
+/// kernel answers from the committed state.
+///
 /// With `paths`, the references in the file's own subvolume are resolved
 /// to names (absolute when the subvolume's root directory is reachable
 /// above `path`, else relative to it).
@@ -366,6 +369,9 @@ pub fn btrfs_refs(
     )
     .map_err(err)?;
     let own_root = cowlink_sys::btrfs_root_id(fd.as_fd()).map_err(err)?;
+    // Back references are read from the last committed transaction:
+    // commit first, so clones made a moment ago are counted.
+    fs::syncfs(&fd).map_err(err)?;
     let base = if paths { subvolume_root(path) } else { None };
     let mut names = std::collections::HashMap::<u64, Vec<PathBuf>>::new();
     let mut out = Vec::with_capacity(layout.extents.len());

@@ -14,32 +14,13 @@ use cowlink::{
     clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Preserve,
     Reflink,
 };
-use cowlink_testfs::{names, testfs};
+use cowlink_testfs::{data, names, testfs, write_file};
 
 fn opts(reflink: Reflink) -> CloneOptions {
     CloneOptions {
         reflink,
         ..Default::default()
     }
-}
-
-/// Deterministic pseudo-random bytes (xorshift), different per seed.
-fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn write_file(p: &Path, bytes: &[u8]) {
-    let mut f = fs::File::create(p).unwrap();
-    f.write_all(bytes).unwrap();
-    f.sync_all().unwrap();
 }
 
 fn physical(ext: &[Extent]) -> Vec<(u64, u64, u64)> {
