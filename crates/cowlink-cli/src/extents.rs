@@ -95,8 +95,13 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
         for (i, (p, l)) in ok.iter().enumerate() {
             match extents::btrfs_refs(p, l, true) {
                 Ok(r) => refs[i] = Some(r),
+                // Not Btrfs: the table still shows sharing within the set.
                 Err(e) if e.kind() == ErrorKind::NotSupported => {
-                    eprintln!("cowlink: {e}");
+                    eprintln!(
+                        "cowlink: no reference counts for '{}': {}",
+                        p.display(),
+                        e.reason()
+                    );
                 }
                 Err(e) => errors.push(e),
             }

@@ -1,0 +1,236 @@
+//! `cowlink extents` and `cowlink du` on the real test filesystems: what
+//! they print, their JSON, exit codes and error messages.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cowlink_testfs::{data, testfs, write_file};
+
+fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c.output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
+}
+
+fn clone(a: &Path, b: &Path) {
+    let out = cowlink(&[&"cp", &"--reflink=always", &a, &b]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn extents_says_cow_link_and_with_whom() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (a, b, c) = (x.path().join("a"), x.path().join("b"), x.path().join("c"));
+    write_file(&a, &data(1 << 20, 1));
+    clone(&a, &b);
+    write_file(&c, &data(64 << 10, 2));
+    let out = cowlink(&[&"extents", &a, &b, &c]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains(&format!(
+            "{}: CoW link: yes, 100% of 1.0 MiB shared, 1 extent, 1 fragment; shares 1.0 MiB with {}",
+            a.display(),
+            b.display()
+        )),
+        "{s}"
+    );
+    assert!(
+        s.contains(&format!(
+            "{}: CoW link: no, 0% of 64.0 KiB shared",
+            c.display()
+        )),
+        "{s}"
+    );
+    // The table: header, then one row per extent with the set column.
+    assert!(
+        s.contains("logical") && s.contains("physical") && s.contains("set  flags"),
+        "{s}"
+    );
+    assert!(
+        s.lines().any(|l| l.trim_end().ends_with("2  shared,last")),
+        "{s}"
+    );
+
+    let out = cowlink(&[&"extents", &"--json", &a, &b]);
+    assert!(out.status.success());
+    let v = json(&out);
+    let f = &v["files"][0];
+    assert_eq!(f["cow_link"], true);
+    assert_eq!(f["shared_bytes"], 1 << 20);
+    assert_eq!(f["extents"][0]["length"], 1 << 20);
+    assert_eq!(f["shared_with"][0]["path"], b.to_str().unwrap());
+    assert_eq!(f["shared_with"][0]["bytes"], 1 << 20);
+    assert_eq!(
+        v["files"][0]["extents"][0]["physical"],
+        v["files"][1]["extents"][0]["physical"]
+    );
+}
+
+#[test]
+fn extents_refs_on_btrfs_lists_four_references_by_path() {
+    let Some(b) = testfs!(Btrfs) else { return };
+    let a = b.path().join("a");
+    write_file(&a, &data(300 << 10, 3));
+    for n in ["c1", "c2", "c3"] {
+        clone(&a, &b.path().join(n));
+    }
+    let out = cowlink(&[&"extents", &"--refs", &a]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("refs  flags"), "{s}");
+    assert!(
+        s.lines().any(|l| l.trim_end().ends_with("4  shared,last")),
+        "{s}"
+    );
+    let root = fs::canonicalize(b.path()).unwrap();
+    for n in ["a", "c1", "c2", "c3"] {
+        let line = format!("{} at offset 0", root.join(n).display());
+        assert!(s.lines().any(|l| l.trim() == line), "missing {line}: {s}");
+    }
+    let v = json(&cowlink(&[&"extents", &"--refs", &"--json", &a]));
+    assert_eq!(v["files"][0]["refs"][0].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn extents_errors_name_the_path_and_reason() {
+    let (Some(t), Some(x)) = (testfs!(Tmpfs), testfs!(Xfs)) else {
+        return;
+    };
+    let f = t.path().join("f");
+    fs::write(&f, b"data").unwrap();
+    let out = cowlink(&[&"extents", &f]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr).trim(),
+        format!(
+            "cowlink: cannot map extents of '{}': this filesystem (tmpfs) does not report file extents (no FIEMAP)",
+            f.display()
+        )
+    );
+
+    let missing = x.path().join("missing");
+    let out = cowlink(&[&"extents", &missing]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("missing': no such file or directory"));
+
+    let out = cowlink(&[&"extents", &x.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("is a directory"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Unreadable to an unprivileged user.
+    let secret = x.path().join("secret");
+    write_file(&secret, b"secret");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .arg("extents")
+        .arg(&secret)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(&format!("'{}': permission denied", secret.display())),
+        "{}",
+        text(&out.stderr)
+    );
+    // --refs off Btrfs: the layout still prints, with a note saying why
+    // there are no reference counts.
+    let out = cowlink(&[&"extents", &"--refs", &secret]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("CoW link: no"));
+    assert!(
+        text(&out.stderr)
+            .contains("reference counts come from Btrfs and this filesystem (xfs) is not Btrfs"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn du_reports_exclusive_shared_and_saved() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let set = x.path().join("set");
+    fs::create_dir_all(set.join("sub")).unwrap();
+    write_file(&set.join("a"), &data(512 << 10, 4));
+    clone(&set.join("a"), &set.join("sub/b"));
+    write_file(&set.join("own"), &data(64 << 10, 5));
+
+    let out = cowlink(&[&"du", &"-s", &"--json", &set]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    let t = &v["total"];
+    assert_eq!(t["data"], (1024 + 64) << 10);
+    assert_eq!(t["exclusive"], 64 << 10);
+    assert_eq!(t["shared"], 512 << 10);
+    assert_eq!(t["shared_inside"], 512 << 10);
+    assert_eq!(t["saved"], 512 << 10);
+    assert_eq!(t["files"], 3);
+    assert!(v.get("dirs").is_none(), "-s lists no directories");
+
+    let out = cowlink(&[&"du", &"-b", &set]);
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    let lines: Vec<&str> = s.lines().collect();
+    assert!(
+        lines[0].contains("TOTAL") && lines[0].contains("SAVED"),
+        "{s}"
+    );
+    // The subdirectory (shared with a file outside it), then the argument.
+    let sub = format!("{}", set.join("sub").display());
+    let cols = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let row_sub = cols(lines[1]);
+    assert_eq!(row_sub[5], sub);
+    assert_eq!(&row_sub[..5], ["524288", "0", "524288", "524288", "0"]);
+    let row_set = cols(lines[2]);
+    assert_eq!(row_set[5], set.display().to_string());
+    assert_eq!(&row_set[..5], ["1114112", "65536", "524288", "0", "524288"]);
+
+    // Two arguments: each alone, then the set.
+    let out = cowlink(&[&"du", &"-s", &"-b", &set.join("a"), &set.join("sub")]);
+    let s = text(&out.stdout);
+    let last = s.lines().last().unwrap();
+    assert!(last.ends_with("total (the set)"), "{s}");
+    assert_eq!(&cols(last)[..5], ["1048576", "0", "524288", "0", "524288"]);
+}
+
+#[test]
+fn du_errors_exit_1_and_tmpfs_is_named_once() {
+    let (Some(t), Some(x)) = (testfs!(Tmpfs), testfs!(Xfs)) else {
+        return;
+    };
+    for n in ["a", "b", "c"] {
+        fs::write(t.path().join(n), b"x").unwrap();
+    }
+    let out = cowlink(&[&"du", &"-s", &t.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("(tmpfs) does not report file extents"),
+        "{err}"
+    );
+
+    let out = cowlink(&[&"du", &"-s", &x.path().join("nope")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("nope': no such file or directory"));
+}
