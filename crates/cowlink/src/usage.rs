@@ -12,10 +12,11 @@
 //! scope does not contain).
 //!
 //! The figures match `btrfs filesystem du`: `data` is its "Total",
-//! `exclusive` its "Exclusive" and `shared` its "Set shared". Inline,
-//! delayed and unknown extents are left out of `data` as it does (inline
-//! data lives in metadata; delayed data has no address yet and is counted
-//! in `pending`).
+//! `exclusive` its "Exclusive" and `shared` its "Set shared". Inline
+//! extents are left out of `data` as it does (inline data lives in
+//! metadata). Data not yet written back (delayed allocation) has no address;
+//! it counts as exclusive (new data is never shared), where `btrfs
+//! filesystem du` leaves it out until writeback.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,8 @@ use crate::error::{Error, Operation, Result};
 use crate::extents::{extents_fd, fiemap_error};
 use crate::scan::{self, DirInfo, Entry, Visitor};
 
-/// Space figures for a set of files (hard links counted once).
+/// Space figures for a set of files (each file counted once, whatever
+/// number of names or arguments it is reached by).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Usage {
     /// Regular files.
@@ -61,7 +63,8 @@ pub struct Usage {
     pub saved: u64,
     /// Bytes stored inline in metadata (small files on Btrfs).
     pub inline: u64,
-    /// Bytes written but not yet allocated (delayed allocation).
+    /// Bytes written but not yet allocated (delayed allocation); part of
+    /// `data` and `exclusive`.
     pub pending: u64,
     /// Regular files whose extents could not be mapped (see the errors).
     pub unmapped: u64,
@@ -168,8 +171,9 @@ pub fn usage_report<P: AsRef<Path>>(paths: &[P], opts: &UsageOptions) -> UsageRe
 struct FileRec {
     dir: Option<usize>,
     root: usize,
-    /// `(dev, ino)` when the file has more than one name.
-    link: Option<(u64, u64)>,
+    /// `(dev, ino)`: one file met twice (hard links, or arguments that
+    /// overlap) counts once.
+    key: (u64, u64),
     /// Kept only for hard-linked files, to count the first name.
     path: Option<PathBuf>,
     regular: bool,
@@ -184,6 +188,8 @@ struct FileRec {
 
 #[derive(Debug)]
 struct DirRec {
+    /// `(dev, ino)`, to count a directory reached twice once in the set.
+    key: (u64, u64),
     id: usize,
     parent: Option<usize>,
     root: usize,
@@ -202,8 +208,9 @@ struct Collector {
 }
 
 impl Visitor for Collector {
-    fn dir(&self, dir: &DirInfo, _st: &fs::Stat) {
+    fn dir(&self, dir: &DirInfo, st: &fs::Stat) {
         lock(&self.dirs).push(DirRec {
+            key: (st.st_dev, st.st_ino),
             id: dir.id,
             parent: dir.parent,
             root: dir.root,
@@ -256,7 +263,7 @@ impl Visitor for Collector {
         let mut rec = FileRec {
             dir: e.dir.map(|d| d.id),
             root: e.root,
-            link: (st.st_nlink > 1).then_some((st.st_dev, st.st_ino)),
+            key: (st.st_dev, st.st_ino),
             path: (st.st_nlink > 1).then(|| e.path.clone()),
             regular: kind == FileType::RegularFile,
             mapped: true,
@@ -279,7 +286,10 @@ impl Visitor for Collector {
                         if x.is_inline() {
                             rec.inline += x.length;
                         } else if !x.has_address() {
+                            // Not written back yet: new data, never shared.
                             rec.pending += x.length;
+                            rec.data += x.length;
+                            rec.exclusive += x.length;
                         } else if x.is_shared() {
                             rec.data += x.length;
                             ranges.push((st.st_dev, x.physical, x.physical_end()));
@@ -334,22 +344,22 @@ fn aggregate(
     shared: Vec<(u64, u64, u64, usize)>,
     errors: Vec<Error>,
 ) -> UsageReport {
-    // Hard links: only the name that sorts first (argument, then path)
-    // counts, so the answer does not depend on thread timing.
-    let mut first_name: HashMap<(u64, u64), usize> = HashMap::new();
-    for (i, f) in files.iter().enumerate() {
-        if let Some(key) = f.link {
-            first_name
-                .entry(key)
-                .and_modify(|j| {
-                    if (f.root, &f.path) < (files[*j].root, &files[*j].path) {
-                        *j = i;
-                    }
-                })
-                .or_insert(i);
-        }
+    // One file met several times (hard links, overlapping arguments) counts
+    // once: in the set, the name that sorts first (argument, then path)
+    // counts, so the answer does not depend on thread timing; in an
+    // argument (and its directories), the first name inside it.
+    let mut order: Vec<usize> = (0..files.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&files[a], &files[b]);
+        (x.key, x.root, &x.path).cmp(&(y.key, y.root, &y.path))
+    });
+    let mut in_set = vec![false; files.len()];
+    let mut in_root = vec![false; files.len()];
+    for (n, &i) in order.iter().enumerate() {
+        let prev = n.checked_sub(1).map(|p| &files[order[p]]);
+        in_set[i] = prev.is_none_or(|p| p.key != files[i].key);
+        in_root[i] = prev.is_none_or(|p| (p.key, p.root) != (files[i].key, files[i].root));
     }
-    let counted = |i: usize| files[i].link.is_none_or(|k| first_name[&k] == i);
 
     // Dense dir index: ids are dense already, but be safe with a map.
     let slot: HashMap<usize, usize> = dirs.iter().enumerate().map(|(i, d)| (d.id, i)).collect();
@@ -370,8 +380,9 @@ fn aggregate(
     let mut args = vec![Usage::default(); roots.len()];
     let mut per = vec![Usage::default(); if per_dir { dirs.len() } else { 0 }];
     let mut up = Vec::new();
+    let distinct: std::collections::HashSet<(u64, u64)> = dirs.iter().map(|d| d.key).collect();
+    total.dirs = distinct.len() as u64;
     for d in &dirs {
-        total.dirs += 1;
         args[d.root].dirs += 1;
         if per_dir {
             ancestors(Some(d.id), &mut up);
@@ -381,7 +392,7 @@ fn aggregate(
         }
     }
     for (i, f) in files.iter().enumerate() {
-        if !counted(i) {
+        if !in_root[i] {
             continue;
         }
         let add = |u: &mut Usage| {
@@ -393,7 +404,9 @@ fn aggregate(
                 u.allocated += f.allocated;
             }
         };
-        add(&mut total);
+        if in_set[i] {
+            add(&mut total);
+        }
         add(&mut args[f.root]);
         if per_dir {
             ancestors(f.dir, &mut up);
@@ -407,7 +420,7 @@ fn aggregate(
     // boundaries the active references are constant.
     let mut events: Vec<(u64, u64, bool, usize)> = Vec::with_capacity(shared.len() * 2);
     for &(dev, start, end, file) in &shared {
-        if counted(file) && end > start {
+        if in_root[file] && end > start {
             events.push((dev, start, true, file));
             events.push((dev, end, false, file));
         }
@@ -438,7 +451,9 @@ fn aggregate(
         let len = next - pos;
         counts.clear();
         for &f in &active {
-            *counts.entry(Scope::Total).or_default() += 1;
+            if in_set[f] {
+                *counts.entry(Scope::Total).or_default() += 1;
+            }
             *counts.entry(Scope::Arg(files[f].root)).or_default() += 1;
             if per_dir {
                 ancestors(files[f].dir, &mut up);
