@@ -3,21 +3,12 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use cowlink_testfs::{names, testfs};
 
-fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
-    for a in args {
-        c.arg(a.as_ref());
-    }
-    c.output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+mod common;
+use common::{cowlink, text};
 
 fn shared(p: &Path) -> bool {
     let e = cowlink::extents::extents(p).unwrap().extents;

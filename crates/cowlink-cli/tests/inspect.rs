@@ -8,17 +8,8 @@ use std::process::{Command, Output};
 
 use cowlink_testfs::{data, testfs, write_file};
 
-fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
-    for a in args {
-        c.arg(a.as_ref());
-    }
-    c.output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+mod common;
+use common::{cowlink, text};
 
 fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)

@@ -6,26 +6,13 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cowlink_testfs::{rich_tree, temporaries, testfs};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cowlink"))
-}
-
-fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = bin();
-    for a in args {
-        c.arg(a.as_ref());
-    }
-    c.output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+mod common;
+use common::{bin, cowlink, text};
 
 /// What `rsync -aHAX --checksum` would change to make `b` equal `a`
 /// (itemized; empty when equal in content, modes, owners, times, links,
