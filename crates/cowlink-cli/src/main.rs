@@ -5,6 +5,7 @@
 //! (Ctrl-C or SIGTERM), after cleaning up.
 
 mod cp;
+mod dedupe;
 mod du;
 mod extents;
 mod probe;
@@ -37,9 +38,11 @@ enum Command {
     Cp(cp::CpArgs),
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
-    // Documented by ExtentsArgs and DuArgs (long help with examples).
+    // Documented by ExtentsArgs, DuArgs and DedupeArgs (long help with
+    // examples).
     Extents(extents::ExtentsArgs),
     Du(du::DuArgs),
+    Dedupe(dedupe::DedupeArgs),
 }
 
 /// How the process ends.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => probe::run(args),
         Command::Extents(args) => extents::run(args),
         Command::Du(args) => du::run(args),
+        Command::Dedupe(args) => dedupe::run(args),
     };
     match result {
         Ok(exit) => exit.into(),

@@ -134,6 +134,8 @@ pub enum Operation {
     CopyTree,
     /// Measuring disk usage.
     Usage,
+    /// Deduplicating identical files.
+    Dedupe,
 }
 
 impl Operation {
@@ -146,6 +148,7 @@ impl Operation {
             Operation::Extents => "map extents of",
             Operation::CopyTree => "copy",
             Operation::Usage => "measure",
+            Operation::Dedupe => "deduplicate",
         }
     }
 }

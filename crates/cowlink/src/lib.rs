@@ -33,6 +33,7 @@
 
 mod clone;
 mod copy;
+pub mod dedupe;
 pub mod error;
 pub mod extents;
 mod fskind;
