@@ -1,0 +1,286 @@
+//! Dedupe on real filesystems: space comes back, data is never lost, near
+//! duplicates stay apart, large files and many copies work, a second run
+//! does nothing, and filesystems that cannot dedupe are refused.
+
+use std::fs;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use cowlink::dedupe::{execute, plan, DedupeOptions, Plan};
+use cowlink::extents::extents;
+use cowlink_testfs::{data, testfs, write_file};
+
+const MIB: u64 = 1 << 20;
+
+fn plan_of(paths: &[&Path]) -> Plan {
+    plan(paths, &DedupeOptions::default()).unwrap()
+}
+
+/// Whether `b` maps every byte to the same disk blocks as `a`.
+fn same_blocks(a: &Path, b: &Path) -> bool {
+    let runs = |p: &Path| -> Vec<(u64, u64)> {
+        let l = extents(p).unwrap();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for e in &l.extents {
+            match out.last_mut() {
+                Some((phys, len)) if *phys + *len == e.physical => *len += e.length,
+                _ => out.push((e.physical, e.length)),
+            }
+        }
+        out
+    };
+    let (x, y) = (runs(a), runs(b));
+    !x.is_empty() && x == y
+}
+
+fn sync(dir: &Path) {
+    let f = fs::File::open(dir).unwrap();
+    rustix::fs::syncfs(&f).unwrap();
+}
+
+/// N separately written identical files (not clones) of `size` bytes.
+fn copies(dir: &Path, n: usize, size: usize, seed: u64) -> Vec<PathBuf> {
+    let bytes = data(size, seed);
+    let out: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("copy{i:03}"))).collect();
+    for p in &out {
+        write_file(p, &bytes);
+    }
+    sync(dir);
+    out
+}
+
+fn reclaims_space_and_keeps_metadata(dir: &Path) {
+    let files = copies(dir, 5, 4 * MIB as usize, 1);
+    // Distinct metadata on a target, to check nothing changes it.
+    let t = &files[3];
+    fs::set_permissions(t, fs::Permissions::from_mode(0o640)).unwrap();
+    rustix::fs::chown(
+        t,
+        Some(rustix::fs::Uid::from_raw(1234)),
+        Some(rustix::fs::Gid::from_raw(4321)),
+    )
+    .unwrap();
+    let old = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    let f = fs::File::options().write(true).open(t).unwrap();
+    f.set_times(fs::FileTimes::new().set_accessed(old).set_modified(old))
+        .unwrap();
+    drop(f);
+    let before = fs::metadata(t).unwrap();
+
+    let p = plan_of(&[dir]);
+    assert_eq!(p.groups.len(), 1, "{p:?}");
+    let g = &p.groups[0];
+    assert_eq!((g.source.clone(), g.targets.len()), (files[0].clone(), 4));
+    assert_eq!(g.reclaimable, 16 * MIB);
+    let r = execute(&p, None);
+    assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
+    assert_eq!(r.targets_deduped, 4);
+    assert_eq!(r.bytes_shared_after, 16 * MIB);
+    // Measured, so only roughly the expected amount (metadata moves too).
+    assert!(
+        (15 * MIB..=17 * MIB).contains(&r.bytes_reclaimed),
+        "reclaimed {} bytes, expected about 16 MiB",
+        r.bytes_reclaimed
+    );
+    // Metadata first: reading the contents below updates the access time.
+    let after = fs::metadata(t).unwrap();
+    assert_eq!(
+        (
+            after.mode(),
+            after.uid(),
+            after.gid(),
+            after.mtime(),
+            after.mtime_nsec()
+        ),
+        (
+            before.mode(),
+            before.uid(),
+            before.gid(),
+            before.mtime(),
+            before.mtime_nsec()
+        )
+    );
+    assert_eq!(
+        (after.atime(), after.atime_nsec()),
+        (before.atime(), before.atime_nsec())
+    );
+
+    for f in &files[1..] {
+        assert!(same_blocks(&files[0], f), "{} not shared", f.display());
+        assert_eq!(fs::read(f).unwrap(), data(4 * MIB as usize, 1));
+    }
+    // A second run: everything is already shared, nothing is read.
+    let again = plan_of(&[dir]);
+    assert!(again.groups.is_empty(), "{again:?}");
+    assert_eq!((again.files_already_shared, again.bytes_hashed), (4, 0));
+    assert_eq!(again.groups_already_shared, 1);
+}
+
+#[test]
+fn xfs_dedupe_reclaims_space_and_keeps_metadata() {
+    let Some(d) = testfs!(Xfs) else { return };
+    reclaims_space_and_keeps_metadata(d.path());
+}
+
+#[test]
+fn btrfs_dedupe_reclaims_space_and_keeps_metadata() {
+    let Some(d) = testfs!(Btrfs) else { return };
+    reclaims_space_and_keeps_metadata(d.path());
+}
+
+#[test]
+fn a_target_changed_after_the_plan_keeps_its_new_content() {
+    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
+        return;
+    };
+    for d in [x.path(), b.path()] {
+        let files = copies(d, 4, 2 * MIB as usize, 2);
+        let p = plan_of(&[d]);
+        assert_eq!(p.targets(), 3);
+        // Same size, one byte different, after the plan: the kernel's
+        // comparison must catch it.
+        let f = fs::File::options().write(true).open(&files[1]).unwrap();
+        f.write_all_at(b"!", MIB + 17).unwrap();
+        f.sync_all().unwrap();
+        // A size change is caught before the kernel is asked.
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&files[2])
+            .unwrap()
+            .write_all_at(b"tail", 2 * MIB)
+            .unwrap();
+        let r = execute(&p, None);
+        let mut changed = r.changed.clone();
+        changed.sort();
+        assert_eq!(changed, vec![files[1].clone(), files[2].clone()], "{r:?}");
+        assert!(r.errors.is_empty(), "{r:?}");
+        assert_eq!(r.targets_deduped, 1);
+        let mut want = data(2 * MIB as usize, 2);
+        want[(MIB + 17) as usize] = b'!';
+        assert_eq!(fs::read(&files[1]).unwrap(), want, "new content lost");
+        assert_eq!(fs::metadata(&files[2]).unwrap().len(), 2 * MIB + 4);
+        assert!(same_blocks(&files[0], &files[3]));
+        assert!(!same_blocks(&files[0], &files[1]));
+    }
+}
+
+#[test]
+fn near_duplicates_and_hard_links_are_not_deduplicated() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path();
+    let base = data(256 << 10, 3);
+    write_file(&d.join("base"), &base);
+    let mut last = base.clone();
+    *last.last_mut().unwrap() ^= 1;
+    write_file(&d.join("last-byte"), &last);
+    let mut first = base.clone();
+    first[0] ^= 1;
+    write_file(&d.join("first-byte"), &first);
+    let mut middle = base.clone();
+    middle[128 << 10] ^= 1;
+    write_file(&d.join("middle-byte"), &middle);
+    write_file(&d.join("prefix"), &base[..200 << 10]);
+    let mut longer = base.clone();
+    longer.extend_from_slice(b"more");
+    write_file(&d.join("longer"), &longer);
+    fs::hard_link(d.join("base"), d.join("hardlink")).unwrap();
+    write_file(&d.join("small"), b"tiny"); // below min_size
+    write_file(&d.join("small2"), b"tiny");
+    sync(d);
+    let p = plan_of(&[d]);
+    assert!(p.groups.is_empty(), "{p:#?}");
+    assert_eq!(p.hardlinks_skipped, 1);
+    assert_eq!(p.files_scanned, 9);
+    assert_eq!(p.candidates, 6);
+}
+
+#[test]
+fn a_file_over_1_gib_deduplicates_completely() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path();
+    // Sparse, with data at the start, across the 1 GiB chunk boundary, and
+    // an unaligned tail at EOF.
+    let size = (1 << 30) + 8 * MIB + 123;
+    let pieces = [
+        (0u64, 4 * MIB),
+        ((1 << 30) - 2 * MIB, 4 * MIB),
+        (size - 4096 - 123, 4096 + 123),
+    ];
+    let paths = [d.join("big-a"), d.join("big-b")];
+    for p in &paths {
+        let f = fs::File::create(p).unwrap();
+        for (i, &(off, len)) in pieces.iter().enumerate() {
+            f.write_all_at(&data(len as usize, 10 + i as u64), off)
+                .unwrap();
+        }
+        f.set_len(size).unwrap();
+        f.sync_all().unwrap();
+    }
+    let p = plan_of(&[d]);
+    assert_eq!(p.targets(), 1, "{p:?}");
+    let r = execute(&p, None);
+    assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
+    assert_eq!(r.targets_deduped, 1);
+    let data_bytes: u64 = extents(&paths[0])
+        .unwrap()
+        .extents
+        .iter()
+        .map(|e| e.length)
+        .sum();
+    assert_eq!(r.bytes_shared_after, data_bytes);
+    assert!(same_blocks(&paths[0], &paths[1]));
+    assert!(extents(&paths[1])
+        .unwrap()
+        .extents
+        .iter()
+        .all(|e| e.is_shared()));
+}
+
+#[test]
+fn more_than_127_copies_deduplicate() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let files = copies(x.path(), 140, 16 << 10, 4);
+    let p = plan_of(&[x.path()]);
+    assert_eq!(p.targets(), 139);
+    let r = execute(&p, None);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.targets_deduped, 139);
+    assert!(files[1..].iter().all(|f| same_blocks(&files[0], f)));
+}
+
+#[test]
+fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
+    let (Some(e), Some(t)) = (testfs!(Ext4), testfs!(Tmpfs)) else {
+        return;
+    };
+    for d in [e.path(), t.path()] {
+        copies(d, 3, 64 << 10, 5);
+    }
+    let p = plan(&[e.path(), t.path()], &DedupeOptions::default()).unwrap();
+    assert!(p.groups.is_empty());
+    assert_eq!(p.errors.len(), 2, "{:?}", p.errors);
+    assert!(
+        p.errors[0].contains("this filesystem cannot deduplicate"),
+        "{:?}",
+        p.errors
+    );
+    assert!(
+        p.errors.iter().any(|e| e.contains("ext4")),
+        "{:?}",
+        p.errors
+    );
+    assert!(
+        p.errors.iter().any(|e| e.contains("tmpfs")),
+        "{:?}",
+        p.errors
+    );
+    for d in [e.path(), t.path()] {
+        for i in 0..3 {
+            assert_eq!(
+                fs::read(d.join(format!("copy{i:03}"))).unwrap(),
+                data(64 << 10, 5)
+            );
+        }
+    }
+}
