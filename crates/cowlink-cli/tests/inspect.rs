@@ -1,4 +1,4 @@
-//! `cowlink extents` and `cowlink du` on the real test filesystems: what
+//! `cowlink extents`, `du` and `dedupe` on the real test filesystems: what
 //! they print, their JSON, exit codes and error messages.
 
 use std::fs;
@@ -224,4 +224,76 @@ fn du_errors_exit_1_and_tmpfs_is_named_once() {
     let out = cowlink(&[&"du", &"-s", &x.path().join("nope")]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("nope': no such file or directory"));
+}
+
+/// Identical, separately written files.
+fn dup_files(dir: &Path, n: usize, size: usize) -> Vec<std::path::PathBuf> {
+    let bytes = data(size, 77);
+    (0..n)
+        .map(|i| {
+            let p = dir.join(format!("dup{i}"));
+            write_file(&p, &bytes);
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let files = dup_files(x.path(), 3, 1 << 20);
+    let out = cowlink(&[&"dedupe", &"--dry-run", &x.path()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("2 × 1.0 MiB (") && s.contains(&format!("source {}", files[0].display())),
+        "{s}"
+    );
+    assert!(
+        s.contains(
+            "dry run: 3 files scanned, 1 duplicate groups, 2 targets, 2.0 MiB expected back"
+        ),
+        "{s}"
+    );
+    let l = cowlink::extents::extents(&files[1]).unwrap();
+    assert!(!l.is_cow_link(), "a dry run must not share anything");
+
+    let out = cowlink(&[&"dedupe", &"--json", &x.path()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["result"]["targets_deduped"], 2);
+    assert_eq!(v["result"]["bytes_shared_after"], 2 << 20);
+    assert!(v["result"]["bytes_reclaimed"].as_u64().unwrap() >= (2 << 20) - (64 << 10));
+    assert_eq!(
+        v["plan"]["groups"][0]["targets"].as_array().unwrap().len(),
+        2
+    );
+    for f in &files {
+        assert!(cowlink::extents::extents(f).unwrap().is_cow_link());
+        assert_eq!(fs::read(f).unwrap(), data(1 << 20, 77));
+    }
+    // Again: nothing to do, everything skipped as already shared.
+    let out = cowlink(&[&"dedupe", &x.path()]);
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("0 duplicate groups, 0 B hashed; 0 files deduplicated"),
+        "{s}"
+    );
+    assert!(s.contains("skipped: 2 already shared"), "{s}");
+}
+
+#[test]
+fn dedupe_refuses_ext4_with_exit_1_and_bad_sizes_with_exit_2() {
+    let Some(e) = testfs!(Ext4) else { return };
+    dup_files(e.path(), 2, 64 << 10);
+    let out = cowlink(&[&"dedupe", &e.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("this filesystem cannot deduplicate: ext4 refused a trial dedupe"),
+        "{err}"
+    );
+    let out = cowlink(&[&"dedupe", &"--min-size", &"12Q", &e.path()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("unknown size suffix 'Q'"));
 }
