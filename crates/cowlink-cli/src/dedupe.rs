@@ -127,7 +127,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             return Ok(Exit::Failed);
         }
     };
-    let report = (!args.dry_run).then(|| dedupe::execute(&plan, Some(&progress)));
+    let report = (!args.dry_run).then(|| dedupe::execute(&plan, &opts));
     bar.finish();
 
     let stdout = std::io::stdout();

@@ -553,9 +553,11 @@ pub struct DedupeReport {
     pub errors: Vec<Error>,
 }
 
-/// Carry out `plan` with `FIDEDUPERANGE` only. Never fails as a whole:
-/// every problem is listed in the report and the run goes on.
-pub fn execute(plan: &Plan, progress: Option<&Progress>) -> DedupeReport {
+/// Carry out `plan` with `FIDEDUPERANGE` only, groups in parallel on
+/// `opts.threads` threads. Never fails as a whole: every problem is listed
+/// in the report and the run goes on.
+pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
+    let progress = opts.progress.as_deref();
     let mut report = DedupeReport::default();
     if let Some(p) = progress {
         p.phase.store(phase::DEDUPE, Ordering::Relaxed);
@@ -581,9 +583,33 @@ pub fn execute(plan: &Plan, progress: Option<&Progress>) -> DedupeReport {
             }
         }
     }
-    for g in &plan.groups {
-        report.groups += 1;
-        dedupe_group(g, &mut report, progress);
+    let run = || -> Vec<DedupeReport> {
+        plan.groups
+            .par_iter()
+            .map(|g| {
+                let mut r = DedupeReport {
+                    groups: 1,
+                    ..Default::default()
+                };
+                dedupe_group(g, &mut r, progress);
+                r
+            })
+            .collect()
+    };
+    let parts = match rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads.max(1))
+        .build()
+    {
+        Ok(pool) => pool.install(run),
+        Err(_) => run(),
+    };
+    for r in parts {
+        report.groups += r.groups;
+        report.targets_deduped += r.targets_deduped;
+        report.bytes_compared += r.bytes_compared;
+        report.bytes_shared_after += r.bytes_shared_after;
+        report.changed.extend(r.changed);
+        report.errors.extend(r.errors);
     }
     for (fd, before) in free_before.values() {
         if let Some(after) = free_space(fd) {

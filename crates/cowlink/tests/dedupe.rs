@@ -73,7 +73,7 @@ fn reclaims_space_and_keeps_metadata(dir: &Path) {
     let g = &p.groups[0];
     assert_eq!((g.source.clone(), g.targets.len()), (files[0].clone(), 4));
     assert_eq!(g.reclaimable, 16 * MIB);
-    let r = execute(&p, None);
+    let r = execute(&p, &DedupeOptions::default());
     assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
     assert_eq!(r.targets_deduped, 4);
     assert_eq!(r.bytes_shared_after, 16 * MIB);
@@ -150,7 +150,7 @@ fn a_target_changed_after_the_plan_keeps_its_new_content() {
             .unwrap()
             .write_all_at(b"tail", 2 * MIB)
             .unwrap();
-        let r = execute(&p, None);
+        let r = execute(&p, &DedupeOptions::default());
         let mut changed = r.changed.clone();
         changed.sort();
         assert_eq!(changed, vec![files[1].clone(), files[2].clone()], "{r:?}");
@@ -219,7 +219,7 @@ fn a_file_over_1_gib_deduplicates_completely() {
     }
     let p = plan_of(&[d]);
     assert_eq!(p.targets(), 1, "{p:?}");
-    let r = execute(&p, None);
+    let r = execute(&p, &DedupeOptions::default());
     assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
     assert_eq!(r.targets_deduped, 1);
     let data_bytes: u64 = extents(&paths[0])
@@ -243,7 +243,7 @@ fn more_than_127_copies_deduplicate() {
     let files = copies(x.path(), 140, 16 << 10, 4);
     let p = plan_of(&[x.path()]);
     assert_eq!(p.targets(), 139);
-    let r = execute(&p, None);
+    let r = execute(&p, &DedupeOptions::default());
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(r.targets_deduped, 139);
     assert!(files[1..].iter().all(|f| same_blocks(&files[0], f)));
