@@ -48,6 +48,10 @@ pub const CHUNK: u64 = 1 << 30;
 /// Read size for full hashes.
 const READ_BUF: usize = 1 << 20;
 
+thread_local! {
+    static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// How [`plan`] works.
 #[derive(Debug, Clone)]
 pub struct DedupeOptions {
@@ -200,20 +204,7 @@ impl Visitor for Collect {
             exclusive: 0,
         };
         if size >= self.min_size.max(1) {
-            // The layout tells already-shared files apart without reading
-            // them; failures here only cost the shortcut.
-            if let Ok(fd) = fs::openat(
-                e.dirfd,
-                e.name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                if let Ok(list) = extents_fd(fd.as_fd(), false) {
-                    layout_facts(&list, &mut c);
-                } else {
-                    c.exclusive = st.st_blocks as u64 * 512;
-                }
-            }
+            c.exclusive = st.st_blocks as u64 * 512; // until the layout is read
         } else {
             c.size = 0; // below min_size: counted as scanned, not a candidate
         }
@@ -309,7 +300,27 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     for c in files {
         by_size.entry((c.dev, c.size)).or_default().push(c);
     }
-    let size_groups: Vec<Vec<Cand>> = by_size.into_values().filter(|g| g.len() > 1).collect();
+    let mut size_groups: Vec<Vec<Cand>> = by_size.into_values().filter(|g| g.len() > 1).collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads.max(1))
+        .build()
+        .map_err(|e| Error::new(Operation::Dedupe, ErrorKind::Io).with_reason(e.to_string()))?;
+    // The layout tells already-shared files apart without reading them.
+    // Only files with a same-size partner are mapped; a failure here only
+    // costs the shortcut.
+    pool.install(|| {
+        size_groups
+            .par_iter_mut()
+            .flat_map(|g| g.par_iter_mut())
+            .for_each(|c| {
+                if let Ok(fd) = open_read(&c.path) {
+                    if let Ok(list) = extents_fd(fd.as_fd(), false) {
+                        c.exclusive = 0;
+                        layout_facts(&list, c);
+                    }
+                }
+            })
+    });
 
     // Within a size group, files on identical shared blocks are one cluster
     // (same bytes by construction): hash one representative per cluster.
@@ -357,10 +368,6 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             .sum();
         p.bytes_to_hash.store(total, Ordering::Relaxed);
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.threads.max(1))
-        .build()
-        .map_err(|e| Error::new(Operation::Dedupe, ErrorKind::Io).with_reason(e.to_string()))?;
     let count = |n: u64| {
         hashed.fetch_add(n, Ordering::Relaxed);
         if let Some(p) = &progress {
@@ -487,17 +494,24 @@ fn hash_file(path: &Path, size: u64, edges: bool, count: &dyn Fn(u64)) -> Result
         count(2 * EDGE);
         return Ok(*h.finalize().as_bytes());
     }
-    let mut buf = vec![0u8; READ_BUF];
     let mut total = 0u64;
-    loop {
-        let n = rustix::io::read(&fd, &mut buf).map_err(err)?;
-        if n == 0 {
-            break;
+    // One read buffer per thread, sized for the file (zeroing 1 MiB per
+    // small file cost more than hashing it).
+    BUF.with_borrow_mut(|buf| -> Result<()> {
+        let want = (size as usize).clamp(4096, READ_BUF);
+        if buf.len() < want {
+            buf.resize(want, 0);
         }
-        h.update(&buf[..n]);
-        total += n as u64;
-        count(n as u64);
-    }
+        loop {
+            let n = rustix::io::read(&fd, &mut buf[..want]).map_err(err)?;
+            if n == 0 {
+                return Ok(());
+            }
+            h.update(&buf[..n]);
+            total += n as u64;
+            count(n as u64);
+        }
+    })?;
     if total != size {
         return Err(changed(path));
     }
