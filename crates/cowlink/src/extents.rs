@@ -198,6 +198,20 @@ impl FileLayout {
         self.shared_bytes > 0
     }
 
+    /// The disk ranges `(physical, length)` the file uses, in file order,
+    /// with physically contiguous extents merged: two files on the same
+    /// blocks have equal runs however their extents are split.
+    pub fn physical_runs(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for e in &self.extents {
+            match out.last_mut() {
+                Some((p, n)) if *p + *n == e.physical => *n += e.length,
+                _ => out.push((e.physical, e.length)),
+            }
+        }
+        out
+    }
+
     /// Shared bytes as a fraction of mapped bytes (0.0 with no extents).
     pub fn shared_fraction(&self) -> f64 {
         if self.mapped_bytes == 0 {

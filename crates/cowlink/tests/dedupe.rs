@@ -19,17 +19,7 @@ fn plan_of(paths: &[&Path]) -> Plan {
 
 /// Whether `b` maps every byte to the same disk blocks as `a`.
 fn same_blocks(a: &Path, b: &Path) -> bool {
-    let runs = |p: &Path| -> Vec<(u64, u64)> {
-        let l = extents(p).unwrap();
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for e in &l.extents {
-            match out.last_mut() {
-                Some((phys, len)) if *phys + *len == e.physical => *len += e.length,
-                _ => out.push((e.physical, e.length)),
-            }
-        }
-        out
-    };
+    let runs = |p: &Path| extents(p).unwrap().physical_runs();
     let (x, y) = (runs(a), runs(b));
     !x.is_empty() && x == y
 }

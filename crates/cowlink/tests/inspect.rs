@@ -18,17 +18,8 @@ fn clone(a: &Path, b: &Path) {
     assert_eq!(o.method, Method::Reflink, "{} must clone", b.display());
 }
 
-/// `(physical, length)` runs of a layout, merging physically contiguous
-/// extents, so two files' block maps compare whatever the split.
 fn runs(l: &FileLayout) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for e in &l.extents {
-        match out.last_mut() {
-            Some((p, n)) if *p + *n == e.physical => *n += e.length,
-            _ => out.push((e.physical, e.length)),
-        }
-    }
-    out
+    l.physical_runs()
 }
 
 /// The file ranges `[start, end)` that are not flagged shared.
