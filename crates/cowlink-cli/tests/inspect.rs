@@ -11,6 +11,14 @@ use cowlink_testfs::{data, testfs, write_file};
 mod common;
 use common::{cowlink, text};
 
+/// The dedupe test measures free space on the shared test filesystems, so
+/// the tests of this file run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
@@ -23,6 +31,7 @@ fn clone(a: &Path, b: &Path) {
 
 #[test]
 fn extents_says_cow_link_and_with_whom() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let (a, b, c) = (x.path().join("a"), x.path().join("b"), x.path().join("c"));
     write_file(&a, &data(1 << 20, 1));
@@ -73,6 +82,7 @@ fn extents_says_cow_link_and_with_whom() {
 
 #[test]
 fn extents_refs_on_btrfs_lists_four_references_by_path() {
+    let _serial = serial();
     let Some(b) = testfs!(Btrfs) else { return };
     let a = b.path().join("a");
     write_file(&a, &data(300 << 10, 3));
@@ -98,6 +108,7 @@ fn extents_refs_on_btrfs_lists_four_references_by_path() {
 
 #[test]
 fn extents_errors_name_the_path_and_reason() {
+    let _serial = serial();
     let (Some(t), Some(x)) = (testfs!(Tmpfs), testfs!(Xfs)) else {
         return;
     };
@@ -159,6 +170,7 @@ fn extents_errors_name_the_path_and_reason() {
 
 #[test]
 fn du_reports_exclusive_shared_and_saved() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let set = x.path().join("set");
     fs::create_dir_all(set.join("sub")).unwrap();
@@ -206,6 +218,7 @@ fn du_reports_exclusive_shared_and_saved() {
 
 #[test]
 fn du_errors_exit_1_and_tmpfs_is_named_once() {
+    let _serial = serial();
     let (Some(t), Some(x)) = (testfs!(Tmpfs), testfs!(Xfs)) else {
         return;
     };
@@ -240,6 +253,7 @@ fn dup_files(dir: &Path, n: usize, size: usize) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let files = dup_files(x.path(), 3, 1 << 20);
     let out = cowlink(&[&"dedupe", &"--dry-run", &x.path()]);
@@ -284,6 +298,7 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
 
 #[test]
 fn dedupe_refuses_ext4_with_exit_1_and_bad_sizes_with_exit_2() {
+    let _serial = serial();
     let Some(e) = testfs!(Ext4) else { return };
     dup_files(e.path(), 2, 64 << 10);
     let out = cowlink(&[&"dedupe", &e.path()]);

@@ -13,6 +13,14 @@ use cowlink_testfs::{data, testfs, write_file};
 
 const MIB: u64 = 1 << 20;
 
+/// Free space is measured per filesystem, so tests that write to the same
+/// test filesystems must not run at the same time as the measuring ones.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn plan_of(paths: &[&Path]) -> Plan {
     plan(paths, &DedupeOptions::default()).unwrap()
 }
@@ -109,18 +117,21 @@ fn reclaims_space_and_keeps_metadata(dir: &Path) {
 
 #[test]
 fn xfs_dedupe_reclaims_space_and_keeps_metadata() {
+    let _serial = serial();
     let Some(d) = testfs!(Xfs) else { return };
     reclaims_space_and_keeps_metadata(d.path());
 }
 
 #[test]
 fn btrfs_dedupe_reclaims_space_and_keeps_metadata() {
+    let _serial = serial();
     let Some(d) = testfs!(Btrfs) else { return };
     reclaims_space_and_keeps_metadata(d.path());
 }
 
 #[test]
 fn a_target_changed_after_the_plan_keeps_its_new_content() {
+    let _serial = serial();
     let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
         return;
     };
@@ -157,6 +168,7 @@ fn a_target_changed_after_the_plan_keeps_its_new_content() {
 
 #[test]
 fn near_duplicates_and_hard_links_are_not_deduplicated() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let d = x.path();
     let base = data(256 << 10, 3);
@@ -187,6 +199,7 @@ fn near_duplicates_and_hard_links_are_not_deduplicated() {
 
 #[test]
 fn a_file_over_1_gib_deduplicates_completely() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let d = x.path();
     // Sparse, with data at the start, across the 1 GiB chunk boundary, and
@@ -229,6 +242,7 @@ fn a_file_over_1_gib_deduplicates_completely() {
 
 #[test]
 fn more_than_127_copies_deduplicate() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let files = copies(x.path(), 140, 16 << 10, 4);
     let p = plan_of(&[x.path()]);
@@ -241,6 +255,7 @@ fn more_than_127_copies_deduplicate() {
 
 #[test]
 fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
+    let _serial = serial();
     let (Some(e), Some(t)) = (testfs!(Ext4), testfs!(Tmpfs)) else {
         return;
     };
