@@ -145,7 +145,7 @@ fn check_regular(op: Operation, src: &Path, st: &Stat) -> Result<()> {
 
 /// The directory a destination file path lives in; refuses paths that
 /// name a directory (`dir/`, `.`, `..`).
-fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<std::path::PathBuf> {
+pub(crate) fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<std::path::PathBuf> {
     let bad = |why: &str| {
         Error::new(op, ErrorKind::InvalidInput)
             .with_src(src)
@@ -171,7 +171,7 @@ fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<std::path::PathBu
 }
 
 /// The filesystem kind of an open file, for messages. Never fails.
-fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
+pub(crate) fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
     fs::fstatfs(fd)
         .map(|s| FsKind::from_magic(s.f_type as u64))
         .unwrap_or(FsKind::Other)
@@ -337,7 +337,7 @@ fn check_existing(
     }
 }
 
-fn create_reason(e: Errno, parent: &Path) -> String {
+pub(crate) fn create_reason(e: Errno, parent: &Path) -> String {
     match e {
         Errno::ACCESS | Errno::PERM => format!(
             "permission denied creating a file in '{}'",

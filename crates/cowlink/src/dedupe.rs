@@ -45,12 +45,6 @@ use crate::scan::{self, DirInfo, Entry, Visitor};
 const EDGE: u64 = 4096;
 /// Largest range given to one `FIDEDUPERANGE` call.
 pub const CHUNK: u64 = 1 << 30;
-/// Read size for full hashes.
-const READ_BUF: usize = 1 << 20;
-
-thread_local! {
-    static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// How [`plan`] works.
 #[derive(Debug, Clone)]
@@ -441,7 +435,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             plan.files_already_shared += src_cluster.len() as u64 - 1;
             plan.groups.push(Group {
                 size: src_cluster[0].size,
-                blake3: hex(&hash),
+                blake3: crate::hash::hex(&hash),
                 source: src_cluster[0].path.clone(),
                 reclaimable: targets.iter().map(|t| t.exclusive).sum(),
                 targets: targets.iter().map(|t| t.path.clone()).collect(),
@@ -457,10 +451,6 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     errors.sort();
     plan.errors = errors;
     Ok(plan)
-}
-
-fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Open for reading without touching the access time where allowed.
@@ -494,28 +484,11 @@ fn hash_file(path: &Path, size: u64, edges: bool, count: &dyn Fn(u64)) -> Result
         count(2 * EDGE);
         return Ok(*h.finalize().as_bytes());
     }
-    let mut total = 0u64;
-    // One read buffer per thread, sized for the file (zeroing 1 MiB per
-    // small file cost more than hashing it).
-    BUF.with_borrow_mut(|buf| -> Result<()> {
-        let want = (size as usize).clamp(4096, READ_BUF);
-        if buf.len() < want {
-            buf.resize(want, 0);
-        }
-        loop {
-            let n = rustix::io::read(&fd, &mut buf[..want]).map_err(err)?;
-            if n == 0 {
-                return Ok(());
-            }
-            h.update(&buf[..n]);
-            total += n as u64;
-            count(n as u64);
-        }
-    })?;
+    let (hash, total) = crate::hash::hash_fd(fd.as_fd(), size, count).map_err(err)?;
     if total != size {
         return Err(changed(path));
     }
-    Ok(*h.finalize().as_bytes())
+    Ok(hash)
 }
 
 fn changed(path: &Path) -> Error {

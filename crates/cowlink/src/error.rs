@@ -136,6 +136,10 @@ pub enum Operation {
     Usage,
     /// Deduplicating identical files.
     Dedupe,
+    /// Adding to, checking or collecting the content-addressed store.
+    Store,
+    /// Placing a store object or manifest at a destination.
+    Materialize,
 }
 
 impl Operation {
@@ -149,6 +153,8 @@ impl Operation {
             Operation::CopyTree => "copy",
             Operation::Usage => "measure",
             Operation::Dedupe => "deduplicate",
+            Operation::Store => "store",
+            Operation::Materialize => "materialize",
         }
     }
 }
@@ -276,6 +282,14 @@ impl Error {
         }
         out + ": " + &self.reason()
     }
+}
+
+/// Serialize errors as their messages (for reports with `serde`).
+pub(crate) fn serialize_errors<S: serde::Serializer>(
+    errors: &[Error],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(errors.iter().map(|e| e.to_string()))
 }
 
 impl From<Error> for io::Error {

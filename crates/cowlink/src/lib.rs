@@ -27,7 +27,8 @@
 //! Module map: [`clone`](clone_file) (whole file and range), `copy` (the
 //! fallback data copy), `meta` ([`Preserve`]), `write` (atomic placement,
 //! [`Overwrite`]), [`probe`] (capabilities), [`extents`] (FIEMAP),
-//! [`tree`] (directory copy), [`usage`] (true disk usage), [`error`] (one
+//! [`tree`] (directory copy), [`usage`] (true disk usage), [`dedupe`],
+//! [`store`] (content-addressed store), [`error`] (one
 //! error type). Linux only.
 #![deny(missing_docs)]
 
@@ -37,10 +38,12 @@ pub mod dedupe;
 pub mod error;
 pub mod extents;
 mod fskind;
+mod hash;
 mod meta;
 pub mod mountinfo;
 pub mod probe;
 mod scan;
+pub mod store;
 pub mod tree;
 pub mod usage;
 mod write;

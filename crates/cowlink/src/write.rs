@@ -84,7 +84,28 @@ impl<'d> PendingFile<'d> {
         dst: &Path,
         mode: Mode,
     ) -> Result<Self, Errno> {
-        let flags = OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC;
+        Self::create_with(dir, parent, dst, mode, OFlags::WRONLY)
+    }
+
+    /// [`create`](Self::create), but readable too (the store hashes what it
+    /// wrote through the same descriptor).
+    pub(crate) fn create_rw(
+        dir: BorrowedFd<'d>,
+        parent: &Path,
+        dst: &Path,
+        mode: Mode,
+    ) -> Result<Self, Errno> {
+        Self::create_with(dir, parent, dst, mode, OFlags::RDWR)
+    }
+
+    fn create_with(
+        dir: BorrowedFd<'d>,
+        parent: &Path,
+        dst: &Path,
+        mode: Mode,
+        access: OFlags,
+    ) -> Result<Self, Errno> {
+        let flags = OFlags::TMPFILE | access | OFlags::CLOEXEC;
         match fs::openat(dir, parent, flags, mode) {
             Ok(file) => Ok(PendingFile {
                 file,
@@ -95,7 +116,7 @@ impl<'d> PendingFile<'d> {
             // EINVAL from kernels or layers that do not know the flag.
             Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
                 let tmp = temp_path(dst);
-                let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC;
+                let flags = OFlags::CREATE | OFlags::EXCL | access | OFlags::CLOEXEC;
                 let file = fs::openat(dir, &tmp, flags, mode)?;
                 Ok(PendingFile {
                     file,

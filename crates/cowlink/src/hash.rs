@@ -1,0 +1,57 @@
+//! BLAKE3 of a whole open file, shared by dedupe and the store.
+//!
+//! One read buffer per thread, sized for the file: zeroing a 1 MiB buffer
+//! for every small file cost more than hashing it.
+
+use rustix::fd::BorrowedFd;
+use rustix::io::Errno;
+
+/// Largest read.
+const READ_BUF: usize = 1 << 20;
+
+thread_local! {
+    static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Hash everything `fd` yields from its current position to end of file.
+/// `size_hint` (the expected size) only sizes the buffer. Returns the hash
+/// and the number of bytes read; `count` hears every chunk.
+pub(crate) fn hash_fd(
+    fd: BorrowedFd<'_>,
+    size_hint: u64,
+    count: &dyn Fn(u64),
+) -> Result<([u8; 32], u64), Errno> {
+    let mut h = blake3::Hasher::new();
+    let mut total = 0u64;
+    BUF.with_borrow_mut(|buf| -> Result<(), Errno> {
+        let want = usize::try_from(size_hint)
+            .unwrap_or(READ_BUF)
+            .clamp(4096, READ_BUF);
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        loop {
+            let n = match rustix::io::read(fd, &mut buf[..want]) {
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            h.update(&buf[..n]);
+            total += n as u64;
+            count(n as u64);
+        }
+    })?;
+    Ok((*h.finalize().as_bytes(), total))
+}
+
+/// Lower-case hex of a hash.
+pub(crate) fn hex(h: &[u8; 32]) -> String {
+    use std::fmt::Write;
+    h.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}

@@ -1,0 +1,466 @@
+//! Manifests: what a stored tree contains, as versioned JSON.
+//!
+//! A manifest lists relative paths with their type: files (digest, size,
+//! mode), directories (mode) and symbolic links (target). Entries are kept
+//! sorted by path and serialized compactly, so the same tree always gives
+//! the same bytes and therefore the same digest.
+//!
+//! Manifests are untrusted input: one read from the store may have been
+//! written by anyone who could write there, one passed to
+//! [`Store::materialize_tree`](super::Store::materialize_tree) may come
+//! from anywhere. [`Manifest::validate`] refuses absolute paths, `.` and
+//! `..` components, empty components, NUL bytes, duplicate paths, entries
+//! below a file or a symbolic link (which could redirect a write outside
+//! the destination), and, unless allowed, symbolic links whose target
+//! leaves the tree.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorKind, Operation, Result};
+
+/// The manifest format version this cowlink writes and reads.
+pub const MANIFEST_VERSION: u32 = 1;
+/// The value of the `format` field.
+pub const MANIFEST_FORMAT: &str = "cowlink-manifest";
+
+/// A BLAKE3 digest: the name of an object in the store.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub(crate) [u8; 32]);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Digest(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// The 32 raw bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// 64 lower-case hex digits.
+    pub fn to_hex(&self) -> String {
+        crate::hash::hex(&self.0)
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.to_hex())
+    }
+}
+
+/// Why a string is not a digest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{input}' is not a BLAKE3 digest (64 lower-case hex digits)")]
+pub struct BadDigest {
+    input: String,
+}
+
+impl FromStr for Digest {
+    type Err = BadDigest;
+
+    /// Exactly 64 lower-case hex digits; nothing else (a digest names a
+    /// file in the store, so no other spelling may reach a path).
+    fn from_str(s: &str) -> Result<Self, BadDigest> {
+        let bad = || BadDigest {
+            input: s.chars().take(80).collect(),
+        };
+        let b = s.as_bytes();
+        if b.len() != 64 {
+            return Err(bad());
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut out = [0u8; 32];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            out[i] = (nibble(pair[0]).ok_or_else(bad)? << 4) | nibble(pair[1]).ok_or_else(bad)?;
+        }
+        Ok(Digest(out))
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a manifest entry is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EntryKind {
+    /// A regular file whose content is the object `digest`.
+    File {
+        /// The object.
+        digest: Digest,
+        /// Its size in bytes.
+        size: u64,
+        /// Permission bits (`st_mode & 0o7777`).
+        mode: u32,
+    },
+    /// A directory.
+    Dir {
+        /// Permission bits.
+        mode: u32,
+    },
+    /// A symbolic link.
+    Symlink {
+        /// The link's target, as stored in the link.
+        target: String,
+    },
+}
+
+/// One path of a manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Relative path with `/` separators, e.g. `bin/tool`.
+    pub path: String,
+    /// What is at that path.
+    #[serde(flatten)]
+    pub kind: EntryKind,
+}
+
+/// The contents of a stored tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`MANIFEST_FORMAT`].
+    pub format: String,
+    /// [`MANIFEST_VERSION`].
+    pub version: u32,
+    /// Entries sorted by path (parents before children).
+    pub entries: Vec<ManifestEntry>,
+}
+
+impl Manifest {
+    /// A manifest of `entries` (sorted here).
+    pub fn new(mut entries: Vec<ManifestEntry>) -> Self {
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Manifest {
+            format: MANIFEST_FORMAT.to_string(),
+            version: MANIFEST_VERSION,
+            entries,
+        }
+    }
+
+    /// The canonical bytes (compact JSON, entries sorted), whose BLAKE3 is
+    /// the manifest's digest.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing plain data cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// This manifest's digest.
+    pub fn digest(&self) -> Digest {
+        Digest::of(&self.to_bytes())
+    }
+
+    /// Parse and [validate](Self::validate) manifest bytes; `origin` names
+    /// them in errors (a digest or a file name).
+    pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Self> {
+        let m: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| invalid(origin, format!("not a cowlink manifest: {e}")))?;
+        if m.format != MANIFEST_FORMAT {
+            return Err(invalid(
+                origin,
+                format!("format is '{}', expected '{MANIFEST_FORMAT}'", m.format),
+            ));
+        }
+        if m.version != MANIFEST_VERSION {
+            return Err(invalid(
+                origin,
+                format!(
+                    "manifest version {} is not supported (this cowlink reads version {MANIFEST_VERSION})",
+                    m.version
+                ),
+            ));
+        }
+        m.validate(origin, true)?;
+        Ok(m)
+    }
+
+    /// Regular files, with their sizes summed: `(files, bytes)`.
+    pub fn file_totals(&self) -> (u64, u64) {
+        self.entries.iter().fold((0, 0), |(n, b), e| match e.kind {
+            EntryKind::File { size, .. } => (n + 1, b + size),
+            _ => (n, b),
+        })
+    }
+
+    /// Check that materializing this manifest can only create names below
+    /// the destination: every path relative and made of plain components,
+    /// no duplicates, nothing below a file or symbolic link, modes within
+    /// `0o7777`, and (unless `external_symlinks`) no symbolic link whose
+    /// target is absolute or climbs above the tree.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] naming the entry and the rule it breaks.
+    pub fn validate(&self, origin: &str, external_symlinks: bool) -> Result<()> {
+        // Path → is a directory.
+        let mut seen: HashMap<&str, bool> = HashMap::with_capacity(self.entries.len());
+        let symlinks: HashSet<&str> = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::Symlink { .. }))
+            .map(|e| e.path.as_str())
+            .collect();
+        for e in &self.entries {
+            check_path(&e.path)
+                .map_err(|why| invalid(origin, format!("entry '{}': {why}", esc(&e.path))))?;
+            let is_dir = matches!(e.kind, EntryKind::Dir { .. });
+            if seen.insert(&e.path, is_dir).is_some() {
+                return Err(invalid(
+                    origin,
+                    format!("entry '{}' appears twice", esc(&e.path)),
+                ));
+            }
+            match &e.kind {
+                EntryKind::File { mode, .. } | EntryKind::Dir { mode } if *mode > 0o7777 => {
+                    return Err(invalid(
+                        origin,
+                        format!(
+                            "entry '{}': mode {mode:o} has bits beyond 7777",
+                            esc(&e.path)
+                        ),
+                    ));
+                }
+                EntryKind::Symlink { target } => {
+                    if target.is_empty() || target.contains('\0') {
+                        return Err(invalid(
+                            origin,
+                            format!(
+                                "symbolic link '{}' has an empty or NUL-containing target",
+                                esc(&e.path)
+                            ),
+                        ));
+                    }
+                    if !external_symlinks && escapes(&e.path, target, &symlinks) {
+                        return Err(invalid(
+                            origin,
+                            format!(
+                                "symbolic link '{}' points outside the tree ('{}'); \
+                                 refused unless external symbolic links are allowed",
+                                esc(&e.path),
+                                esc(target)
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Every ancestor that is listed must be a directory: a file or a
+        // symbolic link there would make later entries land elsewhere.
+        for e in &self.entries {
+            let mut p = e.path.as_str();
+            while let Some(i) = p.rfind('/') {
+                p = &p[..i];
+                if seen.get(p) == Some(&false) {
+                    return Err(invalid(
+                        origin,
+                        format!(
+                            "entry '{}' is below '{}', which is not a directory in the manifest",
+                            esc(&e.path),
+                            esc(p)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn invalid(origin: &str, why: String) -> Error {
+    Error::new(Operation::Materialize, ErrorKind::InvalidInput)
+        .with_src(origin)
+        .with_reason(format!("invalid manifest: {why}"))
+}
+
+/// A path for messages, with control characters escaped.
+fn esc(s: &str) -> String {
+    s.chars().take(300).flat_map(char::escape_debug).collect()
+}
+
+/// Whether `path` is a plain relative path: no leading `/`, no empty, `.`
+/// or `..` components, no NUL, components within NAME_MAX.
+fn check_path(path: &str) -> std::result::Result<(), &'static str> {
+    if path.is_empty() {
+        return Err("empty path");
+    }
+    if path.starts_with('/') {
+        return Err("absolute paths are not allowed");
+    }
+    if path.contains('\0') {
+        return Err("NUL byte in path");
+    }
+    if path.len() > 4095 {
+        return Err("path longer than PATH_MAX");
+    }
+    for c in path.split('/') {
+        match c {
+            "" => return Err("empty path component ('//' or trailing '/')"),
+            "." => return Err("'.' components are not allowed"),
+            ".." => return Err("path traversal ('..') is not allowed"),
+            c if c.len() > 255 => return Err("a component is longer than NAME_MAX (255 bytes)"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether a symbolic link at `path` with `target` may resolve outside
+/// the tree: absolute, more `..` than there are directories above it at
+/// some point, or a `..` right after a component that is itself a symbolic
+/// link of the manifest (where `..` would climb from the link's target, not
+/// from where the link is: refused to stay sound).
+fn escapes(path: &str, target: &str, symlinks: &HashSet<&str>) -> bool {
+    if target.starts_with('/') {
+        return true;
+    }
+    let mut stack: Vec<&str> = path.split('/').collect();
+    stack.pop(); // the link's own name
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                if stack.is_empty() || symlinks.contains(stack.join("/").as_str()) {
+                    return true;
+                }
+                stack.pop();
+            }
+            _ => stack.push(c),
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> ManifestEntry {
+        ManifestEntry {
+            path: path.into(),
+            kind: EntryKind::File {
+                digest: Digest::of(b""),
+                size: 0,
+                mode: 0o644,
+            },
+        }
+    }
+
+    fn link(path: &str, target: &str) -> ManifestEntry {
+        ManifestEntry {
+            path: path.into(),
+            kind: EntryKind::Symlink {
+                target: target.into(),
+            },
+        }
+    }
+
+    fn reason(m: &Manifest) -> String {
+        m.validate("m", false).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn digests_parse_only_canonical_hex() {
+        let d = Digest::of(b"abc");
+        assert_eq!(d.to_hex().parse::<Digest>().unwrap(), d);
+        assert!("".parse::<Digest>().is_err());
+        assert!(d.to_hex().to_uppercase().parse::<Digest>().is_err());
+        assert!(format!("../{}", &d.to_hex()[3..])
+            .parse::<Digest>()
+            .is_err());
+        assert!(format!("{}0", d.to_hex()).parse::<Digest>().is_err());
+    }
+
+    #[test]
+    fn bytes_are_canonical_and_round_trip() {
+        let a = Manifest::new(vec![file("b"), file("a/x"), link("c", "a/x")]);
+        let b = Manifest::new(vec![link("c", "a/x"), file("a/x"), file("b")]);
+        assert_eq!(a.to_bytes(), b.to_bytes());
+        assert_eq!(a.digest(), b.digest());
+        let back = Manifest::from_bytes(&a.to_bytes(), "m").unwrap();
+        assert_eq!(back, a);
+    }
+
+    #[test]
+    fn hostile_paths_are_refused_with_the_rule() {
+        for (p, why) in [
+            ("../x", "path traversal"),
+            ("a/../../x", "path traversal"),
+            ("/etc/passwd", "absolute"),
+            ("a//b", "empty path component"),
+            ("a/./b", "'.' components"),
+            ("a/", "empty path component"),
+            ("", "empty path"),
+            ("a\0b", "NUL"),
+        ] {
+            let r = reason(&Manifest::new(vec![file(p)]));
+            assert!(r.contains(why), "{p:?}: {r}");
+        }
+        let r = reason(&Manifest::new(vec![file("a"), file("a")]));
+        assert!(r.contains("appears twice"), "{r}");
+    }
+
+    #[test]
+    fn nothing_may_live_below_a_symlink_or_file() {
+        let r = reason(&Manifest::new(vec![link("out", "sub"), file("out/passwd")]));
+        assert!(r.contains("not a directory in the manifest"), "{r}");
+        let r = reason(&Manifest::new(vec![file("f"), file("f/g")]));
+        assert!(r.contains("not a directory"), "{r}");
+    }
+
+    #[test]
+    fn escaping_symlinks_need_permission() {
+        for t in ["/etc", "..", "a/../../b", "../x"] {
+            let m = Manifest::new(vec![link("l", t)]);
+            assert!(reason(&m).contains("points outside the tree"), "{t}");
+            m.validate("m", true).unwrap();
+        }
+        for (p, t) in [
+            ("l", "a/b"),
+            ("d/l", "../x"),
+            ("d/e/l", "../../y"),
+            ("l", "./a/../b"),
+        ] {
+            Manifest::new(vec![link(p, t)])
+                .validate("m", false)
+                .unwrap();
+        }
+        // `s` points at the root, so `s/..` is the root's parent.
+        let m = Manifest::new(vec![link("s", "."), link("l", "s/..")]);
+        assert!(reason(&m).contains("'l' points outside"), "{}", reason(&m));
+    }
+
+    #[test]
+    fn versions_and_formats_are_checked() {
+        let mut m = Manifest::new(vec![file("a")]);
+        m.version = 2;
+        let e = Manifest::from_bytes(&m.to_bytes(), "m").unwrap_err();
+        assert!(e.to_string().contains("version 2 is not supported"), "{e}");
+        let e = Manifest::from_bytes(b"{\"x\":1}", "m").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,536 @@
+//! The content-addressed store on real filesystems: materialized files
+//! share the objects' blocks, writes to them never reach the store, ext4
+//! copies, hostile manifests are refused, reference limits roll over to
+//! new generations, verify quarantines, gc keeps what is referenced.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use cowlink::extents::extents;
+use cowlink::store::{
+    Digest, EntryKind, LinkMode, Manifest, ManifestEntry, MaterializeOptions, Store,
+};
+use cowlink::{ErrorKind, Method};
+use cowlink_testfs::{data, names, temporaries, testfs, write_file};
+
+const KIB: usize = 1024;
+
+/// A tree with files of several sizes (one duplicated), modes, nesting,
+/// an empty directory, a read-only directory and relative symlinks.
+/// Returns the regular files' relative paths.
+fn source_tree(root: &Path) -> Vec<&'static str> {
+    let files: [(&str, usize, u64, u32); 7] = [
+        ("empty", 0, 0, 0o644),
+        ("one", 1, 1, 0o600),
+        ("bin/tool", 300 * KIB, 2, 0o755),
+        ("lib/big.so", 3 * 1024 * KIB, 3, 0o644),
+        ("lib/same.so", 3 * 1024 * KIB, 3, 0o644),
+        ("ro/readme", 70 * KIB, 4, 0o444),
+        ("a/b/c/deep", 130 * KIB, 5, 0o640),
+    ];
+    for (rel, len, seed, mode) in files {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        write_file(&p, &data(len, seed));
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    fs::create_dir(root.join("emptydir")).unwrap();
+    symlink("../lib/big.so", root.join("bin/link")).unwrap();
+    symlink("missing", root.join("dangling")).unwrap();
+    fs::set_permissions(root.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
+    files.iter().map(|f| f.0).collect()
+}
+
+/// Whether `b` maps its bytes to the same disk blocks as `a`.
+fn same_blocks(a: &Path, b: &Path) -> bool {
+    let (x, y) = (
+        extents(a).unwrap().physical_runs(),
+        extents(b).unwrap().physical_runs(),
+    );
+    !x.is_empty() && x == y
+}
+
+fn digest_of(m: &Manifest, rel: &str) -> Digest {
+    m.entries
+        .iter()
+        .find_map(|e| match e.kind {
+            EntryKind::File { digest, .. } if e.path == rel => Some(digest),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{rel} not in the manifest"))
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().mode() & 0o7777
+}
+
+/// Every file, mode and link target of `src` is in `dst`.
+fn assert_same_tree(src: &Path, dst: &Path, files: &[&str]) {
+    for rel in files {
+        let (a, b) = (src.join(rel), dst.join(rel));
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap(), "{rel}");
+        assert_eq!(mode(&a), mode(&b), "mode of {rel}");
+    }
+    for d in ["bin", "lib", "ro", "a/b/c", "emptydir"] {
+        assert_eq!(mode(&src.join(d)), mode(&dst.join(d)), "mode of {d}/");
+    }
+    for l in ["bin/link", "dangling"] {
+        assert_eq!(
+            fs::read_link(src.join(l)).unwrap(),
+            fs::read_link(dst.join(l)).unwrap()
+        );
+    }
+}
+
+fn clones_share_and_writes_stay_private(dir: &Path) {
+    let (src, store_dir) = (dir.join("src"), dir.join("store"));
+    let files = source_tree(&src);
+    let store = Store::open(&store_dir).unwrap();
+    let added = store.add_tree(&src).unwrap();
+    assert_eq!((added.files, added.symlinks), (7, 2));
+    // big.so and same.so are one object.
+    assert_eq!(added.new_objects, 6);
+    assert_eq!(added.cloned, 7, "every file cloned into the store");
+    let m = store.manifest(&added.digest).unwrap();
+    assert_eq!(m, added.manifest);
+    assert_eq!(digest_of(&m, "lib/big.so"), digest_of(&m, "lib/same.so"));
+    let stats = store.stats().unwrap();
+    assert_eq!((stats.objects, stats.manifests), (6, 1));
+    assert_eq!(stats.bytes_saved, 3 * 1024 * KIB as u64);
+
+    let (m1, m2) = (dir.join("m1"), dir.join("m2"));
+    for d in [&m1, &m2] {
+        let r = store
+            .materialize_tree(&m, d, &MaterializeOptions::default())
+            .unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!((r.files, r.cloned, r.copied, r.symlinks), (7, 7, 0, 2));
+        assert_same_tree(&src, d, &files);
+    }
+    for rel in [
+        "bin/tool",
+        "lib/big.so",
+        "lib/same.so",
+        "ro/readme",
+        "a/b/c/deep",
+    ] {
+        let obj = store.object_path(&digest_of(&m, rel));
+        assert!(
+            same_blocks(&obj, &m1.join(rel)),
+            "{rel} shares the object's blocks"
+        );
+        assert!(
+            same_blocks(&obj, &m2.join(rel)),
+            "{rel} shares the object's blocks"
+        );
+    }
+    // Write into the middle of one materialization.
+    let target = m1.join("lib/big.so");
+    let f = fs::OpenOptions::new().write(true).open(&target).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"CHANGED", 1 << 20).unwrap();
+    f.sync_all().unwrap();
+    let obj = store.object_path(&digest_of(&m, "lib/big.so"));
+    let original = data(3 * 1024 * KIB, 3);
+    assert_eq!(fs::read(&obj).unwrap(), original, "object unchanged");
+    assert_eq!(
+        fs::read(m2.join("lib/big.so")).unwrap(),
+        original,
+        "other place unchanged"
+    );
+    assert_eq!(
+        fs::read(m1.join("lib/same.so")).unwrap(),
+        original,
+        "same object elsewhere unchanged"
+    );
+    assert!(same_blocks(&obj, &m2.join("lib/big.so")));
+    assert!(!same_blocks(&obj, &target));
+    let v = store.verify().unwrap();
+    assert!(v.is_clean(), "{v:?}");
+    assert_eq!(v.objects, 6);
+}
+
+#[test]
+fn clones_share_and_writes_stay_private_on_xfs() {
+    let Some(d) = testfs!(Xfs) else { return };
+    clones_share_and_writes_stay_private(d.path());
+}
+
+#[test]
+fn clones_share_and_writes_stay_private_on_btrfs() {
+    let Some(d) = testfs!(Btrfs) else { return };
+    clones_share_and_writes_stay_private(d.path());
+}
+
+#[test]
+fn hardlink_mode_is_write_through_and_verify_quarantines() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), &data(64 * KIB, 9));
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let o = store
+        .materialize(&digest, dir.join("h"), LinkMode::Hardlink)
+        .unwrap();
+    assert_eq!(o.method, Method::Hardlink);
+    let (h, obj) = (dir.join("h"), store.object_path(&digest));
+    assert_eq!(
+        fs::metadata(&h).unwrap().ino(),
+        fs::metadata(&obj).unwrap().ino()
+    );
+    assert_eq!(
+        mode(&h),
+        0o444,
+        "a hardlink has the object's read-only mode"
+    );
+    // The documented failure mode: writing through the link changes the object.
+    fs::set_permissions(&h, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&h, b"oops").unwrap();
+    let v = store.verify().unwrap();
+    assert_eq!(v.corrupt.len(), 1, "{v:?}");
+    let q = v.corrupt[0]
+        .quarantined
+        .as_ref()
+        .expect("moved to quarantine");
+    assert!(q.starts_with(dir.join("store/quarantine")));
+    assert!(!store.contains(&digest));
+    assert!(store.verify().unwrap().is_clean());
+    let e = store
+        .materialize(&digest, dir.join("again"), LinkMode::Clone)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(!dir.join("again").exists());
+}
+
+#[test]
+fn ext4_clone_is_refused_and_auto_copies_identically() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let dir = d.path();
+    let src = dir.join("src");
+    let files = source_tree(&src);
+    let store = Store::open(dir.join("store")).unwrap();
+    let added = store.add_tree(&src).unwrap();
+    assert_eq!(added.cloned, 0, "ext4 cannot clone into the store");
+    let m = added.manifest;
+    let e = store
+        .materialize_tree(&m, dir.join("clone"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(e.files, 0);
+    assert_eq!(e.errors.len(), 7);
+    assert_eq!(
+        e.errors[0].kind(),
+        ErrorKind::NotSupported,
+        "{}",
+        e.errors[0]
+    );
+    assert!(
+        e.errors[0].to_string().contains("--mode auto"),
+        "{}",
+        e.errors[0]
+    );
+    assert!(temporaries(dir).is_empty());
+    let auto = MaterializeOptions {
+        link: LinkMode::Auto,
+        ..Default::default()
+    };
+    let r = store.materialize_tree(&m, dir.join("auto"), &auto).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!((r.files, r.cloned, r.copied), (7, 0, 7));
+    assert_same_tree(&src, &dir.join("auto"), &files);
+}
+
+#[test]
+fn copy_mode_gives_blocks_of_their_own() {
+    let Some(d) = testfs!(Btrfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), &data(256 * KIB, 4));
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let o = store
+        .materialize(&digest, dir.join("c"), LinkMode::Copy)
+        .unwrap();
+    assert_eq!(o.method, Method::ReadWrite);
+    rustix::fs::syncfs(fs::File::open(dir).unwrap()).unwrap();
+    assert!(!same_blocks(&store.object_path(&digest), &dir.join("c")));
+    assert_eq!(fs::read(dir.join("c")).unwrap(), data(256 * KIB, 4));
+    let e = store
+        .materialize(&digest, dir.join("c"), LinkMode::Clone)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+}
+
+fn entry(path: &str, kind: EntryKind) -> ManifestEntry {
+    ManifestEntry {
+        path: path.into(),
+        kind,
+    }
+}
+
+#[test]
+fn hostile_manifests_write_nothing() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let file = |p: &str| {
+        entry(
+            p,
+            EntryKind::File {
+                digest,
+                size: 7,
+                mode: 0o644,
+            },
+        )
+    };
+    let link = |p: &str, t: &str| entry(p, EntryKind::Symlink { target: t.into() });
+    fs::create_dir(dir.join("victim")).unwrap();
+    let cases: Vec<(Vec<ManifestEntry>, &str)> = vec![
+        (vec![file("ok"), file("../victim/evil")], "path traversal"),
+        (vec![file("a/../../victim/evil")], "path traversal"),
+        (
+            vec![file(&format!("{}/evil", dir.join("victim").display()))],
+            "absolute",
+        ),
+        (
+            vec![link("out", "sub"), file("out/evil")],
+            "not a directory in the manifest",
+        ),
+        (vec![link("out", "/etc")], "points outside the tree"),
+        (
+            vec![link("s", "."), link("l", "s/../victim")],
+            "points outside the tree",
+        ),
+    ];
+    for (i, (entries, why)) in cases.into_iter().enumerate() {
+        let dest = dir.join(format!("dest{i}"));
+        let m = Manifest::new(entries);
+        let e = store
+            .materialize_tree(&m, &dest, &MaterializeOptions::default())
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains(why), "case {i}: {e}");
+        assert!(!dest.exists(), "case {i}: nothing created");
+    }
+    assert!(names(&dir.join("victim")).is_empty());
+    // Escaping links are placed only when explicitly allowed.
+    let m = Manifest::new(vec![link("out", "/etc")]);
+    let allow = MaterializeOptions {
+        external_symlinks: true,
+        ..Default::default()
+    };
+    store
+        .materialize_tree(&m, dir.join("allowed"), &allow)
+        .unwrap();
+    assert_eq!(
+        fs::read_link(dir.join("allowed/out")).unwrap(),
+        Path::new("/etc")
+    );
+    // A destination that is not empty (here: holding a symlink out) is refused.
+    fs::create_dir(dir.join("busy")).unwrap();
+    symlink("../victim", dir.join("busy/x")).unwrap();
+    let m = Manifest::new(vec![file("x/evil")]);
+    let e = store
+        .materialize_tree(&m, dir.join("busy"), &MaterializeOptions::default())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+    assert!(names(&dir.join("victim")).is_empty());
+    // A manifest tampered with in the store is refused by its digest.
+    let good = store
+        .write_manifest(&Manifest::new(vec![file("x")]))
+        .unwrap();
+    let mpath = dir.join("store/manifests").join(good.to_hex());
+    fs::set_permissions(&mpath, fs::Permissions::from_mode(0o644)).unwrap();
+    let tampered = String::from_utf8(fs::read(&mpath).unwrap())
+        .unwrap()
+        .replace("\"x\"", "\"../x\"");
+    fs::write(&mpath, tampered).unwrap();
+    let e = store.manifest(&good).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ContentChanged, "{e}");
+}
+
+#[test]
+fn a_reference_limit_rolls_over_to_new_generations() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), &data(128 * KIB, 6));
+    let store = Store::open(dir.join("store")).unwrap().with_clone_limit(3);
+    let digest = store.add(dir.join("f")).unwrap();
+    // One manifest naming the same object ten times.
+    let m = Manifest::new(
+        (0..10)
+            .map(|i| {
+                entry(
+                    &format!("copy{i}"),
+                    EntryKind::File {
+                        digest,
+                        size: 128 * KIB as u64,
+                        mode: 0o644,
+                    },
+                )
+            })
+            .collect(),
+    );
+    let r = store
+        .materialize_tree(&m, dir.join("out"), &MaterializeOptions::default())
+        .unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!((r.files, r.cloned), (10, 10));
+    assert_eq!(r.generations_created, 3, "3 + 3 + 3 + 1 clones");
+    let hex = digest.to_hex();
+    let objs = names(&dir.join("store/objects").join(&hex[..2]));
+    assert_eq!(
+        objs,
+        [
+            hex.clone(),
+            format!("{hex}.g1"),
+            format!("{hex}.g2"),
+            format!("{hex}.g3")
+        ]
+    );
+    // Each generation has blocks of its own and at most 3 clones.
+    let gens: Vec<_> = objs
+        .iter()
+        .map(|n| dir.join("store/objects").join(&hex[..2]).join(n))
+        .collect();
+    for (i, a) in gens.iter().enumerate() {
+        for b in &gens[i + 1..] {
+            assert!(!same_blocks(a, b));
+        }
+        let users = (0..10)
+            .filter(|c| same_blocks(a, &dir.join(format!("out/copy{c}"))))
+            .count();
+        assert!(
+            (1..=3).contains(&users),
+            "{users} clones of {}",
+            a.display()
+        );
+    }
+    for c in 0..10 {
+        assert_eq!(
+            fs::read(dir.join(format!("out/copy{c}"))).unwrap(),
+            data(128 * KIB, 6)
+        );
+    }
+    // Hardlinks roll over the same way; verify checks generations too.
+    let store = Store::open(dir.join("store")).unwrap().with_clone_limit(2);
+    for i in 0..5 {
+        let o = store
+            .materialize(&digest, dir.join(format!("h{i}")), LinkMode::Hardlink)
+            .unwrap();
+        assert_eq!(o.method, Method::Hardlink);
+    }
+    let v = store.verify().unwrap();
+    assert!(v.is_clean(), "{v:?}");
+    assert_eq!(v.objects, 4);
+}
+
+#[test]
+fn gc_keeps_what_kept_manifests_use() {
+    let Some(d) = testfs!(Btrfs) else { return };
+    let dir = d.path();
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    fs::create_dir_all(&a).unwrap();
+    fs::create_dir_all(&b).unwrap();
+    write_file(&a.join("shared"), &data(8 * KIB, 1));
+    write_file(&b.join("shared"), &data(8 * KIB, 1));
+    write_file(&a.join("only-a"), &data(8 * KIB, 2));
+    write_file(&b.join("only-b"), &data(8 * KIB, 3));
+    write_file(&dir.join("loose"), &data(8 * KIB, 4));
+    let store = Store::open(dir.join("store")).unwrap();
+    let ta = store.add_tree(&a).unwrap();
+    let tb = store.add_tree(&b).unwrap();
+    let loose = store.add(dir.join("loose")).unwrap();
+    // A temporary of a process that no longer exists.
+    let stale = dir.join("store/tmp/.object.cowlink-4000000-7.tmp");
+    fs::write(&stale, b"partial").unwrap();
+    let e = store.gc(&[loose]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "not a manifest: {e}");
+    assert!(store.contains(&loose), "a refused gc removes nothing");
+    let r = store.gc(&[ta.digest]).unwrap();
+    assert_eq!((r.manifests_kept, r.manifests_removed), (1, 1));
+    assert_eq!(r.objects_removed, 2, "only-b and loose");
+    assert_eq!(r.temporaries_removed, 1);
+    assert!(!stale.exists());
+    assert!(!store.contains(&loose));
+    assert!(!store.contains(&digest_of(&tb.manifest, "only-b")));
+    assert!(store.contains(&digest_of(&tb.manifest, "shared")));
+    assert_eq!(store.manifests().unwrap(), [ta.digest]);
+    let out = dir.join("out");
+    let r = store
+        .materialize_tree(&ta.manifest, &out, &MaterializeOptions::default())
+        .unwrap();
+    assert!(r.errors.is_empty());
+    assert_eq!(fs::read(out.join("only-a")).unwrap(), data(8 * KIB, 2));
+    assert!(store.verify().unwrap().is_clean());
+}
+
+#[test]
+fn stale_temporaries_go_when_the_store_is_opened() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let root = d.path().join("store");
+    drop(Store::open(&root).unwrap());
+    let stale = root.join("tmp/.object.cowlink-4000001-1.tmp");
+    let live = root.join(format!("tmp/.object.cowlink-{}-99.tmp", std::process::id()));
+    fs::write(&stale, b"x").unwrap();
+    fs::write(&live, b"x").unwrap();
+    drop(Store::open(&root).unwrap());
+    assert!(!stale.exists(), "dead process's temporary removed");
+    assert!(live.exists(), "a live process's temporary is left alone");
+}
+
+#[test]
+fn bad_inputs_get_clear_errors() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    // Not a store, not empty: refused, nothing written.
+    fs::create_dir(dir.join("docs")).unwrap();
+    fs::write(dir.join("docs/notes.txt"), b"mine").unwrap();
+    let e = Store::open(dir.join("docs")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("not a cowlink store"), "{e}");
+    assert_eq!(names(&dir.join("docs")), ["notes.txt"]);
+
+    let store = Store::open(dir.join("store")).unwrap();
+    let e = store.add(dir.join("nope")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let e = store.add(dir).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::IsDirectory, "{e}");
+    // A tree with a FIFO cannot be stored completely: refused, named.
+    let t = dir.join("tree");
+    fs::create_dir(&t).unwrap();
+    fs::write(t.join("ok"), b"ok").unwrap();
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        t.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let e = store.add_tree(&t).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotRegularFile, "{e}");
+    assert!(
+        e.to_string().contains("pipe") && e.to_string().contains("FIFO"),
+        "{e}"
+    );
+    assert!(store.manifests().unwrap().is_empty());
+    let e = store.add_tree(t.join("ok")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotADirectory, "{e}");
+    let unknown: Digest = "ab".repeat(32).parse().unwrap();
+    let e = store.manifest(&unknown).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let e = store
+        .materialize(&unknown, dir.join("x"), LinkMode::Auto)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(!dir.join("x").exists());
+    // Same content twice: one object.
+    fs::write(dir.join("twin"), b"ok").unwrap();
+    let a = store.add_file(t.join("ok")).unwrap();
+    let b = store.add_file(dir.join("twin")).unwrap();
+    assert_eq!(a.digest, b.digest);
+    assert!(!b.new);
+    assert_eq!(a.digest, Digest::of(b"ok"));
+}
