@@ -1,17 +1,17 @@
 //! `cowlink dedupe`: make identical files share their blocks, safely.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
 use cowlink::dedupe::{self, phase, DedupeOptions, Plan, Progress};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::progress::Spinner;
 use crate::{human_bytes, human_duration, Exit};
 
 /// Reclaim the space of identical files: make them share blocks.
@@ -117,7 +117,8 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     if let Some(j) = args.threads {
         opts.threads = j.max(1);
     }
-    let bar = Bar::start(Arc::clone(&progress), !args.json);
+    let p = Arc::clone(&progress);
+    let bar = Spinner::start(!args.json, move || message(&p));
     let plan = dedupe::plan(&args.paths, &opts);
     let plan = match plan {
         Ok(p) => p,
@@ -219,58 +220,23 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     Ok(if failed { Exit::Failed } else { Exit::Ok })
 }
 
-/// A progress line on a terminal (stderr), fed by polling [`Progress`].
-struct Bar {
-    stop: Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
-}
-
-impl Bar {
-    fn start(p: Arc<Progress>, wanted: bool) -> Bar {
-        if !wanted || !std::io::stderr().is_terminal() {
-            return Bar { stop: None };
-        }
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let handle = std::thread::spawn(move || {
-            let bar = ProgressBar::new_spinner();
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
-                    .expect("valid template"),
-            );
-            loop {
-                let msg = match p.phase.load(Ordering::Relaxed) {
-                    phase::SCAN => format!(
-                        "scanning: {} files",
-                        p.files_scanned.load(Ordering::Relaxed)
-                    ),
-                    phase::HASH => format!(
-                        "hashing: {} of {}",
-                        human_bytes(p.bytes_hashed.load(Ordering::Relaxed)),
-                        human_bytes(p.bytes_to_hash.load(Ordering::Relaxed))
-                    ),
-                    _ => format!(
-                        "deduplicating: {} of {}",
-                        human_bytes(p.bytes_deduped.load(Ordering::Relaxed)),
-                        human_bytes(p.bytes_to_dedupe.load(Ordering::Relaxed))
-                    ),
-                };
-                bar.set_message(msg);
-                bar.tick();
-                if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
-                    break;
-                }
-            }
-            bar.finish_and_clear();
-        });
-        Bar {
-            stop: Some((tx, handle)),
-        }
-    }
-
-    fn finish(self) {
-        if let Some((tx, h)) = self.stop {
-            let _ = tx.send(());
-            let _ = h.join();
-        }
+/// The progress line: what phase, how far.
+fn message(p: &Progress) -> String {
+    match p.phase.load(Ordering::Relaxed) {
+        phase::SCAN => format!(
+            "scanning: {} files",
+            p.files_scanned.load(Ordering::Relaxed)
+        ),
+        phase::HASH => format!(
+            "hashing: {} of {}",
+            human_bytes(p.bytes_hashed.load(Ordering::Relaxed)),
+            human_bytes(p.bytes_to_hash.load(Ordering::Relaxed))
+        ),
+        _ => format!(
+            "deduplicating: {} of {}",
+            human_bytes(p.bytes_deduped.load(Ordering::Relaxed)),
+            human_bytes(p.bytes_to_dedupe.load(Ordering::Relaxed))
+        ),
     }
 }
 

@@ -9,6 +9,8 @@ mod dedupe;
 mod du;
 mod extents;
 mod probe;
+mod progress;
+mod store;
 
 use std::process::ExitCode;
 
@@ -38,11 +40,12 @@ enum Command {
     Cp(cp::CpArgs),
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
-    // Documented by ExtentsArgs, DuArgs and DedupeArgs (long help with
-    // examples).
+    // Documented by ExtentsArgs, DuArgs, DedupeArgs and StoreArgs (long
+    // help with examples).
     Extents(extents::ExtentsArgs),
     Du(du::DuArgs),
     Dedupe(dedupe::DedupeArgs),
+    Store(store::StoreArgs),
 }
 
 /// How the process ends.
@@ -77,9 +80,19 @@ fn main() -> ExitCode {
         Command::Extents(args) => extents::run(args),
         Command::Du(args) => du::run(args),
         Command::Dedupe(args) => dedupe::run(args),
+        Command::Store(args) => store::run(args),
     };
     match result {
         Ok(exit) => exit.into(),
+        // Output cut short by the reader (`| head`): not an error.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            Exit::Ok.into()
+        }
         Err(e) => {
             eprintln!("cowlink: {e:#}");
             Exit::Fatal.into()

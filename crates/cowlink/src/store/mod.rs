@@ -800,20 +800,27 @@ impl Store {
         }
     }
 
-    /// Remove every manifest not in `keep`, every object that no kept
-    /// manifest references, and temporaries of dead processes.
+    /// Remove every manifest not in `keep` (`None`: keep every manifest),
+    /// every object that no kept manifest references, and temporaries of
+    /// dead processes.
     ///
     /// Holds the store lock exclusively: adds in other processes wait, and
     /// an add that started before holds the shared lock until its manifest
-    /// is written, so gc never removes what it is about to reference.
-    /// Objects added with [`add`](Self::add) alone (no manifest) are not
-    /// referenced and are removed: keep them in a manifest.
+    /// is written, so gc never removes what it is about to reference. With
+    /// `None` the manifests are listed under the lock, so one written just
+    /// before is kept. Objects added with [`add`](Self::add) alone (no
+    /// manifest) are not referenced and are removed: keep them in a
+    /// manifest.
     ///
     /// # Errors
     /// `NotFound` when a digest in `keep` is not a manifest of the store
     /// (nothing is removed then).
-    pub fn gc(&self, keep: &[Digest]) -> Result<GcReport> {
+    pub fn gc(&self, keep: Option<&[Digest]>) -> Result<GcReport> {
         let _lock = self.lock(true)?;
+        let keep: Vec<Digest> = match keep {
+            Some(k) => k.to_vec(),
+            None => self.manifests()?,
+        };
         let mut report = GcReport::default();
         let keep: HashSet<Digest> = keep.iter().copied().collect();
         let mut used: HashSet<Digest> = HashSet::new();

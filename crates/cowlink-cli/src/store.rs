@@ -1,0 +1,526 @@
+//! `cowlink store`: a content-addressed store whose files are cloned into
+//! many places.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Progress, Store};
+use serde::Serialize;
+
+use crate::progress::Spinner;
+use crate::{human_bytes, human_duration, Exit};
+
+/// Keep each file once and clone it into many places.
+///
+/// The store holds file contents as read-only objects named by their
+/// BLAKE3 digest, and tree manifests (paths, modes, symbolic links, the
+/// digest of each file). Adding clones files into the store (instant on
+/// XFS, Btrfs and other copy-on-write filesystems, a copy elsewhere) and
+/// names each object by the hash of what was stored. Checking out clones
+/// the objects into a new directory: instant, no extra space, and writing
+/// to a checked-out file never touches the store or other checkouts,
+/// unlike the hardlinks build caches and package managers often use.
+///
+/// Store location: --store DIR, else $COWLINK_STORE, else
+/// $XDG_CACHE_HOME/cowlink/store, else ~/.cache/cowlink/store. Keep it on
+/// the same filesystem as the trees you add and check out: only then can
+/// they clone.
+///
+/// Any number of processes may add and check out at once; gc waits for
+/// adds in progress. Digests and manifests are checked as untrusted input.
+///
+/// Examples:
+///   M=$(cowlink store add-tree target/release)   # prints the manifest digest
+///   cowlink store checkout $M /tmp/build-copy    # clone it back, in parallel
+///   cowlink store ls                             # stored trees
+///   cowlink store verify                         # rehash everything
+///   cowlink store gc --keep $M                   # drop everything else
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct StoreArgs {
+    /// The store directory (created if missing) [default: $COWLINK_STORE,
+    /// else $XDG_CACHE_HOME/cowlink/store, else ~/.cache/cowlink/store]
+    #[arg(long, global = true, value_name = "DIR")]
+    store: Option<PathBuf>,
+
+    /// Print JSON on stdout instead of text
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Worker threads [default: number of CPUs]
+    #[arg(short = 'j', long, global = true, value_name = "N")]
+    threads: Option<usize>,
+
+    #[command(subcommand)]
+    command: StoreCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum StoreCommand {
+    /// Add files; print each one's digest
+    Add {
+        /// Regular files (symbolic links are followed)
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Add a directory tree; print the digest of its manifest
+    ///
+    /// Files, directories (with modes) and symbolic links (not followed)
+    /// are recorded. A tree holding FIFOs, sockets, devices, unreadable
+    /// files or names that are not UTF-8 is refused, naming them: a
+    /// half-stored tree would check out wrong.
+    AddTree {
+        /// The directory
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Place one object at a new file
+    Materialize {
+        /// The object's digest (64 hex digits)
+        #[arg(value_name = "DIGEST")]
+        digest: String,
+        /// The new file (must not exist)
+        #[arg(value_name = "DEST")]
+        dest: PathBuf,
+        /// How to place it
+        #[arg(long, value_enum, default_value_t = Mode::Clone)]
+        mode: Mode,
+    },
+    /// Recreate a stored tree in a new or empty directory
+    ///
+    /// Directories first, then files in parallel (each appears complete or
+    /// not at all, with its mode), then symbolic links. Nothing is ever
+    /// written through a symbolic link or outside DEST; links whose
+    /// target leaves the tree are refused unless
+    /// --allow-external-symlinks.
+    Checkout {
+        /// A manifest digest from add-tree, or a manifest JSON file
+        #[arg(value_name = "MANIFEST")]
+        manifest: String,
+        /// The destination directory (created; if it exists it must be empty)
+        #[arg(value_name = "DEST")]
+        dest: PathBuf,
+        /// How to place files
+        #[arg(long, value_enum, default_value_t = Mode::Clone)]
+        mode: Mode,
+        /// Also create symbolic links that are absolute or point outside
+        /// the tree
+        #[arg(long)]
+        allow_external_symlinks: bool,
+    },
+    /// List stored trees, or the entries of one
+    Ls {
+        /// A manifest digest: list its entries
+        #[arg(value_name = "MANIFEST")]
+        manifest: Option<String>,
+    },
+    /// Rehash every object and manifest; quarantine what is corrupt
+    Verify,
+    /// Remove objects no kept manifest uses, and leftover temporaries
+    ///
+    /// Without --keep every manifest is kept and only loose objects (added
+    /// with `add` alone, or left by a failed add-tree) go. With --keep,
+    /// manifests not named are removed too.
+    Gc {
+        /// Keep this manifest (repeatable); the others are removed
+        #[arg(long, value_name = "MANIFEST")]
+        keep: Vec<String>,
+    },
+    /// Objects, bytes and space saved
+    Stats,
+}
+
+/// How to place files (the library's [`LinkMode`]).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Share the object's blocks; fail where the filesystem cannot
+    Clone,
+    /// Physical copy
+    Copy,
+    /// Hardlink to the object: WRITE-THROUGH, a write corrupts the store
+    Hardlink,
+    /// Clone where possible, else copy
+    Auto,
+}
+
+impl From<Mode> for LinkMode {
+    fn from(m: Mode) -> LinkMode {
+        match m {
+            Mode::Clone => LinkMode::Clone,
+            Mode::Copy => LinkMode::Copy,
+            Mode::Hardlink => LinkMode::Hardlink,
+            Mode::Auto => LinkMode::Auto,
+        }
+    }
+}
+
+/// The store directory from the flag, the environment or the XDG default.
+fn store_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = flag.or_else(|| nonempty("COWLINK_STORE").map(PathBuf::from)) {
+        return Ok(d);
+    }
+    if let Some(c) = nonempty("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(c).join("cowlink/store"));
+    }
+    let home = nonempty("HOME").ok_or_else(|| {
+        anyhow!("no store given: use --store DIR or set COWLINK_STORE (HOME is not set)")
+    })?;
+    Ok(PathBuf::from(home).join(".cache/cowlink/store"))
+}
+
+fn digest(s: &str) -> Result<Digest> {
+    s.parse::<Digest>().map_err(|e| anyhow!("{e}"))
+}
+
+/// Run `cowlink store`.
+pub fn run(args: StoreArgs) -> Result<Exit> {
+    let dir = store_dir(args.store)?;
+    let progress = Arc::new(Progress::default());
+    let mut store = Store::open(&dir)?.with_progress(Arc::clone(&progress));
+    if let Some(j) = args.threads {
+        store = store.with_threads(j.max(1));
+    }
+    let json = args.json;
+    let p = Arc::clone(&progress);
+    let spin = |verb: &'static str| {
+        let p = Arc::clone(&p);
+        Spinner::start(!json, move || {
+            let total = p.files_total.load(Ordering::Relaxed);
+            let done = p.files_done.load(Ordering::Relaxed);
+            let bytes = human_bytes(p.bytes_done.load(Ordering::Relaxed));
+            if total > 0 {
+                format!("{verb}: {done} of {total} files, {bytes}")
+            } else {
+                format!("{verb}: {done} files, {bytes}")
+            }
+        })
+    };
+    let start = Instant::now();
+    let mut out = std::io::stdout().lock();
+    match args.command {
+        StoreCommand::Add { files } => {
+            let mut failed = false;
+            let mut results = Vec::new();
+            for f in &files {
+                match store.add_file(f) {
+                    Ok(a) => {
+                        if !json {
+                            let how = if a.method == cowlink::Method::Reflink {
+                                "cloned"
+                            } else {
+                                "copied"
+                            };
+                            let new = if a.new { "new" } else { "already stored" };
+                            writeln!(out, "{}  {}  ({how}, {new})", a.digest, f.display())?;
+                        }
+                        results.push(serde_json::json!({"path": f, "added": a}));
+                    }
+                    Err(e) => {
+                        eprintln!("cowlink: {e}");
+                        results.push(serde_json::json!({"path": f, "error": e.to_string()}));
+                        failed = true;
+                    }
+                }
+            }
+            if json {
+                serde_json::to_writer_pretty(&mut out, &results)?;
+                writeln!(out)?;
+            }
+            Ok(if failed { Exit::Failed } else { Exit::Ok })
+        }
+        StoreCommand::AddTree { dir: tree } => {
+            let bar = spin("adding");
+            let r = store.add_tree(&tree);
+            bar.finish();
+            let r = r?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &r)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "{}", r.digest)?;
+                eprintln!(
+                    "stored {} files ({}; {} new objects, {} cloned, {} copied), {} directories, {} symbolic links in {}",
+                    r.files,
+                    human_bytes(r.bytes),
+                    r.new_objects,
+                    r.cloned,
+                    r.files - r.cloned,
+                    r.dirs,
+                    r.symlinks,
+                    human_duration(start.elapsed())
+                );
+            }
+            Ok(Exit::Ok)
+        }
+        StoreCommand::Materialize {
+            digest: d,
+            dest,
+            mode,
+        } => {
+            let o = store.materialize(&digest(&d)?, &dest, mode.into())?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &o)?;
+                writeln!(out)?;
+            } else {
+                writeln!(
+                    out,
+                    "{} '{}' ({})",
+                    o.method.describe(),
+                    dest.display(),
+                    human_bytes(o.bytes)
+                )?;
+            }
+            Ok(Exit::Ok)
+        }
+        StoreCommand::Checkout {
+            manifest,
+            dest,
+            mode,
+            allow_external_symlinks,
+        } => {
+            let m = load_manifest(&store, &manifest)?;
+            let opts = MaterializeOptions {
+                link: mode.into(),
+                external_symlinks: allow_external_symlinks,
+            };
+            let bar = spin("checking out");
+            let r = store.materialize_tree(&m, &dest, &opts);
+            bar.finish();
+            let r = r?;
+            for e in &r.errors {
+                eprintln!("cowlink: {e}");
+            }
+            if json {
+                serde_json::to_writer_pretty(&mut out, &r)?;
+                writeln!(out)?;
+            } else {
+                writeln!(
+                    out,
+                    "checked out {} files ({}): {} cloned, {} copied, {} hardlinked; {} directories, {} symbolic links{}{} in {}",
+                    r.files,
+                    human_bytes(r.bytes),
+                    r.cloned,
+                    r.copied,
+                    r.hardlinked,
+                    r.dirs,
+                    r.symlinks,
+                    if r.generations_created > 0 { format!("; {} new object generations (reference limit)", r.generations_created) } else { String::new() },
+                    if r.errors.is_empty() { String::new() } else { format!("; {} errors", r.errors.len()) },
+                    human_duration(start.elapsed())
+                )?;
+            }
+            Ok(if r.errors.is_empty() {
+                Exit::Ok
+            } else {
+                Exit::Failed
+            })
+        }
+        StoreCommand::Ls { manifest: None } => {
+            let mut rows = Vec::new();
+            for d in store.manifests()? {
+                let path = dir.join("manifests").join(d.to_hex());
+                let added = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+                match store.manifest(&d) {
+                    Ok(m) => {
+                        let (files, bytes) = m.file_totals();
+                        rows.push(ListRow {
+                            digest: d,
+                            entries: m.entries.len(),
+                            files,
+                            bytes,
+                            added: added.map(unix_secs),
+                            error: None,
+                        });
+                    }
+                    Err(e) => rows.push(ListRow {
+                        digest: d,
+                        entries: 0,
+                        files: 0,
+                        bytes: 0,
+                        added: added.map(unix_secs),
+                        error: Some(e.to_string()),
+                    }),
+                }
+            }
+            if json {
+                serde_json::to_writer_pretty(&mut out, &rows)?;
+                writeln!(out)?;
+            } else if rows.is_empty() {
+                eprintln!(
+                    "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
+                    dir.display()
+                );
+            } else {
+                writeln!(out, "{:<64}  {:>8}  {:>10}", "MANIFEST", "FILES", "SIZE")?;
+                for r in &rows {
+                    match &r.error {
+                        None => writeln!(
+                            out,
+                            "{}  {:>8}  {:>10}",
+                            r.digest,
+                            r.files,
+                            human_bytes(r.bytes)
+                        )?,
+                        Some(e) => writeln!(out, "{}  unreadable: {e}", r.digest)?,
+                    }
+                }
+            }
+            Ok(if rows.iter().any(|r| r.error.is_some()) {
+                Exit::Failed
+            } else {
+                Exit::Ok
+            })
+        }
+        StoreCommand::Ls { manifest: Some(m) } => {
+            let m = load_manifest(&store, &m)?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &m)?;
+                writeln!(out)?;
+            } else {
+                for e in &m.entries {
+                    match &e.kind {
+                        EntryKind::Dir { mode } => {
+                            writeln!(out, "d {mode:04o} {:>12} {:64}  {}/", "", "", e.path)?
+                        }
+                        EntryKind::File { digest, size, mode } => {
+                            writeln!(out, "f {mode:04o} {size:>12} {digest}  {}", e.path)?
+                        }
+                        EntryKind::Symlink { target } => writeln!(
+                            out,
+                            "l {:4} {:>12} {:64}  {} -> {target}",
+                            "", "", "", e.path
+                        )?,
+                    }
+                }
+            }
+            Ok(Exit::Ok)
+        }
+        StoreCommand::Verify => {
+            let bar = spin("verifying");
+            let r = store.verify();
+            bar.finish();
+            let r = r?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &r)?;
+                writeln!(out)?;
+            } else {
+                for c in &r.corrupt {
+                    let to = c.quarantined.as_ref().map_or_else(
+                        || " (could not be moved)".to_string(),
+                        |q| format!(", moved to {}", q.display()),
+                    );
+                    eprintln!("cowlink: corrupt: {}: {}{to}", c.path.display(), c.problem);
+                }
+                for (m, o) in &r.missing {
+                    eprintln!("cowlink: missing: object {o} (used by manifest {m})");
+                }
+                writeln!(
+                    out,
+                    "checked {} objects ({}) and {} manifests in {}: {}",
+                    r.objects,
+                    human_bytes(r.bytes),
+                    r.manifests,
+                    human_duration(start.elapsed()),
+                    if r.is_clean() {
+                        "all good".to_string()
+                    } else {
+                        format!("{} corrupt, {} missing", r.corrupt.len(), r.missing.len())
+                    }
+                )?;
+            }
+            Ok(if r.is_clean() { Exit::Ok } else { Exit::Failed })
+        }
+        StoreCommand::Gc { keep } => {
+            let keep = keep.iter().map(|k| digest(k)).collect::<Result<Vec<_>>>()?;
+            let r = store.gc((!keep.is_empty()).then_some(keep.as_slice()))?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &r)?;
+                writeln!(out)?;
+            } else {
+                writeln!(
+                    out,
+                    "kept {} manifests; removed {} manifests, {} objects ({}), {} leftover temporaries",
+                    r.manifests_kept,
+                    r.manifests_removed,
+                    r.objects_removed,
+                    human_bytes(r.bytes_removed),
+                    r.temporaries_removed
+                )?;
+            }
+            Ok(Exit::Ok)
+        }
+        StoreCommand::Stats => {
+            let s = store.stats()?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &s)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "store:        {}", dir.display())?;
+                writeln!(
+                    out,
+                    "objects:      {} ({}){}",
+                    s.objects,
+                    human_bytes(s.object_bytes),
+                    if s.generations > 0 {
+                        format!(" + {} extra generations", s.generations)
+                    } else {
+                        String::new()
+                    }
+                )?;
+                writeln!(out, "allocated:    {}", human_bytes(s.allocated_bytes))?;
+                writeln!(
+                    out,
+                    "manifests:    {} listing {} files ({})",
+                    s.manifests,
+                    s.manifest_files,
+                    human_bytes(s.manifest_bytes)
+                )?;
+                writeln!(
+                    out,
+                    "saved:        {} (each content stored once)",
+                    human_bytes(s.bytes_saved)
+                )?;
+            }
+            Ok(Exit::Ok)
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ListRow {
+    digest: Digest,
+    entries: usize,
+    files: u64,
+    bytes: u64,
+    /// When the manifest was stored (seconds since the epoch).
+    added: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+fn unix_secs(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A manifest named by digest (from the store) or by file (validated the
+/// same way: it is untrusted input).
+fn load_manifest(store: &Store, arg: &str) -> Result<Manifest> {
+    if let Ok(d) = arg.parse::<Digest>() {
+        return Ok(store.manifest(&d)?);
+    }
+    let path = Path::new(arg);
+    if path.exists() {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read manifest '{arg}'"))?;
+        return Ok(Manifest::from_bytes(&bytes, arg)?);
+    }
+    Err(anyhow!(
+        "'{arg}' is neither a manifest digest (64 hex digits) nor a manifest file"
+    ))
+}

@@ -1,0 +1,378 @@
+//! `cowlink store` across processes on the real test filesystems: a round
+//! trip, the store location rules, 8 concurrent adders and checkouts (with
+//! gc running too), kill -9 during an add, hostile manifest files, ext4.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cowlink_testfs::{data, names, temporaries, testfs, write_file};
+
+mod common;
+use common::{bin, text};
+
+/// `cowlink store --store STORE ARGS...`
+fn store(st: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = bin();
+    c.arg("store").arg("--store").arg(st);
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c.output().unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
+}
+
+/// Every regular file below `root`, relative, with its bytes.
+fn contents(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                out.push((
+                    e.path().strip_prefix(root).unwrap().to_path_buf(),
+                    fs::read(e.path()).unwrap(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A tree of `n` files in 10 directories; file `k` has the content of
+/// seed `seed0 + k` (length and bytes), so trees with overlapping seed
+/// ranges share contents.
+fn tree(root: &Path, n: usize, seed0: u64, size: usize) {
+    for k in 0..n {
+        let seed = seed0 + k as u64;
+        let p = root.join(format!("d{}/f{k}", k % 10));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, data(size + (seed % 997) as usize, seed)).unwrap();
+    }
+    std::os::unix::fs::symlink("d0/f0", root.join("link")).unwrap();
+}
+
+#[test]
+fn round_trip_and_listing() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (src, st, out) = (
+        x.path().join("src"),
+        x.path().join("store"),
+        x.path().join("out"),
+    );
+    tree(&src, 40, 1, 10_000);
+    fs::set_permissions(src.join("d3/f3"), fs::Permissions::from_mode(0o751)).unwrap();
+    let add = store(&st, &[&"add-tree", &src]);
+    let digest = ok(&add).trim().to_string();
+    assert_eq!(digest.len(), 64, "stdout is the digest alone: {digest}");
+    assert!(
+        text(&add.stderr).contains("stored 40 files"),
+        "{}",
+        text(&add.stderr)
+    );
+    let co = ok(&store(&st, &[&"checkout", &digest, &out]));
+    assert!(
+        co.contains("checked out 40 files") && co.contains("40 cloned"),
+        "{co}"
+    );
+    assert_eq!(contents(&src), contents(&out));
+    assert_eq!(fs::read_link(out.join("link")).unwrap(), Path::new("d0/f0"));
+    assert_eq!(
+        fs::metadata(out.join("d3/f3"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o751
+    );
+    let ls = ok(&store(&st, &[&"ls"]));
+    assert!(ls.contains(&digest) && ls.contains("40"), "{ls}");
+    let entries = ok(&store(&st, &[&"ls", &digest]));
+    assert!(
+        entries.contains("f 0751")
+            && entries.contains("d3/f3")
+            && entries.contains("link -> d0/f0"),
+        "{entries}"
+    );
+    let stats = json(&store(&st, &[&"--json", &"stats"]));
+    assert_eq!(stats["objects"], 40);
+    assert_eq!(stats["manifests"], 1);
+    let v = ok(&store(&st, &[&"verify"]));
+    assert!(
+        v.contains("checked 40 objects") && v.contains("all good"),
+        "{v}"
+    );
+    // One file back by digest; then it exists and is refused.
+    let f0 = fs::read(src.join("d0/f0")).unwrap();
+    let added = ok(&store(&st, &[&"add", &src.join("d0/f0")]));
+    assert!(added.contains("already stored"), "{added}");
+    let d0 = added.split_whitespace().next().unwrap().to_string();
+    let one = x.path().join("one");
+    ok(&store(&st, &[&"materialize", &d0, &one]));
+    assert_eq!(fs::read(&one).unwrap(), f0);
+    let again = store(&st, &[&"materialize", &d0, &one]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        text(&again.stderr).contains("already exists"),
+        "{}",
+        text(&again.stderr)
+    );
+    let bad = store(
+        &st,
+        &[&"materialize", &"../../etc/passwd", &x.path().join("p")],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("not a BLAKE3 digest"),
+        "{}",
+        text(&bad.stderr)
+    );
+    // A non-empty destination is refused before anything is written.
+    let busy = store(&st, &[&"checkout", &digest, &out]);
+    assert_eq!(busy.status.code(), Some(2));
+    assert!(
+        text(&busy.stderr).contains("not empty"),
+        "{}",
+        text(&busy.stderr)
+    );
+}
+
+#[test]
+fn store_location_follows_flag_env_and_xdg() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let f = x.path().join("f");
+    write_file(&f, b"where am I");
+    let run = |envs: &[(&str, &Path)]| {
+        let mut c = bin();
+        c.args(["store", "add"])
+            .arg(&f)
+            .env_remove("COWLINK_STORE")
+            .env_remove("XDG_CACHE_HOME");
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        ok(&c.output().unwrap());
+    };
+    let home = x.path().join("home");
+    run(&[("HOME", &home)]);
+    assert!(home.join(".cache/cowlink/store/cowlink-store").exists());
+    let xdg = x.path().join("xdg");
+    run(&[("HOME", &home), ("XDG_CACHE_HOME", &xdg)]);
+    assert!(xdg.join("cowlink/store/cowlink-store").exists());
+    let env = x.path().join("env-store");
+    run(&[
+        ("HOME", &home),
+        ("XDG_CACHE_HOME", &xdg),
+        ("COWLINK_STORE", &env),
+    ]);
+    assert!(env.join("cowlink-store").exists());
+}
+
+#[test]
+fn eight_processes_add_and_check_out_concurrently() {
+    let Some(x) = testfs!(Btrfs) else { return };
+    let st = x.path().join("store");
+    // Tree i holds contents i*100 .. i*100+300: neighbours share 2/3.
+    let srcs: Vec<PathBuf> = (0..8).map(|i| x.path().join(format!("src{i}"))).collect();
+    for (i, s) in srcs.iter().enumerate() {
+        tree(s, 300, i as u64 * 100, 20_000);
+    }
+    // One tree stored before, checked out while the others are added.
+    let base = ok(&store(&st, &[&"add-tree", &srcs[0]])).trim().to_string();
+    let sh = |script: String| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .env("COWLINK_STORE", &st)
+            .env("B", env!("CARGO_BIN_EXE_cowlink"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut kids = Vec::new();
+    for (i, s) in srcs.iter().enumerate() {
+        let out = x.path().join(format!("out{i}"));
+        let extra = x.path().join(format!("base{i}"));
+        kids.push(sh(format!(
+            "set -e; M=$(\"$B\" store add-tree '{}'); \"$B\" store checkout $M '{}' >/dev/null; \
+             \"$B\" store checkout {base} '{}' >/dev/null",
+            s.display(),
+            out.display(),
+            extra.display()
+        )));
+    }
+    // And gc, keeping every manifest, racing with the adds.
+    kids.push(sh(
+        "for k in 1 2 3 4 5; do \"$B\" store gc >/dev/null; done".into(),
+    ));
+    for k in kids {
+        let o = k.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o.stderr));
+    }
+    for (i, s) in srcs.iter().enumerate() {
+        assert_eq!(
+            contents(s),
+            contents(&x.path().join(format!("out{i}"))),
+            "tree {i}"
+        );
+        assert_eq!(
+            contents(&srcs[0]),
+            contents(&x.path().join(format!("base{i}"))),
+            "base {i}"
+        );
+    }
+    let v = ok(&store(&st, &[&"verify"]));
+    assert!(v.contains("all good"), "{v}");
+    let stats = json(&store(&st, &[&"--json", &"stats"]));
+    assert_eq!(stats["manifests"], 8);
+    assert_eq!(stats["objects"], 1000, "contents 0..1000, each stored once");
+    assert!(temporaries(&st).is_empty());
+}
+
+#[test]
+fn kill_9_during_add_leaves_a_consistent_store() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (src, st) = (x.path().join("src"), x.path().join("store"));
+    tree(&src, 4000, 7, 30_000);
+    let mut child = bin()
+        .args(["store", "add-tree"])
+        .arg(&src)
+        .env("COWLINK_STORE", &st)
+        .arg("-j1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once objects are appearing, well before it can finish.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let objects = || {
+        (0..=255)
+            .map(|i| fs::read_dir(st.join(format!("objects/{i:02x}"))).map_or(0, |d| d.count()))
+            .sum::<usize>()
+    };
+    while objects() < 50 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let stored = objects();
+    assert!(
+        (50..4000).contains(&stored),
+        "killed mid-add ({stored} objects)"
+    );
+    assert!(
+        names(&st.join("manifests")).is_empty(),
+        "the add never finished"
+    );
+    assert!(
+        temporaries(&st).is_empty(),
+        "O_TMPFILE: nothing half-written has a name"
+    );
+    let v = ok(&store(&st, &[&"verify"]));
+    assert!(v.contains("all good"), "{v}");
+    let gc = json(&store(&st, &[&"--json", &"gc"]));
+    assert_eq!(
+        gc["objects_removed"], stored as u64,
+        "the unreferenced objects go"
+    );
+    // The next run completes and checks out identically.
+    let m = ok(&store(&st, &[&"add-tree", &src])).trim().to_string();
+    ok(&store(&st, &[&"checkout", &m, &x.path().join("out")]));
+    assert_eq!(contents(&src), contents(&x.path().join("out")));
+}
+
+#[test]
+fn hostile_manifest_files_are_rejected() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let st = x.path().join("store");
+    let f = x.path().join("f");
+    write_file(&f, b"payload");
+    let d = ok(&store(&st, &[&"add", &f]))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let file =
+        |p: &str| format!(r#"{{"path":"{p}","type":"file","digest":"{d}","size":7,"mode":420}}"#);
+    let cases = [
+        (file("../escape"), "path traversal"),
+        (file("/tmp/escape"), "absolute"),
+        (
+            format!(
+                r#"{{"path":"l","type":"symlink","target":"{}"}}"#,
+                x.path().display()
+            ),
+            "points outside the tree",
+        ),
+        (
+            format!(
+                r#"{{"path":"l","type":"symlink","target":"in"}},{}"#,
+                file("l/escape")
+            ),
+            "not a directory in the manifest",
+        ),
+    ];
+    for (i, (entries, why)) in cases.iter().enumerate() {
+        let mf = x.path().join(format!("evil{i}.json"));
+        fs::write(
+            &mf,
+            format!(r#"{{"format":"cowlink-manifest","version":1,"entries":[{entries}]}}"#),
+        )
+        .unwrap();
+        let dest = x.path().join(format!("dest{i}"));
+        let out = store(&st, &[&"checkout", &mf, &dest]);
+        assert_eq!(out.status.code(), Some(2), "case {i}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(why) && err.contains("invalid manifest"),
+            "case {i}: {err}"
+        );
+        assert!(!dest.exists());
+    }
+    assert!(!Path::new("/tmp/escape").exists());
+    assert!(!x.path().join("escape").exists());
+}
+
+#[test]
+fn ext4_checkout_needs_auto_and_then_copies() {
+    let Some(e) = testfs!(Ext4) else { return };
+    let (src, st) = (e.path().join("src"), e.path().join("store"));
+    tree(&src, 20, 3, 5000);
+    let m = ok(&store(&st, &[&"add-tree", &src])).trim().to_string();
+    let out = store(&st, &[&"checkout", &m, &e.path().join("clone")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--mode auto"),
+        "{}",
+        text(&out.stderr)
+    );
+    let co = ok(&store(
+        &st,
+        &[&"checkout", &"--mode", &"auto", &m, &e.path().join("auto")],
+    ));
+    assert!(co.contains("0 cloned, 20 copied"), "{co}");
+    assert_eq!(contents(&src), contents(&e.path().join("auto")));
+}
