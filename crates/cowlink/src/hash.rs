@@ -21,6 +21,24 @@ pub(crate) fn hash_fd(
     size_hint: u64,
     count: &dyn Fn(u64),
 ) -> Result<([u8; 32], u64), Errno> {
+    hash_from(fd, None, size_hint, count)
+}
+
+/// [`hash_fd`] from offset 0 with `pread`, leaving the file position alone.
+pub(crate) fn hash_fd_at(
+    fd: BorrowedFd<'_>,
+    size_hint: u64,
+    count: &dyn Fn(u64),
+) -> Result<([u8; 32], u64), Errno> {
+    hash_from(fd, Some(0), size_hint, count)
+}
+
+fn hash_from(
+    fd: BorrowedFd<'_>,
+    mut offset: Option<u64>,
+    size_hint: u64,
+    count: &dyn Fn(u64),
+) -> Result<([u8; 32], u64), Errno> {
     let mut h = blake3::Hasher::new();
     let mut total = 0u64;
     BUF.with_borrow_mut(|buf| -> Result<(), Errno> {
@@ -31,7 +49,11 @@ pub(crate) fn hash_fd(
             buf.resize(want, 0);
         }
         loop {
-            let n = match rustix::io::read(fd, &mut buf[..want]) {
+            let got = match offset {
+                Some(off) => rustix::io::pread(fd, &mut buf[..want], off),
+                None => rustix::io::read(fd, &mut buf[..want]),
+            };
+            let n = match got {
                 Ok(n) => n,
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e),
@@ -41,6 +63,9 @@ pub(crate) fn hash_fd(
             }
             h.update(&buf[..n]);
             total += n as u64;
+            if let Some(off) = offset.as_mut() {
+                *off += n as u64;
+            }
             count(n as u64);
         }
     })?;

@@ -139,7 +139,7 @@ pub(crate) fn apply_created(
 
 /// The process umask, read once from /proc/self/status (reading it with
 /// umask(2) would change it for a moment under other threads).
-fn umask() -> Option<u32> {
+pub(crate) fn umask() -> Option<u32> {
     static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *UMASK.get_or_init(|| {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -12,13 +12,18 @@
 //! ```
 //!
 //! [`Store::add`] clones the file into an unnamed temporary in the store
-//! (`O_TMPFILE`; a copy where cloning is not possible), hashes **what was
-//! stored** through that descriptor, and links it into place under its
-//! digest. The digest therefore always matches the object's bytes, even if
-//! the source is being written meanwhile (a clone is a snapshot; a copy is
-//! checked against the source's size and times before and after). Linking
-//! fails atomically when the object exists: that is the dedupe. Readers
-//! never see a partial object and a crash leaves nothing under a final name.
+//! (`O_TMPFILE`; a copy where cloning is not possible), hashes it, and
+//! links it into place under its digest. What is hashed is what was
+//! stored: a copy is hashed through the temporary's descriptor (its pages
+//! were just written, so this reads memory); a clone shares the source's
+//! blocks as they were at the instant of the clone, so the source is
+//! hashed (its pages are usually cached, the clone's never are: hashing
+//! the clone read every byte from disk again and made ingest 2–3× slower)
+//! and its inode, size, mtime and ctime must be unchanged from before the
+//! clone to after the hash, else the add fails with `ContentChanged`.
+//! [`Store::verify`] rehashes the objects themselves. Linking fails
+//! atomically when the object exists: that is the dedupe. Readers never
+//! see a partial object and a crash leaves nothing under a final name.
 //!
 //! [`Store::materialize_tree`] (in `materialize`) places files with
 //! [`LinkMode`]: clones by default, so writing to a materialized file never
@@ -44,7 +49,7 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, SeekFrom, Stat};
+use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
 use crate::clone::{open_source, transfer, transfer_error};
@@ -475,42 +480,33 @@ impl Store {
             &failed,
             &|| false,
         )?;
-        if method != Method::Reflink {
-            // A clone is a snapshot; a copy may have raced with a writer.
-            let now = fs::fstat(src).map_err(err)?;
-            let same = |a: &Stat, b: &Stat| {
-                (
-                    a.st_size,
-                    a.st_mtime,
-                    a.st_mtime_nsec,
-                    a.st_ctime,
-                    a.st_ctime_nsec,
-                ) == (
-                    b.st_size,
-                    b.st_mtime,
-                    b.st_mtime_nsec,
-                    b.st_ctime,
-                    b.st_ctime_nsec,
-                )
-            };
-            if !same(st, &now) {
-                return Err(Error::new(op, ErrorKind::ContentChanged)
-                    .with_src(path)
-                    .with_reason(
-                        "the file changed while it was being copied into the store; try again",
-                    ));
-            }
-        }
-        // The digest is taken from the stored bytes themselves.
-        fs::seek(pending.fd(), SeekFrom::Start(0)).map_err(err)?;
-        let (hash, len) = crate::hash::hash_fd(pending.fd(), size, &|_| {}).map_err(err)?;
-        if len != size {
+        // What to hash. A copy: the stored bytes (just written, so cached).
+        // A clone: it *is* the source's blocks at the moment of the clone,
+        // so hash the source (cached; the new clone's pages are not) and
+        // check below that nothing changed it from before the clone to
+        // after the hash.
+        let hashed = if method == Method::Reflink {
+            src
+        } else {
+            pending.fd()
+        };
+        let (hash, len) = crate::hash::hash_fd_at(hashed, size, &|_| {}).map_err(err)?;
+        let now = fs::fstat(src).map_err(err)?;
+        let fingerprint = |a: &Stat| {
+            let t = (a.st_mtime, a.st_mtime_nsec, a.st_ctime, a.st_ctime_nsec);
+            (a.st_ino, a.st_size, t)
+        };
+        if fingerprint(st) != fingerprint(&now) || len != size {
             return Err(Error::new(op, ErrorKind::ContentChanged)
                 .with_src(path)
-                .with_reason(format!("stored {len} bytes of a {size}-byte file")));
+                .with_reason("the file changed while it was being added to the store; try again"));
         }
         let digest = Digest(hash);
-        fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
+        // Created 0444; only an unusual umask (one that hides bits of
+        // 0444) needs the mode set again.
+        if crate::meta::umask().is_none_or(|u| u & 0o444 != 0) {
+            fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
+        }
         if durable {
             fs::fsync(pending.fd()).map_err(err)?;
         }
