@@ -18,7 +18,7 @@
 //! its own, and uses only read/write then.
 
 use rustix::fd::BorrowedFd;
-use rustix::fs::{self, FallocateFlags, SeekFrom};
+use rustix::fs::{self, SeekFrom};
 use rustix::io::{self, Errno};
 
 use crate::Method;
@@ -81,10 +81,7 @@ pub(crate) fn copy_data(
     let segs = data_segments(src, size)?;
     let dense = segs.len() == 1 && segs[0] == (0, size);
     if dense && size >= PREALLOC_MIN {
-        match fs::fallocate(dst, FallocateFlags::empty(), 0, size) {
-            Ok(()) | Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => {}
-            Err(e) => return Err(e),
-        }
+        crate::prealloc::preallocate(dst, size)?;
     }
     let mut method = if offload {
         Method::CopyOffload

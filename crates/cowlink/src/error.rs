@@ -140,6 +140,8 @@ pub enum Operation {
     Store,
     /// Placing a store object or manifest at a destination.
     Materialize,
+    /// Writing a new file (`PreallocWriter`).
+    Write,
 }
 
 impl Operation {
@@ -155,6 +157,7 @@ impl Operation {
             Operation::Dedupe => "deduplicate",
             Operation::Store => "store",
             Operation::Materialize => "materialize",
+            Operation::Write => "write",
         }
     }
 }

@@ -41,6 +41,7 @@ mod fskind;
 mod hash;
 mod meta;
 pub mod mountinfo;
+mod prealloc;
 pub mod probe;
 mod scan;
 pub mod store;
@@ -52,5 +53,6 @@ pub use clone::{clone_file, clone_range, CloneOptions, Method, Outcome, Reflink}
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use fskind::{CloneLimit, FsKind};
 pub use meta::Preserve;
+pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use usage::{usage, Usage};
 pub use write::Overwrite;
