@@ -4,6 +4,7 @@
 //! on stderr); 2 usage error or nothing could start; 130 interrupted
 //! (Ctrl-C or SIGTERM), after cleaning up.
 
+mod bench;
 mod cp;
 mod dedupe;
 mod du;
@@ -40,12 +41,13 @@ enum Command {
     Cp(cp::CpArgs),
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
-    // Documented by ExtentsArgs, DuArgs, DedupeArgs and StoreArgs (long
-    // help with examples).
+    // Documented by ExtentsArgs, DuArgs, DedupeArgs, StoreArgs and
+    // BenchArgs (long help with examples).
     Extents(extents::ExtentsArgs),
     Du(du::DuArgs),
     Dedupe(dedupe::DedupeArgs),
     Store(store::StoreArgs),
+    Bench(bench::BenchArgs),
 }
 
 /// How the process ends.
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Du(args) => du::run(args),
         Command::Dedupe(args) => dedupe::run(args),
         Command::Store(args) => store::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(exit) => exit.into(),

@@ -1,0 +1,179 @@
+//! `cowlink bench --quick` on the real test filesystems: what it reports
+//! where reflink works (XFS) and where it does not (ext4), that it leaves
+//! the directory as it found it, and its SVG chart.
+
+use std::fs;
+use std::path::Path;
+use std::process::Output;
+
+use cowlink_testfs::{names, testfs};
+
+mod common;
+use common::{cowlink, text};
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
+}
+
+/// Run `bench --quick --json --svg` in `root/here` (holding one file of
+/// ours); check the directory is left as found and the common fields.
+fn quick(root: &Path) -> (serde_json::Value, String) {
+    let here = root.join("here");
+    fs::create_dir(&here).unwrap();
+    fs::write(here.join("mine.txt"), b"keep me").unwrap();
+    let before = names(&here);
+    let svg = root.join("chart.svg");
+    let r = json(&cowlink(&[
+        &"bench", &here, &"--quick", &"--json", &"--svg", &svg,
+    ]));
+    assert_eq!(names(&here), before, "bench leaves DIR as it found it");
+    assert_eq!(fs::read(here.join("mine.txt")).unwrap(), b"keep me");
+    let sizes = r["sizes"].as_array().unwrap();
+    let bytes: Vec<u64> = sizes.iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(bytes, [0, 1, 1024, 16384, 262144, 1 << 20, 16 << 20]);
+    for s in sizes {
+        for m in ["copy", "hardlink"] {
+            let l = &s[m];
+            let (min, med, max) = (
+                l["min_us"].as_f64().unwrap(),
+                l["median_us"].as_f64().unwrap(),
+                l["max_us"].as_f64().unwrap(),
+            );
+            assert!(
+                0.0 < min && min <= med && med <= max,
+                "{m} at {}: {l}",
+                s["bytes"]
+            );
+        }
+    }
+    assert_eq!(r["metadata"]["files"], 2000);
+    for k in ["create_per_s", "stat_per_s", "read_per_s", "delete_per_s"] {
+        assert!(r["metadata"][k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    let writers = r["writers"].as_array().unwrap();
+    let strategies: Vec<&str> = writers
+        .iter()
+        .map(|w| w["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        strategies,
+        [
+            "small-8k",
+            "buffered-1m",
+            "prealloc+small-8k",
+            "prealloc+buffered-1m"
+        ]
+    );
+    for w in writers {
+        assert_eq!(w["writers"], 4);
+        assert_eq!(w["bytes"], 8 * 8 << 20);
+        assert!(w["fragments_per_file"].as_f64().unwrap() >= 1.0, "{w}");
+        assert!(
+            w["write_mb_per_s"].as_f64().unwrap() > 0.0
+                && w["readback_mb_per_s"].as_f64().unwrap() > 0.0
+        );
+    }
+    (r, fs::read_to_string(&svg).unwrap())
+}
+
+/// The SVG parses as XML and has one coloured line per method, labelled.
+fn series(svg: &str) -> Vec<String> {
+    let doc = roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("invalid SVG: {e}"));
+    let mut strokes: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter_map(|n| n.attribute("stroke"))
+        .filter(|s| *s != "#000000")
+        .collect();
+    strokes.sort();
+    strokes.dedup();
+    let labels: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(str::trim)
+        .filter(|t| ["copy", "clone", "hardlink"].contains(t))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        strokes.len(),
+        labels.len(),
+        "one line per labelled series: {strokes:?} {labels:?}"
+    );
+    labels
+}
+
+#[test]
+fn xfs_clone_works_and_beats_copy_at_16_mib() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (r, svg) = quick(x.path());
+    assert_eq!(r["reflink"]["works"], true, "{}", r["reflink"]);
+    assert_eq!(r["filesystem"], "xfs");
+    let big = &r["sizes"][6];
+    assert!(
+        big["clone"]["median_us"].as_f64().unwrap() < big["copy"]["median_us"].as_f64().unwrap(),
+        "clone faster than copy at 16 MiB: {big}"
+    );
+    assert!(big["copy_vs_clone"].as_f64().unwrap() > 1.0);
+    assert_eq!(r["verdict"]["method"], "clone");
+    assert!(r["verdict"]["why"]
+        .as_str()
+        .unwrap()
+        .contains("faster than copy at 16 MiB"));
+    assert_eq!(series(&svg), ["copy", "clone", "hardlink"]);
+}
+
+#[test]
+fn ext4_says_why_reflink_fails_and_still_measures() {
+    let Some(e) = testfs!(Ext4) else { return };
+    let (r, svg) = quick(e.path());
+    assert_eq!(r["reflink"]["works"], false);
+    let reason = r["reflink"]["reason"].as_str().unwrap();
+    assert!(reason.contains("ext4"), "{reason}");
+    for s in r["sizes"].as_array().unwrap() {
+        assert!(s["clone"].is_null() && s["copy_vs_clone"].is_null(), "{s}");
+    }
+    assert_eq!(r["verdict"]["method"], "copy");
+    assert!(r["verdict"]["why"].as_str().unwrap().contains(reason));
+    assert_eq!(series(&svg), ["copy", "hardlink"]);
+}
+
+#[test]
+fn text_output_and_bad_directories() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let out = cowlink(&[&"bench", &x.path(), &"--quick"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    for want in [
+        "reflink works",
+        "copy/clone",
+        "small files",
+        "prealloc+buffered-1m",
+        "verdict: use clone",
+    ] {
+        assert!(t.contains(want), "{want}: {t}");
+    }
+    assert!(names(x.path()).is_empty());
+    let out = cowlink(&[&"bench", &x.path().join("missing")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("missing"),
+        "{}",
+        text(&out.stderr)
+    );
+    fs::write(x.path().join("file"), b"").unwrap();
+    let out = cowlink(&[&"bench", &x.path().join("file")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not a directory"),
+        "{}",
+        text(&out.stderr)
+    );
+}
