@@ -73,7 +73,7 @@ fn quick(root: &Path) -> (serde_json::Value, String) {
     );
     for w in writers {
         assert_eq!(w["writers"], 4);
-        assert_eq!(w["bytes"], 8 * 8 << 20);
+        assert_eq!(w["bytes"], 8 * (8 << 20), "8 files of 8 MiB");
         assert!(w["fragments_per_file"].as_f64().unwrap() >= 1.0, "{w}");
         assert!(
             w["write_mb_per_s"].as_f64().unwrap() > 0.0
