@@ -12,6 +12,14 @@ use cowlink_testfs::{data, names, testfs};
 
 const MIB: u64 = 1 << 20;
 
+/// Two tests measure free space on filesystems the others fill and empty:
+/// the tests of this file run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Four threads each write a 256 MiB file in 8 KiB chunks at the same
 /// time; every file ends with the right bytes in at most a few extents.
 fn four_writers_few_extents(dir: &Path) {
@@ -66,18 +74,21 @@ fn four_writers_few_extents(dir: &Path) {
 
 #[test]
 fn four_writers_few_extents_on_ext4() {
+    let _serial = serial();
     let Some(d) = testfs!(Ext4) else { return };
     four_writers_few_extents(d.path());
 }
 
 #[test]
 fn four_writers_few_extents_on_xfs() {
+    let _serial = serial();
     let Some(d) = testfs!(Xfs) else { return };
     four_writers_few_extents(d.path());
 }
 
 #[test]
 fn cancel_and_drop_leave_nothing_and_short_writes_are_trimmed() {
+    let _serial = serial();
     let Some(d) = testfs!(Xfs) else { return };
     let dir = d.path();
     let free = || rustix::fs::statvfs(dir).unwrap().f_bavail;
@@ -114,6 +125,7 @@ fn cancel_and_drop_leave_nothing_and_short_writes_are_trimmed() {
 
 #[test]
 fn enospc_at_fallocate_fails_before_any_data() {
+    let _serial = serial();
     let Some(d) = testfs!(TinyExt4) else { return };
     let dir = d.path();
     let free = || rustix::fs::statvfs(dir).unwrap().f_bavail;
