@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use cowlink::extents::extents;
@@ -60,7 +61,11 @@ fn four_writers_few_extents(dir: &Path) {
         }
         let layout = extents(&path).unwrap();
         assert!(
-            layout.fragments <= 4,
+            // ext4 caps an extent at 32,767 blocks (~128 MiB), and four
+            // concurrent 256 MiB fallocates split across block groups: 5
+            // physical runs on a fresh 6 GiB ext4, up to 12 after many
+            // runs on the same one. At most 16 = at least 16 MiB per run.
+            layout.fragments <= 16,
             "writer {w}: {} fragments",
             layout.fragments
         );
@@ -91,26 +96,37 @@ fn cancel_and_drop_leave_nothing_and_short_writes_are_trimmed() {
     let _serial = serial();
     let Some(d) = testfs!(Xfs) else { return };
     let dir = d.path();
-    let free = || rustix::fs::statvfs(dir).unwrap().f_bavail;
-    let before = free();
+    // (Free space is not compared here: XFS frees unlinked inodes in the
+    // background, so earlier tests' deletions land at random moments.)
     let mut w = PreallocWriter::create(dir.join("a"), 64 * MIB).unwrap();
+    assert!(w.preallocated());
     w.write_all(&data(MIB as usize, 1)).unwrap();
-    assert!(free() < before - 60 * MIB / 4096, "64 MiB reserved");
     w.cancel();
     let w = PreallocWriter::create(dir.join("b"), 8 * MIB).unwrap();
     drop(w);
     assert!(names(dir).is_empty(), "{:?}", names(dir));
-    // Fewer bytes than announced: the file is what was written.
+    // Fewer bytes than announced: the file is what was written, and the
+    // unused preallocation is released.
     let mut w = PreallocWriter::create(dir.join("c"), 8 * MIB).unwrap();
     w.write_all(b"short").unwrap();
     assert_eq!(w.finish().unwrap(), 5);
     assert_eq!(fs::read(dir.join("c")).unwrap(), b"short");
-    assert!(fs::metadata(dir.join("c")).unwrap().len() == 5);
-    rustix::fs::syncfs(fs::File::open(dir).unwrap()).unwrap();
+    let m = fs::metadata(dir.join("c")).unwrap();
+    assert_eq!(m.len(), 5);
     assert!(
-        free() > before - MIB / 4096,
-        "the unused preallocation was released"
+        m.blocks() * 512 <= 64 * 1024,
+        "{} bytes allocated",
+        m.blocks() * 512
     );
+    // All of it written: allocated once, in one piece.
+    let mut w = PreallocWriter::create(dir.join("e"), 16 * MIB).unwrap();
+    w.write_all(&data(16 * MIB as usize, 5)).unwrap();
+    w.finish().unwrap();
+    assert_eq!(
+        fs::metadata(dir.join("e")).unwrap().blocks() * 512,
+        16 * MIB
+    );
+    assert_eq!(extents(dir.join("e")).unwrap().fragments, 1);
     // The name is checked at finish: someone else's file is never replaced.
     let mut w = PreallocWriter::create(dir.join("d"), 10).unwrap();
     fs::write(dir.join("d"), b"theirs").unwrap();
@@ -118,7 +134,7 @@ fn cancel_and_drop_leave_nothing_and_short_writes_are_trimmed() {
     let e = w.finish().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
     assert_eq!(fs::read(dir.join("d")).unwrap(), b"theirs");
-    assert_eq!(names(dir), ["c", "d"]);
+    assert_eq!(names(dir), ["c", "d", "e"]);
     let e = PreallocWriter::create(dir.join("missing/x"), 10).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 }
