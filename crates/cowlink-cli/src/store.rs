@@ -229,8 +229,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 }
             }
             if json {
-                serde_json::to_writer_pretty(&mut out, &results)?;
-                writeln!(out)?;
+                json_out(&mut out, &results)?;
             }
             Ok(if failed { Exit::Failed } else { Exit::Ok })
         }
@@ -240,8 +239,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             bar.finish();
             let r = r?;
             if json {
-                serde_json::to_writer_pretty(&mut out, &r)?;
-                writeln!(out)?;
+                json_out(&mut out, &r)?;
             } else {
                 writeln!(out, "{}", r.digest)?;
                 eprintln!(
@@ -265,8 +263,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         } => {
             let o = store.materialize(&digest(&d)?, &dest, mode.into())?;
             if json {
-                serde_json::to_writer_pretty(&mut out, &o)?;
-                writeln!(out)?;
+                json_out(&mut out, &o)?;
             } else {
                 writeln!(
                     out,
@@ -297,8 +294,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 eprintln!("cowlink: {e}");
             }
             if json {
-                serde_json::to_writer_pretty(&mut out, &r)?;
-                writeln!(out)?;
+                json_out(&mut out, &r)?;
             } else {
                 writeln!(
                     out,
@@ -349,8 +345,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 }
             }
             if json {
-                serde_json::to_writer_pretty(&mut out, &rows)?;
-                writeln!(out)?;
+                json_out(&mut out, &rows)?;
             } else if rows.is_empty() {
                 eprintln!(
                     "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
@@ -380,8 +375,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         StoreCommand::Ls { manifest: Some(m) } => {
             let m = load_manifest(&store, &m)?;
             if json {
-                serde_json::to_writer_pretty(&mut out, &m)?;
-                writeln!(out)?;
+                json_out(&mut out, &m)?;
             } else {
                 for e in &m.entries {
                     match &e.kind {
@@ -407,8 +401,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             bar.finish();
             let r = r?;
             if json {
-                serde_json::to_writer_pretty(&mut out, &r)?;
-                writeln!(out)?;
+                json_out(&mut out, &r)?;
             } else {
                 for c in &r.corrupt {
                     let to = c.quarantined.as_ref().map_or_else(
@@ -440,8 +433,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             let keep = keep.iter().map(|k| digest(k)).collect::<Result<Vec<_>>>()?;
             let r = store.gc((!keep.is_empty()).then_some(keep.as_slice()))?;
             if json {
-                serde_json::to_writer_pretty(&mut out, &r)?;
-                writeln!(out)?;
+                json_out(&mut out, &r)?;
             } else {
                 writeln!(
                     out,
@@ -458,8 +450,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         StoreCommand::Stats => {
             let s = store.stats()?;
             if json {
-                serde_json::to_writer_pretty(&mut out, &s)?;
-                writeln!(out)?;
+                json_out(&mut out, &s)?;
             } else {
                 writeln!(out, "store:        {}", dir.display())?;
                 writeln!(
@@ -507,6 +498,13 @@ struct ListRow {
 fn unix_secs(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Pretty JSON and a newline on `out`.
+fn json_out(out: &mut impl Write, v: &impl Serialize) -> Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v)?;
+    writeln!(out)?;
+    Ok(())
 }
 
 /// A manifest named by digest (from the store) or by file (validated the
