@@ -112,6 +112,19 @@ enum StoreCommand {
         /// the tree
         #[arg(long)]
         allow_external_symlinks: bool,
+        /// Rehash every object before placing it (default: only objects
+        /// that show a sign of change since they were stored: a size that
+        /// differs or a modification time that is not the store's mark)
+        #[arg(long)]
+        verify: bool,
+        /// Keep set-user-ID and set-group-ID bits the manifest asks for
+        /// (dropped by default: a manifest is untrusted input)
+        #[arg(long)]
+        keep_setid: bool,
+        /// Make every file complete-or-absent even after a crash or
+        /// kill -9 (slower: an unnamed file linked into place per file)
+        #[arg(long)]
+        atomic: bool,
     },
     /// List stored trees, or the entries of one
     Ls {
@@ -280,11 +293,17 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             dest,
             mode,
             allow_external_symlinks,
+            verify,
+            keep_setid,
+            atomic,
         } => {
             let m = load_manifest(&store, &manifest)?;
             let opts = MaterializeOptions {
                 link: mode.into(),
                 external_symlinks: allow_external_symlinks,
+                verify,
+                setid: keep_setid,
+                atomic,
             };
             let bar = spin("checking out");
             let r = store.materialize_tree(&m, &dest, &opts);

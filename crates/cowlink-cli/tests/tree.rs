@@ -380,3 +380,57 @@ fn sigint_inside_a_large_file_copy_stops_it_and_places_nothing() {
         text(&out.stderr)
     );
 }
+
+/// An absurd thread count is capped (with a message) and the copy
+/// finishes; idle workers park instead of spinning.
+#[test]
+fn huge_thread_counts_are_capped_and_finish() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    let names = flat_tree(&src, 247, 100);
+    let start = Instant::now();
+    let out = cowlink(&[&"cp", &"-r", &"-j", &"100000", &src, &dst]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("using 64"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    for n in &names {
+        assert_eq!(
+            fs::read(src.join(n)).unwrap(),
+            fs::read(dst.join(n)).unwrap()
+        );
+    }
+}
+
+/// `cp -a --resume` after an interrupted run recopies the damaged file
+/// and keeps the finished ones.
+#[test]
+fn resume_through_the_cli_recopies_a_truncated_file() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    let names = flat_tree(&src, 20, 5000);
+    let out = cowlink(&[&"cp", &"-a", &src, &dst]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let victim = dst.join(&names[3]);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&victim)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    let out = cowlink(&[&"cp", &"-a", &"--resume", &"--json", &src, &dst]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["summary"]["skipped"], 19, "{json}");
+    assert_eq!(
+        fs::read(src.join(&names[3])).unwrap(),
+        fs::read(&victim).unwrap()
+    );
+}

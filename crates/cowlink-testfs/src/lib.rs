@@ -29,6 +29,8 @@ pub enum Fs {
     TinyXfs,
     /// A small ext4 (64 MiB) for filling up during a tree copy.
     SmallExt4,
+    /// A small ext4 (48 MiB) that a library tree copy fills mid-transfer.
+    FillExt4,
 }
 
 impl Fs {
@@ -42,6 +44,7 @@ impl Fs {
             Fs::TinyExt4 => "COWLINK_TEST_TINY_EXT4",
             Fs::TinyXfs => "COWLINK_TEST_TINY_XFS",
             Fs::SmallExt4 => "COWLINK_TEST_SMALL_EXT4",
+            Fs::FillExt4 => "COWLINK_TEST_FILL_EXT4",
         }
     }
 
@@ -50,7 +53,7 @@ impl Fs {
         match self {
             Fs::Xfs | Fs::TinyXfs => 0x5846_5342,
             Fs::Btrfs => 0x9123_683e,
-            Fs::Ext4 | Fs::TinyExt4 | Fs::SmallExt4 => 0xef53,
+            Fs::Ext4 | Fs::TinyExt4 | Fs::SmallExt4 | Fs::FillExt4 => 0xef53,
             Fs::Tmpfs => 0x0102_1994,
         }
     }

@@ -3,7 +3,7 @@
 //! `clone_file` is a small state machine: try `FICLONE`; when the kernel
 //! says "not possible here" and the mode allows it, copy instead
 //! ([`crate::copy`]); report the method actually used. The destination is
-//! written through [`crate::write::PendingFile`], so it appears complete,
+//! written through [`crate::place::PendingFile`], so it appears complete,
 //! with its metadata, or not at all.
 
 use std::path::{Component, Path};
@@ -15,7 +15,7 @@ use rustix::io::Errno;
 use crate::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
 use crate::fskind::FsKind;
 use crate::meta::{self, Preserve};
-use crate::write::{Overwrite, PendingFile};
+use crate::place::{Overwrite, PendingFile};
 
 /// Whether to share blocks, with `cp --reflink` semantics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

@@ -54,6 +54,10 @@ pub enum ErrorKind {
     ContentChanged,
     /// The operation was cancelled.
     Cancelled,
+    /// Stored data or a store's own layout is damaged or was tampered with
+    /// (an object whose bytes no longer match its digest, a symbolic link
+    /// where the store keeps a directory).
+    Corrupt,
     /// Any other I/O error (EIO and the rest).
     Io,
 }
@@ -78,6 +82,7 @@ impl ErrorKind {
             ErrorKind::InvalidInput => "invalid argument",
             ErrorKind::ContentChanged => "content changed during the operation",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Corrupt => "corrupt or tampered data",
             ErrorKind::Io => "input/output error",
         }
     }

@@ -24,7 +24,7 @@ use rustix::io::Errno;
 
 use crate::clone::{create_reason, split_dest};
 use crate::error::{Error, Operation, Result};
-use crate::write::{Overwrite, PendingFile};
+use crate::place::{Overwrite, PendingFile};
 
 /// Reserve `len` bytes of `fd` from offset 0 (extending its size).
 /// Returns whether the filesystem preallocated (`false` where it cannot:

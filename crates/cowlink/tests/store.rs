@@ -534,3 +534,159 @@ fn bad_inputs_get_clear_errors() {
     assert!(!b.new);
     assert_eq!(a.digest, Digest::of(b"ok"));
 }
+
+/// A store whose `tmp/` (or another part of its layout) is a symbolic
+/// link to the user's files is refused by every command, and nothing
+/// behind the link is deleted or moved.
+#[test]
+fn a_symlink_in_the_layout_is_never_followed() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let store_dir = dir.join("store");
+    write_file(&dir.join("f"), &data(8 * KIB, 1));
+    let digest = Store::open(&store_dir).unwrap().add(dir.join("f")).unwrap();
+    let precious = dir.join("precious");
+    fs::create_dir(&precious).unwrap();
+    for i in 0..3 {
+        write_file(&precious.join(format!("doc{i}")), &data(100, i));
+    }
+    let hex = digest.to_hex();
+    for part in [
+        "tmp",
+        "quarantine",
+        "manifests",
+        &format!("objects/{}", &hex[..2]),
+    ] {
+        let p = store_dir.join(part);
+        let aside = dir.join("aside");
+        fs::rename(&p, &aside).unwrap();
+        symlink(&precious, &p).unwrap();
+        let e = Store::open(&store_dir).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{part}: {e}");
+        assert!(e.to_string().contains("tampered"), "{e}");
+        assert_eq!(names(&precious), ["doc0", "doc1", "doc2"], "{part}");
+        fs::remove_file(&p).unwrap();
+        fs::rename(&aside, &p).unwrap();
+    }
+    // Restored, the store works again: gc and verify leave the user's
+    // files alone and find the store clean.
+    let store = Store::open(&store_dir).unwrap();
+    store.gc(None).unwrap();
+    assert!(store.verify().unwrap().is_clean());
+    assert_eq!(names(&precious), ["doc0", "doc1", "doc2"]);
+}
+
+/// An object file replaced by a symbolic link to a user's file: verify
+/// quarantines the link itself, never the file it points to.
+#[test]
+fn verify_moves_a_planted_link_not_its_target() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), &data(8 * KIB, 2));
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let obj = store.object_path(&digest);
+    fs::remove_file(&obj).unwrap();
+    let victim = dir.join("victim");
+    write_file(&victim, &data(8 * KIB, 3));
+    symlink(&victim, &obj).unwrap();
+    let v = store.verify().unwrap();
+    assert_eq!(v.corrupt.len(), 1, "{v:?}");
+    assert_eq!(
+        fs::read(&victim).unwrap(),
+        data(8 * KIB, 3),
+        "target untouched"
+    );
+    let q = v.corrupt[0].quarantined.as_ref().unwrap();
+    assert!(fs::symlink_metadata(q).unwrap().file_type().is_symlink());
+}
+
+fn one_file_manifest(digest: Digest, size: u64, mode: u32) -> Manifest {
+    Manifest::new(vec![ManifestEntry {
+        path: "f".into(),
+        kind: EntryKind::File { digest, size, mode },
+    }])
+}
+
+/// Set-id bits from a manifest are dropped unless asked for; a size that
+/// disagrees with the object is an error.
+#[test]
+fn manifests_cannot_set_setid_bits_or_lie_about_sizes() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), &data(5000, 4));
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let m = one_file_manifest(digest, 5000, 0o6755);
+    let r = store
+        .materialize_tree(&m, dir.join("plain"), &MaterializeOptions::default())
+        .unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(mode(&dir.join("plain/f")), 0o755, "set-id bits dropped");
+    let opts = MaterializeOptions {
+        setid: true,
+        ..Default::default()
+    };
+    let r = store
+        .materialize_tree(&m, dir.join("asked"), &opts)
+        .unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(mode(&dir.join("asked/f")), 0o6755, "kept when asked");
+
+    let liar = one_file_manifest(digest, 4000, 0o644);
+    let r = store
+        .materialize_tree(&liar, dir.join("liar"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(r.errors.len(), 1);
+    assert_eq!(r.errors[0].kind(), ErrorKind::InvalidInput);
+    assert!(r.errors[0].to_string().contains("4000"), "{}", r.errors[0]);
+    assert!(!dir.join("liar/f").exists(), "nothing placed");
+}
+
+/// An object changed after it was stored is never placed: checkout
+/// notices (the mtime is no longer the store's mark), rehashes, refuses.
+#[test]
+fn checkout_never_spreads_a_changed_object() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let src = dir.join("src");
+    fs::create_dir(&src).unwrap();
+    write_file(&src.join("a"), &data(64 * KIB, 5));
+    write_file(&src.join("b"), &data(64 * KIB, 6));
+    let store = Store::open(dir.join("store")).unwrap();
+    let added = store.add_tree(&src).unwrap();
+    let m = store.manifest(&added.digest).unwrap();
+    // Flip one byte of a's object, as a write through a hardlink would.
+    let obj = store.object_path(&digest_of(&m, "a"));
+    fs::set_permissions(&obj, fs::Permissions::from_mode(0o644)).unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&obj).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"X", 100).unwrap();
+    drop(f);
+    let r = store
+        .materialize_tree(&m, dir.join("out"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert_eq!(r.errors[0].kind(), ErrorKind::Corrupt, "{}", r.errors[0]);
+    assert!(
+        !dir.join("out/a").exists(),
+        "the corrupt object was not placed"
+    );
+    assert_eq!(fs::read(dir.join("out/b")).unwrap(), data(64 * KIB, 6));
+    // Restoring the byte (the mtime stays changed) is rehashed and accepted,
+    // and marked so the next checkout needs no rehash.
+    let f = fs::OpenOptions::new().write(true).open(&obj).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &data(64 * KIB, 5)[100..101], 100).unwrap();
+    drop(f);
+    let opts = MaterializeOptions {
+        verify: true,
+        ..Default::default()
+    };
+    let r = store.materialize_tree(&m, dir.join("out2"), &opts).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(fs::read(dir.join("out2/a")).unwrap(), data(64 * KIB, 5));
+    assert_eq!(
+        fs::metadata(&obj).unwrap().mtime(),
+        0,
+        "marked unchanged again"
+    );
+}

@@ -205,3 +205,141 @@ fn a_directory_where_a_file_is_needed_fails_that_entry_only() {
     assert_eq!(errors.into_inner().unwrap(), vec![ErrorKind::IsDirectory]);
     assert_eq!(fs::read(dst.join("d0/f1")).unwrap(), vec![1u8; 100]);
 }
+
+/// A sparse file with `n` data segments of `seg` bytes, a hole between each.
+fn sparse_file(p: &Path, n: u64, seg: usize) {
+    let f = fs::File::create(p).unwrap();
+    for i in 0..n {
+        let off = i * 2 * seg as u64;
+        std::os::unix::fs::FileExt::write_all_at(&f, &cowlink_testfs::data(seg, i + 1), off)
+            .unwrap();
+    }
+}
+
+/// ENOSPC in the middle of a data copy: neither the direct path (a
+/// directory this run created) nor the atomic one (`--atomic`) leaves
+/// anything under the final name, and the space comes back.
+#[test]
+fn a_failure_mid_transfer_leaves_no_name_direct_or_atomic() {
+    let (Some(x), Some(small)) = (testfs!(Xfs), testfs!(FillExt4)) else {
+        return;
+    };
+    let src = x.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("small"), b"fits").unwrap();
+    // 3 x 20 MiB of data with holes: no preallocation, so the copy runs
+    // until the 48 MiB filesystem is full, mid-file.
+    sparse_file(&src.join("big"), 3, 20 << 20);
+    for atomic in [false, true] {
+        let dst = small.path().join(format!("dst-{atomic}"));
+        let options = TreeOptions {
+            atomic,
+            ..TreeOptions::archive()
+        };
+        let errors = Mutex::new(Vec::new());
+        let observer = |ev: &TreeEvent<'_>| {
+            if let TreeEvent::Failed(e) = ev {
+                errors.lock().unwrap().push(e.kind());
+            }
+        };
+        let report = copy_tree(&src, &dst, &options, &observer).unwrap();
+        assert_eq!(report.errors, 1, "atomic={atomic}");
+        assert_eq!(*errors.lock().unwrap(), [ErrorKind::NoSpace]);
+        assert!(
+            !dst.join("big").exists(),
+            "no partial file (atomic={atomic})"
+        );
+        assert_eq!(fs::read(dst.join("small")).unwrap(), b"fits");
+        assert!(temporaries(&dst).is_empty());
+        fs::remove_dir_all(&dst).unwrap();
+    }
+}
+
+/// A cancel while a large file is being copied: in a directory this run
+/// created the file is visible under its name during the copy (direct
+/// placement), and the cancel removes it.
+#[test]
+fn a_cancel_mid_transfer_removes_the_direct_file() {
+    let Some(e) = testfs!(Ext4) else { return };
+    let (src, dst) = (e.path().join("src"), e.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    sparse_file(&src.join("big"), 8, 64 << 20); // 512 MiB of data, copied in chunks
+    let options = TreeOptions::archive();
+    let cancel = options.cancel.clone();
+    let target = dst.join("big");
+    let report = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Wait until the copy has written something under the name.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while fs::metadata(&target).map_or(0, |m| m.blocks()) == 0
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            cancel.cancel();
+        });
+        copy_tree(&src, &dst, &options, &Quiet).unwrap()
+    });
+    assert!(report.cancelled);
+    assert_eq!(report.files, 0);
+    assert!(!target.exists(), "the partial file was removed");
+    assert!(temporaries(&dst).is_empty());
+}
+
+/// A destination left by an interrupted run (a truncated file with the
+/// wrong mtime, a file never written) is found and recopied by `resume`;
+/// finished files are kept.
+#[test]
+fn resume_recopies_what_an_interrupted_run_left() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    tree_of(&src, 3, 10, 9000);
+    let options = TreeOptions::archive();
+    let first = copy_tree(&src, &dst, &options, &Quiet).unwrap();
+    assert_eq!((first.files, first.errors), (30, 0));
+    // Simulate the crash: one file half written with the time of the crash,
+    // one never created.
+    let half = dst.join("d1/f3");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&half)
+        .unwrap()
+        .set_len(4000)
+        .unwrap();
+    let now = std::time::SystemTime::now();
+    fs::File::open(&half).unwrap().set_modified(now).unwrap();
+    fs::remove_file(dst.join("d2/f7")).unwrap();
+    // Same size, wrong time: still not trusted.
+    let same_size = dst.join("d0/f0");
+    fs::write(&same_size, vec![0u8; 9000]).unwrap();
+
+    let resume = TreeOptions {
+        resume: true,
+        ..TreeOptions::archive()
+    };
+    let again = copy_tree(&src, &dst, &resume, &Quiet).unwrap();
+    assert_eq!(again.errors, 0);
+    assert_eq!((again.files, again.skipped), (3, 27));
+    for d in 0..3 {
+        for f in 0..10 {
+            let rel = format!("d{d}/f{f}");
+            assert_eq!(
+                fs::read(src.join(&rel)).unwrap(),
+                fs::read(dst.join(&rel)).unwrap(),
+                "{rel}"
+            );
+            let (a, b) = (
+                fs::metadata(src.join(&rel)).unwrap(),
+                fs::metadata(dst.join(&rel)).unwrap(),
+            );
+            assert_eq!(
+                (a.mtime(), a.mtime_nsec()),
+                (b.mtime(), b.mtime_nsec()),
+                "{rel}"
+            );
+        }
+    }
+    // A third run has nothing left to do.
+    let third = copy_tree(&src, &dst, &resume, &Quiet).unwrap();
+    assert_eq!((third.files, third.skipped), (0, 30));
+}

@@ -26,7 +26,7 @@ use rustix::io::Errno;
 use super::{object_rel, Digest, EntryKind, Manifest, Store};
 use crate::clone::{split_dest, transfer_error};
 use crate::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
-use crate::write::{Overwrite, PendingFile};
+use crate::place::{NewFile, Overwrite, Placement};
 use crate::{Method, Outcome};
 
 /// How a materialized file relates to its store object.
@@ -55,6 +55,21 @@ pub enum LinkMode {
 pub struct MaterializeOptions {
     /// How to place files.
     pub link: LinkMode,
+    /// Rehash every object before placing it. Without it an object is
+    /// rehashed only when it shows signs of change since it was stored
+    /// (its size, or its modification time no longer the store's mark),
+    /// which catches every write through the kernel but not silent bit rot
+    /// (that is what [`Store::verify`] is for).
+    pub verify: bool,
+    /// Keep set-user-ID and set-group-ID bits that the manifest asks for.
+    /// Off by default: a manifest is untrusted input, and a set-id file
+    /// checked out by root would run as root.
+    pub setid: bool,
+    /// Make every file complete-or-absent even after a crash (`O_TMPFILE`
+    /// + `linkat`). Without it files are created under their final names
+    /// (the destination is new or empty, so nothing is overwritten) and
+    /// removed on error; a `SIGKILL` can leave a partial one.
+    pub atomic: bool,
     /// Create symbolic links whose target is absolute or leaves the tree
     /// (refused by default: a later write through such a link by another
     /// program would land outside the destination).
@@ -108,8 +123,29 @@ impl Counters {
     }
 }
 
-/// A file to place: name in its directory, object, mode.
-type FileItem<'a> = (&'a str, &'a Digest, u32);
+/// A file to place: name in its directory, object, mode, size.
+type FileItem<'a> = (&'a str, &'a Digest, u32, u64);
+
+/// Where and how one object is placed.
+struct Want<'a> {
+    dir: BorrowedFd<'a>,
+    name: &'a Path,
+    /// The path shown in messages.
+    shown: &'a Path,
+    digest: &'a Digest,
+    /// Exact permission bits to set (`None`: what creation gives).
+    mode: Option<u32>,
+    /// The size the manifest promises.
+    size: Option<u64>,
+}
+
+/// What stays the same for every object of one call.
+struct How<'a> {
+    link: LinkMode,
+    placement: Placement,
+    verify: bool,
+    gens: &'a AtomicU64,
+}
 
 /// Files handed to one task.
 const BATCH: usize = 64;
@@ -167,7 +203,21 @@ impl Store {
         })?;
         let name = dest.file_name().map(Path::new).unwrap_or(dest);
         let gens = AtomicU64::new(0);
-        self.place(dir.as_fd(), name, digest, None, link, dest, &gens)
+        let want = Want {
+            dir: dir.as_fd(),
+            name,
+            shown: dest,
+            digest,
+            mode: None,
+            size: None,
+        };
+        let how = How {
+            link,
+            placement: Placement::Atomic,
+            verify: false,
+            gens: &gens,
+        };
+        self.place(&want, &how)
     }
 
     /// Recreate the tree of `manifest` in `dest` (created if missing; it
@@ -212,8 +262,17 @@ impl Store {
                 EntryKind::Dir { mode } => {
                     dirs.insert(&e.path, *mode);
                 }
-                EntryKind::File { digest, mode, .. } => {
-                    files.entry(parent).or_default().push((name, digest, *mode))
+                EntryKind::File { digest, mode, size } => {
+                    // Set-id bits from an untrusted manifest only on request.
+                    let mode = if options.setid {
+                        *mode
+                    } else {
+                        *mode & !0o6000
+                    };
+                    files
+                        .entry(parent)
+                        .or_default()
+                        .push((name, digest, mode, *size))
                 }
                 EntryKind::Symlink { target } => {
                     links.push((parent, name, target.as_str(), &e.path))
@@ -235,11 +294,19 @@ impl Store {
         }
 
         let counters = Counters::default();
+        let how = How {
+            link: options.link,
+            // The destination is new or empty: nothing to protect there.
+            placement: Placement::choose(true, options.atomic),
+            verify: options.verify,
+            gens: &counters.generations,
+        };
         let batches: Vec<(&str, &[FileItem<'_>])> = files
             .iter()
             .flat_map(|(dir, v)| v.chunks(BATCH).map(move |c| (*dir, c)))
             .collect();
-        self.install(|| {
+        let clone_bound = matches!(options.link, LinkMode::Clone | LinkMode::Auto);
+        self.install_for(root, clone_bound, || {
             batches.par_iter().for_each(|(dir, batch)| {
                 let fd = match open_beneath(root, dir, OFlags::PATH) {
                     Ok(fd) => fd,
@@ -251,17 +318,17 @@ impl Store {
                         )))
                     }
                 };
-                for (name, digest, mode) in batch.iter() {
+                for (name, digest, mode, size) in batch.iter() {
                     let shown = dest.join(dir).join(name);
-                    match self.place(
-                        fd.as_fd(),
-                        Path::new(name),
+                    let want = Want {
+                        dir: fd.as_fd(),
+                        name: Path::new(name),
+                        shown: &shown,
                         digest,
-                        Some(*mode),
-                        options.link,
-                        &shown,
-                        &counters.generations,
-                    ) {
+                        mode: Some(*mode),
+                        size: Some(*size),
+                    };
+                    match self.place(&want, &how) {
                         Ok(o) => {
                             counters.count(o);
                             self.tick(o.bytes);
@@ -300,43 +367,86 @@ impl Store {
         Ok(report)
     }
 
-    /// Place one object as `name` in the directory `dir`. `mode`: exact
-    /// permission bits to set (`None`: what creation gives).
-    #[allow(clippy::too_many_arguments)]
-    fn place(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &Path,
-        digest: &Digest,
-        mode: Option<u32>,
-        link: LinkMode,
-        shown: &Path,
-        gens: &AtomicU64,
-    ) -> Result<Outcome> {
-        let obj = self.object_path(digest);
-        let err = |e: Errno| merr(shown, e).with_src(&obj);
-        if link == LinkMode::Hardlink {
-            return self.hardlink(dir, name, digest, shown, gens);
+    /// Place one object per `want` and `how`; return how it was placed.
+    fn place(&self, want: &Want<'_>, how: &How<'_>) -> Result<Outcome> {
+        if how.link == LinkMode::Hardlink {
+            return self.hardlink(want, how);
         }
-        let create_mode = Mode::from_raw_mode(mode.map_or(0o666, |m| m & 0o777));
-        let pending = PendingFile::create(dir, Path::new("."), name, create_mode).map_err(|e| {
+        let obj = self.object_path(want.digest);
+        let err = |e: Errno| merr(want.shown, e).with_src(&obj);
+        let create_mode = Mode::from_raw_mode(want.mode.map_or(0o666, |m| m & 0o777));
+        let file = NewFile::create(
+            want.dir,
+            Path::new("."),
+            want.name,
+            create_mode,
+            how.placement,
+            want.shown,
+        )
+        .map_err(|e| {
             err(e).with_reason(crate::clone::create_reason(
                 e,
-                shown.parent().unwrap_or(shown),
+                want.shown.parent().unwrap_or(want.shown),
             ))
         })?;
-        let dfd = pending.fd();
-        let outcome = self.fill(digest, dfd, link, shown, gens)?;
-        if let Some(m) = mode {
-            fs::fchmod(dfd, Mode::from_raw_mode(m)).map_err(err)?;
+        let dfd = file.fd();
+        let outcome = self.fill(want, how, dfd)?;
+        // Creation applied the umask; set the exact bits only if it hid some.
+        if let Some(m) = want.mode {
+            if crate::meta::umask().is_none_or(|u| m & 0o777 & u != 0) || m & 0o7000 != 0 {
+                fs::fchmod(dfd, Mode::from_raw_mode(m)).map_err(err)?;
+            }
         }
-        pending
-            .persist(name, Overwrite::Refuse)
+        file.commit(want.name, Overwrite::Refuse)
             .map_err(|e| match e {
                 Errno::EXIST => err(e).with_reason("destination already exists"),
                 _ => err(e),
             })?;
         Ok(outcome)
+    }
+
+    /// Open generation `gen` of an object for placing, and make sure its
+    /// bytes are still the ones stored: the size must be the manifest's
+    /// and the modification time the store's mark (see
+    /// [`super::UNCHANGED_MTIME`]); otherwise, or with `verify`, the object
+    /// is rehashed, and placed only if it still matches its digest.
+    fn checked_object(&self, want: &Want<'_>, how: &How<'_>, gen: u32) -> Result<(OwnedFd, u64)> {
+        let src = self.open_object(want.digest, gen, want.shown, how.gens)?;
+        let rel = object_rel(want.digest, gen);
+        let path = self.root.join(&rel);
+        let st = fs::fstat(&src).map_err(|e| merr(want.shown, e).with_src(&path))?;
+        let size = st.st_size as u64;
+        let marked = super::is_marked_unchanged(&st);
+        if !how.verify && marked && want.size.is_none_or(|s| s == size) {
+            return Ok((src, size));
+        }
+        let (hash, len) = crate::hash::hash_fd(src.as_fd(), size, &|_| {})
+            .map_err(|e| merr(want.shown, e).with_src(&path))?;
+        if hash != want.digest.0 || len != size {
+            return Err(Error::new(Operation::Materialize, ErrorKind::Corrupt)
+                .with_src(&path)
+                .with_dst(want.shown)
+                .with_reason(format!(
+                    "the store's object {} changed after it was stored (its bytes now hash to {}); \
+                     nothing was placed; run `cowlink store verify` to quarantine it",
+                    want.digest,
+                    Digest(hash)
+                )));
+        }
+        if let Some(s) = want.size.filter(|s| *s != size) {
+            return Err(Error::new(Operation::Materialize, ErrorKind::InvalidInput)
+                .with_src(&path)
+                .with_dst(want.shown)
+                .with_reason(format!(
+                    "the manifest says {s} bytes but object {} has {size}; the manifest is wrong",
+                    want.digest
+                )));
+        }
+        if !marked {
+            // Verified: mark it, so the next checkout need not rehash.
+            super::mark_unchanged(src.as_fd());
+        }
+        Ok((src, size))
     }
 
     /// Open generation `gen` of an object, making it first when it is a
@@ -349,14 +459,7 @@ impl Store {
         gens: &AtomicU64,
     ) -> Result<OwnedFd> {
         let rel = object_rel(digest, gen);
-        let open = || {
-            fs::openat(
-                &self.dir,
-                rel.as_str(),
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-        };
+        let open = || self.open_in_layout(&rel);
         match open() {
             Ok(fd) => Ok(fd),
             Err(Errno::NOENT) if gen > 0 => {
@@ -377,13 +480,9 @@ impl Store {
     /// A physical copy of an object as generation `gen` (which has blocks
     /// of its own, so it can be cloned again as often as the first).
     fn make_generation(&self, digest: &Digest, gen: u32) -> Result<()> {
-        let base = fs::openat(
-            &self.dir,
-            object_rel(digest, 0).as_str(),
-            OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| super::store_err(self.object_path(digest), e))?;
+        let base = self
+            .open_in_layout(&object_rel(digest, 0))
+            .map_err(|e| super::store_err(self.object_path(digest), e))?;
         let size = fs::fstat(&base)
             .map_err(|e| super::store_err(self.object_path(digest), e))?
             .st_size as u64;
@@ -393,8 +492,9 @@ impl Store {
         // Read/write only: copy_file_range could share blocks again.
         crate::copy::copy_data(base.as_fd(), pending.fd(), size, false, &|| false).map_err(err)?;
         fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
+        super::mark_unchanged(pending.fd());
         fs::fsync(pending.fd()).map_err(err)?;
-        match pending.persist(Path::new(&rel), Overwrite::Refuse) {
+        match self.persist_object(pending, digest, gen) {
             Ok(()) | Err(Errno::EXIST) => Ok(()), // or another process made it
             Err(e) => Err(err(e)),
         }
@@ -432,18 +532,12 @@ impl Store {
         true
     }
 
-    /// Fill the empty file `dfd` with the object's bytes per `link`.
-    fn fill(
-        &self,
-        digest: &Digest,
-        dfd: BorrowedFd<'_>,
-        link: LinkMode,
-        shown: &Path,
-        gens: &AtomicU64,
-    ) -> Result<Outcome> {
+    /// Fill the empty file `dfd` with the object's bytes per `how.link`.
+    fn fill(&self, want: &Want<'_>, how: &How<'_>, dfd: BorrowedFd<'_>) -> Result<Outcome> {
+        let (digest, shown) = (want.digest, want.shown);
         let mut gen = self.current_generation(digest);
         loop {
-            let src = self.open_object(digest, gen, shown, gens)?;
+            let (src, size) = self.checked_object(want, how, gen)?;
             let src_path = self.root.join(object_rel(digest, gen));
             let failed = |e: Errno| {
                 transfer_error(
@@ -455,7 +549,6 @@ impl Store {
                     dfd,
                 )
             };
-            let size = fs::fstat(&src).map_err(failed)?.st_size as u64;
             let copy = |offload| {
                 crate::copy::copy_data(src.as_fd(), dfd, size, offload, &|| false)
                     .map(|method| Outcome {
@@ -464,7 +557,7 @@ impl Store {
                     })
                     .map_err(failed)
             };
-            if link == LinkMode::Copy {
+            if how.link == LinkMode::Copy {
                 return copy(false);
             }
             let r = if self.take_use(digest, gen) {
@@ -480,7 +573,9 @@ impl Store {
                     })
                 }
                 Err(Errno::MLINK | Errno::OVERFLOW) => gen = self.next_generation(digest, gen),
-                Err(e) if link == LinkMode::Auto && is_not_possible_here(e) => return copy(true),
+                Err(e) if how.link == LinkMode::Auto && is_not_possible_here(e) => {
+                    return copy(true)
+                }
                 Err(e) => {
                     let hint = if is_not_possible_here(e) {
                         "; use --mode auto to copy instead"
@@ -495,22 +590,30 @@ impl Store {
         }
     }
 
-    fn hardlink(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &Path,
-        digest: &Digest,
-        shown: &Path,
-        gens: &AtomicU64,
-    ) -> Result<Outcome> {
+    fn hardlink(&self, want: &Want<'_>, how: &How<'_>) -> Result<Outcome> {
+        let (dir, name, digest, shown) = (want.dir, want.name, want.digest, want.shown);
         let mut gen = self.current_generation(digest);
         loop {
-            // Make sure the generation exists (and learn its size).
-            let src = self.open_object(digest, gen, shown, gens)?;
+            // Make sure the generation exists and is intact (and learn its size).
+            let (src, size) = self.checked_object(want, how, gen)?;
             let rel = object_rel(digest, gen);
-            let size = fs::fstat(&src).map_err(|e| merr(shown, e))?.st_size as u64;
             let r = if self.take_use(digest, gen) {
-                fs::linkat(&self.dir, rel.as_str(), dir, name, AtFlags::empty())
+                // Link the inode we opened (never a name that could have
+                // been swapped for a symbolic link meanwhile).
+                fs::linkat(&src, c"", dir, name, AtFlags::EMPTY_PATH).or_else(|e| match e {
+                    Errno::NOENT | Errno::PERM => {
+                        let proc =
+                            format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&src));
+                        fs::linkat(
+                            rustix::fs::CWD,
+                            proc.as_str(),
+                            dir,
+                            name,
+                            AtFlags::SYMLINK_FOLLOW,
+                        )
+                    }
+                    e => Err(e),
+                })
             } else {
                 Err(Errno::MLINK)
             };

@@ -49,13 +49,13 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, Stat};
+use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
 use crate::clone::{open_source, transfer, transfer_error};
 use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::place::{Overwrite, PendingFile};
 use crate::scan::{self, DirInfo, Entry, Visitor};
-use crate::write::{Overwrite, PendingFile};
 use crate::{Method, Reflink};
 
 pub use manifest::{
@@ -94,6 +94,9 @@ pub struct Progress {
 pub struct Store {
     root: PathBuf,
     dir: OwnedFd,
+    /// `tmp/`, opened without following symbolic links: every temporary
+    /// is made here.
+    tmp: Option<OwnedFd>,
     threads: usize,
     progress: Option<Arc<Progress>>,
     /// Injected reference limit (clones or links per object generation,
@@ -232,6 +235,36 @@ pub(crate) fn object_rel(d: &Digest, gen: u32) -> String {
     }
 }
 
+/// The modification time every object gets when it is stored: the store's
+/// mark that its bytes have not been written since. Any write through the
+/// kernel (`write`, `mmap`, `truncate`, a clone into it) sets the mtime to
+/// the current time, so an object whose mtime is no longer this was
+/// changed, and checkout rehashes it before placing it. (Only a deliberate
+/// `utimensat` back to the mark, or bit rot, escapes this; `verify` rehashes
+/// everything.)
+pub(crate) const UNCHANGED_MTIME: i64 = 0;
+
+/// Give an object the [`UNCHANGED_MTIME`] mark (best effort: a store
+/// shared read-only with us cannot be marked, and is then rehashed).
+pub(crate) fn mark_unchanged(fd: BorrowedFd<'_>) {
+    let mark = fs::Timestamps {
+        last_access: fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        last_modification: fs::Timespec {
+            tv_sec: UNCHANGED_MTIME,
+            tv_nsec: 0,
+        },
+    };
+    let _ = fs::futimens(fd, &mark);
+}
+
+/// Whether an object still carries the [`UNCHANGED_MTIME`] mark.
+pub(crate) fn is_marked_unchanged(st: &Stat) -> bool {
+    st.st_mtime == UNCHANGED_MTIME && st.st_mtime_nsec == 0
+}
+
 fn manifest_rel(d: &Digest) -> String {
     format!("manifests/{}", d.to_hex())
 }
@@ -260,9 +293,10 @@ impl Store {
             Mode::empty(),
         )
         .map_err(|e| store_err(&root, e))?;
-        let store = Store {
+        let mut store = Store {
             root,
             dir,
+            tmp: None,
             threads: 0,
             progress: None,
             clone_limit: None,
@@ -271,13 +305,21 @@ impl Store {
             any_generation: AtomicBool::new(false),
         };
         store.init()?;
+        store.check_layout()?;
+        store.tmp = Some(
+            store
+                .layout_dir("tmp")
+                .map_err(|e| store_err(store.root.join("tmp"), e))?,
+        );
         store.clean_temporaries(false)?;
         Ok(store)
     }
 
-    /// Use `n` worker threads (0: one per core, the default).
+    /// Use `n` worker threads (0, the default: chosen per destination
+    /// filesystem and work, see [`crate::tree::default_threads`]; at most
+    /// [`crate::tree::MAX_THREADS`]).
     pub fn with_threads(mut self, n: usize) -> Self {
-        self.threads = n;
+        self.threads = n.min(crate::tree::MAX_THREADS);
         self
     }
 
@@ -315,7 +357,15 @@ impl Store {
     fn init(&self) -> Result<()> {
         match fs::statat(&self.dir, MARKER_NAME, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) => {
-                let text = std::fs::read_to_string(self.root.join(MARKER_NAME)).unwrap_or_default();
+                let text = fs::openat(
+                    &self.dir,
+                    MARKER_NAME,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .ok()
+                .and_then(|fd| std::io::read_to_string(std::fs::File::from(fd)).ok())
+                .unwrap_or_default();
                 if text != MARKER {
                     return Err(Error::new(Operation::Store, ErrorKind::InvalidInput)
                         .with_src(&self.root)
@@ -354,20 +404,93 @@ impl Store {
             mkdir(&format!("objects/{i:02x}"))?;
         }
         self.lock_fd()?;
+        self.check_layout()?;
         // The marker goes last, atomically: a store is complete or absent.
-        let pending = self.temporary("tmp/marker")?;
+        let tmp = self
+            .layout_dir("tmp")
+            .map_err(|e| store_err(self.root.join("tmp"), e))?;
+        let pending = PendingFile::create_rw(
+            tmp.as_fd(),
+            Path::new("."),
+            Path::new("marker"),
+            Mode::from_raw_mode(0o444),
+        )
+        .map_err(|e| store_err(self.root.join("tmp"), e))?;
         write_all(pending.fd(), MARKER.as_bytes()).map_err(|e| store_err(&self.root, e))?;
-        match pending.persist(Path::new(MARKER_NAME), Overwrite::Refuse) {
+        match pending.persist_in(self.dir.as_fd(), Path::new(MARKER_NAME), Overwrite::Refuse) {
             Ok(()) | Err(Errno::EXIST) => Ok(()),
             Err(e) => Err(store_err(self.root.join(MARKER_NAME), e)),
         }
+    }
+
+    /// Open the layout directory `rel` beneath the store root without
+    /// following any symbolic link (`openat2` with `RESOLVE_BENEATH |
+    /// RESOLVE_NO_SYMLINKS`): a store never acts through a link planted in
+    /// its layout.
+    fn layout_dir(&self, rel: &str) -> std::result::Result<OwnedFd, Errno> {
+        fs::openat2(
+            &self.dir,
+            rel,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+    }
+
+    /// Refuse a store whose layout is not what cowlink made: a symbolic
+    /// link, or a file where a directory belongs (or the reverse). Such a
+    /// store is reported and left alone; nothing in it is touched.
+    fn check_layout(&self) -> Result<()> {
+        let tampered = |rel: &str, what: &str| {
+            Error::new(Operation::Store, ErrorKind::Corrupt)
+                .with_src(self.root.join(rel))
+                .with_reason(format!(
+                    "the store's layout was tampered with: '{rel}' is {what}; \
+                     the store is left alone (repair or remove it by hand)"
+                ))
+        };
+        let check = |rel: &str, dir: bool, required: bool| -> Result<()> {
+            match fs::statat(&self.dir, rel, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => {
+                    let t = FileType::from_raw_mode(st.st_mode);
+                    let want = if dir {
+                        FileType::Directory
+                    } else {
+                        FileType::RegularFile
+                    };
+                    if t == want {
+                        Ok(())
+                    } else {
+                        Err(tampered(
+                            rel,
+                            &format!(
+                                "{}, not {}",
+                                crate::clone::file_type_name(st.st_mode),
+                                if dir { "a directory" } else { "a regular file" }
+                            ),
+                        ))
+                    }
+                }
+                Err(Errno::NOENT) if !required => Ok(()),
+                Err(e) => Err(store_err(self.root.join(rel), e)),
+            }
+        };
+        for d in ["objects", "manifests", "tmp", "quarantine"] {
+            check(d, true, true)?;
+        }
+        check("lock", false, false)?;
+        check(MARKER_NAME, false, false)?;
+        for i in 0..=255u8 {
+            check(&format!("objects/{i:02x}"), true, false)?;
+        }
+        Ok(())
     }
 
     fn lock_fd(&self) -> Result<OwnedFd> {
         fs::openat(
             &self.dir,
             "lock",
-            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o644),
         )
         .or_else(|e| match e {
@@ -375,7 +498,7 @@ impl Store {
             Errno::ACCESS | Errno::ROFS => fs::openat(
                 &self.dir,
                 "lock",
-                OFlags::RDONLY | OFlags::CLOEXEC,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ),
             e => Err(e),
@@ -404,9 +527,10 @@ impl Store {
     /// An unnamed, readable and writable file in the store (mode 0444),
     /// that becomes a name only through `persist`.
     fn temporary(&self, hint: &str) -> Result<PendingFile<'_>> {
+        let tmp = self.tmp.as_ref().expect("tmp/ is open once the store is");
         PendingFile::create_rw(
-            self.dir.as_fd(),
-            Path::new("tmp"),
+            tmp.as_fd(),
+            Path::new("."),
             Path::new(hint),
             Mode::from_raw_mode(0o444),
         )
@@ -433,6 +557,29 @@ impl Store {
         match self.pool() {
             Some(p) => p.install(f),
             None => f(),
+        }
+    }
+
+    /// Run `f` on a pool of the threads asked for, or, when none were,
+    /// of [`crate::tree::default_threads`] for the destination `dst` and
+    /// the work (the same policy as tree copies).
+    fn install_for<R: Send>(
+        &self,
+        dst: BorrowedFd<'_>,
+        clone_bound: bool,
+        f: impl FnOnce() -> R + Send,
+    ) -> R {
+        if self.threads > 0 {
+            return self.install(f);
+        }
+        let n = crate::tree::default_threads(crate::clone::kind_of(dst), clone_bound);
+        match rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("cowlink-store-{i}"))
+            .build()
+        {
+            Ok(p) => p.install(f),
+            Err(_) => f(),
         }
     }
 
@@ -507,11 +654,12 @@ impl Store {
         if crate::meta::umask().is_none_or(|u| u & 0o444 != 0) {
             fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
         }
+        mark_unchanged(pending.fd());
         if durable {
             fs::fsync(pending.fd()).map_err(err)?;
         }
         let rel = object_rel(&digest, 0);
-        let new = match pending.persist(Path::new(&rel), Overwrite::Refuse) {
+        let new = match self.persist_object(pending, &digest, 0) {
             Ok(()) => true,
             Err(Errno::EXIST) => false,
             Err(e) => return Err(store_err(self.root.join(&rel), e).with_src(path)),
@@ -603,7 +751,10 @@ impl Store {
         let err = |e| store_err(self.root.join(manifest_rel(&digest)), e);
         write_all(pending.fd(), &bytes).map_err(err)?;
         fs::fsync(pending.fd()).map_err(err)?;
-        match pending.persist(Path::new(&manifest_rel(&digest)), Overwrite::Refuse) {
+        let dir = self
+            .layout_dir("manifests")
+            .map_err(|e| store_err(self.root.join("manifests"), e))?;
+        match pending.persist_in(dir.as_fd(), Path::new(&digest.to_hex()), Overwrite::Refuse) {
             Ok(()) | Err(Errno::EXIST) => Ok(digest),
             Err(e) => Err(err(e)),
         }
@@ -618,7 +769,13 @@ impl Store {
     /// `InvalidInput` when it is not a valid manifest.
     pub fn manifest(&self, digest: &Digest) -> Result<Manifest> {
         let path = self.root.join(manifest_rel(digest));
-        let bytes = std::fs::read(&path).map_err(|e| {
+        let read = || -> std::io::Result<Vec<u8>> {
+            let fd = self.open_in_layout(&manifest_rel(digest))?;
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut v)?;
+            Ok(v)
+        };
+        let bytes = read().map_err(|e| {
             let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
             let err = Error::from_errno(Operation::Materialize, errno).with_src(digest.to_hex());
             match errno {
@@ -640,13 +797,9 @@ impl Store {
 
     /// The manifests in the store, sorted.
     pub fn manifests(&self) -> Result<Vec<Digest>> {
-        let fd = fs::openat(
-            &self.dir,
-            "manifests",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| store_err(self.root.join("manifests"), e))?;
+        let fd = self
+            .layout_dir("manifests")
+            .map_err(|e| store_err(self.root.join("manifests"), e))?;
         let mut v: Vec<Digest> = list_dir(fd.as_fd())
             .map_err(|e| store_err(self.root.join("manifests"), e))?
             .iter()
@@ -661,12 +814,7 @@ impl Store {
         let mut out = Vec::new();
         for i in 0..=255u8 {
             let sub = format!("objects/{i:02x}");
-            let fd = match fs::openat(
-                &self.dir,
-                sub.as_str(),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+            let fd = match self.layout_dir(&sub) {
                 Ok(fd) => fd,
                 Err(Errno::NOENT) => continue,
                 Err(e) => return Err(store_err(self.root.join(&sub), e)),
@@ -772,13 +920,46 @@ impl Store {
     }
 
     fn hash_file(&self, rel: &str) -> std::result::Result<([u8; 32], u64), Errno> {
-        let fd = fs::openat(
+        let fd = self.open_in_layout(rel)?;
+        crate::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
+    }
+
+    /// The layout directory holding `rel` (opened without following
+    /// symbolic links) and the last component of `rel`.
+    fn parent_in_layout<'r>(&self, rel: &'r str) -> std::result::Result<(OwnedFd, &'r str), Errno> {
+        let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
+        Ok((self.layout_dir(parent)?, name))
+    }
+
+    /// Open the file `rel` of the layout read-only, following no symbolic
+    /// link on the way or at the end.
+    pub(crate) fn open_in_layout(&self, rel: &str) -> std::result::Result<OwnedFd, Errno> {
+        fs::openat2(
             &self.dir,
             rel,
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
-        )?;
-        crate::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+    }
+
+    /// Name a finished object `digest` generation `gen`; `EEXIST` when the
+    /// store has it already.
+    fn persist_object(
+        &self,
+        pending: PendingFile<'_>,
+        digest: &Digest,
+        gen: u32,
+    ) -> std::result::Result<(), Errno> {
+        let rel = object_rel(digest, gen);
+        let (dir, name) = self.parent_in_layout(&rel)?;
+        pending.persist_in(dir.as_fd(), Path::new(name), Overwrite::Refuse)
+    }
+
+    /// Remove the file `rel` of the layout (never through a symbolic link).
+    fn unlink_in_layout(&self, rel: &str) -> std::result::Result<(), Errno> {
+        let (dir, name) = self.parent_in_layout(rel)?;
+        fs::unlinkat(&dir, name, AtFlags::empty())
     }
 
     /// Move `rel` to `quarantine/` (under a unique name).
@@ -788,7 +969,12 @@ impl Store {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let to = format!("quarantine/{base}.{stamp}");
-        let moved = fs::renameat(&self.dir, rel, &self.dir, to.as_str()).is_ok();
+        let moved = (|| {
+            let (from, name) = self.parent_in_layout(rel)?;
+            let q = self.layout_dir("quarantine")?;
+            fs::renameat(&from, name, &q, &to["quarantine/".len()..])
+        })()
+        .is_ok();
         Corrupt {
             path: self.root.join(rel),
             quarantined: moved.then(|| self.root.join(&to)),
@@ -836,7 +1022,7 @@ impl Store {
                 report.manifests_kept += 1;
             } else {
                 let rel = manifest_rel(&m);
-                fs::unlinkat(&self.dir, rel.as_str(), AtFlags::empty())
+                self.unlink_in_layout(&rel)
                     .map_err(|e| store_err(self.root.join(&rel), e))?;
                 report.manifests_removed += 1;
             }
@@ -847,7 +1033,7 @@ impl Store {
             }
             let size = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
                 .map_or(0, |s| s.st_size as u64);
-            match fs::unlinkat(&self.dir, rel.as_str(), AtFlags::empty()) {
+            match self.unlink_in_layout(&rel) {
                 Ok(()) => {
                     report.objects_removed += 1;
                     report.bytes_removed += size;
@@ -863,12 +1049,7 @@ impl Store {
     /// Remove named temporaries in `tmp/`: all of them (`all`, under the
     /// exclusive lock) or those whose process is gone.
     fn clean_temporaries(&self, all: bool) -> Result<u64> {
-        let fd = match fs::openat(
-            &self.dir,
-            "tmp",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
+        let fd = match self.layout_dir("tmp") {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(0),
             Err(e) => return Err(store_err(self.root.join("tmp"), e)),

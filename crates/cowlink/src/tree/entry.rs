@@ -19,7 +19,7 @@ use super::{Action, SpecialKind, TreeEvent};
 use crate::clone::{file_type_name, transfer, transfer_error, Method, Outcome, Reflink};
 use crate::error::{errno_text, Error, ErrorKind, Operation};
 use crate::meta::{self, times_of};
-use crate::write::{Overwrite, PendingFile};
+use crate::place::{NewFile, Overwrite, Placement};
 
 /// Source inodes with more than one name, seen so far: where the first
 /// name's copy is (relative to the destination root). An entry leaves the
@@ -234,6 +234,14 @@ impl Entry<'_, '_> {
                 )));
         }
         self.maybe_hardlinked(&st, || {
+            if self.already_done(&st) {
+                bump(&self.eng.counts.skipped, 1);
+                self.eng.emit(TreeEvent::Skipped {
+                    src: self.src,
+                    dst: self.dst,
+                });
+                return Ok(());
+            }
             let outcome = self.clone_file(sfd.as_fd(), &st)?;
             let c = &self.eng.counts;
             bump(&c.files, 1);
@@ -297,43 +305,44 @@ impl Entry<'_, '_> {
         &self,
         make: impl Fn(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> Result<(), Error> {
-        let dir = self.dst_dir();
-        match make(dir, self.dst_name) {
-            Ok(()) => Ok(()),
-            Err(Errno::EXIST) if self.eng.opts.file.overwrite == Overwrite::Replace => {
-                let tmp = crate::write::temp_name(OsStr::from_bytes(self.dst_name.to_bytes()));
-                let tmp = std::ffi::CString::new(tmp.as_bytes()).expect("no NUL in a temp name");
-                make(dir, &tmp).map_err(|e| self.dest_error(e))?;
-                fs::renameat(dir, &tmp, dir, self.dst_name).map_err(|e| {
-                    let _ = fs::unlinkat(dir, &tmp, AtFlags::empty());
-                    self.dest_error(e)
-                })
-            }
-            Err(e) => Err(self.dest_error(e)),
-        }
+        let replace = self.eng.opts.file.overwrite == Overwrite::Replace || self.eng.opts.resume;
+        crate::place::place_name(self.dst_dir(), self.dst_name, replace, make)
+            .map_err(|e| self.dest_error(e))
     }
 
-    /// Clone (or copy) the open source into an unnamed file, set its
-    /// metadata, link it into place.
+    /// Clone (or copy) the open source into a new file placed as the
+    /// directory's [`Placement`] says (directly in a directory this run
+    /// created, else an unnamed file linked into place), set its metadata.
     fn clone_file(&self, sfd: BorrowedFd<'_>, st: &Stat) -> Result<Outcome, Error> {
         let opts = &self.eng.opts.file;
         let dir = self.dst_dir();
         let dst_name = os(self.dst_name);
-        let pending = PendingFile::create(
+        // Resuming: keep what already matches, replace anything else.
+        let overwrite = if self.eng.opts.resume {
+            Overwrite::Replace
+        } else {
+            opts.overwrite
+        };
+        let placement = self.node.placement;
+        let file = NewFile::create(
             dir,
             Path::new("."),
             dst_name,
             Mode::from_raw_mode(st.st_mode & 0o777),
+            placement,
+            self.dst,
         )
         .map_err(|e| self.dest_error(e))?;
-        let dfd = pending.fd();
-        let before_copy = || match opts.overwrite {
+        let dfd = file.fd();
+        let before_copy = || match (overwrite, placement) {
             // Refuse before copying data in vain (the final link re-checks).
-            Overwrite::Refuse => match fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(_) => Err(self.dest_error(Errno::EXIST)),
-                Err(_) => Ok(()),
-            },
-            Overwrite::Replace => Ok(()),
+            (Overwrite::Refuse, Placement::Atomic) => {
+                match fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(_) => Err(self.dest_error(Errno::EXIST)),
+                    Err(_) => Ok(()),
+                }
+            }
+            _ => Ok(()),
         };
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
         let size = st.st_size as u64;
@@ -359,13 +368,30 @@ impl Entry<'_, '_> {
             self.error(m.errno)
                 .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
         })?;
-        pending
-            .persist(dst_name, opts.overwrite)
+        file.commit(dst_name, overwrite)
             .map_err(|e| self.dest_error(e))?;
         Ok(Outcome {
             method,
             bytes: size,
         })
+    }
+
+    /// With [`TreeOptions::resume`](super::TreeOptions::resume): whether
+    /// the destination is a regular file with the source's size and
+    /// modification time, i.e. one a finished run placed. A file left by an
+    /// interrupted run never qualifies: its times are set last.
+    fn already_done(&self, st: &Stat) -> bool {
+        if !self.eng.opts.resume || self.node.placement == Placement::Direct {
+            return false; // a directory this run created holds nothing old
+        }
+        match fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(d) => {
+                FileType::from_raw_mode(d.st_mode) == FileType::RegularFile
+                    && d.st_size == st.st_size
+                    && (d.st_mtime, d.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec)
+            }
+            Err(_) => false,
+        }
     }
 
     /// A symbolic link, recreated with the same target (never followed).

@@ -15,7 +15,7 @@ use std::ffi::{CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
@@ -26,6 +26,7 @@ use rustix::io::Errno;
 use super::entry::{self, LinkTable};
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
 use crate::error::{errno_text, Error, ErrorKind, Operation};
+use crate::place::Placement;
 
 /// Entries read from a directory per job: small enough to share a large
 /// directory between threads, large enough to amortize the job overhead.
@@ -54,6 +55,9 @@ pub(super) struct DirNode {
     /// False for the parent directories of a single-entry copy, which are
     /// not ours to change.
     finish: bool,
+    /// How files get their names here: directly where this run created
+    /// the directory, atomically where it merges into an existing one.
+    pub(super) placement: Placement,
     parent: Option<Arc<DirNode>>,
 }
 
@@ -80,12 +84,15 @@ enum Job {
     Read(Arc<DirNode>),
 }
 
-/// Counts a job as finished when dropped.
-struct JobDone<'p>(&'p AtomicUsize);
+/// Counts a job as finished when dropped; the last one wakes every parked
+/// worker so they can see the pool is done.
+struct JobDone<'p, 'a>(&'p Engine<'a>);
 
-impl Drop for JobDone<'_> {
+impl Drop for JobDone<'_, '_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.wake(true);
+        }
     }
 }
 
@@ -100,6 +107,7 @@ pub(super) struct Counts {
     pub(super) cloned: AtomicU64,
     pub(super) copied: AtomicU64,
     pub(super) errors: AtomicU64,
+    pub(super) skipped: AtomicU64,
 }
 
 /// Add one to a counter.
@@ -117,6 +125,12 @@ pub(super) struct Engine<'a> {
     /// Jobs queued or running; the pool stops when it reaches zero.
     pending: AtomicUsize,
     injector: Injector<Job>,
+    /// Workers parked for lack of work, and where they wait: an idle
+    /// worker sleeps instead of spinning (a spinning thread takes the core
+    /// the filesystem needs), and a push wakes one.
+    sleepers: AtomicUsize,
+    idle: Mutex<()>,
+    wakeup: Condvar,
 }
 
 impl Engine<'_> {
@@ -147,6 +161,7 @@ impl Engine<'_> {
             cloned: g(&c.cloned),
             copied: g(&c.copied),
             errors: g(&c.errors),
+            skipped: g(&c.skipped),
             cancelled: self.cancelled(),
         }
     }
@@ -154,27 +169,50 @@ impl Engine<'_> {
     fn push(&self, local: &Worker<Job>, job: Job) {
         self.pending.fetch_add(1, Ordering::SeqCst);
         local.push(job);
+        self.wake(false);
+    }
+
+    /// Wake one parked worker (new work) or all (the pool is done).
+    fn wake(&self, all: bool) {
+        if self.sleepers.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        // Taking the lock orders this after a sleeper's last look for work.
+        drop(self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        if all {
+            self.wakeup.notify_all();
+        } else {
+            self.wakeup.notify_one();
+        }
     }
 
     fn work(&self, local: Worker<Job>, stealers: &[Stealer<Job>]) {
-        let mut idle = 0u32;
         loop {
             if let Some(job) = local.pop().or_else(|| self.steal(&local, stealers)) {
-                idle = 0;
                 // Counted down even if the job panics (an observer bug), so
                 // the other workers stop and the panic reaches the caller.
-                let _done = JobDone(&self.pending);
+                let _done = JobDone(self);
                 self.run(job, &local);
-            } else if self.pending.load(Ordering::SeqCst) == 0 {
-                return;
+                continue;
+            }
+            // Nothing to take: park until a push or the end. Registered as
+            // a sleeper before the last look, under the lock a waker takes,
+            // so no wakeup is lost; the timeout is only a safety net.
+            let guard = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            let visible = !self.injector.is_empty() || stealers.iter().any(|s| !s.is_empty());
+            let done = self.pending.load(Ordering::SeqCst) == 0;
+            if !visible && !done {
+                let _ = self
+                    .wakeup
+                    .wait_timeout(guard, Duration::from_millis(20))
+                    .unwrap_or_else(|p| p.into_inner());
             } else {
-                // Another worker is busy and may push work soon.
-                idle += 1;
-                if idle < 50 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
+                drop(guard);
+            }
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            if done {
+                return;
             }
         }
     }
@@ -259,7 +297,16 @@ impl Engine<'_> {
                 dst: &dst_path,
                 action: super::Action::Dir,
             });
-            new_node(src_path, dst_path, rel, src, None, st, Some(parent.clone()))?
+            new_node(
+                src_path,
+                dst_path,
+                rel,
+                src,
+                None,
+                st,
+                Some(parent.clone()),
+                true,
+            )?
         } else {
             let made = make_dir(parent.dst_fd(), name, &st).map_err(|(e, why)| match why {
                 Some(why) => err(e).with_reason(why),
@@ -277,6 +324,7 @@ impl Engine<'_> {
                 Some(made),
                 st,
                 Some(parent.clone()),
+                self.opts.atomic,
             )?
         };
         bump(&self.counts.dirs, 1);
@@ -415,6 +463,7 @@ fn new_node(
     made: Option<Made>,
     st: Stat,
     parent: Option<Arc<DirNode>>,
+    crash_atomic: bool,
 ) -> Result<Arc<DirNode>, Error> {
     // The reader gets its own descriptor: reading moves a file position,
     // `openat` on `src` does not care, and the reader closes at the end.
@@ -425,9 +474,9 @@ fn new_node(
                 .with_src(&src_path)
                 .with_reason(format!("cannot read the directory: {}", errno_text(e)))
         })?;
-    let (dst, final_mode, mode_changed, new_gid) = match made {
-        Some(m) => (Some(m.fd), m.mode, m.changed, m.new_gid),
-        None => (None, 0, false, None),
+    let (dst, final_mode, mode_changed, new_gid, created) = match made {
+        Some(m) => (Some(m.fd), m.mode, m.changed, m.new_gid, m.created),
+        None => (None, 0, false, None, false),
     };
     Ok(Arc::new(DirNode {
         src_path,
@@ -441,6 +490,7 @@ fn new_node(
         mode_changed,
         new_gid,
         finish: true,
+        placement: Placement::choose(created, crash_atomic),
         parent,
     }))
 }
@@ -454,6 +504,8 @@ struct Made {
     changed: bool,
     /// The group new files get in it, if predictable.
     new_gid: Option<u32>,
+    /// This run created it (it did not exist before).
+    created: bool,
 }
 
 /// Create the directory `name` in `dir` (or accept an existing directory),
@@ -503,6 +555,7 @@ fn make_dir(
         mode,
         changed,
         new_gid,
+        created,
     })
 }
 
@@ -560,6 +613,7 @@ fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, C
         mode_changed: false,
         new_gid: None,
         finish: false,
+        placement: Placement::Atomic,
         parent: None,
     });
     let cname = CString::new(name.as_bytes()).map_err(|_| {
@@ -608,6 +662,9 @@ pub fn copy_tree(
         root_dst: None,
         pending: AtomicUsize::new(0),
         injector: Injector::new(),
+        sleepers: AtomicUsize::new(0),
+        idle: Mutex::new(()),
+        wakeup: Condvar::new(),
     };
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         let (parent, name) = parent_node(src, dst, options.dry_run)?;
@@ -661,6 +718,7 @@ pub fn copy_tree(
         made,
         st,
         None,
+        options.atomic,
     )?;
     engine.emit(if options.dry_run {
         TreeEvent::Planned {
@@ -674,8 +732,14 @@ pub fn copy_tree(
     bump(&engine.counts.dirs, 1);
 
     let threads = match options.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
+        0 => {
+            let fs = engine
+                .root_dst
+                .as_ref()
+                .map_or(crate::FsKind::Other, |d| crate::clone::kind_of(d.as_fd()));
+            super::default_threads(fs, options.file.reflink != crate::Reflink::Never)
+        }
+        n => n.min(super::MAX_THREADS),
     };
     engine.pending.store(1, Ordering::SeqCst);
     engine.injector.push(Job::Read(root));
