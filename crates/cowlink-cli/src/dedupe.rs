@@ -43,8 +43,11 @@ pub struct DedupeArgs {
     #[arg(short = 'n', long)]
     dry_run: bool,
 
-    /// Ignore files smaller than this (bytes; suffixes K, M, G)
-    #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_size)]
+    /// Ignore files smaller than this (bytes; suffixes K, M, G). The default,
+    /// 1, takes every non-empty file: on XFS even a 1-byte file holds a
+    /// whole block that a duplicate can give back (Btrfs keeps small files
+    /// inline in metadata: those are counted as not shareable)
+    #[arg(long, value_name = "SIZE", default_value = "1", value_parser = parse_size)]
     min_size: u64,
 
     /// Worker threads for scanning and hashing [default: number of CPUs]
@@ -177,8 +180,8 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         eprintln!("cowlink: {e}");
     }
     let skipped = format!(
-        "skipped: {} already shared, {} hard links",
-        plan.files_already_shared, plan.hardlinks_skipped
+        "skipped: {} already shared, {} hard links, {} inline (not shareable)",
+        plan.files_already_shared, plan.hardlinks_skipped, plan.inline_skipped
     );
     match &report {
         None => writeln!(

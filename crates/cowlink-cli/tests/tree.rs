@@ -425,7 +425,9 @@ fn resume_through_the_cli_recopies_a_truncated_file() {
         .unwrap()
         .set_len(10)
         .unwrap();
-    let out = cowlink(&[&"cp", &"-a", &"--resume", &"--json", &src, &dst]);
+    // -T: DEST is the copy itself (as with GNU cp, an existing DEST would
+    // otherwise receive DEST/src).
+    let out = cowlink(&[&"cp", &"-aT", &"--resume", &"--json", &src, &dst]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["summary"]["skipped"], 19, "{json}");

@@ -49,8 +49,10 @@ pub const CHUNK: u64 = 1 << 30;
 /// How [`plan`] works.
 #[derive(Debug, Clone)]
 pub struct DedupeOptions {
-    /// Smallest file considered, in bytes (default 4 KiB: smaller files
-    /// rarely fill a block of their own).
+    /// Smallest file considered, in bytes (default 1: every non-empty
+    /// file holds a block of its own on XFS, so even a 1-byte duplicate
+    /// gives back a block; Btrfs keeps small files inline in its metadata,
+    /// and those are reported in [`Plan::inline_skipped`] instead).
     pub min_size: u64,
     /// Worker threads for walking and hashing (default: the CPUs).
     pub threads: usize,
@@ -61,7 +63,7 @@ pub struct DedupeOptions {
 impl Default for DedupeOptions {
     fn default() -> Self {
         DedupeOptions {
-            min_size: 4096,
+            min_size: 1,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             progress: None,
         }
@@ -132,6 +134,11 @@ pub struct Plan {
     pub files_already_shared: u64,
     /// Extra names of hard-linked files (one inode is one file).
     pub hardlinks_skipped: u64,
+    /// Files whose data lives inline in the filesystem's metadata (small
+    /// files on Btrfs): they have no blocks to share, so they are not
+    /// shareable and nothing is claimed for them.
+    #[serde(default)]
+    pub inline_skipped: u64,
     /// Files that could not be read, and filesystems refused, as text.
     pub errors: Vec<String>,
 }
@@ -159,6 +166,11 @@ struct Cand {
     shared_runs: Option<Vec<(u64, u64, u64)>>,
     /// Bytes in extents not flagged shared.
     exclusive: u64,
+    /// The data is inline in metadata (no extent to share).
+    inline: bool,
+    /// For files of at most two edges: the hash of all their bytes, taken
+    /// while the file was open for its layout (one open per small file).
+    small_hash: Option<[u8; 32]>,
 }
 
 #[derive(Default)]
@@ -196,6 +208,8 @@ impl Visitor for Collect {
             size,
             shared_runs: None,
             exclusive: 0,
+            inline: false,
+            small_hash: None,
         };
         if size >= self.min_size.max(1) {
             c.exclusive = st.st_blocks as u64 * 512; // until the layout is read
@@ -214,6 +228,7 @@ impl Visitor for Collect {
 fn layout_facts(list: &[Extent], c: &mut Cand) {
     let mut runs: Vec<(u64, u64, u64)> = Vec::new();
     let mut all_shared = !list.is_empty();
+    c.inline = list.iter().any(Extent::is_inline);
     for x in list {
         if !x.is_shared() || !x.has_address() || x.is_unwritten() {
             all_shared = false;
@@ -302,6 +317,8 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     // The layout tells already-shared files apart without reading them.
     // Only files with a same-size partner are mapped; a failure here only
     // costs the shortcut.
+    // Small files are hashed in full while open (their "edges" are all of
+    // them), so each is opened once for the whole plan.
     pool.install(|| {
         size_groups
             .par_iter_mut()
@@ -312,9 +329,23 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
                         c.exclusive = 0;
                         layout_facts(&list, c);
                     }
+                    if c.size <= 2 * EDGE && !c.inline && c.shared_runs.is_none() {
+                        if let Ok((h, n)) = crate::hash::hash_fd(fd.as_fd(), c.size, &|_| {}) {
+                            if n == c.size {
+                                c.small_hash = Some(h);
+                            }
+                        }
+                    }
                 }
             })
     });
+    // Inline data has no blocks to share: report, never claim.
+    for g in &mut size_groups {
+        let before = g.len();
+        g.retain(|c| !c.inline);
+        plan.inline_skipped += (before - g.len()) as u64;
+    }
+    size_groups.retain(|g| g.len() > 1);
 
     // Within a size group, files on identical shared blocks are one cluster
     // (same bytes by construction): hash one representative per cluster.
@@ -376,6 +407,10 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             .par_iter()
             .filter_map(|&id| {
                 let c = &clusters[id][0];
+                if let Some(h) = c.small_hash {
+                    count(c.size);
+                    return Some((id, h));
+                }
                 hash_file(&c.path, c.size, true, &count)
                     .map_err(|e| lock(&hash_errors).push(e.to_string()))
                     .ok()

@@ -187,14 +187,23 @@ fn near_duplicates_and_hard_links_are_not_deduplicated() {
     longer.extend_from_slice(b"more");
     write_file(&d.join("longer"), &longer);
     fs::hard_link(d.join("base"), d.join("hardlink")).unwrap();
-    write_file(&d.join("small"), b"tiny"); // below min_size
+    write_file(&d.join("small"), b"tiny"); // below a 4 KiB min_size
     write_file(&d.join("small2"), b"tiny");
     sync(d);
-    let p = plan_of(&[d]);
+    let opts = DedupeOptions {
+        min_size: 4096,
+        ..Default::default()
+    };
+    let p = plan(&[d], &opts).unwrap();
     assert!(p.groups.is_empty(), "{p:#?}");
     assert_eq!(p.hardlinks_skipped, 1);
     assert_eq!(p.files_scanned, 9);
     assert_eq!(p.candidates, 6);
+    // The default (1 byte) pairs the tiny duplicates and nothing else.
+    let p = plan_of(&[d]);
+    assert_eq!(p.candidates, 8);
+    assert_eq!(p.groups.len(), 1, "{p:#?}");
+    assert_eq!(p.groups[0].size, 4);
 }
 
 #[test]
@@ -287,5 +296,78 @@ fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
                 data(64 << 10, 5)
             );
         }
+    }
+}
+
+/// Sizes from 1 byte to 4 KiB: on XFS each copy holds a block of its own,
+/// and the default settings reclaim every one of them, measured.
+#[test]
+fn xfs_small_files_from_one_byte_are_deduplicated_and_measured_back() {
+    let _serial = serial();
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let sizes = [1usize, 100, 1000, 2047, 4095, 4096];
+    let mut groups = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let sub = dir.join(format!("s{size}"));
+        fs::create_dir(&sub).unwrap();
+        groups.push(copies(&sub, 40, size, 10 + i as u64));
+    }
+    let p = plan_of(&[dir]);
+    assert_eq!(p.groups.len(), sizes.len(), "{:?}", p.errors);
+    assert_eq!(p.targets(), 39 * sizes.len() as u64);
+    let r = execute(&p, &DedupeOptions::default());
+    assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
+    assert_eq!(r.targets_deduped, 39 * sizes.len() as u64);
+    // One 4 KiB block back per target; measured, so allow for metadata.
+    let expected = 39 * sizes.len() as u64 * 4096;
+    assert!(
+        r.bytes_reclaimed >= expected * 9 / 10,
+        "reclaimed {} of {expected}",
+        r.bytes_reclaimed
+    );
+    for (g, &size) in groups.iter().zip(&sizes) {
+        for f in &g[1..] {
+            assert!(same_blocks(&g[0], f), "{} not shared", f.display());
+            assert_eq!(fs::read(f).unwrap().len(), size);
+        }
+    }
+}
+
+/// On Btrfs small files live inline in metadata: they are reported as not
+/// shareable, never counted as reclaimed; larger ones still dedupe.
+#[test]
+fn btrfs_inline_files_are_reported_not_claimed() {
+    let _serial = serial();
+    let Some(d) = testfs!(Btrfs) else { return };
+    let dir = d.path();
+    let small = copies(&dir.join("x").tap_mkdir(), 5, 100, 30);
+    let big = copies(&dir.join("y").tap_mkdir(), 3, 64 * 1024, 31);
+    assert!(
+        extents(&small[0])
+            .unwrap()
+            .extents
+            .iter()
+            .any(|x| x.is_inline()),
+        "a 100-byte file is inline on this Btrfs"
+    );
+    let p = plan_of(&[dir]);
+    assert_eq!(p.inline_skipped, 5, "{p:?}");
+    assert_eq!(p.groups.len(), 1, "{p:?}");
+    assert_eq!(p.groups[0].targets.len(), 2);
+    let r = execute(&p, &DedupeOptions::default());
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert_eq!(r.targets_deduped, 2);
+    assert!(same_blocks(&big[0], &big[2]));
+}
+
+trait MkDir {
+    fn tap_mkdir(self) -> PathBuf;
+}
+
+impl MkDir for PathBuf {
+    fn tap_mkdir(self) -> PathBuf {
+        fs::create_dir_all(&self).unwrap();
+        self
     }
 }

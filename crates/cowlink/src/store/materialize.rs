@@ -65,10 +65,11 @@ pub struct MaterializeOptions {
     /// Off by default: a manifest is untrusted input, and a set-id file
     /// checked out by root would run as root.
     pub setid: bool,
-    /// Make every file complete-or-absent even after a crash (`O_TMPFILE`
-    /// + `linkat`). Without it files are created under their final names
-    /// (the destination is new or empty, so nothing is overwritten) and
-    /// removed on error; a `SIGKILL` can leave a partial one.
+    /// Make every file complete-or-absent even after a crash (an
+    /// `O_TMPFILE` linked into place). Without it files are created under
+    /// their final names (the destination is new or empty, so nothing is
+    /// overwritten) and removed on error; a `SIGKILL` can leave a partial
+    /// one.
     pub atomic: bool,
     /// Create symbolic links whose target is absolute or leaves the tree
     /// (refused by default: a later write through such a link by another

@@ -297,21 +297,14 @@ impl Engine<'_> {
                 dst: &dst_path,
                 action: super::Action::Dir,
             });
-            new_node(
-                src_path,
-                dst_path,
-                rel,
-                src,
-                None,
-                st,
-                Some(parent.clone()),
-                true,
-            )?
+            new_node(src_path, dst_path, rel, src, None, st, Some(parent.clone()))?
         } else {
-            let made = make_dir(parent.dst_fd(), name, &st).map_err(|(e, why)| match why {
-                Some(why) => err(e).with_reason(why),
-                None => err(e),
-            })?;
+            let made = make_dir(parent.dst_fd(), name, &st, self.opts.atomic).map_err(
+                |(e, why)| match why {
+                    Some(why) => err(e).with_reason(why),
+                    None => err(e),
+                },
+            )?;
             self.emit(TreeEvent::Dir {
                 src: &src_path,
                 dst: &dst_path,
@@ -324,7 +317,6 @@ impl Engine<'_> {
                 Some(made),
                 st,
                 Some(parent.clone()),
-                self.opts.atomic,
             )?
         };
         bump(&self.counts.dirs, 1);
@@ -463,7 +455,6 @@ fn new_node(
     made: Option<Made>,
     st: Stat,
     parent: Option<Arc<DirNode>>,
-    crash_atomic: bool,
 ) -> Result<Arc<DirNode>, Error> {
     // The reader gets its own descriptor: reading moves a file position,
     // `openat` on `src` does not care, and the reader closes at the end.
@@ -474,9 +465,9 @@ fn new_node(
                 .with_src(&src_path)
                 .with_reason(format!("cannot read the directory: {}", errno_text(e)))
         })?;
-    let (dst, final_mode, mode_changed, new_gid, created) = match made {
-        Some(m) => (Some(m.fd), m.mode, m.changed, m.new_gid, m.created),
-        None => (None, 0, false, None, false),
+    let (dst, final_mode, mode_changed, new_gid, placement) = match made {
+        Some(m) => (Some(m.fd), m.mode, m.changed, m.new_gid, m.placement),
+        None => (None, 0, false, None, Placement::Atomic),
     };
     Ok(Arc::new(DirNode {
         src_path,
@@ -490,7 +481,7 @@ fn new_node(
         mode_changed,
         new_gid,
         finish: true,
-        placement: Placement::choose(created, crash_atomic),
+        placement,
         parent,
     }))
 }
@@ -504,8 +495,9 @@ struct Made {
     changed: bool,
     /// The group new files get in it, if predictable.
     new_gid: Option<u32>,
-    /// This run created it (it did not exist before).
-    created: bool,
+    /// How files get their names in it: directly when this run created
+    /// it (unless every name must be crash-atomic).
+    placement: Placement,
 }
 
 /// Create the directory `name` in `dir` (or accept an existing directory),
@@ -514,6 +506,7 @@ fn make_dir(
     dir: BorrowedFd<'_>,
     name: &CStr,
     src_st: &Stat,
+    crash_atomic: bool,
 ) -> Result<Made, (Errno, Option<&'static str>)> {
     let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(src_st.st_mode & 0o777)) {
         Ok(()) => true,
@@ -555,7 +548,7 @@ fn make_dir(
         mode,
         changed,
         new_gid,
-        created,
+        placement: Placement::choose(created, crash_atomic),
     })
 }
 
@@ -700,7 +693,7 @@ pub fn copy_tree(
     } else {
         let cdst = CString::new(dst.as_os_str().as_bytes())
             .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
-        let made = make_dir(CWD, &cdst, &st).map_err(|(e, why)| match why {
+        let made = make_dir(CWD, &cdst, &st, options.atomic).map_err(|(e, why)| match why {
             Some(why) => err(e).with_reason(why),
             None => err(e).with_reason(format!(
                 "cannot create the destination directory: {}",
@@ -718,7 +711,6 @@ pub fn copy_tree(
         made,
         st,
         None,
-        options.atomic,
     )?;
     engine.emit(if options.dry_run {
         TreeEvent::Planned {

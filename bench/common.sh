@@ -1,0 +1,66 @@
+# Shared by the bench/ scripts (sourced, not run): test filesystems, the
+# real trees every benchmark leads with, the bare-syscall floor, and the
+# medians table.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH="$PATH:/usr/sbin:/sbin:$HOME/.cargo/bin"
+cargo build --release --locked -q -p cowlink-cli
+export BIN=$PWD/target/release/cowlink
+export FLOOR=$PWD/target/floor
+cc -O2 -pthread -o "$FLOOR" bench/floor.c
+if [ -z "$(scripts/testfs env)" ]; then
+    trap 'scripts/testfs down' EXIT
+    scripts/testfs up >/dev/null
+fi
+eval "$(scripts/testfs env)"
+
+# Peers a user would pick instead, installed when missing.
+need_peers() {
+    command -v xcp >/dev/null || cargo install --locked -q xcp
+    if [ "${1:-}" = dedupe ]; then
+        command -v fclones >/dev/null || cargo install --locked -q fclones
+        command -v jdupes >/dev/null && command -v duperemove >/dev/null ||
+            apt-get install -y -qq jdupes duperemove >/dev/null
+    fi
+}
+
+header() {
+    echo "kernel $(uname -r); $(nproc) cores; xfs: mkfs.xfs -m reflink=1 (16 GiB loop image);" \
+         "btrfs: mkfs.btrfs defaults (16 GiB); ext4: mkfs.ext4 defaults (14 GiB); $(date -u +%F)"
+}
+
+# real_tree SRC DIR: a real tree (e.g. /usr) copied into DIR on a test
+# filesystem with cp -a (physical copies, no sharing), once per mount; and
+# DIR.list, the floor loop's list of it.
+real_tree() {
+    local src=$1 dir=$2
+    if [ ! -e "$dir.done" ]; then
+        rm -rf "$dir" "$dir.list"
+        mkdir -p "$(dirname "$dir")"
+        cp -a --reflink=never "$src" "$dir"
+        (cd "$dir" && find . -printf '%y %P\0%l\0') >"$dir.list"
+        sync
+        touch "$dir.done"
+    fi
+    echo "$(find "$dir" -type f | wc -l) files, $(find "$dir" -type d | wc -l) dirs," \
+         "$(find "$dir" -type l | wc -l) symlinks, $(du -sh --apparent-size "$dir" | cut -f1)"
+}
+
+# medians RESULT.json ROOT [REF]: a markdown table of medians, each with its
+# ratio to command number REF (0-based, default 1).
+medians() {
+    python3 - "$@" <<'PY'
+import json, statistics, sys
+results = json.load(open(sys.argv[1]))["results"]
+root, ref = sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1
+med = [statistics.median(r["times"]) * 1000 for r in results]
+import os
+def name(r):
+    c = r["command"].replace(os.environ["BIN"], "cowlink").replace(os.environ["FLOOR"], "floor")
+    return c.replace(root, "T").replace("'", "")
+print("| command | median ms | min ms | max ms | vs `%s` |" % name(results[ref]))
+print("|---|---:|---:|---:|---:|")
+for r, m in zip(results, med):
+    print(f"| `{name(r)}` | {m:.0f} | {r['min']*1000:.0f} | {r['max']*1000:.0f} | {m / med[ref]:.2f}× |")
+PY
+}
