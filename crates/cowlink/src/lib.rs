@@ -25,7 +25,8 @@
 //! ```
 //!
 //! Module map: [`clone`](clone_file) (whole file and range), `copy` (the
-//! fallback data copy), `meta` ([`Preserve`]), `write` (atomic placement,
+//! fallback data copy), `meta` ([`Preserve`]), `place` (how a destination
+//! name comes into being: [`Placement`],
 //! [`Overwrite`]), [`probe`] (capabilities), [`extents`] (FIEMAP),
 //! [`tree`] (directory copy), [`usage`] (true disk usage), [`dedupe`],
 //! [`store`] (content-addressed store), [`error`] (one

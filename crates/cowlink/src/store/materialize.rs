@@ -2,9 +2,12 @@
 //! ([`Store::materialize`]) or a whole manifest
 //! ([`Store::materialize_tree`]).
 //!
-//! Every file is written to an unnamed temporary in its destination
-//! directory and linked into place complete, with its mode. A tree goes to
-//! a new or empty directory: directories first (sequentially, so parents
+//! A single object is written to an unnamed temporary and linked into
+//! place complete. A tree goes to a new or empty directory, where nothing
+//! can be overwritten, so its files are created under their final names
+//! and removed on error ([`Placement::Direct`]; `atomic` for unnamed
+//! temporaries). Before an object is placed its size and modification-time
+//! mark are checked, and it is rehashed when either says it changed. A tree: directories first (sequentially, so parents
 //! exist), then files in parallel, a batch of one directory's files per
 //! task, then symbolic links, then directory modes deepest first (a
 //! read-only directory would refuse the files created in it). Parent

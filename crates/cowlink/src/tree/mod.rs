@@ -15,10 +15,13 @@
 //! those of the source even though entries were created inside it.
 //!
 //! Every regular file goes through the same steps as [`crate::clone_file`]:
-//! clone, or copy when the [`Reflink`](crate::Reflink) mode allows; written
-//! to an unnamed temporary (`O_TMPFILE`) and linked into place complete, so
-//! an error, a cancel or a crash never leaves a partial file under a final
-//! name. Per-entry failures are reported to the [`Observer`], counted in the
+//! clone, or copy when the [`Reflink`](crate::Reflink) mode allows; placed
+//! as [`Placement`](crate::Placement) decides: created under its name in a
+//! directory this run made (removed on error or cancel), or written to an
+//! unnamed temporary and linked into place complete over existing names
+//! (and everywhere with [`TreeOptions::atomic`]). An error or a cancel never
+//! leaves a partial file; only `SIGKILL` or a power cut can, and
+//! [`TreeOptions::resume`] recognises it. Per-entry failures are reported to the [`Observer`], counted in the
 //! [`TreeReport`], and the walk goes on.
 //!
 //! Layout: this file has the public types; `walk` the pool, the directory
@@ -63,7 +66,7 @@ pub fn default_threads(fs: crate::FsKind, clone_bound: bool) -> usize {
 /// from any thread or a signal handler's thread.
 ///
 /// After a cancel the workers finish the entry they are on (a file is
-/// either linked into place complete or its unnamed temporary vanishes),
+/// either complete under its name or removed),
 /// start nothing new, set the metadata of the directories they created, and
 /// `copy_tree` returns with [`TreeReport::cancelled`] set.
 #[derive(Debug, Clone, Default)]
