@@ -287,10 +287,17 @@ impl Store {
             p.files_total
                 .store(manifest.file_totals().0, Ordering::Relaxed);
         }
-        for path in dirs.keys() {
+        // A directory whose mode lets us work in it and survives the umask
+        // is made with that mode at once; the others are made 0700 and get
+        // their mode at the end (a read-only one would refuse its files).
+        let umask = crate::meta::umask();
+        let final_now =
+            |m: u32| m & 0o7000 == 0 && m & 0o700 == 0o700 && umask.is_some_and(|u| m & u == 0);
+        for (path, mode) in &dirs {
             let (parent, name) = split_rel(path);
+            let first = if final_now(*mode) { *mode } else { 0o700 };
             let made = open_beneath(root, parent, OFlags::PATH)
-                .and_then(|fd| fs::mkdirat(&fd, name, Mode::from_raw_mode(0o700)));
+                .and_then(|fd| fs::mkdirat(&fd, name, Mode::from_raw_mode(first)));
             match made {
                 Ok(()) => report.dirs += 1,
                 Err(e) => fail(merr(dest.join(path), e)),
@@ -343,15 +350,24 @@ impl Store {
             })
         });
 
-        for (parent, name, target, path) in links {
-            let made = open_beneath(root, parent, OFlags::PATH)
-                .and_then(|fd| fs::symlinkat(target, &fd, name));
-            match made {
-                Ok(()) => report.symlinks += 1,
-                Err(e) => fail(merr(dest.join(path), e)),
-            }
-        }
-        for (path, mode) in dirs.iter().rev() {
+        // Symbolic links after the files (in parallel: every parent is
+        // opened without following links, and a file is never created
+        // through one, so the order is not what keeps us safe).
+        let symlinks = AtomicU64::new(0);
+        self.install_for(root, clone_bound, || {
+            links.par_iter().for_each(|(parent, name, target, path)| {
+                let made = open_beneath(root, parent, OFlags::PATH)
+                    .and_then(|fd| fs::symlinkat(*target, &fd, *name));
+                match made {
+                    Ok(()) => {
+                        symlinks.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => fail(merr(dest.join(path), e)),
+                }
+            })
+        });
+        report.symlinks = symlinks.into_inner();
+        for (path, mode) in dirs.iter().rev().filter(|(_, m)| !final_now(**m)) {
             let set = open_beneath(root, path, OFlags::RDONLY)
                 .and_then(|fd| fs::fchmod(&fd, Mode::from_raw_mode(*mode)));
             if let Err(e) = set {
@@ -376,8 +392,8 @@ impl Store {
         if how.link == LinkMode::Hardlink {
             return self.hardlink(want, how);
         }
-        let obj = self.object_path(want.digest);
-        let err = |e: Errno| merr(want.shown, e).with_src(&obj);
+        // Paths for messages are made only when a message is.
+        let err = |e: Errno| merr(want.shown, e).with_src(self.object_path(want.digest));
         let create_mode = Mode::from_raw_mode(want.mode.map_or(0o666, |m| m & 0o777));
         let file = NewFile::create(
             want.dir,
@@ -416,14 +432,14 @@ impl Store {
     /// is rehashed, and placed only if it still matches its digest.
     fn checked_object(&self, want: &Want<'_>, how: &How<'_>, gen: u32) -> Result<(OwnedFd, u64)> {
         let src = self.open_object(want.digest, gen, want.shown, how.gens)?;
-        let rel = object_rel(want.digest, gen);
-        let path = self.root.join(&rel);
-        let st = fs::fstat(&src).map_err(|e| merr(want.shown, e).with_src(&path))?;
+        let path = || self.root.join(object_rel(want.digest, gen));
+        let st = fs::fstat(&src).map_err(|e| merr(want.shown, e).with_src(path()))?;
         let size = st.st_size as u64;
         let marked = super::is_marked_unchanged(&st);
         if !how.verify && marked && want.size.is_none_or(|s| s == size) {
             return Ok((src, size));
         }
+        let path = path();
         let (hash, len) = crate::hash::hash_fd(src.as_fd(), size, &|_| {})
             .map_err(|e| merr(want.shown, e).with_src(&path))?;
         if hash != want.digest.0 || len != size {
@@ -542,11 +558,10 @@ impl Store {
         let mut gen = self.current_generation(digest);
         loop {
             let (src, size) = self.checked_object(want, how, gen)?;
-            let src_path = self.root.join(object_rel(digest, gen));
             let failed = |e: Errno| {
                 transfer_error(
                     Operation::Materialize,
-                    &src_path,
+                    &self.root.join(object_rel(digest, gen)),
                     shown,
                     e,
                     src.as_fd(),
