@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, ResolveFlags, CWD};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
 use super::{object_rel, Digest, EntryKind, Manifest, Store};
@@ -161,13 +161,7 @@ fn merr(dst: impl AsRef<Path>, e: Errno) -> Error {
 /// Open the directory `rel` below `root` without following any symbolic
 /// link and without leaving `root`.
 fn open_beneath(root: BorrowedFd<'_>, rel: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
-    fs::openat2(
-        root,
-        if rel.is_empty() { "." } else { rel },
-        flags | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
+    super::open_beneath(root, rel, flags | OFlags::DIRECTORY)
 }
 
 /// `("a/b", "c")` for `"a/b/c"`, `("", "c")` for `"c"`.

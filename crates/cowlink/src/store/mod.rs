@@ -428,13 +428,7 @@ impl Store {
     /// RESOLVE_NO_SYMLINKS`): a store never acts through a link planted in
     /// its layout.
     fn layout_dir(&self, rel: &str) -> std::result::Result<OwnedFd, Errno> {
-        fs::openat2(
-            &self.dir,
-            rel,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
+        open_beneath(self.dir.as_fd(), rel, OFlags::RDONLY | OFlags::DIRECTORY)
     }
 
     /// Refuse a store whose layout is not what cowlink made: a symbolic
@@ -934,13 +928,7 @@ impl Store {
     /// Open the file `rel` of the layout read-only, following no symbolic
     /// link on the way or at the end.
     pub(crate) fn open_in_layout(&self, rel: &str) -> std::result::Result<OwnedFd, Errno> {
-        fs::openat2(
-            &self.dir,
-            rel,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
+        open_beneath(self.dir.as_fd(), rel, OFlags::RDONLY | OFlags::NOFOLLOW)
     }
 
     /// Name a finished object `digest` generation `gen`; `EEXIST` when the
@@ -1086,6 +1074,23 @@ fn temp_owner_is_dead(name: &[u8]) -> bool {
         return false;
     };
     !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Open `rel` below `root` with `flags`, following no symbolic link on the
+/// way (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): the one
+/// way the store opens its own layout and checkout destinations.
+pub(crate) fn open_beneath(
+    root: BorrowedFd<'_>,
+    rel: &str,
+    flags: OFlags,
+) -> std::result::Result<OwnedFd, Errno> {
+    fs::openat2(
+        root,
+        if rel.is_empty() { "." } else { rel },
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
 }
 
 /// The names in a directory, without `.` and `..`.
