@@ -772,21 +772,6 @@ fn plan(args: &CpArgs) -> Result<Vec<(PathBuf, PathBuf)>> {
 }
 
 /// Copy one command-line source; returns whether it was a tree copy.
-/// `--resume`: whether `dst` is a regular file with `src`'s size and
-/// modification time (a copy a finished run made; an interrupted one never
-/// has the source's time, which is set last).
-fn already_complete(src: &Path, dst: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(src), std::fs::symlink_metadata(dst)) {
-        (Ok(s), Ok(d)) => {
-            d.is_file()
-                && s.len() == d.len()
-                && (s.mtime(), s.mtime_nsec()) == (d.mtime(), d.mtime_nsec())
-        }
-        _ => false,
-    }
-}
-
 fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
     let meta = if tree.dereference {
         std::fs::metadata(src)
@@ -808,7 +793,7 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
         let t = Instant::now();
         let mut options = r.options;
         if tree.resume {
-            if already_complete(src, dst) {
+            if cowlink::is_complete_copy(src, dst) {
                 add(&r.live.skipped, 1);
                 r.record(&Record::new(src, dst, "skipped"));
                 return false;

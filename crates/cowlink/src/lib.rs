@@ -54,6 +54,6 @@ pub use clone::{clone_file, clone_range, CloneOptions, Method, Outcome, Reflink}
 pub use error::{Error, ErrorKind, Operation, Result};
 pub use fskind::{CloneLimit, FsKind};
 pub use meta::Preserve;
-pub use place::{remove_unfinished, Overwrite, Placement};
+pub use place::{is_complete_copy, remove_unfinished, Overwrite, Placement};
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use usage::{usage, Usage};

@@ -262,6 +262,25 @@ impl Placement {
     }
 }
 
+/// Whether `dst` (its `lstat`) looks like a finished copy of `src` (its
+/// `stat`) to a resumed run: a regular file with the same size and
+/// modification time, to the nanosecond. A file an interrupted run left
+/// never does, because times are set after the data.
+pub(crate) fn looks_complete(src: &fs::Stat, dst: &fs::Stat) -> bool {
+    fs::FileType::from_raw_mode(dst.st_mode) == fs::FileType::RegularFile
+        && dst.st_size == src.st_size
+        && (dst.st_mtime, dst.st_mtime_nsec) == (src.st_mtime, src.st_mtime_nsec)
+}
+
+/// [`looks_complete`] by path, for a single file: `src` followed, `dst`
+/// not. False when either cannot be read.
+pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
+    match (fs::stat(src.as_ref()), fs::lstat(dst.as_ref())) {
+        (Ok(s), Ok(d)) => looks_complete(&s, &d),
+        _ => false,
+    }
+}
+
 /// Direct files being written, by id, with the path to remove on a forced
 /// exit.
 static UNFINISHED: std::sync::Mutex<Vec<(u64, PathBuf)>> = std::sync::Mutex::new(Vec::new());

@@ -7,10 +7,13 @@
 //! can be overwritten, so its files are created under their final names
 //! and removed on error ([`Placement::Direct`]; `atomic` for unnamed
 //! temporaries). Before an object is placed its size and modification-time
-//! mark are checked, and it is rehashed when either says it changed. A tree: directories first (sequentially, so parents
-//! exist), then files in parallel, a batch of one directory's files per
-//! task, then symbolic links, then directory modes deepest first (a
-//! read-only directory would refuse the files created in it). Parent
+//! mark are checked, and it is rehashed when either says it changed.
+//!
+//! A tree: directories first (sequentially, so parents exist; each with its
+//! final mode when the umask allows), then files in parallel, a batch of
+//! one directory's files per task, then symbolic links in parallel, then
+//! the remaining directory modes deepest first (a read-only directory would
+//! refuse the files created in it). Parent
 //! directories are opened with `openat2(RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS)`, so nothing is ever written through a symbolic
 //! link, whatever the manifest says or anyone does to the destination
@@ -434,19 +437,7 @@ impl Store {
             return Ok((src, size));
         }
         let path = path();
-        let (hash, len) = crate::hash::hash_fd(src.as_fd(), size, &|_| {})
-            .map_err(|e| merr(want.shown, e).with_src(&path))?;
-        if hash != want.digest.0 || len != size {
-            return Err(Error::new(Operation::Materialize, ErrorKind::Corrupt)
-                .with_src(&path)
-                .with_dst(want.shown)
-                .with_reason(format!(
-                    "the store's object {} changed after it was stored (its bytes now hash to {}); \
-                     nothing was placed; run `cowlink store verify` to quarantine it",
-                    want.digest,
-                    Digest(hash)
-                )));
-        }
+        self.ensure_intact(src.as_fd(), size, want.digest, &path, want.shown, marked)?;
         if let Some(s) = want.size.filter(|s| *s != size) {
             return Err(Error::new(Operation::Materialize, ErrorKind::InvalidInput)
                 .with_src(&path)
@@ -456,11 +447,38 @@ impl Store {
                     want.digest
                 )));
         }
-        if !marked {
-            // Verified: mark it, so the next checkout need not rehash.
-            super::mark_unchanged(src.as_fd());
-        }
         Ok((src, size))
+    }
+
+    /// Rehash the object open as `fd` (`size` bytes, at `path`) and fail
+    /// with `Corrupt` unless it still holds the bytes of `digest`; an
+    /// intact object that had lost the unchanged mark (`marked`) gets it
+    /// back, so the next checkout need not rehash.
+    fn ensure_intact(
+        &self,
+        fd: BorrowedFd<'_>,
+        size: u64,
+        digest: &Digest,
+        path: &Path,
+        shown: &Path,
+        marked: bool,
+    ) -> Result<()> {
+        let (hash, len) =
+            crate::hash::hash_fd(fd, size, &|_| {}).map_err(|e| merr(shown, e).with_src(path))?;
+        if hash != digest.0 || len != size {
+            return Err(Error::new(Operation::Materialize, ErrorKind::Corrupt)
+                .with_src(path)
+                .with_dst(shown)
+                .with_reason(format!(
+                    "the store's object {digest} changed after it was stored (its bytes now hash to {}); \
+                     nothing was placed; run `cowlink store verify` to quarantine it",
+                    Digest(hash)
+                )));
+        }
+        if !marked {
+            super::mark_unchanged(fd);
+        }
+        Ok(())
     }
 
     /// Open generation `gen` of an object, making it first when it is a
@@ -493,15 +511,20 @@ impl Store {
 
     /// A physical copy of an object as generation `gen` (which has blocks
     /// of its own, so it can be cloned again as often as the first).
+    /// The first generation is checked like any object placed, so a
+    /// changed one is never copied into a new generation.
     fn make_generation(&self, digest: &Digest, gen: u32) -> Result<()> {
         let base = self
             .open_in_layout(&object_rel(digest, 0))
             .map_err(|e| super::store_err(self.object_path(digest), e))?;
-        let size = fs::fstat(&base)
-            .map_err(|e| super::store_err(self.object_path(digest), e))?
-            .st_size as u64;
+        let st = fs::fstat(&base).map_err(|e| super::store_err(self.object_path(digest), e))?;
+        let size = st.st_size as u64;
+        if !super::is_marked_unchanged(&st) {
+            let path = self.object_path(digest);
+            self.ensure_intact(base.as_fd(), size, digest, &path, &path, false)?;
+        }
         let rel = object_rel(digest, gen);
-        let pending = self.temporary("tmp/generation")?;
+        let pending = self.temporary("generation")?;
         let err = |e| super::store_err(self.root.join(&rel), e);
         // Read/write only: copy_file_range could share blocks again.
         crate::copy::copy_data(base.as_fd(), pending.fd(), size, false, &|| false).map_err(err)?;

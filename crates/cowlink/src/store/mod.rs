@@ -305,12 +305,9 @@ impl Store {
             any_generation: AtomicBool::new(false),
         };
         store.init()?;
-        store.check_layout()?;
-        store.tmp = Some(
-            store
-                .layout_dir("tmp")
-                .map_err(|e| store_err(store.root.join("tmp"), e))?,
-        );
+        if store.tmp.is_none() {
+            store.open_layout()?;
+        }
         store.clean_temporaries(false)?;
         Ok(store)
     }
@@ -354,7 +351,18 @@ impl Store {
         fs::statat(&self.dir, object_rel(digest, 0), AtFlags::SYMLINK_NOFOLLOW).is_ok()
     }
 
-    fn init(&self) -> Result<()> {
+    /// Check the layout ([`check_layout`](Self::check_layout)) and open
+    /// `tmp/`, where every temporary is made.
+    fn open_layout(&mut self) -> Result<()> {
+        self.check_layout()?;
+        let tmp = self
+            .layout_dir("tmp")
+            .map_err(|e| store_err(self.root.join("tmp"), e))?;
+        self.tmp = Some(tmp);
+        Ok(())
+    }
+
+    fn init(&mut self) -> Result<()> {
         match fs::statat(&self.dir, MARKER_NAME, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) => {
                 let text = fs::openat(
@@ -404,18 +412,9 @@ impl Store {
             mkdir(&format!("objects/{i:02x}"))?;
         }
         self.lock_fd()?;
-        self.check_layout()?;
+        self.open_layout()?;
         // The marker goes last, atomically: a store is complete or absent.
-        let tmp = self
-            .layout_dir("tmp")
-            .map_err(|e| store_err(self.root.join("tmp"), e))?;
-        let pending = PendingFile::create_rw(
-            tmp.as_fd(),
-            Path::new("."),
-            Path::new("marker"),
-            Mode::from_raw_mode(0o444),
-        )
-        .map_err(|e| store_err(self.root.join("tmp"), e))?;
+        let pending = self.temporary("marker")?;
         write_all(pending.fd(), MARKER.as_bytes()).map_err(|e| store_err(&self.root, e))?;
         match pending.persist_in(self.dir.as_fd(), Path::new(MARKER_NAME), Overwrite::Refuse) {
             Ok(()) | Err(Errno::EXIST) => Ok(()),
@@ -518,8 +517,9 @@ impl Store {
         }
     }
 
-    /// An unnamed, readable and writable file in the store (mode 0444),
-    /// that becomes a name only through `persist`.
+    /// An unnamed, readable and writable file in `tmp/` (mode 0444), that
+    /// becomes a name only through `persist_in`; `hint` names the named
+    /// temporary where `O_TMPFILE` is missing.
     fn temporary(&self, hint: &str) -> Result<PendingFile<'_>> {
         let tmp = self.tmp.as_ref().expect("tmp/ is open once the store is");
         PendingFile::create_rw(
@@ -609,7 +609,7 @@ impl Store {
     fn ingest(&self, src: BorrowedFd<'_>, st: &Stat, path: &Path, durable: bool) -> Result<Added> {
         let op = Operation::Store;
         let err = |e: Errno| store_err(path, e);
-        let pending = self.temporary("tmp/object")?;
+        let pending = self.temporary("object")?;
         let size = st.st_size as u64;
         let failed = |e: Errno| transfer_error(op, path, &self.root, e, src, pending.fd());
         let method = transfer(
@@ -741,7 +741,7 @@ impl Store {
         let digest = manifest.digest();
         manifest.validate(&digest.to_hex(), true)?;
         let bytes = manifest.to_bytes();
-        let pending = self.temporary("tmp/manifest")?;
+        let pending = self.temporary("manifest")?;
         let err = |e| store_err(self.root.join(manifest_rel(&digest)), e);
         write_all(pending.fd(), &bytes).map_err(err)?;
         fs::fsync(pending.fd()).map_err(err)?;

@@ -384,14 +384,8 @@ impl Entry<'_, '_> {
         if !self.eng.opts.resume || self.node.placement == Placement::Direct {
             return false; // a directory this run created holds nothing old
         }
-        match fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(d) => {
-                FileType::from_raw_mode(d.st_mode) == FileType::RegularFile
-                    && d.st_size == st.st_size
-                    && (d.st_mtime, d.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec)
-            }
-            Err(_) => false,
-        }
+        fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|d| crate::place::looks_complete(st, &d))
     }
 
     /// A symbolic link, recreated with the same target (never followed).

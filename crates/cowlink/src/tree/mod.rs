@@ -21,7 +21,8 @@
 //! unnamed temporary and linked into place complete over existing names
 //! (and everywhere with [`TreeOptions::atomic`]). An error or a cancel never
 //! leaves a partial file; only `SIGKILL` or a power cut can, and
-//! [`TreeOptions::resume`] recognises it. Per-entry failures are reported to the [`Observer`], counted in the
+//! [`TreeOptions::resume`] recognises it. Per-entry failures are reported
+//! to the [`Observer`], counted in the
 //! [`TreeReport`], and the walk goes on.
 //!
 //! Layout: this file has the public types; `walk` the pool, the directory
@@ -48,7 +49,7 @@ pub const MAX_THREADS: usize = 64;
 /// The default number of worker threads for work whose destination
 /// filesystem is `fs` and whose files are cloned (`clone_bound`) or copied.
 ///
-/// Chosen from measurements on a real tree (130,339 files of `/usr`; see
+/// Chosen from measurements on a real tree (130,349 files of `/usr`; see
 /// docs/ARCHITECTURE.md "Concurrency"): cloning into Btrfs is slower with
 /// two threads than with one (its b-tree locks serialize the work and a
 /// second thread only adds contention), so clone-bound work on Btrfs gets
