@@ -103,7 +103,6 @@ struct JsonResult {
     targets_deduped: u64,
     bytes_compared: u64,
     bytes_reclaimed: u64,
-    bytes_shared_after: u64,
     changed: Vec<PathBuf>,
     errors: Vec<String>,
 }
@@ -144,7 +143,6 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             targets_deduped: r.targets_deduped,
             bytes_compared: r.bytes_compared,
             bytes_reclaimed: r.bytes_reclaimed,
-            bytes_shared_after: r.bytes_shared_after,
             changed: r.changed.clone(),
             errors: r.errors.iter().map(|e| e.to_string()).collect(),
         });

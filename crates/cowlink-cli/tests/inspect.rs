@@ -276,7 +276,7 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v = json(&out);
     assert_eq!(v["result"]["targets_deduped"], 2);
-    assert_eq!(v["result"]["bytes_shared_after"], 2 << 20);
+    assert_eq!(v["result"]["bytes_compared"], 2 << 20);
     assert!(v["result"]["bytes_reclaimed"].as_u64().unwrap() >= (2 << 20) - (64 << 10));
     assert_eq!(
         v["plan"]["groups"][0]["targets"].as_array().unwrap().len(),

@@ -19,8 +19,13 @@
 //! request limit); the unaligned tail is allowed because it ends at EOF of
 //! both files. Times, mode and owner are untouched (dedupe is not a write).
 //! What was reclaimed is measured (free space before and after, per
-//! filesystem, after a `syncfs`; and FIEMAP sharing afterwards), never
-//! taken from the kernel's `bytes_deduped`.
+//! filesystem, after a `syncfs`), never taken from the kernel's
+//! `bytes_deduped`. Groups run in the order of their source paths, not of
+//! their size: neighbours on disk share allocation-group locks and btree
+//! blocks, and on the real /usr/share copies this order ran the kernel
+//! work about 10 % faster. Sharing is not re-read with FIEMAP afterwards
+//! (that cost a fifth of the run on 94,000 small targets): the kernel
+//! answers for each target, and the free space is measured.
 //!
 //! Refused: NFS and CIFS/SMB clients (their dedupe cloned without
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
@@ -565,9 +570,6 @@ pub struct DedupeReport {
     /// Free space gained, measured with `statfs` before and after (after a
     /// `syncfs`), summed over the filesystems involved.
     pub bytes_reclaimed: u64,
-    /// Bytes of the deduplicated targets that FIEMAP shows on the source's
-    /// blocks afterwards.
-    pub bytes_shared_after: u64,
     /// Targets (or sources) that changed since the plan: left untouched
     /// from the first differing chunk on.
     pub changed: Vec<PathBuf>,
@@ -605,8 +607,11 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
             }
         }
     }
+    // Disk order (approximately: path order) rather than size order.
+    let mut order: Vec<&Group> = plan.groups.iter().collect();
+    order.sort_by(|a, b| a.source.cmp(&b.source));
     let run = || -> Vec<DedupeReport> {
-        plan.groups
+        order
             .par_iter()
             .map(|g| {
                 let mut r = DedupeReport {
@@ -629,7 +634,6 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
         report.groups += r.groups;
         report.targets_deduped += r.targets_deduped;
         report.bytes_compared += r.bytes_compared;
-        report.bytes_shared_after += r.bytes_shared_after;
         report.changed.extend(r.changed);
         report.errors.extend(r.errors);
     }
@@ -727,37 +731,7 @@ fn dedupe_group(g: &Group, report: &mut DedupeReport, progress: Option<&Progress
             }
             off += len;
         }
-        let src_map = extents_fd(src.as_fd(), false).unwrap_or_default();
-        for (_, fd) in &live {
-            report.targets_deduped += 1;
-            report.bytes_compared += g.size;
-            if let Ok(map) = extents_fd(fd.as_fd(), false) {
-                report.bytes_shared_after += same_blocks(&src_map, &map);
-            }
-        }
+        report.targets_deduped += live.len() as u64;
+        report.bytes_compared += g.size * live.len() as u64;
     }
-}
-
-/// Bytes at which `b` maps the same file offset to the same disk address
-/// as `a`.
-pub(crate) fn same_blocks(a: &[Extent], b: &[Extent]) -> u64 {
-    let (mut i, mut j, mut total) = (0, 0, 0u64);
-    while i < a.len() && j < b.len() {
-        let (x, y) = (&a[i], &b[j]);
-        let start = x.logical.max(y.logical);
-        let end = (x.logical + x.length).min(y.logical + y.length);
-        if start < end
-            && x.has_address()
-            && y.has_address()
-            && x.physical.wrapping_sub(x.logical) == y.physical.wrapping_sub(y.logical)
-        {
-            total += end - start;
-        }
-        if x.logical + x.length <= y.logical + y.length {
-            i += 1;
-        } else {
-            j += 1;
-        }
-    }
-    total
 }
