@@ -2,70 +2,22 @@
 //!
 //! `clone_file` is a small state machine: try `FICLONE`; when the kernel
 //! says "not possible here" and the mode allows it, copy instead
-//! ([`crate::copy`]); report the method actually used. The destination is
-//! written through [`crate::place::PendingFile`], so it appears complete,
+//! (`prim::transfer`); report the method actually used. The destination is
+//! written through `prim::place::PendingFile`, so it appears complete,
 //! with its metadata, or not at all.
 
-use std::path::{Component, Path};
+use std::path::Path;
 
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fd::AsFd;
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat, CWD};
 use rustix::io::Errno;
 
-use crate::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
-use crate::fskind::FsKind;
-use crate::meta::{self, Preserve};
-use crate::place::{Overwrite, PendingFile};
-
-/// Whether to share blocks, with `cp --reflink` semantics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reflink {
-    /// Clone or fail: never copies (`copy_file_range` may silently copy, so
-    /// it never backs this mode).
-    Always,
-    /// Clone when possible, else the fastest correct copy (the default).
-    #[default]
-    Auto,
-    /// Never share blocks: always a physical copy with read/write.
-    Never,
-}
-
-/// How the data actually got to the destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Method {
-    /// Blocks are shared with the source (FICLONE / FICLONERANGE).
-    Reflink,
-    /// Copied in the kernel with `copy_file_range` (which may itself have
-    /// shared blocks or copied server-side, at the filesystem's choice).
-    CopyOffload,
-    /// Copied through user space with read/write.
-    ReadWrite,
-    /// A hardlink to the same inode (used by later tree/store modes).
-    Hardlink,
-}
-
-impl Method {
-    /// A word for people: "cloned", "copied (copy_file_range)", ...
-    pub fn describe(self) -> &'static str {
-        match self {
-            Method::Reflink => "cloned",
-            Method::CopyOffload => "copied (copy_file_range)",
-            Method::ReadWrite => "copied (read/write)",
-            Method::Hardlink => "hardlinked",
-        }
-    }
-}
-
-/// What an operation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Outcome {
-    /// The method actually used.
-    pub method: Method,
-    /// Logical bytes the destination received (the source's size).
-    pub bytes: u64,
-}
+use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
+use crate::prim::files::{create_reason, file_type_name, open_source, split_dest};
+use crate::prim::meta::{self, Preserve};
+use crate::prim::mode::{Method, Outcome, Reflink};
+use crate::prim::place::{Overwrite, PendingFile};
+use crate::prim::transfer::{transfer, transfer_error};
 
 /// Options for [`clone_file`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -76,105 +28,6 @@ pub struct CloneOptions {
     pub overwrite: Overwrite,
     /// Metadata to carry beyond permission bits.
     pub preserve: Preserve,
-}
-
-pub(crate) fn file_type_name(mode: u32) -> &'static str {
-    match FileType::from_raw_mode(mode) {
-        FileType::Directory => "a directory",
-        FileType::Fifo => "a FIFO",
-        FileType::Socket => "a socket",
-        FileType::CharacterDevice => "a character device",
-        FileType::BlockDevice => "a block device",
-        FileType::Symlink => "a symbolic link",
-        FileType::RegularFile => "a regular file",
-        FileType::Unknown => "of unknown type",
-    }
-}
-
-/// Open `src` for reading as a regular file, with typed errors that say
-/// what is wrong. Special files are rejected before they are opened
-/// (opening a FIFO would block, a tape device might rewind).
-pub(crate) fn open_source(op: Operation, src: &Path) -> Result<(OwnedFd, Stat)> {
-    let err = |e: Errno| Error::from_errno(op, e).with_src(src);
-    let st = match fs::stat(src) {
-        Ok(st) => st,
-        Err(Errno::NOENT) => {
-            let e = err(Errno::NOENT);
-            return Err(match fs::lstat(src) {
-                Ok(l) if FileType::from_raw_mode(l.st_mode) == FileType::Symlink => {
-                    e.with_reason("source is a dangling symbolic link")
-                }
-                _ => e.with_reason("source does not exist"),
-            });
-        }
-        Err(Errno::LOOP) => {
-            return Err(err(Errno::LOOP).with_reason("too many levels of symbolic links"))
-        }
-        Err(e) => return Err(err(e)),
-    };
-    check_regular(op, src, &st)?;
-    let fd = fs::open(
-        src,
-        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        Errno::ACCESS | Errno::PERM => err(e).with_reason("permission denied reading the source"),
-        _ => err(e),
-    })?;
-    let st = fs::fstat(&fd).map_err(err)?;
-    // Replaced between stat and open? Check again on what we opened.
-    check_regular(op, src, &st)?;
-    Ok((fd, st))
-}
-
-fn check_regular(op: Operation, src: &Path, st: &Stat) -> Result<()> {
-    match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => Ok(()),
-        FileType::Directory => Err(Error::new(op, ErrorKind::IsDirectory)
-            .with_src(src)
-            .with_reason("source is a directory")),
-        _ => Err(Error::new(op, ErrorKind::NotRegularFile)
-            .with_src(src)
-            .with_reason(format!(
-                "source is {}; only regular files can be cloned",
-                file_type_name(st.st_mode)
-            ))),
-    }
-}
-
-/// The directory a destination file path lives in; refuses paths that
-/// name a directory (`dir/`, `.`, `..`).
-pub(crate) fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<std::path::PathBuf> {
-    let bad = |why: &str| {
-        Error::new(op, ErrorKind::InvalidInput)
-            .with_src(src)
-            .with_dst(dst)
-            .with_reason(why.to_string())
-    };
-    if dst.as_os_str().is_empty() {
-        return Err(bad("empty destination path"));
-    }
-    match dst.components().next_back() {
-        Some(Component::Normal(_)) if !dst.as_os_str().to_string_lossy().ends_with('/') => {
-            let parent = match dst.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => ".".into(),
-            };
-            Ok(parent)
-        }
-        _ => Err(Error::new(op, ErrorKind::IsDirectory)
-            .with_src(src)
-            .with_dst(dst)
-            .with_reason("destination names a directory, not a file")),
-    }
-}
-
-/// The filesystem kind of an open file, for messages. Never fails.
-pub(crate) fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
-    fs::fstatfs(fd)
-        .map(|s| FsKind::from_magic(s.f_type as u64))
-        .unwrap_or(FsKind::Other)
 }
 
 /// Clone `src` to the new file `dst`, or copy it when `options.reflink`
@@ -258,37 +111,6 @@ pub fn clone_file(
     })
 }
 
-/// Move the data of `sfd` (`size` bytes) into the empty file `dfd`:
-/// clone, or copy when `reflink` allows and cloning is not possible here.
-/// `before_copy` runs before a data copy (to refuse early instead of
-/// copying in vain); `failed` turns an errno into the caller's error;
-/// `cancelled` can stop a data copy between chunks (ECANCELED).
-pub(crate) fn transfer(
-    sfd: BorrowedFd<'_>,
-    dfd: BorrowedFd<'_>,
-    size: u64,
-    reflink: Reflink,
-    before_copy: &dyn Fn() -> Result<()>,
-    failed: &dyn Fn(Errno) -> Error,
-    cancelled: &dyn Fn() -> bool,
-) -> Result<Method> {
-    let copy = |offload: bool| -> Result<Method> {
-        before_copy()?;
-        crate::copy::copy_data(sfd, dfd, size, offload, cancelled).map_err(failed)
-    };
-    match reflink {
-        Reflink::Never => copy(false),
-        Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
-            .map(|()| Method::Reflink)
-            .map_err(failed),
-        Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
-            Ok(()) => Ok(Method::Reflink),
-            Err(e) if is_not_possible_here(e) => copy(true),
-            Err(e) => Err(failed(e)),
-        },
-    }
-}
-
 /// Refuse early (before moving any data) when the destination exists and
 /// may not be replaced, is a directory, or is the source itself. The final
 /// link or rename re-checks atomically; this only avoids wasted work.
@@ -334,47 +156,6 @@ fn check_existing(
     match overwrite {
         Overwrite::Refuse => Err(e(ErrorKind::AlreadyExists, "destination already exists")),
         Overwrite::Replace => Ok(()),
-    }
-}
-
-pub(crate) fn create_reason(e: Errno, parent: &Path) -> String {
-    match e {
-        Errno::ACCESS | Errno::PERM => format!(
-            "permission denied creating a file in '{}'",
-            parent.display()
-        ),
-        Errno::ROFS => format!("'{}' is on a read-only filesystem", parent.display()),
-        Errno::NOSPC | Errno::DQUOT => format!("no space left in '{}'", parent.display()),
-        _ => errno_text(e),
-    }
-}
-
-/// Why a transfer failed, in words that name the filesystems.
-pub(crate) fn transfer_error(
-    op: Operation,
-    src: &Path,
-    dst: &Path,
-    e: Errno,
-    sfd: BorrowedFd<'_>,
-    dfd: BorrowedFd<'_>,
-) -> Error {
-    let base = Error::from_errno(op, e).with_src(src).with_dst(dst);
-    match e {
-        Errno::XDEV => base.with_reason(format!(
-            "different filesystems ({} → {})",
-            kind_of(sfd),
-            kind_of(dfd)
-        )),
-        Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL => {
-            let k = kind_of(dfd);
-            base.with_kind(ErrorKind::NotSupported).with_reason(format!(
-                "{k} does not support reflink here: {}",
-                k.reflink_hint()
-            ))
-        }
-        Errno::NOSPC => base.with_reason("no space left on the destination filesystem"),
-        Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
-        _ => base,
     }
 }
 

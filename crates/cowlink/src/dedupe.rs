@@ -41,9 +41,9 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{self, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, ErrorKind, Operation, Result};
 use crate::extents::{extents_fd, Extent};
-use crate::fskind::FsKind;
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+use crate::ground::fskind::FsKind;
 use crate::scan::{self, DirInfo, Entry, Visitor};
 
 /// Bytes hashed from each end of a file for the partial hash.
@@ -335,7 +335,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
                         layout_facts(&list, c);
                     }
                     if c.size <= 2 * EDGE && !c.inline && c.shared_runs.is_none() {
-                        if let Ok((h, n)) = crate::hash::hash_fd(fd.as_fd(), c.size, &|_| {}) {
+                        if let Ok((h, n)) =
+                            crate::ground::hash::hash_fd(fd.as_fd(), c.size, &|_| {})
+                        {
                             if n == c.size {
                                 c.small_hash = Some(h);
                             }
@@ -475,7 +477,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             plan.files_already_shared += src_cluster.len() as u64 - 1;
             plan.groups.push(Group {
                 size: src_cluster[0].size,
-                blake3: crate::hash::hex(&hash),
+                blake3: crate::ground::hash::hex(&hash),
                 source: src_cluster[0].path.clone(),
                 reclaimable: targets.iter().map(|t| t.exclusive).sum(),
                 targets: targets.iter().map(|t| t.path.clone()).collect(),
@@ -524,7 +526,7 @@ fn hash_file(path: &Path, size: u64, edges: bool, count: &dyn Fn(u64)) -> Result
         count(2 * EDGE);
         return Ok(*h.finalize().as_bytes());
     }
-    let (hash, total) = crate::hash::hash_fd(fd.as_fd(), size, count).map_err(err)?;
+    let (hash, total) = crate::ground::hash::hash_fd(fd.as_fd(), size, count).map_err(err)?;
     if total != size {
         return Err(changed(path));
     }

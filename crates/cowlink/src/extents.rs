@@ -20,7 +20,7 @@ use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs::{self, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
 /// One mapped extent of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -279,7 +279,7 @@ fn fs_name(path: &Path) -> String {
     match fs::statfs(path) {
         Ok(s) => format!(
             "this filesystem ({})",
-            crate::FsKind::from_magic(s.f_type as u64).name()
+            crate::ground::fskind::FsKind::from_magic(s.f_type as u64).name()
         ),
         Err(_) => "this filesystem".into(),
     }
@@ -313,7 +313,7 @@ pub fn extents(path: impl AsRef<Path>) -> Result<FileLayout> {
                 .with_src(path)
                 .with_reason(format!(
                     "is a {}, which has no extents",
-                    crate::clone::file_type_name(st.st_mode)
+                    crate::prim::files::file_type_name(st.st_mode)
                 )))
         }
     }

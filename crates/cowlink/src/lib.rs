@@ -24,25 +24,28 @@
 //! # Ok::<(), cowlink::Error>(())
 //! ```
 //!
-//! Module map: [`clone`](clone_file) (whole file and range), `copy` (the
-//! fallback data copy), `meta` ([`Preserve`]), `place` (how a destination
-//! name comes into being: [`Placement`],
-//! [`Overwrite`]), [`probe`] (capabilities), [`extents`] (FIEMAP),
-//! [`tree`] (directory copy), [`usage`] (true disk usage), [`dedupe`],
-//! [`store`] (content-addressed store), [`error`] (one
-//! error type). Linux only.
+//! Layers, bottom up (each imports only from those below it):
+//! - `ground`: the one [`error`] type, filesystem kinds ([`FsKind`]), the
+//!   [`mountinfo`] table, hashing;
+//! - `prim`: file primitives: the link-mode words ([`Reflink`],
+//!   [`Method`], [`Outcome`]), moving data (clone or copy), placing a
+//!   destination name ([`Placement`], [`Overwrite`]), metadata
+//!   ([`Preserve`]);
+//! - the walker (`scan`) for inspection;
+//! - features: [`clone`](clone_file) (whole file and range),
+//!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
+//!   [`usage`] (true disk usage), [`dedupe`], [`store`]
+//!   (content-addressed store), [`probe`] (capabilities).
+//!
+//! Linux only.
 #![deny(missing_docs)]
 
+mod ground;
+mod prim;
+
 mod clone;
-mod copy;
 pub mod dedupe;
-pub mod error;
 pub mod extents;
-mod fskind;
-mod hash;
-mod meta;
-pub mod mountinfo;
-mod place;
 mod prealloc;
 pub mod probe;
 mod scan;
@@ -50,10 +53,12 @@ pub mod store;
 pub mod tree;
 pub mod usage;
 
-pub use clone::{clone_file, clone_range, CloneOptions, Method, Outcome, Reflink};
-pub use error::{Error, ErrorKind, Operation, Result};
-pub use fskind::{CloneLimit, FsKind};
-pub use meta::Preserve;
-pub use place::{is_complete_copy, remove_unfinished, Overwrite, Placement};
+pub use clone::{clone_file, clone_range, CloneOptions};
+pub use ground::error::{Error, ErrorKind, Operation, Result};
+pub use ground::fskind::{CloneLimit, FsKind};
+pub use ground::{error, mountinfo};
 pub use prealloc::{PreallocOptions, PreallocWriter};
+pub use prim::meta::Preserve;
+pub use prim::mode::{Method, Outcome, Reflink};
+pub use prim::place::{is_complete_copy, remove_unfinished, Overwrite, Placement};
 pub use usage::{usage, Usage};

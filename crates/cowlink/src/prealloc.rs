@@ -18,28 +18,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rustix::fd::BorrowedFd;
-use rustix::fs::{self, FallocateFlags, Mode, CWD};
+use rustix::fs::{self, Mode, CWD};
 use rustix::io::Errno;
 
-use crate::clone::{create_reason, split_dest};
-use crate::error::{Error, Operation, Result};
-use crate::place::{Overwrite, PendingFile};
-
-/// Reserve `len` bytes of `fd` from offset 0 (extending its size).
-/// Returns whether the filesystem preallocated (`false` where it cannot:
-/// tmpfs before 3.x, some FUSE and network filesystems); real errors
-/// (ENOSPC, EDQUOT, EIO) are returned.
-pub(crate) fn preallocate(fd: BorrowedFd<'_>, len: u64) -> std::result::Result<bool, Errno> {
-    if len == 0 {
-        return Ok(false);
-    }
-    match fs::fallocate(fd, FallocateFlags::empty(), 0, len) {
-        Ok(()) => Ok(true),
-        Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => Ok(false),
-        Err(e) => Err(e),
-    }
-}
+use crate::ground::error::{Error, Operation, Result};
+use crate::prim::files::{create_reason, split_dest};
+use crate::prim::place::{Overwrite, PendingFile};
+use crate::prim::transfer::preallocate;
 
 /// Options for [`PreallocWriter::with_options`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

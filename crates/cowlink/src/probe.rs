@@ -26,9 +26,9 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{errno_text, is_not_possible_here, Error, Operation, Result};
-use crate::fskind::{CloneLimit, FsKind};
-use crate::mountinfo::{self, MountEntry};
+use crate::ground::error::{errno_text, is_not_possible_here, Error, Operation, Result};
+use crate::ground::fskind::{CloneLimit, FsKind};
+use crate::ground::mountinfo::{self, MountEntry};
 
 /// How long one filesystem may take to answer before it is "unknown".
 const DEADLINE: Duration = Duration::from_secs(5);

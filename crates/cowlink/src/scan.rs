@@ -17,7 +17,7 @@ use std::sync::Arc;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, Dir, FileType, Mode, OFlags, CWD};
 
-use crate::error::{Error, Operation};
+use crate::ground::error::{Error, Operation};
 
 /// Entries handed to one task.
 const BATCH: usize = 64;

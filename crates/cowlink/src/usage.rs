@@ -26,8 +26,8 @@ use rustix::fd::AsFd;
 use rustix::fs::{self, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Operation, Result};
 use crate::extents::{extents_fd, fiemap_error};
+use crate::ground::error::{Error, Operation, Result};
 use crate::scan::{self, DirInfo, Entry, Visitor};
 
 /// Space figures for a set of files (each file counted once, whatever

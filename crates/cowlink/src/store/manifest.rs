@@ -20,7 +20,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, ErrorKind, Operation, Result};
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
 /// The manifest format version this cowlink writes and reads.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -44,7 +44,7 @@ impl Digest {
 
     /// 64 lower-case hex digits.
     pub fn to_hex(&self) -> String {
-        crate::hash::hex(&self.0)
+        crate::ground::hash::hex(&self.0)
     }
 }
 
@@ -292,7 +292,7 @@ impl Manifest {
 }
 
 fn invalid(origin: &str, why: String) -> Error {
-    Error::new(Operation::Materialize, ErrorKind::InvalidInput)
+    Error::new(Operation::Manifest, ErrorKind::InvalidInput)
         .with_src(origin)
         .with_reason(format!("invalid manifest: {why}"))
 }

@@ -30,10 +30,11 @@ use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
 use super::{object_rel, Digest, EntryKind, Manifest, Store};
-use crate::clone::{split_dest, transfer_error};
-use crate::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
-use crate::place::{NewFile, Overwrite, Placement};
-use crate::{Method, Outcome};
+use crate::ground::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
+use crate::prim::files::split_dest;
+use crate::prim::mode::{Method, Outcome};
+use crate::prim::place::{NewFile, Overwrite, Placement};
+use crate::prim::transfer::transfer_error;
 
 /// How a materialized file relates to its store object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -103,7 +104,7 @@ pub struct MaterializeReport {
     /// New object generations made because a reference limit was reached.
     pub generations_created: u64,
     /// Entries that failed (the others were placed).
-    #[serde(serialize_with = "crate::error::serialize_errors")]
+    #[serde(serialize_with = "crate::ground::error::serialize_errors")]
     pub errors: Vec<Error>,
 }
 
@@ -287,7 +288,7 @@ impl Store {
         // A directory whose mode lets us work in it and survives the umask
         // is made with that mode at once; the others are made 0700 and get
         // their mode at the end (a read-only one would refuse its files).
-        let umask = crate::meta::umask();
+        let umask = crate::prim::meta::umask();
         let final_now =
             |m: u32| m & 0o7000 == 0 && m & 0o700 == 0o700 && umask.is_some_and(|u| m & u == 0);
         for (path, mode) in &dirs {
@@ -401,7 +402,7 @@ impl Store {
             want.shown,
         )
         .map_err(|e| {
-            err(e).with_reason(crate::clone::create_reason(
+            err(e).with_reason(crate::prim::files::create_reason(
                 e,
                 want.shown.parent().unwrap_or(want.shown),
             ))
@@ -410,7 +411,7 @@ impl Store {
         let outcome = self.fill(want, how, dfd)?;
         // Creation applied the umask; set the exact bits only if it hid some.
         if let Some(m) = want.mode {
-            if crate::meta::umask().is_none_or(|u| m & 0o777 & u != 0) || m & 0o7000 != 0 {
+            if crate::prim::meta::umask().is_none_or(|u| m & 0o777 & u != 0) || m & 0o7000 != 0 {
                 fs::fchmod(dfd, Mode::from_raw_mode(m)).map_err(err)?;
             }
         }
@@ -463,8 +464,8 @@ impl Store {
         shown: &Path,
         marked: bool,
     ) -> Result<()> {
-        let (hash, len) =
-            crate::hash::hash_fd(fd, size, &|_| {}).map_err(|e| merr(shown, e).with_src(path))?;
+        let (hash, len) = crate::ground::hash::hash_fd(fd, size, &|_| {})
+            .map_err(|e| merr(shown, e).with_src(path))?;
         if hash != digest.0 || len != size {
             return Err(Error::new(Operation::Materialize, ErrorKind::Corrupt)
                 .with_src(path)
@@ -527,7 +528,8 @@ impl Store {
         let pending = self.temporary("generation")?;
         let err = |e| super::store_err(self.root.join(&rel), e);
         // Read/write only: copy_file_range could share blocks again.
-        crate::copy::copy_data(base.as_fd(), pending.fd(), size, false, &|| false).map_err(err)?;
+        crate::prim::transfer::copy_data(base.as_fd(), pending.fd(), size, false, &|| false)
+            .map_err(err)?;
         fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
         super::mark_unchanged(pending.fd());
         fs::fsync(pending.fd()).map_err(err)?;
@@ -586,7 +588,7 @@ impl Store {
                 )
             };
             let copy = |offload| {
-                crate::copy::copy_data(src.as_fd(), dfd, size, offload, &|| false)
+                crate::prim::transfer::copy_data(src.as_fd(), dfd, size, offload, &|| false)
                     .map(|method| Outcome {
                         method,
                         bytes: size,

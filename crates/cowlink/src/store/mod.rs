@@ -52,11 +52,12 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
-use crate::clone::{open_source, transfer, transfer_error};
-use crate::error::{Error, ErrorKind, Operation, Result};
-use crate::place::{Overwrite, PendingFile};
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+use crate::prim::files::open_source;
+use crate::prim::mode::{Method, Reflink};
+use crate::prim::place::{Overwrite, PendingFile};
+use crate::prim::transfer::{transfer, transfer_error};
 use crate::scan::{self, DirInfo, Entry, Visitor};
-use crate::{Method, Reflink};
 
 pub use manifest::{
     BadDigest, Digest, EntryKind, Manifest, ManifestEntry, MANIFEST_FORMAT, MANIFEST_VERSION,
@@ -458,7 +459,7 @@ impl Store {
                             rel,
                             &format!(
                                 "{}, not {}",
-                                crate::clone::file_type_name(st.st_mode),
+                                crate::prim::files::file_type_name(st.st_mode),
                                 if dir { "a directory" } else { "a regular file" }
                             ),
                         ))
@@ -530,7 +531,7 @@ impl Store {
         )
         .map_err(|e| {
             store_err(self.root.join("tmp"), e)
-                .with_reason(crate::clone::create_reason(e, &self.root.join("tmp")))
+                .with_reason(crate::prim::files::create_reason(e, &self.root.join("tmp")))
         })
     }
 
@@ -566,7 +567,7 @@ impl Store {
         if self.threads > 0 {
             return self.install(f);
         }
-        let n = crate::tree::default_threads(crate::clone::kind_of(dst), clone_bound);
+        let n = crate::tree::default_threads(crate::prim::files::kind_of(dst), clone_bound);
         match rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .thread_name(|i| format!("cowlink-store-{i}"))
@@ -631,7 +632,7 @@ impl Store {
         } else {
             pending.fd()
         };
-        let (hash, len) = crate::hash::hash_fd_at(hashed, size, &|_| {}).map_err(err)?;
+        let (hash, len) = crate::ground::hash::hash_fd_at(hashed, size, &|_| {}).map_err(err)?;
         let now = fs::fstat(src).map_err(err)?;
         let fingerprint = |a: &Stat| {
             let t = (a.st_mtime, a.st_mtime_nsec, a.st_ctime, a.st_ctime_nsec);
@@ -645,7 +646,7 @@ impl Store {
         let digest = Digest(hash);
         // Created 0444; only an unusual umask (one that hides bits of
         // 0444) needs the mode set again.
-        if crate::meta::umask().is_none_or(|u| u & 0o444 != 0) {
+        if crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
             fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
         }
         mark_unchanged(pending.fd());
@@ -771,20 +772,18 @@ impl Store {
         };
         let bytes = read().map_err(|e| {
             let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
-            let err = Error::from_errno(Operation::Materialize, errno).with_src(digest.to_hex());
+            let err = Error::from_errno(Operation::Manifest, errno).with_src(digest.to_hex());
             match errno {
                 Errno::NOENT => err.with_reason("the store has no manifest with this digest"),
                 _ => err,
             }
         })?;
         if Digest::of(&bytes) != *digest {
-            return Err(
-                Error::new(Operation::Materialize, ErrorKind::ContentChanged)
-                    .with_src(&path)
-                    .with_reason(
-                        "the manifest's bytes do not match its digest (corrupt store: run verify)",
-                    ),
-            );
+            return Err(Error::new(Operation::Manifest, ErrorKind::ContentChanged)
+                .with_src(&path)
+                .with_reason(
+                    "the manifest's bytes do not match its digest (corrupt store: run verify)",
+                ));
         }
         Manifest::from_bytes(&bytes, &digest.to_hex())
     }
@@ -876,7 +875,10 @@ impl Store {
                         self.tick(n);
                         (h != d.0).then(|| format!("content hashes to {}", Digest(h)))
                     }
-                    Err(e) => Some(format!("cannot be read: {}", crate::error::errno_text(e))),
+                    Err(e) => Some(format!(
+                        "cannot be read: {}",
+                        crate::ground::error::errno_text(e)
+                    )),
                 };
                 if let Some(problem) = problem {
                     let c = self.quarantine(rel, problem);
@@ -915,7 +917,7 @@ impl Store {
 
     fn hash_file(&self, rel: &str) -> std::result::Result<([u8; 32], u64), Errno> {
         let fd = self.open_in_layout(rel)?;
-        crate::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
+        crate::ground::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
     }
 
     /// The layout directory holding `rel` (opened without following
@@ -1223,7 +1225,7 @@ impl Visitor for TreeIngest<'_> {
                 .with_src(&e.path)
                 .with_reason(format!(
                     "{} cannot be stored (only files, directories and symbolic links)",
-                    crate::clone::file_type_name(other.as_raw_mode())
+                    crate::prim::files::file_type_name(other.as_raw_mode())
                 ))),
         };
         match kind {

@@ -3,80 +3,23 @@
 //! symbolic link, or a FIFO, socket or device node. Everything is relative
 //! to open directory descriptors.
 
-use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 
 use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs::{self, AtFlags, FileType, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
 
-use super::walk::{bump, DirNode, Engine};
+use super::ctx::{bump, Ctx};
+use super::node::DirNode;
 use super::{Action, SpecialKind, TreeEvent};
-use crate::clone::{file_type_name, transfer, transfer_error, Method, Outcome, Reflink};
-use crate::error::{errno_text, Error, ErrorKind, Operation};
-use crate::meta::{self, times_of};
-use crate::place::{NewFile, Overwrite, Placement};
-
-/// Source inodes with more than one name, seen so far: where the first
-/// name's copy is (relative to the destination root). An entry leaves the
-/// table when all its names have been seen, so the table holds only
-/// hardlinked files in flight.
-#[derive(Default)]
-pub(super) struct LinkTable {
-    map: Mutex<HashMap<(u64, u64), Arc<LinkSlot>>>,
-}
-
-#[derive(Default)]
-struct LinkSlot {
-    /// The first copy; the lock also makes later names wait for it.
-    first: Mutex<Option<PathBuf>>,
-    seen: AtomicU64,
-}
-
-/// What became of an entry with several names.
-enum Linked {
-    /// This name was copied (it is the first, or earlier copies failed).
-    Copied,
-    /// This name was linked to the copy of an earlier name.
-    Linked,
-}
-
-impl LinkTable {
-    /// Link `name` to the copy of an earlier name of the same inode, or run
-    /// `copy` when this is the first name (or every earlier copy failed).
-    fn link_or_copy(
-        &self,
-        st: &Stat,
-        rel: PathBuf,
-        link: impl FnOnce(&Path) -> Result<(), Error>,
-        copy: impl FnOnce() -> Result<(), Error>,
-    ) -> Result<Linked, Error> {
-        let key = (st.st_dev, st.st_ino);
-        let slot = {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(key).or_default().clone()
-        };
-        let result = {
-            let mut first = slot.first.lock().unwrap_or_else(|p| p.into_inner());
-            match first.as_deref() {
-                Some(to) => link(to).map(|()| Linked::Linked),
-                None => copy().map(|()| {
-                    *first = Some(rel);
-                    Linked::Copied
-                }),
-            }
-        };
-        if slot.seen.fetch_add(1, Ordering::Relaxed) + 1 >= st.st_nlink {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            map.remove(&key);
-        }
-        result
-    }
-}
+use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
+use crate::prim::files::file_type_name;
+use crate::prim::meta::{self, times_of};
+use crate::prim::mode::{Method, Outcome, Reflink};
+use crate::prim::place::{NewFile, Overwrite, Placement};
+use crate::prim::transfer::{transfer, transfer_error};
 
 fn os(name: &CStr) -> &Path {
     Path::new(OsStr::from_bytes(name.to_bytes()))
@@ -85,7 +28,7 @@ fn os(name: &CStr) -> &Path {
 /// Copy the non-directory entry `name` of `node` to `dst_name` in the
 /// destination directory; report the outcome or the failure.
 pub(super) fn copy_single(
-    eng: &Engine<'_>,
+    eng: &Ctx<'_>,
     node: &DirNode,
     name: &CStr,
     dst_name: &CStr,
@@ -122,7 +65,7 @@ pub(super) fn copy_single(
 }
 
 struct Entry<'e, 'a> {
-    eng: &'e Engine<'a>,
+    eng: &'e Ctx<'a>,
     node: &'e DirNode,
     name: &'e CStr,
     dst_name: &'e CStr,
@@ -306,7 +249,7 @@ impl Entry<'_, '_> {
         make: impl Fn(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> Result<(), Error> {
         let replace = self.eng.opts.file.overwrite == Overwrite::Replace || self.eng.opts.resume;
-        crate::place::place_name(self.dst_dir(), self.dst_name, replace, make)
+        crate::prim::place::place_name(self.dst_dir(), self.dst_name, replace, make)
             .map_err(|e| self.dest_error(e))
     }
 
@@ -385,7 +328,7 @@ impl Entry<'_, '_> {
             return false; // a directory this run created holds nothing old
         }
         fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|d| crate::place::looks_complete(st, &d))
+            .is_ok_and(|d| crate::prim::place::looks_complete(st, &d))
     }
 
     /// A symbolic link, recreated with the same target (never followed).

@@ -25,19 +25,26 @@
 //! to the [`Observer`], counted in the
 //! [`TreeReport`], and the walk goes on.
 //!
-//! Layout: this file has the public types; `walk` the pool, the directory
-//! jobs and their completion; `entry` what happens to one entry (file,
-//! symlink, hardlink, FIFO/device, directory).
+//! Layout, in import order: this file has the public types; `links` the
+//! hardlink table; `node` an open directory pair; `ctx` what the run lends
+//! to every entry (options, observer, counters); `entry` what happens to
+//! one entry (file, symlink, hardlink, FIFO/device); `walk` the pool, the
+//! directory jobs and their completion. `walk` calls `entry`, never the
+//! reverse.
 
+mod ctx;
 mod entry;
+mod links;
+mod node;
 mod walk;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::clone::{CloneOptions, Outcome};
-use crate::error::Error;
+use crate::clone::CloneOptions;
+use crate::ground::error::Error;
+use crate::prim::mode::Outcome;
 
 pub use walk::copy_tree;
 
@@ -54,10 +61,10 @@ pub const MAX_THREADS: usize = 64;
 /// two threads than with one (its b-tree locks serialize the work and a
 /// second thread only adds contention), so clone-bound work on Btrfs gets
 /// one thread. Everywhere else, and for data copies, one thread per core.
-pub fn default_threads(fs: crate::FsKind, clone_bound: bool) -> usize {
+pub fn default_threads(fs: crate::ground::fskind::FsKind, clone_bound: bool) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     match fs {
-        crate::FsKind::Btrfs if clone_bound => 1,
+        crate::ground::fskind::FsKind::Btrfs if clone_bound => 1,
         _ => cores.min(MAX_THREADS),
     }
 }
@@ -132,7 +139,7 @@ impl TreeOptions {
     pub fn archive() -> Self {
         TreeOptions {
             file: CloneOptions {
-                preserve: crate::Preserve::ALL,
+                preserve: crate::prim::meta::Preserve::ALL,
                 ..CloneOptions::default()
             },
             hardlinks: true,

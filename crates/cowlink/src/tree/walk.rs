@@ -14,7 +14,7 @@
 use std::ffi::{CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -23,59 +23,17 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, Dir, FileType, Mode, OFlags, Stat, CWD};
 use rustix::io::Errno;
 
-use super::entry::{self, LinkTable};
+use super::ctx::{bump, Counts, Ctx};
+use super::entry;
+use super::links::LinkTable;
+use super::node::DirNode;
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
-use crate::error::{errno_text, Error, ErrorKind, Operation};
-use crate::place::Placement;
+use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
+use crate::prim::place::Placement;
 
 /// Entries read from a directory per job: small enough to share a large
 /// directory between threads, large enough to amortize the job overhead.
 const BATCH: usize = 128;
-
-/// A directory being copied: its source and destination, open.
-pub(super) struct DirNode {
-    pub(super) src_path: PathBuf,
-    pub(super) dst_path: PathBuf,
-    /// Path below the destination root (for hardlinks to earlier copies).
-    pub(super) rel: PathBuf,
-    pub(super) src: OwnedFd,
-    /// `None` in a dry run.
-    pub(super) dst: Option<OwnedFd>,
-    /// The entries not read yet; `None` once the end was reached.
-    reader: Mutex<Option<Dir>>,
-    /// The source directory's stat.
-    st: Stat,
-    /// The mode to end with when modes are not preserved, and whether the
-    /// current mode differs from it (we added u+rwx to work inside).
-    final_mode: u32,
-    mode_changed: bool,
-    /// The group new files get in the destination directory (the
-    /// directory's when it is set-group-ID), if known.
-    pub(super) new_gid: Option<u32>,
-    /// False for the parent directories of a single-entry copy, which are
-    /// not ours to change.
-    finish: bool,
-    /// How files get their names here: directly where this run created
-    /// the directory, atomically where it merges into an existing one.
-    pub(super) placement: Placement,
-    parent: Option<Arc<DirNode>>,
-}
-
-impl DirNode {
-    /// The source and destination paths of the entry `name` in this directory.
-    pub(super) fn paths(&self, name: &CStr) -> (PathBuf, PathBuf) {
-        let n = OsStr::from_bytes(name.to_bytes());
-        (self.src_path.join(n), self.dst_path.join(n))
-    }
-
-    /// The destination directory (not called in a dry run).
-    pub(super) fn dst_fd(&self) -> BorrowedFd<'_> {
-        self.dst
-            .as_ref()
-            .expect("destination is open outside dry runs")
-            .as_fd()
-    }
-}
 
 enum Job {
     /// Open the subdirectory `name` of `parent`, create its copy, read it.
@@ -96,32 +54,10 @@ impl Drop for JobDone<'_, '_> {
     }
 }
 
-#[derive(Default)]
-pub(super) struct Counts {
-    pub(super) files: AtomicU64,
-    pub(super) dirs: AtomicU64,
-    pub(super) symlinks: AtomicU64,
-    pub(super) hardlinks: AtomicU64,
-    pub(super) specials: AtomicU64,
-    pub(super) bytes: AtomicU64,
-    pub(super) cloned: AtomicU64,
-    pub(super) copied: AtomicU64,
-    pub(super) errors: AtomicU64,
-    pub(super) skipped: AtomicU64,
-}
-
-/// Add one to a counter.
-pub(super) fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
-pub(super) struct Engine<'a> {
-    pub(super) opts: &'a TreeOptions,
-    observer: &'a dyn Observer,
-    pub(super) counts: Counts,
-    pub(super) links: LinkTable,
-    /// The destination root (a second descriptor), for `linkat` of hardlinks.
-    pub(super) root_dst: Option<OwnedFd>,
+/// The scheduler: a work-stealing pool of directory jobs around the run's
+/// [`Ctx`].
+struct Engine<'a> {
+    ctx: Ctx<'a>,
     /// Jobs queued or running; the pool stops when it reaches zero.
     pending: AtomicUsize,
     injector: Injector<Job>,
@@ -134,38 +70,6 @@ pub(super) struct Engine<'a> {
 }
 
 impl Engine<'_> {
-    pub(super) fn emit(&self, event: TreeEvent<'_>) {
-        self.observer.event(&event);
-    }
-
-    /// Record a per-entry failure.
-    pub(super) fn fail(&self, e: Error) {
-        bump(&self.counts.errors, 1);
-        self.emit(TreeEvent::Failed(&e));
-    }
-
-    pub(super) fn cancelled(&self) -> bool {
-        self.opts.cancel.is_cancelled()
-    }
-
-    fn report(&self) -> TreeReport {
-        let c = &self.counts;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        TreeReport {
-            files: g(&c.files),
-            dirs: g(&c.dirs),
-            symlinks: g(&c.symlinks),
-            hardlinks: g(&c.hardlinks),
-            specials: g(&c.specials),
-            bytes: g(&c.bytes),
-            cloned: g(&c.cloned),
-            copied: g(&c.copied),
-            errors: g(&c.errors),
-            skipped: g(&c.skipped),
-            cancelled: self.cancelled(),
-        }
-    }
-
     fn push(&self, local: &Worker<Job>, job: Job) {
         self.pending.fetch_add(1, Ordering::SeqCst);
         local.push(job);
@@ -234,16 +138,16 @@ impl Engine<'_> {
     fn run(&self, job: Job, local: &Worker<Job>) {
         match job {
             Job::Open { parent, name } => {
-                if !self.cancelled() {
+                if !self.ctx.cancelled() {
                     match self.open_dir(&parent, &name) {
                         Ok(node) => self.read(node, local),
-                        Err(e) => self.fail(e),
+                        Err(e) => self.ctx.fail(e),
                     }
                 }
                 self.release(parent);
             }
             Job::Read(node) => {
-                if self.cancelled() {
+                if self.ctx.cancelled() {
                     self.release(node);
                 } else {
                     self.read(node, local);
@@ -261,7 +165,7 @@ impl Engine<'_> {
                 .with_dst(&dst_path)
         };
         let mut flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        if !self.opts.dereference {
+        if !self.ctx.opts.dereference {
             flags |= OFlags::NOFOLLOW;
         }
         let src = fs::openat(&parent.src, name, flags, Mode::empty()).map_err(|e| match e {
@@ -275,7 +179,7 @@ impl Engine<'_> {
             _ => err(e),
         })?;
         let st = fs::fstat(&src).map_err(err)?;
-        if self.opts.dereference {
+        if self.ctx.opts.dereference {
             let mut up = Some(parent);
             while let Some(p) = up {
                 if (p.st.st_dev, p.st.st_ino) == (st.st_dev, st.st_ino) {
@@ -291,21 +195,21 @@ impl Engine<'_> {
             }
         }
         let rel = parent.rel.join(OsStr::from_bytes(name.to_bytes()));
-        let node = if self.opts.dry_run {
-            self.emit(TreeEvent::Planned {
+        let node = if self.ctx.opts.dry_run {
+            self.ctx.emit(TreeEvent::Planned {
                 src: &src_path,
                 dst: &dst_path,
                 action: super::Action::Dir,
             });
             new_node(src_path, dst_path, rel, src, None, st, Some(parent.clone()))?
         } else {
-            let made = make_dir(parent.dst_fd(), name, &st, self.opts.atomic).map_err(
+            let made = make_dir(parent.dst_fd(), name, &st, self.ctx.opts.atomic).map_err(
                 |(e, why)| match why {
                     Some(why) => err(e).with_reason(why),
                     None => err(e),
                 },
             )?;
-            self.emit(TreeEvent::Dir {
+            self.ctx.emit(TreeEvent::Dir {
                 src: &src_path,
                 dst: &dst_path,
             });
@@ -319,7 +223,7 @@ impl Engine<'_> {
                 Some(parent.clone()),
             )?
         };
-        bump(&self.counts.dirs, 1);
+        bump(&self.ctx.counts.dirs, 1);
         Ok(node)
     }
 
@@ -356,14 +260,14 @@ impl Engine<'_> {
             self.push(local, Job::Read(node.clone()));
         }
         if let Some(e) = read_error {
-            self.fail(
+            self.ctx.fail(
                 Error::from_errno(Operation::CopyTree, e)
                     .with_src(&node.src_path)
                     .with_reason(format!("cannot read the directory: {}", errno_text(e))),
             );
         }
         for (name, t) in batch {
-            if self.cancelled() {
+            if self.ctx.cancelled() {
                 break;
             }
             match self.entry_type(&node, &name, t) {
@@ -374,13 +278,13 @@ impl Engine<'_> {
                         name,
                     },
                 ),
-                Ok(t) => entry::copy_single(self, &node, &name, &name, t),
+                Ok(t) => entry::copy_single(&self.ctx, &node, &name, &name, t),
                 Err(e) => {
                     let (s, d) = node.paths(&name);
                     let err = Error::from_errno(Operation::CopyTree, e)
                         .with_src(&s)
                         .with_dst(&d);
-                    self.fail(match e {
+                    self.ctx.fail(match e {
                         Errno::NOENT => err.with_reason("source vanished during the copy"),
                         _ => err,
                     });
@@ -393,11 +297,11 @@ impl Engine<'_> {
     /// The type of an entry, from `getdents` when it says, else from a stat
     /// (and always from a stat of the target when following symlinks).
     fn entry_type(&self, node: &DirNode, name: &CStr, t: FileType) -> Result<FileType, Errno> {
-        let follow = self.opts.dereference && t == FileType::Symlink;
+        let follow = self.ctx.opts.dereference && t == FileType::Symlink;
         if t != FileType::Unknown && !follow {
             return Ok(t);
         }
-        let flags = if self.opts.dereference {
+        let flags = if self.ctx.opts.dereference {
             fs::AtFlags::empty()
         } else {
             fs::AtFlags::SYMLINK_NOFOLLOW
@@ -422,7 +326,7 @@ impl Engine<'_> {
         let Some(dst) = node.dst.as_ref().filter(|_| node.finish) else {
             return;
         };
-        let preserve = self.opts.file.preserve;
+        let preserve = self.ctx.opts.file.preserve;
         let mode = if preserve.mode {
             Some(node.st.st_mode & 0o7777)
         } else if node.mode_changed {
@@ -430,10 +334,14 @@ impl Engine<'_> {
         } else {
             None
         };
-        if let Err(m) =
-            crate::meta::apply_with_mode(node.src.as_fd(), &node.st, dst.as_fd(), preserve, mode)
-        {
-            self.fail(
+        if let Err(m) = crate::prim::meta::apply_with_mode(
+            node.src.as_fd(),
+            &node.st,
+            dst.as_fd(),
+            preserve,
+            mode,
+        ) {
+            self.ctx.fail(
                 Error::from_errno(Operation::CopyTree, m.errno)
                     .with_src(&node.src_path)
                     .with_dst(&node.dst_path)
@@ -648,11 +556,13 @@ pub fn copy_tree(
         _ => err(e),
     })?;
     let mut engine = Engine {
-        opts: options,
-        observer,
-        counts: Counts::default(),
-        links: LinkTable::default(),
-        root_dst: None,
+        ctx: Ctx {
+            opts: options,
+            observer,
+            counts: Counts::default(),
+            links: LinkTable::default(),
+            root_dst: None,
+        },
         pending: AtomicUsize::new(0),
         injector: Injector::new(),
         sleepers: AtomicUsize::new(0),
@@ -664,14 +574,14 @@ pub fn copy_tree(
         let dst_name = CString::new(dst.file_name().unwrap_or_default().as_bytes())
             .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
         entry::copy_single(
-            &engine,
+            &engine.ctx,
             &parent,
             &name,
             &dst_name,
             FileType::from_raw_mode(st.st_mode),
         );
         engine.release(parent);
-        return Ok(engine.report());
+        return Ok(engine.ctx.report());
     }
     if let (Ok(s), Some(d)) = (std::fs::canonicalize(src), canonical_dest(dst)) {
         if d.starts_with(&s) {
@@ -700,7 +610,7 @@ pub fn copy_tree(
                 errno_text(e)
             )),
         })?;
-        engine.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
+        engine.ctx.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
         Some(made)
     };
     let root = new_node(
@@ -712,7 +622,7 @@ pub fn copy_tree(
         st,
         None,
     )?;
-    engine.emit(if options.dry_run {
+    engine.ctx.emit(if options.dry_run {
         TreeEvent::Planned {
             src,
             dst,
@@ -721,15 +631,21 @@ pub fn copy_tree(
     } else {
         TreeEvent::Dir { src, dst }
     });
-    bump(&engine.counts.dirs, 1);
+    bump(&engine.ctx.counts.dirs, 1);
 
     let threads = match options.threads {
         0 => {
             let fs = engine
+                .ctx
                 .root_dst
                 .as_ref()
-                .map_or(crate::FsKind::Other, |d| crate::clone::kind_of(d.as_fd()));
-            super::default_threads(fs, options.file.reflink != crate::Reflink::Never)
+                .map_or(crate::ground::fskind::FsKind::Other, |d| {
+                    crate::prim::files::kind_of(d.as_fd())
+                });
+            super::default_threads(
+                fs,
+                options.file.reflink != crate::prim::mode::Reflink::Never,
+            )
         }
         n => n.min(super::MAX_THREADS),
     };
@@ -744,5 +660,5 @@ pub fn copy_tree(
             s.spawn(move || engine.work(w, stealers));
         }
     });
-    Ok(engine.report())
+    Ok(engine.ctx.report())
 }

@@ -13,15 +13,24 @@
 //! preallocated (that would fill their holes), and a clone never reaches
 //! this code (preallocating over shared blocks would unshare them).
 //!
+//! [`transfer`] is the clone-or-copy step every feature runs on an open
+//! source and an empty destination: FICLONE, then (when the
+//! [`Reflink`] mode allows and the kernel says cloning is not possible
+//! here) the copy below; it returns the [`Method`] used.
+//!
 //! `copy_file_range` may itself clone on XFS/Btrfs. [`copy_data`] therefore
 //! takes `offload: false` for `Reflink::Never`, which must produce blocks of
 //! its own, and uses only read/write then.
 
+use std::path::Path;
+
 use rustix::fd::BorrowedFd;
-use rustix::fs::{self, SeekFrom};
+use rustix::fs::{self, FallocateFlags, SeekFrom};
 use rustix::io::{self, Errno};
 
-use crate::Method;
+use super::files::kind_of;
+use super::mode::{Method, Reflink};
+use crate::ground::error::{is_not_possible_here, Error, ErrorKind, Operation, Result};
 
 /// Files this large and without holes are preallocated before copying.
 const PREALLOC_MIN: u64 = 1 << 20;
@@ -81,7 +90,7 @@ pub(crate) fn copy_data(
     let segs = data_segments(src, size)?;
     let dense = segs.len() == 1 && segs[0] == (0, size);
     if dense && size >= PREALLOC_MIN {
-        crate::prealloc::preallocate(dst, size)?;
+        preallocate(dst, size)?;
     }
     let mut method = if offload {
         Method::CopyOffload
@@ -145,4 +154,79 @@ fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Move the data of `sfd` (`size` bytes) into the empty file `dfd`:
+/// clone, or copy when `reflink` allows and cloning is not possible here.
+/// `before_copy` runs before a data copy (to refuse early instead of
+/// copying in vain); `failed` turns an errno into the caller's error;
+/// `cancelled` can stop a data copy between chunks (ECANCELED).
+pub(crate) fn transfer(
+    sfd: BorrowedFd<'_>,
+    dfd: BorrowedFd<'_>,
+    size: u64,
+    reflink: Reflink,
+    before_copy: &dyn Fn() -> Result<()>,
+    failed: &dyn Fn(Errno) -> Error,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Method> {
+    let copy = |offload: bool| -> Result<Method> {
+        before_copy()?;
+        copy_data(sfd, dfd, size, offload, cancelled).map_err(failed)
+    };
+    match reflink {
+        Reflink::Never => copy(false),
+        Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
+            .map(|()| Method::Reflink)
+            .map_err(failed),
+        Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
+            Ok(()) => Ok(Method::Reflink),
+            Err(e) if is_not_possible_here(e) => copy(true),
+            Err(e) => Err(failed(e)),
+        },
+    }
+}
+
+/// Why a transfer failed, in words that name the filesystems.
+pub(crate) fn transfer_error(
+    op: Operation,
+    src: &Path,
+    dst: &Path,
+    e: Errno,
+    sfd: BorrowedFd<'_>,
+    dfd: BorrowedFd<'_>,
+) -> Error {
+    let base = Error::from_errno(op, e).with_src(src).with_dst(dst);
+    match e {
+        Errno::XDEV => base.with_reason(format!(
+            "different filesystems ({} → {})",
+            kind_of(sfd),
+            kind_of(dfd)
+        )),
+        Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL => {
+            let k = kind_of(dfd);
+            base.with_kind(ErrorKind::NotSupported).with_reason(format!(
+                "{k} does not support reflink here: {}",
+                k.reflink_hint()
+            ))
+        }
+        Errno::NOSPC => base.with_reason("no space left on the destination filesystem"),
+        Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
+        _ => base,
+    }
+}
+
+/// Reserve `len` bytes of `fd` from offset 0 (extending its size).
+/// Returns whether the filesystem preallocated (`false` where it cannot:
+/// tmpfs before 3.x, some FUSE and network filesystems); real errors
+/// (ENOSPC, EDQUOT, EIO) are returned.
+pub(crate) fn preallocate(fd: BorrowedFd<'_>, len: u64) -> std::result::Result<bool, Errno> {
+    if len == 0 {
+        return Ok(false);
+    }
+    match fs::fallocate(fd, FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(true),
+        Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
 }

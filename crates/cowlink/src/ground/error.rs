@@ -145,6 +145,9 @@ pub enum Operation {
     Store,
     /// Placing a store object or manifest at a destination.
     Materialize,
+    /// Reading or parsing a store manifest (any command that reads one:
+    /// checkout, gc, ls, stats, verify).
+    Manifest,
     /// Writing a new file (`PreallocWriter`).
     Write,
 }
@@ -162,6 +165,7 @@ impl Operation {
             Operation::Dedupe => "deduplicate",
             Operation::Store => "store",
             Operation::Materialize => "materialize",
+            Operation::Manifest => "read manifest",
             Operation::Write => "write",
         }
     }
