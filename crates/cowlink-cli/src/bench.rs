@@ -15,6 +15,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use cowlink::{clone_file, CloneOptions, PreallocWriter, Reflink};
 use serde::Serialize;
 
+use crate::out::errln;
 use crate::progress::Spinner;
 use crate::{human_bytes, Exit};
 
@@ -245,7 +246,7 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
     bar.finish();
     drop(work);
     if stop.load(Ordering::SeqCst) {
-        eprintln!("cowlink: interrupted; removed the work directory");
+        errln!("cowlink: interrupted; removed the work directory");
         return Ok(Exit::Interrupted);
     }
     let mut report = result?;
@@ -254,7 +255,7 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
         draw_svg(svg, &report).with_context(|| format!("cannot write '{}'", svg.display()))?;
     }
     if args.json {
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::out::stdout();
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
@@ -628,7 +629,7 @@ fn us(v: f64) -> String {
 }
 
 fn print_text(r: &Report) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     writeln!(
         out,
         "{} ({}): reflink {}",

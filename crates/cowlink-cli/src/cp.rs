@@ -15,6 +15,7 @@ use cowlink::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::out::{errln, out, outln};
 use crate::{human_bytes, human_duration, Exit};
 
 /// Clone files where the filesystem can share blocks, copy where it cannot.
@@ -291,8 +292,8 @@ impl Reporter {
 
     fn eprint(&self, line: &str) {
         match &self.bar {
-            Some(bar) => bar.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
+            Some(bar) => bar.suspend(|| errln!("{line}")),
+            None => errln!("{line}"),
         }
     }
 
@@ -576,7 +577,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     let recursive = args.recursive || args.archive;
     let jobs = plan(&args)?;
     if args.jobs > cowlink::tree::MAX_THREADS {
-        eprintln!(
+        errln!(
             "cowlink: -j {} is more threads than help; using {}",
             args.jobs,
             cowlink::tree::MAX_THREADS
@@ -611,7 +612,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         bar,
     };
     if args.json {
-        print!("{{\n  \"results\": [");
+        out!("{{\n  \"results\": [");
     }
     let tree = TreeOptions {
         file: options,
@@ -639,7 +640,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
                             bar.tick();
                         }
                         None if last_line.elapsed() >= Duration::from_secs(1) => {
-                            eprintln!("cowlink: {message}");
+                            errln!("cowlink: {message}");
                             last_line = Instant::now();
                         }
                         None => {}
@@ -664,15 +665,15 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     }
     let summary = reporter.summary(start.elapsed(), args.dry_run, cancel.is_cancelled());
     if args.json {
-        println!(
+        outln!(
             "\n  ],\n  \"summary\": {}\n}}",
             serde_json::to_string(&summary)?
         );
     } else if any_tree && (args.verbose || args.dry_run || show_progress) {
-        eprintln!("{}", summary_line(&summary));
+        errln!("{}", summary_line(&summary));
     }
     Ok(if summary.cancelled {
-        eprintln!(
+        errln!(
             "cowlink: interrupted; entries already copied are complete, nothing partial was left"
         );
         Exit::Interrupted

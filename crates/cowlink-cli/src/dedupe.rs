@@ -11,6 +11,7 @@ use clap::Args;
 use cowlink::dedupe::{self, phase, DedupeOptions, Plan, Progress};
 use serde::Serialize;
 
+use crate::out::errln;
 use crate::progress::Spinner;
 use crate::{human_bytes, human_duration, Exit};
 
@@ -126,15 +127,14 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         Ok(p) => p,
         Err(e) => {
             bar.finish();
-            eprintln!("cowlink: {e}");
+            errln!("cowlink: {e}");
             return Ok(Exit::Failed);
         }
     };
     let report = (!args.dry_run).then(|| dedupe::execute(&plan, &opts));
     bar.finish();
 
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = crate::out::stdout();
     // A file changed since the scan is protected, not a failure.
     let failed = !plan.errors.is_empty() || report.as_ref().is_some_and(|r| !r.errors.is_empty());
     if args.json {
@@ -175,7 +175,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         }
     }
     for e in &plan.errors {
-        eprintln!("cowlink: {e}");
+        errln!("cowlink: {e}");
     }
     let skipped = format!(
         "skipped: {} already shared, {} hard links, {} inline (not shareable)",
@@ -195,13 +195,13 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         )?,
         Some(r) => {
             for c in &r.changed {
-                eprintln!(
+                errln!(
                     "cowlink: '{}' changed since it was scanned; left as it is",
                     c.display()
                 );
             }
             for e in &r.errors {
-                eprintln!("cowlink: {e}");
+                errln!("cowlink: {e}");
             }
             writeln!(
                 out,

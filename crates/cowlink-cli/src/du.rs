@@ -10,6 +10,7 @@ use cowlink::usage::{self, PathUsage, Usage, UsageOptions};
 use cowlink::ErrorKind;
 use serde::Serialize;
 
+use crate::out::errln;
 use crate::{human_bytes, Exit};
 
 /// Show true disk usage: exclusive, shared and saved bytes of a tree.
@@ -83,8 +84,7 @@ pub fn run(args: DuArgs) -> Result<Exit> {
         opts.threads = j.max(1);
     }
     let report = usage::usage_report(&args.paths, &opts);
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = crate::out::stdout();
     if args.json {
         let errors = report
             .errors
@@ -113,7 +113,7 @@ pub fn run(args: DuArgs) -> Result<Exit> {
                 human_bytes(n)
             }
         };
-        let row = |out: &mut std::io::StdoutLock, u: &Usage, name: &str| {
+        let row = |out: &mut dyn Write, u: &Usage, name: &str| {
             writeln!(
                 out,
                 "{:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {}",
@@ -149,7 +149,7 @@ pub fn run(args: DuArgs) -> Result<Exit> {
     }
     if !args.json {
         for e in &report.errors {
-            eprintln!("cowlink: {e}");
+            errln!("cowlink: {e}");
         }
     }
     Ok(if report.errors.is_empty() {

@@ -10,6 +10,7 @@ use cowlink::extents::{self, FileLayout, FileRef};
 use cowlink::ErrorKind;
 use serde::Serialize;
 
+use crate::out::errln;
 use crate::{human_bytes, Exit};
 
 /// Show a file's extents and whether it shares blocks (is a CoW link).
@@ -97,7 +98,7 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
                 Ok(r) => refs[i] = Some(r),
                 // Not Btrfs: the table still shows sharing within the set.
                 Err(e) if e.kind() == ErrorKind::NotSupported => {
-                    eprintln!(
+                    errln!(
                         "cowlink: no reference counts for '{}': {}",
                         p.display(),
                         e.reason()
@@ -108,8 +109,7 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
         }
     }
 
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    let mut out = crate::out::stdout();
     if args.json {
         let files: Vec<FileOut> = ok
             .iter()
@@ -155,7 +155,7 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
         }
         out.flush()?;
         for e in &errors {
-            eprintln!("cowlink: {e}");
+            errln!("cowlink: {e}");
         }
     }
     Ok(if errors.is_empty() {

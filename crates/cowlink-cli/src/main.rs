@@ -4,6 +4,8 @@
 //! on stderr); 2 usage error or nothing could start; 130 interrupted
 //! (Ctrl-C or SIGTERM), after cleaning up.
 
+mod out;
+
 mod bench;
 mod cp;
 mod dedupe;
@@ -15,6 +17,7 @@ mod store;
 
 use std::process::ExitCode;
 
+use crate::out::errln;
 use clap::{Parser, Subcommand};
 
 /// Copy-on-write file cloning for Linux.
@@ -97,7 +100,7 @@ fn main() -> ExitCode {
             Exit::Ok.into()
         }
         Err(e) => {
-            eprintln!("cowlink: {e:#}");
+            errln!("cowlink: {e:#}");
             Exit::Fatal.into()
         }
     }

@@ -7,6 +7,7 @@ use clap::Args;
 use comfy_table::{presets, ContentArrangement, Table};
 use cowlink::probe::{self, Answer, FsFacts};
 
+use crate::out::outln;
 use crate::Exit;
 
 /// Tell whether paths can clone, and what their filesystems can do.
@@ -40,7 +41,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
     if args.tree {
         let mounts = probe::tree(&args.path)?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&mounts)?);
+            outln!("{}", serde_json::to_string_pretty(&mounts)?);
         } else {
             let mut t = table(&["MOUNT", "TYPE", "RO", "REFLINK", "DEDUPE", "BLOCK", "WHY"]);
             for m in &mounts {
@@ -57,7 +58,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
                     m.facts.reflink.reason().unwrap_or("").to_string(),
                 ]);
             }
-            println!("{t}");
+            outln!("{t}");
         }
         return Ok(Exit::Ok);
     }
@@ -65,18 +66,18 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
         None => {
             let facts = probe::filesystem(&args.path)?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&facts)?);
+                outln!("{}", serde_json::to_string_pretty(&facts)?);
             } else {
                 let mut t = table(&["", ""]);
                 facts_rows(&mut t, &facts);
-                println!("{t}");
+                outln!("{t}");
             }
             Ok(Exit::Ok)
         }
         Some(dest) => {
             let s = probe::between(&args.path, dest)?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
+                outln!("{}", serde_json::to_string_pretty(&s)?);
             } else {
                 let mut t = table(&["", "SOURCE", "DESTINATION"]);
                 let side = |f: &FsFacts| {
@@ -107,8 +108,8 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
                 for (i, label) in labels.iter().enumerate() {
                     t.add_row(vec![label.to_string(), a[i].clone(), b[i].clone()]);
                 }
-                println!("{t}");
-                println!(
+                outln!("{t}");
+                outln!(
                     "same filesystem: {}\nclone '{}' -> '{}': {}",
                     if s.same_filesystem { "yes" } else { "no" },
                     args.path.display(),

@@ -12,6 +12,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Progress, Store};
 use serde::Serialize;
 
+use crate::out::errln;
 use crate::progress::Spinner;
 use crate::{human_bytes, human_duration, Exit};
 
@@ -215,7 +216,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         })
     };
     let start = Instant::now();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     match args.command {
         StoreCommand::Add { files } => {
             let mut failed = false;
@@ -235,7 +236,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                         results.push(serde_json::json!({"path": f, "added": a}));
                     }
                     Err(e) => {
-                        eprintln!("cowlink: {e}");
+                        errln!("cowlink: {e}");
                         results.push(serde_json::json!({"path": f, "error": e.to_string()}));
                         failed = true;
                     }
@@ -255,7 +256,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 json_out(&mut out, &r)?;
             } else {
                 writeln!(out, "{}", r.digest)?;
-                eprintln!(
+                errln!(
                     "stored {} files ({}; {} new objects, {} cloned, {} copied), {} directories, {} symbolic links in {}",
                     r.files,
                     human_bytes(r.bytes),
@@ -310,7 +311,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             bar.finish();
             let r = r?;
             for e in &r.errors {
-                eprintln!("cowlink: {e}");
+                errln!("cowlink: {e}");
             }
             if json {
                 json_out(&mut out, &r)?;
@@ -366,7 +367,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             if json {
                 json_out(&mut out, &rows)?;
             } else if rows.is_empty() {
-                eprintln!(
+                errln!(
                     "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
                     dir.display()
                 );
@@ -427,10 +428,10 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                         || " (could not be moved)".to_string(),
                         |q| format!(", moved to {}", q.display()),
                     );
-                    eprintln!("cowlink: corrupt: {}: {}{to}", c.path.display(), c.problem);
+                    errln!("cowlink: corrupt: {}: {}{to}", c.path.display(), c.problem);
                 }
                 for (m, o) in &r.missing {
-                    eprintln!("cowlink: missing: object {o} (used by manifest {m})");
+                    errln!("cowlink: missing: object {o} (used by manifest {m})");
                 }
                 writeln!(
                     out,
