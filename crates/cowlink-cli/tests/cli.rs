@@ -261,3 +261,57 @@ fn probe_answers_in_text_json_and_exit_code() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("/no/such/path"));
 }
+
+/// Pseudo files report sizes that reading does not give back: procfs 0,
+/// sysfs a page. The copy holds exactly what reading gives, as GNU cp's.
+#[test]
+fn cp_pseudo_files_are_read_to_their_end() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path();
+    // procfs: stat says 0 bytes.
+    for (src, name) in [
+        ("/proc/version", "version"),
+        ("/proc/sys/kernel/ostype", "ostype"),
+    ] {
+        assert_eq!(
+            fs::metadata(src).unwrap().len(),
+            0,
+            "{src} no longer reports 0 bytes"
+        );
+        let out = cowlink(&[&"cp", &src, &d.join(name)]);
+        assert!(out.status.success(), "{src}: {}", text(&out.stderr));
+        let copy = fs::read(d.join(name)).unwrap();
+        assert!(!copy.is_empty(), "{src} copied as 0 bytes");
+        assert_eq!(copy, fs::read(src).unwrap(), "{src}");
+    }
+    // /proc/cpuinfo changes between reads (clock rates): only its shape.
+    let out = cowlink(&[&"cp", &"/proc/cpuinfo", &d.join("cpuinfo")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(fs::read_to_string(d.join("cpuinfo"))
+        .unwrap()
+        .contains("processor"));
+    // sysfs: stat says 4096 bytes for an 18-byte attribute.
+    let attr = "/sys/class/net/lo/address";
+    assert_eq!(fs::metadata(attr).unwrap().len(), 4096, "{attr}");
+    let out = cowlink(&[&"cp", &attr, &d.join("address")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        fs::read(d.join("address")).unwrap(),
+        fs::read(attr).unwrap()
+    );
+    // A whole procfs directory: every file holds what reading gives.
+    let out = cowlink(&[&"cp", &"-r", &"/proc/sys/kernel/random", &d.join("random")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for e in fs::read_dir(d.join("random")).unwrap() {
+        let p = e.unwrap().path();
+        assert!(
+            fs::metadata(&p).unwrap().len() > 0,
+            "{} copied as 0 bytes",
+            p.display()
+        );
+    }
+    assert_eq!(
+        fs::read(d.join("random/boot_id")).unwrap(),
+        fs::read("/proc/sys/kernel/random/boot_id").unwrap()
+    );
+}

@@ -83,7 +83,7 @@ pub fn clone_file(
         Overwrite::Replace => Ok(()),
     };
     let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
-    let method = transfer(
+    let done = transfer(
         sfd,
         dfd,
         size,
@@ -106,8 +106,8 @@ pub fn clone_file(
             _ => err(e),
         })?;
     Ok(Outcome {
-        method,
-        bytes: st.st_size as u64,
+        method: done.method,
+        bytes: done.bytes,
     })
 }
 

@@ -29,8 +29,9 @@ use rustix::fs::{self, FallocateFlags, SeekFrom};
 use rustix::io::{self, Errno};
 
 use super::files::kind_of;
-use super::mode::{Method, Reflink};
+use super::mode::{Method, Outcome, Reflink};
 use crate::ground::error::{is_not_possible_here, Error, ErrorKind, Operation, Result};
+use crate::ground::fskind::FsKind;
 
 /// Files this large and without holes are preallocated before copying.
 const PREALLOC_MIN: u64 = 1 << 20;
@@ -73,9 +74,15 @@ fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errn
 
 /// Copy `size` bytes of `src` into the empty file `dst`, keeping holes.
 ///
-/// Returns the method that moved the data: [`Method::CopyOffload`] when
+/// `size` is what stat said; the copy has the length reading gives. A
+/// file of a pseudo filesystem reporting 0 bytes (procfs) or one page
+/// (sysfs) is read to its end whatever its size says, and a source that
+/// ends early (it shrank) gives a copy of what was read, never one padded
+/// with zeros to the old size.
+///
+/// Returns the method that moved the data ([`Method::CopyOffload`] when
 /// `copy_file_range` did the whole job, [`Method::ReadWrite`] when any part
-/// used read/write. Errors are the kernel's (ENOSPC, EIO, ...); "not
+/// used read/write) and the bytes the copy holds. Errors are the kernel's (ENOSPC, EIO, ...); "not
 /// possible here" errors from `copy_file_range` are never returned, they
 /// switch to read/write. `cancelled` is asked between chunks (at most
 /// [`CFR_CHUNK`] or 1 MiB apart); when it says yes the copy stops with
@@ -86,7 +93,14 @@ pub(crate) fn copy_data(
     size: u64,
     mut offload: bool,
     cancelled: &dyn Fn() -> bool,
-) -> Result<Method, Errno> {
+) -> Result<Outcome, Errno> {
+    if size_untrusted(src, size) {
+        let bytes = copy_to_eof(src, dst, cancelled)?;
+        return Ok(Outcome {
+            method: Method::ReadWrite,
+            bytes,
+        });
+    }
     let segs = data_segments(src, size)?;
     let dense = segs.len() == 1 && segs[0] == (0, size);
     if dense && size >= PREALLOC_MIN {
@@ -98,6 +112,8 @@ pub(crate) fn copy_data(
         Method::ReadWrite
     };
     let mut buf: Vec<u8> = Vec::new();
+    // Where the source ended, when it ended before `size`.
+    let mut short = None;
     'segments: for (start, end) in segs {
         let mut pos = start;
         while pos < end {
@@ -109,7 +125,11 @@ pub(crate) fn copy_data(
                 let (mut off_in, mut off_out) = (pos, pos);
                 let chunk = want.min(CFR_CHUNK) as usize;
                 match fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), chunk) {
-                    Ok(0) => break 'segments, // source shrank: stop at its new end
+                    Ok(0) => {
+                        // The source shrank: stop at its new end.
+                        short = Some(pos);
+                        break 'segments;
+                    }
                     Ok(n) => {
                         pos += n as u64;
                         continue;
@@ -127,7 +147,10 @@ pub(crate) fn copy_data(
             }
             let n = want.min(buf.len() as u64) as usize;
             let got = match io::pread(src, &mut buf[..n], pos) {
-                Ok(0) => break 'segments,
+                Ok(0) => {
+                    short = Some(pos);
+                    break 'segments;
+                }
                 Ok(g) => g,
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e),
@@ -137,8 +160,41 @@ pub(crate) fn copy_data(
         }
     }
     // A trailing hole (or an empty copy) still needs the right length.
-    fs::ftruncate(dst, size)?;
-    Ok(method)
+    let bytes = short.unwrap_or(size);
+    fs::ftruncate(dst, bytes)?;
+    Ok(Outcome { method, bytes })
+}
+
+/// Whether stat's size of `src` may not be its length: 0 (procfs) or one
+/// page (sysfs, configfs) on a kernel pseudo filesystem.
+fn size_untrusted(src: BorrowedFd<'_>, size: u64) -> bool {
+    (size == 0 || size == 4096)
+        && fs::fstatfs(src).is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Pseudo)
+}
+
+/// Copy `src` into the empty file `dst` by reading until the end of file,
+/// as GNU cp does for files whose size cannot be trusted. Returns the
+/// bytes copied.
+fn copy_to_eof(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<u64, Errno> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pos = 0u64;
+    loop {
+        if cancelled() {
+            return Err(Errno::CANCELED);
+        }
+        let n = match io::read(src, &mut buf) {
+            Ok(0) => return Ok(pos),
+            Ok(n) => n,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        };
+        write_all_at(dst, &buf[..n], pos)?;
+        pos += n as u64;
+    }
 }
 
 fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(), Errno> {
@@ -169,18 +225,22 @@ pub(crate) fn transfer(
     before_copy: &dyn Fn() -> Result<()>,
     failed: &dyn Fn(Errno) -> Error,
     cancelled: &dyn Fn() -> bool,
-) -> Result<Method> {
-    let copy = |offload: bool| -> Result<Method> {
+) -> Result<Outcome> {
+    let cloned = Outcome {
+        method: Method::Reflink,
+        bytes: size,
+    };
+    let copy = |offload: bool| -> Result<Outcome> {
         before_copy()?;
         copy_data(sfd, dfd, size, offload, cancelled).map_err(failed)
     };
     match reflink {
         Reflink::Never => copy(false),
         Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
-            .map(|()| Method::Reflink)
+            .map(|()| cloned)
             .map_err(failed),
         Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
-            Ok(()) => Ok(Method::Reflink),
+            Ok(()) => Ok(cloned),
             Err(e) if is_not_possible_here(e) => copy(true),
             Err(e) => Err(failed(e)),
         },

@@ -589,10 +589,6 @@ impl Store {
             };
             let copy = |offload| {
                 crate::prim::transfer::copy_data(src.as_fd(), dfd, size, offload, &|| false)
-                    .map(|method| Outcome {
-                        method,
-                        bytes: size,
-                    })
                     .map_err(failed)
             };
             if how.link == LinkMode::Copy {

@@ -613,7 +613,7 @@ impl Store {
         let pending = self.temporary("object")?;
         let size = st.st_size as u64;
         let failed = |e: Errno| transfer_error(op, path, &self.root, e, src, pending.fd());
-        let method = transfer(
+        let done = transfer(
             src,
             pending.fd(),
             size,
@@ -627,6 +627,8 @@ impl Store {
         // so hash the source (cached; the new clone's pages are not) and
         // check below that nothing changed it from before the clone to
         // after the hash.
+        // A pseudo file's copy holds what reading gave, not what stat said.
+        let (method, size) = (done.method, done.bytes);
         let hashed = if method == Method::Reflink {
             src
         } else {

@@ -290,7 +290,7 @@ impl Entry<'_, '_> {
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
         let size = st.st_size as u64;
         let cancelled = || self.eng.cancelled();
-        let method = transfer(
+        let done = transfer(
             sfd,
             dfd,
             size,
@@ -313,10 +313,7 @@ impl Entry<'_, '_> {
         })?;
         file.commit(dst_name, overwrite)
             .map_err(|e| self.dest_error(e))?;
-        Ok(Outcome {
-            method,
-            bytes: size,
-        })
+        Ok(done)
     }
 
     /// With [`TreeOptions::resume`](super::TreeOptions::resume): whether
