@@ -315,3 +315,77 @@ fn cp_pseudo_files_are_read_to_their_end() {
         fs::read("/proc/sys/kernel/random/boot_id").unwrap()
     );
 }
+
+/// An active swap file: swapped off again when dropped, even on a panic.
+struct Swap(std::path::PathBuf);
+
+impl Swap {
+    fn on(path: &Path) -> Swap {
+        let sbin = |tool: &str| {
+            ["/usr/sbin", "/sbin"]
+                .iter()
+                .map(|d| Path::new(d).join(tool))
+                .find(|p| p.exists())
+                .unwrap_or_else(|| panic!("{tool} is installed (util-linux)"))
+        };
+        let f = fs::File::create(path).unwrap();
+        // Written, not fallocated: swapon refuses files with holes or
+        // unwritten extents.
+        std::io::Write::write_all(&mut &f, &vec![0u8; 16 << 20]).unwrap();
+        f.sync_all().unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
+        let ok = |c: &mut Command| c.status().unwrap().success();
+        assert!(ok(Command::new(sbin("mkswap")).arg("-q").arg(path)));
+        assert!(
+            ok(Command::new(sbin("swapon")).arg(path)),
+            "swapon {} failed (the tests run as root)",
+            path.display()
+        );
+        Swap(path.to_path_buf())
+    }
+}
+
+impl Drop for Swap {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(&self.0).status();
+        let _ = Command::new("/usr/sbin/swapoff").arg(&self.0).status();
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn cp_active_swap_file_is_copied_by_auto_and_refused_by_always_with_reason() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path();
+    let swap = Swap::on(&d.join("swapfile"));
+    let src = &swap.0;
+    // Auto falls back to a copy (the kernel never clones a swap file).
+    let out = cowlink(&[&"cp", &"-v", src, &d.join("auto")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("copied"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(fs::read(d.join("auto")).unwrap(), fs::read(src).unwrap());
+    // Always refuses, saying why.
+    let out = cowlink(&[&"cp", &"--reflink=always", src, &d.join("always")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("active swap file"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.join("always").exists());
+    // probe names the reason, and other files of the same filesystem still
+    // clone (the answer is the file's, not the pair of filesystems').
+    let out = cowlink(&[&"probe", src, &d.join("x")]);
+    assert!(
+        text(&out.stdout).contains("active swap file"),
+        "{}",
+        text(&out.stdout)
+    );
+    fs::write(d.join("plain"), b"data").unwrap();
+    let out = cowlink(&[&"probe", &d.join("plain"), &d.join("y")]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+}

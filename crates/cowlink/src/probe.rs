@@ -437,6 +437,9 @@ fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
     );
     let reflink = if let Answer::No(r) = &dst_facts.reflink {
         Answer::No(r.clone())
+    } else if src_is_file && is_active_swap(src) {
+        // Of this file only: not cached for the pair of filesystems.
+        Answer::No(crate::ground::error::SWAP_REASON.into())
     } else if src_is_file {
         let answer = cached_or(&PAIR_CACHE, (sdev, ddev), is_definite, || {
             pair_trial(src, dst_dir, &different)
@@ -457,6 +460,22 @@ fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
         dst: dst_facts,
         same_filesystem: same,
         reflink,
+    })
+}
+
+/// Whether `path` is an active swap file (listed in /proc/swaps, whose
+/// names are escaped as in mountinfo).
+fn is_active_swap(path: &Path) -> bool {
+    let Ok(st) = fs::stat(path) else { return false };
+    let Ok(swaps) = std::fs::read_to_string("/proc/swaps") else {
+        return false;
+    };
+    swaps.lines().skip(1).any(|line| {
+        let Some(name) = line.split_whitespace().next() else {
+            return false;
+        };
+        fs::stat(mountinfo::unescape(name).as_os_str())
+            .is_ok_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino))
     })
 }
 

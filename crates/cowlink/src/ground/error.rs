@@ -110,15 +110,21 @@ pub fn classify(errno: Errno) -> ErrorKind {
 /// Whether a failed clone means "cloning is not possible here" (so `Auto`
 /// may fall back to copying) rather than a real error that must be reported.
 ///
-/// Only EXDEV, EOPNOTSUPP, ENOTTY, ENOSYS and EINVAL qualify. ENOENT, EACCES,
-/// EEXIST, ENOSPC, EDQUOT, EIO and everything else are real errors: copying
-/// would hide them or make them worse.
+/// Only EXDEV, EOPNOTSUPP, ENOTTY, ENOSYS, EINVAL and ETXTBSY qualify
+/// (ETXTBSY: the kernel never clones an active swap file, but reading it is
+/// allowed; a clone's destination is always a new file, so the busy one is
+/// the source). ENOENT, EACCES, EEXIST, ENOSPC, EDQUOT, EIO and everything
+/// else are real errors: copying would hide them or make them worse.
 pub fn is_not_possible_here(errno: Errno) -> bool {
     matches!(
         errno,
-        Errno::XDEV | Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL
+        Errno::XDEV | Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL | Errno::TXTBSY
     )
 }
+
+/// Why an active swap file cannot be cloned, for messages.
+pub const SWAP_REASON: &str =
+    "the source is an active swap file, which the kernel never clones (it can be copied)";
 
 /// The operation that failed, used to word the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -31,7 +31,7 @@ impl MountEntry {
 }
 
 /// Undo mountinfo's octal escapes (`\040` for space, `\011`, `\012`, `\134`).
-fn unescape(field: &str) -> OsString {
+pub(crate) fn unescape(field: &str) -> OsString {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

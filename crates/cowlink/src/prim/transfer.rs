@@ -134,7 +134,14 @@ pub(crate) fn copy_data(
                         pos += n as u64;
                         continue;
                     }
-                    Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => {
+                    // ETXTBSY: an active swap file (read/write may read it).
+                    Err(
+                        Errno::XDEV
+                        | Errno::INVAL
+                        | Errno::OPNOTSUPP
+                        | Errno::NOSYS
+                        | Errno::TXTBSY,
+                    ) => {
                         offload = false;
                         method = Method::ReadWrite;
                     }
@@ -270,6 +277,9 @@ pub(crate) fn transfer_error(
                 k.reflink_hint()
             ))
         }
+        Errno::TXTBSY => base
+            .with_kind(ErrorKind::NotSupported)
+            .with_reason(crate::ground::error::SWAP_REASON),
         Errno::NOSPC => base.with_reason("no space left on the destination filesystem"),
         Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
         _ => base,
