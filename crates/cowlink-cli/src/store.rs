@@ -309,7 +309,19 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             let bar = spin("checking out");
             let r = store.materialize_tree(&m, &dest, &opts);
             bar.finish();
-            let r = r?;
+            let r = r.map_err(|e| {
+                if e.kind() == cowlink::ErrorKind::NotSupported
+                    && opts.link == cowlink::store::LinkMode::Clone
+                {
+                    let why = format!(
+                        "{}; use --mode auto to copy where cloning is not possible",
+                        e.reason()
+                    );
+                    e.with_reason(why)
+                } else {
+                    e
+                }
+            })?;
             for e in &r.errors {
                 errln!("cowlink: {e}");
             }

@@ -362,13 +362,24 @@ fn ext4_checkout_needs_auto_and_then_copies() {
     let (src, st) = (e.path().join("src"), e.path().join("store"));
     tree(&src, 20, 3, 5000);
     let m = ok(&store(&st, &[&"add-tree", &src])).trim().to_string();
+    // Clone-only (the default) is refused before anything is written:
+    // no directory, no dangling symlink, nothing (exit 2: nothing could
+    // start), with the reason and the way out.
     let out = store(&st, &[&"checkout", &m, &e.path().join("clone")]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let msg = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("--mode auto"),
-        "{}",
-        text(&out.stderr)
+        msg.contains("ext4 cannot clone")
+            && msg.contains("nothing was written")
+            && msg.contains("--mode auto"),
+        "{msg}"
     );
+    assert!(!e.path().join("clone").exists());
+    // Into an existing empty directory: it stays empty.
+    fs::create_dir(e.path().join("empty")).unwrap();
+    let out = store(&st, &[&"checkout", &m, &e.path().join("empty")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(fs::read_dir(e.path().join("empty")).unwrap().count(), 0);
     let co = ok(&store(
         &st,
         &[&"checkout", &"--mode", &"auto", &m, &e.path().join("auto")],

@@ -243,6 +243,9 @@ impl Store {
     ) -> Result<MaterializeReport> {
         let dest = dest.as_ref();
         manifest.validate(&manifest.digest().to_hex(), options.external_symlinks)?;
+        if options.link == LinkMode::Clone {
+            self.clone_trial(manifest, dest)?;
+        }
         let root = prepare_dest(dest)?;
         let root = root.as_fd();
         let mut report = MaterializeReport::default();
@@ -676,6 +679,58 @@ impl Store {
 
 /// Create `dest` or accept it as an empty directory; return it opened
 /// (`O_PATH`, not following a symbolic link).
+impl Store {
+    /// Refuse a clone-only checkout before writing anything when the
+    /// destination cannot clone from the store: clone one object into an
+    /// unnamed scratch file where the checkout would go (`dest`, or the
+    /// directory that would hold it). No answer (no file to try, no
+    /// `O_TMPFILE`, the object unreadable) lets the checkout go on and
+    /// report per file as before.
+    fn clone_trial(&self, manifest: &Manifest, dest: &Path) -> Result<()> {
+        let Some(digest) = manifest.entries.iter().find_map(|e| match &e.kind {
+            EntryKind::File { digest, .. } => Some(digest),
+            _ => None,
+        }) else {
+            return Ok(());
+        };
+        let dir = match fs::stat(dest) {
+            Ok(_) => dest.to_path_buf(),
+            Err(_) => match dest.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => ".".into(),
+            },
+        };
+        let Ok(src) = self.open_in_layout(&object_rel(digest, 0)) else {
+            return Ok(());
+        };
+        let Ok(scratch) = fs::open(
+            &dir,
+            OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        ) else {
+            return Ok(());
+        };
+        match cowlink_sys::ficlone(scratch.as_fd(), src.as_fd()) {
+            Err(e) if is_not_possible_here(e) => {
+                let kind = crate::prim::files::kind_of(scratch.as_fd());
+                let why = if e == Errno::XDEV {
+                    "the store is on another filesystem".to_string()
+                } else {
+                    format!("{kind} cannot clone here ({})", errno_text(e))
+                };
+                Err(Error::new(Operation::Materialize, ErrorKind::NotSupported)
+                    .with_src(&self.root)
+                    .with_dst(dest)
+                    .with_reason(format!(
+                        "cannot clone from the store into '{}': {why}; nothing was written",
+                        dir.display()
+                    )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
     let err = |e: Errno| merr(dest, e);
     match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
