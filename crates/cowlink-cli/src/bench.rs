@@ -49,7 +49,7 @@ const MIB: u64 = 1024 * KIB;
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
     /// Where to measure [default: the current directory]
-    #[arg(value_name = "DIR")]
+    #[arg(value_name = "DIR", value_parser = crate::PathArg)]
     dir: Option<PathBuf>,
 
     /// Fewer repetitions and smaller workloads (a few seconds)
@@ -65,7 +65,7 @@ pub struct BenchArgs {
     json: bool,
 
     /// Draw the size/latency chart (log scales) as SVG into FILE
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::PathArg)]
     svg: Option<PathBuf>,
 }
 

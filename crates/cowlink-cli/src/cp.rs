@@ -108,7 +108,7 @@ pub struct CpArgs {
     archive: bool,
 
     /// Copy all SRC arguments into DIR
-    #[arg(short = 't', long, value_name = "DIR")]
+    #[arg(short = 't', long, value_name = "DIR", value_parser = crate::PathArg)]
     target_directory: Option<PathBuf>,
 
     /// Treat DEST as a file name, never as a directory to copy into
@@ -121,14 +121,8 @@ pub struct CpArgs {
 
     /// Copy with N threads, at most 64 (default: chosen per destination
     /// filesystem: 1 when cloning into Btrfs, else one per core)
-    #[arg(
-        short = 'j',
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        hide_default_value = true
-    )]
-    jobs: usize,
+    #[arg(short = 'j', long, value_name = "N", value_parser = crate::threads_arg)]
+    jobs: Option<usize>,
 
     /// Show a progress bar (default: only when stderr is a terminal)
     #[arg(long, overrides_with = "no_progress")]
@@ -151,7 +145,7 @@ pub struct CpArgs {
     json: bool,
 
     /// SRC... DEST, or SRC... with -t DIR
-    #[arg(required = true, value_name = "PATH")]
+    #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
 }
 
@@ -576,13 +570,8 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     };
     let recursive = args.recursive || args.archive;
     let jobs = plan(&args)?;
-    if args.jobs > cowlink::tree::MAX_THREADS {
-        errln!(
-            "cowlink: -j {} is more threads than help; using {}",
-            args.jobs,
-            cowlink::tree::MAX_THREADS
-        );
-    }
+    // 0: the library's default.
+    let threads = args.jobs.map_or(0, crate::capped_threads);
     let cancel = CancelToken::new();
     install_interrupt_handler(&cancel);
     // Deep trees hold two descriptors per level; raise the soft limit.
@@ -618,7 +607,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         file: options,
         hardlinks: args.archive,
         dereference: args.dereference,
-        threads: args.jobs,
+        threads,
         atomic: args.atomic,
         resume: args.resume,
         dry_run: args.dry_run,

@@ -52,7 +52,7 @@ pub struct DedupeArgs {
     min_size: u64,
 
     /// Worker threads for scanning and hashing [default: number of CPUs]
-    #[arg(short = 'j', long, value_name = "N")]
+    #[arg(short = 'j', long, value_name = "N", value_parser = crate::threads_arg)]
     threads: Option<usize>,
 
     /// Print JSON: the plan, and with it the result
@@ -64,7 +64,7 @@ pub struct DedupeArgs {
     verbose: bool,
 
     /// Files and directories to deduplicate
-    #[arg(required = true, value_name = "PATH")]
+    #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
 }
 
@@ -118,7 +118,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         ..Default::default()
     };
     if let Some(j) = args.threads {
-        opts.threads = j.max(1);
+        opts.threads = crate::capped_threads(j);
     }
     let p = Arc::clone(&progress);
     let bar = Spinner::start(!args.json, move || message(&p));

@@ -46,7 +46,7 @@ pub struct DuArgs {
     bytes: bool,
 
     /// Worker threads [default: number of CPUs]
-    #[arg(short = 'j', long, value_name = "N")]
+    #[arg(short = 'j', long, value_name = "N", value_parser = crate::threads_arg)]
     threads: Option<usize>,
 
     /// Print JSON (every figure, in bytes)
@@ -54,7 +54,7 @@ pub struct DuArgs {
     json: bool,
 
     /// Files and directories to measure
-    #[arg(required = true, value_name = "PATH")]
+    #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
 }
 
@@ -81,7 +81,7 @@ pub fn run(args: DuArgs) -> Result<Exit> {
         ..UsageOptions::default()
     };
     if let Some(j) = args.threads {
-        opts.threads = j.max(1);
+        opts.threads = crate::capped_threads(j);
     }
     let report = usage::usage_report(&args.paths, &opts);
     let mut out = crate::out::stdout();
@@ -140,6 +140,14 @@ pub fn run(args: DuArgs) -> Result<Exit> {
             }
         }
         for a in &report.args {
+            // A path that could not be read has its error, not a 0 B row.
+            let unread = report
+                .errors
+                .iter()
+                .any(|e| e.src() == Some(a.path.as_path()));
+            if unread && a.usage == Usage::default() {
+                continue;
+            }
             row(&mut out, &a.usage, &a.path.display().to_string())?;
         }
         if report.args.len() > 1 {

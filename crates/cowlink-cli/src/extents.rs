@@ -48,7 +48,7 @@ pub struct ExtentsArgs {
     json: bool,
 
     /// Regular files to inspect
-    #[arg(required = true, value_name = "FILE")]
+    #[arg(required = true, value_name = "FILE", value_parser = crate::PathArg)]
     files: Vec<PathBuf>,
 }
 

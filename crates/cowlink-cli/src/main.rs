@@ -101,9 +101,63 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             errln!("cowlink: {e:#}");
-            Exit::Fatal.into()
+            // A path that does not exist is an operation that failed (1),
+            // as with GNU cp and du; anything else that stops a command
+            // before it could start is 2.
+            let missing = e.chain().any(|c| {
+                c.downcast_ref::<cowlink::Error>()
+                    .is_some_and(|e| e.kind() == cowlink::ErrorKind::NotFound)
+            });
+            if missing { Exit::Failed } else { Exit::Fatal }.into()
         }
     }
+}
+
+/// Parses a path argument: any bytes but none (clap's own parser calls an
+/// empty path "a value is required", as if none had been given).
+#[derive(Clone, Copy, Debug)]
+pub struct PathArg;
+
+impl clap::builder::TypedValueParser for PathArg {
+    type Value = std::path::PathBuf;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        if value.is_empty() {
+            let name = arg.map(|a| a.to_string()).unwrap_or_else(|| "PATH".into());
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::InvalidValue,
+                format!("an empty string given for {name} names no file\n"),
+            ));
+        }
+        Ok(value.into())
+    }
+}
+
+/// Parses `-j N`: a whole number of threads, at least 1 (leaving `-j` out
+/// chooses the default).
+pub fn threads_arg(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => {
+            Err("0 threads cannot work; give 1 or more, or leave -j out for the default".into())
+        }
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of threads")),
+    }
+}
+
+/// `-j N` as used: at most [`cowlink::tree::MAX_THREADS`], saying so when
+/// more were asked for (every subcommand with `-j` applies this rule).
+pub fn capped_threads(n: usize) -> usize {
+    let max = cowlink::tree::MAX_THREADS;
+    if n > max {
+        errln!("cowlink: -j {n} is more threads than help; using {max}");
+    }
+    n.min(max)
 }
 
 /// Bytes for people: "0 B", "1023 B", "1.5 KiB", "16.0 MiB".

@@ -30,9 +30,11 @@ pub struct ProbeArgs {
     json: bool,
 
     /// The path to probe (a file or directory)
+    #[arg(value_parser = crate::PathArg)]
     path: PathBuf,
 
     /// A destination: answer whether PATH can be cloned there
+    #[arg(value_parser = crate::PathArg)]
     dest: Option<PathBuf>,
 }
 

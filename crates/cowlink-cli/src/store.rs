@@ -46,7 +46,7 @@ use crate::{human_bytes, human_duration, Exit};
 pub struct StoreArgs {
     /// The store directory (created if missing) [default: $COWLINK_STORE,
     /// else $XDG_CACHE_HOME/cowlink/store, else ~/.cache/cowlink/store]
-    #[arg(long, global = true, value_name = "DIR")]
+    #[arg(long, global = true, value_name = "DIR", value_parser = crate::PathArg)]
     store: Option<PathBuf>,
 
     /// Print JSON on stdout instead of text
@@ -54,7 +54,7 @@ pub struct StoreArgs {
     json: bool,
 
     /// Worker threads [default: number of CPUs]
-    #[arg(short = 'j', long, global = true, value_name = "N")]
+    #[arg(short = 'j', long, global = true, value_name = "N", value_parser = crate::threads_arg)]
     threads: Option<usize>,
 
     #[command(subcommand)]
@@ -66,7 +66,7 @@ enum StoreCommand {
     /// Add files; print each one's digest
     Add {
         /// Regular files (symbolic links are followed)
-        #[arg(required = true, value_name = "FILE")]
+        #[arg(required = true, value_name = "FILE", value_parser = crate::PathArg)]
         files: Vec<PathBuf>,
     },
     /// Add a directory tree; print the digest of its manifest
@@ -77,7 +77,7 @@ enum StoreCommand {
     /// half-stored tree would check out wrong.
     AddTree {
         /// The directory
-        #[arg(value_name = "DIR")]
+        #[arg(value_name = "DIR", value_parser = crate::PathArg)]
         dir: PathBuf,
     },
     /// Place one object at a new file
@@ -86,7 +86,7 @@ enum StoreCommand {
         #[arg(value_name = "DIGEST")]
         digest: String,
         /// The new file (must not exist)
-        #[arg(value_name = "DEST")]
+        #[arg(value_name = "DEST", value_parser = crate::PathArg)]
         dest: PathBuf,
         /// How to place it
         #[arg(long, value_enum, default_value_t = Mode::Clone)]
@@ -104,7 +104,7 @@ enum StoreCommand {
         #[arg(value_name = "MANIFEST")]
         manifest: String,
         /// The destination directory (created; if it exists it must be empty)
-        #[arg(value_name = "DEST")]
+        #[arg(value_name = "DEST", value_parser = crate::PathArg)]
         dest: PathBuf,
         /// How to place files
         #[arg(long, value_enum, default_value_t = Mode::Clone)]
@@ -198,7 +198,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
     let progress = Arc::new(Progress::default());
     let mut store = Store::open(&dir)?.with_progress(Arc::clone(&progress));
     if let Some(j) = args.threads {
-        store = store.with_threads(j.max(1));
+        store = store.with_threads(crate::capped_threads(j));
     }
     let json = args.json;
     let p = Arc::clone(&progress);

@@ -257,8 +257,9 @@ fn probe_answers_in_text_json_and_exit_code() {
         .unwrap()
         .iter()
         .any(|m| m["fstype"] == "btrfs" && m["facts"]["reflink"]["answer"] == "yes"));
+    // A missing path is a failed operation (1), as in every subcommand.
     let out = cowlink(&[&"probe", &"/no/such/path"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("/no/such/path"));
 }
 
@@ -388,4 +389,78 @@ fn cp_active_swap_file_is_copied_by_auto_and_refused_by_always_with_reason() {
     fs::write(d.join("plain"), b"data").unwrap();
     let out = cowlink(&[&"probe", &d.join("plain"), &d.join("y")]);
     assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+/// One rule for every subcommand (README, "Exit codes and messages"): a
+/// missing path is a failed operation (1) reported once, by its name; an
+/// empty path or `-j 0` is a usage error (2); `-j` above the cap says so.
+#[test]
+fn exit_codes_and_messages_follow_one_rule() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let missing = x.path().join("missing");
+    let m = missing.to_str().unwrap();
+    let dest = x.path().join("dest");
+    let cases: [(&str, Vec<&dyn AsRef<std::ffi::OsStr>>); 5] = [
+        ("cp", vec![&"cp", &m, &dest]),
+        ("probe", vec![&"probe", &m]),
+        ("du", vec![&"du", &m]),
+        ("dedupe", vec![&"dedupe", &m]),
+        ("extents", vec![&"extents", &m]),
+    ];
+    for (name, args) in &cases {
+        let out = cowlink(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains(m) && (err.contains("no such file") || err.contains("does not exist")),
+            "{name}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{name}: one message: {err}");
+        assert!(!err.contains("cannot deduplicate: cannot"), "{name}: {err}");
+        assert!(
+            !text(&out.stdout).contains(m),
+            "{name}: no row for {m}: {}",
+            text(&out.stdout)
+        );
+    }
+    for args in [
+        vec!["cp", "", "x"],
+        vec!["probe", ""],
+        vec!["du", ""],
+        vec!["dedupe", ""],
+        vec!["extents", ""],
+        vec!["store", "add-tree", ""],
+    ] {
+        let a: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|s| s as _).collect();
+        let out = cowlink(&a);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("names no file"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let store = x.path().join("store");
+    let s = store.to_str().unwrap();
+    for args in [
+        vec!["cp", "-r", "-j", "0", m, "x"],
+        vec!["du", "-j", "0", m],
+        vec!["dedupe", "-j", "0", m],
+        vec!["store", "--store", s, "-j", "0", "ls"],
+    ] {
+        let a: Vec<&dyn AsRef<std::ffi::OsStr>> = args.iter().map(|s| s as _).collect();
+        let out = cowlink(&a);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("0 threads"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = cowlink(&[&"store", &"--store", &s, &"-j", &"500", &"ls"]);
+    assert!(
+        text(&out.stderr).contains("-j 500 is more threads than help; using 64"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -182,6 +182,8 @@ struct Cand {
 struct Collect {
     files: Mutex<Vec<Cand>>,
     errors: Mutex<Vec<String>>,
+    /// The first error, whole (returned when no path could be walked).
+    first_error: Mutex<Option<Error>>,
     min_size: u64,
     progress: Option<Arc<Progress>>,
 }
@@ -226,6 +228,7 @@ impl Visitor for Collect {
 
     fn error(&self, err: Error) {
         lock(&self.errors).push(err.to_string());
+        lock(&self.first_error).get_or_insert(err);
     }
 }
 
@@ -275,9 +278,14 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     let files = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut errors = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     if files.is_empty() && !errors.is_empty() && errors.len() >= roots.len() {
-        return Err(
-            Error::new(Operation::Dedupe, ErrorKind::NotFound).with_reason(errors.join("; "))
-        );
+        // Nothing could be walked: the (first) path's own error.
+        if let Some(first) = c
+            .first_error
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            return Err(first);
+        }
     }
     let mut plan = Plan {
         files_scanned: files.len() as u64,
