@@ -22,10 +22,10 @@
 //! filesystem, after a `syncfs`), never taken from the kernel's
 //! `bytes_deduped`. Groups run in the order of their source paths, not of
 //! their size: neighbours on disk share allocation-group locks and btree
-//! blocks, and on the real /usr/share copies this order ran the kernel
-//! work about 10 % faster. Sharing is not re-read with FIEMAP afterwards
-//! (that cost a fifth of the run on 94,000 small targets): the kernel
-//! answers for each target, and the free space is measured.
+//! blocks (`bench/dedupe-floor` over one /usr/share plan: 2.13 s in path
+//! order, 2.34 s in size order, one run each). Sharing is not re-read with
+//! FIEMAP afterwards (one more ioctl per target, on the hot path): the
+//! kernel answers for each target, and the free space is measured.
 //!
 //! Refused: NFS and CIFS/SMB clients (their dedupe cloned without
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
