@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, Action, CancelToken, TreeEvent, TreeOptions};
+use cowlink::tree::{copy_tree, Action, TreeEvent, TreeOptions};
+use cowlink::Run;
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
 };
@@ -572,10 +573,9 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     let jobs = plan(&args)?;
     // 0: the library's default.
     let threads = args.jobs.map_or(0, crate::capped_threads);
-    let cancel = CancelToken::new();
-    install_interrupt_handler(&cancel);
+    let cancel = crate::interrupt::token();
     // Deep trees hold two descriptors per level; raise the soft limit.
-    raise_fd_limit();
+    crate::raise_fd_limit();
 
     // A bar on a terminal; with --progress elsewhere (logs, CI), a plain
     // line every second instead.
@@ -607,11 +607,12 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         file: options,
         hardlinks: args.archive,
         dereference: args.dereference,
-        threads,
         atomic: args.atomic,
         resume: args.resume,
         dry_run: args.dry_run,
-        cancel: cancel.clone(),
+        run: Run::default()
+            .with_threads(threads)
+            .with_cancel(cancel.clone()),
     };
     let start = Instant::now();
     let finished = AtomicBool::new(false);
@@ -671,40 +672,6 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     } else {
         Exit::Ok
     })
-}
-
-/// Whether a tree copy is running (it stops through its cancel token, so
-/// that directories get their metadata and the summary is printed).
-static IN_TREE: AtomicBool = AtomicBool::new(false);
-
-/// Ctrl-C (and SIGTERM) cancel a tree copy; outside one, or at the second
-/// signal, exit at once. Files being written are unnamed (`O_TMPFILE`)
-/// until complete, so exiting leaves nothing partial.
-fn install_interrupt_handler(cancel: &CancelToken) {
-    let cancel = cancel.clone();
-    let _ = ctrlc::set_handler(move || {
-        if cancel.is_cancelled() || !IN_TREE.load(Ordering::SeqCst) {
-            // Files written under their final names are removed first.
-            cowlink::remove_unfinished();
-            std::process::exit(130);
-        }
-        cancel.cancel();
-    });
-}
-
-/// Raise the soft limit on open files to the hard limit.
-fn raise_fd_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let lim = getrlimit(Resource::Nofile);
-    if lim.current < lim.maximum {
-        let _ = setrlimit(
-            Resource::Nofile,
-            rustix::process::Rlimit {
-                current: lim.maximum,
-                maximum: lim.maximum,
-            },
-        );
-    }
 }
 
 /// Resolve the command line into (source, destination file) pairs, with
@@ -798,9 +765,7 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
     }
     // A directory, or with -r a symlink, FIFO or device, or a dry run.
     let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
-    IN_TREE.store(true, Ordering::SeqCst);
-    let result = copy_tree(src, dst, tree, &observer);
-    IN_TREE.store(false, Ordering::SeqCst);
+    let result = crate::interrupt::graceful(|| copy_tree(src, dst, tree, &observer));
     if let Err(e) = result {
         r.failed(src, dst, &e);
     }

@@ -2,17 +2,16 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use cowlink::dedupe::{self, phase, DedupeOptions, Plan, Progress};
+use cowlink::dedupe::{self, DedupeOptions, Plan};
+use cowlink::{Progress, Run};
 use serde::Serialize;
 
 use crate::out::errln;
-use crate::progress::Spinner;
 use crate::{human_bytes, human_duration, Exit};
 
 /// Reclaim the space of identical files: make them share blocks.
@@ -111,28 +110,42 @@ struct JsonResult {
 /// Run `cowlink dedupe`.
 pub fn run(args: DedupeArgs) -> Result<Exit> {
     let start = Instant::now();
-    let progress = Arc::new(Progress::default());
-    let mut opts = DedupeOptions {
+    let progress = Arc::new(Progress::new());
+    let opts = DedupeOptions {
         min_size: args.min_size,
-        progress: Some(Arc::clone(&progress)),
-        ..Default::default()
+        run: Run::default()
+            .with_threads(args.threads.map_or(0, crate::capped_threads))
+            .with_cancel(crate::interrupt::token())
+            .with_progress(Arc::clone(&progress)),
     };
-    if let Some(j) = args.threads {
-        opts.threads = crate::capped_threads(j);
-    }
-    let p = Arc::clone(&progress);
-    let bar = Spinner::start(!args.json, move || message(&p));
-    let plan = dedupe::plan(&args.paths, &opts);
+    let bar = crate::progress::for_run(!args.json, &progress);
+    let plan = crate::interrupt::graceful(|| dedupe::plan(&args.paths, &opts));
     let plan = match plan {
         Ok(p) => p,
+        Err(_) if crate::interrupt::interrupted() => {
+            bar.finish();
+            errln!("cowlink: interrupted while planning; nothing was changed");
+            return Ok(Exit::Interrupted);
+        }
         Err(e) => {
             bar.finish();
             errln!("cowlink: {e}");
             return Ok(Exit::Failed);
         }
     };
-    let report = (!args.dry_run).then(|| dedupe::execute(&plan, &opts));
+    let report =
+        (!args.dry_run).then(|| crate::interrupt::graceful(|| dedupe::execute(&plan, &opts)));
     bar.finish();
+    if report.as_ref().is_some_and(|r| r.cancelled) {
+        errln!(
+            "cowlink: interrupted; groups already done share their blocks, the others were left as they were"
+        );
+    }
+    let done = |failed: bool| match () {
+        _ if report.as_ref().is_some_and(|r| r.cancelled) => Exit::Interrupted,
+        _ if failed => Exit::Failed,
+        _ => Exit::Ok,
+    };
 
     let mut out = crate::out::stdout();
     // A file changed since the scan is protected, not a failure.
@@ -155,7 +168,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             },
         )?;
         writeln!(out)?;
-        return Ok(if failed { Exit::Failed } else { Exit::Ok });
+        return Ok(done(failed));
     }
 
     if args.dry_run || args.verbose {
@@ -218,27 +231,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             )?
         }
     }
-    Ok(if failed { Exit::Failed } else { Exit::Ok })
-}
-
-/// The progress line: what phase, how far.
-fn message(p: &Progress) -> String {
-    match p.phase.load(Ordering::Relaxed) {
-        phase::SCAN => format!(
-            "scanning: {} files",
-            p.files_scanned.load(Ordering::Relaxed)
-        ),
-        phase::HASH => format!(
-            "hashing: {} of {}",
-            human_bytes(p.bytes_hashed.load(Ordering::Relaxed)),
-            human_bytes(p.bytes_to_hash.load(Ordering::Relaxed))
-        ),
-        _ => format!(
-            "deduplicating: {} of {}",
-            human_bytes(p.bytes_deduped.load(Ordering::Relaxed)),
-            human_bytes(p.bytes_to_dedupe.load(Ordering::Relaxed))
-        ),
-    }
+    Ok(done(failed))
 }
 
 #[cfg(test)]

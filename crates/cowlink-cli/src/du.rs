@@ -3,11 +3,12 @@
 use std::cmp::Ordering;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Args;
 use cowlink::usage::{self, PathUsage, Usage, UsageOptions};
-use cowlink::ErrorKind;
+use cowlink::{ErrorKind, Progress, Run};
 use serde::Serialize;
 
 use crate::out::errln;
@@ -76,14 +77,22 @@ struct JsonError {
 
 /// Run `cowlink du`.
 pub fn run(args: DuArgs) -> Result<Exit> {
-    let mut opts = UsageOptions {
+    let progress = Arc::new(Progress::new());
+    let opts = UsageOptions {
         per_dir: !args.summarize,
-        ..UsageOptions::default()
+        run: Run::default()
+            .with_threads(args.threads.map_or(0, crate::capped_threads))
+            .with_cancel(crate::interrupt::token())
+            .with_progress(Arc::clone(&progress)),
     };
-    if let Some(j) = args.threads {
-        opts.threads = crate::capped_threads(j);
+    let bar = crate::progress::for_run(!args.json, &progress);
+    let report = crate::interrupt::graceful(|| usage::usage_report(&args.paths, &opts));
+    bar.finish();
+    if report.cancelled {
+        // Figures of a partial walk would read as the answer: none.
+        errln!("cowlink: interrupted; nothing was reported");
+        return Ok(Exit::Interrupted);
     }
-    let report = usage::usage_report(&args.paths, &opts);
     let mut out = crate::out::stdout();
     if args.json {
         let errors = report

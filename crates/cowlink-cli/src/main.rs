@@ -4,6 +4,7 @@
 //! on stderr); 2 usage error or nothing could start; 130 interrupted
 //! (Ctrl-C or SIGTERM), after cleaning up.
 
+mod interrupt;
 mod out;
 
 mod bench;
@@ -79,6 +80,8 @@ impl From<Exit> for ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Signals from here on go through one handler (see `interrupt`).
+    let _ = interrupt::token();
     let result = match cli.command {
         Command::Cp(args) => cp::run(args),
         Command::Probe(args) => probe::run(args),
@@ -158,6 +161,22 @@ pub fn capped_threads(n: usize) -> usize {
         errln!("cowlink: -j {n} is more threads than help; using {max}");
     }
     n.min(max)
+}
+
+/// Raise the soft limit on open files to the hard limit (deep trees hold
+/// descriptors per level).
+pub fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: lim.maximum,
+                maximum: lim.maximum,
+            },
+        );
+    }
 }
 
 /// Bytes for people: "0 B", "1023 B", "1.5 KiB", "16.0 MiB".

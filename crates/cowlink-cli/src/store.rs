@@ -3,17 +3,16 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Progress, Store};
+use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Store};
+use cowlink::{Progress, Run};
 use serde::Serialize;
 
 use crate::out::errln;
-use crate::progress::Spinner;
 use crate::{human_bytes, human_duration, Exit};
 
 /// Keep each file once and clone it into many places.
@@ -195,25 +194,19 @@ fn digest(s: &str) -> Result<Digest> {
 /// Run `cowlink store`.
 pub fn run(args: StoreArgs) -> Result<Exit> {
     let dir = store_dir(args.store)?;
-    let progress = Arc::new(Progress::default());
-    let mut store = Store::open(&dir)?.with_progress(Arc::clone(&progress));
-    if let Some(j) = args.threads {
-        store = store.with_threads(crate::capped_threads(j));
-    }
+    let progress = Arc::new(Progress::new());
+    let store = Store::open(&dir)?.with_run(
+        Run::default()
+            .with_threads(args.threads.map_or(0, crate::capped_threads))
+            .with_cancel(crate::interrupt::token())
+            .with_progress(Arc::clone(&progress)),
+    );
     let json = args.json;
-    let p = Arc::clone(&progress);
-    let spin = |verb: &'static str| {
-        let p = Arc::clone(&p);
-        Spinner::start(!json, move || {
-            let total = p.files_total.load(Ordering::Relaxed);
-            let done = p.files_done.load(Ordering::Relaxed);
-            let bytes = human_bytes(p.bytes_done.load(Ordering::Relaxed));
-            if total > 0 {
-                format!("{verb}: {done} of {total} files, {bytes}")
-            } else {
-                format!("{verb}: {done} files, {bytes}")
-            }
-        })
+    let spin = || crate::progress::for_run(!json, &progress);
+    // A cancelled operation says what state it left and exits 130.
+    let interrupted = |what: &str| {
+        errln!("cowlink: interrupted; {what}");
+        Ok(Exit::Interrupted)
     };
     let start = Instant::now();
     let mut out = crate::out::stdout();
@@ -248,9 +241,14 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             Ok(if failed { Exit::Failed } else { Exit::Ok })
         }
         StoreCommand::AddTree { dir: tree } => {
-            let bar = spin("adding");
-            let r = store.add_tree(&tree);
+            let bar = spin();
+            let r = crate::interrupt::graceful(|| store.add_tree(&tree));
             bar.finish();
+            if crate::interrupt::interrupted() {
+                return interrupted(
+                    "no manifest was written; objects already stored stay until `cowlink store gc`",
+                );
+            }
             let r = r?;
             if json {
                 json_out(&mut out, &r)?;
@@ -306,8 +304,8 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 setid: keep_setid,
                 atomic,
             };
-            let bar = spin("checking out");
-            let r = store.materialize_tree(&m, &dest, &opts);
+            let bar = spin();
+            let r = crate::interrupt::graceful(|| store.materialize_tree(&m, &dest, &opts));
             bar.finish();
             let r = r.map_err(|e| {
                 if e.kind() == cowlink::ErrorKind::NotSupported
@@ -324,6 +322,13 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             })?;
             for e in &r.errors {
                 errln!("cowlink: {e}");
+            }
+            if r.cancelled {
+                return interrupted(&format!(
+                    "{} files were placed whole in '{}', the rest were not started",
+                    r.files,
+                    dest.display()
+                ));
             }
             if json {
                 json_out(&mut out, &r)?;
@@ -428,9 +433,12 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             Ok(Exit::Ok)
         }
         StoreCommand::Verify => {
-            let bar = spin("verifying");
-            let r = store.verify();
+            let bar = spin();
+            let r = crate::interrupt::graceful(|| store.verify());
             bar.finish();
+            if crate::interrupt::interrupted() {
+                return interrupted("verify stopped before every object was read");
+            }
             let r = r?;
             if json {
                 json_out(&mut out, &r)?;

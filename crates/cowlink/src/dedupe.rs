@@ -33,8 +33,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, OwnedFd};
@@ -44,6 +44,7 @@ use rustix::io::Errno;
 use crate::extents::{extents_fd, Extent};
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
+use crate::run::{Phase, Run};
 use crate::scan::{self, DirInfo, Entry, Visitor};
 
 /// Bytes hashed from each end of a file for the partial hash.
@@ -59,50 +60,20 @@ pub struct DedupeOptions {
     /// gives back a block; Btrfs keeps small files inline in its metadata,
     /// and those are reported in [`Plan::inline_skipped`] instead).
     pub min_size: u64,
-    /// Worker threads for walking and hashing (default: the CPUs).
-    pub threads: usize,
-    /// Live counters for a progress display (optional).
-    pub progress: Option<Arc<Progress>>,
+    /// Threads for walking, hashing and executing (0: one per core),
+    /// cancellation, and progress: [`Phase::Scan`] (entries seen),
+    /// [`Phase::Hash`] (bytes hashed of the total to hash),
+    /// [`Phase::Dedupe`] (target bytes compared and shared, of the total).
+    pub run: Run,
 }
 
 impl Default for DedupeOptions {
     fn default() -> Self {
         DedupeOptions {
             min_size: 1,
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            progress: None,
+            run: Run::default(),
         }
     }
-}
-
-/// Where a dedupe run is, for progress displays; read it from another
-/// thread while [`plan`] or [`execute`] runs.
-#[derive(Debug, Default)]
-pub struct Progress {
-    /// 0 scanning, 1 hashing, 2 deduplicating, 3 done.
-    pub phase: AtomicU8,
-    /// Regular files seen by the walk.
-    pub files_scanned: AtomicU64,
-    /// Bytes that will be hashed in full (known when hashing starts).
-    pub bytes_to_hash: AtomicU64,
-    /// Bytes hashed so far (partial and full).
-    pub bytes_hashed: AtomicU64,
-    /// Bytes of targets to deduplicate (known when executing starts).
-    pub bytes_to_dedupe: AtomicU64,
-    /// Bytes of targets the kernel has compared and shared so far.
-    pub bytes_deduped: AtomicU64,
-}
-
-/// The phases [`Progress::phase`] goes through.
-pub mod phase {
-    /// Walking the paths.
-    pub const SCAN: u8 = 0;
-    /// Hashing candidates.
-    pub const HASH: u8 = 1;
-    /// Calling the kernel.
-    pub const DEDUPE: u8 = 2;
-    /// Finished.
-    pub const DONE: u8 = 3;
 }
 
 /// Identical files: one source and the targets to share its blocks.
@@ -185,13 +156,11 @@ struct Collect {
     /// The first error, whole (returned when no path could be walked).
     first_error: Mutex<Option<Error>>,
     min_size: u64,
-    progress: Option<Arc<Progress>>,
 }
 
-impl Visitor for Collect {
-    fn dir(&self, _dir: &DirInfo, _st: &fs::Stat) {}
-
-    fn entry(&self, e: Entry<'_>) {
+impl Collect {
+    /// Record one entry of the walk.
+    fn take(&self, e: Entry<'_>) {
         if e.file_type.is_some_and(|t| t != FileType::RegularFile) {
             return;
         }
@@ -203,9 +172,6 @@ impl Visitor for Collect {
         };
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return;
-        }
-        if let Some(p) = &self.progress {
-            p.files_scanned.fetch_add(1, Ordering::Relaxed);
         }
         let size = st.st_size as u64;
         let mut c = Cand {
@@ -224,6 +190,15 @@ impl Visitor for Collect {
             c.size = 0; // below min_size: counted as scanned, not a candidate
         }
         lock(&self.files).push(c);
+    }
+}
+
+impl Visitor for Collect {
+    fn dir(&self, _dir: &DirInfo, _st: &fs::Stat) {}
+
+    fn entry(&self, e: Entry<'_>) -> std::ops::ControlFlow<()> {
+        self.take(e);
+        std::ops::ControlFlow::Continue(())
     }
 
     fn error(&self, err: Error) {
@@ -262,19 +237,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// refused filesystems are listed in [`Plan::errors`].
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
-    let progress = opts.progress.clone();
-    let set_phase = |p: u8| {
-        if let Some(pr) = &progress {
-            pr.phase.store(p, Ordering::Relaxed);
-        }
-    };
-    set_phase(phase::SCAN);
+    let run = &opts.run;
+    let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
+    run.enter(Phase::Scan, 0, 0);
     let c = Collect {
         min_size: opts.min_size,
-        progress: progress.clone(),
         ..Default::default()
     };
-    scan::walk(&roots, opts.threads, Operation::Dedupe, &c);
+    scan::walk(&roots, run, Operation::Dedupe, &c);
+    if run.cancelled() {
+        return Err(cancelled());
+    }
     let files = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut errors = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     if files.is_empty() && !errors.is_empty() && errors.len() >= roots.len() {
@@ -324,7 +297,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     }
     let mut size_groups: Vec<Vec<Cand>> = by_size.into_values().filter(|g| g.len() > 1).collect();
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.threads.max(1))
+        .num_threads(run.threads_or(crate::run::cores))
         .build()
         .map_err(|e| Error::new(Operation::Dedupe, ErrorKind::Io).with_reason(e.to_string()))?;
     // The layout tells already-shared files apart without reading them.
@@ -337,6 +310,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             .par_iter_mut()
             .flat_map(|g| g.par_iter_mut())
             .for_each(|c| {
+                if run.cancelled() {
+                    return;
+                }
                 if let Ok(fd) = open_read(&c.path) {
                     if let Ok(list) = extents_fd(fd.as_fd(), false) {
                         c.exclusive = 0;
@@ -398,21 +374,19 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         cluster_groups.push(ids);
     }
 
-    set_phase(phase::HASH);
-    let hashed = AtomicU64::new(0);
-    if let Some(p) = &progress {
-        let total: u64 = cluster_groups
-            .iter()
-            .flatten()
-            .map(|&id| clusters[id][0].size)
-            .sum();
-        p.bytes_to_hash.store(total, Ordering::Relaxed);
+    if run.cancelled() {
+        return Err(cancelled());
     }
+    let hashed = AtomicU64::new(0);
+    let total: u64 = cluster_groups
+        .iter()
+        .flatten()
+        .map(|&id| clusters[id][0].size)
+        .sum();
+    run.enter(Phase::Hash, 0, total);
     let count = |n: u64| {
         hashed.fetch_add(n, Ordering::Relaxed);
-        if let Some(p) = &progress {
-            p.bytes_hashed.fetch_add(n, Ordering::Relaxed);
-        }
+        run.done(0, n);
     };
     let hash_errors = Mutex::new(Vec::new());
     // Partial hash (edges), then full hash, per cluster representative.
@@ -421,6 +395,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         to_hash
             .par_iter()
             .filter_map(|&id| {
+                if run.cancelled() {
+                    return None;
+                }
                 let c = &clusters[id][0];
                 if let Some(h) = c.small_hash {
                     count(c.size);
@@ -447,6 +424,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         need_full
             .par_iter()
             .filter_map(|&id| {
+                if run.cancelled() {
+                    return None;
+                }
                 let c = &clusters[id][0];
                 if c.size <= 2 * EDGE {
                     return edges.get(&id).map(|h| (id, *h)); // the edges were everything
@@ -458,6 +438,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             })
             .collect()
     });
+    if run.cancelled() {
+        return Err(cancelled());
+    }
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
@@ -585,23 +568,24 @@ pub struct DedupeReport {
     pub changed: Vec<PathBuf>,
     /// Targets the kernel refused, and files that could not be opened.
     pub errors: Vec<Error>,
+    /// The run was cancelled: groups not started were left as they were
+    /// (a started `FIDEDUPERANGE` call always completes; the kernel only
+    /// shares what it found equal).
+    pub cancelled: bool,
 }
 
 /// Carry out `plan` with `FIDEDUPERANGE` only, groups in parallel on
-/// `opts.threads` threads. Never fails as a whole: every problem is listed
-/// in the report and the run goes on.
+/// `opts.run`'s threads. Never fails as a whole: every problem is listed
+/// in the report and the run goes on (until cancelled).
 pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
-    let progress = opts.progress.as_deref();
+    let run = &opts.run;
     let mut report = DedupeReport::default();
-    if let Some(p) = progress {
-        p.phase.store(phase::DEDUPE, Ordering::Relaxed);
-        let total: u64 = plan
-            .groups
-            .iter()
-            .map(|g| g.size * g.targets.len() as u64)
-            .sum();
-        p.bytes_to_dedupe.store(total, Ordering::Relaxed);
-    }
+    let total: u64 = plan
+        .groups
+        .iter()
+        .map(|g| g.size * g.targets.len() as u64)
+        .sum();
+    run.enter(Phase::Dedupe, plan.targets(), total);
     // Free space per filesystem before, keyed by device.
     let mut free_before: HashMap<u64, (OwnedFd, u64)> = HashMap::new();
     for g in &plan.groups {
@@ -620,25 +604,25 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
     // Disk order (approximately: path order) rather than size order.
     let mut order: Vec<&Group> = plan.groups.iter().collect();
     order.sort_by(|a, b| a.source.cmp(&b.source));
-    let run = || -> Vec<DedupeReport> {
+    let work = || -> Vec<DedupeReport> {
         order
             .par_iter()
             .map(|g| {
-                let mut r = DedupeReport {
-                    groups: 1,
-                    ..Default::default()
-                };
-                dedupe_group(g, &mut r, progress);
+                let mut r = DedupeReport::default();
+                if !run.cancelled() {
+                    r.groups = 1;
+                    dedupe_group(g, &mut r, run);
+                }
                 r
             })
             .collect()
     };
     let parts = match rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.threads.max(1))
+        .num_threads(run.threads_or(crate::run::cores))
         .build()
     {
-        Ok(pool) => pool.install(run),
-        Err(_) => run(),
+        Ok(pool) => pool.install(work),
+        Err(_) => work(),
     };
     for r in parts {
         report.groups += r.groups;
@@ -652,9 +636,8 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
             report.bytes_reclaimed += after.saturating_sub(*before);
         }
     }
-    if let Some(p) = progress {
-        p.phase.store(phase::DONE, Ordering::Relaxed);
-    }
+    report.cancelled = run.cancelled();
+    run.finish();
     report
 }
 
@@ -665,7 +648,7 @@ fn free_space(fd: &OwnedFd) -> Option<u64> {
     Some(s.f_bavail * s.f_frsize as u64)
 }
 
-fn dedupe_group(g: &Group, report: &mut DedupeReport, progress: Option<&Progress>) {
+fn dedupe_group(g: &Group, report: &mut DedupeReport, run: &Run) {
     let op = Operation::Dedupe;
     let src = match open_read(&g.source) {
         Ok(fd) => fd,
@@ -707,7 +690,7 @@ fn dedupe_group(g: &Group, report: &mut DedupeReport, progress: Option<&Progress
             }
         }
         let mut off = 0u64;
-        while off < g.size && !live.is_empty() {
+        while off < g.size && !live.is_empty() && !run.cancelled() {
             let len = CHUNK.min(g.size - off);
             let dests: Vec<(rustix::fd::BorrowedFd<'_>, u64)> =
                 live.iter().map(|(_, fd)| (fd.as_fd(), off)).collect();
@@ -735,11 +718,14 @@ fn dedupe_group(g: &Group, report: &mut DedupeReport, progress: Option<&Progress
                 }
             }
             live = keep;
-            if let Some(p) = progress {
-                p.bytes_deduped
-                    .fetch_add(len * live.len() as u64, Ordering::Relaxed);
-            }
+            let finished = if off + len == g.size { live.len() } else { 0 };
+            run.done(finished as u64, len * live.len() as u64);
             off += len;
+        }
+        if off < g.size {
+            // Cancelled between chunks: the shared prefix stays shared,
+            // the rest is untouched; not counted as deduplicated.
+            live.clear();
         }
         report.targets_deduped += live.len() as u64;
         report.bytes_compared += g.size * live.len() as u64;

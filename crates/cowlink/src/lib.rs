@@ -31,6 +31,8 @@
 //!   [`Method`], [`Outcome`]), moving data (clone or copy), placing a
 //!   destination name ([`Placement`], [`Overwrite`]), metadata
 //!   ([`Preserve`]);
+//! - [`run`]: the run-control contract every long operation takes
+//!   ([`Run`]: threads, a [`CancelToken`], [`Progress`] with a [`Phase`]);
 //! - the walker (`scan`) for inspection;
 //! - features: [`clone`](clone_file) (whole file and range),
 //!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
@@ -48,6 +50,7 @@ pub mod dedupe;
 pub mod extents;
 mod prealloc;
 pub mod probe;
+pub mod run;
 mod scan;
 pub mod store;
 pub mod tree;
@@ -61,4 +64,5 @@ pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
 pub use prim::mode::{Method, Outcome, Reflink};
 pub use prim::place::{is_complete_copy, remove_unfinished, Overwrite, Placement};
+pub use run::{CancelToken, Phase, Progress, Run};
 pub use usage::{usage, Usage};

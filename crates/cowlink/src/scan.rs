@@ -7,17 +7,29 @@
 //! handed to a [`Visitor`] in batches of [`BATCH`] from rayon tasks, so a
 //! huge flat directory is shared between threads as well as a deep tree.
 //! Symbolic links are never followed; the visitor sees them as entries.
+//!
+//! Descriptors stay bounded by depth × threads whatever the width of a
+//! directory: a subdirectory becomes a task holding only its name and a
+//! shared reference to its parent's descriptor, and is opened when the
+//! task runs (depth first on each thread, so a directory with 100,000
+//! subdirectories holds one descriptor, not 100,000).
+//!
+//! The walk stops early when the run is cancelled or the visitor answers
+//! [`ControlFlow::Break`]: no new directory is opened and no new entry is
+//! handed out.
 
 use std::ffi::{CString, OsStr};
+use std::ops::ControlFlow;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, Dir, FileType, Mode, OFlags, CWD};
 
 use crate::ground::error::{Error, Operation};
+use crate::run::Run;
 
 /// Entries handed to one task.
 const BATCH: usize = 64;
@@ -55,28 +67,40 @@ pub(crate) struct Entry<'a> {
 pub(crate) trait Visitor: Sync {
     /// A directory was opened (before its entries are visited).
     fn dir(&self, dir: &DirInfo, st: &fs::Stat);
-    /// A non-directory entry.
-    fn entry(&self, entry: Entry<'_>);
+    /// A non-directory entry. `Break` stops the walk.
+    fn entry(&self, entry: Entry<'_>) -> ControlFlow<()>;
     /// A directory or root could not be opened or read.
     fn error(&self, err: Error);
+    /// Whether the walk counts every entry it hands out as done in the
+    /// run's progress (a visitor that counts its own work says no).
+    fn counted_by_walk(&self) -> bool {
+        true
+    }
 }
 
 struct Walk<'v> {
     visitor: &'v dyn Visitor,
+    run: &'v Run,
     op: Operation,
     next_id: AtomicUsize,
+    /// Set when the visitor asked to stop.
+    stop: AtomicBool,
 }
 
-/// Walk `roots` with `threads` threads, reporting to `visitor`. Errors
-/// are reported for the operation `op` and the walk goes on.
-pub(crate) fn walk(roots: &[PathBuf], threads: usize, op: Operation, visitor: &dyn Visitor) {
+/// Walk `roots` with the run's threads (default: one per core), reporting
+/// to `visitor` and counting entries in the run's progress. Errors are
+/// reported for the operation `op` and the walk goes on. Returns whether
+/// the walk was cut short (cancelled, or stopped by the visitor).
+pub(crate) fn walk(roots: &[PathBuf], run: &Run, op: Operation, visitor: &dyn Visitor) -> bool {
     let w = Walk {
         visitor,
+        run,
         op,
         next_id: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
     };
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.max(1))
+        .num_threads(run.threads_or(crate::run::cores))
         .thread_name(|i| format!("cowlink-scan-{i}"))
         .build();
     let run = |w: &Walk<'_>| {
@@ -92,9 +116,23 @@ pub(crate) fn walk(roots: &[PathBuf], threads: usize, op: Operation, visitor: &d
         // No threads to be had: walk on the global pool.
         Err(_) => run(&w),
     }
+    w.stopped()
 }
 
 impl<'v> Walk<'v> {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.run.cancelled()
+    }
+
+    fn visit(&self, entry: Entry<'_>) {
+        if self.visitor.counted_by_walk() {
+            self.run.done(1, 0);
+        }
+        if self.visitor.entry(entry).is_break() {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
     fn root<'s>(&'s self, s: &rayon::Scope<'s>, root: usize, path: &Path) {
         let err = |e| Error::from_errno(self.op, e).with_src(path);
         let st = match fs::lstat(path) {
@@ -111,7 +149,7 @@ impl<'v> Walk<'v> {
                 OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                Ok(dirfd) => self.visitor.entry(Entry {
+                Ok(dirfd) => self.visit(Entry {
                     dir: None,
                     root,
                     dirfd: dirfd.as_fd(),
@@ -148,6 +186,34 @@ impl<'v> Walk<'v> {
         Arc::new(info)
     }
 
+    /// Open the subdirectory `name` of `parent` and read it. Runs as its
+    /// own task, so only directories being read (and the parents of
+    /// subdirectories still waiting) hold a descriptor.
+    fn open<'s>(
+        &'s self,
+        s: &rayon::Scope<'s>,
+        parent: Arc<OwnedFd>,
+        pinfo: Arc<DirInfo>,
+        name: CString,
+    ) {
+        if self.stopped() {
+            return;
+        }
+        let path = pinfo.path.join(OsStr::from_bytes(name.to_bytes()));
+        let opened = open_dir(parent.as_fd(), name.to_bytes());
+        drop(parent);
+        match opened {
+            Ok((sub, st)) => {
+                let child = self.new_dir(Some(pinfo.id), pinfo.root, path, &st);
+                drop(pinfo);
+                self.read(s, sub, child);
+            }
+            Err(e) => self
+                .visitor
+                .error(Error::from_errno(self.op, e).with_src(path)),
+        }
+    }
+
     /// Read the directory `fd`, spawning a task per subdirectory and per
     /// batch of other entries.
     fn read<'s>(&'s self, s: &rayon::Scope<'s>, fd: OwnedFd, info: Arc<DirInfo>) {
@@ -162,6 +228,9 @@ impl<'v> Walk<'v> {
         };
         let mut batch: Vec<(CString, Option<FileType>)> = Vec::new();
         for item in dir.by_ref() {
+            if self.stopped() {
+                return;
+            }
             let e = match item {
                 Ok(e) => e,
                 Err(e) => {
@@ -182,16 +251,8 @@ impl<'v> Walk<'v> {
                 };
             }
             if ft == FileType::Directory {
-                let path = info.path.join(OsStr::from_bytes(name.to_bytes()));
-                match open_dir(fd.as_fd(), name.to_bytes()) {
-                    Ok((sub, st)) => {
-                        let child = self.new_dir(Some(info.id), info.root, path, &st);
-                        s.spawn(move |s| self.read(s, sub, child));
-                    }
-                    Err(e) => self
-                        .visitor
-                        .error(Error::from_errno(self.op, e).with_src(path)),
-                }
+                let (parent, pinfo, name) = (Arc::clone(&fd), Arc::clone(&info), name.to_owned());
+                s.spawn(move |s| self.open(s, parent, pinfo, name));
                 continue;
             }
             batch.push((name.to_owned(), (ft != FileType::Unknown).then_some(ft)));
@@ -216,7 +277,10 @@ impl<'v> Walk<'v> {
 
     fn visit_batch(&self, fd: &OwnedFd, info: &DirInfo, batch: Vec<(CString, Option<FileType>)>) {
         for (name, file_type) in &batch {
-            self.visitor.entry(Entry {
+            if self.stopped() {
+                return;
+            }
+            self.visit(Entry {
                 dir: Some(info),
                 root: info.root,
                 dirfd: fd.as_fd(),

@@ -111,24 +111,20 @@ pub struct UsageReport {
     /// What could not be read or mapped. A filesystem without FIEMAP is
     /// reported once, not per file.
     pub errors: Vec<Error>,
+    /// The run was cancelled: the figures cover only what was walked.
+    pub cancelled: bool,
 }
 
 /// How [`usage_report`] walks.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct UsageOptions {
-    /// Worker threads (default: the number of CPUs).
-    pub threads: usize,
+    /// Threads (0: one per core), cancellation, progress ([`Phase::Scan`]:
+    /// entries seen).
+    ///
+    /// [`Phase::Scan`]: crate::run::Phase::Scan
+    pub run: crate::run::Run,
     /// Also report every directory (as `du` without `-s`).
     pub per_dir: bool,
-}
-
-impl Default for UsageOptions {
-    fn default() -> Self {
-        UsageOptions {
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            per_dir: false,
-        }
-    }
 }
 
 /// The usage of `paths` taken together (directories walked, symbolic links
@@ -150,7 +146,8 @@ pub fn usage<P: AsRef<Path>>(paths: &[P]) -> Result<Usage> {
 pub fn usage_report<P: AsRef<Path>>(paths: &[P], opts: &UsageOptions) -> UsageReport {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let c = Collector::default();
-    scan::walk(&roots, opts.threads, Operation::Usage, &c);
+    opts.run.enter(crate::run::Phase::Scan, 0, 0);
+    let cut_short = scan::walk(&roots, &opts.run, Operation::Usage, &c);
     let Collector {
         dirs,
         files,
@@ -164,7 +161,10 @@ pub fn usage_report<P: AsRef<Path>>(paths: &[P], opts: &UsageOptions) -> UsageRe
     let shared = shared.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
     errors.sort_by(|a, b| a.src().cmp(&b.src()));
-    aggregate(&roots, opts.per_dir, dirs, files, shared, errors)
+    let mut report = aggregate(&roots, opts.per_dir, dirs, files, shared, errors);
+    report.cancelled = cut_short && opts.run.cancelled();
+    opts.run.finish();
+    report
 }
 
 /// A regular file (or link/special entry) as the walk saw it.
@@ -207,18 +207,9 @@ struct Collector {
     no_fiemap: Mutex<Vec<u64>>,
 }
 
-impl Visitor for Collector {
-    fn dir(&self, dir: &DirInfo, st: &fs::Stat) {
-        lock(&self.dirs).push(DirRec {
-            key: (st.st_dev, st.st_ino),
-            id: dir.id,
-            parent: dir.parent,
-            root: dir.root,
-            path: dir.path.clone(),
-        });
-    }
-
-    fn entry(&self, e: Entry<'_>) {
+impl Collector {
+    /// Record one entry of the walk.
+    fn take(&self, e: Entry<'_>) {
         let op = Operation::Usage;
         let regular = e.file_type.is_none_or(|t| t == FileType::RegularFile);
         let (st, fd) = if regular {
@@ -324,6 +315,23 @@ impl Visitor for Collector {
         if !ranges.is_empty() {
             lock(&self.shared).extend(ranges.into_iter().map(|(d, s, e)| (d, s, e, index)));
         }
+    }
+}
+
+impl Visitor for Collector {
+    fn dir(&self, dir: &DirInfo, st: &fs::Stat) {
+        lock(&self.dirs).push(DirRec {
+            key: (st.st_dev, st.st_ino),
+            id: dir.id,
+            parent: dir.parent,
+            root: dir.root,
+            path: dir.path.clone(),
+        });
+    }
+
+    fn entry(&self, e: Entry<'_>) -> std::ops::ControlFlow<()> {
+        self.take(e);
+        std::ops::ControlFlow::Continue(())
     }
 
     fn error(&self, err: Error) {
@@ -508,6 +516,7 @@ fn aggregate(
         args,
         dirs: dir_rows.into_iter().map(|(_, r)| r).collect(),
         errors,
+        cancelled: false,
     }
 }
 

@@ -29,7 +29,7 @@ fn cancel_stops_promptly_and_leaves_only_complete_files() {
     tree_of(&src, 20, 100, 20_000);
     let options = TreeOptions::archive();
     let seen = AtomicU64::new(0);
-    let cancel = options.cancel.clone();
+    let cancel = options.run.cancel.clone();
     let observer = |ev: &TreeEvent<'_>| {
         if let TreeEvent::File { .. } = ev {
             if seen.fetch_add(1, Ordering::SeqCst) + 1 == 100 {
@@ -265,7 +265,7 @@ fn a_cancel_mid_transfer_removes_the_direct_file() {
     fs::create_dir(&src).unwrap();
     sparse_file(&src.join("big"), 8, 64 << 20); // 512 MiB of data, copied in chunks
     let options = TreeOptions::archive();
-    let cancel = options.cancel.clone();
+    let cancel = options.run.cancel.clone();
     let target = dst.join("big");
     let report = std::thread::scope(|s| {
         s.spawn(|| {

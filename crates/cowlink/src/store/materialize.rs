@@ -106,6 +106,10 @@ pub struct MaterializeReport {
     /// Entries that failed (the others were placed).
     #[serde(serialize_with = "crate::ground::error::serialize_errors")]
     pub errors: Vec<Error>,
+    /// The run was cancelled: files not yet started were not placed (every
+    /// file placed is complete; one being written was removed), symbolic
+    /// links were not made, directories got their modes.
+    pub cancelled: bool,
 }
 
 #[derive(Default)]
@@ -284,10 +288,8 @@ impl Store {
                 }
             }
         }
-        if let Some(p) = &self.progress {
-            p.files_total
-                .store(manifest.file_totals().0, Ordering::Relaxed);
-        }
+        let (nfiles, nbytes) = manifest.file_totals();
+        self.run.enter(crate::run::Phase::Copy, nfiles, nbytes);
         // A directory whose mode lets us work in it and survives the umask
         // is made with that mode at once; the others are made 0700 and get
         // their mode at the end (a read-only one would refuse its files).
@@ -331,6 +333,9 @@ impl Store {
                     }
                 };
                 for (name, digest, mode, size) in batch.iter() {
+                    if self.run.cancelled() {
+                        return;
+                    }
                     let shown = dest.join(dir).join(name);
                     let want = Want {
                         dir: fd.as_fd(),
@@ -357,6 +362,9 @@ impl Store {
         let symlinks = AtomicU64::new(0);
         self.install_for(root, clone_bound, || {
             links.par_iter().for_each(|(parent, name, target, path)| {
+                if self.run.cancelled() {
+                    return;
+                }
                 let made = open_beneath(root, parent, OFlags::PATH)
                     .and_then(|fd| fs::symlinkat(*target, &fd, *name));
                 match made {
@@ -385,6 +393,8 @@ impl Store {
         report.hardlinked = counters.hardlinked.into_inner();
         report.generations_created = counters.generations.into_inner();
         report.errors = errors.into_inner().unwrap_or_default();
+        report.cancelled = self.run.cancelled();
+        self.run.finish();
         Ok(report)
     }
 

@@ -45,7 +45,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -57,6 +57,7 @@ use crate::prim::files::open_source;
 use crate::prim::mode::{Method, Reflink};
 use crate::prim::place::{Overwrite, PendingFile};
 use crate::prim::transfer::{transfer, transfer_error};
+use crate::run::{Phase, Run};
 use crate::scan::{self, DirInfo, Entry, Visitor};
 
 pub use manifest::{
@@ -77,18 +78,6 @@ const LAYOUT: [&str; 6] = [
     "quarantine",
 ];
 
-/// Live counters for a progress display, updated by the worker threads.
-#[derive(Debug, Default)]
-pub struct Progress {
-    /// Files expected (known up front when materializing; grows while a
-    /// tree is being walked).
-    pub files_total: AtomicU64,
-    /// Files done.
-    pub files_done: AtomicU64,
-    /// Bytes of the files done.
-    pub bytes_done: AtomicU64,
-}
-
 /// A store rooted at a directory. Cheap to share between threads; every
 /// method takes `&self`.
 #[derive(Debug)]
@@ -98,8 +87,7 @@ pub struct Store {
     /// `tmp/`, opened without following symbolic links: every temporary
     /// is made here.
     tmp: Option<OwnedFd>,
-    threads: usize,
-    progress: Option<Arc<Progress>>,
+    run: Run,
     /// Injected reference limit (clones or links per object generation,
     /// counted by this `Store`).
     clone_limit: Option<u64>,
@@ -298,8 +286,7 @@ impl Store {
             root,
             dir,
             tmp: None,
-            threads: 0,
-            progress: None,
+            run: Run::default(),
             clone_limit: None,
             uses: Mutex::new(HashMap::new()),
             generations: Mutex::new(HashMap::new()),
@@ -313,17 +300,18 @@ impl Store {
         Ok(store)
     }
 
-    /// Use `n` worker threads (0, the default: chosen per destination
-    /// filesystem and work, see [`crate::tree::default_threads`]; at most
-    /// [`crate::tree::MAX_THREADS`]).
-    pub fn with_threads(mut self, n: usize) -> Self {
-        self.threads = n.min(crate::tree::MAX_THREADS);
-        self
-    }
-
-    /// Report progress to `p`.
-    pub fn with_progress(mut self, p: Arc<Progress>) -> Self {
-        self.progress = Some(p);
+    /// Run every operation of this store value with `run`: its threads
+    /// (0, the default: chosen per destination filesystem and work for
+    /// checkouts, see [`crate::run::default_threads`]; one per core for
+    /// ingest and verify), its cancel token (an ingest stops before its
+    /// manifest is written; a checkout places no new file; verify stops
+    /// hashing), and its progress ([`Phase::Copy`] for ingest and
+    /// checkout, [`Phase::Verify`]; files and bytes).
+    ///
+    /// [`Phase::Copy`]: crate::run::Phase::Copy
+    /// [`Phase::Verify`]: crate::run::Phase::Verify
+    pub fn with_run(mut self, run: Run) -> Self {
+        self.run = run;
         self
     }
 
@@ -535,39 +523,8 @@ impl Store {
         })
     }
 
-    fn pool(&self) -> Option<rayon::ThreadPool> {
-        (self.threads > 0)
-            .then(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(self.threads)
-                    .thread_name(|i| format!("cowlink-store-{i}"))
-                    .build()
-                    .ok()
-            })
-            .flatten()
-    }
-
-    /// Run `f` on this store's thread pool.
-    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match self.pool() {
-            Some(p) => p.install(f),
-            None => f(),
-        }
-    }
-
-    /// Run `f` on a pool of the threads asked for, or, when none were,
-    /// of [`crate::tree::default_threads`] for the destination `dst` and
-    /// the work (the same policy as tree copies).
-    fn install_for<R: Send>(
-        &self,
-        dst: BorrowedFd<'_>,
-        clone_bound: bool,
-        f: impl FnOnce() -> R + Send,
-    ) -> R {
-        if self.threads > 0 {
-            return self.install(f);
-        }
-        let n = crate::tree::default_threads(crate::prim::files::kind_of(dst), clone_bound);
+    /// Run `f` on a pool of `n` threads.
+    fn install_n<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
         match rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .thread_name(|i| format!("cowlink-store-{i}"))
@@ -578,11 +535,28 @@ impl Store {
         }
     }
 
+    /// Run `f` on a pool of the threads asked for (default: one per core).
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        Self::install_n(self.run.threads_or(crate::run::cores), f)
+    }
+
+    /// Run `f` on a pool of the threads asked for, or, when none were,
+    /// of [`crate::run::default_threads`] for the destination `dst` and
+    /// the work (the same policy as tree copies).
+    fn install_for<R: Send>(
+        &self,
+        dst: BorrowedFd<'_>,
+        clone_bound: bool,
+        f: impl FnOnce() -> R + Send,
+    ) -> R {
+        let n = self.run.threads_or(|| {
+            crate::run::default_threads(crate::prim::files::kind_of(dst), clone_bound)
+        });
+        Self::install_n(n, f)
+    }
+
     fn tick(&self, bytes: u64) {
-        if let Some(p) = &self.progress {
-            p.files_done.fetch_add(1, Ordering::Relaxed);
-            p.bytes_done.fetch_add(bytes, Ordering::Relaxed);
-        }
+        self.run.done(1, bytes);
     }
 
     /// Add one file; return its digest. See [`add_file`](Self::add_file).
@@ -697,11 +671,15 @@ impl Store {
             new_objects: AtomicU64::new(0),
             cloned: AtomicU64::new(0),
         };
-        let threads = match self.threads {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-            n => n,
-        };
-        scan::walk(&[root.to_path_buf()], threads, op, &ingest);
+        self.run.enter(Phase::Copy, 0, 0);
+        scan::walk(&[root.to_path_buf()], &self.run, op, &ingest);
+        if self.run.cancelled() {
+            // Objects already added stay (whole, unreferenced until gc);
+            // no manifest names a tree that was not read whole.
+            return Err(Error::new(op, ErrorKind::Cancelled)
+                .with_src(root)
+                .with_reason("cancelled: no manifest was written"));
+        }
         let mut errors = ingest.errors.into_inner().unwrap_or_default();
         if !errors.is_empty() {
             let more = errors.len() - 1;
@@ -864,13 +842,14 @@ impl Store {
     /// store lacks are reported as missing.
     pub fn verify(&self) -> Result<VerifyReport> {
         let objects = self.object_files()?;
-        if let Some(p) = &self.progress {
-            p.files_total.store(objects.len() as u64, Ordering::Relaxed);
-        }
+        self.run.enter(Phase::Verify, objects.len() as u64, 0);
         let corrupt = Mutex::new(Vec::new());
         let bytes = AtomicU64::new(0);
         self.install(|| {
             objects.par_iter().for_each(|(d, _, rel)| {
+                if self.run.cancelled() {
+                    return;
+                }
                 let problem = match self.hash_file(rel) {
                     Ok((h, n)) => {
                         bytes.fetch_add(n, Ordering::Relaxed);
@@ -888,6 +867,11 @@ impl Store {
                 }
             })
         });
+        if self.run.cancelled() {
+            return Err(Error::new(Operation::Store, ErrorKind::Cancelled)
+                .with_src(&self.root)
+                .with_reason("verify cancelled before every object was read"));
+        }
         let mut report = VerifyReport {
             objects: objects.len() as u64,
             bytes: bytes.into_inner(),
@@ -1181,23 +1165,9 @@ impl TreeIngest<'_> {
     }
 }
 
-impl Visitor for TreeIngest<'_> {
-    fn dir(&self, dir: &DirInfo, st: &Stat) {
-        if dir.parent.is_none() {
-            return; // the root itself
-        }
-        match self.rel(&dir.path) {
-            Ok(rel) => self.push(
-                rel,
-                EntryKind::Dir {
-                    mode: st.st_mode & 0o7777,
-                },
-            ),
-            Err(e) => self.fail(e),
-        }
-    }
-
-    fn entry(&self, e: Entry<'_>) {
+impl TreeIngest<'_> {
+    /// Record one entry of the walk.
+    fn take(&self, e: Entry<'_>) {
         let rel = match self.rel(&e.path) {
             Ok(r) => r,
             Err(err) => return self.fail(err),
@@ -1234,6 +1204,32 @@ impl Visitor for TreeIngest<'_> {
             Ok(kind) => self.push(rel, kind),
             Err(err) => self.fail(err),
         }
+    }
+}
+
+impl Visitor for TreeIngest<'_> {
+    fn dir(&self, dir: &DirInfo, st: &Stat) {
+        if dir.parent.is_none() {
+            return; // the root itself
+        }
+        match self.rel(&dir.path) {
+            Ok(rel) => self.push(
+                rel,
+                EntryKind::Dir {
+                    mode: st.st_mode & 0o7777,
+                },
+            ),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn entry(&self, e: Entry<'_>) -> std::ops::ControlFlow<()> {
+        self.take(e);
+        std::ops::ControlFlow::Continue(())
+    }
+
+    fn counted_by_walk(&self) -> bool {
+        false // files are counted as they are stored
     }
 
     fn error(&self, err: Error) {

@@ -51,7 +51,7 @@ impl Ctx<'_> {
     }
 
     pub(super) fn cancelled(&self) -> bool {
-        self.opts.cancel.is_cancelled()
+        self.opts.run.cancelled()
     }
 
     pub(super) fn report(&self) -> TreeReport {

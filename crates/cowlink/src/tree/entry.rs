@@ -189,6 +189,7 @@ impl Entry<'_, '_> {
             let c = &self.eng.counts;
             bump(&c.files, 1);
             bump(&c.bytes, outcome.bytes);
+            opts.run.done(1, outcome.bytes);
             bump(
                 if outcome.method == Method::Reflink {
                     &c.cloned

@@ -39,8 +39,6 @@ mod node;
 mod walk;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use crate::clone::CloneOptions;
 use crate::ground::error::Error;
@@ -48,54 +46,7 @@ use crate::prim::mode::Outcome;
 
 pub use walk::copy_tree;
 
-/// The most worker threads a tree copy or checkout uses, whatever is
-/// asked: past a few per core, threads only contend for the filesystem's
-/// locks (and tens of thousands of them never finish starting).
-pub const MAX_THREADS: usize = 64;
-
-/// The default number of worker threads for work whose destination
-/// filesystem is `fs` and whose files are cloned (`clone_bound`) or copied.
-///
-/// Chosen from measurements on a real tree (130,349 files of `/usr`; see
-/// docs/ARCHITECTURE.md "Concurrency"): cloning into Btrfs is slower with
-/// two threads than with one (its b-tree locks serialize the work and a
-/// second thread only adds contention), so clone-bound work on Btrfs gets
-/// one thread. Everywhere else, and for data copies, one thread per core.
-pub fn default_threads(fs: crate::ground::fskind::FsKind, clone_bound: bool) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match fs {
-        crate::ground::fskind::FsKind::Btrfs if clone_bound => 1,
-        _ => cores.min(MAX_THREADS),
-    }
-}
-
-/// A cancellation token: clone it, hand one copy to [`copy_tree`] (in
-/// [`TreeOptions::cancel`]) and call [`CancelToken::cancel`] on another,
-/// from any thread or a signal handler's thread.
-///
-/// After a cancel the workers finish the entry they are on (a file is
-/// either complete under its name or removed),
-/// start nothing new, set the metadata of the directories they created, and
-/// `copy_tree` returns with [`TreeReport::cancelled`] set.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
-
-impl CancelToken {
-    /// A token that is not cancelled.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Ask every operation holding this token to stop.
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether [`cancel`](Self::cancel) was called.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
 
 /// Options for [`copy_tree`]. `Default` is `cp -r` with `--reflink=auto`
 /// on as many threads as there are cores; [`TreeOptions::archive`] is
@@ -111,9 +62,6 @@ pub struct TreeOptions {
     /// Follow symbolic links in the source (`cp -L`). Without it they are
     /// copied as symbolic links, never followed.
     pub dereference: bool,
-    /// Worker threads; 0 chooses from the destination filesystem and the
-    /// work ([`default_threads`]). Capped at [`MAX_THREADS`].
-    pub threads: usize,
     /// Make every file complete-or-absent under its name even after a
     /// crash (`O_TMPFILE` + `linkat` everywhere). Without it, files in
     /// directories this run creates are created under their final name and
@@ -129,8 +77,15 @@ pub struct TreeOptions {
     /// Walk the source and report what would be done ([`TreeEvent::Planned`])
     /// without creating or changing anything at the destination.
     pub dry_run: bool,
-    /// Stop early when this token is cancelled.
-    pub cancel: CancelToken,
+    /// Threads (0: chosen from the destination filesystem and the work,
+    /// [`default_threads`]), cancellation and progress ([`Phase::Copy`]:
+    /// files and bytes placed). After a cancel the workers finish the entry
+    /// they are on (a file is either complete under its name or removed),
+    /// start nothing new, set the metadata of the directories they created,
+    /// and `copy_tree` returns with [`TreeReport::cancelled`] set.
+    ///
+    /// [`Phase::Copy`]: crate::run::Phase::Copy
+    pub run: crate::run::Run,
 }
 
 impl TreeOptions {

@@ -633,22 +633,20 @@ pub fn copy_tree(
     });
     bump(&engine.ctx.counts.dirs, 1);
 
-    let threads = match options.threads {
-        0 => {
-            let fs = engine
-                .ctx
-                .root_dst
-                .as_ref()
-                .map_or(crate::ground::fskind::FsKind::Other, |d| {
-                    crate::prim::files::kind_of(d.as_fd())
-                });
-            super::default_threads(
-                fs,
-                options.file.reflink != crate::prim::mode::Reflink::Never,
-            )
-        }
-        n => n.min(super::MAX_THREADS),
-    };
+    let threads = options.run.threads_or(|| {
+        let fs = engine
+            .ctx
+            .root_dst
+            .as_ref()
+            .map_or(crate::ground::fskind::FsKind::Other, |d| {
+                crate::prim::files::kind_of(d.as_fd())
+            });
+        crate::run::default_threads(
+            fs,
+            options.file.reflink != crate::prim::mode::Reflink::Never,
+        )
+    });
+    options.run.enter(crate::run::Phase::Copy, 0, 0);
     engine.pending.store(1, Ordering::SeqCst);
     engine.injector.push(Job::Read(root));
     let workers: Vec<Worker<Job>> = (0..threads).map(|_| Worker::new_lifo()).collect();

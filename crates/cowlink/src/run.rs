@@ -1,0 +1,307 @@
+//! Run control: the one contract every long operation takes.
+//!
+//! A tree copy, a usage report, a dedupe plan or execution, a store ingest,
+//! checkout or verify all take a [`Run`]: how many worker threads, a
+//! [`CancelToken`] to stop them, and an optional [`Progress`] to report to.
+//! The caller owns all three; the library only reads the token and writes
+//! the counters.
+//!
+//! - **Threads**: `0` always means "choose for me". What is chosen depends
+//!   on the work: [`default_threads`] for work bound by the destination
+//!   filesystem (tree copies, checkouts), one per core for reading work
+//!   (walks, hashing). Any request is capped at [`MAX_THREADS`].
+//! - **Cancel**: after [`CancelToken::cancel`] the workers finish the item
+//!   they are on (a file is complete under its name or removed; a store
+//!   object is stored whole or not at all), start nothing new, and the
+//!   operation returns: reports say `cancelled`, operations that return a
+//!   `Result` fail with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
+//! - **Progress**: a [`Phase`] and four counters, read from any thread while
+//!   the operation runs (a display thread polls [`Progress::snapshot`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use crate::ground::fskind::FsKind;
+
+/// The most worker threads any operation uses, whatever is asked: past a
+/// few per core, threads only contend for the filesystem's locks.
+pub const MAX_THREADS: usize = 64;
+
+/// The default number of worker threads for work whose destination
+/// filesystem sets the pace (tree copies, store checkouts).
+///
+/// Measured on a real system tree (see docs/ARCHITECTURE.md
+/// "Concurrency"): cloning into Btrfs is slower with two threads than with
+/// one (its b-tree locks serialize the work and a second thread only adds
+/// contention), so clone-bound work on Btrfs gets one thread. Everywhere
+/// else, and for data copies, one thread per core.
+pub fn default_threads(fs: FsKind, clone_bound: bool) -> usize {
+    match fs {
+        FsKind::Btrfs if clone_bound => 1,
+        _ => cores(),
+    }
+}
+
+/// One thread per core (at least 1, at most [`MAX_THREADS`]): the default
+/// for reading work (walks, hashing).
+pub fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_THREADS)
+}
+
+/// `requested` threads, or `auto()` when `requested` is 0; never 0, never
+/// more than [`MAX_THREADS`].
+pub fn resolve_threads(requested: usize, auto: impl FnOnce() -> usize) -> usize {
+    let n = match requested {
+        0 => auto(),
+        n => n,
+    };
+    n.clamp(1, MAX_THREADS)
+}
+
+/// A cancellation token: clone it, hand one copy to an operation (in its
+/// [`Run`]) and call [`CancelToken::cancel`] on another, from any thread or
+/// a signal handler's thread.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ask every operation holding this token to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What an operation is doing, for progress displays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Phase {
+    /// Walking the paths (files counted as they are seen).
+    #[default]
+    Scan = 0,
+    /// Reading and hashing contents (bytes counted).
+    Hash = 1,
+    /// Cloning or copying files into place (files and bytes counted).
+    Copy = 2,
+    /// Asking the kernel to share identical blocks (bytes counted).
+    Dedupe = 3,
+    /// Re-reading stored objects to check them (files and bytes counted).
+    Verify = 4,
+    /// Finished.
+    Done = 5,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Scan,
+            1 => Phase::Hash,
+            2 => Phase::Copy,
+            3 => Phase::Dedupe,
+            4 => Phase::Verify,
+            _ => Phase::Done,
+        }
+    }
+}
+
+/// Live counters, written by the worker threads and read by a display.
+///
+/// Each phase starts with its counters at zero; a total of 0 means "not
+/// known": a walk's is never known, a checkout's is known up front.
+#[derive(Debug, Default)]
+pub struct Progress {
+    phase: AtomicU8,
+    files_done: AtomicU64,
+    files_total: AtomicU64,
+    bytes_done: AtomicU64,
+    bytes_total: AtomicU64,
+}
+
+/// A copy of a [`Progress`]'s counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ProgressSnapshot {
+    /// The phase.
+    pub phase: Phase,
+    /// Files (or entries) done in this phase.
+    pub files_done: u64,
+    /// Files expected in this phase (0: not known).
+    pub files_total: u64,
+    /// Bytes done in this phase.
+    pub bytes_done: u64,
+    /// Bytes expected in this phase (0: not known).
+    pub bytes_total: u64,
+}
+
+impl Progress {
+    /// A progress at [`Phase::Scan`] with every counter at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    /// Every counter, read now.
+    pub fn snapshot(&self) -> ProgressSnapshot {
+        ProgressSnapshot {
+            phase: self.phase(),
+            files_done: self.files_done.load(Ordering::Relaxed),
+            files_total: self.files_total.load(Ordering::Relaxed),
+            bytes_done: self.bytes_done.load(Ordering::Relaxed),
+            bytes_total: self.bytes_total.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Start `phase` with the totals known so far (0 when unknown).
+    pub(crate) fn enter(&self, phase: Phase, files_total: u64, bytes_total: u64) {
+        self.files_done.store(0, Ordering::Relaxed);
+        self.bytes_done.store(0, Ordering::Relaxed);
+        self.files_total.store(files_total, Ordering::Relaxed);
+        self.bytes_total.store(bytes_total, Ordering::Relaxed);
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    /// Count work done.
+    pub(crate) fn done(&self, files: u64, bytes: u64) {
+        if files > 0 {
+            self.files_done.fetch_add(files, Ordering::Relaxed);
+        }
+        if bytes > 0 {
+            self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How a long operation runs: threads, cancellation, progress.
+/// `Default` is automatic threads, a token nobody cancels, no progress.
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    /// Worker threads; 0 chooses per operation (see the module notes).
+    /// Capped at [`MAX_THREADS`].
+    pub threads: usize,
+    /// Stop early when this token is cancelled.
+    pub cancel: CancelToken,
+    /// Counters to report to.
+    pub progress: Option<Arc<Progress>>,
+}
+
+impl Run {
+    /// Use `n` threads (0: automatic).
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.threads = n;
+        self
+    }
+
+    /// Stop when `cancel` is cancelled.
+    pub fn with_cancel(mut self, cancel: CancelToken) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    /// Report to `progress`.
+    pub fn with_progress(mut self, progress: Arc<Progress>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// The thread count for this run, `auto()` when none was asked.
+    pub(crate) fn threads_or(&self, auto: impl FnOnce() -> usize) -> usize {
+        resolve_threads(self.threads, auto)
+    }
+
+    /// Whether the run was cancelled.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Enter `phase` (when a progress is attached).
+    pub(crate) fn enter(&self, phase: Phase, files_total: u64, bytes_total: u64) {
+        if let Some(p) = &self.progress {
+            p.enter(phase, files_total, bytes_total);
+        }
+    }
+
+    /// Mark the run finished, keeping the last phase's counters.
+    pub(crate) fn finish(&self) {
+        if let Some(p) = &self.progress {
+            p.phase.store(Phase::Done as u8, Ordering::Relaxed);
+        }
+    }
+
+    /// Count work done (when a progress is attached).
+    pub(crate) fn done(&self, files: u64, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.done(files, bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_threads_means_auto_and_requests_are_capped() {
+        assert_eq!(resolve_threads(0, || 3), 3);
+        assert_eq!(resolve_threads(5, || 3), 5);
+        assert_eq!(resolve_threads(0, || 0), 1);
+        assert_eq!(resolve_threads(1000, || 3), MAX_THREADS);
+        assert_eq!(default_threads(FsKind::Btrfs, true), 1);
+        assert_eq!(default_threads(FsKind::Btrfs, false), cores());
+        assert_eq!(default_threads(FsKind::Xfs, true), cores());
+        assert!((1..=MAX_THREADS).contains(&cores()));
+    }
+
+    #[test]
+    fn a_phase_starts_from_zero_with_its_totals() {
+        let p = Progress::new();
+        assert_eq!(p.phase(), Phase::Scan);
+        p.done(3, 0);
+        p.enter(Phase::Hash, 0, 100);
+        p.done(0, 40);
+        assert_eq!(
+            p.snapshot(),
+            ProgressSnapshot {
+                phase: Phase::Hash,
+                files_done: 0,
+                files_total: 0,
+                bytes_done: 40,
+                bytes_total: 100,
+            }
+        );
+        for ph in [
+            Phase::Scan,
+            Phase::Hash,
+            Phase::Copy,
+            Phase::Dedupe,
+            Phase::Verify,
+            Phase::Done,
+        ] {
+            p.enter(ph, 0, 0);
+            assert_eq!(p.phase(), ph);
+        }
+    }
+
+    #[test]
+    fn a_cancel_reaches_every_clone_of_the_token() {
+        let run = Run::default();
+        let other = run.clone();
+        assert!(!other.cancelled());
+        run.cancel.cancel();
+        assert!(other.cancelled());
+    }
+}
