@@ -314,3 +314,74 @@ fn split(path: &Path) -> (&Path, &OsStr) {
     };
     (parent, name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// Counts entries and asks to stop after `limit`.
+    struct Stopper {
+        seen: AtomicU64,
+        limit: u64,
+    }
+
+    impl Visitor for Stopper {
+        fn dir(&self, _: &DirInfo, _: &fs::Stat) {}
+        fn entry(&self, _: Entry<'_>) -> ControlFlow<()> {
+            match self.seen.fetch_add(1, Ordering::Relaxed) + 1 >= self.limit {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
+        }
+        fn error(&self, e: Error) {
+            panic!("{e}");
+        }
+    }
+
+    fn tree(files: usize) -> PathBuf {
+        let root =
+            std::env::temp_dir().join(format!("cowlink-scan-test-{}-{files}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for i in 0..files {
+            let d = root.join(format!("d{}", i % 10));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(format!("f{i}")), b"x").unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn a_visitor_can_stop_the_walk_early() {
+        let root = tree(2000);
+        let v = Stopper {
+            seen: AtomicU64::new(0),
+            limit: 5,
+        };
+        let run = Run::default().with_threads(1);
+        assert!(walk(&[root.clone()], &run, Operation::Usage, &v));
+        assert_eq!(v.seen.load(Ordering::Relaxed), 5);
+
+        let all = Stopper {
+            seen: AtomicU64::new(0),
+            limit: u64::MAX,
+        };
+        assert!(!walk(&[root.clone()], &run, Operation::Usage, &all));
+        assert_eq!(all.seen.load(Ordering::Relaxed), 2000);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_cancelled_run_walks_nothing() {
+        let root = tree(50);
+        let v = Stopper {
+            seen: AtomicU64::new(0),
+            limit: u64::MAX,
+        };
+        let run = Run::default();
+        run.cancel.cancel();
+        assert!(walk(&[root.clone()], &run, Operation::Usage, &v));
+        assert_eq!(v.seen.load(Ordering::Relaxed), 0);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+}
