@@ -186,7 +186,7 @@ struct Record<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     micros: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<ErrorRecord>,
+    error: Option<Error>,
 }
 
 fn lossy<S: serde::Serializer>(p: &&Path, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -206,13 +206,6 @@ impl<'a> Record<'a> {
             error: None,
         }
     }
-}
-
-#[derive(Serialize, Debug)]
-struct ErrorRecord {
-    kind: ErrorKind,
-    message: String,
-    errno: Option<i32>,
 }
 
 /// The end-of-run totals (the `summary` of `--json`).
@@ -370,11 +363,7 @@ impl Reporter {
         add(&self.live.failed, 1);
         self.eprint(&format!("cowlink: {e}{}", self.hint(e)));
         self.record(&Record {
-            error: Some(ErrorRecord {
-                kind: e.kind(),
-                message: e.to_string(),
-                errno: e.raw_os_error(),
-            }),
+            error: Some(e.clone()),
             ..Record::new(src, dst, "failed")
         });
     }

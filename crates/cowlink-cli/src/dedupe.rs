@@ -93,18 +93,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
 struct JsonOut<'a> {
     plan: &'a Plan,
     #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<JsonResult>,
+    result: Option<&'a dedupe::DedupeReport>,
     elapsed_ms: u128,
-}
-
-#[derive(Serialize)]
-struct JsonResult {
-    groups: u64,
-    targets_deduped: u64,
-    bytes_compared: u64,
-    bytes_reclaimed: u64,
-    changed: Vec<PathBuf>,
-    errors: Vec<String>,
 }
 
 /// Run `cowlink dedupe`.
@@ -151,14 +141,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     // A file changed since the scan is protected, not a failure.
     let failed = !plan.errors.is_empty() || report.as_ref().is_some_and(|r| !r.errors.is_empty());
     if args.json {
-        let result = report.as_ref().map(|r| JsonResult {
-            groups: r.groups,
-            targets_deduped: r.targets_deduped,
-            bytes_compared: r.bytes_compared,
-            bytes_reclaimed: r.bytes_reclaimed,
-            changed: r.changed.clone(),
-            errors: r.errors.iter().map(|e| e.to_string()).collect(),
-        });
+        let result = report.as_ref();
         serde_json::to_writer_pretty(
             &mut out,
             &JsonOut {

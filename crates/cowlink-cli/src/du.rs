@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Args;
 use cowlink::usage::{self, PathUsage, Usage, UsageOptions};
-use cowlink::{ErrorKind, Progress, Run};
+use cowlink::{Progress, Run};
 use serde::Serialize;
 
 use crate::out::errln;
@@ -65,14 +65,7 @@ struct JsonOut<'a> {
     args: &'a [PathUsage],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     dirs: &'a [PathUsage],
-    errors: Vec<JsonError>,
-}
-
-#[derive(Serialize)]
-struct JsonError {
-    path: Option<PathBuf>,
-    kind: ErrorKind,
-    message: String,
+    errors: &'a [cowlink::Error],
 }
 
 /// Run `cowlink du`.
@@ -95,22 +88,13 @@ pub fn run(args: DuArgs) -> Result<Exit> {
     }
     let mut out = crate::out::stdout();
     if args.json {
-        let errors = report
-            .errors
-            .iter()
-            .map(|e| JsonError {
-                path: e.src().map(Path::to_path_buf),
-                kind: e.kind(),
-                message: e.to_string(),
-            })
-            .collect();
         serde_json::to_writer_pretty(
             &mut out,
             &JsonOut {
                 total: &report.total,
                 args: &report.args,
                 dirs: &report.dirs,
-                errors,
+                errors: &report.errors,
             },
         )?;
         writeln!(out)?;

@@ -155,7 +155,11 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
         }
         out.flush()?;
         for e in &errors {
-            errln!("cowlink: {e}");
+            let hint = match e.kind() {
+                ErrorKind::IsDirectory => "; `cowlink du` measures trees",
+                _ => "",
+            };
+            errln!("cowlink: {e}{hint}");
         }
     }
     Ok(if errors.is_empty() {

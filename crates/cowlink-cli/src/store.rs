@@ -230,7 +230,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                     }
                     Err(e) => {
                         errln!("cowlink: {e}");
-                        results.push(serde_json::json!({"path": f, "error": e.to_string()}));
+                        results.push(serde_json::json!({"path": f, "error": e}));
                         failed = true;
                     }
                 }
@@ -242,7 +242,15 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         }
         StoreCommand::AddTree { dir: tree } => {
             let bar = spin();
-            let r = crate::interrupt::graceful(|| store.add_tree(&tree));
+            let r = crate::interrupt::graceful(|| store.add_tree(&tree)).map_err(|e| {
+                if e.kind() == cowlink::ErrorKind::NotADirectory && e.src() == Some(tree.as_path())
+                {
+                    let why = format!("{}; use `cowlink store add` for a file", e.reason());
+                    e.with_reason(why)
+                } else {
+                    e
+                }
+            });
             bar.finish();
             if crate::interrupt::interrupted() {
                 return interrupted(
@@ -321,7 +329,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 }
             })?;
             for e in &r.errors {
-                errln!("cowlink: {e}");
+                errln!("cowlink: {e}{}", mode_hint(e, opts.link));
             }
             if r.cancelled {
                 return interrupted(&format!(
@@ -355,32 +363,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             })
         }
         StoreCommand::Ls { manifest: None } => {
-            let mut rows = Vec::new();
-            for d in store.manifests()? {
-                let path = dir.join("manifests").join(d.to_hex());
-                let added = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-                match store.manifest(&d) {
-                    Ok(m) => {
-                        let (files, bytes) = m.file_totals();
-                        rows.push(ListRow {
-                            digest: d,
-                            entries: m.entries.len(),
-                            files,
-                            bytes,
-                            added: added.map(unix_secs),
-                            error: None,
-                        });
-                    }
-                    Err(e) => rows.push(ListRow {
-                        digest: d,
-                        entries: 0,
-                        files: 0,
-                        bytes: 0,
-                        added: added.map(unix_secs),
-                        error: Some(e.to_string()),
-                    }),
-                }
-            }
+            let rows = store.list()?;
             if json {
                 json_out(&mut out, &rows)?;
             } else if rows.is_empty() {
@@ -396,8 +379,8 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                             out,
                             "{}  {:>8}  {:>10}",
                             r.digest,
-                            r.files,
-                            human_bytes(r.bytes)
+                            r.totals.files,
+                            human_bytes(r.totals.bytes)
                         )?,
                         Some(e) => writeln!(out, "{}  unreadable: {e}", r.digest)?,
                     }
@@ -523,21 +506,15 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
     }
 }
 
-#[derive(Serialize)]
-struct ListRow {
-    digest: Digest,
-    entries: usize,
-    files: u64,
-    bytes: u64,
-    /// When the manifest was stored (seconds since the epoch).
-    added: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
-fn unix_secs(t: std::time::SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// The hint for a checkout error that copying would have avoided: the
+/// library says what failed, the command line says which flag helps.
+fn mode_hint(e: &cowlink::Error, mode: LinkMode) -> &'static str {
+    match mode {
+        LinkMode::Clone | LinkMode::Hardlink if e.copy_would_work() => {
+            "; use --mode auto to copy instead"
+        }
+        _ => "",
+    }
 }
 
 /// Pretty JSON and a newline on `out`.

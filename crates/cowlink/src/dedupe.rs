@@ -115,8 +115,10 @@ pub struct Plan {
     /// shareable and nothing is claimed for them.
     #[serde(default)]
     pub inline_skipped: u64,
-    /// Files that could not be read, and filesystems refused, as text.
-    pub errors: Vec<String>,
+    /// Files that could not be read, and filesystems refused (sorted by
+    /// path). Not read back from a saved plan.
+    #[serde(skip_deserializing)]
+    pub errors: Vec<Error>,
 }
 
 impl Plan {
@@ -152,7 +154,7 @@ struct Cand {
 #[derive(Default)]
 struct Collect {
     files: Mutex<Vec<Cand>>,
-    errors: Mutex<Vec<String>>,
+    errors: Mutex<Vec<Error>>,
     /// The first error, whole (returned when no path could be walked).
     first_error: Mutex<Option<Error>>,
     min_size: u64,
@@ -202,7 +204,7 @@ impl Visitor for Collect {
     }
 
     fn error(&self, err: Error) {
-        lock(&self.errors).push(err.to_string());
+        lock(&self.errors).push(err.clone());
         lock(&self.first_error).get_or_insert(err);
     }
 }
@@ -281,7 +283,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         let ok = match can_dedupe(&c.path) {
             Ok(()) => true,
             Err(e) => {
-                errors.push(e.to_string());
+                errors.push(e);
                 false
             }
         };
@@ -404,7 +406,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
                     return Some((id, h));
                 }
                 hash_file(&c.path, c.size, true, &count)
-                    .map_err(|e| lock(&hash_errors).push(e.to_string()))
+                    .map_err(|e| lock(&hash_errors).push(e))
                     .ok()
                     .map(|h| (id, h))
             })
@@ -432,7 +434,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
                     return edges.get(&id).map(|h| (id, *h)); // the edges were everything
                 }
                 hash_file(&c.path, c.size, false, &count)
-                    .map_err(|e| lock(&hash_errors).push(e.to_string()))
+                    .map_err(|e| lock(&hash_errors).push(e))
                     .ok()
                     .map(|h| (id, h))
             })
@@ -481,7 +483,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             .cmp(&a.reclaimable)
             .then(a.source.cmp(&b.source))
     });
-    errors.sort();
+    errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
     Ok(plan)
 }
@@ -552,7 +554,7 @@ fn can_dedupe(path: &Path) -> Result<()> {
 }
 
 /// What [`execute`] did.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct DedupeReport {
     /// Groups worked on.
     pub groups: u64,

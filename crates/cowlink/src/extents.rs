@@ -306,7 +306,7 @@ pub fn extents(path: impl AsRef<Path>) -> Result<FileLayout> {
         FileType::Directory => {
             return Err(Error::new(op, ErrorKind::IsDirectory)
                 .with_src(path)
-                .with_reason("is a directory (`cowlink du` measures trees)"))
+                .with_reason("is a directory; extents are mapped per file"))
         }
         _ => {
             return Err(Error::new(op, ErrorKind::NotRegularFile)

@@ -275,17 +275,17 @@ fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
     assert!(p.groups.is_empty());
     assert_eq!(p.errors.len(), 2, "{:?}", p.errors);
     assert!(
-        p.errors[0].contains("this filesystem cannot deduplicate"),
+        p.errors[0].to_string().contains("this filesystem cannot deduplicate"),
         "{:?}",
         p.errors
     );
     assert!(
-        p.errors.iter().any(|e| e.contains("ext4")),
+        p.errors.iter().any(|e| e.to_string().contains("ext4")),
         "{:?}",
         p.errors
     );
     assert!(
-        p.errors.iter().any(|e| e.contains("tmpfs")),
+        p.errors.iter().any(|e| e.to_string().contains("tmpfs")),
         "{:?}",
         p.errors
     );

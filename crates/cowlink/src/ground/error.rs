@@ -181,7 +181,7 @@ impl Operation {
 /// failure, the errno and a reason.
 ///
 /// Displays as "cannot clone 'a' to 'b': different filesystems (xfs → btrfs)".
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.render())]
 pub struct Error {
     op: Operation,
@@ -302,12 +302,35 @@ impl Error {
     }
 }
 
-/// Serialize errors as their messages (for reports with `serde`).
-pub(crate) fn serialize_errors<S: serde::Serializer>(
-    errors: &[Error],
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.collect_seq(errors.iter().map(|e| e.to_string()))
+/// Every report serializes its errors this one way: an object with the
+/// whole `message` (as displayed), the `kind` and `operation` to match on,
+/// the `errno` when a system call failed, the paths involved, and the
+/// `reason` alone. Paths that are not UTF-8 are written lossily (the
+/// message names them the same way).
+impl serde::Serialize for Error {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        let mut st = s.serialize_struct("Error", 7)?;
+        st.serialize_field("message", &self.to_string())?;
+        st.serialize_field("kind", &self.kind)?;
+        st.serialize_field("operation", &self.op)?;
+        st.serialize_field("errno", &self.raw_os_error())?;
+        st.serialize_field("src", &path(&self.src))?;
+        st.serialize_field("dst", &path(&self.dst))?;
+        st.serialize_field("reason", &self.reason())?;
+        st.end()
+    }
+}
+
+impl Error {
+    /// Whether copying the data instead would have worked where this
+    /// error stopped a clone or hardlink (different filesystems, no
+    /// reflink support...): the [`Reflink::Auto`](crate::Reflink::Auto)
+    /// fallback rule. Front ends use it to suggest the copying mode.
+    pub fn copy_would_work(&self) -> bool {
+        self.errno.is_some_and(is_not_possible_here)
+    }
 }
 
 impl From<Error> for io::Error {
@@ -322,6 +345,25 @@ impl From<Error> for io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_serialize_one_way_with_kind_errno_and_paths() {
+        let e = Error::from_errno(Operation::Clone, Errno::XDEV)
+            .with_src("a")
+            .with_dst("b");
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["kind"], "cross_device");
+        assert_eq!(v["operation"], "clone");
+        assert_eq!(v["errno"], Errno::XDEV.raw_os_error());
+        assert_eq!(v["src"], "a");
+        assert_eq!(v["dst"], "b");
+        assert_eq!(v["message"], e.to_string());
+        assert!(e.copy_would_work());
+        let none = Error::new(Operation::Store, ErrorKind::Corrupt);
+        let v = serde_json::to_value(&none).unwrap();
+        assert!(v["errno"].is_null() && v["src"].is_null());
+        assert!(!none.copy_would_work());
+    }
 
     #[test]
     fn fallback_policy_is_exactly_the_documented_set() {

@@ -200,11 +200,15 @@ impl Manifest {
     }
 
     /// Regular files, with their sizes summed: `(files, bytes)`.
-    pub fn file_totals(&self) -> (u64, u64) {
-        self.entries.iter().fold((0, 0), |(n, b), e| match e.kind {
-            EntryKind::File { size, .. } => (n + 1, b + size),
-            _ => (n, b),
-        })
+    pub fn file_totals(&self) -> FileTotals {
+        let mut t = FileTotals::default();
+        for e in &self.entries {
+            if let EntryKind::File { size, .. } = e.kind {
+                t.files += 1;
+                t.bytes += size;
+            }
+        }
+        t
     }
 
     /// Check that materializing this manifest can only create names below
@@ -353,6 +357,15 @@ fn escapes(path: &str, target: &str, symlinks: &HashSet<&str>) -> bool {
         }
     }
     false
+}
+
+/// How many regular files a manifest lists, and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FileTotals {
+    /// Regular files.
+    pub files: u64,
+    /// Their sizes summed.
+    pub bytes: u64,
 }
 
 #[cfg(test)]

@@ -29,7 +29,9 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
-use super::{object_rel, Digest, EntryKind, Manifest, Store};
+use super::layout::{self, object_rel};
+use super::manifest::{Digest, EntryKind, Manifest};
+use super::Store;
 use crate::ground::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
 use crate::prim::files::split_dest;
 use crate::prim::mode::{Method, Outcome};
@@ -104,7 +106,6 @@ pub struct MaterializeReport {
     /// New object generations made because a reference limit was reached.
     pub generations_created: u64,
     /// Entries that failed (the others were placed).
-    #[serde(serialize_with = "crate::ground::error::serialize_errors")]
     pub errors: Vec<Error>,
     /// The run was cancelled: files not yet started were not placed (every
     /// file placed is complete; one being written was removed), symbolic
@@ -169,7 +170,7 @@ fn merr(dst: impl AsRef<Path>, e: Errno) -> Error {
 /// Open the directory `rel` below `root` without following any symbolic
 /// link and without leaving `root`.
 fn open_beneath(root: BorrowedFd<'_>, rel: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
-    super::open_beneath(root, rel, flags | OFlags::DIRECTORY)
+    layout::open_beneath(root, rel, flags | OFlags::DIRECTORY)
 }
 
 /// `("a/b", "c")` for `"a/b/c"`, `("", "c")` for `"c"`.
@@ -288,8 +289,9 @@ impl Store {
                 }
             }
         }
-        let (nfiles, nbytes) = manifest.file_totals();
-        self.run.enter(crate::run::Phase::Copy, nfiles, nbytes);
+        let totals = manifest.file_totals();
+        self.run
+            .enter(crate::run::Phase::Copy, totals.files, totals.bytes);
         // A directory whose mode lets us work in it and survives the umask
         // is made with that mode at once; the others are made 0700 and get
         // their mode at the end (a read-only one would refuse its files).
@@ -439,14 +441,14 @@ impl Store {
     /// Open generation `gen` of an object for placing, and make sure its
     /// bytes are still the ones stored: the size must be the manifest's
     /// and the modification time the store's mark (see
-    /// [`super::UNCHANGED_MTIME`]); otherwise, or with `verify`, the object
+    /// [`layout::UNCHANGED_MTIME`]); otherwise, or with `verify`, the object
     /// is rehashed, and placed only if it still matches its digest.
     fn checked_object(&self, want: &Want<'_>, how: &How<'_>, gen: u32) -> Result<(OwnedFd, u64)> {
         let src = self.open_object(want.digest, gen, want.shown, how.gens)?;
         let path = || self.root.join(object_rel(want.digest, gen));
         let st = fs::fstat(&src).map_err(|e| merr(want.shown, e).with_src(path()))?;
         let size = st.st_size as u64;
-        let marked = super::is_marked_unchanged(&st);
+        let marked = layout::is_marked_unchanged(&st);
         if !how.verify && marked && want.size.is_none_or(|s| s == size) {
             return Ok((src, size));
         }
@@ -485,12 +487,12 @@ impl Store {
                 .with_dst(shown)
                 .with_reason(format!(
                     "the store's object {digest} changed after it was stored (its bytes now hash to {}); \
-                     nothing was placed; run `cowlink store verify` to quarantine it",
+                     nothing was placed; verifying the store quarantines it",
                     Digest(hash)
                 )));
         }
         if !marked {
-            super::mark_unchanged(fd);
+            layout::mark_unchanged(fd);
         }
         Ok(())
     }
@@ -533,7 +535,7 @@ impl Store {
             .map_err(|e| super::store_err(self.object_path(digest), e))?;
         let st = fs::fstat(&base).map_err(|e| super::store_err(self.object_path(digest), e))?;
         let size = st.st_size as u64;
-        if !super::is_marked_unchanged(&st) {
+        if !layout::is_marked_unchanged(&st) {
             let path = self.object_path(digest);
             self.ensure_intact(base.as_fd(), size, digest, &path, &path, false)?;
         }
@@ -544,7 +546,7 @@ impl Store {
         crate::prim::transfer::copy_data(base.as_fd(), pending.fd(), size, false, &|| false)
             .map_err(err)?;
         fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
-        super::mark_unchanged(pending.fd());
+        layout::mark_unchanged(pending.fd());
         fs::fsync(pending.fd()).map_err(err)?;
         match self.persist_object(pending, digest, gen) {
             Ok(()) | Err(Errno::EXIST) => Ok(()), // or another process made it
@@ -623,16 +625,7 @@ impl Store {
                 Err(e) if how.link == LinkMode::Auto && is_not_possible_here(e) => {
                     return copy(true)
                 }
-                Err(e) => {
-                    let hint = if is_not_possible_here(e) {
-                        "; use --mode auto to copy instead"
-                    } else {
-                        ""
-                    };
-                    let base = failed(e);
-                    let why = format!("{}{hint}", base.reason());
-                    return Err(base.with_reason(why));
-                }
+                Err(e) => return Err(failed(e)),
             }
         }
     }
@@ -675,9 +668,7 @@ impl Store {
                 Err(e) => {
                     let base = merr(shown, e).with_src(self.root.join(&rel));
                     return Err(match e {
-                        Errno::XDEV => {
-                            base.with_reason("hardlinks cannot cross filesystems; use --mode auto")
-                        }
+                        Errno::XDEV => base.with_reason("hardlinks cannot cross filesystems"),
                         Errno::EXIST => base.with_reason("destination already exists"),
                         _ => base,
                     });
@@ -758,7 +749,7 @@ fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
                 Mode::empty(),
             )
             .map_err(err)?;
-            if !super::list_dir(fd.as_fd()).map_err(err)?.is_empty() {
+            if !layout::list_dir(fd.as_fd()).map_err(err)?.is_empty() {
                 return Err(Error::new(Operation::Materialize, ErrorKind::AlreadyExists)
                     .with_dst(dest)
                     .with_reason("destination directory is not empty; materialize into a new or empty directory"));

@@ -1,0 +1,285 @@
+//! Keeping a store healthy: `stats` (what it holds and saves), `verify`
+//! (rehash every object and manifest in parallel; mismatches move to
+//! `quarantine/`), and `gc` (under the exclusive lock: drop manifests not
+//! kept, then objects no manifest uses, then dead temporaries).
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+use rustix::fd::AsFd;
+use rustix::fs::{self, AtFlags};
+use rustix::io::Errno;
+
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+use crate::run::Phase;
+
+use super::layout::manifest_rel;
+use super::manifest::{Digest, EntryKind};
+use super::{store_err, Store};
+
+/// One object or manifest that failed [`Store::verify`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Corrupt {
+    /// Where it was.
+    pub path: PathBuf,
+    /// Where it is now (under `quarantine/`).
+    pub quarantined: Option<PathBuf>,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// What [`Store::verify`] found.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct VerifyReport {
+    /// Object files hashed (generations included).
+    pub objects: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Manifests checked.
+    pub manifests: u64,
+    /// Objects or manifests whose bytes do not match their name, or that
+    /// cannot be parsed; moved to `quarantine/`.
+    pub corrupt: Vec<Corrupt>,
+    /// Objects referenced by a manifest that the store lacks:
+    /// `(manifest, object)`.
+    pub missing: Vec<(Digest, Digest)>,
+}
+
+impl VerifyReport {
+    /// Whether everything checked out.
+    pub fn is_clean(&self) -> bool {
+        self.corrupt.is_empty() && self.missing.is_empty()
+    }
+}
+
+/// What [`Store::gc`] removed.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct GcReport {
+    /// Manifests kept.
+    pub manifests_kept: u64,
+    /// Manifests removed (not in the keep list).
+    pub manifests_removed: u64,
+    /// Object files removed (generations included).
+    pub objects_removed: u64,
+    /// Their sizes, summed.
+    pub bytes_removed: u64,
+    /// Leftover temporaries of dead processes removed.
+    pub temporaries_removed: u64,
+}
+
+/// What [`Store::stats`] counts.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct StoreStats {
+    /// Distinct objects.
+    pub objects: u64,
+    /// Extra physical generations (see [`LinkMode`]).
+    pub generations: u64,
+    /// Sum of the distinct objects' sizes.
+    pub object_bytes: u64,
+    /// Blocks the object files hold (`st_blocks`; shared blocks count
+    /// fully, as `du` does).
+    pub allocated_bytes: u64,
+    /// Manifests.
+    pub manifests: u64,
+    /// Files listed by all manifests together.
+    pub manifest_files: u64,
+    /// Their sizes summed: what plain copies of every stored tree take.
+    pub manifest_bytes: u64,
+    /// `manifest_bytes` minus the size of the distinct objects they use:
+    /// space saved by storing each content once.
+    pub bytes_saved: u64,
+}
+
+impl Store {
+    /// Counts and sizes of what the store holds.
+    pub fn stats(&self) -> Result<StoreStats> {
+        let mut s = StoreStats::default();
+        let mut sizes: HashMap<Digest, u64> = HashMap::new();
+        for (d, g, rel) in self.object_files()? {
+            let st = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| store_err(self.root.join(&rel), e))?;
+            s.allocated_bytes += st.st_blocks as u64 * 512;
+            if g == 0 {
+                s.objects += 1;
+                s.object_bytes += st.st_size as u64;
+                sizes.insert(d, st.st_size as u64);
+            } else {
+                s.generations += 1;
+            }
+        }
+        let mut used: HashSet<Digest> = HashSet::new();
+        for m in self.manifests()? {
+            s.manifests += 1;
+            let Ok(manifest) = self.manifest(&m) else {
+                continue;
+            };
+            for e in &manifest.entries {
+                if let EntryKind::File { digest, size, .. } = e.kind {
+                    s.manifest_files += 1;
+                    s.manifest_bytes += size;
+                    used.insert(digest);
+                }
+            }
+        }
+        let distinct: u64 = used.iter().filter_map(|d| sizes.get(d)).sum();
+        s.bytes_saved = s.manifest_bytes.saturating_sub(distinct);
+        Ok(s)
+    }
+
+    /// Rehash every object and manifest. Those whose bytes do not match
+    /// their name (or that are not valid manifests) are moved to
+    /// `quarantine/` and reported; objects that manifests need but the
+    /// store lacks are reported as missing.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let objects = self.object_files()?;
+        self.run.enter(Phase::Verify, objects.len() as u64, 0);
+        let corrupt = Mutex::new(Vec::new());
+        let bytes = AtomicU64::new(0);
+        self.install(|| {
+            objects.par_iter().for_each(|(d, _, rel)| {
+                if self.run.cancelled() {
+                    return;
+                }
+                let problem = match self.hash_file(rel) {
+                    Ok((h, n)) => {
+                        bytes.fetch_add(n, Ordering::Relaxed);
+                        self.tick(n);
+                        (h != d.0).then(|| format!("content hashes to {}", Digest(h)))
+                    }
+                    Err(e) => Some(format!(
+                        "cannot be read: {}",
+                        crate::ground::error::errno_text(e)
+                    )),
+                };
+                if let Some(problem) = problem {
+                    let c = self.quarantine(rel, problem);
+                    corrupt.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+                }
+            })
+        });
+        if self.run.cancelled() {
+            return Err(Error::new(Operation::Store, ErrorKind::Cancelled)
+                .with_src(&self.root)
+                .with_reason("verify cancelled before every object was read"));
+        }
+        let mut report = VerifyReport {
+            objects: objects.len() as u64,
+            bytes: bytes.into_inner(),
+            corrupt: corrupt.into_inner().unwrap_or_default(),
+            ..Default::default()
+        };
+        for m in self.manifests()? {
+            report.manifests += 1;
+            match self.manifest(&m) {
+                Ok(manifest) => {
+                    let mut seen = HashSet::new();
+                    for e in &manifest.entries {
+                        if let EntryKind::File { digest, .. } = e.kind {
+                            if seen.insert(digest) && !self.contains(&digest) {
+                                report.missing.push((m, digest));
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    let c = self.quarantine(&manifest_rel(&m), e.reason());
+                    report.corrupt.push(c);
+                }
+            }
+        }
+        report.corrupt.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(report)
+    }
+
+    pub(super) fn hash_file(&self, rel: &str) -> std::result::Result<([u8; 32], u64), Errno> {
+        let fd = self.open_in_layout(rel)?;
+        crate::ground::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
+    }
+
+    /// Move `rel` to `quarantine/` (under a unique name).
+    pub(super) fn quarantine(&self, rel: &str, problem: String) -> Corrupt {
+        let base = rel.rsplit('/').next().unwrap_or(rel);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let to = format!("quarantine/{base}.{stamp}");
+        let moved = (|| {
+            let (from, name) = self.parent_in_layout(rel)?;
+            let q = self.layout_dir("quarantine")?;
+            fs::renameat(&from, name, &q, &to["quarantine/".len()..])
+        })()
+        .is_ok();
+        Corrupt {
+            path: self.root.join(rel),
+            quarantined: moved.then(|| self.root.join(&to)),
+            problem,
+        }
+    }
+
+    /// Remove every manifest not in `keep` (`None`: keep every manifest),
+    /// every object that no kept manifest references, and temporaries of
+    /// dead processes.
+    ///
+    /// Holds the store lock exclusively: adds in other processes wait, and
+    /// an add that started before holds the shared lock until its manifest
+    /// is written, so gc never removes what it is about to reference. With
+    /// `None` the manifests are listed under the lock, so one written just
+    /// before is kept. Objects added with [`add`](Self::add) alone (no
+    /// manifest) are not referenced and are removed: keep them in a
+    /// manifest.
+    ///
+    /// # Errors
+    /// `NotFound` when a digest in `keep` is not a manifest of the store
+    /// (nothing is removed then).
+    pub fn gc(&self, keep: Option<&[Digest]>) -> Result<GcReport> {
+        let _lock = self.lock(true)?;
+        let keep: Vec<Digest> = match keep {
+            Some(k) => k.to_vec(),
+            None => self.manifests()?,
+        };
+        let mut report = GcReport::default();
+        let keep: HashSet<Digest> = keep.iter().copied().collect();
+        let mut used: HashSet<Digest> = HashSet::new();
+        for d in &keep {
+            let m = self.manifest(d).map_err(|e| {
+                let why = format!("cannot keep manifest {d}: {}", e.reason());
+                e.with_reason(why)
+            })?;
+            for e in &m.entries {
+                if let EntryKind::File { digest, .. } = e.kind {
+                    used.insert(digest);
+                }
+            }
+        }
+        for m in self.manifests()? {
+            if keep.contains(&m) {
+                report.manifests_kept += 1;
+            } else {
+                let rel = manifest_rel(&m);
+                self.unlink_in_layout(&rel)
+                    .map_err(|e| store_err(self.root.join(&rel), e))?;
+                report.manifests_removed += 1;
+            }
+        }
+        for (d, _, rel) in self.object_files()? {
+            if used.contains(&d) {
+                continue;
+            }
+            let size = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .map_or(0, |s| s.st_size as u64);
+            match self.unlink_in_layout(&rel) {
+                Ok(()) => {
+                    report.objects_removed += 1;
+                    report.bytes_removed += size;
+                }
+                Err(Errno::NOENT) => {}
+                Err(e) => return Err(store_err(self.root.join(&rel), e)),
+            }
+        }
+        report.temporaries_removed = self.clean_temporaries(true)?;
+        Ok(report)
+    }
+}
