@@ -53,7 +53,7 @@ pub struct CpArgs {
         require_equals = true,
         default_missing_value = "always"
     )]
-    reflink: ReflinkArg,
+    reflink: Reflink,
 
     /// Replace existing destination files (atomically; other hardlinks of a
     /// replaced file keep their content)
@@ -148,13 +148,6 @@ pub struct CpArgs {
     /// SRC... DEST, or SRC... with -t DIR
     #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum ReflinkArg {
-    Auto,
-    Always,
-    Never,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -546,11 +539,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         }
     }
     let options = CloneOptions {
-        reflink: match args.reflink {
-            ReflinkArg::Auto => Reflink::Auto,
-            ReflinkArg::Always => Reflink::Always,
-            ReflinkArg::Never => Reflink::Never,
-        },
+        reflink: args.reflink,
         overwrite: if args.force {
             Overwrite::Replace
         } else {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Store};
 use cowlink::{Progress, Run};
 use serde::Serialize;
@@ -88,8 +88,8 @@ enum StoreCommand {
         #[arg(value_name = "DEST", value_parser = crate::PathArg)]
         dest: PathBuf,
         /// How to place it
-        #[arg(long, value_enum, default_value_t = Mode::Clone)]
-        mode: Mode,
+        #[arg(long, value_enum, default_value_t = LinkMode::Clone)]
+        mode: LinkMode,
     },
     /// Recreate a stored tree in a new or empty directory
     ///
@@ -106,8 +106,8 @@ enum StoreCommand {
         #[arg(value_name = "DEST", value_parser = crate::PathArg)]
         dest: PathBuf,
         /// How to place files
-        #[arg(long, value_enum, default_value_t = Mode::Clone)]
-        mode: Mode,
+        #[arg(long, value_enum, default_value_t = LinkMode::Clone)]
+        mode: LinkMode,
         /// Also create symbolic links that are absolute or point outside
         /// the tree
         #[arg(long)]
@@ -146,30 +146,6 @@ enum StoreCommand {
     },
     /// Objects, bytes and space saved
     Stats,
-}
-
-/// How to place files (the library's [`LinkMode`]).
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Share the object's blocks; fail where the filesystem cannot
-    Clone,
-    /// Physical copy
-    Copy,
-    /// Hardlink to the object: WRITE-THROUGH, a write corrupts the store
-    Hardlink,
-    /// Clone where possible, else copy
-    Auto,
-}
-
-impl From<Mode> for LinkMode {
-    fn from(m: Mode) -> LinkMode {
-        match m {
-            Mode::Clone => LinkMode::Clone,
-            Mode::Copy => LinkMode::Copy,
-            Mode::Hardlink => LinkMode::Hardlink,
-            Mode::Auto => LinkMode::Auto,
-        }
-    }
 }
 
 /// The store directory from the flag, the environment or the XDG default.
@@ -281,7 +257,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             dest,
             mode,
         } => {
-            let o = store.materialize(&digest(&d)?, &dest, mode.into())?;
+            let o = store.materialize(&digest(&d)?, &dest, mode)?;
             if json {
                 json_out(&mut out, &o)?;
             } else {
@@ -306,7 +282,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         } => {
             let m = load_manifest(&store, &manifest)?;
             let opts = MaterializeOptions {
-                link: mode.into(),
+                link: mode,
                 external_symlinks: allow_external_symlinks,
                 verify,
                 setid: keep_setid,

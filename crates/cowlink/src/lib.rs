@@ -62,7 +62,7 @@ pub use ground::fskind::{CloneLimit, FsKind};
 pub use ground::{error, mountinfo};
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
-pub use prim::mode::{Method, Outcome, Reflink};
+pub use prim::mode::{LinkMode, Method, Outcome, Reflink};
 pub use prim::place::{is_complete_copy, remove_unfinished, Overwrite, Placement};
 pub use run::{CancelToken, Phase, Progress, Run};
 pub use usage::{usage, Usage};

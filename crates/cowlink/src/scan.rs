@@ -359,14 +359,24 @@ mod tests {
             limit: 5,
         };
         let run = Run::default().with_threads(1);
-        assert!(walk(std::slice::from_ref(&root), &run, Operation::Usage, &v));
+        assert!(walk(
+            std::slice::from_ref(&root),
+            &run,
+            Operation::Usage,
+            &v
+        ));
         assert_eq!(v.seen.load(Ordering::Relaxed), 5);
 
         let all = Stopper {
             seen: AtomicU64::new(0),
             limit: u64::MAX,
         };
-        assert!(!walk(std::slice::from_ref(&root), &run, Operation::Usage, &all));
+        assert!(!walk(
+            std::slice::from_ref(&root),
+            &run,
+            Operation::Usage,
+            &all
+        ));
         assert_eq!(all.seen.load(Ordering::Relaxed), 2000);
         std::fs::remove_dir_all(root).unwrap();
     }
@@ -380,7 +390,12 @@ mod tests {
         };
         let run = Run::default();
         run.cancel.cancel();
-        assert!(walk(std::slice::from_ref(&root), &run, Operation::Usage, &v));
+        assert!(walk(
+            std::slice::from_ref(&root),
+            &run,
+            Operation::Usage,
+            &v
+        ));
         assert_eq!(v.seen.load(Ordering::Relaxed), 0);
         std::fs::remove_dir_all(root).unwrap();
     }

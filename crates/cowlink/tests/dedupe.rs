@@ -275,7 +275,9 @@ fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
     assert!(p.groups.is_empty());
     assert_eq!(p.errors.len(), 2, "{:?}", p.errors);
     assert!(
-        p.errors[0].to_string().contains("this filesystem cannot deduplicate"),
+        p.errors[0]
+            .to_string()
+            .contains("this filesystem cannot deduplicate"),
         "{:?}",
         p.errors
     );

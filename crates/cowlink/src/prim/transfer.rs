@@ -29,8 +29,8 @@ use rustix::fs::{self, FallocateFlags, SeekFrom};
 use rustix::io::{self, Errno};
 
 use super::files::kind_of;
-use super::mode::{Method, Outcome, Reflink};
-use crate::ground::error::{is_not_possible_here, Error, ErrorKind, Operation, Result};
+use super::mode::{Method, Outcome, Reflink, Step};
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 
 /// Files this large and without holes are preallocated before copying.
@@ -241,16 +241,18 @@ pub(crate) fn transfer(
         before_copy()?;
         copy_data(sfd, dfd, size, offload, cancelled).map_err(failed)
     };
-    match reflink {
-        Reflink::Never => copy(false),
-        Reflink::Always => cowlink_sys::ficlone(dfd, sfd)
-            .map(|()| cloned)
-            .map_err(failed),
-        Reflink::Auto => match cowlink_sys::ficlone(dfd, sfd) {
-            Ok(()) => Ok(cloned),
-            Err(e) if is_not_possible_here(e) => copy(true),
-            Err(e) => Err(failed(e)),
-        },
+    let mut step = reflink.first_step();
+    loop {
+        step = match step {
+            Step::Clone => match cowlink_sys::ficlone(dfd, sfd) {
+                Ok(()) => return Ok(cloned),
+                // One source only: a reference limit is a failure here.
+                Err(e) => reflink.after(e, false),
+            },
+            Step::Copy { offload } => return copy(offload),
+            Step::NextSource => Step::Fail(Errno::MLINK),
+            Step::Fail(e) => return Err(failed(e)),
+        };
     }
 }
 

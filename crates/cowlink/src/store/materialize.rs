@@ -34,30 +34,9 @@ use super::manifest::{Digest, EntryKind, Manifest};
 use super::Store;
 use crate::ground::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
 use crate::prim::files::split_dest;
-use crate::prim::mode::{Method, Outcome};
+use crate::prim::mode::{LinkMode, Method, Outcome, Reflink, Step};
 use crate::prim::place::{NewFile, Overwrite, Placement};
 use crate::prim::transfer::transfer_error;
-
-/// How a materialized file relates to its store object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LinkMode {
-    /// Share the object's blocks (a reflink): instant, no space, and a
-    /// write to the file copies only what it touches, never reaching the
-    /// store. Fails where the filesystem cannot clone (the default).
-    #[default]
-    Clone,
-    /// A physical copy with blocks of its own.
-    Copy,
-    /// A hardlink to the object itself. **Write-through**: the file *is*
-    /// the object, so writing to it (after making it writable) corrupts
-    /// the store and every other place it was materialized. Its mode is the
-    /// object's (read-only), not the manifest's. Only for callers that
-    /// never write and want the last microsecond.
-    Hardlink,
-    /// Clone where possible, else copy.
-    Auto,
-}
 
 /// Options for [`Store::materialize_tree`].
 #[derive(Debug, Clone, Default)]
@@ -606,27 +585,33 @@ impl Store {
                 crate::prim::transfer::copy_data(src.as_fd(), dfd, size, offload, &|| false)
                     .map_err(failed)
             };
-            if how.link == LinkMode::Copy {
-                return copy(false);
+            let mode = how.link.reflink().unwrap_or(Reflink::Always);
+            let mut step = mode.first_step();
+            // The shared fallback rule; this store's generations are the
+            // other sources a reference limit moves on to.
+            loop {
+                step = match step {
+                    Step::Clone => {
+                        let r = match self.take_use(digest, gen) {
+                            true => cowlink_sys::ficlone(dfd, src.as_fd()),
+                            false => Err(Errno::MLINK),
+                        };
+                        match r {
+                            Ok(()) => {
+                                return Ok(Outcome {
+                                    method: Method::Reflink,
+                                    bytes: size,
+                                })
+                            }
+                            Err(e) => mode.after(e, true),
+                        }
+                    }
+                    Step::Copy { offload } => return copy(offload),
+                    Step::NextSource => break,
+                    Step::Fail(e) => return Err(failed(e)),
+                };
             }
-            let r = if self.take_use(digest, gen) {
-                cowlink_sys::ficlone(dfd, src.as_fd())
-            } else {
-                Err(Errno::MLINK)
-            };
-            match r {
-                Ok(()) => {
-                    return Ok(Outcome {
-                        method: Method::Reflink,
-                        bytes: size,
-                    })
-                }
-                Err(Errno::MLINK | Errno::OVERFLOW) => gen = self.next_generation(digest, gen),
-                Err(e) if how.link == LinkMode::Auto && is_not_possible_here(e) => {
-                    return copy(true)
-                }
-                Err(e) => return Err(failed(e)),
-            }
+            gen = self.next_generation(digest, gen);
         }
     }
 

@@ -62,9 +62,10 @@ pub use manifest::{
     MANIFEST_VERSION,
 };
 
+pub use crate::prim::mode::LinkMode;
 pub use ingest::{Added, AddedTree};
 pub use maintenance::{Corrupt, GcReport, StoreStats, VerifyReport};
-pub use materialize::{LinkMode, MaterializeOptions, MaterializeReport};
+pub use materialize::{MaterializeOptions, MaterializeReport};
 
 /// A store rooted at a directory. Cheap to share between threads; every
 /// method takes `&self`.
