@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, Action, TreeEvent, TreeOptions};
+use cowlink::tree::{copy_tree, Action, SkipReason, TreeEvent, TreeOptions};
 use cowlink::Run;
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
@@ -244,7 +244,6 @@ struct Reporter {
     options: CloneOptions,
     verbose: bool,
     json: bool,
-    skip_existing: bool,
     recursive: bool,
     live: Live,
     /// Whether a JSON record was written yet (for the commas).
@@ -289,7 +288,27 @@ impl Reporter {
         let _ = write!(o, "{}\n    {text}", if first { "" } else { "," });
     }
 
+    /// An existing destination kept (`-n`, or `--resume` found it complete).
+    fn skipped(&self, src: &Path, dst: &Path, reason: SkipReason) {
+        add(&self.live.skipped, 1);
+        if self.verbose {
+            let why = match reason {
+                SkipReason::Complete => "already complete",
+                _ => "destination exists",
+            };
+            self.eprint(&format!(
+                "'{}' -> '{}': skipped, {why}",
+                src.display(),
+                dst.display()
+            ));
+        }
+        self.record(&Record::new(src, dst, "skipped"));
+    }
+
     fn done(&self, src: &Path, dst: &Path, o: Outcome, elapsed: Option<Duration>) {
+        if o.method == Method::Skipped {
+            return self.skipped(src, dst, SkipReason::Exists);
+        }
         add(&self.live.files, 1);
         add(&self.live.bytes, o.bytes);
         add(
@@ -338,21 +357,6 @@ impl Reporter {
     }
 
     fn failed(&self, src: &Path, dst: &Path, e: &Error) {
-        if self.options.overwrite == Overwrite::Refuse
-            && e.kind() == ErrorKind::AlreadyExists
-            && self.skip_existing
-        {
-            add(&self.live.skipped, 1);
-            if self.verbose {
-                self.print(&format!(
-                    "'{}' -> '{}': skipped, destination exists",
-                    src.display(),
-                    dst.display()
-                ));
-            }
-            self.record(&Record::new(src, dst, "skipped"));
-            return;
-        }
         add(&self.live.failed, 1);
         self.eprint(&format!("cowlink: {e}{}", self.hint(e)));
         self.record(&Record {
@@ -421,17 +425,7 @@ impl Reporter {
                 add(counter, 1);
                 self.other(src, dst, kind, &words, true);
             }
-            TreeEvent::Skipped { src, dst } => {
-                add(&self.live.skipped, 1);
-                if self.verbose {
-                    self.eprint(&format!(
-                        "'{}' -> '{}': skipped, already complete",
-                        src.display(),
-                        dst.display()
-                    ));
-                }
-                self.record(&Record::new(src, dst, "skipped"));
-            }
+            TreeEvent::Skipped { src, dst, reason } => self.skipped(src, dst, reason),
             TreeEvent::Failed(e) => {
                 self.failed(e.src().unwrap_or(root.0), e.dst().unwrap_or(root.1), e)
             }
@@ -542,6 +536,8 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         reflink: args.reflink,
         overwrite: if args.force {
             Overwrite::Replace
+        } else if args.no_clobber {
+            Overwrite::Skip
         } else {
             Overwrite::Refuse
         },
@@ -571,7 +567,6 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         options,
         verbose: args.verbose,
         json: args.json,
-        skip_existing: args.no_clobber,
         recursive,
         live: Live::default(),
         wrote_record: AtomicBool::new(false),
@@ -729,8 +724,7 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
         let mut options = r.options;
         if tree.resume {
             if cowlink::is_complete_copy(src, dst) {
-                add(&r.live.skipped, 1);
-                r.record(&Record::new(src, dst, "skipped"));
+                r.skipped(src, dst, SkipReason::Complete);
                 return false;
             }
             options.overwrite = Overwrite::Replace;

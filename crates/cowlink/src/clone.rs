@@ -52,7 +52,19 @@ pub fn clone_file(
     dst: impl AsRef<Path>,
     options: &CloneOptions,
 ) -> Result<Outcome> {
-    let (src, dst) = (src.as_ref(), dst.as_ref());
+    match place_file(src.as_ref(), dst.as_ref(), options) {
+        // Keeping what exists is this mode's answer, not a failure.
+        Err(e) if e.kind() == ErrorKind::AlreadyExists && options.overwrite == Overwrite::Skip => {
+            Ok(Outcome {
+                method: Method::Skipped,
+                bytes: 0,
+            })
+        }
+        r => r,
+    }
+}
+
+fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome> {
     let op = match options.reflink {
         Reflink::Never => Operation::Copy,
         _ => Operation::Clone,
@@ -79,7 +91,7 @@ pub fn clone_file(
     })?;
     let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
     let before_copy = || match options.overwrite {
-        Overwrite::Refuse => precheck(),
+        Overwrite::Refuse | Overwrite::Skip => precheck(),
         Overwrite::Replace => Ok(()),
     };
     let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
@@ -154,7 +166,9 @@ fn check_existing(
         ));
     }
     match overwrite {
-        Overwrite::Refuse => Err(e(ErrorKind::AlreadyExists, "destination already exists")),
+        Overwrite::Refuse | Overwrite::Skip => {
+            Err(e(ErrorKind::AlreadyExists, "destination already exists"))
+        }
         Overwrite::Replace => Ok(()),
     }
 }

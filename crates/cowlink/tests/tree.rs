@@ -343,3 +343,55 @@ fn resume_recopies_what_an_interrupted_run_left() {
     let third = copy_tree(&src, &dst, &resume, &Quiet).unwrap();
     assert_eq!((third.files, third.skipped), (0, 30));
 }
+
+#[test]
+fn overwrite_skip_keeps_existing_files_and_counts_them_in_the_report() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::create_dir_all(dst.join("sub")).unwrap();
+    for name in ["a", "b", "sub/c", "sub/d"] {
+        fs::write(src.join(name), format!("new {name}")).unwrap();
+    }
+    std::os::unix::fs::symlink("a", src.join("link")).unwrap();
+    fs::write(dst.join("a"), "old a").unwrap();
+    fs::write(dst.join("sub/c"), "old c").unwrap();
+    std::os::unix::fs::symlink("elsewhere", dst.join("link")).unwrap();
+    let mut options = TreeOptions::default();
+    options.file.overwrite = cowlink::Overwrite::Skip;
+    let skipped = std::sync::Mutex::new(Vec::new());
+    let observer = |ev: &TreeEvent<'_>| {
+        if let TreeEvent::Skipped { dst, reason, .. } = ev {
+            assert_eq!(*reason, cowlink::tree::SkipReason::Exists);
+            skipped.lock().unwrap().push(dst.to_path_buf());
+        }
+    };
+    let report = copy_tree(&src, &dst, &options, &observer).unwrap();
+    assert_eq!(report.skipped, 3, "{report:?}");
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(report.files, 2);
+    assert_eq!(fs::read_to_string(dst.join("a")).unwrap(), "old a");
+    assert_eq!(fs::read_to_string(dst.join("sub/c")).unwrap(), "old c");
+    assert_eq!(
+        fs::read_link(dst.join("link")).unwrap(),
+        Path::new("elsewhere")
+    );
+    assert_eq!(fs::read_to_string(dst.join("b")).unwrap(), "new b");
+    assert_eq!(fs::read_to_string(dst.join("sub/d")).unwrap(), "new sub/d");
+    let mut seen = skipped.into_inner().unwrap();
+    seen.sort();
+    assert_eq!(seen, [dst.join("a"), dst.join("link"), dst.join("sub/c")]);
+
+    // One file: the method says it was kept.
+    let o = cowlink::clone_file(
+        src.join("a"),
+        dst.join("a"),
+        &cowlink::CloneOptions {
+            overwrite: cowlink::Overwrite::Skip,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(o.method, cowlink::Method::Skipped);
+    assert_eq!(fs::read_to_string(dst.join("a")).unwrap(), "old a");
+}

@@ -142,8 +142,12 @@ pub enum Method {
     CopyOffload,
     /// Copied through user space with read/write.
     ReadWrite,
-    /// A hardlink to the same inode (used by later tree/store modes).
+    /// A hardlink to the same inode (store checkouts with
+    /// [`LinkMode::Hardlink`]).
     Hardlink,
+    /// Nothing was written: the destination existed and
+    /// [`Overwrite::Skip`](crate::Overwrite::Skip) keeps it (`bytes` is 0).
+    Skipped,
 }
 
 impl Method {
@@ -154,6 +158,7 @@ impl Method {
             Method::CopyOffload => "copied (copy_file_range)",
             Method::ReadWrite => "copied (read/write)",
             Method::Hardlink => "hardlinked",
+            Method::Skipped => "skipped (destination exists)",
         }
     }
 }

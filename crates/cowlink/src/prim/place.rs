@@ -49,6 +49,17 @@ pub enum Overwrite {
     /// Atomically replace the destination. Other hardlinks of the old file
     /// keep the old content: nothing is written through them.
     Replace,
+    /// Keep an existing destination as it is (`cp -n`): nothing is
+    /// written, and the result says so ([`Method::Skipped`] for one file,
+    /// [`TreeEvent::Skipped`] and [`TreeReport::skipped`] in a tree). What
+    /// exists is not inspected: a partial file left by a killed run is
+    /// kept too (use [`TreeOptions::resume`] to recopy those).
+    ///
+    /// [`Method::Skipped`]: crate::Method::Skipped
+    /// [`TreeEvent::Skipped`]: crate::tree::TreeEvent::Skipped
+    /// [`TreeReport::skipped`]: crate::tree::TreeReport::skipped
+    /// [`TreeOptions::resume`]: crate::tree::TreeOptions::resume
+    Skip,
 }
 
 enum TempName {
@@ -153,8 +164,8 @@ impl<'d> PendingFile<'d> {
     /// Give the file its final name `dst` (relative to the directory it
     /// was created in).
     ///
-    /// With [`Overwrite::Refuse`] an existing name gives `EEXIST` and
-    /// nothing changes. With [`Overwrite::Replace`] the name is swapped
+    /// With [`Overwrite::Refuse`] (and [`Overwrite::Skip`]) an existing
+    /// name gives `EEXIST` and nothing changes. With [`Overwrite::Replace`] the name is swapped
     /// atomically. On any error the temporary is gone afterwards.
     pub(crate) fn persist(self, dst: &Path, overwrite: Overwrite) -> Result<(), Errno> {
         let dir = self.dir;
@@ -172,7 +183,7 @@ impl<'d> PendingFile<'d> {
     ) -> Result<(), Errno> {
         match std::mem::replace(&mut self.temp, TempName::Anonymous) {
             TempName::Anonymous => match overwrite {
-                Overwrite::Refuse => self.link_anonymous(target, dst),
+                Overwrite::Refuse | Overwrite::Skip => self.link_anonymous(target, dst),
                 Overwrite::Replace => {
                     let tmp = temp_path(dst);
                     self.link_anonymous(target, &tmp)?;
@@ -187,7 +198,7 @@ impl<'d> PendingFile<'d> {
                 self.temp = TempName::Named(tmp.clone());
                 match overwrite {
                     Overwrite::Replace => fs::renameat(self.dir, &tmp, target, dst)?,
-                    Overwrite::Refuse => {
+                    Overwrite::Refuse | Overwrite::Skip => {
                         match fs::renameat_with(self.dir, &tmp, target, dst, RenameFlags::NOREPLACE)
                         {
                             Ok(()) => {}

@@ -104,14 +104,16 @@ struct Counters {
 
 impl Counters {
     fn count(&self, o: Outcome) {
-        self.files.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(o.bytes, Ordering::Relaxed);
-        match o.method {
+        let counter = match o.method {
             Method::Reflink => &self.cloned,
             Method::Hardlink => &self.hardlinked,
             Method::CopyOffload | Method::ReadWrite => &self.copied,
-        }
-        .fetch_add(1, Ordering::Relaxed);
+            // A checkout goes into a new or empty directory: never skips.
+            Method::Skipped => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.files.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(o.bytes, Ordering::Relaxed);
     }
 }
 

@@ -13,7 +13,7 @@ use rustix::io::Errno;
 
 use super::ctx::{bump, Ctx};
 use super::node::DirNode;
-use super::{Action, SpecialKind, TreeEvent};
+use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
@@ -59,6 +59,18 @@ pub(super) fn copy_single(
         // Stopped by a cancel: nothing was placed, and the report says
         // the run was cancelled; not a failure of this entry.
         Err(err) if err.kind() == ErrorKind::Cancelled && eng.cancelled() => {}
+        // `cp -n`: an existing name is kept, and counted as skipped.
+        Err(err)
+            if err.kind() == ErrorKind::AlreadyExists
+                && eng.opts.file.overwrite == Overwrite::Skip =>
+        {
+            bump(&eng.counts.skipped, 1);
+            eng.emit(TreeEvent::Skipped {
+                src: &src,
+                dst: &dst,
+                reason: SkipReason::Exists,
+            });
+        }
         Err(err) => eng.fail(err),
         Ok(()) => {}
     }
@@ -182,6 +194,7 @@ impl Entry<'_, '_> {
                 self.eng.emit(TreeEvent::Skipped {
                     src: self.src,
                     dst: self.dst,
+                    reason: SkipReason::Complete,
                 });
                 return Ok(());
             }
@@ -280,7 +293,7 @@ impl Entry<'_, '_> {
         let dfd = file.fd();
         let before_copy = || match (overwrite, placement) {
             // Refuse before copying data in vain (the final link re-checks).
-            (Overwrite::Refuse, Placement::Atomic) => {
+            (Overwrite::Refuse | Overwrite::Skip, Placement::Atomic) => {
                 match fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(_) => Err(self.dest_error(Errno::EXIST)),
                     Err(_) => Ok(()),

@@ -139,6 +139,19 @@ pub enum Action {
     },
 }
 
+/// Why an entry was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// The destination file already matched the source's size and
+    /// modification time ([`TreeOptions::resume`]).
+    Complete,
+    /// The destination exists and [`Overwrite::Skip`] keeps it (`cp -n`).
+    ///
+    /// [`Overwrite::Skip`]: crate::Overwrite::Skip
+    Exists,
+}
+
 /// What happened to one entry, as told to an [`Observer`].
 #[derive(Debug)]
 #[non_exhaustive]
@@ -191,13 +204,14 @@ pub enum TreeEvent<'a> {
         /// The action.
         action: Action,
     },
-    /// An existing destination file already matched the source
-    /// ([`TreeOptions::resume`]) and was kept.
+    /// An existing destination was kept.
     Skipped {
         /// Source path.
         src: &'a Path,
         /// Destination path.
         dst: &'a Path,
+        /// Why it was kept.
+        reason: SkipReason,
     },
     /// An entry failed; the walk continues.
     Failed(&'a Error),
