@@ -5,14 +5,13 @@
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use cowlink::{clone_file, CloneOptions, PreallocWriter, Reflink};
+use cowlink::{clone_file, CancelToken, CloneOptions, PreallocWriter, Reflink};
 use serde::Serialize;
 
 use crate::out::errln;
@@ -232,20 +231,16 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
     let work = WorkDir(dir.join(format!(".cowlink-bench-{}", std::process::id())));
     fs::create_dir(&work.0)
         .with_context(|| format!("cannot create a work directory in '{}'", dir.display()))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = Arc::clone(&stop);
-        // Another handler (none in this command) would make this fail; then
-        // Ctrl-C just ends the process and the directory may remain.
-        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
-    }
+    // Ctrl-C cancels the process's token (see `interrupt`): the current
+    // workload stops at its next check and the work directory is removed.
+    let stop = crate::interrupt::token();
     let stage = Arc::new(Stage::default());
     let s2 = Arc::clone(&stage);
     let bar = Spinner::start(!args.json, move || s2.get());
-    let result = measure(&work.0, &dir, &plan, &stage, &stop);
+    let result = crate::interrupt::graceful(|| measure(&work.0, &dir, &plan, &stage, &stop));
     bar.finish();
     drop(work);
-    if stop.load(Ordering::SeqCst) {
+    if stop.is_cancelled() {
         errln!("cowlink: interrupted; removed the work directory");
         return Ok(Exit::Interrupted);
     }
@@ -264,8 +259,8 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-fn check(stop: &AtomicBool) -> Result<()> {
-    if stop.load(Ordering::SeqCst) {
+fn check(stop: &CancelToken) -> Result<()> {
+    if stop.is_cancelled() {
         bail!("interrupted");
     }
     Ok(())
@@ -303,7 +298,7 @@ fn measure(
     dir: &Path,
     plan: &Plan,
     stage: &Stage,
-    stop: &AtomicBool,
+    stop: &CancelToken,
 ) -> Result<Report> {
     stage.set("probing reflink");
     let facts = cowlink::probe::filesystem(work)?;
@@ -397,7 +392,7 @@ fn measure(
     })
 }
 
-fn metadata_workload(dir: &Path, n: usize, stop: &AtomicBool) -> Result<Metadata> {
+fn metadata_workload(dir: &Path, n: usize, stop: &CancelToken) -> Result<Metadata> {
     fs::create_dir(dir)?;
     let names: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("f{i:05}.o"))).collect();
     let mut body = [0u8; 100];
@@ -503,7 +498,7 @@ fn writer_workload(
     dir: &Path,
     strategy: Strategy,
     plan: &Plan,
-    stop: &AtomicBool,
+    stop: &CancelToken,
 ) -> Result<WriterRow> {
     const WRITERS: usize = 4;
     fs::create_dir(dir)?;

@@ -177,3 +177,34 @@ fn text_output_and_bad_directories() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn sigint_stops_the_bench_and_removes_its_work_directory() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let child = common::bin()
+        .arg("bench")
+        .arg(x.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let work = x.path().join(format!(".cowlink-bench-{}", child.id()));
+    let start = std::time::Instant::now();
+    while !fs::read_dir(&work).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no work started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("removed the work directory"));
+    assert!(!work.exists(), "the work directory was left behind");
+    assert!(names(x.path()).is_empty(), "{:?}", names(x.path()));
+}
