@@ -197,11 +197,7 @@ fn sigint_stops_the_bench_and_removes_its_work_directory() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
+    common::sigint(&child);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("removed the work directory"));

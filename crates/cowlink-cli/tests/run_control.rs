@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use cowlink_testfs::{data, temporaries, testfs, write_file};
 
 mod common;
-use common::{bin, text};
+use common::{bin, store, text};
 
 /// Whether `child` has a thread whose name starts with `prefix` (the
 /// library names its pools: `cowlink-scan-N`, `cowlink-store-N`).
@@ -36,11 +36,7 @@ fn interrupt_when(mut child: Child, ready: impl Fn(&Child) -> bool) -> Output {
         assert!(start.elapsed() < Duration::from_secs(60), "never got going");
         std::thread::sleep(Duration::from_millis(2));
     }
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
+    common::sigint(&child);
     child.wait_with_output().unwrap()
 }
 
@@ -107,16 +103,6 @@ fn sigint_stops_du_and_dedupe_with_130_and_changes_nothing() {
     assert!(text(&out.stderr).contains("nothing was changed"));
     assert_eq!(fs::read_dir(src.join("d00000")).unwrap().count(), before);
     assert!(temporaries(&src).is_empty());
-}
-
-/// `cowlink store --store ST ARGS...`, output collected.
-fn store(st: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = bin();
-    c.arg("store").arg("--store").arg(st);
-    for a in args {
-        c.arg(a.as_ref());
-    }
-    c.output().unwrap()
 }
 
 #[test]

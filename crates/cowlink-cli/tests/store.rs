@@ -11,17 +11,7 @@ use std::time::{Duration, Instant};
 use cowlink_testfs::{data, names, temporaries, testfs, write_file};
 
 mod common;
-use common::{bin, text};
-
-/// `cowlink store --store STORE ARGS...`
-fn store(st: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
-    let mut c = bin();
-    c.arg("store").arg("--store").arg(st);
-    for a in args {
-        c.arg(a.as_ref());
-    }
-    c.output().unwrap()
-}
+use common::{bin, store, text};
 
 fn ok(out: &Output) -> String {
     assert!(

@@ -211,11 +211,7 @@ fn sigint_mid_run_exits_130_and_leaves_only_complete_files() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Wait for the first copied file, then interrupt.
     wait_for_first_file(&mut lines);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
+    common::sigint(&child);
     for _ in lines {}
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
@@ -364,11 +360,7 @@ fn sigint_inside_a_large_file_copy_stops_it_and_places_nothing() {
     let first = lines.next().unwrap().unwrap();
     assert!(first.ends_with(": directory"), "{first}");
     std::thread::sleep(Duration::from_millis(100));
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
+    common::sigint(&child);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
     // The copy stopped inside the file: no name for it, no temporary,

@@ -21,3 +21,22 @@ pub fn cowlink(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// `cowlink store --store ST ARGS...`, output collected.
+pub fn store(st: &std::path::Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = bin();
+    c.arg("store").arg("--store").arg(st);
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c.output().unwrap()
+}
+
+/// Send SIGINT (Ctrl-C) to a running child.
+pub fn sigint(child: &std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+}
