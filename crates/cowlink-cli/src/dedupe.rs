@@ -131,10 +131,15 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             "cowlink: interrupted; groups already done share their blocks, the others were left as they were"
         );
     }
-    let done = |failed: bool| match () {
-        _ if report.as_ref().is_some_and(|r| r.cancelled) => Exit::Interrupted,
-        _ if failed => Exit::Failed,
-        _ => Exit::Ok,
+    let cancelled = report.as_ref().is_some_and(|r| r.cancelled);
+    let done = |failed: bool| {
+        if cancelled {
+            Exit::Interrupted
+        } else if failed {
+            Exit::Failed
+        } else {
+            Exit::Ok
+        }
     };
 
     let mut out = crate::out::stdout();

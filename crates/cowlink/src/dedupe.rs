@@ -154,9 +154,9 @@ struct Cand {
 #[derive(Default)]
 struct Collect {
     files: Mutex<Vec<Cand>>,
+    /// In the order met (the first is returned when nothing could be
+    /// walked).
     errors: Mutex<Vec<Error>>,
-    /// The first error, whole (returned when no path could be walked).
-    first_error: Mutex<Option<Error>>,
     min_size: u64,
 }
 
@@ -204,8 +204,7 @@ impl Visitor for Collect {
     }
 
     fn error(&self, err: Error) {
-        lock(&self.errors).push(err.clone());
-        lock(&self.first_error).get_or_insert(err);
+        lock(&self.errors).push(err);
     }
 }
 
@@ -254,13 +253,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     let mut errors = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     if files.is_empty() && !errors.is_empty() && errors.len() >= roots.len() {
         // Nothing could be walked: the (first) path's own error.
-        if let Some(first) = c
-            .first_error
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-        {
-            return Err(first);
-        }
+        return Err(errors.swap_remove(0));
     }
     let mut plan = Plan {
         files_scanned: files.len() as u64,

@@ -587,6 +587,7 @@ impl Store {
                 crate::prim::transfer::copy_data(src.as_fd(), dfd, size, offload, &|| false)
                     .map_err(failed)
             };
+            // `place` sends hardlinks elsewhere: here the mode is a data mode.
             let mode = how.link.reflink().unwrap_or(Reflink::Always);
             let mut step = mode.first_step();
             // The shared fallback rule; this store's generations are the
