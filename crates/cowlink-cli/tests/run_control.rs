@@ -15,7 +15,7 @@ mod common;
 use common::{bin, store, text};
 
 /// Whether `child` has a thread whose name starts with `prefix` (the
-/// library names its pools: `cowlink-scan-N`, `cowlink-store-N`).
+/// library names the threads it starts: `cowlink-walk-N`, `cowlink-store-N`).
 fn has_thread(child: &Child, prefix: &str) -> bool {
     let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", child.id())) else {
         return false;
@@ -85,8 +85,8 @@ fn sigint_stops_du_and_dedupe_with_130_and_changes_nothing() {
     wide_tree(&src, 400, 50);
     let before = fs::read_dir(src.join("d00000")).unwrap().count();
 
-    let out = interrupt_when(spawn(bin().arg("du").arg("-s").arg(&src)), |c| {
-        has_thread(c, "cowlink-scan")
+    let out = interrupt_when(spawn(bin().args(["du", "-s", "-j", "2"]).arg(&src)), |c| {
+        has_thread(c, "cowlink-walk")
     });
     assert_interrupted(&out);
     assert!(
@@ -95,8 +95,8 @@ fn sigint_stops_du_and_dedupe_with_130_and_changes_nothing() {
         text(&out.stdout)
     );
 
-    let out = interrupt_when(spawn(bin().arg("dedupe").arg(&src)), |c| {
-        has_thread(c, "cowlink-scan")
+    let out = interrupt_when(spawn(bin().args(["dedupe", "-j", "2"]).arg(&src)), |c| {
+        has_thread(c, "cowlink-walk")
     });
     assert_interrupted(&out);
     // Interrupted while planning: no file was touched.

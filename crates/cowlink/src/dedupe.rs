@@ -45,7 +45,7 @@ use crate::extents::{extents_fd, Extent};
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 use crate::run::{Phase, Run};
-use crate::scan::{self, DirInfo, Entry, Visitor};
+use crate::walk::{self, DirInfo, Entry, Visitor};
 
 /// Bytes hashed from each end of a file for the partial hash.
 const EDGE: u64 = 4096;
@@ -245,7 +245,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         min_size: opts.min_size,
         ..Default::default()
     };
-    scan::walk(&roots, run, Operation::Dedupe, &c);
+    walk::walk(&roots, run, Operation::Dedupe, &c);
     if run.cancelled() {
         return Err(cancelled());
     }

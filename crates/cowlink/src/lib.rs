@@ -33,7 +33,9 @@
 //!   ([`Preserve`]);
 //! - [`run`]: the run-control contract every long operation takes
 //!   ([`Run`]: threads, a [`CancelToken`], [`Progress`] with a [`Phase`]);
-//! - the walker (`scan`) for inspection;
+//! - `walk`: the one walker engine (a work-stealing pool over open
+//!   directory descriptors), driven by the tree copy and by the read-only
+//!   scan of the inspection features;
 //! - features: [`clone`](clone_file) (whole file and range),
 //!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
 //!   [`usage`] (true disk usage), [`dedupe`], [`store`]
@@ -44,6 +46,7 @@
 
 mod ground;
 mod prim;
+mod walk;
 
 mod clone;
 pub mod dedupe;
@@ -51,7 +54,6 @@ pub mod extents;
 mod prealloc;
 pub mod probe;
 pub mod run;
-mod scan;
 pub mod store;
 pub mod tree;
 pub mod usage;

@@ -28,7 +28,7 @@ use rustix::io::Errno;
 
 use crate::extents::{extents_fd, fiemap_error};
 use crate::ground::error::{Error, Operation, Result};
-use crate::scan::{self, DirInfo, Entry, Visitor};
+use crate::walk::{self, DirInfo, Entry, Visitor};
 
 /// Space figures for a set of files (each file counted once, whatever
 /// number of names or arguments it is reached by).
@@ -147,7 +147,7 @@ pub fn usage_report<P: AsRef<Path>>(paths: &[P], opts: &UsageOptions) -> UsageRe
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let c = Collector::default();
     opts.run.enter(crate::run::Phase::Scan, 0, 0);
-    let cut_short = scan::walk(&roots, &opts.run, Operation::Usage, &c);
+    let cut_short = walk::walk(&roots, &opts.run, Operation::Usage, &c);
     let Collector {
         dirs,
         files,

@@ -18,7 +18,7 @@ use crate::prim::mode::{Method, Reflink};
 use crate::prim::place::Overwrite;
 use crate::prim::transfer::{transfer, transfer_error};
 use crate::run::Phase;
-use crate::scan::{self, DirInfo, Entry, Visitor};
+use crate::walk::{self, DirInfo, Entry, Visitor};
 
 use super::layout::{manifest_rel, mark_unchanged, object_rel, write_all};
 use super::manifest::{Digest, EntryKind, Manifest, ManifestEntry};
@@ -312,7 +312,7 @@ impl Store {
             cloned: AtomicU64::new(0),
         };
         self.run.enter(Phase::Copy, 0, 0);
-        scan::walk(&[root.to_path_buf()], &self.run, op, &ingest);
+        walk::walk(&[root.to_path_buf()], &self.run, op, &ingest);
         if self.run.cancelled() {
             // Objects already added stay (whole, unreferenced until gc);
             // no manifest names a tree that was not read whole.

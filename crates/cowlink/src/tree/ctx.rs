@@ -1,6 +1,6 @@
 //! What every entry copy needs from the run, apart from the scheduler:
 //! options, the observer, counters, the hardlink table and the destination
-//! root. `walk.rs` owns one and lends it to `entry.rs`.
+//! root. `copy.rs` owns one and lends it to `entry.rs`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

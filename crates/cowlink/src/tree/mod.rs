@@ -28,15 +28,15 @@
 //! Layout, in import order: this file has the public types; `links` the
 //! hardlink table; `node` an open directory pair; `ctx` what the run lends
 //! to every entry (options, observer, counters); `entry` what happens to
-//! one entry (file, symlink, hardlink, FIFO/device); `walk` the pool, the
-//! directory jobs and their completion. `walk` calls `entry`, never the
-//! reverse.
+//! one entry (file, symlink, hardlink, FIFO/device); `copy` the driver of
+//! the walker engine (`crate::walk::pool`): directories and their
+//! completion. `copy` calls `entry`, never the reverse.
 
+mod copy;
 mod ctx;
 mod entry;
 mod links;
 mod node;
-mod walk;
 
 use std::path::Path;
 
@@ -44,7 +44,7 @@ use crate::clone::CloneOptions;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
-pub use walk::copy_tree;
+pub use copy::copy_tree;
 
 pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
 

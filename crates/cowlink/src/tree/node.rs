@@ -1,5 +1,5 @@
 //! One directory of a tree copy, open on both sides: what the scheduler
-//! (`walk.rs`) queues and what every entry copy (`entry.rs`) works in.
+//! (`copy.rs`, through the walker engine) queues and what every entry copy (`entry.rs`) works in.
 
 use std::ffi::{CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;

@@ -1,24 +1,14 @@
-//! The work-stealing pool, directory jobs, and directory completion.
-//!
-//! Work is a [`Job`]: open one subdirectory (and create its copy), or read
-//! the next batch of a directory's entries. Each worker has a LIFO deque
-//! (depth-first: the newest subdirectory is copied next); an idle worker
-//! steals the oldest job of another. Regular files, symlinks and special
-//! files are copied inline by the worker that read their batch.
-//!
-//! A [`DirNode`] is shared (`Arc`) by every job below it. When the last one
-//! lets go ([`Engine::release`]), the directory is complete and its
-//! metadata is set; then its parent's reference is released the same way,
-//! iteratively, so a 10,000-level chain needs no stack.
+//! The tree copy as a driver of the walker copier (`crate::walk::pool`):
+//! opening each source directory and creating its copy, typing and handing
+//! every other entry to `entry.rs`, and setting a directory's metadata
+//! when the copier reports everything below it done ([`DirNode`] is the
+//! copier's directory).
 
 use std::ffi::{CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, Dir, FileType, Mode, OFlags, Stat, CWD};
 use rustix::io::Errno;
@@ -30,132 +20,69 @@ use super::node::DirNode;
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::place::Placement;
+use crate::walk::pool::{self, Next};
 
-/// Entries read from a directory per job: small enough to share a large
-/// directory between threads, large enough to amortize the job overhead.
-const BATCH: usize = 128;
-
-enum Job {
-    /// Open the subdirectory `name` of `parent`, create its copy, read it.
-    Open { parent: Arc<DirNode>, name: CString },
-    /// Read and copy the next batch of entries.
-    Read(Arc<DirNode>),
-}
-
-/// Counts a job as finished when dropped; the last one wakes every parked
-/// worker so they can see the pool is done.
-struct JobDone<'p, 'a>(&'p Engine<'a>);
-
-impl Drop for JobDone<'_, '_> {
-    fn drop(&mut self) {
-        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.wake(true);
-        }
-    }
-}
-
-/// The scheduler: a work-stealing pool of directory jobs around the run's
-/// [`Ctx`].
-struct Engine<'a> {
+/// The copy's side of the walk: the run's [`Ctx`].
+struct Copier<'a> {
     ctx: Ctx<'a>,
-    /// Jobs queued or running; the pool stops when it reaches zero.
-    pending: AtomicUsize,
-    injector: Injector<Job>,
-    /// Workers parked for lack of work, and where they wait: an idle
-    /// worker sleeps instead of spinning (a spinning thread takes the core
-    /// the filesystem needs), and a push wakes one.
-    sleepers: AtomicUsize,
-    idle: Mutex<()>,
-    wakeup: Condvar,
 }
 
-impl Engine<'_> {
-    fn push(&self, local: &Worker<Job>, job: Job) {
-        self.pending.fetch_add(1, Ordering::SeqCst);
-        local.push(job);
-        self.wake(false);
+impl pool::Driver for Copier<'_> {
+    type Root = Arc<DirNode>;
+    type Dir = DirNode;
+
+    fn open_root(&self, root: Arc<DirNode>) -> Option<Arc<DirNode>> {
+        Some(root)
     }
 
-    /// Wake one parked worker (new work) or all (the pool is done).
-    fn wake(&self, all: bool) {
-        if self.sleepers.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        // Taking the lock orders this after a sleeper's last look for work.
-        drop(self.idle.lock().unwrap_or_else(|p| p.into_inner()));
-        if all {
-            self.wakeup.notify_all();
-        } else {
-            self.wakeup.notify_one();
-        }
+    fn open(&self, parent: &Arc<DirNode>, name: &CStr) -> Option<Arc<DirNode>> {
+        self.open_dir(parent, name)
+            .map_err(|e| self.ctx.fail(e))
+            .ok()
     }
 
-    fn work(&self, local: Worker<Job>, stealers: &[Stealer<Job>]) {
-        loop {
-            if let Some(job) = local.pop().or_else(|| self.steal(&local, stealers)) {
-                // Counted down even if the job panics (an observer bug), so
-                // the other workers stop and the panic reaches the caller.
-                let _done = JobDone(self);
-                self.run(job, &local);
-                continue;
-            }
-            // Nothing to take: park until a push or the end. Registered as
-            // a sleeper before the last look, under the lock a waker takes,
-            // so no wakeup is lost; the timeout is only a safety net.
-            let guard = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            let visible = !self.injector.is_empty() || stealers.iter().any(|s| !s.is_empty());
-            let done = self.pending.load(Ordering::SeqCst) == 0;
-            if !visible && !done {
-                let _ = self
-                    .wakeup
-                    .wait_timeout(guard, Duration::from_millis(20))
-                    .unwrap_or_else(|p| p.into_inner());
-            } else {
-                drop(guard);
-            }
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-            if done {
-                return;
-            }
-        }
+    fn reader<'d>(&self, dir: &'d DirNode) -> &'d Mutex<Option<Dir>> {
+        &dir.reader
     }
 
-    fn steal(&self, local: &Worker<Job>, stealers: &[Stealer<Job>]) -> Option<Job> {
-        loop {
-            let s = self
-                .injector
-                .steal_batch_and_pop(local)
-                .or_else(|| stealers.iter().map(Stealer::steal).collect());
-            match s {
-                Steal::Success(job) => return Some(job),
-                Steal::Empty => return None,
-                Steal::Retry => continue,
-            }
-        }
+    fn read_failed(&self, dir: &DirNode, e: Errno) {
+        self.ctx.fail(
+            Error::from_errno(Operation::CopyTree, e)
+                .with_src(&dir.src_path)
+                .with_reason(format!("cannot read the directory: {}", errno_text(e))),
+        );
     }
 
-    fn run(&self, job: Job, local: &Worker<Job>) {
-        match job {
-            Job::Open { parent, name } => {
-                if !self.ctx.cancelled() {
-                    match self.open_dir(&parent, &name) {
-                        Ok(node) => self.read(node, local),
-                        Err(e) => self.ctx.fail(e),
-                    }
-                }
-                self.release(parent);
-            }
-            Job::Read(node) => {
-                if self.ctx.cancelled() {
-                    self.release(node);
-                } else {
-                    self.read(node, local);
-                }
+    fn entry(&self, dir: &Arc<DirNode>, name: &CStr, t: FileType) -> Next {
+        match self.entry_type(dir, name, t) {
+            Ok(FileType::Directory) => return Next::Descend,
+            Ok(t) => entry::copy_single(&self.ctx, dir, name, name, t),
+            Err(e) => {
+                let (s, d) = dir.paths(name);
+                let err = Error::from_errno(Operation::CopyTree, e)
+                    .with_src(&s)
+                    .with_dst(&d);
+                self.ctx.fail(match e {
+                    Errno::NOENT => err.with_reason("source vanished during the copy"),
+                    _ => err,
+                });
             }
         }
+        Next::Done
     }
 
+    fn finish(&self, mut dir: DirNode) -> Option<Arc<DirNode>> {
+        let parent = dir.parent.take();
+        self.finish_dir(dir);
+        parent
+    }
+
+    fn stopped(&self) -> bool {
+        self.ctx.cancelled()
+    }
+}
+
+impl Copier<'_> {
     /// Open the subdirectory `name`, create (or merge into) its copy.
     fn open_dir(&self, parent: &Arc<DirNode>, name: &CStr) -> Result<Arc<DirNode>, Error> {
         let (src_path, dst_path) = parent.paths(name);
@@ -227,73 +154,6 @@ impl Engine<'_> {
         Ok(node)
     }
 
-    /// Read the next batch of `node`, queue the rest, copy the batch.
-    fn read(&self, node: Arc<DirNode>, local: &Worker<Job>) {
-        let mut batch: Vec<(CString, FileType)> = Vec::with_capacity(BATCH);
-        let mut more = false;
-        let mut read_error = None;
-        {
-            let mut reader = node.reader.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(dir) = reader.as_mut() {
-                while batch.len() < BATCH {
-                    match dir.read() {
-                        None => break,
-                        Some(Ok(e)) => {
-                            let name = e.file_name();
-                            if name != c"." && name != c".." {
-                                batch.push((name.to_owned(), e.file_type()));
-                            }
-                        }
-                        Some(Err(e)) => {
-                            read_error = Some(e);
-                            break;
-                        }
-                    }
-                }
-                more = batch.len() == BATCH && read_error.is_none();
-                if !more {
-                    *reader = None;
-                }
-            }
-        }
-        if more {
-            self.push(local, Job::Read(node.clone()));
-        }
-        if let Some(e) = read_error {
-            self.ctx.fail(
-                Error::from_errno(Operation::CopyTree, e)
-                    .with_src(&node.src_path)
-                    .with_reason(format!("cannot read the directory: {}", errno_text(e))),
-            );
-        }
-        for (name, t) in batch {
-            if self.ctx.cancelled() {
-                break;
-            }
-            match self.entry_type(&node, &name, t) {
-                Ok(FileType::Directory) => self.push(
-                    local,
-                    Job::Open {
-                        parent: node.clone(),
-                        name,
-                    },
-                ),
-                Ok(t) => entry::copy_single(&self.ctx, &node, &name, &name, t),
-                Err(e) => {
-                    let (s, d) = node.paths(&name);
-                    let err = Error::from_errno(Operation::CopyTree, e)
-                        .with_src(&s)
-                        .with_dst(&d);
-                    self.ctx.fail(match e {
-                        Errno::NOENT => err.with_reason("source vanished during the copy"),
-                        _ => err,
-                    });
-                }
-            }
-        }
-        self.release(node);
-    }
-
     /// The type of an entry, from `getdents` when it says, else from a stat
     /// (and always from a stat of the target when following symlinks).
     fn entry_type(&self, node: &DirNode, name: &CStr, t: FileType) -> Result<FileType, Errno> {
@@ -308,18 +168,6 @@ impl Engine<'_> {
         };
         let st = fs::statat(&node.src, name, flags)?;
         Ok(FileType::from_raw_mode(st.st_mode))
-    }
-
-    /// Let go of a directory; the last one out sets its metadata, then lets
-    /// go of its parent.
-    fn release(&self, node: Arc<DirNode>) {
-        let mut next = Some(node);
-        while let Some(n) = next.take() {
-            if let Some(mut done) = Arc::into_inner(n) {
-                next = done.parent.take();
-                self.finish_dir(done);
-            }
-        }
     }
 
     fn finish_dir(&self, node: DirNode) {
@@ -555,7 +403,7 @@ pub fn copy_tree(
         Errno::NOENT => err(e).with_reason("source does not exist"),
         _ => err(e),
     })?;
-    let mut engine = Engine {
+    let mut copier = Copier {
         ctx: Ctx {
             opts: options,
             observer,
@@ -563,25 +411,21 @@ pub fn copy_tree(
             links: LinkTable::default(),
             root_dst: None,
         },
-        pending: AtomicUsize::new(0),
-        injector: Injector::new(),
-        sleepers: AtomicUsize::new(0),
-        idle: Mutex::new(()),
-        wakeup: Condvar::new(),
     };
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         let (parent, name) = parent_node(src, dst, options.dry_run)?;
         let dst_name = CString::new(dst.file_name().unwrap_or_default().as_bytes())
             .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
         entry::copy_single(
-            &engine.ctx,
+            &copier.ctx,
             &parent,
             &name,
             &dst_name,
             FileType::from_raw_mode(st.st_mode),
         );
-        engine.release(parent);
-        return Ok(engine.ctx.report());
+        // The parents of a single entry are not ours to finish.
+        drop(parent);
+        return Ok(copier.ctx.report());
     }
     if let (Ok(s), Some(d)) = (std::fs::canonicalize(src), canonical_dest(dst)) {
         if d.starts_with(&s) {
@@ -610,7 +454,7 @@ pub fn copy_tree(
                 errno_text(e)
             )),
         })?;
-        engine.ctx.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
+        copier.ctx.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
         Some(made)
     };
     let root = new_node(
@@ -622,7 +466,7 @@ pub fn copy_tree(
         st,
         None,
     )?;
-    engine.ctx.emit(if options.dry_run {
+    copier.ctx.emit(if options.dry_run {
         TreeEvent::Planned {
             src,
             dst,
@@ -631,10 +475,10 @@ pub fn copy_tree(
     } else {
         TreeEvent::Dir { src, dst }
     });
-    bump(&engine.ctx.counts.dirs, 1);
+    bump(&copier.ctx.counts.dirs, 1);
 
     let threads = options.run.threads_or(|| {
-        let fs = engine
+        let fs = copier
             .ctx
             .root_dst
             .as_ref()
@@ -647,16 +491,6 @@ pub fn copy_tree(
         )
     });
     options.run.enter(crate::run::Phase::Copy, 0, 0);
-    engine.pending.store(1, Ordering::SeqCst);
-    engine.injector.push(Job::Read(root));
-    let workers: Vec<Worker<Job>> = (0..threads).map(|_| Worker::new_lifo()).collect();
-    let stealers: Vec<Stealer<Job>> = workers.iter().map(Worker::stealer).collect();
-    let engine = &engine;
-    std::thread::scope(|s| {
-        for w in workers {
-            let stealers = &stealers;
-            s.spawn(move || engine.work(w, stealers));
-        }
-    });
-    Ok(engine.ctx.report())
+    pool::run(&copier, vec![root], threads);
+    Ok(copier.ctx.report())
 }

@@ -1,38 +1,33 @@
-//! A parallel, read-only directory walk for the inspection commands
-//! (`usage`, and later dedupe planning).
+//! The read-only walk of the inspection features (`usage`, `dedupe`'s
+//! planning, the store's ingest), driven by the one walker engine
+//! ([`pool`]) that also drives the tree copy.
 //!
 //! Every directory is opened relative to its parent's descriptor
 //! (`openat`, `O_NOFOLLOW`), so paths of any length and depth work and a
-//! directory swapped for a symlink mid-walk is not followed. Entries are
-//! handed to a [`Visitor`] in batches of [`BATCH`] from rayon tasks, so a
-//! huge flat directory is shared between threads as well as a deep tree.
-//! Symbolic links are never followed; the visitor sees them as entries.
-//!
-//! Descriptors stay bounded by depth × threads whatever the width of a
-//! directory: a subdirectory becomes a task holding only its name and a
-//! shared reference to its parent's descriptor, and is opened when the
-//! task runs (depth first on each thread, so a directory with 100,000
-//! subdirectories holds one descriptor, not 100,000).
+//! directory swapped for a symlink mid-walk is not followed. Entries reach
+//! the [`Visitor`] from the pool's batches, so a huge flat directory is
+//! shared between threads as well as a deep tree. Symbolic links are never
+//! followed; the visitor sees them as entries. Descriptors stay bounded by
+//! depth × threads, as the engine promises.
 //!
 //! The walk stops early when the run is cancelled or the visitor answers
 //! [`ControlFlow::Break`]: no new directory is opened and no new entry is
 //! handed out.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::ops::ControlFlow;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, Dir, FileType, Mode, OFlags, CWD};
+use rustix::io::Errno;
 
+use super::pool::{self, Next};
 use crate::ground::error::{Error, Operation};
 use crate::run::Run;
-
-/// Entries handed to one task.
-const BATCH: usize = 64;
 
 /// A directory met by the walk.
 #[derive(Debug)]
@@ -78,6 +73,13 @@ pub(crate) trait Visitor: Sync {
     }
 }
 
+/// An open directory of the walk.
+struct ScanDir {
+    info: DirInfo,
+    fd: OwnedFd,
+    reader: Mutex<Option<Dir>>,
+}
+
 struct Walk<'v> {
     visitor: &'v dyn Visitor,
     run: &'v Run,
@@ -99,31 +101,12 @@ pub(crate) fn walk(roots: &[PathBuf], run: &Run, op: Operation, visitor: &dyn Vi
         next_id: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(run.threads_or(crate::run::cores))
-        .thread_name(|i| format!("cowlink-scan-{i}"))
-        .build();
-    let run = |w: &Walk<'_>| {
-        rayon::scope(|s| {
-            for (i, root) in roots.iter().enumerate() {
-                let w = &w;
-                s.spawn(move |s| w.root(s, i, root));
-            }
-        })
-    };
-    match pool {
-        Ok(pool) => pool.install(|| run(&w)),
-        // No threads to be had: walk on the global pool.
-        Err(_) => run(&w),
-    }
-    w.stopped()
+    let roots = roots.iter().cloned().enumerate().collect();
+    pool::run(&w, roots, run.threads_or(crate::run::cores));
+    pool::Driver::stopped(&w)
 }
 
-impl<'v> Walk<'v> {
-    fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.run.cancelled()
-    }
-
+impl Walk<'_> {
     fn visit(&self, entry: Entry<'_>) {
         if self.visitor.counted_by_walk() {
             self.run.done(1, 0);
@@ -133,18 +116,56 @@ impl<'v> Walk<'v> {
         }
     }
 
-    fn root<'s>(&'s self, s: &rayon::Scope<'s>, root: usize, path: &Path) {
+    fn new_dir(
+        &self,
+        parent: Option<usize>,
+        root: usize,
+        path: PathBuf,
+        fd: OwnedFd,
+        st: &fs::Stat,
+    ) -> Option<Arc<ScanDir>> {
+        let info = DirInfo {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            parent,
+            root,
+            path,
+        };
+        // The reader gets its own descriptor, closed once it is read.
+        let reader = match rustix::io::fcntl_dupfd_cloexec(&fd, 0).and_then(Dir::new) {
+            Ok(r) => r,
+            Err(e) => {
+                self.visitor
+                    .error(Error::from_errno(self.op, e).with_src(&info.path));
+                return None;
+            }
+        };
+        self.visitor.dir(&info, st);
+        Some(Arc::new(ScanDir {
+            info,
+            fd,
+            reader: Mutex::new(Some(reader)),
+        }))
+    }
+}
+
+impl pool::Driver for Walk<'_> {
+    type Root = (usize, PathBuf);
+    type Dir = ScanDir;
+
+    fn open_root(&self, (root, path): Self::Root) -> Option<Arc<ScanDir>> {
+        let path = &path;
         let err = |e| Error::from_errno(self.op, e).with_src(path);
         let st = match fs::lstat(path) {
             Ok(st) => st,
-            Err(e) => return self.visitor.error(err(e)),
+            Err(e) => {
+                self.visitor.error(err(e));
+                return None;
+            }
         };
         if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
             let (parent, name) = split(path);
-            let Ok(name) = CString::new(name.as_bytes()) else {
-                return;
-            };
-            return match fs::open(
+            let name = CString::new(name.as_bytes()).ok()?;
+            match fs::open(
                 parent,
                 OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
@@ -158,137 +179,66 @@ impl<'v> Walk<'v> {
                     file_type: Some(FileType::from_raw_mode(st.st_mode)),
                 }),
                 Err(e) => self.visitor.error(err(e)),
-            };
+            }
+            return None;
         }
         match open_dir(CWD, path.as_os_str().as_bytes()) {
-            Ok((fd, st)) => {
-                let info = self.new_dir(None, root, path.to_path_buf(), &st);
-                self.read(s, fd, info);
-            }
-            Err(e) => self.visitor.error(err(e)),
-        }
-    }
-
-    fn new_dir(
-        &self,
-        parent: Option<usize>,
-        root: usize,
-        path: PathBuf,
-        st: &fs::Stat,
-    ) -> Arc<DirInfo> {
-        let info = DirInfo {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            parent,
-            root,
-            path,
-        };
-        self.visitor.dir(&info, st);
-        Arc::new(info)
-    }
-
-    /// Open the subdirectory `name` of `parent` and read it. Runs as its
-    /// own task, so only directories being read (and the parents of
-    /// subdirectories still waiting) hold a descriptor.
-    fn open<'s>(
-        &'s self,
-        s: &rayon::Scope<'s>,
-        parent: Arc<OwnedFd>,
-        pinfo: Arc<DirInfo>,
-        name: CString,
-    ) {
-        if self.stopped() {
-            return;
-        }
-        let path = pinfo.path.join(OsStr::from_bytes(name.to_bytes()));
-        let opened = open_dir(parent.as_fd(), name.to_bytes());
-        drop(parent);
-        match opened {
-            Ok((sub, st)) => {
-                let child = self.new_dir(Some(pinfo.id), pinfo.root, path, &st);
-                drop(pinfo);
-                self.read(s, sub, child);
-            }
-            Err(e) => self
-                .visitor
-                .error(Error::from_errno(self.op, e).with_src(path)),
-        }
-    }
-
-    /// Read the directory `fd`, spawning a task per subdirectory and per
-    /// batch of other entries.
-    fn read<'s>(&'s self, s: &rayon::Scope<'s>, fd: OwnedFd, info: Arc<DirInfo>) {
-        let fd = Arc::new(fd);
-        let mut dir = match Dir::read_from(&*fd) {
-            Ok(d) => d,
+            Ok((fd, st)) => self.new_dir(None, root, path.to_path_buf(), fd, &st),
             Err(e) => {
-                return self
-                    .visitor
-                    .error(Error::from_errno(self.op, e).with_src(&info.path))
+                self.visitor.error(err(e));
+                None
             }
-        };
-        let mut batch: Vec<(CString, Option<FileType>)> = Vec::new();
-        for item in dir.by_ref() {
-            if self.stopped() {
-                return;
+        }
+    }
+
+    fn open(&self, parent: &Arc<ScanDir>, name: &CStr) -> Option<Arc<ScanDir>> {
+        let path = parent.info.path.join(OsStr::from_bytes(name.to_bytes()));
+        match open_dir(parent.fd.as_fd(), name.to_bytes()) {
+            Ok((fd, st)) => self.new_dir(Some(parent.info.id), parent.info.root, path, fd, &st),
+            Err(e) => {
+                self.visitor
+                    .error(Error::from_errno(self.op, e).with_src(path));
+                None
             }
-            let e = match item {
-                Ok(e) => e,
-                Err(e) => {
-                    self.visitor
-                        .error(Error::from_errno(self.op, e).with_src(&info.path));
-                    break;
-                }
+        }
+    }
+
+    fn reader<'d>(&self, dir: &'d ScanDir) -> &'d Mutex<Option<Dir>> {
+        &dir.reader
+    }
+
+    fn read_failed(&self, dir: &ScanDir, e: Errno) {
+        self.visitor
+            .error(Error::from_errno(self.op, e).with_src(&dir.info.path));
+    }
+
+    fn entry(&self, dir: &Arc<ScanDir>, name: &CStr, mut ft: FileType) -> Next {
+        if ft == FileType::Unknown {
+            ft = match fs::statat(&dir.fd, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => FileType::from_raw_mode(st.st_mode),
+                Err(_) => FileType::Unknown,
             };
-            let name = e.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let mut ft = e.file_type();
-            if ft == FileType::Unknown {
-                ft = match fs::statat(&*fd, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
-                    Ok(st) => FileType::from_raw_mode(st.st_mode),
-                    Err(_) => FileType::Unknown,
-                };
-            }
-            if ft == FileType::Directory {
-                let (parent, pinfo, name) = (Arc::clone(&fd), Arc::clone(&info), name.to_owned());
-                s.spawn(move |s| self.open(s, parent, pinfo, name));
-                continue;
-            }
-            batch.push((name.to_owned(), (ft != FileType::Unknown).then_some(ft)));
-            if batch.len() == BATCH {
-                self.spawn_batch(s, &fd, &info, std::mem::take(&mut batch));
-            }
         }
-        // The last batch runs here: this task is done reading anyway.
-        self.visit_batch(&fd, &info, batch);
+        if ft == FileType::Directory {
+            return Next::Descend;
+        }
+        self.visit(Entry {
+            dir: Some(&dir.info),
+            root: dir.info.root,
+            dirfd: dir.fd.as_fd(),
+            name,
+            path: dir.info.path.join(OsStr::from_bytes(name.to_bytes())),
+            file_type: (ft != FileType::Unknown).then_some(ft),
+        });
+        Next::Done
     }
 
-    fn spawn_batch<'s>(
-        &'s self,
-        s: &rayon::Scope<'s>,
-        fd: &Arc<OwnedFd>,
-        info: &Arc<DirInfo>,
-        batch: Vec<(CString, Option<FileType>)>,
-    ) {
-        let (fd, info) = (Arc::clone(fd), Arc::clone(info));
-        s.spawn(move |_| self.visit_batch(&fd, &info, batch));
+    fn finish(&self, _: ScanDir) -> Option<Arc<ScanDir>> {
+        None
     }
 
-    fn visit_batch(&self, fd: &OwnedFd, info: &DirInfo, batch: Vec<(CString, Option<FileType>)>) {
-        for (name, file_type) in &batch {
-            if self.stopped() {
-                return;
-            }
-            self.visit(Entry {
-                dir: Some(info),
-                root: info.root,
-                dirfd: fd.as_fd(),
-                name,
-                path: info.path.join(OsStr::from_bytes(name.to_bytes())),
-                file_type: *file_type,
-            });
-        }
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.run.cancelled()
     }
 }
 
