@@ -1,6 +1,6 @@
 //! Reclaim the space of identical files, safely: plan, then execute.
 //!
-//! [`plan`] walks the paths in parallel ([`crate::scan`]) and narrows
+//! [`plan`] walks the paths in parallel (the walker, `crate::walk`) and narrows
 //! candidates step by step, each step cheaper than the next: same
 //! filesystem and size (≥ `min_size`); files that already share all their
 //! blocks with each other (FIEMAP: same logical → physical runs, all

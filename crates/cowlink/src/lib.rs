@@ -38,7 +38,7 @@
 //!   scan of the inspection features;
 //! - features: [`clone`](clone_file) (whole file and range),
 //!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
-//!   [`usage`] (true disk usage), [`dedupe`], [`store`]
+//!   [`usage`](mod@usage) (true disk usage), [`dedupe`], [`store`]
 //!   (content-addressed store), [`probe`] (capabilities).
 //!
 //! Linux only.

@@ -2,7 +2,7 @@
 //! exclusive, what is shared inside the set, what is shared with files
 //! outside it, and how much sharing saves.
 //!
-//! The walk ([`crate::scan`]) maps every regular file with FIEMAP (without
+//! The walk (the walker, `crate::walk`) maps every regular file with FIEMAP (without
 //! forcing writeback) in parallel. Extents flagged shared are collected as
 //! physical ranges per device; a sweep over their boundaries then finds,
 //! for every piece of disk, how many references to it lie inside each

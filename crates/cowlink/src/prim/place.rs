@@ -283,7 +283,7 @@ pub(crate) fn looks_complete(src: &fs::Stat, dst: &fs::Stat) -> bool {
         && (dst.st_mtime, dst.st_mtime_nsec) == (src.st_mtime, src.st_mtime_nsec)
 }
 
-/// [`looks_complete`] by path, for a single file: `src` followed, `dst`
+/// `looks_complete` by path, for a single file: `src` followed, `dst`
 /// not. False when either cannot be read.
 pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
     match (fs::stat(src.as_ref()), fs::lstat(dst.as_ref())) {

@@ -75,7 +75,7 @@ pub struct GcReport {
 pub struct StoreStats {
     /// Distinct objects.
     pub objects: u64,
-    /// Extra physical generations (see [`LinkMode`]).
+    /// Extra physical generations (see [`LinkMode`](crate::LinkMode)).
     pub generations: u64,
     /// Sum of the distinct objects' sizes.
     pub object_bytes: u64,
