@@ -1,25 +1,23 @@
-//! `cowlink bench`: measure, on the user's own volume, copy vs clone vs
-//! hardlink, small-file metadata speed, and large-file writer strategies,
-//! then say which method to use here.
+//! `cowlink bench`: the library's [`cowlink::bench`] measures, on the
+//! user's own volume, copy vs clone vs hardlink, small-file metadata speed
+//! and large-file writer strategies, and decides; this module renders the
+//! report (table, JSON, SVG chart) and words the verdict.
 
-use std::fs::{self, File};
-use std::io::{BufWriter, Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use cowlink::{clone_file, CancelToken, CloneOptions, PreallocWriter, Reflink};
-use serde::Serialize;
+use cowlink::bench::{
+    self, Advice, BenchOptions, BenchReport, Latency, Level, SizeRow, Stage, Verdict, WriterAdvice,
+};
+use cowlink::Run;
 
 use crate::out::errln;
 use crate::progress::Spinner;
 use crate::{human_bytes, Exit};
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
 
 /// Measure what to use on this volume: copy, clone or hardlink.
 ///
@@ -68,190 +66,45 @@ pub struct BenchArgs {
     svg: Option<PathBuf>,
 }
 
-/// Workload sizes for a run level.
-struct Plan {
-    sizes: Vec<u64>,
-    copies: usize,
-    meta_files: usize,
-    writer_files: usize,
-    writer_file_size: u64,
-}
-
-impl Plan {
-    fn new(quick: bool, full: bool) -> Plan {
-        let mut sizes = vec![0, 1, KIB, 16 * KIB, 256 * KIB, MIB, 16 * MIB];
-        if full {
-            sizes.extend([256 * MIB, 1024 * MIB]);
-        }
-        match (quick, full) {
-            (true, _) => Plan {
-                sizes,
-                copies: 5,
-                meta_files: 2000,
-                writer_files: 2,
-                writer_file_size: 8 * MIB,
-            },
-            (_, true) => Plan {
-                sizes,
-                copies: 10,
-                meta_files: 10_000,
-                writer_files: 4,
-                writer_file_size: 64 * MIB,
-            },
-            _ => Plan {
-                sizes,
-                copies: 15,
-                meta_files: 10_000,
-                writer_files: 2,
-                writer_file_size: 32 * MIB,
-            },
-        }
-    }
-}
-
-/// Latency of one operation over N runs, in microseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Latency {
-    median_us: f64,
-    min_us: f64,
-    max_us: f64,
-}
-
-impl Latency {
-    fn of(mut v: Vec<Duration>) -> Latency {
-        v.sort();
-        let us = |d: Duration| d.as_secs_f64() * 1e6;
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            us(v[n / 2])
-        } else {
-            (us(v[n / 2 - 1]) + us(v[n / 2])) / 2.0
-        };
-        Latency {
-            median_us: median,
-            min_us: us(v[0]),
-            max_us: us(v[n - 1]),
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct SizeRow {
-    bytes: u64,
-    copies: usize,
-    copy: Latency,
-    clone: Option<Latency>,
-    hardlink: Latency,
-    /// copy median / clone median.
-    copy_vs_clone: Option<f64>,
-    /// clone median / hardlink median.
-    clone_vs_hardlink: Option<f64>,
-}
-
-#[derive(Debug, Serialize)]
-struct Metadata {
-    files: usize,
-    create_per_s: f64,
-    stat_per_s: f64,
-    read_per_s: f64,
-    delete_per_s: f64,
-}
-
-#[derive(Debug, Serialize)]
-struct WriterRow {
-    strategy: &'static str,
-    writers: usize,
-    files: usize,
-    bytes: u64,
-    /// Writing and syncing, MB/s (10^6 bytes).
-    write_mb_per_s: f64,
-    /// Fragments per file (FIEMAP), when the filesystem reports extents.
-    fragments_per_file: Option<f64>,
-    /// Reading every file back after dropping its cached pages, MB/s.
-    readback_mb_per_s: f64,
-}
-
-#[derive(Debug, Serialize)]
-struct ReflinkWorks {
-    works: bool,
-    reason: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct Verdict {
-    /// "clone" or "copy".
-    method: &'static str,
-    why: String,
-    writers: String,
-}
-
-#[derive(Debug, Serialize)]
-struct Report {
-    dir: PathBuf,
-    filesystem: String,
-    reflink: ReflinkWorks,
-    sizes: Vec<SizeRow>,
-    metadata: Metadata,
-    writers: Vec<WriterRow>,
-    verdict: Verdict,
-    elapsed_s: f64,
-}
-
-/// Where the run stands, for the progress line.
-#[derive(Default)]
-struct Stage(Mutex<String>);
-
-impl Stage {
-    fn set(&self, s: impl Into<String>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = s.into();
-    }
-    fn get(&self) -> String {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// Removes the work directory however the run ends.
-struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Run `cowlink bench`.
 pub fn run(args: BenchArgs) -> Result<Exit> {
-    let start = Instant::now();
     let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-    let meta = fs::metadata(&dir).with_context(|| format!("cannot use '{}'", dir.display()))?;
-    if !meta.is_dir() {
-        bail!("'{}' is not a directory", dir.display());
-    }
-    let plan = Plan::new(args.quick, args.full);
-    let work = WorkDir(dir.join(format!(".cowlink-bench-{}", std::process::id())));
-    fs::create_dir(&work.0)
-        .with_context(|| format!("cannot create a work directory in '{}'", dir.display()))?;
-    // Ctrl-C cancels the process's token (see `interrupt`): the current
-    // workload stops at its next check and the work directory is removed.
-    let stop = crate::interrupt::token();
-    let stage = Arc::new(Stage::default());
+    let options = BenchOptions {
+        level: match (args.quick, args.full) {
+            (true, _) => Level::Quick,
+            (_, true) => Level::Full,
+            _ => Level::Standard,
+        },
+        // Ctrl-C cancels the process's token (see `interrupt`): the current
+        // workload stops at its next check and the work directory is removed.
+        run: Run::default().with_cancel(crate::interrupt::token()),
+    };
+    let stage = Arc::new(Mutex::new(String::new()));
     let s2 = Arc::clone(&stage);
-    let bar = Spinner::start(!args.json, move || s2.get());
-    let result = crate::interrupt::graceful(|| measure(&work.0, &dir, &plan, &stage, &stop));
+    let bar = Spinner::start(!args.json, move || {
+        s2.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    });
+    let result = crate::interrupt::graceful(|| {
+        bench::bench(&dir, &options, &|s| {
+            *stage.lock().unwrap_or_else(|e| e.into_inner()) = describe(s);
+        })
+    });
     bar.finish();
-    drop(work);
-    if stop.is_cancelled() {
+    if crate::interrupt::interrupted() {
         errln!("cowlink: interrupted; removed the work directory");
         return Ok(Exit::Interrupted);
     }
-    let mut report = result?;
-    report.elapsed_s = start.elapsed().as_secs_f64();
+    let report = result?;
     if let Some(svg) = &args.svg {
         draw_svg(svg, &report).with_context(|| format!("cannot write '{}'", svg.display()))?;
     }
     if args.json {
+        // The report as the library gives it, plus the verdict in words.
+        let mut v = serde_json::to_value(&report)?;
+        v["verdict"]["why"] = why(&report.verdict).into();
+        v["verdict"]["writers_why"] = report.verdict.writers.map(writers_why).into();
         let mut out = crate::out::stdout();
-        serde_json::to_writer_pretty(&mut out, &report)?;
+        serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
     } else {
         print_text(&report)?;
@@ -259,360 +112,61 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-fn check(stop: &CancelToken) -> Result<()> {
-    if stop.is_cancelled() {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-/// Deterministic, incompressible bytes.
-fn fill(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+fn describe(s: Stage) -> String {
+    match s {
+        Stage::Probe => "probing reflink".into(),
+        Stage::Sizes(n) => format!("copy vs clone vs hardlink: {}", human_bytes(n)),
+        Stage::Metadata(n) => format!("metadata: {n} small files"),
+        Stage::Writers(w) => format!("4 writers: {}", w.name()),
     }
 }
 
-fn write_source(path: &Path, size: u64) -> Result<()> {
-    let mut f = File::create(path)?;
-    let mut buf = vec![0u8; (size.min(MIB)) as usize];
-    let mut left = size;
-    let mut seed = size + 1;
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        fill(&mut buf[..n], seed);
-        f.write_all(&buf[..n])?;
-        left -= n as u64;
-        seed += 1;
-    }
-    f.sync_all()?;
-    Ok(())
-}
-
-fn measure(
-    work: &Path,
-    dir: &Path,
-    plan: &Plan,
-    stage: &Stage,
-    stop: &CancelToken,
-) -> Result<Report> {
-    stage.set("probing reflink");
-    let facts = cowlink::probe::filesystem(work)?;
-    let works = facts.reflink.is_yes();
-    let reflink = ReflinkWorks {
-        works,
-        reason: facts.reflink.reason().map(str::to_owned),
-    };
-    let filesystem = facts.kind.to_string();
-
-    // 1. copy vs clone vs hardlink per size.
-    let mut sizes = Vec::new();
-    let copy_opts = CloneOptions {
-        reflink: Reflink::Never,
-        ..Default::default()
-    };
-    let clone_opts = CloneOptions {
-        reflink: Reflink::Always,
-        ..Default::default()
-    };
-    for &size in &plan.sizes {
-        stage.set(format!("copy vs clone vs hardlink: {}", human_bytes(size)));
-        let src = work.join(format!("src-{size}"));
-        write_source(&src, size)?;
-        let dst = work.join("dst");
-        let time = |op: &dyn Fn() -> Result<()>| -> Result<Latency> {
-            let mut v = Vec::with_capacity(plan.copies);
-            for _ in 0..plan.copies {
-                check(stop)?;
-                let t = Instant::now();
-                op()?;
-                v.push(t.elapsed());
-                fs::remove_file(&dst)?;
-            }
-            Ok(Latency::of(v))
-        };
-        let copy = time(&|| {
-            clone_file(&src, &dst, &copy_opts)
-                .map(drop)
-                .map_err(Into::into)
-        })?;
-        let clone = if works {
-            Some(time(&|| {
-                clone_file(&src, &dst, &clone_opts)
-                    .map(drop)
-                    .map_err(Into::into)
-            })?)
-        } else {
-            None
-        };
-        let hardlink = time(&|| fs::hard_link(&src, &dst).map_err(Into::into))?;
-        fs::remove_file(&src)?;
-        sizes.push(SizeRow {
-            bytes: size,
-            copies: plan.copies,
-            copy,
-            clone,
-            hardlink,
-            copy_vs_clone: clone.map(|c| copy.median_us / c.median_us),
-            clone_vs_hardlink: clone.map(|c| c.median_us / hardlink.median_us),
-        });
-    }
-
-    // 2. metadata-heavy small files.
-    stage.set(format!("metadata: {} small files", plan.meta_files));
-    let metadata = metadata_workload(&work.join("meta"), plan.meta_files, stop)?;
-
-    // 3. concurrent large-file writers.
-    let mut writers = Vec::new();
-    for strategy in Strategy::ALL {
-        check(stop)?;
-        stage.set(format!("4 writers: {}", strategy.name()));
-        writers.push(writer_workload(
-            &work.join(strategy.name()),
-            strategy,
-            plan,
-            stop,
-        )?);
-    }
-
-    let verdict = verdict(&reflink, &sizes, &writers);
-    Ok(Report {
-        dir: dir.to_path_buf(),
-        filesystem,
-        reflink,
-        sizes,
-        metadata,
-        writers,
-        verdict,
-        elapsed_s: 0.0,
-    })
-}
-
-fn metadata_workload(dir: &Path, n: usize, stop: &CancelToken) -> Result<Metadata> {
-    fs::create_dir(dir)?;
-    let names: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("f{i:05}.o"))).collect();
-    let mut body = [0u8; 100];
-    fill(&mut body, 7);
-    let rate = |t: Instant| n as f64 / t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for p in &names {
-        File::create(p)?.write_all(&body)?;
-    }
-    let create_per_s = rate(t);
-    check(stop)?;
-    let t = Instant::now();
-    for p in &names {
-        fs::metadata(p)?;
-    }
-    let stat_per_s = rate(t);
-    let t = Instant::now();
-    let mut buf = Vec::with_capacity(128);
-    for p in &names {
-        buf.clear();
-        File::open(p)?.read_to_end(&mut buf)?;
-    }
-    let read_per_s = rate(t);
-    check(stop)?;
-    let t = Instant::now();
-    for p in &names {
-        fs::remove_file(p)?;
-    }
-    let delete_per_s = rate(t);
-    fs::remove_dir(dir)?;
-    Ok(Metadata {
-        files: n,
-        create_per_s,
-        stat_per_s,
-        read_per_s,
-        delete_per_s,
-    })
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Strategy {
-    Small,
-    Large,
-    PreallocSmall,
-    PreallocLarge,
-}
-
-impl Strategy {
-    const ALL: [Strategy; 4] = [
-        Strategy::Small,
-        Strategy::Large,
-        Strategy::PreallocSmall,
-        Strategy::PreallocLarge,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Strategy::Small => "small-8k",
-            Strategy::Large => "buffered-1m",
-            Strategy::PreallocSmall => "prealloc+small-8k",
-            Strategy::PreallocLarge => "prealloc+buffered-1m",
-        }
-    }
-
-    fn chunk(self) -> usize {
-        match self {
-            Strategy::Small | Strategy::PreallocSmall => 8 * KIB as usize,
-            Strategy::Large | Strategy::PreallocLarge => MIB as usize,
-        }
-    }
-}
-
-/// Write one file of `size` bytes from `data` (cycled) with `strategy`.
-fn write_one(path: &Path, size: u64, strategy: Strategy, data: &[u8]) -> Result<()> {
-    let chunk = strategy.chunk();
-    let mut left = size;
-    let mut pos = 0usize;
-    let mut next = |w: &mut dyn Write| -> Result<()> {
-        while left > 0 {
-            let n = (left as usize).min(chunk).min(data.len() - pos);
-            w.write_all(&data[pos..pos + n])?;
-            pos = (pos + n) % data.len();
-            left -= n as u64;
-        }
-        Ok(())
-    };
-    match strategy {
-        Strategy::Small => next(&mut File::create(path)?),
-        Strategy::Large => {
-            let mut w = BufWriter::with_capacity(chunk, File::create(path)?);
-            next(&mut w)?;
-            w.flush().map_err(Into::into)
-        }
-        Strategy::PreallocSmall | Strategy::PreallocLarge => {
-            let mut w = PreallocWriter::create(path, size)?;
-            next(&mut w)?;
-            w.finish().map(drop).map_err(Into::into)
-        }
-    }
-}
-
-fn writer_workload(
-    dir: &Path,
-    strategy: Strategy,
-    plan: &Plan,
-    stop: &CancelToken,
-) -> Result<WriterRow> {
-    const WRITERS: usize = 4;
-    fs::create_dir(dir)?;
-    let mut data = vec![0u8; 4 * MIB as usize];
-    fill(&mut data, 11);
-    let size = plan.writer_file_size;
-    let t = Instant::now();
-    let results: Vec<Result<Vec<PathBuf>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                let data = &data;
-                s.spawn(move || -> Result<Vec<PathBuf>> {
-                    let mut paths = Vec::new();
-                    for f in 0..plan.writer_files {
-                        check(stop)?;
-                        let p = dir.join(format!("w{w}-f{f}"));
-                        write_one(&p, size, strategy, data)?;
-                        paths.push(p);
-                    }
-                    Ok(paths)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| bail!("a writer thread panicked"))
-            })
-            .collect()
-    });
-    let mut paths = Vec::new();
-    for r in results {
-        paths.extend(r?);
-    }
-    rustix::fs::syncfs(File::open(dir)?)?;
-    let write_s = t.elapsed().as_secs_f64();
-    let bytes = size * paths.len() as u64;
-    let frags: Option<Vec<u64>> = paths
-        .iter()
-        .map(|p| cowlink::extents::extents(p).ok().map(|l| l.fragments))
-        .collect();
-    // Read back with the cache dropped (pages are clean after syncfs).
-    let t = Instant::now();
-    let mut buf = vec![0u8; MIB as usize];
-    for p in &paths {
-        check(stop)?;
-        let mut f = File::open(p)?;
-        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
-        let mut h = blake3::Hasher::new();
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        std::hint::black_box(h.finalize());
-    }
-    let read_s = t.elapsed().as_secs_f64();
-    fs::remove_dir_all(dir)?;
-    Ok(WriterRow {
-        strategy: strategy.name(),
-        writers: WRITERS,
-        files: paths.len(),
-        bytes,
-        write_mb_per_s: bytes as f64 / 1e6 / write_s,
-        fragments_per_file: frags.map(|f| f.iter().sum::<u64>() as f64 / f.len().max(1) as f64),
-        readback_mb_per_s: bytes as f64 / 1e6 / read_s,
-    })
-}
-
-fn verdict(reflink: &ReflinkWorks, sizes: &[SizeRow], writers: &[WriterRow]) -> Verdict {
-    let at16 = sizes.iter().find(|r| r.bytes == 16 * MIB);
-    let (method, why) = match at16 {
-        Some(SizeRow { copy_vs_clone: Some(cc), clone_vs_hardlink: Some(ch), .. }) => (
-            "clone",
-            format!(
-                "clone: {cc:.0}× faster than copy at 16 MiB, {ch:.1}× {} hardlink but safe \
-                 (a write to a clone never reaches the original; a hardlink is the same file)",
-                if *ch >= 1.0 { "slower than" } else { "the time of" }
-            ),
+/// The verdict's method advice in words.
+fn why(v: &Verdict) -> String {
+    let at = v
+        .basis_bytes
+        .map_or_else(String::new, |b| format!(" at {}", size(b)));
+    match (v.method, v.copy_vs_clone, v.clone_vs_hardlink) {
+        (Advice::Clone, Some(cc), Some(ch)) => format!(
+            "clone: {cc:.0}× faster than copy{at}, {ch:.1}× {} hardlink but safe \
+             (a write to a clone never reaches the original; a hardlink is the same file)",
+            if ch >= 1.0 { "slower than" } else { "the time of" }
         ),
-        Some(r) => (
-            "copy",
-            format!(
-                "copy: reflink does not work here ({}); a hardlink is {:.0}× faster than a copy at 16 MiB \
-                 but write-through (a write through one name changes every name): use it only for files nobody writes",
-                reflink.reason.as_deref().unwrap_or("no reason given"),
-                r.copy.median_us / r.hardlink.median_us
-            ),
+        _ if v.basis_bytes.is_none() => format!(
+            "copy: no {} measurement to compare with",
+            size(bench::REFERENCE_SIZE)
         ),
-        None => ("copy", "no 16 MiB measurement".into()),
-    };
-    let get = |s: Strategy| writers.iter().find(|w| w.strategy == s.name());
-    let writers = match (get(Strategy::Small), get(Strategy::PreallocLarge)) {
-        (Some(a), Some(b)) => {
-            let frag = match (a.fragments_per_file, b.fragments_per_file) {
-                (Some(x), Some(y)) => format!("fragments per file {x:.2} → {y:.2}, "),
-                _ => String::new(),
-            };
-            format!(
-                "preallocated 1 MiB writes vs unbuffered 8 KiB writes: {frag}write {:.2}×, read-back {:.2}×",
-                b.write_mb_per_s / a.write_mb_per_s,
-                b.readback_mb_per_s / a.readback_mb_per_s
-            )
-        }
+        (_, Some(cc), _) if v.reflink_reason.is_none() => format!(
+            "copy: a clone measured {:.1}× slower than a copy{at} here",
+            1.0 / cc
+        ),
+        _ => format!(
+            "copy: reflink does not work here ({}); a hardlink is {:.0}× faster than a copy{at} \
+             but write-through (a write through one name changes every name): use it only for files nobody writes",
+            v.reflink_reason.as_deref().unwrap_or("no reason given"),
+            v.copy_vs_hardlink.unwrap_or(0.0)
+        ),
+    }
+}
+
+/// A workload size: whole MiB as such ("16 MiB"), anything else as usual.
+fn size(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => human_bytes(b),
+    }
+}
+
+/// The writer comparison in words.
+fn writers_why(w: WriterAdvice) -> String {
+    let frag = match (w.fragments_small, w.fragments_prealloc) {
+        (Some(x), Some(y)) => format!("fragments per file {x:.2} → {y:.2}, "),
         _ => String::new(),
     };
-    Verdict {
-        method,
-        why,
-        writers,
-    }
+    format!(
+        "preallocated 1 MiB writes vs unbuffered 8 KiB writes: {frag}write {:.2}×, read-back {:.2}×",
+        w.write_ratio, w.readback_ratio
+    )
 }
 
 fn us(v: f64) -> String {
@@ -623,7 +177,7 @@ fn us(v: f64) -> String {
     }
 }
 
-fn print_text(r: &Report) -> Result<()> {
+fn print_text(r: &BenchReport) -> Result<()> {
     let mut out = crate::out::stdout();
     writeln!(
         out,
@@ -683,7 +237,7 @@ fn print_text(r: &Report) -> Result<()> {
     ]);
     for w in &r.writers {
         t.add_row([
-            w.strategy.to_string(),
+            w.strategy.name().to_string(),
             format!(
                 "{} × {}",
                 w.files,
@@ -696,20 +250,20 @@ fn print_text(r: &Report) -> Result<()> {
         ]);
     }
     writeln!(out, "\n3. 4 concurrent writers\n{t}")?;
-    writeln!(
-        out,
-        "\n4. verdict: use {}\n   {}",
-        r.verdict.method, r.verdict.why
-    )?;
-    if !r.verdict.writers.is_empty() {
-        writeln!(out, "   {}", r.verdict.writers)?;
+    let method = match r.verdict.method {
+        Advice::Clone => "clone",
+        Advice::Copy => "copy",
+    };
+    writeln!(out, "\n4. verdict: use {method}\n   {}", why(&r.verdict))?;
+    if let Some(w) = r.verdict.writers {
+        writeln!(out, "   {}", writers_why(w))?;
     }
     writeln!(out, "\n({:.1} s)", r.elapsed_s)?;
     Ok(())
 }
 
 /// Median latency per size, one series per method, log–log.
-fn draw_svg(path: &Path, r: &Report) -> Result<()> {
+fn draw_svg(path: &Path, r: &BenchReport) -> Result<()> {
     use plotters::prelude::*;
     let pts = |f: &dyn Fn(&SizeRow) -> Option<f64>| -> Vec<(f64, f64)> {
         // Log scales cannot show 0 bytes: the chart starts at 1 byte.

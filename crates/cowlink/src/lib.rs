@@ -39,7 +39,8 @@
 //! - features: [`clone`](clone_file) (whole file and range),
 //!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
 //!   [`usage`](mod@usage) (true disk usage), [`dedupe`], [`store`]
-//!   (content-addressed store), [`probe`] (capabilities).
+//!   (content-addressed store), [`probe`] (capabilities), [`bench`](mod@bench)
+//!   (what to use on a volume).
 //!
 //! Linux only.
 #![deny(missing_docs)]
@@ -48,6 +49,7 @@ mod ground;
 mod prim;
 mod walk;
 
+pub mod bench;
 mod clone;
 pub mod dedupe;
 pub mod extents;

@@ -156,6 +156,8 @@ pub enum Operation {
     Manifest,
     /// Writing a new file (`PreallocWriter`).
     Write,
+    /// Measuring the volume (`bench`).
+    Bench,
 }
 
 impl Operation {
@@ -173,6 +175,7 @@ impl Operation {
             Operation::Materialize => "materialize",
             Operation::Manifest => "read manifest",
             Operation::Write => "write",
+            Operation::Bench => "measure in",
         }
     }
 }
@@ -210,6 +213,15 @@ impl Error {
         Error {
             errno: Some(errno),
             ..Error::new(op, classify(errno))
+        }
+    }
+
+    /// An error from a standard-library I/O error: its errno when it has
+    /// one, else [`ErrorKind::Io`] with the error's text as the reason.
+    pub fn from_io(op: Operation, e: &io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(n) => Error::from_errno(op, Errno::from_raw_os_error(n)),
+            None => Error::new(op, ErrorKind::Io).with_reason(e.to_string()),
         }
     }
 
