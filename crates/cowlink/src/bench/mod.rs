@@ -1,6 +1,6 @@
 //! Measure, on a volume, what to use there: copy, clone or hardlink.
 //!
-//! [`bench`] runs three workloads inside a temporary directory that is
+//! [`bench`](fn@bench) runs three workloads inside a temporary directory that is
 //! removed however the run ends (also on cancel):
 //!
 //! 1. copy vs clone vs hardlink of one source per file size (0 B to

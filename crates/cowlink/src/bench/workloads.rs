@@ -1,4 +1,4 @@
-//! The three measurements of [`bench`](super::bench), each in its own
+//! The three measurements of [`bench`](fn@super::bench), each in its own
 //! subdirectory of the work directory, each checking for a cancel between
 //! operations.
 
