@@ -85,7 +85,7 @@ impl Plan {
     }
 }
 
-/// Options for [`bench`].
+/// Options for [`bench`](fn@bench).
 #[derive(Debug, Clone, Default)]
 pub struct BenchOptions {
     /// How much to measure.
