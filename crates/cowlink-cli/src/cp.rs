@@ -2,13 +2,13 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, Action, SkipReason, TreeEvent, TreeOptions};
+use cowlink::tree::{copy_tree, Action, SkipReason, Tally, TreeEvent, TreeOptions};
 use cowlink::Run;
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
@@ -219,33 +219,16 @@ struct Summary {
     cancelled: bool,
 }
 
-/// Live counters, shared by the worker threads and the progress bar.
-#[derive(Default)]
-struct Live {
-    files: AtomicU64,
-    dirs: AtomicU64,
-    symlinks: AtomicU64,
-    hardlinks: AtomicU64,
-    specials: AtomicU64,
-    bytes: AtomicU64,
-    cloned: AtomicU64,
-    copied: AtomicU64,
-    skipped: AtomicU64,
-    failed: AtomicU64,
-}
-
-fn add(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
 /// Everything that prints: verbose lines, errors, JSON records, progress.
-/// Called from worker threads, hence the atomics and the lock on output.
+/// Called from worker threads, hence the lock on output. Counting is the
+/// library's: tree copies count into `tally` themselves, and `copy_one`
+/// counts what it does outside a tree.
 struct Reporter {
     options: CloneOptions,
     verbose: bool,
     json: bool,
     recursive: bool,
-    live: Live,
+    tally: Arc<Tally>,
     /// Whether a JSON record was written yet (for the commas).
     wrote_record: AtomicBool,
     out: Mutex<std::io::Stdout>,
@@ -290,7 +273,6 @@ impl Reporter {
 
     /// An existing destination kept (`-n`, or `--resume` found it complete).
     fn skipped(&self, src: &Path, dst: &Path, reason: SkipReason) {
-        add(&self.live.skipped, 1);
         if self.verbose {
             let why = match reason {
                 SkipReason::Complete => "already complete",
@@ -309,16 +291,6 @@ impl Reporter {
         if o.method == Method::Skipped {
             return self.skipped(src, dst, SkipReason::Exists);
         }
-        add(&self.live.files, 1);
-        add(&self.live.bytes, o.bytes);
-        add(
-            if o.method == Method::Reflink {
-                &self.live.cloned
-            } else {
-                &self.live.copied
-            },
-            1,
-        );
         if self.verbose {
             let took = elapsed
                 .map(|d| format!(" in {}", human_duration(d)))
@@ -357,7 +329,6 @@ impl Reporter {
     }
 
     fn failed(&self, src: &Path, dst: &Path, e: &Error) {
-        add(&self.live.failed, 1);
         self.eprint(&format!("cowlink: {e}{}", self.hint(e)));
         self.record(&Record {
             error: Some(e.clone()),
@@ -383,46 +354,28 @@ impl Reporter {
     fn tree_event(&self, ev: &TreeEvent<'_>, root: (&Path, &Path)) {
         match *ev {
             TreeEvent::File { src, dst, outcome } => self.done(src, dst, outcome, None),
-            TreeEvent::Dir { src, dst } => {
-                add(&self.live.dirs, 1);
-                self.other(src, dst, "dir", "directory", false);
-            }
+            TreeEvent::Dir { src, dst } => self.other(src, dst, "dir", "directory", false),
             TreeEvent::Symlink { src, dst } => {
-                add(&self.live.symlinks, 1);
-                self.other(src, dst, "symlink", "symbolic link", false);
+                self.other(src, dst, "symlink", "symbolic link", false)
             }
             TreeEvent::Hardlink { src, dst } => {
-                add(&self.live.hardlinks, 1);
-                self.other(src, dst, "hardlink", "hardlinked to an earlier copy", false);
+                self.other(src, dst, "hardlink", "hardlinked to an earlier copy", false)
             }
             TreeEvent::Special { src, dst, .. } => {
-                add(&self.live.specials, 1);
-                self.other(src, dst, "special", "special file recreated", false);
+                self.other(src, dst, "special", "special file recreated", false)
             }
             TreeEvent::Planned {
                 src,
                 dst,
                 ref action,
             } => {
-                let (kind, words, counter) = match action {
-                    Action::Dir => ("dir", "directory".to_string(), &self.live.dirs),
-                    Action::File { bytes } => {
-                        add(&self.live.bytes, *bytes);
-                        (
-                            "file",
-                            format!("file, {}", human_bytes(*bytes)),
-                            &self.live.files,
-                        )
-                    }
-                    Action::Symlink => ("symlink", "symbolic link".into(), &self.live.symlinks),
-                    Action::Hardlink => ("hardlink", "hardlink".into(), &self.live.hardlinks),
-                    Action::Special { kind } => (
-                        "special",
-                        format!("special file ({kind:?})"),
-                        &self.live.specials,
-                    ),
+                let (kind, words) = match action {
+                    Action::Dir => ("dir", "directory".to_string()),
+                    Action::File { bytes } => ("file", format!("file, {}", human_bytes(*bytes))),
+                    Action::Symlink => ("symlink", "symbolic link".into()),
+                    Action::Hardlink => ("hardlink", "hardlink".into()),
+                    Action::Special { kind } => ("special", format!("special file ({kind:?})")),
                 };
-                add(counter, 1);
                 self.other(src, dst, kind, &words, true);
             }
             TreeEvent::Skipped { src, dst, reason } => self.skipped(src, dst, reason),
@@ -434,19 +387,18 @@ impl Reporter {
     }
 
     fn summary(&self, elapsed: Duration, dry_run: bool, cancelled: bool) -> Summary {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let l = &self.live;
+        let t = self.tally.report();
         Summary {
-            files: g(&l.files),
-            dirs: g(&l.dirs),
-            symlinks: g(&l.symlinks),
-            hardlinks: g(&l.hardlinks),
-            specials: g(&l.specials),
-            bytes: g(&l.bytes),
-            cloned: g(&l.cloned),
-            copied: g(&l.copied),
-            skipped: g(&l.skipped),
-            failed: g(&l.failed),
+            files: t.files,
+            dirs: t.dirs,
+            symlinks: t.symlinks,
+            hardlinks: t.hardlinks,
+            specials: t.specials,
+            bytes: t.bytes,
+            cloned: t.cloned,
+            copied: t.copied,
+            skipped: t.skipped,
+            failed: t.errors,
             elapsed_ms: elapsed.as_millis() as u64,
             dry_run,
             cancelled,
@@ -455,19 +407,17 @@ impl Reporter {
 
     /// The progress bar's message: counts, bytes, rate, method mix.
     fn progress_message(&self, elapsed: Duration) -> String {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let l = &self.live;
-        let bytes = g(&l.bytes);
-        let rate = bytes as f64 / elapsed.as_secs_f64().max(0.001);
+        let t = self.tally.report();
+        let rate = t.bytes as f64 / elapsed.as_secs_f64().max(0.001);
         format!(
             "{} files, {} dirs, {} ({}/s) · {} cloned, {} copied{}",
-            g(&l.files),
-            g(&l.dirs),
-            human_bytes(bytes),
+            t.files,
+            t.dirs,
+            human_bytes(t.bytes),
             human_bytes(rate as u64),
-            g(&l.cloned),
-            g(&l.copied),
-            match g(&l.failed) {
+            t.cloned,
+            t.copied,
+            match t.errors {
                 0 => String::new(),
                 n => format!(" · {n} failed"),
             }
@@ -568,7 +518,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         verbose: args.verbose,
         json: args.json,
         recursive,
-        live: Live::default(),
+        tally: Arc::new(Tally::default()),
         wrote_record: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),
         bar,
@@ -586,6 +536,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         run: Run::default()
             .with_threads(threads)
             .with_cancel(cancel.clone()),
+        tally: Some(Arc::clone(&reporter.tally)),
     };
     let start = Instant::now();
     let finished = AtomicBool::new(false);
@@ -716,6 +667,7 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
             .with_src(src)
             .with_dst(dst)
             .with_reason("source is a directory (omitted)");
+        r.tally.failed();
         r.failed(src, dst, &e);
         return false;
     }
@@ -724,14 +676,21 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
         let mut options = r.options;
         if tree.resume {
             if cowlink::is_complete_copy(src, dst) {
+                r.tally.skipped();
                 r.skipped(src, dst, SkipReason::Complete);
                 return false;
             }
             options.overwrite = Overwrite::Replace;
         }
         match clone_file(src, dst, &options) {
-            Ok(o) => r.done(src, dst, o, Some(t.elapsed())),
-            Err(e) => r.failed(src, dst, &e),
+            Ok(o) => {
+                r.tally.file(&o);
+                r.done(src, dst, o, Some(t.elapsed()));
+            }
+            Err(e) => {
+                r.tally.failed();
+                r.failed(src, dst, &e);
+            }
         }
         return false;
     }
@@ -739,6 +698,8 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
     let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
     let result = crate::interrupt::graceful(|| copy_tree(src, dst, tree, &observer));
     if let Err(e) = result {
+        // Nothing could start: not counted by the tree.
+        r.tally.failed();
         r.failed(src, dst, &e);
     }
     is_dir

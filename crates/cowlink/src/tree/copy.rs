@@ -13,10 +13,11 @@ use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, Dir, FileType, Mode, OFlags, Stat, CWD};
 use rustix::io::Errno;
 
-use super::ctx::{bump, Counts, Ctx};
+use super::ctx::Ctx;
 use super::entry;
 use super::links::LinkTable;
 use super::node::DirNode;
+use super::tally::{Count, Tally};
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::place::Placement;
@@ -150,7 +151,7 @@ impl Copier<'_> {
                 Some(parent.clone()),
             )?
         };
-        bump(&self.ctx.counts.dirs, 1);
+        self.ctx.count(Count::Dirs, 1);
         Ok(node)
     }
 
@@ -407,7 +408,7 @@ pub fn copy_tree(
         ctx: Ctx {
             opts: options,
             observer,
-            counts: Counts::default(),
+            counts: Tally::default(),
             links: LinkTable::default(),
             root_dst: None,
         },
@@ -475,7 +476,7 @@ pub fn copy_tree(
     } else {
         TreeEvent::Dir { src, dst }
     });
-    bump(&copier.ctx.counts.dirs, 1);
+    copier.ctx.count(Count::Dirs, 1);
 
     let threads = options.run.threads_or(|| {
         let fs = copier

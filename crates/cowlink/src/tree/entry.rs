@@ -11,8 +11,9 @@ use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs::{self, AtFlags, FileType, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
 
-use super::ctx::{bump, Ctx};
+use super::ctx::Ctx;
 use super::node::DirNode;
+use super::tally::Count;
 use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::files::file_type_name;
@@ -64,7 +65,7 @@ pub(super) fn copy_single(
             if err.kind() == ErrorKind::AlreadyExists
                 && eng.opts.file.overwrite == Overwrite::Skip =>
         {
-            bump(&eng.counts.skipped, 1);
+            eng.count(Count::Skipped, 1);
             eng.emit(TreeEvent::Skipped {
                 src: &src,
                 dst: &dst,
@@ -164,8 +165,8 @@ impl Entry<'_, '_> {
         if opts.dry_run {
             let st = self.lstat()?;
             return self.maybe_hardlinked(&st, || {
-                bump(&self.eng.counts.files, 1);
-                bump(&self.eng.counts.bytes, st.st_size as u64);
+                self.eng.count(Count::Files, 1);
+                self.eng.count(Count::Bytes, st.st_size as u64);
                 self.planned(Action::File {
                     bytes: st.st_size as u64,
                 });
@@ -190,7 +191,7 @@ impl Entry<'_, '_> {
         }
         self.maybe_hardlinked(&st, || {
             if self.already_done(&st) {
-                bump(&self.eng.counts.skipped, 1);
+                self.eng.count(Count::Skipped, 1);
                 self.eng.emit(TreeEvent::Skipped {
                     src: self.src,
                     dst: self.dst,
@@ -199,15 +200,14 @@ impl Entry<'_, '_> {
                 return Ok(());
             }
             let outcome = self.clone_file(sfd.as_fd(), &st)?;
-            let c = &self.eng.counts;
-            bump(&c.files, 1);
-            bump(&c.bytes, outcome.bytes);
+            self.eng.count(Count::Files, 1);
+            self.eng.count(Count::Bytes, outcome.bytes);
             opts.run.done(1, outcome.bytes);
-            bump(
+            self.eng.count(
                 if outcome.method == Method::Reflink {
-                    &c.cloned
+                    Count::Cloned
                 } else {
-                    &c.copied
+                    Count::Copied
                 },
                 1,
             );
@@ -241,7 +241,7 @@ impl Entry<'_, '_> {
                     .as_fd();
                 self.place(|dir, name| fs::linkat(root, to, dir, name, AtFlags::empty()))?;
             }
-            bump(&self.eng.counts.hardlinks, 1);
+            self.eng.count(Count::Hardlinks, 1);
             if self.eng.opts.dry_run {
                 self.planned(Action::Hardlink);
             } else {
@@ -346,7 +346,7 @@ impl Entry<'_, '_> {
     fn symlink(&self) -> Result<(), Error> {
         let st = self.lstat()?;
         if self.eng.opts.dry_run {
-            bump(&self.eng.counts.symlinks, 1);
+            self.eng.count(Count::Symlinks, 1);
             self.planned(Action::Symlink);
             return Ok(());
         }
@@ -354,7 +354,7 @@ impl Entry<'_, '_> {
             .map_err(|e| self.source_error(e))?;
         self.place(|dir, name| fs::symlinkat(target.as_c_str(), dir, name))?;
         self.name_metadata(&st, false)?;
-        bump(&self.eng.counts.symlinks, 1);
+        self.eng.count(Count::Symlinks, 1);
         self.eng.emit(TreeEvent::Symlink {
             src: self.src,
             dst: self.dst,
@@ -372,7 +372,7 @@ impl Entry<'_, '_> {
             _ => SpecialKind::BlockDevice,
         };
         if self.eng.opts.dry_run {
-            bump(&self.eng.counts.specials, 1);
+            self.eng.count(Count::Specials, 1);
             self.planned(Action::Special { kind });
             return Ok(());
         }
@@ -385,7 +385,7 @@ impl Entry<'_, '_> {
                 _ => e,
             })?;
         self.name_metadata(&st, true)?;
-        bump(&self.eng.counts.specials, 1);
+        self.eng.count(Count::Specials, 1);
         self.eng.emit(TreeEvent::Special {
             src: self.src,
             dst: self.dst,

@@ -37,6 +37,7 @@ mod ctx;
 mod entry;
 mod links;
 mod node;
+mod tally;
 
 use std::path::Path;
 
@@ -45,6 +46,7 @@ use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
 pub use copy::copy_tree;
+pub use tally::Tally;
 
 pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
 
@@ -86,6 +88,9 @@ pub struct TreeOptions {
     ///
     /// [`Phase::Copy`]: crate::run::Phase::Copy
     pub run: crate::run::Run,
+    /// A running total to count into as well as the copy's own report:
+    /// read it while the copy runs, or share it between several copies.
+    pub tally: Option<std::sync::Arc<Tally>>,
 }
 
 impl TreeOptions {
