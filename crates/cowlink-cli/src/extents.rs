@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
-use cowlink::extents::{self, FileLayout, FileRef};
+use cowlink::extents::{self, FileLayout, FileRef, FileSharing};
 use cowlink::ErrorKind;
 use serde::Serialize;
 
@@ -71,13 +71,6 @@ struct SharedWith<'a> {
     bytes: u64,
 }
 
-#[derive(Serialize)]
-struct ErrorOut {
-    path: PathBuf,
-    kind: ErrorKind,
-    message: String,
-}
-
 /// Run `cowlink extents`.
 pub fn run(args: ExtentsArgs) -> Result<Exit> {
     let mut ok: Vec<(PathBuf, FileLayout)> = Vec::new();
@@ -122,17 +115,10 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
                 shared_with: shared_with(i, &within[i], &ok),
             })
             .collect();
-        let errs: Vec<ErrorOut> = errors
-            .iter()
-            .map(|e| ErrorOut {
-                path: e.src().map(Path::to_path_buf).unwrap_or_default(),
-                kind: e.kind(),
-                message: e.to_string(),
-            })
-            .collect();
+
         serde_json::to_writer_pretty(
             &mut out,
-            &serde_json::json!({"files": files, "errors": errs}),
+            &serde_json::json!({"files": files, "errors": errors}),
         )?;
         writeln!(out)?;
     } else {
@@ -173,20 +159,15 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
 /// bytes of this file map to each (largest first).
 fn shared_with<'a>(
     me: usize,
-    within: &[Vec<(usize, usize, u64)>],
+    within: &FileSharing,
     all: &'a [(PathBuf, FileLayout)],
 ) -> Vec<SharedWith<'a>> {
-    let mut bytes = vec![0u64; all.len()];
-    for &(f, _, b) in within.iter().flatten() {
-        bytes[f] += b;
-    }
-    let mut v: Vec<SharedWith> = bytes
-        .iter()
-        .enumerate()
-        .filter(|&(f, &b)| b > 0 && f != me)
-        .map(|(f, &b)| SharedWith {
-            path: &all[f].0,
-            bytes: b,
+    let mut v: Vec<SharedWith> = within
+        .per_file(me)
+        .into_iter()
+        .map(|s| SharedWith {
+            path: &all[s.file].0,
+            bytes: s.bytes,
         })
         .collect();
     v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.path.cmp(b.path)));
@@ -197,7 +178,7 @@ fn table(
     out: &mut impl Write,
     path: &Path,
     l: &FileLayout,
-    within: &[Vec<(usize, usize, u64)>],
+    within: &FileSharing,
     refs: Option<&[Vec<FileRef>]>,
     set: bool,
     me: usize,
@@ -224,14 +205,7 @@ fn table(
             write!(out, "  {:>5}", r[i].len())?;
         } else if set {
             // How many files of the set (this one included) use these blocks.
-            let mut files: Vec<usize> = within[i].iter().map(|w| w.0).collect();
-            files.sort_unstable();
-            files.dedup();
-            write!(
-                out,
-                "  {:>5}",
-                1 + files.iter().filter(|&&f| f != me).count()
-            )?;
+            write!(out, "  {:>5}", within.files_using(me, i))?;
         }
         writeln!(out, "  {}", e.flag_names().join(","))?;
         if let Some(r) = refs {
@@ -258,7 +232,7 @@ fn summary(
     i: usize,
     path: &Path,
     l: &FileLayout,
-    within: &[Vec<(usize, usize, u64)>],
+    within: &FileSharing,
     all: &[(PathBuf, FileLayout)],
 ) -> String {
     let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });

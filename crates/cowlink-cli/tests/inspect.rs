@@ -128,6 +128,13 @@ fn extents_errors_name_the_path_and_reason() {
     let out = cowlink(&[&"extents", &missing]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("missing': no such file or directory"));
+    // In JSON, the error as every command serializes one.
+    let out = cowlink(&[&"extents", &"--json", &missing]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = &json(&out)["errors"][0];
+    assert_eq!(e["src"], missing.to_str().unwrap());
+    assert_eq!(e["kind"], "not_found");
+    assert_eq!(e["operation"], "extents");
 
     let out = cowlink(&[&"extents", &x.path()]);
     assert_eq!(out.status.code(), Some(1));

@@ -464,37 +464,116 @@ fn subvolume_root(path: &Path) -> Option<PathBuf> {
     }
 }
 
+/// One extent of a file in the set whose physical range overlaps an
+/// extent of another (or the same) file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overlap {
+    /// Index of the other file in the set.
+    pub file: usize,
+    /// Index of its extent.
+    pub extent: usize,
+    /// Bytes the two extents have in common on disk.
+    pub bytes: u64,
+}
+
+/// How much of one file's blocks another file of the set uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedBytes {
+    /// Index of the other file in the set.
+    pub file: usize,
+    /// Bytes of this file's blocks it also maps.
+    pub bytes: u64,
+}
+
+/// What one file of a set shares with the others ([`shared_within`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileSharing {
+    /// Per extent of the file (same order as [`FileLayout::extents`]), the
+    /// extents of the set that overlap it physically.
+    pub extents: Vec<Vec<Overlap>>,
+}
+
+impl FileSharing {
+    /// The other files this file (at index `me`) shares blocks with, and
+    /// how many bytes with each, largest first (ties by index).
+    pub fn per_file(&self, me: usize) -> Vec<SharedBytes> {
+        let mut by_file: std::collections::BTreeMap<usize, u64> = Default::default();
+        for o in self.extents.iter().flatten().filter(|o| o.file != me) {
+            *by_file.entry(o.file).or_default() += o.bytes;
+        }
+        let mut v: Vec<SharedBytes> = by_file
+            .into_iter()
+            .map(|(file, bytes)| SharedBytes { file, bytes })
+            .collect();
+        v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.file.cmp(&b.file)));
+        v
+    }
+
+    /// How many files of the set (this one, at index `me`, included) use
+    /// the blocks of extent `extent`.
+    pub fn files_using(&self, me: usize, extent: usize) -> usize {
+        let mut files: Vec<usize> = self.extents[extent]
+            .iter()
+            .map(|o| o.file)
+            .filter(|&f| f != me)
+            .collect();
+        files.sort_unstable();
+        files.dedup();
+        1 + files.len()
+    }
+}
+
 /// Sharing inside a set of files, found by matching physical ranges (works
 /// on every FIEMAP filesystem, needs no privileges, sees only the given
-/// files).
-///
-/// For each layout, for each of its extents: the other extents of the set
-/// (`(layout index, extent index, overlapping bytes)`) whose physical
-/// ranges overlap it, on the same device. A file cloned within itself
-/// lists its own other extents too.
-pub fn shared_within(layouts: &[FileLayout]) -> Vec<Vec<Vec<(usize, usize, u64)>>> {
-    let mut out: Vec<Vec<Vec<(usize, usize, u64)>>> = layouts
+/// files): one [`FileSharing`] per layout, listing for each extent the
+/// extents of the set whose physical ranges overlap it on the same device.
+/// A file cloned within itself lists its own other extents too.
+pub fn shared_within(layouts: &[FileLayout]) -> Vec<FileSharing> {
+    let mut out: Vec<FileSharing> = layouts
         .iter()
-        .map(|l| vec![Vec::new(); l.extents.len()])
+        .map(|l| FileSharing {
+            extents: vec![Vec::new(); l.extents.len()],
+        })
         .collect();
-    // (dev, start, end, file, extent), swept in start order.
-    let mut items: Vec<(u64, u64, u64, usize, usize)> = Vec::new();
-    for (f, l) in layouts.iter().enumerate() {
-        for (x, e) in l.extents.iter().enumerate() {
+    /// An extent with an address, swept in (device, start) order.
+    #[derive(PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
+    struct Item {
+        dev: u64,
+        start: u64,
+        end: u64,
+        file: usize,
+        extent: usize,
+    }
+    let mut items: Vec<Item> = Vec::new();
+    for (file, l) in layouts.iter().enumerate() {
+        for (extent, e) in l.extents.iter().enumerate() {
             if e.has_address() && e.length > 0 {
-                items.push((l.dev, e.physical, e.physical_end(), f, x));
+                items.push(Item {
+                    dev: l.dev,
+                    start: e.physical,
+                    end: e.physical_end(),
+                    file,
+                    extent,
+                });
             }
         }
     }
     items.sort_unstable();
-    let mut active: Vec<(u64, u64, u64, usize, usize)> = Vec::new();
+    let mut active: Vec<Item> = Vec::new();
     for item in items {
-        let (dev, start, end, f, x) = item;
-        active.retain(|a| a.0 == dev && a.2 > start);
+        active.retain(|a| a.dev == item.dev && a.end > item.start);
         for a in &active {
-            let overlap = a.2.min(end) - start;
-            out[f][x].push((a.3, a.4, overlap));
-            out[a.3][a.4].push((f, x, overlap));
+            let bytes = a.end.min(item.end) - item.start;
+            out[item.file].extents[item.extent].push(Overlap {
+                file: a.file,
+                extent: a.extent,
+                bytes,
+            });
+            out[a.file].extents[a.extent].push(Overlap {
+                file: item.file,
+                extent: item.extent,
+                bytes,
+            });
         }
         active.push(item);
     }
@@ -578,9 +657,24 @@ mod tests {
         b.dev = 1;
         c.dev = 2; // other filesystem: same numbers mean nothing
         let s = shared_within(&[a, b, c]);
-        assert_eq!(s[0][0], vec![(1, 0, 4096)]);
-        assert_eq!(s[1][0], vec![(0, 0, 4096)]);
-        assert!(s[1][1].is_empty());
-        assert!(s[2][0].is_empty());
+        let o = |file, extent, bytes| Overlap {
+            file,
+            extent,
+            bytes,
+        };
+        assert_eq!(s[0].extents[0], vec![o(1, 0, 4096)]);
+        assert_eq!(s[1].extents[0], vec![o(0, 0, 4096)]);
+        assert!(s[1].extents[1].is_empty());
+        assert!(s[2].extents[0].is_empty());
+        assert_eq!(
+            s[0].per_file(0),
+            vec![SharedBytes {
+                file: 1,
+                bytes: 4096
+            }]
+        );
+        assert_eq!(s[1].files_using(1, 0), 2);
+        assert_eq!(s[1].files_using(1, 1), 1);
+        assert!(s[2].per_file(2).is_empty());
     }
 }
