@@ -41,11 +41,17 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{self, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::extents::{extents_fd, Extent};
+use crate::extents::extents_fd;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 use crate::run::{Phase, Run};
 use crate::walk::{self, DirInfo, Entry, Visitor};
+
+mod execute;
+mod stages;
+
+pub use execute::{execute, DedupeReport};
+use stages::{layout_facts, Cand};
 
 /// Bytes hashed from each end of a file for the partial hash.
 const EDGE: u64 = 4096;
@@ -133,24 +139,6 @@ impl Plan {
     }
 }
 
-/// A candidate file during planning.
-#[derive(Debug, Clone)]
-struct Cand {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-    size: u64,
-    /// Logical→physical runs when every extent is shared (else `None`).
-    shared_runs: Option<Vec<(u64, u64, u64)>>,
-    /// Bytes in extents not flagged shared.
-    exclusive: u64,
-    /// The data is inline in metadata (no extent to share).
-    inline: bool,
-    /// For files of at most two edges: the hash of all their bytes, taken
-    /// while the file was open for its layout (one open per small file).
-    small_hash: Option<[u8; 32]>,
-}
-
 #[derive(Default)]
 struct Collect {
     files: Mutex<Vec<Cand>>,
@@ -208,24 +196,6 @@ impl Visitor for Collect {
     }
 }
 
-/// Fill `shared_runs` and `exclusive` from a file's extents.
-fn layout_facts(list: &[Extent], c: &mut Cand) {
-    let mut runs: Vec<(u64, u64, u64)> = Vec::new();
-    let mut all_shared = !list.is_empty();
-    c.inline = list.iter().any(Extent::is_inline);
-    for x in list {
-        if !x.is_shared() || !x.has_address() || x.is_unwritten() {
-            all_shared = false;
-            c.exclusive += x.length;
-        }
-        match runs.last_mut() {
-            Some((l, p, n)) if *l + *n == x.logical && *p + *n == x.physical => *n += x.length,
-            _ => runs.push((x.logical, x.physical, x.length)),
-        }
-    }
-    c.shared_runs = all_shared.then_some(runs);
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -261,11 +231,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     };
 
     // One inode is one file: keep the name that sorts first.
-    let mut files: Vec<Cand> = files.into_iter().filter(|c| c.size > 0).collect();
-    files.sort_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
-    let before = files.len();
-    files.dedup_by(|b, a| (a.dev, a.ino) == (b.dev, b.ino));
-    plan.hardlinks_skipped = (before - files.len()) as u64;
+    let (files, hardlinks) =
+        stages::one_per_inode(files.into_iter().filter(|c| c.size > 0).collect());
+    plan.hardlinks_skipped = hardlinks;
 
     // Filesystems: refuse network clients and those that cannot dedupe.
     let mut allowed: HashMap<u64, bool> = HashMap::new();
@@ -282,15 +250,10 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         };
         allowed.insert(c.dev, ok);
     }
+    let mut files = files;
     files.retain(|c| allowed[&c.dev]);
     plan.candidates = files.len() as u64;
-
-    // Same device and size.
-    let mut by_size: HashMap<(u64, u64), Vec<Cand>> = HashMap::new();
-    for c in files {
-        by_size.entry((c.dev, c.size)).or_default().push(c);
-    }
-    let mut size_groups: Vec<Vec<Cand>> = by_size.into_values().filter(|g| g.len() > 1).collect();
+    let mut size_groups = stages::by_size(files);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(run.threads_or(crate::run::cores))
         .build()
@@ -326,48 +289,15 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             })
     });
     // Inline data has no blocks to share: report, never claim.
-    for g in &mut size_groups {
-        let before = g.len();
-        g.retain(|c| !c.inline);
-        plan.inline_skipped += (before - g.len()) as u64;
-    }
-    size_groups.retain(|g| g.len() > 1);
-
-    // Within a size group, files on identical shared blocks are one cluster
-    // (same bytes by construction): hash one representative per cluster.
-    let mut clusters: Vec<Vec<Cand>> = Vec::new(); // each: members, rep first
-    let mut cluster_groups: Vec<Vec<usize>> = Vec::new(); // size group -> cluster ids
-    for g in size_groups {
-        let mut ids = Vec::new();
-        let mut by_runs: HashMap<Vec<(u64, u64, u64)>, usize> = HashMap::new();
-        for c in g {
-            match c.shared_runs.clone() {
-                Some(runs) => {
-                    if let Some(&id) = by_runs.get(&runs) {
-                        clusters[id].push(c);
-                    } else {
-                        by_runs.insert(runs, clusters.len());
-                        ids.push(clusters.len());
-                        clusters.push(vec![c]);
-                    }
-                }
-                None => {
-                    ids.push(clusters.len());
-                    clusters.push(vec![c]);
-                }
-            }
-        }
-        for cl in &mut clusters[ids[0]..] {
-            cl.sort_by(|a, b| a.path.cmp(&b.path));
-        }
-        if ids.len() == 1 {
-            // One cluster: every file already shares the same blocks.
-            plan.groups_already_shared += 1;
-            plan.files_already_shared += clusters[ids[0]].len() as u64 - 1;
-            continue;
-        }
-        cluster_groups.push(ids);
-    }
+    plan.inline_skipped = stages::drop_inline(&mut size_groups);
+    let stages::Clusters {
+        clusters,
+        groups: cluster_groups,
+        groups_already_shared,
+        files_already_shared,
+    } = stages::clusters(size_groups);
+    plan.groups_already_shared = groups_already_shared;
+    plan.files_already_shared = files_already_shared;
 
     if run.cancelled() {
         return Err(cancelled());
@@ -405,16 +335,10 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
             })
             .collect()
     });
-    let mut need_full: Vec<usize> = Vec::new();
-    for ids in &cluster_groups {
-        let mut by_edge: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
-        for &id in ids {
-            if let Some(h) = edges.get(&id) {
-                by_edge.entry(*h).or_default().push(id);
-            }
-        }
-        need_full.extend(by_edge.into_values().filter(|v| v.len() > 1).flatten());
-    }
+    let need_full: Vec<usize> = stages::split_by(&cluster_groups, &edges)
+        .into_iter()
+        .flatten()
+        .collect();
     let full: HashMap<usize, [u8; 32]> = pool.install(|| {
         need_full
             .par_iter()
@@ -439,50 +363,16 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    for ids in &cluster_groups {
-        let mut by_hash: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
-        for &id in ids {
-            if let Some(h) = full.get(&id) {
-                by_hash.entry(*h).or_default().push(id);
-            }
-        }
-        for (hash, mut members) in by_hash {
-            if members.len() < 2 {
-                continue;
-            }
-            // Source: the largest cluster (fewest changes), then first path.
-            members.sort_by(|&a, &b| {
-                clusters[b]
-                    .len()
-                    .cmp(&clusters[a].len())
-                    .then(clusters[a][0].path.cmp(&clusters[b][0].path))
-            });
-            let src_cluster = &clusters[members[0]];
-            let mut targets: Vec<&Cand> = members[1..].iter().flat_map(|&m| &clusters[m]).collect();
-            targets.sort_by(|a, b| a.path.cmp(&b.path));
-            plan.files_already_shared += src_cluster.len() as u64 - 1;
-            plan.groups.push(Group {
-                size: src_cluster[0].size,
-                blake3: crate::ground::hash::hex(&hash),
-                source: src_cluster[0].path.clone(),
-                reclaimable: targets.iter().map(|t| t.exclusive).sum(),
-                targets: targets.iter().map(|t| t.path.clone()).collect(),
-                already_shared: src_cluster[1..].iter().map(|c| c.path.clone()).collect(),
-            });
-        }
-    }
-    plan.groups.sort_by(|a, b| {
-        b.reclaimable
-            .cmp(&a.reclaimable)
-            .then(a.source.cmp(&b.source))
-    });
+    let (groups, already) = stages::groups(&clusters, &cluster_groups, &full);
+    plan.files_already_shared += already;
+    plan.groups = groups;
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
     Ok(plan)
 }
 
 /// Open for reading without touching the access time where allowed.
-fn open_read(path: &Path) -> rustix::io::Result<OwnedFd> {
+pub(super) fn open_read(path: &Path) -> rustix::io::Result<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     match fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {
         Err(Errno::PERM) => fs::open(path, flags, Mode::empty()),
@@ -519,7 +409,7 @@ fn hash_file(path: &Path, size: u64, edges: bool, count: &dyn Fn(u64)) -> Result
     Ok(hash)
 }
 
-fn changed(path: &Path) -> Error {
+pub(super) fn changed(path: &Path) -> Error {
     Error::new(Operation::Dedupe, ErrorKind::ContentChanged)
         .with_src(path)
         .with_reason("changed size while being read")
@@ -543,186 +433,5 @@ fn can_dedupe(path: &Path) -> Result<()> {
         Some(why) => Err(Error::new(op, ErrorKind::NotSupported)
             .with_src(dir)
             .with_reason(format!("this filesystem cannot deduplicate: {why}"))),
-    }
-}
-
-/// What [`execute`] did.
-#[derive(Debug, Default, serde::Serialize)]
-pub struct DedupeReport {
-    /// Groups worked on.
-    pub groups: u64,
-    /// Targets whose every byte the kernel found equal and now shares.
-    pub targets_deduped: u64,
-    /// Sum of the sizes of those targets.
-    pub bytes_compared: u64,
-    /// Free space gained, measured with `statfs` before and after (after a
-    /// `syncfs`), summed over the filesystems involved.
-    pub bytes_reclaimed: u64,
-    /// Targets (or sources) that changed since the plan: left untouched
-    /// from the first differing chunk on.
-    pub changed: Vec<PathBuf>,
-    /// Targets the kernel refused, and files that could not be opened.
-    pub errors: Vec<Error>,
-    /// The run was cancelled: groups not started were left as they were
-    /// (a started `FIDEDUPERANGE` call always completes; the kernel only
-    /// shares what it found equal).
-    pub cancelled: bool,
-}
-
-/// Carry out `plan` with `FIDEDUPERANGE` only, groups in parallel on
-/// `opts.run`'s threads. Never fails as a whole: every problem is listed
-/// in the report and the run goes on (until cancelled).
-pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
-    let run = &opts.run;
-    let mut report = DedupeReport::default();
-    let total: u64 = plan
-        .groups
-        .iter()
-        .map(|g| g.size * g.targets.len() as u64)
-        .sum();
-    run.enter(Phase::Dedupe, plan.targets(), total);
-    // Free space per filesystem before, keyed by device.
-    let mut free_before: HashMap<u64, (OwnedFd, u64)> = HashMap::new();
-    for g in &plan.groups {
-        if let Ok(fd) = open_read(&g.source) {
-            if let Ok(st) = fs::fstat(&fd) {
-                if let std::collections::hash_map::Entry::Vacant(slot) =
-                    free_before.entry(st.st_dev)
-                {
-                    if let Some(free) = free_space(&fd) {
-                        slot.insert((fd, free));
-                    }
-                }
-            }
-        }
-    }
-    // Disk order (approximately: path order) rather than size order.
-    let mut order: Vec<&Group> = plan.groups.iter().collect();
-    order.sort_by(|a, b| a.source.cmp(&b.source));
-    let work = || -> Vec<DedupeReport> {
-        order
-            .par_iter()
-            .map(|g| {
-                let mut r = DedupeReport::default();
-                if !run.cancelled() {
-                    r.groups = 1;
-                    dedupe_group(g, &mut r, run);
-                }
-                r
-            })
-            .collect()
-    };
-    let parts = match rayon::ThreadPoolBuilder::new()
-        .num_threads(run.threads_or(crate::run::cores))
-        .build()
-    {
-        Ok(pool) => pool.install(work),
-        Err(_) => work(),
-    };
-    for r in parts {
-        report.groups += r.groups;
-        report.targets_deduped += r.targets_deduped;
-        report.bytes_compared += r.bytes_compared;
-        report.changed.extend(r.changed);
-        report.errors.extend(r.errors);
-    }
-    for (fd, before) in free_before.values() {
-        if let Some(after) = free_space(fd) {
-            report.bytes_reclaimed += after.saturating_sub(*before);
-        }
-    }
-    report.cancelled = run.cancelled();
-    run.finish();
-    report
-}
-
-/// Free bytes (for unprivileged users) after committing pending work.
-fn free_space(fd: &OwnedFd) -> Option<u64> {
-    fs::syncfs(fd).ok()?;
-    let s = fs::fstatfs(fd).ok()?;
-    Some(s.f_bavail * s.f_frsize as u64)
-}
-
-fn dedupe_group(g: &Group, report: &mut DedupeReport, run: &Run) {
-    let op = Operation::Dedupe;
-    let src = match open_read(&g.source) {
-        Ok(fd) => fd,
-        Err(e) => {
-            report
-                .errors
-                .push(Error::from_errno(op, e).with_src(&g.source));
-            return;
-        }
-    };
-    match fs::fstat(&src) {
-        Ok(st) if st.st_size as u64 == g.size => {}
-        Ok(_) => {
-            report.changed.push(g.source.clone());
-            return;
-        }
-        Err(e) => {
-            report
-                .errors
-                .push(Error::from_errno(op, e).with_src(&g.source));
-            return;
-        }
-    }
-    for batch in g.targets.chunks(cowlink_sys::DEDUPE_MAX_DESTS) {
-        // Open every target of the batch; a size change means it changed.
-        let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::new();
-        for t in batch {
-            let fd = match open_read(t) {
-                Ok(fd) => fd,
-                Err(e) => {
-                    report.errors.push(Error::from_errno(op, e).with_src(t));
-                    continue;
-                }
-            };
-            match fs::fstat(&fd) {
-                Ok(st) if st.st_size as u64 == g.size => live.push((t, fd)),
-                Ok(_) => report.changed.push(t.clone()),
-                Err(e) => report.errors.push(Error::from_errno(op, e).with_src(t)),
-            }
-        }
-        let mut off = 0u64;
-        while off < g.size && !live.is_empty() && !run.cancelled() {
-            let len = CHUNK.min(g.size - off);
-            let dests: Vec<(rustix::fd::BorrowedFd<'_>, u64)> =
-                live.iter().map(|(_, fd)| (fd.as_fd(), off)).collect();
-            let results = cowlink_sys::fideduperange(src.as_fd(), off, len, &dests);
-            drop(dests);
-            let mut keep = Vec::with_capacity(live.len());
-            match results {
-                Ok(results) => {
-                    for ((t, fd), r) in live.into_iter().zip(results) {
-                        match r.status {
-                            cowlink_sys::DedupeStatus::Same => keep.push((t, fd)),
-                            cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
-                            cowlink_sys::DedupeStatus::Error(e) => report
-                                .errors
-                                .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t)),
-                        }
-                    }
-                }
-                Err(e) => {
-                    for (t, _) in live {
-                        report
-                            .errors
-                            .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t));
-                    }
-                }
-            }
-            live = keep;
-            let finished = if off + len == g.size { live.len() } else { 0 };
-            run.done(finished as u64, len * live.len() as u64);
-            off += len;
-        }
-        if off < g.size {
-            // Cancelled between chunks: the shared prefix stays shared,
-            // the rest is untouched; not counted as deduplicated.
-            live.clear();
-        }
-        report.targets_deduped += live.len() as u64;
-        report.bytes_compared += g.size * live.len() as u64;
     }
 }

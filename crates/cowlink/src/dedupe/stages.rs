@@ -1,0 +1,379 @@
+//! The planning stages as functions over groups of candidates: each takes
+//! what the last one left and narrows it, without touching a filesystem
+//! (the walk, the layouts and the hashes are read by `plan`, which calls
+//! these in order). Unit-tested on made-up candidates.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use super::Group;
+use crate::extents::Extent;
+
+/// A candidate file during planning.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Cand {
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Logical→physical runs when every extent is shared (else `None`).
+    pub shared_runs: Option<Vec<Run>>,
+    /// Bytes in extents not flagged shared.
+    pub exclusive: u64,
+    /// The data is inline in metadata (no extent to share).
+    pub inline: bool,
+    /// For files of at most two edges: the hash of all their bytes, taken
+    /// while the file was open for its layout (one open per small file).
+    pub small_hash: Option<[u8; 32]>,
+}
+
+/// A contiguous logical → physical run of a file's extents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Run {
+    pub logical: u64,
+    pub physical: u64,
+    pub length: u64,
+}
+
+/// Fill `shared_runs`, `exclusive` and `inline` from a file's extents.
+pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut all_shared = !list.is_empty();
+    c.inline = list.iter().any(Extent::is_inline);
+    for x in list {
+        if !x.is_shared() || !x.has_address() || x.is_unwritten() {
+            all_shared = false;
+            c.exclusive += x.length;
+        }
+        match runs.last_mut() {
+            Some(r) if r.logical + r.length == x.logical && r.physical + r.length == x.physical => {
+                r.length += x.length
+            }
+            _ => runs.push(Run {
+                logical: x.logical,
+                physical: x.physical,
+                length: x.length,
+            }),
+        }
+    }
+    c.shared_runs = all_shared.then_some(runs);
+}
+
+/// One inode is one file: keep the name that sorts first. Returns the
+/// files left and how many names were dropped.
+pub(super) fn one_per_inode(mut files: Vec<Cand>) -> (Vec<Cand>, u64) {
+    files.sort_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+    let before = files.len();
+    files.dedup_by(|b, a| (a.dev, a.ino) == (b.dev, b.ino));
+    let dropped = (before - files.len()) as u64;
+    (files, dropped)
+}
+
+/// Groups of two or more files on the same device with the same size.
+pub(super) fn by_size(files: Vec<Cand>) -> Vec<Vec<Cand>> {
+    let mut by: HashMap<(u64, u64), Vec<Cand>> = HashMap::new();
+    for c in files {
+        by.entry((c.dev, c.size)).or_default().push(c);
+    }
+    by.into_values().filter(|g| g.len() > 1).collect()
+}
+
+/// Take out files whose data is inline (no blocks to share), then groups
+/// left with fewer than two. Returns how many files were taken out.
+pub(super) fn drop_inline(groups: &mut Vec<Vec<Cand>>) -> u64 {
+    let mut dropped = 0;
+    for g in groups.iter_mut() {
+        let before = g.len();
+        g.retain(|c| !c.inline);
+        dropped += (before - g.len()) as u64;
+    }
+    groups.retain(|g| g.len() > 1);
+    dropped
+}
+
+/// Size groups split into clusters: files whose every block is shared, on
+/// the same runs, hold the same bytes by construction and are read once.
+#[derive(Debug, Default)]
+pub(super) struct Clusters {
+    /// Each cluster's members, sorted by path (the first is the one read).
+    pub clusters: Vec<Vec<Cand>>,
+    /// Per size group with more than one cluster: its cluster ids.
+    pub groups: Vec<Vec<usize>>,
+    /// Size groups that were one cluster (nothing to do).
+    pub groups_already_shared: u64,
+    /// Files in those groups beyond the first of each.
+    pub files_already_shared: u64,
+}
+
+/// Split each size group into [`Clusters`].
+pub(super) fn clusters(size_groups: Vec<Vec<Cand>>) -> Clusters {
+    let mut out = Clusters::default();
+    for g in size_groups {
+        let first = out.clusters.len();
+        let mut ids = Vec::new();
+        let mut by_runs: HashMap<Vec<Run>, usize> = HashMap::new();
+        for c in g {
+            let known = c.shared_runs.as_ref().and_then(|r| by_runs.get(r)).copied();
+            match known {
+                Some(id) => out.clusters[id].push(c),
+                None => {
+                    if let Some(runs) = &c.shared_runs {
+                        by_runs.insert(runs.clone(), out.clusters.len());
+                    }
+                    ids.push(out.clusters.len());
+                    out.clusters.push(vec![c]);
+                }
+            }
+        }
+        for cl in &mut out.clusters[first..] {
+            cl.sort_by(|a, b| a.path.cmp(&b.path));
+        }
+        if ids.len() == 1 {
+            out.groups_already_shared += 1;
+            out.files_already_shared += out.clusters[ids[0]].len() as u64 - 1;
+            continue;
+        }
+        out.groups.push(ids);
+    }
+    out
+}
+
+/// Within each group of cluster ids, the sets of two or more that have
+/// the same hash (ids without a hash are left out: reading them failed).
+pub(super) fn split_by(
+    groups: &[Vec<usize>],
+    hashes: &HashMap<usize, [u8; 32]>,
+) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    for ids in groups {
+        let mut by: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
+        for &id in ids {
+            if let Some(h) = hashes.get(&id) {
+                by.entry(*h).or_default().push(id);
+            }
+        }
+        out.extend(by.into_values().filter(|v| v.len() > 1));
+    }
+    out
+}
+
+/// The plan's groups from clusters with equal full hashes: the source is
+/// the first path of the largest cluster (fewest files change), targets
+/// are every file of the other clusters. Returns the groups, largest
+/// reclaimable first (ties by source path), and how many files were
+/// already shared with their source.
+pub(super) fn groups(
+    clusters: &[Vec<Cand>],
+    cluster_groups: &[Vec<usize>],
+    full: &HashMap<usize, [u8; 32]>,
+) -> (Vec<Group>, u64) {
+    let mut out = Vec::new();
+    let mut already = 0;
+    for mut members in split_by(cluster_groups, full) {
+        let hash = full[&members[0]];
+        members.sort_by(|&a, &b| {
+            clusters[b]
+                .len()
+                .cmp(&clusters[a].len())
+                .then(clusters[a][0].path.cmp(&clusters[b][0].path))
+        });
+        let src = &clusters[members[0]];
+        let mut targets: Vec<&Cand> = members[1..].iter().flat_map(|&m| &clusters[m]).collect();
+        targets.sort_by(|a, b| a.path.cmp(&b.path));
+        already += src.len() as u64 - 1;
+        out.push(Group {
+            size: src[0].size,
+            blake3: crate::ground::hash::hex(&hash),
+            source: src[0].path.clone(),
+            reclaimable: targets.iter().map(|t| t.exclusive).sum(),
+            targets: targets.iter().map(|t| t.path.clone()).collect(),
+            already_shared: src[1..].iter().map(|c| c.path.clone()).collect(),
+        });
+    }
+    out.sort_by(|a, b| {
+        b.reclaimable
+            .cmp(&a.reclaimable)
+            .then(a.source.cmp(&b.source))
+    });
+    (out, already)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(path: &str, dev: u64, ino: u64, size: u64) -> Cand {
+        Cand {
+            path: path.into(),
+            dev,
+            ino,
+            size,
+            exclusive: size,
+            ..Cand::default()
+        }
+    }
+
+    fn shared(mut c: Cand, physical: u64) -> Cand {
+        c.shared_runs = Some(vec![Run {
+            logical: 0,
+            physical,
+            length: c.size,
+        }]);
+        c.exclusive = 0;
+        c
+    }
+
+    fn ext(logical: u64, physical: u64, length: u64, flags: u32) -> Extent {
+        Extent {
+            logical,
+            physical,
+            length,
+            flags,
+        }
+    }
+
+    #[test]
+    fn layout_facts_merge_contiguous_runs_and_count_exclusive_bytes() {
+        use cowlink_sys::FIEMAP_EXTENT_SHARED as SHARED;
+        let mut c = cand("a", 1, 1, 8192);
+        c.exclusive = 0;
+        layout_facts(
+            &[ext(0, 4096, 4096, SHARED), ext(4096, 8192, 4096, SHARED)],
+            &mut c,
+        );
+        assert_eq!(
+            c.shared_runs,
+            Some(vec![Run {
+                logical: 0,
+                physical: 4096,
+                length: 8192
+            }])
+        );
+        assert_eq!(c.exclusive, 0);
+
+        let mut d = cand("b", 1, 2, 8192);
+        d.exclusive = 0;
+        layout_facts(
+            &[ext(0, 4096, 4096, SHARED), ext(4096, 99 << 12, 4096, 0)],
+            &mut d,
+        );
+        assert_eq!(d.shared_runs, None, "not every block is shared");
+        assert_eq!(d.exclusive, 4096);
+    }
+
+    #[test]
+    fn hard_links_count_once_under_the_first_name() {
+        let (files, dropped) = one_per_inode(vec![
+            cand("z", 1, 7, 10),
+            cand("a", 1, 7, 10),
+            cand("m", 2, 7, 10), // same inode number, other device
+        ]);
+        assert_eq!(dropped, 1);
+        let names: Vec<_> = files.iter().map(|c| c.path.to_str().unwrap()).collect();
+        assert_eq!(names, ["a", "m"]);
+    }
+
+    #[test]
+    fn size_groups_are_per_device_and_need_two() {
+        let mut g = by_size(vec![
+            cand("a", 1, 1, 10),
+            cand("b", 1, 2, 10),
+            cand("c", 2, 3, 10),
+            cand("d", 1, 4, 11),
+        ]);
+        assert_eq!(g.len(), 1);
+        g[0].sort_by(|a, b| a.path.cmp(&b.path));
+        assert_eq!(g[0][0].path, PathBuf::from("a"));
+        assert_eq!(g[0][1].path, PathBuf::from("b"));
+    }
+
+    #[test]
+    fn inline_files_are_counted_out_and_lone_files_dropped() {
+        let mut i = cand("i", 1, 3, 10);
+        i.inline = true;
+        let mut groups = vec![
+            vec![cand("a", 1, 1, 10), i],
+            vec![cand("b", 1, 4, 20), cand("c", 1, 5, 20)],
+        ];
+        assert_eq!(drop_inline(&mut groups), 1);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0][0].path, PathBuf::from("b"));
+    }
+
+    #[test]
+    fn files_on_the_same_shared_blocks_are_one_cluster() {
+        // a and b share every block (same runs); c is separate; d and e
+        // share with each other in a group of their own: nothing to do.
+        let c = clusters(vec![
+            vec![
+                shared(cand("b", 1, 2, 10), 100),
+                cand("c", 1, 3, 10),
+                shared(cand("a", 1, 1, 10), 100),
+            ],
+            vec![
+                shared(cand("e", 1, 5, 20), 200),
+                shared(cand("d", 1, 4, 20), 200),
+            ],
+        ]);
+        assert_eq!(c.groups.len(), 1);
+        assert_eq!(c.groups[0].len(), 2);
+        let first = &c.clusters[c.groups[0][0]];
+        let paths: Vec<_> = first.iter().map(|f| f.path.to_str().unwrap()).collect();
+        assert_eq!(paths, ["a", "b"], "members sorted by path");
+        assert_eq!((c.groups_already_shared, c.files_already_shared), (1, 1));
+    }
+
+    #[test]
+    fn hashes_split_groups_and_the_largest_cluster_is_the_source() {
+        let c = clusters(vec![vec![
+            shared(cand("x2", 1, 2, 10), 100),
+            cand("y", 1, 3, 10),
+            shared(cand("x1", 1, 1, 10), 100),
+            cand("z", 1, 4, 10),
+            cand("other", 1, 5, 10),
+        ]]);
+        let ids = &c.groups[0];
+        let id_of = |p: &str| {
+            *ids.iter()
+                .find(|&&i| c.clusters[i][0].path == std::path::Path::new(p))
+                .unwrap()
+        };
+        // x-cluster, y and z hash equal; "other" differs; nothing for a
+        // cluster whose read failed (no hash).
+        let mut full = HashMap::new();
+        for p in ["x1", "y", "z"] {
+            full.insert(id_of(p), [1u8; 32]);
+        }
+        full.insert(id_of("other"), [2u8; 32]);
+        let split = split_by(&c.groups, &full);
+        assert_eq!(split.len(), 1);
+        assert_eq!(split[0].len(), 3);
+
+        let (groups, already) = groups(&c.clusters, &c.groups, &full);
+        assert_eq!(groups.len(), 1);
+        let g = &groups[0];
+        assert_eq!(g.source, PathBuf::from("x1"), "largest cluster, first path");
+        assert_eq!(g.already_shared, [PathBuf::from("x2")]);
+        assert_eq!(g.targets, [PathBuf::from("y"), PathBuf::from("z")]);
+        assert_eq!(g.reclaimable, 20, "the targets' exclusive bytes");
+        assert_eq!(already, 1);
+    }
+
+    #[test]
+    fn groups_come_largest_first_then_by_source() {
+        let mut full = HashMap::new();
+        let c = clusters(vec![
+            vec![cand("s1", 1, 1, 10), cand("t1", 1, 2, 10)],
+            vec![cand("s2", 1, 3, 50), cand("t2", 1, 4, 50)],
+            vec![cand("a3", 1, 5, 10), cand("b3", 1, 6, 10)],
+        ]);
+        for (n, ids) in c.groups.iter().enumerate() {
+            for &id in ids {
+                full.insert(id, [n as u8; 32]);
+            }
+        }
+        let (g, _) = groups(&c.clusters, &c.groups, &full);
+        let src: Vec<_> = g.iter().map(|g| g.source.to_str().unwrap()).collect();
+        assert_eq!(src, ["s2", "a3", "s1"]);
+    }
+}
