@@ -494,7 +494,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         preserve,
     };
     let recursive = args.recursive || args.archive;
-    let jobs = plan(&args)?;
+    let jobs = plan(&args, &|p| std::fs::metadata(p).ok().map(|m| m.is_dir()))?;
     // 0: the library's default.
     let threads = args.jobs.map_or(0, crate::capped_threads);
     let cancel = crate::interrupt::token();
@@ -598,9 +598,14 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     })
 }
 
+/// What `plan` needs to know of a path: `None` when it does not exist,
+/// else whether it is a directory (following symbolic links).
+type IsDir<'a> = &'a dyn Fn(&Path) -> Option<bool>;
+
 /// Resolve the command line into (source, destination file) pairs, with
 /// cp's rules: a destination that is a directory receives the sources.
-fn plan(args: &CpArgs) -> Result<Vec<(PathBuf, PathBuf)>> {
+/// Pure but for `is_dir`, so the rules are unit-tested without files.
+fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<(PathBuf, PathBuf)>> {
     let (sources, target): (&[PathBuf], Option<&Path>) = match &args.target_directory {
         Some(dir) => (&args.paths, Some(dir)),
         None => {
@@ -620,7 +625,7 @@ fn plan(args: &CpArgs) -> Result<Vec<(PathBuf, PathBuf)>> {
                 }
                 return Ok(vec![(rest[0].clone(), last.clone())]);
             }
-            if rest.len() == 1 && !last.is_dir() {
+            if rest.len() == 1 && is_dir(last) != Some(true) {
                 if last.as_os_str().to_string_lossy().ends_with('/') {
                     bail!("target '{}' is not a directory", last.display());
                 }
@@ -630,16 +635,17 @@ fn plan(args: &CpArgs) -> Result<Vec<(PathBuf, PathBuf)>> {
         }
     };
     let dir = target.expect("target set above");
-    if !dir.is_dir() {
-        bail!(
+    match is_dir(dir) {
+        Some(true) => {}
+        exists => bail!(
             "target '{}' is not a directory{}",
             dir.display(),
-            if dir.exists() {
+            if exists.is_some() {
                 ""
             } else {
                 " (it does not exist)"
             }
-        );
+        ),
     }
     sources
         .iter()
@@ -703,4 +709,86 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
         r.failed(src, dst, &e);
     }
     is_dir
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        cp: CpArgs,
+    }
+
+    /// `plan` over a made-up tree: `d/` and `e/` are directories, `f`
+    /// a file, everything else missing.
+    fn plan_of(line: &str) -> Result<Vec<(String, String)>> {
+        let args = Cmd::try_parse_from(std::iter::once("cp").chain(line.split(' ')))?.cp;
+        let is_dir = |p: &Path| match p.to_str().unwrap().trim_end_matches('/') {
+            "d" | "e" => Some(true),
+            "f" => Some(false),
+            _ => None,
+        };
+        Ok(plan(&args, &is_dir)?
+            .into_iter()
+            .map(|(s, d)| (s.display().to_string(), d.display().to_string()))
+            .collect())
+    }
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn one_source_to_a_new_name_or_into_a_directory() {
+        assert_eq!(plan_of("a b").unwrap(), pairs(&[("a", "b")]));
+        assert_eq!(plan_of("a f").unwrap(), pairs(&[("a", "f")]));
+        assert_eq!(plan_of("x/a d").unwrap(), pairs(&[("x/a", "d/a")]));
+    }
+
+    #[test]
+    fn several_sources_need_a_directory() {
+        assert_eq!(
+            plan_of("a b d").unwrap(),
+            pairs(&[("a", "d/a"), ("b", "d/b")])
+        );
+        let e = plan_of("a b f").unwrap_err().to_string();
+        assert_eq!(e, "target 'f' is not a directory");
+        let e = plan_of("a b nothere").unwrap_err().to_string();
+        assert_eq!(e, "target 'nothere' is not a directory (it does not exist)");
+    }
+
+    #[test]
+    fn a_trailing_slash_promises_a_directory() {
+        let e = plan_of("a new/").unwrap_err().to_string();
+        assert_eq!(e, "target 'new/' is not a directory");
+        assert_eq!(plan_of("a d/").unwrap(), pairs(&[("a", "d/a")]));
+    }
+
+    #[test]
+    fn t_names_the_directory_and_capital_t_the_file() {
+        assert_eq!(
+            plan_of("-t e a b").unwrap(),
+            pairs(&[("a", "e/a"), ("b", "e/b")])
+        );
+        // -T: the destination is the name itself, even an existing directory.
+        assert_eq!(plan_of("-T a d").unwrap(), pairs(&[("a", "d")]));
+        let e = plan_of("-T a b d").unwrap_err().to_string();
+        assert_eq!(e, "with -T there must be exactly one source (got 2)");
+    }
+
+    #[test]
+    fn a_missing_destination_or_a_nameless_source_is_refused() {
+        let e = plan_of("a").unwrap_err().to_string();
+        assert!(
+            e.starts_with("missing destination file operand after 'a'"),
+            "{e}"
+        );
+        let e = plan_of("/ d").unwrap_err().to_string();
+        assert_eq!(e, "cannot copy '/': it has no file name");
+    }
 }

@@ -526,3 +526,138 @@ enum Scope {
     Arg(usize),
     Dir(usize),
 }
+
+#[cfg(test)]
+mod tests {
+    //! The sweep and the per-scope counting, on made-up walk records: no
+    //! filesystem needed.
+    use super::*;
+
+    const K: u64 = 4096;
+
+    fn dir(id: usize, parent: Option<usize>, root: usize, path: &str) -> DirRec {
+        DirRec {
+            key: (1, 1000 + id as u64),
+            id,
+            parent,
+            root,
+            path: path.into(),
+        }
+    }
+
+    /// A regular file of `blocks` 4 KiB blocks, `shared` of them shared.
+    fn file(dir: usize, root: usize, ino: u64, blocks: u64, shared: u64) -> FileRec {
+        FileRec {
+            dir: Some(dir),
+            root,
+            key: (1, ino),
+            path: None,
+            regular: true,
+            mapped: true,
+            apparent: blocks * K,
+            allocated: blocks * K,
+            data: blocks * K,
+            exclusive: (blocks - shared) * K,
+            inline: 0,
+            pending: 0,
+        }
+    }
+
+    #[test]
+    fn a_clone_inside_the_set_is_shared_inside_and_saves_its_size() {
+        // a (2 blocks) and its clone b share both blocks at disk 100..102.
+        let dirs = vec![dir(0, None, 0, "top")];
+        let files = vec![file(0, 0, 1, 2, 2), file(0, 0, 2, 2, 2)];
+        let shared = vec![(1, 100 * K, 102 * K, 0), (1, 100 * K, 102 * K, 1)];
+        let r = aggregate(&["top".into()], false, dirs, files, shared, vec![]);
+        let t = r.total;
+        assert_eq!((t.files, t.dirs, t.data), (2, 1, 4 * K));
+        assert_eq!((t.shared_inside, t.shared_outside), (2 * K, 0));
+        assert_eq!((t.on_disk, t.saved), (2 * K, 2 * K));
+        assert_eq!(r.args[0].usage, t);
+    }
+
+    #[test]
+    fn a_block_shared_with_a_file_outside_is_shared_outside() {
+        // One file whose block is also used by something not walked.
+        let r = aggregate(
+            &["top".into()],
+            false,
+            vec![dir(0, None, 0, "top")],
+            vec![file(0, 0, 1, 3, 1)],
+            vec![(1, 50 * K, 51 * K, 0)],
+            vec![],
+        );
+        let t = r.total;
+        assert_eq!(
+            (t.exclusive, t.shared_inside, t.shared_outside),
+            (2 * K, 0, K)
+        );
+        assert_eq!((t.on_disk, t.saved), (3 * K, 0));
+    }
+
+    #[test]
+    fn scopes_count_sharing_inside_themselves_only() {
+        // top/x holds a, top/y holds its clone b: shared inside top, but
+        // each subdirectory alone sees its half as shared outside.
+        let dirs = vec![
+            dir(0, None, 0, "top"),
+            dir(1, Some(0), 0, "top/x"),
+            dir(2, Some(0), 0, "top/y"),
+        ];
+        let files = vec![file(1, 0, 1, 1, 1), file(2, 0, 2, 1, 1)];
+        let shared = vec![(1, 7 * K, 8 * K, 0), (1, 7 * K, 8 * K, 1)];
+        let r = aggregate(&["top".into()], true, dirs, files, shared, vec![]);
+        let by: HashMap<_, _> = r
+            .dirs
+            .iter()
+            .map(|d| (d.path.to_str().unwrap(), d.usage))
+            .collect();
+        assert_eq!(by["top"].shared_inside, K);
+        assert_eq!(by["top"].dirs, 3);
+        assert_eq!(
+            (by["top/x"].shared_inside, by["top/x"].shared_outside),
+            (0, K)
+        );
+        assert_eq!((by["top/y"].files, by["top/y"].shared_outside), (1, K));
+    }
+
+    #[test]
+    fn one_inode_counts_once_in_the_set_and_once_per_argument() {
+        // The same file reached under two arguments (a hard link, or
+        // overlapping arguments).
+        let dirs = vec![dir(0, None, 0, "a"), dir(1, None, 1, "b")];
+        let mut f0 = file(0, 0, 9, 2, 0);
+        f0.path = Some("a/f".into());
+        let mut f1 = file(1, 1, 9, 2, 0);
+        f1.path = Some("b/f".into());
+        let r = aggregate(
+            &["a".into(), "b".into()],
+            false,
+            dirs,
+            vec![f0, f1],
+            vec![],
+            vec![],
+        );
+        assert_eq!(r.total.files, 1);
+        assert_eq!(r.total.data, 2 * K);
+        assert_eq!((r.args[0].usage.files, r.args[1].usage.files), (1, 1));
+    }
+
+    #[test]
+    fn partial_overlaps_are_swept_piece_by_piece_per_device() {
+        // f0: disk [0,4) blocks; f1: [2,6); f2 on another device: [0,4).
+        let dirs = vec![dir(0, None, 0, "top")];
+        let mut f2 = file(0, 0, 3, 4, 4);
+        f2.key = (2, 3);
+        let files = vec![file(0, 0, 1, 4, 4), file(0, 0, 2, 4, 4), f2];
+        let shared = vec![(1, 0, 4 * K, 0), (1, 2 * K, 6 * K, 1), (2, 0, 4 * K, 2)];
+        let r = aggregate(&["top".into()], false, dirs, files, shared, vec![]);
+        let t = r.total;
+        // [2,4) is used by both f0 and f1; [0,2) and [4,6) by one each;
+        // device 2's [0,4) by f2 alone.
+        assert_eq!(t.shared_inside, 2 * K);
+        assert_eq!(t.shared_outside, 4 * K + 4 * K);
+        assert_eq!((t.data, t.on_disk, t.saved), (12 * K, 10 * K, 2 * K));
+    }
+}
