@@ -37,6 +37,7 @@
 //! named temporary it finds belongs to a dead process. Materializing and
 //! reading take no lock. Objects and manifests are immutable once named.
 
+mod generations;
 mod ingest;
 mod layout;
 mod maintenance;
