@@ -118,11 +118,25 @@ pub fn run(args: DuArgs) -> Result<Exit> {
                 name
             )
         };
-        writeln!(
-            out,
-            "{:>11}  {:>11}  {:>11}  {:>11}  {:>11}  PATH",
-            "TOTAL", "EXCLUSIVE", "SHARED", "OUTSIDE", "SAVED"
-        )?;
+        // A path that could not be read has its error, not a 0 B row.
+        let readable: Vec<&PathUsage> = report
+            .args
+            .iter()
+            .filter(|a| {
+                a.usage != Usage::default()
+                    || !report
+                        .errors
+                        .iter()
+                        .any(|e| e.src() == Some(a.path.as_path()))
+            })
+            .collect();
+        if !readable.is_empty() {
+            writeln!(
+                out,
+                "{:>11}  {:>11}  {:>11}  {:>11}  {:>11}  PATH",
+                "TOTAL", "EXCLUSIVE", "SHARED", "OUTSIDE", "SAVED"
+            )?;
+        }
         let mut dirs: Vec<&PathUsage> = report.dirs.iter().collect();
         // Children before their parents, as du prints.
         dirs.sort_by(|a, b| post_order(&a.path, &b.path));
@@ -132,15 +146,7 @@ pub fn run(args: DuArgs) -> Result<Exit> {
                 row(&mut out, &d.usage, &d.path.display().to_string())?;
             }
         }
-        for a in &report.args {
-            // A path that could not be read has its error, not a 0 B row.
-            let unread = report
-                .errors
-                .iter()
-                .any(|e| e.src() == Some(a.path.as_path()));
-            if unread && a.usage == Usage::default() {
-                continue;
-            }
+        for a in &readable {
             row(&mut out, &a.usage, &a.path.display().to_string())?;
         }
         if report.args.len() > 1 {

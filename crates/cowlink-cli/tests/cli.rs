@@ -400,8 +400,9 @@ fn exit_codes_and_messages_follow_one_rule() {
     let missing = x.path().join("missing");
     let m = missing.to_str().unwrap();
     let dest = x.path().join("dest");
-    let cases: [(&str, Vec<&dyn AsRef<std::ffi::OsStr>>); 5] = [
+    let cases: [(&str, Vec<&dyn AsRef<std::ffi::OsStr>>); 6] = [
         ("cp", vec![&"cp", &m, &dest]),
+        ("bench", vec![&"bench", &m]),
         ("probe", vec![&"probe", &m]),
         ("du", vec![&"du", &m]),
         ("dedupe", vec![&"dedupe", &m]),
@@ -418,8 +419,8 @@ fn exit_codes_and_messages_follow_one_rule() {
         assert_eq!(err.lines().count(), 1, "{name}: one message: {err}");
         assert!(!err.contains("cannot deduplicate: cannot"), "{name}: {err}");
         assert!(
-            !text(&out.stdout).contains(m),
-            "{name}: no row for {m}: {}",
+            text(&out.stdout).is_empty(),
+            "{name}: no row (not even a header) for {m}: {}",
             text(&out.stdout)
         );
     }
@@ -463,4 +464,32 @@ fn exit_codes_and_messages_follow_one_rule() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn btrfs_nocow_refusal_is_named_and_auto_copies() {
+    let Some(b) = testfs!(Btrfs) else { return };
+    let src = b.path().join("nocow");
+    fs::File::create(&src).unwrap();
+    let st = Command::new("chattr").arg("+C").arg(&src).status().unwrap();
+    assert!(st.success(), "chattr +C");
+    fs::write(&src, vec![3u8; 200_000]).unwrap();
+    let dst = b.path().join("copy");
+    let out = cowlink(&[&"cp", &"--reflink=always", &src, &dst]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("the source is a NOCOW file (chattr +C) and the destination is not"),
+        "{err}"
+    );
+    assert!(!err.contains("something else refused"), "{err}");
+    assert!(!dst.exists(), "nothing left under the name");
+    let out = cowlink(&[&"cp", &"-v", &src, &dst]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("copied"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(fs::read(&dst).unwrap(), vec![3u8; 200_000]);
 }

@@ -274,10 +274,21 @@ pub(crate) fn transfer_error(
         )),
         Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL => {
             let k = kind_of(dfd);
-            base.with_kind(ErrorKind::NotSupported).with_reason(format!(
-                "{k} does not support reflink here: {}",
-                k.reflink_hint()
-            ))
+            let base = base.with_kind(ErrorKind::NotSupported);
+            match (k, nocow(sfd), nocow(dfd)) {
+                // Btrfs clones only between files that both keep checksums
+                // or both do not (NOCOW files have none).
+                (FsKind::Btrfs, s, d) if s != d => base.with_reason(format!(
+                    "the {} is a NOCOW file (chattr +C) and the {} is not; \
+                     Btrfs clones only between files that are both NOCOW or both not",
+                    if s { "source" } else { "destination" },
+                    if s { "destination" } else { "source" },
+                )),
+                _ => base.with_reason(format!(
+                    "{k} does not support reflink here: {}",
+                    k.reflink_hint()
+                )),
+            }
         }
         Errno::TXTBSY => base
             .with_kind(ErrorKind::NotSupported)
@@ -286,6 +297,11 @@ pub(crate) fn transfer_error(
         Errno::DQUOT => base.with_reason("disk quota exceeded on the destination filesystem"),
         _ => base,
     }
+}
+
+/// Whether the file has the NOCOW attribute (`chattr +C`; Btrfs).
+fn nocow(fd: BorrowedFd<'_>) -> bool {
+    fs::ioctl_getflags(fd).is_ok_and(|f| f.contains(fs::IFlags::NOCOW))
 }
 
 /// Reserve `len` bytes of `fd` from offset 0 (extending its size).
