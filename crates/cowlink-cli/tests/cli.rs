@@ -263,6 +263,59 @@ fn probe_answers_in_text_json_and_exit_code() {
     assert!(text(&out.stderr).contains("/no/such/path"));
 }
 
+/// A mount that never answers (a FUSE server that reads nothing, like a
+/// stale network mount): every form of probe, the first `stat` of its
+/// arguments included, says "no answer" within its 5 s deadline instead of
+/// hanging. The forms run in parallel, so the test takes one deadline.
+#[test]
+fn probe_never_hangs_on_a_mount_that_never_answers() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let dead = cowlink_testfs::DeadFuse::mount()
+        .unwrap_or_else(|why| panic!("the unresponsive FUSE mount could not be made: {why}"));
+    let d = dead.path().to_path_buf();
+    let inside = d.join("file");
+    let f = x.path().join("f");
+    fs::write(&f, b"probe me").unwrap();
+    let forms: Vec<Vec<std::ffi::OsString>> = vec![
+        vec!["probe".into(), d.clone().into()],
+        vec!["probe".into(), "--json".into(), inside.clone().into()],
+        vec!["probe".into(), f.clone().into(), d.clone().into()],
+        vec!["probe".into(), inside.clone().into(), x.path().into()],
+        vec!["probe".into(), "--tree".into(), d.clone().into()],
+    ];
+    let children: Vec<_> = forms
+        .iter()
+        .map(|a| {
+            common::bin()
+                .args(a)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    for (mut child, args) in children.into_iter().zip(&forms) {
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("{args:?} hung on the unresponsive mount");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(all.contains("no answer within 5 s"), "{args:?}: {all}");
+        assert_ne!(out.status.code(), Some(2), "{args:?}: {all}");
+    }
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "the deadline is 5 s: {:?}",
+        start.elapsed()
+    );
+    drop(dead);
+}
+
 /// Pseudo files report sizes that reading does not give back: procfs 0,
 /// sysfs a page. The copy holds exactly what reading gives, as GNU cp's.
 #[test]

@@ -360,3 +360,61 @@ pub fn rich_tree(root: &Path, deep: usize) -> usize {
     chmod(&p("ro"), 0o555);
     files
 }
+
+/// A FUSE mount whose server never answers: the first access below it
+/// blocks (killably, as a stale network mount does) until this is dropped.
+/// Made by opening `/dev/fuse` and mounting with its descriptor, then never
+/// reading from it. Dropping closes the descriptor, which aborts the
+/// connection (blocked calls fail with `ENOTCONN`), then detaches the mount.
+/// Lives in the system temporary directory, never inside a test filesystem,
+/// so a crash cannot keep one of those busy.
+pub struct DeadFuse {
+    dir: PathBuf,
+    dev: Option<rustix::fd::OwnedFd>,
+}
+
+impl DeadFuse {
+    /// Mount one (root only). `Err` says why it could not be made.
+    pub fn mount() -> Result<DeadFuse, String> {
+        use rustix::fd::AsRawFd;
+        use rustix::fs::{Mode, OFlags};
+        let dev = rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| format!("cannot open /dev/fuse: {e}"))?;
+        let dir = std::env::temp_dir().join(format!("cowlink-dead-fuse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let data = std::ffi::CString::new(format!(
+            "fd={},rootmode=40000,user_id=0,group_id=0",
+            dev.as_raw_fd()
+        ))
+        .expect("no NUL");
+        rustix::mount::mount(
+            "cowlink-dead",
+            &dir,
+            "fuse.cowlink-dead",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            Some(data.as_c_str()),
+        )
+        .map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
+            format!("cannot mount FUSE on {}: {e}", dir.display())
+        })?;
+        Ok(DeadFuse {
+            dir,
+            dev: Some(dev),
+        })
+    }
+
+    /// The mount point (do not touch it from the test process itself).
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for DeadFuse {
+    fn drop(&mut self) {
+        drop(self.dev.take());
+        let _ = rustix::mount::unmount(&self.dir, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

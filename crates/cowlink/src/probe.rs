@@ -374,10 +374,12 @@ fn parent_of(path: &Path) -> PathBuf {
 /// `NotFound` or `PermissionDenied` for the path itself. A filesystem that
 /// does not answer within the deadline gives `Unknown` answers, not an error.
 pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
-    let dir = dir_of(path.as_ref())?;
-    let d = dir.clone();
-    with_deadline(DEADLINE, move || facts_of_dir(&d))
-        .unwrap_or_else(|| Ok(no_answer(&dir, FsKind::Other)))
+    // Even the first `stat` of the path can hang (a FUSE server or NFS
+    // server that never answers): everything runs under the deadline.
+    let p = path.as_ref().to_path_buf();
+    let shown = p.clone();
+    with_deadline(DEADLINE, move || facts_of_dir(&dir_of(&p)?))
+        .unwrap_or_else(|| Ok(no_answer(&shown, FsKind::Other)))
 }
 
 /// Whether `src` can be cloned to `dst`.
@@ -390,6 +392,24 @@ pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
 /// `NotFound` when `src` or `dst`'s directory does not exist.
 pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> {
     let (src, dst) = (src.as_ref().to_path_buf(), dst.as_ref().to_path_buf());
+    let (s, d) = (src.clone(), dst.clone());
+    // Every step, the first `stat` of each path included, under the deadline.
+    match with_deadline(DEADLINE, move || between_checked(s, d)) {
+        Some(r) => r,
+        None => {
+            let reason = no_answer(&dst, FsKind::Other).reflink;
+            Ok(Support {
+                src: no_answer(&src, FsKind::Other),
+                dst: no_answer(&dst, FsKind::Other),
+                same_filesystem: false,
+                reflink: reason,
+            })
+        }
+    }
+}
+
+/// `between` without the deadline: check both paths, then probe.
+fn between_checked(src: PathBuf, dst: PathBuf) -> Result<Support> {
     let src_st =
         fs::stat(&src).map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
     let dst_dir = match fs::stat(&dst) {
@@ -406,19 +426,7 @@ pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> 
                 errno_text(e)
             ))
     })?;
-    let (s, d) = (src.clone(), dst_dir.clone());
-    match with_deadline(DEADLINE, move || between_inner(&s, src_st.st_mode, &d)) {
-        Some(r) => r,
-        None => {
-            let reason = no_answer(&dst_dir, FsKind::Other).reflink;
-            Ok(Support {
-                src: no_answer(&src, FsKind::Other),
-                dst: no_answer(&dst_dir, FsKind::Other),
-                same_filesystem: false,
-                reflink: reason,
-            })
-        }
-    }
+    between_inner(&src, src_st.st_mode, &dst_dir)
 }
 
 fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
@@ -534,13 +542,17 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
 /// Only when `root` cannot be resolved or mountinfo cannot be read.
 pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
     let root = root.as_ref();
-    let canon = std::fs::canonicalize(root).map_err(|e| {
-        Error::from_errno(
-            Operation::Probe,
-            Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        )
-        .with_src(root)
-    })?;
+    let r = root.to_path_buf();
+    // Resolving the root stats every component, and one of them may be a
+    // mount that never answers: then the root is taken as written (made
+    // absolute), and that mount's row says it did not answer.
+    let canon = match with_deadline(DEADLINE, move || std::fs::canonicalize(r)) {
+        Some(resolved) => {
+            resolved.map_err(|e| Error::from_io(Operation::Probe, &e).with_src(root))?
+        }
+        None => std::path::absolute(root)
+            .map_err(|e| Error::from_io(Operation::Probe, &e).with_src(root))?,
+    };
     let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
         Error::from_errno(
             Operation::Probe,
