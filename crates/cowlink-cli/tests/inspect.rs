@@ -319,3 +319,28 @@ fn dedupe_refuses_ext4_with_exit_1_and_bad_sizes_with_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("unknown size suffix 'Q'"));
 }
+
+/// Dedupe below PATH_MAX's reach: four identical files at levels 1500 and
+/// 3000 of a chain of directories (paths of 3,000 and 6,000 bytes) are
+/// found, deduplicated, and their space is measured back by `du`.
+#[test]
+fn dedupe_works_on_paths_longer_than_path_max() {
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let root = x.path().join("deep");
+    cowlink_testfs::deep_chain(&root, 3000, &[1500, 3000], &data(64 << 10, 9));
+    let out = cowlink(&[&"dedupe", &"--json", &root]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["plan"]["groups"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["result"]["targets_deduped"], 3, "{v}");
+    assert_eq!(v["result"]["errors"], serde_json::json!([]), "{v}");
+    assert_eq!(v["plan"]["errors"], serde_json::json!([]), "{v}");
+    let out = cowlink(&[&"du", &"-s", &"--json", &root]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let du = json(&out);
+    let total = &du["total"];
+    assert_eq!(total["files"], 4);
+    assert_eq!(total["saved"], 3 * (64 << 10), "{total}");
+    fs::remove_dir_all(&root).ok();
+}

@@ -377,3 +377,62 @@ fn ext4_checkout_needs_auto_and_then_copies() {
     assert!(co.contains("0 cloned, 20 copied"), "{co}");
     assert_eq!(contents(&src), contents(&e.path().join("auto")));
 }
+
+/// Open the directory `levels` levels of `d` below `root`, one `openat`
+/// at a time (the path is longer than PATH_MAX).
+fn open_chain(root: &Path, levels: usize) -> std::fs::File {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(root, flags, Mode::empty()).unwrap();
+    for _ in 0..levels {
+        dir = rustix::fs::openat(&dir, "d", flags, Mode::empty()).unwrap();
+    }
+    dir.into()
+}
+
+fn read_at(dir: &std::fs::File, name: &str) -> Vec<u8> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut v = Vec::new();
+    std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut v).unwrap();
+    v
+}
+
+/// A 3000-level tree (paths of 6,000 bytes, beyond PATH_MAX) goes into the
+/// store and comes back out whole: the store works relative to directory
+/// descriptors, as `cp -a` does, and leaves no loose object.
+#[test]
+fn trees_deeper_than_path_max_round_trip() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("src");
+    let body = data(20_000, 5);
+    cowlink_testfs::deep_chain(&src, 3000, &[1500, 3000], &body);
+    let st = x.path().join("store");
+    let out = ok(&store(&st, &[&"add-tree", &src]));
+    let digest = out.lines().next().unwrap().trim().to_owned();
+    assert_eq!(digest.len(), 64, "{out}");
+    // One object for the four identical files, and it is in the manifest.
+    let objects: usize = fs::read_dir(st.join("objects"))
+        .unwrap()
+        .flatten()
+        .map(|d| fs::read_dir(d.path()).unwrap().count())
+        .sum();
+    assert_eq!(objects, 1);
+    let co = x.path().join("co");
+    ok(&store(&st, &[&"checkout", &digest, &co]));
+    for level in [1500, 3000] {
+        let d = open_chain(&co, level);
+        assert_eq!(read_at(&d, "a"), body, "level {level}");
+        assert_eq!(read_at(&d, "b"), body, "level {level}");
+    }
+    let bottom = open_chain(&co, 3000);
+    assert_eq!(
+        rustix::fs::Dir::read_from(&bottom).unwrap().count(),
+        4,
+        "'.', '..', a and b: nothing deeper"
+    );
+    ok(&store(&st, &[&"verify"]));
+    let gc = ok(&store(&st, &[&"gc"]));
+    assert!(gc.contains("removed 0"), "{gc}");
+}

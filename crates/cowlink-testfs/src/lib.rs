@@ -418,3 +418,34 @@ impl Drop for DeadFuse {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// A chain of `levels` directories named `d` below `root` (made relative
+/// to descriptors, so it may go far beyond PATH_MAX), with the files
+/// `a` and `b` (`bytes` each, identical) at every level in `files_at`.
+/// Returns the path of the deepest directory.
+pub fn deep_chain(root: &Path, levels: usize, files_at: &[usize], bytes: &[u8]) -> PathBuf {
+    use rustix::fs::{Mode, OFlags};
+    std::fs::create_dir_all(root).unwrap();
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(root, flags, Mode::empty()).unwrap();
+    let mut path = root.to_path_buf();
+    for level in 1..=levels {
+        rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o755)).unwrap();
+        dir = rustix::fs::openat(&dir, "d", flags, Mode::empty()).unwrap();
+        path.push("d");
+        if files_at.contains(&level) {
+            for name in ["a", "b"] {
+                let f = rustix::fs::openat(
+                    &dir,
+                    name,
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o644),
+                )
+                .unwrap();
+                let mut f = std::fs::File::from(f);
+                f.write_all(bytes).unwrap();
+            }
+        }
+    }
+    path
+}

@@ -38,12 +38,13 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, OwnedFd};
-use rustix::fs::{self, FileType, Mode, OFlags};
+use rustix::fs::{self, FileType, OFlags};
 use rustix::io::Errno;
 
 use crate::extents::extents_fd;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
+use crate::prim::files::open_deep;
 use crate::run::{Phase, Run};
 use crate::walk::{self, DirInfo, Entry, Visitor};
 
@@ -236,19 +237,27 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     plan.hardlinks_skipped = hardlinks;
 
     // Filesystems: refuse network clients and those that cannot dedupe.
-    let mut allowed: HashMap<u64, bool> = HashMap::new();
+    // Asked once per device, of its shortest path (a deep one may not fit
+    // PATH_MAX, which the probe needs).
+    let mut shortest: HashMap<u64, &Path> = HashMap::new();
     for c in &files {
-        if allowed.contains_key(&c.dev) {
-            continue;
+        let p = shortest.entry(c.dev).or_insert(&c.path);
+        if c.path.as_os_str().len() < p.as_os_str().len() {
+            *p = &c.path;
         }
-        let ok = match can_dedupe(&c.path) {
+    }
+    let mut allowed: HashMap<u64, bool> = HashMap::new();
+    let mut devices: Vec<(u64, &Path)> = shortest.into_iter().collect();
+    devices.sort();
+    for (dev, path) in devices {
+        let ok = match can_dedupe(path) {
             Ok(()) => true,
             Err(e) => {
                 errors.push(e);
                 false
             }
         };
-        allowed.insert(c.dev, ok);
+        allowed.insert(dev, ok);
     }
     let mut files = files;
     files.retain(|c| allowed[&c.dev]);
@@ -372,10 +381,11 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
 }
 
 /// Open for reading without touching the access time where allowed.
+/// Paths deeper than PATH_MAX are opened in pieces.
 pub(super) fn open_read(path: &Path) -> rustix::io::Result<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    match fs::open(path, flags | OFlags::NOATIME, Mode::empty()) {
-        Err(Errno::PERM) => fs::open(path, flags, Mode::empty()),
+    match open_deep(path, flags | OFlags::NOATIME) {
+        Err(Errno::PERM) => open_deep(path, flags),
         other => other,
     }
 }

@@ -3,12 +3,48 @@
 
 use std::path::{Component, Path};
 
-use rustix::fd::{BorrowedFd, OwnedFd};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
+
+/// The longest path handed to one `open` (PATH_MAX is 4096 with its NUL).
+const PATH_CHUNK: usize = 4000;
+
+/// `open(path, flags)`, for paths longer than PATH_MAX too: those are
+/// opened in pieces cut at a `/`, each relative to the directory the last
+/// piece opened (how `cp -a` works, relative to descriptors). Symbolic
+/// links in the directories are followed as `open` would; `flags` apply to
+/// the last component.
+pub(crate) fn open_deep(path: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() < PATH_CHUNK {
+        return fs::open(path, flags, Mode::empty());
+    }
+    let mut dir: Option<OwnedFd> = None;
+    let mut rest = bytes;
+    while rest.len() >= PATH_CHUNK {
+        let cut = rest[..PATH_CHUNK]
+            .iter()
+            .rposition(|&b| b == b'/')
+            .ok_or(Errno::NAMETOOLONG)?;
+        let piece: &[u8] = if cut == 0 { b"/" } else { &rest[..cut] };
+        let at = dir.as_ref().map_or(fs::CWD, |d| d.as_fd());
+        let next = fs::openat(
+            at,
+            piece,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        dir = Some(next);
+        rest = &rest[cut + 1..];
+    }
+    let at = dir.as_ref().map_or(fs::CWD, |d| d.as_fd());
+    fs::openat(at, rest, flags, Mode::empty())
+}
 
 /// "a directory", "a FIFO", ...: a file type in words, for messages.
 pub(crate) fn file_type_name(mode: u32) -> &'static str {

@@ -106,14 +106,32 @@ pub(crate) fn open_beneath(
     rel: &str,
     flags: OFlags,
 ) -> std::result::Result<OwnedFd, Errno> {
-    fs::openat2(
-        root,
-        if rel.is_empty() { "." } else { rel },
-        flags | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let open = |at: BorrowedFd<'_>, p: &str, flags: OFlags| {
+        fs::openat2(at, p, flags | OFlags::CLOEXEC, Mode::empty(), resolve)
+    };
+    if rel.len() < PATH_CHUNK {
+        return open(root, if rel.is_empty() { "." } else { rel }, flags);
+    }
+    // Longer than the kernel takes at once (PATH_MAX): walk down in
+    // pieces, each beneath the directory the last one opened, so a deep
+    // tree works as `cp -a`'s does and nothing may escape either.
+    let mut dir: Option<OwnedFd> = None;
+    let mut rest = rel;
+    while rest.len() >= PATH_CHUNK {
+        let cut = rest[..PATH_CHUNK].rfind('/').ok_or(Errno::NAMETOOLONG)?;
+        let at = dir.as_ref().map_or(root, |d| d.as_fd());
+        let next = open(at, &rest[..cut], OFlags::PATH | OFlags::DIRECTORY)?;
+        dir = Some(next);
+        rest = &rest[cut + 1..];
+    }
+    let at = dir.as_ref().map_or(root, |d| d.as_fd());
+    open(at, rest, flags)
 }
+
+/// The longest relative path handed to one `openat2` (PATH_MAX is 4096
+/// with its NUL).
+const PATH_CHUNK: usize = 4000;
 
 /// The names in a directory, without `.` and `..`.
 pub(super) fn list_dir(fd: BorrowedFd<'_>) -> std::result::Result<Vec<Vec<u8>>, Errno> {
