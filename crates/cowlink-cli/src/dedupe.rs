@@ -178,10 +178,16 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     for e in &plan.errors {
         errln!("cowlink: {e}");
     }
-    let skipped = format!(
+    let mut skipped = format!(
         "skipped: {} already shared, {} hard links, {} inline (not shareable)",
         plan.files_already_shared, plan.hardlinks_skipped, plan.inline_skipped
     );
+    if plan.not_permitted > 0 {
+        skipped += &format!(
+            ", {} not yours to change (dedupe needs the owner, write permission or root)",
+            plan.not_permitted
+        );
+    }
     match &report {
         None => writeln!(
             out,

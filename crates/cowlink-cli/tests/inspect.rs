@@ -344,3 +344,80 @@ fn dedupe_works_on_paths_longer_than_path_max() {
     assert_eq!(total["saved"], 3 * (64 << 10), "{total}");
     fs::remove_dir_all(&root).ok();
 }
+
+fn as_nobody(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// An unprivileged caller among root's files: the probe's scratch file
+/// cannot be made (not the filesystem's fault, so no "made with reflink=1"
+/// and no refusal), root's files are sources only, the caller's own copy
+/// is the target, and only space that was freed is claimed.
+#[test]
+fn unprivileged_dedupe_changes_only_its_own_files_and_claims_only_what_it_freed() {
+    use std::os::unix::fs::chown;
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let top = x.path().join("shared-area");
+    let mine = top.join("mine");
+    fs::create_dir_all(&mine).unwrap();
+    fs::set_permissions(&top, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let body = data(256 << 10, 31);
+    for name in ["r1", "r2"] {
+        write_file(&top.join(name), &body);
+    }
+    write_file(&mine.join("m"), &body);
+    chown(&mine, Some(65534), Some(65534)).unwrap();
+    chown(mine.join("m"), Some(65534), Some(65534)).unwrap();
+
+    let out = as_nobody(&[&"dedupe", &"--dry-run", &top]);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{so}{se}");
+    assert!(
+        !se.contains("reflink=1") && !se.contains("cannot deduplicate"),
+        "{se}"
+    );
+    assert!(so.contains("1 duplicate groups, 1 targets"), "{so}");
+    assert!(so.contains("1 not yours to change"), "{so}");
+
+    let out = as_nobody(&[&"dedupe", &"--json", &top]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    let g = &v["plan"]["groups"][0];
+    assert_eq!(g["source"], top.join("r1").to_str().unwrap(), "{v}");
+    assert_eq!(g["targets"], serde_json::json!([mine.join("m")]), "{v}");
+    assert_eq!(v["result"]["targets_deduped"], 1, "{v}");
+    assert_eq!(v["result"]["errors"], serde_json::json!([]), "{v}");
+    assert!(
+        v["result"]["bytes_reclaimed"].as_u64().unwrap() >= 200 << 10,
+        "{v}"
+    );
+    assert!(cowlink::extents::extents(mine.join("m"))
+        .unwrap()
+        .is_cow_link());
+    assert!(!cowlink::extents::extents(top.join("r2"))
+        .unwrap()
+        .is_cow_link());
+    assert_eq!(fs::read(mine.join("m")).unwrap(), body);
+
+    // Only root's files: nothing to change, nothing claimed, no error.
+    let only_root = x.path().join("root-only");
+    fs::create_dir_all(&only_root).unwrap();
+    for name in ["a", "b"] {
+        write_file(&only_root.join(name), &body);
+    }
+    let out = as_nobody(&[&"dedupe", &"--json", &only_root]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{v}");
+    assert_eq!(v["plan"]["not_permitted"], 1, "{v}");
+    assert_eq!(v["result"]["bytes_reclaimed"], 0, "{v}");
+    fs::remove_dir_all(&top).unwrap();
+    fs::remove_dir_all(&only_root).unwrap();
+}

@@ -253,10 +253,19 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
         Ok(fd) => fd,
         Err(e) => {
             let why = format!(
-                "cannot make a scratch file in '{}': {}",
+                "cannot make a scratch file in '{}' to try: {}",
                 dir.display(),
                 errno_text(e)
             );
+            // Not allowed to write there: the filesystem is not the
+            // reason, so no hint about how it was made.
+            if matches!(e, Errno::ACCESS | Errno::PERM | Errno::ROFS) && !kind.never_reflinks() {
+                let dedupe = match kind.is_network_client() {
+                    true => network_dedupe(),
+                    false => Answer::Unknown(why.clone()),
+                };
+                return (Answer::Unknown(why), dedupe);
+            }
             let dedupe = if kind.is_network_client() {
                 network_dedupe()
             } else {

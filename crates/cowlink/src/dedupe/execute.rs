@@ -50,9 +50,11 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
     run.enter(Phase::Dedupe, plan.targets(), total);
     // Free space per filesystem before, keyed by device.
     let mut free_before: HashMap<u64, (OwnedFd, u64)> = HashMap::new();
+    let mut dev_of: HashMap<&std::path::Path, u64> = HashMap::new();
     for g in &plan.groups {
         if let Ok(fd) = open_read(&g.source) {
             if let Ok(st) = fs::fstat(&fd) {
+                dev_of.insert(&g.source, st.st_dev);
                 if let std::collections::hash_map::Entry::Vacant(slot) =
                     free_before.entry(st.st_dev)
                 {
@@ -66,7 +68,7 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
     // Disk order (approximately: path order) rather than size order.
     let mut order: Vec<&Group> = plan.groups.iter().collect();
     order.sort_by(|a, b| a.source.cmp(&b.source));
-    let work = || -> Vec<DedupeReport> {
+    let work = || -> Vec<(Option<u64>, DedupeReport)> {
         order
             .par_iter()
             .map(|g| {
@@ -75,7 +77,7 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
                     r.groups = 1;
                     dedupe_group(g, &mut r, run);
                 }
-                r
+                (dev_of.get(g.source.as_path()).copied(), r)
             })
             .collect()
     };
@@ -86,14 +88,23 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
         Ok(pool) => pool.install(work),
         Err(_) => work(),
     };
-    for r in parts {
+    // Devices where something was shared: only their free space can have
+    // grown because of us (elsewhere a change is someone else's).
+    let mut shared_on: std::collections::HashSet<u64> = Default::default();
+    for (dev, r) in parts {
+        if let (Some(d), true) = (dev, r.targets_deduped > 0) {
+            shared_on.insert(d);
+        }
         report.groups += r.groups;
         report.targets_deduped += r.targets_deduped;
         report.bytes_compared += r.bytes_compared;
         report.changed.extend(r.changed);
         report.errors.extend(r.errors);
     }
-    for (fd, before) in free_before.values() {
+    for (dev, (fd, before)) in &free_before {
+        if !shared_on.contains(dev) {
+            continue;
+        }
         if let Some(after) = free_space(fd) {
             report.bytes_reclaimed += after.saturating_sub(*before);
         }

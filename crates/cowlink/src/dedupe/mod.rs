@@ -45,6 +45,7 @@ use crate::extents::extents_fd;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 use crate::prim::files::open_deep;
+use crate::probe::Answer;
 use crate::run::{Phase, Run};
 use crate::walk::{self, DirInfo, Entry, Visitor};
 
@@ -122,6 +123,11 @@ pub struct Plan {
     /// shareable and nothing is claimed for them.
     #[serde(default)]
     pub inline_skipped: u64,
+    /// Duplicates left alone because the caller may not change them
+    /// (`FIDEDUPERANGE` needs the target's owner, write permission, or
+    /// `CAP_SYS_ADMIN`); they can still be a group's source.
+    #[serde(default)]
+    pub not_permitted: u64,
     /// Files that could not be read, and filesystems refused (sorted by
     /// path). Not read back from a saved plan.
     #[serde(skip_deserializing)]
@@ -147,6 +153,8 @@ struct Collect {
     /// walked).
     errors: Mutex<Vec<Error>>,
     min_size: u64,
+    /// The caller's effective user id.
+    euid: u32,
 }
 
 impl Collect {
@@ -165,6 +173,12 @@ impl Collect {
             return;
         }
         let size = st.st_size as u64;
+        // What the kernel asks of a dedupe target: root, the owner, or
+        // write permission (checked only when the first two fail).
+        let euid = self.euid;
+        let may_change = euid == 0
+            || st.st_uid == euid
+            || fs::accessat(e.dirfd, e.name, fs::Access::WRITE_OK, fs::AtFlags::EACCESS).is_ok();
         let mut c = Cand {
             path: e.path,
             dev: st.st_dev,
@@ -174,6 +188,7 @@ impl Collect {
             exclusive: 0,
             inline: false,
             small_hash: None,
+            may_change,
         };
         if size >= self.min_size.max(1) {
             c.exclusive = st.st_blocks as u64 * 512; // until the layout is read
@@ -214,6 +229,7 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     run.enter(Phase::Scan, 0, 0);
     let c = Collect {
         min_size: opts.min_size,
+        euid: rustix::process::geteuid().as_raw(),
         ..Default::default()
     };
     walk::walk(&roots, run, Operation::Dedupe, &c);
@@ -372,8 +388,9 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let (groups, already) = stages::groups(&clusters, &cluster_groups, &full);
+    let (groups, already, not_permitted) = stages::groups(&clusters, &cluster_groups, &full);
     plan.files_already_shared += already;
+    plan.not_permitted = not_permitted;
     plan.groups = groups;
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
@@ -438,9 +455,12 @@ fn can_dedupe(path: &Path) -> Result<()> {
         )));
     }
     let facts = crate::probe::filesystem(dir)?;
-    match facts.dedupe.reason() {
-        None => Ok(()),
-        Some(why) => Err(Error::new(op, ErrorKind::NotSupported)
+    match facts.dedupe {
+        // No trial could be made (say, no right to write a scratch file
+        // there): the kernel decides per file, and `FIDEDUPERANGE` compares
+        // before it shares, so trying is safe.
+        Answer::Yes | Answer::Unknown(_) => Ok(()),
+        Answer::No(why) => Err(Error::new(op, ErrorKind::NotSupported)
             .with_src(dir)
             .with_reason(format!("this filesystem cannot deduplicate: {why}"))),
     }

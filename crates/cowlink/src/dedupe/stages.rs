@@ -25,6 +25,9 @@ pub(super) struct Cand {
     /// For files of at most two edges: the hash of all their bytes, taken
     /// while the file was open for its layout (one open per small file).
     pub small_hash: Option<[u8; 32]>,
+    /// The caller may make this file share another's blocks (root, its
+    /// owner, or write permission); otherwise it can only be a source.
+    pub may_change: bool,
 }
 
 /// A contiguous logical → physical run of a file's extents.
@@ -157,30 +160,42 @@ pub(super) fn split_by(
     out
 }
 
-/// The plan's groups from clusters with equal full hashes: the source is
-/// the first path of the largest cluster (fewest files change), targets
-/// are every file of the other clusters. Returns the groups, largest
-/// reclaimable first (ties by source path), and how many files were
-/// already shared with their source.
+/// The plan's groups from clusters with equal full hashes. The source is
+/// the first path of a cluster holding files the caller may not change
+/// (they can only be a source), else of the largest cluster (fewest files
+/// change); targets are the files of the other clusters the caller may
+/// change. Returns the groups, largest reclaimable first (ties by source
+/// path), how many files were already shared with their source, and how
+/// many duplicates were left alone because the caller may not change them.
 pub(super) fn groups(
     clusters: &[Vec<Cand>],
     cluster_groups: &[Vec<usize>],
     full: &HashMap<usize, [u8; 32]>,
-) -> (Vec<Group>, u64) {
+) -> (Vec<Group>, u64, u64) {
     let mut out = Vec::new();
-    let mut already = 0;
+    let (mut already, mut not_permitted) = (0, 0);
+    let fixed = |id: usize| clusters[id].iter().filter(|c| !c.may_change).count();
     for mut members in split_by(cluster_groups, full) {
         let hash = full[&members[0]];
         members.sort_by(|&a, &b| {
-            clusters[b]
-                .len()
-                .cmp(&clusters[a].len())
+            fixed(b)
+                .cmp(&fixed(a))
+                .then(clusters[b].len().cmp(&clusters[a].len()))
                 .then(clusters[a][0].path.cmp(&clusters[b][0].path))
         });
         let src = &clusters[members[0]];
-        let mut targets: Vec<&Cand> = members[1..].iter().flat_map(|&m| &clusters[m]).collect();
-        targets.sort_by(|a, b| a.path.cmp(&b.path));
+        let mut targets: Vec<&Cand> = Vec::new();
+        for c in members[1..].iter().flat_map(|&m| &clusters[m]) {
+            match c.may_change {
+                true => targets.push(c),
+                false => not_permitted += 1,
+            }
+        }
         already += src.len() as u64 - 1;
+        if targets.is_empty() {
+            continue;
+        }
+        targets.sort_by(|a, b| a.path.cmp(&b.path));
         out.push(Group {
             size: src[0].size,
             blake3: crate::ground::hash::hex(&hash),
@@ -195,7 +210,7 @@ pub(super) fn groups(
             .cmp(&a.reclaimable)
             .then(a.source.cmp(&b.source))
     });
-    (out, already)
+    (out, already, not_permitted)
 }
 
 #[cfg(test)]
@@ -209,6 +224,7 @@ mod tests {
             ino,
             size,
             exclusive: size,
+            may_change: true,
             ..Cand::default()
         }
     }
@@ -349,7 +365,7 @@ mod tests {
         assert_eq!(split.len(), 1);
         assert_eq!(split[0].len(), 3);
 
-        let (groups, already) = groups(&c.clusters, &c.groups, &full);
+        let (groups, already, _) = groups(&c.clusters, &c.groups, &full);
         assert_eq!(groups.len(), 1);
         let g = &groups[0];
         assert_eq!(g.source, PathBuf::from("x1"), "largest cluster, first path");
@@ -372,8 +388,36 @@ mod tests {
                 full.insert(id, [n as u8; 32]);
             }
         }
-        let (g, _) = groups(&c.clusters, &c.groups, &full);
+        let (g, _, _) = groups(&c.clusters, &c.groups, &full);
         let src: Vec<_> = g.iter().map(|g| g.source.to_str().unwrap()).collect();
         assert_eq!(src, ["s2", "a3", "s1"]);
+    }
+
+    #[test]
+    fn files_the_caller_may_not_change_are_sources_never_targets() {
+        // root's r1 and r2 (not ours), our own m: m is the one to change,
+        // sharing r1's blocks; r2 stays as it is and is counted.
+        let mut r1 = cand("r1", 1, 1, 10);
+        r1.may_change = false;
+        let mut r2 = cand("r2", 1, 2, 10);
+        r2.may_change = false;
+        let c = clusters(vec![vec![cand("m", 1, 3, 10), r2, r1]]);
+        let full: HashMap<usize, [u8; 32]> = c.groups[0].iter().map(|&i| (i, [7u8; 32])).collect();
+        let (g, _, not_permitted) = groups(&c.clusters, &c.groups, &full);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].source, PathBuf::from("r1"));
+        assert_eq!(g[0].targets, [PathBuf::from("m")]);
+        assert_eq!(not_permitted, 1);
+
+        // Nothing of ours among them: no group at all.
+        let mut a = cand("a", 1, 4, 10);
+        a.may_change = false;
+        let mut b = cand("b", 1, 5, 10);
+        b.may_change = false;
+        let c = clusters(vec![vec![a, b]]);
+        let full: HashMap<usize, [u8; 32]> = c.groups[0].iter().map(|&i| (i, [7u8; 32])).collect();
+        let (g, _, not_permitted) = groups(&c.clusters, &c.groups, &full);
+        assert!(g.is_empty());
+        assert_eq!(not_permitted, 1);
     }
 }
