@@ -119,7 +119,11 @@ pub(crate) fn open_beneath(
     let mut dir: Option<OwnedFd> = None;
     let mut rest = rel;
     while rest.len() >= PATH_CHUNK {
-        let cut = rest[..PATH_CHUNK].rfind('/').ok_or(Errno::NAMETOOLONG)?;
+        // Cut at a '/' (a char boundary, whatever the bytes before it).
+        let cut = rest.as_bytes()[..PATH_CHUNK]
+            .iter()
+            .rposition(|&b| b == b'/')
+            .ok_or(Errno::NAMETOOLONG)?;
         let at = dir.as_ref().map_or(root, |d| d.as_fd());
         let next = open(at, &rest[..cut], OFlags::PATH | OFlags::DIRECTORY)?;
         dir = Some(next);
@@ -132,6 +136,54 @@ pub(crate) fn open_beneath(
 /// The longest relative path handed to one `openat2` (PATH_MAX is 4096
 /// with its NUL).
 const PATH_CHUNK: usize = 4000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path beyond PATH_MAX made of multi-byte names, with a character
+    /// across the cut: opened in pieces without splitting a character.
+    #[test]
+    fn deep_paths_with_multibyte_names_open_in_pieces() {
+        let root = std::env::temp_dir().join(format!("cowlink-beneath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let name = "é".repeat(100); // 200 bytes, 2 per character
+        let mut rel = String::new();
+        let mut dir = fs::open(&root, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+        for i in 0..30 {
+            // Shift the characters by one byte every other name: byte
+            // 4000 then falls inside a character.
+            let n = if i % 2 == 0 {
+                format!("x{name}")
+            } else {
+                name.clone()
+            };
+            fs::mkdirat(&dir, n.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            dir = fs::openat(
+                &dir,
+                n.as_str(),
+                OFlags::DIRECTORY | OFlags::RDONLY,
+                Mode::empty(),
+            )
+            .unwrap();
+            if !rel.is_empty() {
+                rel.push('/');
+            }
+            rel.push_str(&n);
+        }
+        assert!(rel.len() > 6000);
+        assert!(
+            !rel.is_char_boundary(PATH_CHUNK),
+            "the cut must fall inside a character"
+        );
+        let top = fs::open(&root, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let got = open_beneath(top.as_fd(), &rel, OFlags::PATH | OFlags::DIRECTORY).unwrap();
+        let (a, b) = (fs::fstat(&got).unwrap(), fs::fstat(&dir).unwrap());
+        assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
 
 /// The names in a directory, without `.` and `..`.
 pub(super) fn list_dir(fd: BorrowedFd<'_>) -> std::result::Result<Vec<Vec<u8>>, Errno> {
