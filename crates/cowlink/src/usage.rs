@@ -28,6 +28,7 @@ use rustix::io::Errno;
 
 use crate::extents::{extents_fd, fiemap_error};
 use crate::ground::error::{Error, Operation, Result};
+use crate::ground::lock;
 use crate::walk::{self, DirInfo, Entry, Visitor};
 
 /// Space figures for a set of files (each file counted once, whatever
@@ -337,10 +338,6 @@ impl Visitor for Collector {
     fn error(&self, err: Error) {
         lock(&self.errors).push(err);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Turn the walk's records into figures per scope.

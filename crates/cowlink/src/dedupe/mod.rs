@@ -44,6 +44,7 @@ use rustix::io::Errno;
 use crate::extents::extents_fd;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
+use crate::ground::lock;
 use crate::prim::files::open_deep;
 use crate::probe::Answer;
 use crate::run::{Phase, Run};
@@ -210,10 +211,6 @@ impl Visitor for Collect {
     fn error(&self, err: Error) {
         lock(&self.errors).push(err);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Find groups of identical files under `paths` and how to deduplicate

@@ -1,8 +1,14 @@
 //! The ground floor: what every other layer stands on and which imports
 //! nothing of the crate but itself. The one error type, filesystem kinds
-//! and their limits, the mount table, and hashing.
+//! and their limits, the mount table, hashing, and [`lock`].
 
 pub mod error;
 pub mod fskind;
 pub(crate) mod hash;
 pub mod mountinfo;
+
+/// Lock a mutex, taking the data even if a thread panicked holding it (the
+/// collectors only push to vectors, which a panic cannot leave half-done).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
