@@ -562,13 +562,8 @@ pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
         None => std::path::absolute(root)
             .map_err(|e| Error::from_io(Operation::Probe, &e).with_src(root))?,
     };
-    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
-        Error::from_errno(
-            Operation::Probe,
-            Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        )
-        .with_src("/proc/self/mountinfo")
-    })?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::from_io(Operation::Probe, &e).with_src("/proc/self/mountinfo"))?;
     let mounts = mountinfo::at_or_under(&mountinfo::parse(&text), &canon);
     let handles: Vec<_> = mounts
         .into_iter()

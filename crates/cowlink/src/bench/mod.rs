@@ -119,7 +119,10 @@ pub struct Latency {
 }
 
 impl Latency {
-    /// Median, min and max of `v` (which must not be empty).
+    /// Median, min and max of `v`.
+    ///
+    /// # Panics
+    /// If `v` is empty (every [`Plan`] times at least 5 operations).
     pub fn of(mut v: Vec<Duration>) -> Latency {
         v.sort();
         let us = |d: Duration| d.as_secs_f64() * 1e6;
