@@ -3,6 +3,7 @@
 //! and large-file writer strategies, and decides; this module renders the
 //! report (table, JSON, SVG chart) and words the verdict.
 
+use cowlink::name::{quoted, shown};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -96,7 +97,7 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
     }
     let report = result?;
     if let Some(svg) = &args.svg {
-        draw_svg(svg, &report).with_context(|| format!("cannot write '{}'", svg.display()))?;
+        draw_svg(svg, &report).with_context(|| format!("cannot write {}", quoted(svg)))?;
     }
     if args.json {
         // The report as the library gives it, plus the verdict in words.
@@ -182,7 +183,7 @@ fn print_text(r: &BenchReport) -> Result<()> {
     writeln!(
         out,
         "{} ({}): reflink {}",
-        r.dir.display(),
+        shown(&r.dir),
         r.filesystem,
         if r.reflink.works {
             "works".to_string()
@@ -299,7 +300,7 @@ fn draw_svg(path: &Path, r: &BenchReport) -> Result<()> {
         .caption(
             format!(
                 "{} ({}): median latency per file",
-                r.dir.display(),
+                shown(&r.dir),
                 r.filesystem
             ),
             ("sans-serif", 20),

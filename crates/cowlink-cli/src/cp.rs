@@ -1,5 +1,6 @@
 //! `cowlink cp`: clone files (and, with -r, directory trees) like cp.
 
+use cowlink::name::quoted;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,12 +161,13 @@ enum PreserveArg {
 }
 
 /// One entry of `--json` output. Paths that are not UTF-8 are written
-/// with U+FFFD in place of the bytes JSON cannot hold.
+/// with U+FFFD in place of the bytes JSON cannot hold, plus their exact
+/// bytes in `src_bytes`/`dst_bytes` (see [`cowlink::name`]).
 #[derive(Serialize, Debug)]
 struct Record<'a> {
-    #[serde(serialize_with = "lossy")]
+    #[serde(flatten, serialize_with = "cowlink::name::json::src")]
     src: &'a Path,
-    #[serde(serialize_with = "lossy")]
+    #[serde(flatten, serialize_with = "cowlink::name::json::dst")]
     dst: &'a Path,
     /// ok, planned, skipped, failed
     status: &'static str,
@@ -180,10 +182,6 @@ struct Record<'a> {
     micros: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<Error>,
-}
-
-fn lossy<S: serde::Serializer>(p: &&Path, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(&p.to_string_lossy())
 }
 
 impl<'a> Record<'a> {
@@ -215,6 +213,10 @@ struct Summary {
     skipped: u64,
     failed: u64,
     elapsed_ms: u64,
+    /// The same, exact, for the summary line (a sub-millisecond copy is
+    /// not "0 µs").
+    #[serde(skip)]
+    elapsed: Duration,
     dry_run: bool,
     cancelled: bool,
 }
@@ -279,9 +281,9 @@ impl Reporter {
                 _ => "destination exists",
             };
             self.eprint(&format!(
-                "'{}' -> '{}': skipped, {why}",
-                src.display(),
-                dst.display()
+                "{} -> {}: skipped, {why}",
+                quoted(src),
+                quoted(dst)
             ));
         }
         self.record(&Record::new(src, dst, "skipped"));
@@ -296,9 +298,9 @@ impl Reporter {
                 .map(|d| format!(" in {}", human_duration(d)))
                 .unwrap_or_default();
             self.print(&format!(
-                "'{}' -> '{}': {}, {}{took}",
-                src.display(),
-                dst.display(),
+                "{} -> {}: {}, {}{took}",
+                quoted(src),
+                quoted(dst),
                 o.method.describe(),
                 human_bytes(o.bytes),
             ));
@@ -317,9 +319,9 @@ impl Reporter {
         if self.verbose || planned {
             let prefix = if planned { "would copy " } else { "" };
             self.print(&format!(
-                "{prefix}'{}' -> '{}': {words}",
-                src.display(),
-                dst.display()
+                "{prefix}{} -> {}: {words}",
+                quoted(src),
+                quoted(dst)
             ));
         }
         self.record(&Record {
@@ -400,6 +402,7 @@ impl Reporter {
             skipped: t.skipped,
             failed: t.errors,
             elapsed_ms: elapsed.as_millis() as u64,
+            elapsed,
             dry_run,
             cancelled,
         }
@@ -447,10 +450,7 @@ fn summary_line(s: &Summary) -> String {
             line.push_str(&format!(", {n} {what}"));
         }
     }
-    line.push_str(&format!(
-        " in {}",
-        human_duration(Duration::from_millis(s.elapsed_ms))
-    ));
+    line.push_str(&format!(" in {}", human_duration(s.elapsed)));
     if s.cancelled {
         line.push_str(" — cancelled");
     }
@@ -611,8 +611,8 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<(PathBuf, PathBuf)>> {
         None => {
             if args.paths.len() < 2 {
                 bail!(
-                    "missing destination file operand after '{}'\nUsage: cowlink cp [OPTIONS] SRC... DEST (see --help)",
-                    args.paths[0].display()
+                    "missing destination file operand after {}\nUsage: cowlink cp [OPTIONS] SRC... DEST (see --help)",
+                    quoted(&args.paths[0])
                 );
             }
             let (last, rest) = args.paths.split_last().expect("two or more paths");
@@ -627,7 +627,7 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<(PathBuf, PathBuf)>> {
             }
             if rest.len() == 1 && is_dir(last) != Some(true) {
                 if last.as_os_str().to_string_lossy().ends_with('/') {
-                    bail!("target '{}' is not a directory", last.display());
+                    bail!("target {} is not a directory", quoted(last));
                 }
                 return Ok(vec![(rest[0].clone(), last.clone())]);
             }
@@ -638,8 +638,8 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<(PathBuf, PathBuf)>> {
     match is_dir(dir) {
         Some(true) => {}
         exists => bail!(
-            "target '{}' is not a directory{}",
-            dir.display(),
+            "target {} is not a directory{}",
+            quoted(dir),
             if exists.is_some() {
                 ""
             } else {
@@ -651,7 +651,7 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<(PathBuf, PathBuf)>> {
         .iter()
         .map(|src| {
             let name = src.file_name().ok_or_else(|| {
-                anyhow::anyhow!("cannot copy '{}': it has no file name", src.display())
+                anyhow::anyhow!("cannot copy {}: it has no file name", quoted(src))
             })?;
             Ok((src.clone(), dir.join(name)))
         })

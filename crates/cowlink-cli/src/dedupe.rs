@@ -1,5 +1,6 @@
 //! `cowlink dedupe`: make identical files share their blocks, safely.
 
+use cowlink::name::{quoted, shown};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -168,10 +169,10 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 human_bytes(g.size),
                 &g.blake3[..16],
                 human_bytes(g.reclaimable),
-                g.source.display()
+                shown(&g.source)
             )?;
             for t in &g.targets {
-                writeln!(out, "    {}", t.display())?;
+                writeln!(out, "    {}", shown(t))?;
             }
         }
     }
@@ -203,8 +204,8 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         Some(r) => {
             for c in &r.changed {
                 errln!(
-                    "cowlink: '{}' changed since it was scanned; left as it is",
-                    c.display()
+                    "cowlink: {} changed since it was scanned; left as it is",
+                    quoted(c)
                 );
             }
             for e in &r.errors {

@@ -1,5 +1,6 @@
 //! `cowlink du`: how much space files really take when blocks are shared.
 
+use cowlink::name::shown;
 use std::cmp::Ordering;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
@@ -143,11 +144,11 @@ pub fn run(args: DuArgs) -> Result<Exit> {
         let args_paths: Vec<&Path> = report.args.iter().map(|a| a.path.as_path()).collect();
         for d in dirs {
             if !args_paths.contains(&d.path.as_path()) {
-                row(&mut out, &d.usage, &d.path.display().to_string())?;
+                row(&mut out, &d.usage, &shown(&d.path))?;
             }
         }
         for a in &readable {
-            row(&mut out, &a.usage, &a.path.display().to_string())?;
+            row(&mut out, &a.usage, &shown(&a.path))?;
         }
         if report.args.len() > 1 {
             row(&mut out, &report.total, "total (the set)")?;

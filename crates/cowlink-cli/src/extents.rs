@@ -1,6 +1,7 @@
 //! `cowlink extents`: where a file's bytes live, and whether it is a
 //! copy-on-write link (and with whom).
 
+use cowlink::name::{quoted, shown};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -54,6 +55,7 @@ pub struct ExtentsArgs {
 
 #[derive(Serialize)]
 struct FileOut<'a> {
+    #[serde(flatten, serialize_with = "cowlink::name::json::path")]
     path: &'a Path,
     cow_link: bool,
     #[serde(flatten)]
@@ -67,6 +69,7 @@ struct FileOut<'a> {
 
 #[derive(Serialize)]
 struct SharedWith<'a> {
+    #[serde(flatten, serialize_with = "cowlink::name::json::path")]
     path: &'a Path,
     bytes: u64,
 }
@@ -92,8 +95,8 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
                 // Not Btrfs: the table still shows sharing within the set.
                 Err(e) if e.kind() == ErrorKind::NotSupported => {
                     errln!(
-                        "cowlink: no reference counts for '{}': {}",
-                        p.display(),
+                        "cowlink: no reference counts for {}: {}",
+                        quoted(p),
                         e.reason()
                     );
                 }
@@ -183,7 +186,7 @@ fn table(
     set: bool,
     me: usize,
 ) -> std::io::Result<()> {
-    writeln!(out, "{}:", path.display())?;
+    writeln!(out, "{}:", shown(path))?;
     // "set": how many of the files given use each extent's blocks.
     let refs_col = refs.is_some() || set;
     write!(
@@ -218,7 +221,7 @@ fn table(
                     )?;
                 }
                 for p in &fr.paths {
-                    writeln!(out, "{:>8}{} at offset {}", "", p.display(), fr.offset)?;
+                    writeln!(out, "{:>8}{} at offset {}", "", shown(p), fr.offset)?;
                 }
             }
         }
@@ -238,7 +241,7 @@ fn summary(
     let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let mut s = format!(
         "{}: CoW link: {}, {:.0}% of {} shared, {}, {}",
-        path.display(),
+        shown(path),
         if l.is_cow_link() { "yes" } else { "no" },
         (l.shared_fraction() * 100.0).floor(),
         human_bytes(l.mapped_bytes),
@@ -263,7 +266,7 @@ fn summary(
         let names: Vec<String> = with
             .iter()
             .take(3)
-            .map(|w| format!("{} with {}", human_bytes(w.bytes), w.path.display()))
+            .map(|w| format!("{} with {}", human_bytes(w.bytes), shown(w.path)))
             .collect();
         s += &format!("; shares {}", names.join(", "));
         if with.len() > 3 {

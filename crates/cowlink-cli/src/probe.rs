@@ -1,5 +1,6 @@
 //! `cowlink probe`: can these paths clone, and what can their filesystems do?
 
+use cowlink::name::{quoted, shown};
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -48,7 +49,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
             let mut t = table(&["MOUNT", "TYPE", "RO", "REFLINK", "DEDUPE", "BLOCK", "WHY"]);
             for m in &mounts {
                 t.add_row(vec![
-                    m.mount_point.display().to_string(),
+                    shown(&m.mount_point).to_string(),
                     m.fstype.clone(),
                     if m.read_only { "ro" } else { "" }.to_string(),
                     m.facts.reflink.word().to_string(),
@@ -84,7 +85,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
                 let mut t = table(&["", "SOURCE", "DESTINATION"]);
                 let side = |f: &FsFacts| {
                     vec![
-                        f.path.display().to_string(),
+                        shown(&f.path).to_string(),
                         format!(
                             "{}{}",
                             f.kind,
@@ -112,10 +113,10 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
                 }
                 outln!("{t}");
                 outln!(
-                    "same filesystem: {}\nclone '{}' -> '{}': {}",
+                    "same filesystem: {}\nclone {} -> {}: {}",
                     if s.same_filesystem { "yes" } else { "no" },
-                    args.path.display(),
-                    dest.display(),
+                    quoted(&args.path),
+                    quoted(dest),
                     describe(&s.reflink)
                 );
             }
@@ -147,7 +148,7 @@ fn describe(a: &Answer) -> String {
 
 fn facts_rows(t: &mut Table, f: &FsFacts) {
     let rows = [
-        ("directory", f.path.display().to_string()),
+        ("directory", shown(&f.path).to_string()),
         (
             "filesystem",
             format!(

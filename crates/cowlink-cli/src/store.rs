@@ -1,6 +1,7 @@
 //! `cowlink store`: a content-addressed store whose files are cloned into
 //! many places.
 
+use cowlink::name::{quoted, shown};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,6 +41,17 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink store ls                             # stored trees
 ///   cowlink store verify                         # rehash everything
 ///   cowlink store gc --keep $M                   # drop everything else
+/// One line of `store add --json`: the file and what became of it.
+#[derive(Serialize)]
+struct AddOut<'a> {
+    #[serde(flatten, serialize_with = "cowlink::name::json::path")]
+    path: &'a Path,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    added: Option<cowlink::store::Added>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<cowlink::Error>,
+}
+
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct StoreArgs {
@@ -200,13 +212,21 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                                 "copied"
                             };
                             let new = if a.new { "new" } else { "already stored" };
-                            writeln!(out, "{}  {}  ({how}, {new})", a.digest, f.display())?;
+                            writeln!(out, "{}  {}  ({how}, {new})", a.digest, shown(f))?;
                         }
-                        results.push(serde_json::json!({"path": f, "added": a}));
+                        results.push(AddOut {
+                            path: f,
+                            added: Some(a),
+                            error: None,
+                        });
                     }
                     Err(e) => {
                         errln!("cowlink: {e}");
-                        results.push(serde_json::json!({"path": f, "error": e}));
+                        results.push(AddOut {
+                            path: f,
+                            added: None,
+                            error: Some(e),
+                        });
                         failed = true;
                     }
                 }
@@ -263,9 +283,9 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             } else {
                 writeln!(
                     out,
-                    "{} '{}' ({})",
+                    "{} {} ({})",
                     o.method.describe(),
-                    dest.display(),
+                    quoted(&dest),
                     human_bytes(o.bytes)
                 )?;
             }
@@ -309,9 +329,9 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             }
             if r.cancelled {
                 return interrupted(&format!(
-                    "{} files were placed whole in '{}', the rest were not started",
+                    "{} files were placed whole in {}, the rest were not started",
                     r.files,
-                    dest.display()
+                    quoted(&dest)
                 ));
             }
             if json {
@@ -345,7 +365,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             } else if rows.is_empty() {
                 errln!(
                     "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
-                    dir.display()
+                    shown(&dir)
                 );
             } else {
                 writeln!(out, "{:<64}  {:>8}  {:>10}", "MANIFEST", "FILES", "SIZE")?;
@@ -405,9 +425,9 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 for c in &r.corrupt {
                     let to = c.quarantined.as_ref().map_or_else(
                         || " (could not be moved)".to_string(),
-                        |q| format!(", moved to {}", q.display()),
+                        |q| format!(", moved to {}", shown(q)),
                     );
-                    errln!("cowlink: corrupt: {}: {}{to}", c.path.display(), c.problem);
+                    errln!("cowlink: corrupt: {}: {}{to}", shown(&c.path), c.problem);
                 }
                 for (m, o) in &r.missing {
                     errln!("cowlink: missing: object {o} (used by manifest {m})");
@@ -451,7 +471,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             if json {
                 json_out(&mut out, &s)?;
             } else {
-                writeln!(out, "store:        {}", dir.display())?;
+                writeln!(out, "store:        {}", shown(&dir))?;
                 writeln!(
                     out,
                     "objects:      {} ({}){}",

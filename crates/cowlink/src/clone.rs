@@ -83,10 +83,14 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     }
     let pending = PendingFile::create(CWD, &parent, dst, Mode::from_raw_mode(st.st_mode & 0o777))
         .map_err(|e| match e {
-        Errno::NOENT => {
-            err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
-        }
-        Errno::NOTDIR => err(e).with_reason(format!("'{}' is not a directory", parent.display())),
+        Errno::NOENT => err(e).with_reason(format!(
+            "directory {} does not exist",
+            crate::name::quoted(&parent)
+        )),
+        Errno::NOTDIR => err(e).with_reason(format!(
+            "{} is not a directory",
+            crate::name::quoted(&parent)
+        )),
         _ => err(e).with_reason(create_reason(e, &parent)),
     })?;
     let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
@@ -147,7 +151,10 @@ fn check_existing(
             return Err(Error::from_errno(op, Errno::NOTDIR)
                 .with_src(src)
                 .with_dst(dst)
-                .with_reason(format!("'{}' is not a directory", parent.display())))
+                .with_reason(format!(
+                    "{} is not a directory",
+                    crate::name::quoted(parent)
+                )))
         }
         Err(errno) => return Err(Error::from_errno(op, errno).with_src(src).with_dst(dst)),
     };

@@ -335,6 +335,7 @@ pub struct FileRef {
     pub offset: u64,
     /// The file's names, when asked for and when the file is in the same
     /// subvolume as the one asked about (empty otherwise).
+    #[serde(flatten, serialize_with = "crate::name::json::paths")]
     pub paths: Vec<PathBuf>,
 }
 

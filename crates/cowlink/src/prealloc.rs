@@ -116,15 +116,16 @@ impl PreallocWriter {
             Mode::from_raw_mode(options.mode & 0o7777),
         )
         .map_err(|e| match e {
-            Errno::NOENT => {
-                err(e).with_reason(format!("directory '{}' does not exist", parent.display()))
-            }
+            Errno::NOENT => err(e).with_reason(format!(
+                "directory {} does not exist",
+                crate::name::quoted(&parent)
+            )),
             _ => err(e).with_reason(create_reason(e, &parent)),
         })?;
         let preallocated = preallocate(pending.fd(), size).map_err(|e| match e {
             Errno::NOSPC | Errno::DQUOT => err(e).with_reason(format!(
-                "no space for the announced {size} bytes in '{}' (nothing was written)",
-                parent.display()
+                "no space for the announced {size} bytes in {} (nothing was written)",
+                crate::name::quoted(&parent)
             )),
             _ => err(e),
         })?;

@@ -75,6 +75,7 @@ impl Answer {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct FsFacts {
     /// The directory that was probed.
+    #[serde(flatten, serialize_with = "crate::name::json::path")]
     pub path: PathBuf,
     /// Filesystem kind (from the statfs magic when it answered).
     pub kind: FsKind,
@@ -124,6 +125,7 @@ pub struct Support {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MountSupport {
     /// Where it is mounted.
+    #[serde(flatten, serialize_with = "crate::name::json::mount_point")]
     pub mount_point: PathBuf,
     /// What is mounted (device, server export, name).
     pub source: String,
@@ -253,8 +255,8 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
         Ok(fd) => fd,
         Err(e) => {
             let why = format!(
-                "cannot make a scratch file in '{}' to try: {}",
-                dir.display(),
+                "cannot make a scratch file in {} to try: {}",
+                crate::name::quoted(dir),
                 errno_text(e)
             );
             // Not allowed to write there: the filesystem is not the
@@ -430,8 +432,8 @@ fn between_checked(src: PathBuf, dst: PathBuf) -> Result<Support> {
         Error::from_errno(Operation::Probe, e)
             .with_src(&dst_dir)
             .with_reason(format!(
-                "destination directory '{}': {}",
-                dst_dir.display(),
+                "destination directory {}: {}",
+                crate::name::quoted(&dst_dir),
                 errno_text(e)
             ))
     })?;
@@ -526,8 +528,8 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
         Ok(fd) => fd,
         Err(e) => {
             return Answer::Unknown(format!(
-                "cannot make a scratch file in '{}': {}",
-                dst_dir.display(),
+                "cannot make a scratch file in {}: {}",
+                crate::name::quoted(dst_dir),
                 errno_text(e)
             ))
         }

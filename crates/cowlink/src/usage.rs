@@ -94,6 +94,7 @@ impl Usage {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PathUsage {
     /// The path as given (or found below an argument).
+    #[serde(flatten, serialize_with = "crate::name::json::path")]
     pub path: PathBuf,
     /// Its figures; "inside" means inside this path.
     pub usage: Usage,

@@ -206,6 +206,7 @@ pub struct ReflinkWorks {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchReport {
     /// Where it ran.
+    #[serde(flatten, serialize_with = "crate::name::json::dir")]
     pub dir: PathBuf,
     /// The filesystem's name.
     pub filesystem: String,

@@ -27,6 +27,7 @@ pub struct DedupeReport {
     pub bytes_reclaimed: u64,
     /// Targets (or sources) that changed since the plan: left untouched
     /// from the first differing chunk on.
+    #[serde(flatten, serialize_with = "crate::name::json::changed")]
     pub changed: Vec<PathBuf>,
     /// Targets the kernel refused, and files that could not be opened.
     pub errors: Vec<Error>,

@@ -93,10 +93,13 @@ pub struct Group {
     /// BLAKE3 of the content, hex.
     pub blake3: String,
     /// The file whose blocks the targets will share.
+    #[serde(flatten, serialize_with = "crate::name::json::source")]
     pub source: PathBuf,
     /// The files that will be made to share the source's blocks.
+    #[serde(flatten, serialize_with = "crate::name::json::targets")]
     pub targets: Vec<PathBuf>,
     /// Files of the group that already share the source's blocks.
+    #[serde(flatten, serialize_with = "crate::name::json::already_shared")]
     pub already_shared: Vec<PathBuf>,
     /// Bytes expected back: the targets' blocks that no other file shares.
     pub reclaimable: u64,

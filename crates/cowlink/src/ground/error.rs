@@ -303,12 +303,13 @@ pub(crate) fn errno_text(e: Errno) -> String {
 
 impl Error {
     fn render(&self) -> String {
+        use super::name::quoted;
         let mut out = format!("cannot {}", self.op.verb());
         if let Some(s) = &self.src {
-            out += &format!(" '{}'", s.display());
+            out += &format!(" {}", quoted(s));
         }
         if let Some(d) = &self.dst {
-            out += &format!(" to '{}'", d.display());
+            out += &format!(" to {}", quoted(d));
         }
         out + ": " + &self.reason()
     }
@@ -317,21 +318,22 @@ impl Error {
 /// Every report serializes its errors this one way: an object with the
 /// whole `message` (as displayed), the `kind` and `operation` to match on,
 /// the `errno` when a system call failed, the paths involved, and the
-/// `reason` alone. Paths that are not UTF-8 are written lossily (the
-/// message names them the same way).
+/// `reason` alone. Paths are written as [`name::json`](super::name::json)
+/// writes every path: lossy, plus `src_bytes`/`dst_bytes` with the exact
+/// bytes of a name that is not UTF-8.
 impl serde::Serialize for Error {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
-        let mut st = s.serialize_struct("Error", 7)?;
-        st.serialize_field("message", &self.to_string())?;
-        st.serialize_field("kind", &self.kind)?;
-        st.serialize_field("operation", &self.op)?;
-        st.serialize_field("errno", &self.raw_os_error())?;
-        st.serialize_field("src", &path(&self.src))?;
-        st.serialize_field("dst", &path(&self.dst))?;
-        st.serialize_field("reason", &self.reason())?;
-        st.end()
+        use super::name::json::Names;
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("message", &self.to_string())?;
+        m.serialize_entry("kind", &self.kind)?;
+        m.serialize_entry("operation", &self.op)?;
+        m.serialize_entry("errno", &self.raw_os_error())?;
+        self.src.put("src", "src_bytes", &mut m)?;
+        self.dst.put("dst", "dst_bytes", &mut m)?;
+        m.serialize_entry("reason", &self.reason())?;
+        m.end()
     }
 }
 

@@ -1,11 +1,13 @@
 //! The ground floor: what every other layer stands on and which imports
 //! nothing of the crate but itself. The one error type, filesystem kinds
-//! and their limits, the mount table, hashing, and [`lock`].
+//! and their limits, the mount table, how names are shown in output, hashing,
+//! and [`lock`].
 
 pub mod error;
 pub mod fskind;
 pub(crate) mod hash;
 pub mod mountinfo;
+pub mod name;
 
 /// Lock a mutex, taking the data even if a thread panicked holding it (the
 /// collectors only push to vectors, which a panic cannot leave half-done).

@@ -149,11 +149,14 @@ pub(crate) fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
 pub(crate) fn create_reason(e: Errno, parent: &Path) -> String {
     match e {
         Errno::ACCESS | Errno::PERM => format!(
-            "permission denied creating a file in '{}'",
-            parent.display()
+            "permission denied creating a file in {}",
+            crate::name::quoted(parent)
         ),
-        Errno::ROFS => format!("'{}' is on a read-only filesystem", parent.display()),
-        Errno::NOSPC | Errno::DQUOT => format!("no space left in '{}'", parent.display()),
+        Errno::ROFS => format!(
+            "{} is on a read-only filesystem",
+            crate::name::quoted(parent)
+        ),
+        Errno::NOSPC | Errno::DQUOT => format!("no space left in {}", crate::name::quoted(parent)),
         _ => errno_text(e),
     }
 }

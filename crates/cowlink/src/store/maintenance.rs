@@ -24,8 +24,10 @@ use super::{store_err, Store};
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Corrupt {
     /// Where it was.
+    #[serde(flatten, serialize_with = "crate::name::json::path")]
     pub path: PathBuf,
     /// Where it is now (under `quarantine/`).
+    #[serde(flatten, serialize_with = "crate::name::json::quarantined")]
     pub quarantined: Option<PathBuf>,
     /// What is wrong.
     pub problem: String,

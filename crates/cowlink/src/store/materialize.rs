@@ -184,7 +184,9 @@ impl Store {
         )
         .map_err(|e| {
             merr(dest, e).with_src(&obj).with_reason(match e {
-                Errno::NOENT => format!("directory '{}' does not exist", parent.display()),
+                Errno::NOENT => {
+                    format!("directory {} does not exist", crate::name::quoted(&parent))
+                }
                 _ => errno_text(e),
             })
         })?;
@@ -464,8 +466,8 @@ impl Store {
                     .with_src(&self.root)
                     .with_dst(dest)
                     .with_reason(format!(
-                        "cannot clone from the store into '{}': {why}; nothing was written",
-                        dir.display()
+                        "cannot clone from the store into {}: {why}; nothing was written",
+                        crate::name::quoted(&dir)
                     )))
             }
             _ => Ok(()),
@@ -498,8 +500,8 @@ fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
         }
         Err(Errno::NOENT) => {
             return Err(err(Errno::NOENT).with_reason(format!(
-                "parent directory '{}' does not exist",
-                dest.parent().unwrap_or(Path::new("")).display()
+                "parent directory {} does not exist",
+                crate::name::quoted(dest.parent().unwrap_or(Path::new("")))
             )))
         }
         Err(e) => return Err(err(e)),

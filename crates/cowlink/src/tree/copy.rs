@@ -115,8 +115,8 @@ impl Copier<'_> {
                         .with_src(&src_path)
                         .with_dst(&dst_path)
                         .with_reason(format!(
-                            "symbolic link loop: this is the directory '{}' again",
-                            p.src_path.display()
+                            "symbolic link loop: this is the directory {} again",
+                            crate::name::quoted(&p.src_path)
                         )));
                 }
                 up = p.parent.as_ref();
@@ -344,8 +344,8 @@ fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, C
                 .with_src(src)
                 .with_dst(dst)
                 .with_reason(format!(
-                    "cannot open the directory '{}': {}",
-                    dp.display(),
+                    "cannot open the directory {}: {}",
+                    crate::name::quoted(&dp),
                     errno_text(e)
                 ))
         })?)
