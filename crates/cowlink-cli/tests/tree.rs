@@ -192,18 +192,14 @@ fn wait_for_first_file(lines: &mut impl Iterator<Item = std::io::Result<String>>
     panic!("the copy ended without copying a file");
 }
 
-#[test]
-fn sigint_mid_run_exits_130_and_leaves_only_complete_files() {
-    let Some(e) = testfs!(Ext4) else { return };
-    // Copied (ext4 cannot clone): 3,000 files of 64 KiB take long enough to
-    // interrupt after the first one.
-    let src = e.path().join("src");
-    flat_tree(&src, 3000, 64 << 10);
-    let dst = e.path().join("dst");
+/// Copy `src` into a fresh `dst` with `-j threads`, send `signal` after
+/// the first copied file, and check the run stopped with 130 and left
+/// only complete files (no partial file, no temporary).
+fn interrupt_mid_run(src: &Path, dst: &Path, signal: rustix::process::Signal, threads: &str) {
     let mut child = bin()
-        .args(["cp", "-r", "-v", "-j", "2"])
-        .arg(&src)
-        .arg(&dst)
+        .args(["cp", "-r", "-v", "-j", threads])
+        .arg(src)
+        .arg(dst)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -211,17 +207,17 @@ fn sigint_mid_run_exits_130_and_leaves_only_complete_files() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Wait for the first copied file, then interrupt.
     wait_for_first_file(&mut lines);
-    common::sigint(&child);
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
     for _ in lines {}
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
-    let copied: Vec<_> = fs::read_dir(&dst)
+    assert_eq!(status.code(), Some(130), "{signal:?} at -j {threads}");
+    let copied: Vec<_> = fs::read_dir(dst)
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
     assert!(
         !copied.is_empty() && copied.len() < 3000,
-        "{} files copied: the interrupt did not land mid-run",
+        "{} files copied: the {signal:?} at -j {threads} did not land mid-run",
         copied.len()
     );
     for c in &copied {
@@ -233,7 +229,30 @@ fn sigint_mid_run_exits_130_and_leaves_only_complete_files() {
             c.display()
         );
     }
-    assert!(temporaries(&dst).is_empty());
+    assert!(temporaries(dst).is_empty());
+}
+
+/// SIGINT and SIGTERM stop a copy the same way at one thread, two, and
+/// the most `-j` allows (64: more is capped).
+#[test]
+fn sigint_and_sigterm_mid_run_exit_130_and_leave_only_complete_files() {
+    use rustix::process::Signal;
+    let Some(e) = testfs!(Ext4) else { return };
+    // Copied (ext4 cannot clone): 3,000 files of 64 KiB take long enough to
+    // interrupt after the first one.
+    let src = e.path().join("src");
+    flat_tree(&src, 3000, 64 << 10);
+    for (i, (signal, threads)) in [
+        (Signal::INT, "2"),
+        (Signal::TERM, "1"),
+        (Signal::TERM, "64"),
+        (Signal::INT, "64"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        interrupt_mid_run(&src, &e.path().join(format!("dst{i}")), signal, threads);
+    }
 }
 
 #[test]
