@@ -107,15 +107,24 @@ pub fn run(args: DuArgs) -> Result<Exit> {
                 human_bytes(n)
             }
         };
+        // Disk figures of compressed extents whose size could not be read
+        // are unknown: "?", never a wrong number.
+        let disk = |u: &Usage, n: u64| {
+            if u.disk_known() {
+                size(n)
+            } else {
+                "?".to_string()
+            }
+        };
         let row = |out: &mut dyn Write, u: &Usage, name: &str| {
             writeln!(
                 out,
                 "{:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {}",
                 size(u.data),
                 size(u.exclusive),
-                size(u.shared),
-                size(u.shared_outside),
-                size(u.saved),
+                disk(u, u.shared),
+                disk(u, u.shared_outside),
+                disk(u, u.saved),
                 name
             )
         };
@@ -154,6 +163,12 @@ pub fn run(args: DuArgs) -> Result<Exit> {
             row(&mut out, &report.total, "total (the set)")?;
         }
         out.flush()?;
+        if !report.total.disk_known() {
+            errln!(
+                "cowlink: {} of compressed data: its size on disk is read from Btrfs's extent items, which takes root; shared and saved figures are unknown (?)",
+                human_bytes(report.total.unknown_disk)
+            );
+        }
     }
     if !args.json {
         for e in &report.errors {

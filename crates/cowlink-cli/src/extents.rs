@@ -261,6 +261,28 @@ fn summary(
     if l.inline_bytes > 0 {
         s += &format!(", {} inline", human_bytes(l.inline_bytes));
     }
+    let compressed: u64 = l
+        .extents
+        .iter()
+        .filter(|e| e.is_encoded())
+        .map(|e| e.length)
+        .sum();
+    if compressed > 0 {
+        let on_disk: Option<u64> = l
+            .extents
+            .iter()
+            .filter(|e| e.is_encoded())
+            .map(|e| e.disk_cost())
+            .sum();
+        s += &match on_disk {
+            Some(d) => format!(
+                ", {} compressed to {}",
+                human_bytes(compressed),
+                human_bytes(d)
+            ),
+            None => format!(", {} compressed", human_bytes(compressed)),
+        };
+    }
     let with = shared_with(i, within, all);
     if !with.is_empty() {
         let names: Vec<String> = with
@@ -272,6 +294,12 @@ fn summary(
         if with.len() > 3 {
             s += &format!(" and {} more", with.len() - 3);
         }
+    }
+    if l.unknown_disk_bytes > 0 {
+        s += &format!(
+            "; what its {} of compressed data shares is unknown (their size on disk is read from Btrfs's extent items, which takes root)",
+            human_bytes(l.unknown_disk_bytes)
+        );
     }
     s
 }

@@ -421,3 +421,130 @@ fn unprivileged_dedupe_changes_only_its_own_files_and_claims_only_what_it_freed(
     fs::remove_dir_all(&top).unwrap();
     fs::remove_dir_all(&only_root).unwrap();
 }
+
+/// Compressible text: words from a small vocabulary, `len` bytes.
+fn compressible(len: usize, seed: u64) -> Vec<u8> {
+    let noise = data(len, seed);
+    noise
+        .iter()
+        .map(|b| b"abcdefgh  \n"[*b as usize % 11])
+        .collect()
+}
+
+/// The number in `column` of the `TOTAL` line of `compsize -b`.
+fn compsize(paths: &[&Path], column: usize) -> u64 {
+    let out = Command::new("compsize")
+        .arg("-b")
+        .args(paths)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "compsize: {}", text(&out.stderr));
+    let t = text(&out.stdout);
+    let line = t.lines().find(|l| l.starts_with("TOTAL")).unwrap();
+    line.split_whitespace()
+        .nth(column)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// `btrfs filesystem du --raw -s`: (Total, Exclusive).
+fn btrfs_du(p: &Path) -> (u64, u64) {
+    let out = Command::new("btrfs")
+        .args(["filesystem", "du", "--raw", "-s"])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    let nums: Vec<u64> = t
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .take(2)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (nums[0], nums[1])
+}
+
+#[test]
+fn compressed_btrfs_figures_are_the_disk_truth_or_unknown() {
+    let _serial = serial();
+    let Some(z) = testfs!(BtrfsZstd) else { return };
+    let d = z.path().join("d");
+    fs::create_dir(&d).unwrap();
+    let (a, b, c) = (d.join("a"), d.join("b"), d.join("c"));
+    write_file(&a, &compressible(8 << 20, 1));
+    clone(&a, &b);
+    write_file(&c, &compressible(2 << 20, 2));
+    let sync = Command::new("sync").status().unwrap();
+    assert!(sync.success());
+    let disk = compsize(&[&d], 2);
+    assert!(
+        disk < 6 << 20,
+        "the data did not compress ({disk} bytes on disk)"
+    );
+
+    // du: data and exclusive as `btrfs filesystem du`, the disk figures as
+    // compsize's "Disk Usage".
+    let v = json(&cowlink(&[&"du", &"--json", &"-s", &d]));
+    let t = &v["total"];
+    let (total, exclusive) = btrfs_du(&d);
+    assert_eq!(t["data"], total, "{t}");
+    assert_eq!(t["exclusive"], exclusive, "{t}");
+    assert_eq!(t["on_disk"], disk, "{t}");
+    let shared = compsize(&[&a], 2);
+    assert_eq!(t["shared_inside"], shared, "{t}");
+    // Sharing saves a's compressed size once (b is its clone).
+    assert_eq!(t["saved"], shared, "{t}");
+
+    // One file alone shares nothing inside itself: all with b, outside.
+    let v = json(&cowlink(&[&"du", &"--json", &"-s", &a]));
+    let t = &v["total"];
+    assert_eq!(
+        (t["shared_inside"].as_u64(), t["saved"].as_u64()),
+        (Some(0), Some(0)),
+        "{t}"
+    );
+    assert_eq!(t["shared_outside"], shared, "{t}");
+
+    // extents: a shares its compressed size with b, never more than it has.
+    let v = json(&cowlink(&[&"extents", &"--json", &a, &b]));
+    let with = &v["files"][0]["shared_with"][0];
+    assert_eq!(with["bytes"], shared, "{with}");
+    let out = cowlink(&[&"extents", &a]);
+    assert!(
+        text(&out.stdout).contains("compressed to"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Not root: the compressed sizes cannot be read; the disk figures are
+    // unknown (null, "?"), never a wrong number.
+    let out = as_nobody(&[&"du", &"--json", &"-s", &d]);
+    let v = json(&out);
+    let t = &v["total"];
+    assert_eq!(t["data"], total, "{t}");
+    for k in [
+        "shared",
+        "shared_inside",
+        "shared_outside",
+        "on_disk",
+        "saved",
+    ] {
+        assert!(t[k].is_null(), "{k}: {t}");
+    }
+    assert!(t["unknown_disk"].as_u64().unwrap() > 0, "{t}");
+    let out = as_nobody(&[&"du", &"-s", &d]);
+    assert!(text(&out.stdout).contains('?'), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("takes root"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = as_nobody(&[&"extents", &a, &b]);
+    let shown = text(&out.stdout);
+    assert!(!shown.contains("; shares"), "{shown}");
+    assert!(shown.contains("is unknown"), "{shown}");
+}

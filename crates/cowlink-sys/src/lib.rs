@@ -417,6 +417,135 @@ pub fn btrfs_root_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     Ok(arg.treeid)
 }
 
+const BTRFS_IOC_TREE_SEARCH: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_TREE_SEARCH as Opcode;
+/// `BTRFS_EXTENT_DATA_KEY`: the item type of a file extent.
+const BTRFS_EXTENT_DATA_KEY: u32 = 108;
+
+/// One file extent item of a Btrfs inode (`struct btrfs_file_extent_item`
+/// under an `EXTENT_DATA` key), as [`btrfs_file_extents`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BtrfsFileExtent {
+    /// Offset in the file where this item's bytes start (the key offset).
+    pub file_offset: u64,
+    /// 0 inline, 1 regular, 2 preallocated.
+    pub kind: u8,
+    /// 0 none, 1 zlib, 2 lzo, 3 zstd.
+    pub compression: u8,
+    /// Bytes of the extent once decompressed (the whole extent, not only
+    /// the part this item references).
+    pub ram_bytes: u64,
+    /// Where the extent starts on disk (the Btrfs logical address); 0 for
+    /// a hole and for inline items.
+    pub disk_bytenr: u64,
+    /// Bytes the extent takes on disk (compressed size); 0 for inline.
+    pub disk_num_bytes: u64,
+    /// Offset inside the decompressed extent where this item's bytes start.
+    pub offset: u64,
+    /// Bytes of the file this item covers.
+    pub num_bytes: u64,
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+/// `ioctl(fd, BTRFS_IOC_TREE_SEARCH, ...)` over the file extent items of
+/// inode `inode` in the subvolume `fd` is in: every `EXTENT_DATA` item, in
+/// file order. This is how `compsize` learns the on-disk (compressed) size
+/// of an extent, which FIEMAP does not report.
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
+pub fn btrfs_file_extents(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<BtrfsFileExtent>, Errno> {
+    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
+    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
+    let mut out = Vec::new();
+    let mut from = 0u64;
+    loop {
+        let mut arg = Box::new(btrfs_ioctl_search_args {
+            key: btrfs_ioctl_search_key {
+                tree_id: 0,
+                min_objectid: inode,
+                max_objectid: inode,
+                min_offset: from,
+                max_offset: u64::MAX,
+                min_transid: 0,
+                max_transid: u64::MAX,
+                min_type: BTRFS_EXTENT_DATA_KEY,
+                max_type: BTRFS_EXTENT_DATA_KEY,
+                nr_items: 4096,
+                unused: 0,
+                unused1: 0,
+                unused2: 0,
+                unused3: 0,
+                unused4: 0,
+            },
+            buf: [0; 3992],
+        });
+        // SAFETY: BTRFS_IOC_TREE_SEARCH is `_IOWR(0x94, 17, struct
+        // btrfs_ioctl_search_args)`; `arg` is exactly that struct (4096
+        // bytes, checked below) and lives for the duration of the call. The
+        // kernel writes at most `buf`'s length of results into `buf`.
+        unsafe {
+            ioctl(
+                fd,
+                Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
+            )?
+        };
+        let n = arg.key.nr_items as usize;
+        if n == 0 {
+            return Ok(out);
+        }
+        let buf: Vec<u8> = arg.buf.iter().map(|&c| c as u8).collect();
+        let mut at = 0;
+        let mut last = from;
+        for _ in 0..n {
+            if at + HEADER > buf.len() {
+                break;
+            }
+            // btrfs_ioctl_search_header: transid, objectid, offset (u64),
+            // type, len (u32), in host order.
+            let h = &buf[at..at + HEADER];
+            let mut u = [0u8; 8];
+            u.copy_from_slice(&h[16..24]);
+            let offset = u64::from_ne_bytes(u);
+            let mut t = [0u8; 4];
+            t.copy_from_slice(&h[24..28]);
+            let typ = u32::from_ne_bytes(t);
+            t.copy_from_slice(&h[28..32]);
+            let len = u32::from_ne_bytes(t) as usize;
+            let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
+            at += HEADER + len;
+            last = offset;
+            // struct btrfs_file_extent_item (little endian, packed):
+            // generation 0, ram_bytes 8, compression 16, encryption 17,
+            // other_encoding 18, type 20; then, for regular and
+            // preallocated extents, disk_bytenr 21, disk_num_bytes 29,
+            // offset 37, num_bytes 45 (53 bytes).
+            if typ != BTRFS_EXTENT_DATA_KEY || item.len() < 21 {
+                continue;
+            }
+            let kind = item[20];
+            let full = item.len() >= 53 && kind != 0;
+            out.push(BtrfsFileExtent {
+                file_offset: offset,
+                kind,
+                compression: item[16],
+                ram_bytes: le64(item, 8),
+                disk_bytenr: if full { le64(item, 21) } else { 0 },
+                disk_num_bytes: if full { le64(item, 29) } else { 0 },
+                offset: if full { le64(item, 37) } else { 0 },
+                num_bytes: if full { le64(item, 45) } else { le64(item, 8) },
+            });
+        }
+        if last == u64::MAX {
+            return Ok(out);
+        }
+        from = last + 1;
+    }
+}
+
 // Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).
 const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
 const _: () = assert!(std::mem::size_of::<FiemapBuf<FIEMAP_BATCH>>() == 32 + 56 * FIEMAP_BATCH);
@@ -431,3 +560,5 @@ const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_data_container>() == 16);
 const _: () =
     assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args>() == 4096);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_args>() == 4096);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>() == 32);

@@ -19,6 +19,8 @@ pub enum Fs {
     Xfs,
     /// Btrfs.
     Btrfs,
+    /// Btrfs mounted with `compress=zstd` (1 GiB).
+    BtrfsZstd,
     /// ext4 (no reflink).
     Ext4,
     /// tmpfs (no reflink, no FIEMAP).
@@ -39,6 +41,7 @@ impl Fs {
         match self {
             Fs::Xfs => "COWLINK_TEST_XFS",
             Fs::Btrfs => "COWLINK_TEST_BTRFS",
+            Fs::BtrfsZstd => "COWLINK_TEST_BTRFS_ZSTD",
             Fs::Ext4 => "COWLINK_TEST_EXT4",
             Fs::Tmpfs => "COWLINK_TEST_TMPFS",
             Fs::TinyExt4 => "COWLINK_TEST_TINY_EXT4",
@@ -52,7 +55,7 @@ impl Fs {
     pub fn magic(self) -> u64 {
         match self {
             Fs::Xfs | Fs::TinyXfs => 0x5846_5342,
-            Fs::Btrfs => 0x9123_683e,
+            Fs::Btrfs | Fs::BtrfsZstd => 0x9123_683e,
             Fs::Ext4 | Fs::TinyExt4 | Fs::SmallExt4 | Fs::FillExt4 => 0xef53,
             Fs::Tmpfs => 0x0102_1994,
         }

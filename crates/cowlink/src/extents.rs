@@ -33,6 +33,25 @@ pub struct Extent {
     pub length: u64,
     /// Raw `FIEMAP_EXTENT_*` flags.
     pub flags: u32,
+    /// For an encoded (compressed) Btrfs extent, its real sizes, which
+    /// FIEMAP does not give: read from Btrfs's own file extent items, which
+    /// needs root. `None` for other extents, and for encoded ones whose
+    /// sizes could not be read (then the disk space they take is unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoded: Option<Encoded>,
+}
+
+/// The sizes of a compressed extent. FIEMAP reports a compressed extent's
+/// file bytes (`length`) from the start of the compressed data on disk
+/// (`physical`), so `physical + length` is not where it ends: its end is
+/// `physical + disk_length`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Encoded {
+    /// Bytes the whole compressed extent takes on disk.
+    pub disk_length: u64,
+    /// Bytes of the whole extent once decompressed (a file may reference
+    /// only part of them).
+    pub ram_length: u64,
 }
 
 /// The flags people care about, by name, in the order [`Extent::flag_names`]
@@ -89,9 +108,47 @@ impl Extent {
             .collect()
     }
 
-    /// One past the last byte on the device.
+    /// One past the last byte on the device, for an extent stored as is
+    /// (see [`Extent::disk_range`] for compressed ones).
     pub fn physical_end(&self) -> u64 {
         self.physical.saturating_add(self.length)
+    }
+
+    /// Stored encoded, i.e. compressed (FIEMAP_EXTENT_ENCODED).
+    pub fn is_encoded(&self) -> bool {
+        self.flags & cowlink_sys::FIEMAP_EXTENT_ENCODED != 0
+    }
+
+    /// The device bytes this extent keeps in use, `[start, end)`: its
+    /// physical range when stored as is, the whole compressed extent when
+    /// encoded. `None` without an address, or when encoded with sizes that
+    /// could not be read.
+    pub fn disk_range(&self) -> Option<(u64, u64)> {
+        if !self.has_address() {
+            return None;
+        }
+        match (self.is_encoded(), self.encoded) {
+            (false, _) => Some((self.physical, self.physical_end())),
+            (true, Some(e)) => Some((self.physical, self.physical.saturating_add(e.disk_length))),
+            (true, None) => None,
+        }
+    }
+
+    /// The device bytes this reference would take if it shared nothing:
+    /// its length when stored as is; for a compressed extent, its share of
+    /// the compressed size (all of it when the file references the whole
+    /// extent). `None` when encoded with unknown sizes.
+    pub fn disk_cost(&self) -> Option<u64> {
+        match (self.is_encoded(), self.encoded) {
+            (false, _) => Some(self.length),
+            (true, Some(e)) if e.ram_length > 0 => Some(
+                ((e.disk_length as u128 * self.length as u128).div_ceil(e.ram_length as u128)
+                    as u64)
+                    .min(e.disk_length),
+            ),
+            (true, Some(e)) => Some(e.disk_length),
+            (true, None) => None,
+        }
     }
 }
 
@@ -133,6 +190,10 @@ pub struct FileLayout {
     /// Physically contiguous runs of extents: 1 for a perfectly contiguous
     /// file, 0 for a file with no extents.
     pub fragments: u64,
+    /// Bytes in compressed extents whose size on disk could not be read
+    /// (not root): what they share, and with whom, is unknown, and the
+    /// sharing figures leave them out.
+    pub unknown_disk_bytes: u64,
 }
 
 impl FileLayout {
@@ -151,6 +212,7 @@ impl FileLayout {
             inline_bytes: 0,
             hole_bytes: 0,
             fragments: 0,
+            unknown_disk_bytes: 0,
             extents,
         };
         let mut covered = 0u64; // file offset up to which extents were seen
@@ -166,8 +228,11 @@ impl FileLayout {
             if e.is_inline() {
                 layout.inline_bytes += e.length;
             }
+            if e.has_address() && e.disk_range().is_none() {
+                layout.unknown_disk_bytes += e.length;
+            }
             let contiguous = prev.is_some_and(|p| {
-                p.has_address() && e.has_address() && p.physical_end() == e.physical
+                e.has_address() && p.disk_range().is_some_and(|(_, end)| end == e.physical)
             });
             if !contiguous {
                 layout.fragments += 1;
@@ -249,15 +314,42 @@ pub fn extents_fd(fd: BorrowedFd<'_>, sync: bool) -> std::result::Result<Vec<Ext
         }
         start = last.logical + last.length;
     }
-    Ok(raw
+    let mut list: Vec<Extent> = raw
         .into_iter()
         .map(|e| Extent {
             logical: e.logical,
             physical: e.physical,
             length: e.length,
             flags: e.flags,
+            encoded: None,
         })
-        .collect())
+        .collect();
+    if list.iter().any(Extent::is_encoded) {
+        encoded_sizes(fd, &mut list);
+    }
+    Ok(list)
+}
+
+/// Fill [`Extent::encoded`] from Btrfs's file extent items (the tree
+/// search `compsize` uses). Needs root: without it, or off Btrfs, the
+/// sizes stay unknown.
+fn encoded_sizes(fd: BorrowedFd<'_>, list: &mut [Extent]) {
+    let Ok(st) = fs::fstat(fd) else { return };
+    let Ok(items) = cowlink_sys::btrfs_file_extents(fd, st.st_ino) else {
+        return;
+    };
+    for e in list.iter_mut().filter(|e| e.is_encoded()) {
+        // FIEMAP reports a compressed extent at its item's file offset,
+        // from the start of its compressed data.
+        if let Some(i) = items.iter().find(|i| {
+            i.file_offset == e.logical && i.disk_bytenr == e.physical && i.compression != 0
+        }) {
+            e.encoded = Some(Encoded {
+                disk_length: i.disk_num_bytes,
+                ram_length: i.ram_bytes,
+            });
+        }
+    }
 }
 
 /// The error for a failed FIEMAP on `path`, with the reason people need.
@@ -548,14 +640,15 @@ pub fn shared_within(layouts: &[FileLayout]) -> Vec<FileSharing> {
     let mut items: Vec<Item> = Vec::new();
     for (file, l) in layouts.iter().enumerate() {
         for (extent, e) in l.extents.iter().enumerate() {
-            if e.has_address() && e.length > 0 {
-                items.push(Item {
+            match e.disk_range() {
+                Some((start, end)) if end > start => items.push(Item {
                     dev: l.dev,
-                    start: e.physical,
-                    end: e.physical_end(),
+                    start,
+                    end,
                     file,
                     extent,
-                });
+                }),
+                _ => {}
             }
         }
     }
@@ -592,6 +685,7 @@ mod tests {
             physical,
             length,
             flags,
+            encoded: None,
         }
     }
 

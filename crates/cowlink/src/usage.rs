@@ -33,7 +33,7 @@ use crate::walk::{self, DirInfo, Entry, Visitor};
 
 /// Space figures for a set of files (each file counted once, whatever
 /// number of names or arguments it is reached by).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Regular files.
     pub files: u64,
@@ -57,10 +57,14 @@ pub struct Usage {
     /// `shared_inside + shared_outside`: all distinct shared bytes (the
     /// "Set shared" of `btrfs filesystem du`).
     pub shared: u64,
-    /// `exclusive + shared`: the distinct data bytes on disk.
+    /// The distinct data bytes on disk: the exclusive extents' disk size
+    /// plus `shared`. Without compression that is `exclusive + shared`; a
+    /// compressed extent counts its compressed size (as `compsize`'s "Disk
+    /// Usage").
     pub on_disk: u64,
-    /// `data - on_disk`: the space the set would take more if nothing in it
-    /// were shared.
+    /// The space the set would take more if nothing in it were shared:
+    /// what its references would take on disk one by one (`data`, or the
+    /// compressed size of compressed extents), less `on_disk`.
     pub saved: u64,
     /// Bytes stored inline in metadata (small files on Btrfs).
     pub inline: u64,
@@ -69,6 +73,52 @@ pub struct Usage {
     pub pending: u64,
     /// Regular files whose extents could not be mapped (see the errors).
     pub unmapped: u64,
+    /// Bytes in compressed extents whose size on disk could not be read
+    /// (it takes root): part of `data` and `exclusive` as usual, but left
+    /// out of every disk figure. When it is not 0, `shared`,
+    /// `shared_inside`, `shared_outside`, `on_disk` and `saved` are unknown
+    /// and serialize as `null`.
+    pub unknown_disk: u64,
+    /// Disk cost of the references (`data` with compressed extents at
+    /// their compressed size), for `saved`.
+    data_disk: u64,
+    /// Disk size of the exclusive extents, for `on_disk`.
+    exclusive_disk: u64,
+}
+
+impl Usage {
+    /// Whether the disk figures (`shared*`, `on_disk`, `saved`) are known:
+    /// no compressed extent of unknown size was met.
+    pub fn disk_known(&self) -> bool {
+        self.unknown_disk == 0
+    }
+}
+
+/// Every figure by name; the disk figures are `null` when unknown (see
+/// [`Usage::unknown_disk`]), never a wrong number.
+impl serde::Serialize for Usage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let known = |v: u64| self.disk_known().then_some(v);
+        let mut st = s.serialize_struct("Usage", 16)?;
+        st.serialize_field("files", &self.files)?;
+        st.serialize_field("dirs", &self.dirs)?;
+        st.serialize_field("others", &self.others)?;
+        st.serialize_field("apparent", &self.apparent)?;
+        st.serialize_field("allocated", &self.allocated)?;
+        st.serialize_field("data", &self.data)?;
+        st.serialize_field("exclusive", &self.exclusive)?;
+        st.serialize_field("shared_inside", &known(self.shared_inside))?;
+        st.serialize_field("shared_outside", &known(self.shared_outside))?;
+        st.serialize_field("shared", &known(self.shared))?;
+        st.serialize_field("on_disk", &known(self.on_disk))?;
+        st.serialize_field("saved", &known(self.saved))?;
+        st.serialize_field("inline", &self.inline)?;
+        st.serialize_field("pending", &self.pending)?;
+        st.serialize_field("unmapped", &self.unmapped)?;
+        st.serialize_field("unknown_disk", &self.unknown_disk)?;
+        st.end()
+    }
 }
 
 impl Usage {
@@ -78,6 +128,9 @@ impl Usage {
         self.allocated += f.allocated;
         self.data += f.data;
         self.exclusive += f.exclusive;
+        self.data_disk += f.data_disk;
+        self.exclusive_disk += f.exclusive_disk;
+        self.unknown_disk += f.unknown_disk;
         self.inline += f.inline;
         self.pending += f.pending;
         self.unmapped += u64::from(!f.mapped);
@@ -85,8 +138,8 @@ impl Usage {
 
     fn finish(&mut self) {
         self.shared = self.shared_inside + self.shared_outside;
-        self.on_disk = self.exclusive + self.shared;
-        self.saved = self.data.saturating_sub(self.on_disk);
+        self.on_disk = self.exclusive_disk + self.shared;
+        self.saved = self.data_disk.saturating_sub(self.on_disk);
     }
 }
 
@@ -170,6 +223,7 @@ pub fn usage_report<P: AsRef<Path>>(paths: &[P], opts: &UsageOptions) -> UsageRe
 }
 
 /// A regular file (or link/special entry) as the walk saw it.
+#[derive(Clone)]
 struct FileRec {
     dir: Option<usize>,
     root: usize,
@@ -184,6 +238,12 @@ struct FileRec {
     allocated: u64,
     data: u64,
     exclusive: u64,
+    /// `data` and `exclusive` on disk (compressed extents at their
+    /// compressed size).
+    data_disk: u64,
+    exclusive_disk: u64,
+    /// Bytes in compressed extents of unknown disk size.
+    unknown_disk: u64,
     inline: u64,
     pending: u64,
 }
@@ -268,6 +328,9 @@ impl Collector {
             },
             data: 0,
             exclusive: 0,
+            data_disk: 0,
+            exclusive_disk: 0,
+            unknown_disk: 0,
             inline: 0,
             pending: 0,
         };
@@ -278,17 +341,31 @@ impl Collector {
                     for x in list {
                         if x.is_inline() {
                             rec.inline += x.length;
-                        } else if !x.has_address() {
+                            continue;
+                        }
+                        rec.data += x.length;
+                        if !x.has_address() {
                             // Not written back yet: new data, never shared.
                             rec.pending += x.length;
-                            rec.data += x.length;
                             rec.exclusive += x.length;
-                        } else if x.is_shared() {
-                            rec.data += x.length;
-                            ranges.push((st.st_dev, x.physical, x.physical_end()));
-                        } else {
-                            rec.data += x.length;
+                            rec.data_disk += x.length;
+                            rec.exclusive_disk += x.length;
+                            continue;
+                        }
+                        if !x.is_shared() {
                             rec.exclusive += x.length;
+                        }
+                        match (x.disk_range(), x.disk_cost()) {
+                            (Some((start, end)), Some(cost)) => {
+                                rec.data_disk += cost;
+                                if x.is_shared() {
+                                    ranges.push((st.st_dev, start, end));
+                                } else {
+                                    rec.exclusive_disk += cost;
+                                }
+                            }
+                            // Compressed, size on disk unknown (not root).
+                            _ => rec.unknown_disk += x.length,
                         }
                     }
                 }
@@ -556,9 +633,62 @@ mod tests {
             allocated: blocks * K,
             data: blocks * K,
             exclusive: (blocks - shared) * K,
+            data_disk: blocks * K,
+            exclusive_disk: (blocks - shared) * K,
+            unknown_disk: 0,
             inline: 0,
             pending: 0,
         }
+    }
+
+    #[test]
+    fn compressed_extents_count_their_compressed_size_on_disk() {
+        // a and its clone b reference 32 blocks each, compressed into 10
+        // blocks at 100..110 (one shared extent); c has 4 exclusive blocks
+        // compressed into 1.
+        let dirs = vec![dir(0, None, 0, "top")];
+        let mut a = file(0, 0, 1, 32, 32);
+        a.data_disk = 10 * K;
+        let b = FileRec {
+            key: (1, 2),
+            ..a.clone()
+        };
+        let mut c = file(0, 0, 3, 4, 0);
+        (c.data_disk, c.exclusive_disk) = (K, K);
+        let shared = vec![(1, 100 * K, 110 * K, 0), (1, 100 * K, 110 * K, 1)];
+        let r = aggregate(&["top".into()], false, dirs, vec![a, b, c], shared, vec![]);
+        let t = r.total;
+        // data and exclusive are file bytes, as `btrfs filesystem du`.
+        assert_eq!((t.data, t.exclusive), (68 * K, 4 * K));
+        // on disk: 10 shared + 1 exclusive; sharing saves the second 10.
+        assert_eq!(
+            (t.shared_inside, t.on_disk, t.saved),
+            (10 * K, 11 * K, 10 * K)
+        );
+        assert!(t.disk_known());
+    }
+
+    #[test]
+    fn unknown_compressed_sizes_make_the_disk_figures_null_never_wrong() {
+        let mut a = file(0, 0, 1, 8, 0);
+        a.unknown_disk = 8 * K;
+        (a.data_disk, a.exclusive_disk) = (0, 0);
+        let r = aggregate(
+            &["top".into()],
+            false,
+            vec![dir(0, None, 0, "top")],
+            vec![a],
+            vec![],
+            vec![],
+        );
+        assert!(!r.total.disk_known());
+        let v = serde_json::to_value(r.total).unwrap();
+        assert_eq!(v["data"], 8 * K);
+        assert!(
+            v["on_disk"].is_null() && v["saved"].is_null() && v["shared"].is_null(),
+            "{v}"
+        );
+        assert_eq!(v["unknown_disk"], 8 * K);
     }
 
     #[test]

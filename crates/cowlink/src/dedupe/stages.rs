@@ -245,6 +245,7 @@ mod tests {
             physical,
             length,
             flags,
+            encoded: None,
         }
     }
 
