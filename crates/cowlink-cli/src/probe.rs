@@ -61,7 +61,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
                     m.facts.reflink.reason().unwrap_or("").to_string(),
                 ]);
             }
-            outln!("{t}");
+            outln!("{}", t.trim_fmt());
         }
         return Ok(Exit::Ok);
     }
@@ -73,7 +73,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
             } else {
                 let mut t = table(&["", ""]);
                 facts_rows(&mut t, &facts);
-                outln!("{t}");
+                outln!("{}", t.trim_fmt());
             }
             Ok(Exit::Ok)
         }
@@ -111,7 +111,7 @@ pub fn run(args: ProbeArgs) -> Result<Exit> {
                 for (i, label) in labels.iter().enumerate() {
                     t.add_row(vec![label.to_string(), a[i].clone(), b[i].clone()]);
                 }
-                outln!("{t}");
+                outln!("{}", t.trim_fmt());
                 outln!(
                     "same filesystem: {}\nclone {} -> {}: {}",
                     if s.same_filesystem { "yes" } else { "no" },

@@ -257,6 +257,18 @@ fn probe_answers_in_text_json_and_exit_code() {
         .unwrap()
         .iter()
         .any(|m| m["fstype"] == "btrfs" && m["facts"]["reflink"]["answer"] == "yes"));
+    // Text tables fit their content: no line ends in padding.
+    for args in [vec![x.path()], vec![f.as_path(), b.path()], vec![root]] {
+        let mut c = common::bin();
+        c.arg("probe");
+        if args.len() == 1 && args[0] == root {
+            c.arg("--tree");
+        }
+        let out = c.args(&args).output().unwrap();
+        for line in text(&out.stdout).lines() {
+            assert_eq!(line, line.trim_end(), "padded: {line:?}");
+        }
+    }
     // A missing path is a failed operation (1), as in every subcommand.
     let out = cowlink(&[&"probe", &"/no/such/path"]);
     assert_eq!(out.status.code(), Some(1));
