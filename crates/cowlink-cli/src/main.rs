@@ -41,7 +41,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    // Documented by CpArgs (short and long help with examples).
+    // Documented by CpArgs (short and long help with examples). As in GNU
+    // cp, a long option may be abbreviated (`--rec`) and a repeated option
+    // is allowed, the last one winning (`--reflink=auto --reflink=never`).
+    #[command(infer_long_args = true, args_override_self = true)]
     Cp(cp::CpArgs),
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),

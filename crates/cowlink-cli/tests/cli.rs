@@ -558,3 +558,71 @@ fn btrfs_nocow_refusal_is_named_and_auto_copies() {
     );
     assert_eq!(fs::read(&dst).unwrap(), vec![3u8; 200_000]);
 }
+
+/// As in GNU cp: long options may be abbreviated, a repeated option is
+/// allowed and the last one wins, and repeated `--preserve` lists add up.
+#[test]
+fn cp_takes_abbreviated_and_repeated_options_as_gnu_cp_does() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let a = x.path().join("a");
+    fs::write(&a, b"gnu").unwrap();
+    // The last --reflink wins: never clone, so a copy.
+    let out = cowlink(&[
+        &"cp",
+        &"--reflink=always",
+        &"--reflink=never",
+        &"-v",
+        &a,
+        &x.path().join("b"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("copied"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!shared(&x.path().join("b")));
+    // Abbreviations (unique prefixes), and a flag given twice.
+    let out = cowlink(&[
+        &"cp",
+        &"--rec",
+        &"-r",
+        &"--verb",
+        &"--refl=always",
+        &a,
+        &x.path().join("c"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("cloned"),
+        "{}",
+        text(&out.stdout)
+    );
+    // --preserve lists add up, as in GNU cp (times and xattrs both kept).
+    let st = Command::new("setfattr")
+        .args(["-n", "user.k", "-v", "v"])
+        .arg(&a)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    fs::File::options()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let d = x.path().join("d");
+    let out = cowlink(&[&"cp", &"--preserve=xattr", &"--pres=timestamps", &a, &d]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fs::metadata(&d).unwrap().modified().unwrap(), old);
+    let got = Command::new("getfattr")
+        .args(["--only-values", "-n", "user.k"])
+        .arg(&d)
+        .output()
+        .unwrap();
+    assert_eq!(got.stdout, b"v");
+    // An ambiguous abbreviation is a usage error (exit 2) naming the choices.
+    let out = cowlink(&[&"cp", &"--p", &a, &x.path().join("e")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
