@@ -445,10 +445,15 @@ pub struct BtrfsFileExtent {
     pub num_bytes: u64,
 }
 
+/// The `N` bytes of `b` from `at` (the caller checked the length).
+fn bytes<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut v = [0u8; N];
+    v.copy_from_slice(&b[at..at + N]);
+    v
+}
+
 fn le64(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
+    u64::from_le_bytes(bytes(b, at))
 }
 
 /// `ioctl(fd, BTRFS_IOC_TREE_SEARCH, ...)` over the file extent items of
@@ -507,14 +512,9 @@ pub fn btrfs_file_extents(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<BtrfsFil
             // btrfs_ioctl_search_header: transid, objectid, offset (u64),
             // type, len (u32), in host order.
             let h = &buf[at..at + HEADER];
-            let mut u = [0u8; 8];
-            u.copy_from_slice(&h[16..24]);
-            let offset = u64::from_ne_bytes(u);
-            let mut t = [0u8; 4];
-            t.copy_from_slice(&h[24..28]);
-            let typ = u32::from_ne_bytes(t);
-            t.copy_from_slice(&h[28..32]);
-            let len = u32::from_ne_bytes(t) as usize;
+            let offset = u64::from_ne_bytes(bytes(h, 16));
+            let typ = u32::from_ne_bytes(bytes(h, 24));
+            let len = u32::from_ne_bytes(bytes(h, 28)) as usize;
             let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
             at += HEADER + len;
             last = offset;

@@ -67,6 +67,17 @@ const FLAG_NAMES: [(u32, &str); 7] = [
 ];
 
 impl Extent {
+    /// An extent as FIEMAP reports it (no compressed sizes known).
+    pub fn new(logical: u64, physical: u64, length: u64, flags: u32) -> Extent {
+        Extent {
+            logical,
+            physical,
+            length,
+            flags,
+            encoded: None,
+        }
+    }
+
     /// The blocks are shared with another file (FIEMAP_EXTENT_SHARED).
     pub fn is_shared(&self) -> bool {
         self.flags & cowlink_sys::FIEMAP_EXTENT_SHARED != 0
@@ -316,13 +327,7 @@ pub fn extents_fd(fd: BorrowedFd<'_>, sync: bool) -> std::result::Result<Vec<Ext
     }
     let mut list: Vec<Extent> = raw
         .into_iter()
-        .map(|e| Extent {
-            logical: e.logical,
-            physical: e.physical,
-            length: e.length,
-            flags: e.flags,
-            encoded: None,
-        })
+        .map(|e| Extent::new(e.logical, e.physical, e.length, e.flags))
         .collect();
     if list.iter().any(Extent::is_encoded) {
         encoded_sizes(fd, &mut list);
@@ -679,16 +684,6 @@ mod tests {
     use super::*;
     use cowlink_sys::{FIEMAP_EXTENT_LAST as LAST, FIEMAP_EXTENT_SHARED as SHARED};
 
-    fn ext(logical: u64, physical: u64, length: u64, flags: u32) -> Extent {
-        Extent {
-            logical,
-            physical,
-            length,
-            flags,
-            encoded: None,
-        }
-    }
-
     #[test]
     fn totals_holes_and_fragments() {
         // [0,4K) at 100K, hole [4K,8K), [8K,12K) at 104K (contiguous with
@@ -697,9 +692,9 @@ mod tests {
             20 << 10,
             12 << 10,
             vec![
-                ext(0, 100 << 10, 4 << 10, 0),
-                ext(8 << 10, 104 << 10, 4 << 10, 0),
-                ext(12 << 10, 200 << 10, 4 << 10, SHARED | LAST),
+                Extent::new(0, 100 << 10, 4 << 10, 0),
+                Extent::new(8 << 10, 104 << 10, 4 << 10, 0),
+                Extent::new(12 << 10, 200 << 10, 4 << 10, SHARED | LAST),
             ],
         );
         assert_eq!(l.mapped_bytes, 12 << 10);
@@ -735,19 +730,24 @@ mod tests {
     #[test]
     fn extents_past_eof_make_no_negative_hole() {
         // Preallocated beyond EOF (fallocate KEEP_SIZE).
-        let l = FileLayout::from_extents(1000, 8192, vec![ext(0, 0, 8192, LAST)]);
+        let l = FileLayout::from_extents(1000, 8192, vec![Extent::new(0, 0, 8192, LAST)]);
         assert_eq!(l.hole_bytes, 0);
     }
 
     #[test]
     fn sharing_within_a_set_matches_overlapping_ranges() {
-        let mut a = FileLayout::from_extents(8192, 8192, vec![ext(0, 1 << 20, 8192, SHARED)]);
+        let mut a =
+            FileLayout::from_extents(8192, 8192, vec![Extent::new(0, 1 << 20, 8192, SHARED)]);
         let mut b = FileLayout::from_extents(
             8192,
             8192,
-            vec![ext(0, 1 << 20, 4096, SHARED), ext(4096, 5 << 20, 4096, 0)],
+            vec![
+                Extent::new(0, 1 << 20, 4096, SHARED),
+                Extent::new(4096, 5 << 20, 4096, 0),
+            ],
         );
-        let mut c = FileLayout::from_extents(4096, 4096, vec![ext(0, 1 << 20, 4096, SHARED)]);
+        let mut c =
+            FileLayout::from_extents(4096, 4096, vec![Extent::new(0, 1 << 20, 4096, SHARED)]);
         a.dev = 1;
         b.dev = 1;
         c.dev = 2; // other filesystem: same numbers mean nothing

@@ -239,23 +239,16 @@ mod tests {
         c
     }
 
-    fn ext(logical: u64, physical: u64, length: u64, flags: u32) -> Extent {
-        Extent {
-            logical,
-            physical,
-            length,
-            flags,
-            encoded: None,
-        }
-    }
-
     #[test]
     fn layout_facts_merge_contiguous_runs_and_count_exclusive_bytes() {
         use cowlink_sys::FIEMAP_EXTENT_SHARED as SHARED;
         let mut c = cand("a", 1, 1, 8192);
         c.exclusive = 0;
         layout_facts(
-            &[ext(0, 4096, 4096, SHARED), ext(4096, 8192, 4096, SHARED)],
+            &[
+                Extent::new(0, 4096, 4096, SHARED),
+                Extent::new(4096, 8192, 4096, SHARED),
+            ],
             &mut c,
         );
         assert_eq!(
@@ -271,7 +264,10 @@ mod tests {
         let mut d = cand("b", 1, 2, 8192);
         d.exclusive = 0;
         layout_facts(
-            &[ext(0, 4096, 4096, SHARED), ext(4096, 99 << 12, 4096, 0)],
+            &[
+                Extent::new(0, 4096, 4096, SHARED),
+                Extent::new(4096, 99 << 12, 4096, 0),
+            ],
             &mut d,
         );
         assert_eq!(d.shared_runs, None, "not every block is shared");
