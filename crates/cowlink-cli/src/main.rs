@@ -81,11 +81,43 @@ impl From<Exit> for ExitCode {
     }
 }
 
+/// `cowlink cp` under the name `cp`: a binary invoked as `cp` (a symlink
+/// or hardlink named so on PATH) is a drop-in for GNU cp.
+#[derive(Parser, Debug)]
+#[command(
+    name = "cp",
+    version,
+    max_term_width = 100,
+    infer_long_args = true,
+    args_override_self = true
+)]
+struct AsCp {
+    #[command(flatten)]
+    cp: cp::CpArgs,
+}
+
+/// Whether the program was invoked under the name `cp`.
+fn invoked_as_cp() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n == std::ffi::OsStr::new("cp"))
+        })
+        .unwrap_or(false)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let command = if invoked_as_cp() {
+        out::set_prog("cp");
+        Command::Cp(AsCp::parse().cp)
+    } else {
+        Cli::parse().command
+    };
     // Signals from here on go through one handler (see `interrupt`).
     let _ = interrupt::token();
-    let result = match cli.command {
+    let result = match command {
         Command::Cp(args) => cp::run(args),
         Command::Probe(args) => probe::run(args),
         Command::Extents(args) => extents::run(args),
@@ -106,7 +138,7 @@ fn main() -> ExitCode {
             Exit::Ok.into()
         }
         Err(e) => {
-            errln!("cowlink: {e:#}");
+            errln!("{}: {e:#}", out::prog());
             // A path that does not exist is an operation that failed (1),
             // as with GNU cp and du; anything else that stops a command
             // before it could start is 2.
@@ -161,7 +193,7 @@ pub fn threads_arg(s: &str) -> Result<usize, String> {
 pub fn capped_threads(n: usize) -> usize {
     let max = cowlink::tree::MAX_THREADS;
     if n > max {
-        errln!("cowlink: -j {n} is more threads than help; using {max}");
+        errln!("{}: -j {n} is more threads than help; using {max}", out::prog());
     }
     n.min(max)
 }

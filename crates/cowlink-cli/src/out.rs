@@ -72,3 +72,16 @@ macro_rules! errln {
 }
 
 pub(crate) use {errln, out, outln};
+
+static PROG: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// The name messages start with: `cowlink`, or `cp` when the binary was
+/// invoked under that name (a drop-in for GNU cp; see [`set_prog`]).
+pub fn prog() -> &'static str {
+    PROG.get().copied().unwrap_or("cowlink")
+}
+
+/// Set the name messages start with (once, at startup).
+pub fn set_prog(name: &'static str) {
+    let _ = PROG.set(name);
+}

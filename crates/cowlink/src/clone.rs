@@ -28,6 +28,10 @@ pub struct CloneOptions {
     pub overwrite: Overwrite,
     /// Metadata to carry beyond permission bits.
     pub preserve: Preserve,
+    /// Carry only the metadata, no data (`cp --attributes-only`): a new
+    /// destination is created empty; an existing regular file keeps its
+    /// content and gets the metadata `preserve` names.
+    pub attributes_only: bool,
 }
 
 /// Clone `src` to the new file `dst`, or copy it when `options.reflink`
@@ -73,6 +77,25 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
 
     let (src_fd, st) = open_source(op, src).map_err(|e| e.with_dst(dst))?;
     let parent = split_dest(op, src, dst)?;
+    if options.attributes_only && options.overwrite == Overwrite::Replace {
+        if let Some(old) = replaced_regular(dst, options.overwrite) {
+            if (old.st_dev, old.st_ino) == (st.st_dev, st.st_ino) {
+                return Ok(Outcome {
+                    method: Method::Skipped,
+                    bytes: 0,
+                });
+            }
+            let dfd = fs::open(dst, OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+                .map_err(err)?;
+            meta::apply(src_fd.as_fd(), &st, dfd.as_fd(), options.preserve).map_err(|m| {
+                err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
+            })?;
+            return Ok(Outcome {
+                method: Method::ReadWrite,
+                bytes: 0,
+            });
+        }
+    }
     // Refusing an existing destination needs no check before a clone (the
     // final link fails atomically, and a clone costs nothing), only before
     // a data copy. Replacing needs one: never replace a directory or the
@@ -81,7 +104,10 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     if options.overwrite == Overwrite::Replace {
         precheck()?;
     }
-    let pending = PendingFile::create(CWD, &parent, dst, Mode::from_raw_mode(st.st_mode & 0o777))
+    // Created writable by its owner, so that extended attributes can be
+    // set on a copy of a read-only file; the final mode is set below.
+    let want = st.st_mode & 0o777;
+    let pending = PendingFile::create(CWD, &parent, dst, Mode::from_raw_mode(want | 0o200))
         .map_err(|e| match e {
         Errno::NOENT => err(e).with_reason(format!(
             "directory {} does not exist",
@@ -99,18 +125,49 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         Overwrite::Replace => Ok(()),
     };
     let failed = |e: Errno| transfer_error(op, src, dst, e, sfd, dfd);
-    let done = transfer(
-        sfd,
-        dfd,
-        size,
-        options.reflink,
-        &before_copy,
-        &failed,
-        &|| false,
-    )?;
+    let done = if options.attributes_only {
+        before_copy()?;
+        Outcome {
+            method: Method::ReadWrite,
+            bytes: 0,
+        }
+    } else {
+        transfer(
+            sfd,
+            dfd,
+            size,
+            options.reflink,
+            &before_copy,
+            &failed,
+            &|| false,
+        )?
+    };
     meta::apply(sfd, &st, dfd, options.preserve).map_err(|m| {
         err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
     })?;
+    if !options.preserve.mode {
+        // GNU cp's visible result: a file written over an existing one
+        // keeps that file's permission bits (and, for root, its owner);
+        // a new file gets the source's, less the umask.
+        let mode = match replaced_regular(dst, options.overwrite) {
+            Some(old) => {
+                if rustix::process::geteuid().is_root() {
+                    let _ = fs::fchown(
+                        dfd,
+                        Some(rustix::fs::Uid::from_raw(old.st_uid)),
+                        Some(rustix::fs::Gid::from_raw(old.st_gid)),
+                    );
+                }
+                Some(old.st_mode & 0o7777)
+            }
+            None if want & 0o200 == 0 => Some(want & !meta::umask().unwrap_or(0o022)),
+            None => None,
+        };
+        if let Some(mode) = mode {
+            fs::fchmod(dfd, Mode::from_raw_mode(mode))
+                .map_err(|e| err(e).with_reason(format!("cannot set the mode: {}", errno_text(e))))?;
+        }
+    }
     pending
         .persist(dst, options.overwrite)
         .map_err(|e| match e {
@@ -125,6 +182,16 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         method: done.method,
         bytes: done.bytes,
     })
+}
+
+/// The regular file `dst` that this call is about to replace, if any.
+fn replaced_regular(dst: &Path, overwrite: Overwrite) -> Option<Stat> {
+    if overwrite != Overwrite::Replace {
+        return None;
+    }
+    fs::statat(CWD, dst, AtFlags::SYMLINK_NOFOLLOW)
+        .ok()
+        .filter(|s| FileType::from_raw_mode(s.st_mode) == FileType::RegularFile)
 }
 
 /// Refuse early (before moving any data) when the destination exists and

@@ -122,10 +122,13 @@ pub(crate) fn apply_created(
         mode = None;
     }
     if chown_needed {
-        chown(dst, st)?;
+        let keep = chown(dst, st)?;
+        mode = mode.map(|m| m & !(0o6000 & !keep));
     }
     if preserve.xattrs && copy_xattrs(src, dst)? && preserve.mode {
         // An ACL may have changed the group bits: set the mode after all.
+        mode = Some(st.st_mode & 0o7777);
+    } else if !preserve.xattrs && preserve.mode && copy_acls(src, dst)? {
         mode = Some(st.st_mode & 0o7777);
     }
     if let Some(mode) = mode {
@@ -148,15 +151,21 @@ pub(crate) fn umask() -> Option<u32> {
     })
 }
 
-fn chown(dst: BorrowedFd<'_>, st: &Stat) -> Result<(), MetaError> {
+/// Give `dst` the owner and group of `st`. Returns the set-id bits that
+/// may stay: as cp does, a file whose owner (or group) could not be kept
+/// loses its set-user-ID (set-group-ID) bit, so nobody gains a privilege
+/// by copying.
+fn chown(dst: BorrowedFd<'_>, st: &Stat) -> Result<u32, MetaError> {
     let uid = Uid::from_raw(st.st_uid);
     let gid = Gid::from_raw(st.st_gid);
     match fs::fchown(dst, Some(uid), Some(gid)) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(0o6000),
         Err(Errno::PERM) if !rustix::process::geteuid().is_root() => {
             // Like cp -p: try the group alone, ignore a refusal.
-            let _ = fs::fchown(dst, None, Some(gid));
-            Ok(())
+            Ok(match fs::fchown(dst, None, Some(gid)) {
+                Ok(()) => 0o2000,
+                Err(_) => 0,
+            })
         }
         Err(e) => Err(fail("preserve ownership")(e)),
     }
@@ -172,11 +181,15 @@ pub(crate) fn apply_with_mode(
     preserve: Preserve,
     mode: Option<u32>,
 ) -> Result<(), MetaError> {
+    let mut mode = mode;
     if preserve.ownership {
-        chown(dst, st)?;
+        let keep = chown(dst, st)?;
+        mode = mode.map(|m| m & !(0o6000 & !keep));
     }
     if preserve.xattrs {
         copy_xattrs(src, dst)?;
+    } else if preserve.mode {
+        copy_acls(src, dst)?;
     }
     if let Some(mode) = mode {
         fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))?;
@@ -204,6 +217,30 @@ pub(crate) fn times_of(st: &Stat) -> Timestamps {
 /// Copy every extended attribute of `src` to `dst`; says whether there
 /// were any.
 fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError> {
+    copy_xattrs_matching(src, dst, |_| true)
+}
+
+/// Copy the POSIX ACLs only (`cp -p`: an ACL is part of the mode);
+/// a filesystem without them has none to copy.
+fn copy_acls(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError> {
+    match copy_xattrs_matching(src, dst, is_acl) {
+        Err(m) if m.errno == Errno::OPNOTSUPP => Ok(false),
+        r => r,
+    }
+}
+
+/// The POSIX ACL attributes: part of the mode for `cp -p`, which carries
+/// them without `--preserve=xattr`.
+fn is_acl(name: &[u8]) -> bool {
+    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+}
+
+/// Copy the extended attributes of `src` whose names `keep` accepts.
+fn copy_xattrs_matching(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    keep: impl Fn(&[u8]) -> bool,
+) -> Result<bool, MetaError> {
     let names = match list_xattrs(src) {
         Ok(n) => n,
         // The source filesystem has no xattrs at all: nothing to carry.
@@ -213,7 +250,9 @@ fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaErr
     if names.is_empty() {
         return Ok(false);
     }
-    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+    let mut any = false;
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty() && keep(n)) {
+        any = true;
         let shown = String::from_utf8_lossy(name).into_owned();
         let cname = std::ffi::CString::new(name).expect("xattr names have no NUL");
         let value =
@@ -223,7 +262,7 @@ fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaErr
             Err(e) => return Err(fail(format!("preserve extended attribute '{shown}'"))(e)),
         }
     }
-    Ok(true)
+    Ok(any)
 }
 
 fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {

@@ -190,6 +190,18 @@ impl Entry<'_, '_> {
                 )));
         }
         self.maybe_hardlinked(&st, || {
+            if self.eng.opts.update_older && self.not_older(&st) {
+                self.eng.count(Count::Skipped, 1);
+                self.eng.emit(TreeEvent::Skipped {
+                    src: self.src,
+                    dst: self.dst,
+                    reason: SkipReason::NotOlder,
+                });
+                return Ok(());
+            }
+            if let Some(kind) = self.eng.opts.link {
+                return self.link_to_source(kind);
+            }
             if self.already_done(&st) {
                 self.eng.count(Count::Skipped, 1);
                 self.eng.emit(TreeEvent::Skipped {
@@ -325,9 +337,51 @@ impl Entry<'_, '_> {
             self.error(m.errno)
                 .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
         })?;
+        // As cp: a file written over an existing one keeps that file's
+        // permission bits unless modes are preserved.
+        if opts.overwrite == Overwrite::Replace
+            && !opts.preserve.mode
+            && !self.eng.opts.resume
+            && placement == Placement::Atomic
+        {
+            if let Ok(old) = fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+                if FileType::from_raw_mode(old.st_mode) == FileType::RegularFile {
+                    fs::fchmod(dfd, Mode::from_raw_mode(old.st_mode & 0o7777))
+                        .map_err(|e| self.error(e))?;
+                }
+            }
+        }
         file.commit(dst_name, overwrite)
             .map_err(|e| self.dest_error(e))?;
         Ok(done)
+    }
+
+    /// With [`TreeOptions::update_older`]: whether an existing destination
+    /// is at least as new as the source (by modification time).
+    fn not_older(&self, st: &Stat) -> bool {
+        fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|d| {
+            (d.st_mtime, d.st_mtime_nsec as i64) >= (st.st_mtime, st.st_mtime_nsec as i64)
+        })
+    }
+
+    /// With [`TreeOptions::link`]: a hardlink to the source, or a symbolic
+    /// link naming it, in place of a copy.
+    fn link_to_source(&self, kind: super::LinkKind) -> Result<(), Error> {
+        match kind {
+            super::LinkKind::Hard => self.place(|dir, name| {
+                fs::linkat(&self.node.src, self.name, dir, name, AtFlags::empty())
+            })?,
+            super::LinkKind::Symbolic => {
+                let target = self.src.as_os_str().as_bytes();
+                self.place(|dir, name| fs::symlinkat(target, dir, name))?
+            }
+        }
+        self.eng.count(Count::Hardlinks, 1);
+        self.eng.emit(TreeEvent::Hardlink {
+            src: self.src,
+            dst: self.dst,
+        });
+        Ok(())
     }
 
     /// With [`TreeOptions::resume`](super::TreeOptions::resume): whether

@@ -76,6 +76,15 @@ pub struct TreeOptions {
     /// counted as skipped; any other existing file is replaced atomically.
     /// Needs `file.preserve.timestamps` (otherwise no file could match).
     pub resume: bool,
+    /// Make links to the source files instead of copies (`cp -rl`,
+    /// `cp -rs`): directories are still created, symbolic links and
+    /// special files still recreated; each regular file becomes a hardlink
+    /// to, or a symbolic link naming, its source.
+    pub link: Option<LinkKind>,
+    /// Keep an existing destination file that is not older than its source
+    /// (`cp -u`, `--update=older`), counted as skipped
+    /// ([`SkipReason::NotOlder`]); replace one that is older.
+    pub update_older: bool,
     /// Walk the source and report what would be done ([`TreeEvent::Planned`])
     /// without creating or changing anything at the destination.
     pub dry_run: bool,
@@ -144,6 +153,16 @@ pub enum Action {
     },
 }
 
+/// What [`TreeOptions::link`] makes in place of a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    /// A hardlink to the source file (`cp -l`): the same inode.
+    Hard,
+    /// A symbolic link whose target is the source path as given (`cp -s`).
+    Symbolic,
+}
+
 /// Why an entry was skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,6 +174,9 @@ pub enum SkipReason {
     ///
     /// [`Overwrite::Skip`]: crate::Overwrite::Skip
     Exists,
+    /// The destination is not older than the source
+    /// ([`TreeOptions::update_older`]).
+    NotOlder,
 }
 
 /// What happened to one entry, as told to an [`Observer`].

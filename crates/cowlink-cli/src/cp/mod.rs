@@ -1,7 +1,13 @@
 //! `cowlink cp`: clone files (and, with -r, directory trees) like cp.
+//!
+//! This file reads the options and reports; `gnu.rs` holds GNU cp's rules
+//! for each command-line operand.
+
+mod gnu;
 
 use cowlink::name::quoted;
 use std::io::{IsTerminal, Write};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, Action, SkipReason, Tally, TreeEvent, TreeOptions};
+use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, Tally, TreeEvent, TreeOptions};
+use std::os::unix::ffi::OsStrExt;
 use cowlink::Run;
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
@@ -17,7 +24,7 @@ use cowlink::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::out::{errln, out, outln};
+use crate::out::{errln, out, outln, prog};
 use crate::{human_bytes, human_duration, Exit};
 
 /// Clone files where the filesystem can share blocks, copy where it cannot.
@@ -56,16 +63,94 @@ pub struct CpArgs {
     )]
     reflink: Reflink,
 
-    /// Replace existing destination files (atomically; other hardlinks of a
-    /// replaced file keep their content)
-    #[arg(short = 'f', long, conflicts_with = "no_clobber")]
+    /// Existing destination files are replaced by default, atomically
+    /// (other hardlinks of a replaced file keep their content) and keeping
+    /// their permission bits unless -p. -f also replaces what cannot be
+    /// opened (a symlink loop) and names taken by -l/-s links
+    #[arg(short = 'f', long)]
     force: bool,
 
-    /// Skip existing destination files silently (default: report an error).
-    /// Like GNU cp -n this keeps whatever exists, even a file an interrupted
-    /// run left half written: use --resume to continue a copy
-    #[arg(short = 'n', long)]
+    /// Keep existing destination files (same as --update=none). Like GNU
+    /// cp -n this keeps whatever exists, even a file an interrupted run
+    /// left half written: use --resume to continue a copy
+    #[arg(short = 'n', long, overrides_with = "interactive")]
     no_clobber: bool,
+
+    /// Ask before replacing an existing destination (answer y to replace)
+    #[arg(short = 'i', long, overrides_with = "no_clobber")]
+    interactive: bool,
+
+    /// Which existing destinations to replace: all (default), none,
+    /// none-fail (fail for each), older (only when older than the source;
+    /// bare --update and -u mean this)
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHICH",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "older"
+    )]
+    update: Option<gnu::Update>,
+
+    /// Same as --update=older
+    #[arg(short = 'u')]
+    update_older: bool,
+
+    /// Remove each existing destination file before copying (it gets the
+    /// source's mode, not the old file's)
+    #[arg(long)]
+    remove_destination: bool,
+
+    /// Back up each existing destination file first; CONTROL: numbered
+    /// (t), existing (nil, the default), simple (never), none (off).
+    /// Default from VERSION_CONTROL
+    #[arg(
+        long,
+        value_name = "CONTROL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = ""
+    )]
+    backup: Option<String>,
+
+    /// Like --backup, without an argument
+    #[arg(short = 'b')]
+    backup_default: bool,
+
+    /// Backup suffix instead of ~ (or SIMPLE_BACKUP_SUFFIX); implies backups
+    #[arg(short = 'S', long, value_name = "SUFFIX")]
+    suffix: Option<OsString>,
+
+    /// Make hardlinks to the source files instead of copies
+    #[arg(short = 'l', long, overrides_with = "symbolic_link")]
+    link: bool,
+
+    /// Make symbolic links to the source files instead of copies
+    #[arg(short = 's', long, overrides_with = "link")]
+    symbolic_link: bool,
+
+    /// Copy only attributes, no data
+    #[arg(long)]
+    attributes_only: bool,
+
+    /// With -r, copy the contents of FIFOs and devices as data
+    #[arg(long)]
+    copy_contents: bool,
+
+    /// Holes in copies: auto (keep the source's holes, the default), always,
+    /// never. Clones share the source's layout whatever this says
+    #[arg(long, value_enum, value_name = "WHEN")]
+    sparse: Option<SparseArg>,
+
+    /// Name each destination by the full source path under DIR
+    /// (cp --parents a/b/f DIR makes DIR/a/b/f)
+    #[arg(long)]
+    parents: bool,
+
+    /// Remove trailing slashes from each source
+    #[arg(long)]
+    strip_trailing_slashes: bool,
 
     /// Continue an interrupted copy: keep each destination file that has
     /// its source's size and modification time (a finished copy), replace
@@ -87,7 +172,7 @@ pub struct CpArgs {
     preserve_default: bool,
 
     /// Preserve these attributes beyond the permission bits (which are always
-    /// kept, less the umask): mode, ownership, timestamps, xattr, all
+    /// kept, less the umask): mode, ownership, timestamps, links, xattr, all
     #[arg(
         long,
         value_enum,
@@ -98,6 +183,16 @@ pub struct CpArgs {
         default_missing_value = "mode,ownership,timestamps"
     )]
     preserve: Vec<PreserveArg>,
+
+    /// Do not preserve these attributes
+    #[arg(
+        long,
+        value_enum,
+        value_name = "ATTR,...",
+        value_delimiter = ',',
+        require_equals = true
+    )]
+    no_preserve: Vec<PreserveArg>,
 
     /// Copy directories recursively, in parallel (symbolic links inside are
     /// copied as links)
@@ -117,9 +212,22 @@ pub struct CpArgs {
     #[arg(short = 'T', long, conflicts_with = "target_directory")]
     no_target_directory: bool,
 
-    /// Follow symbolic links in SRC (copy what they point to)
-    #[arg(short = 'L', long)]
+    /// Follow symbolic links in SRC (copy what they point to); the default
+    /// without -r
+    #[arg(short = 'L', long, overrides_with_all = ["no_dereference", "deref_args"])]
     dereference: bool,
+
+    /// Never follow symbolic links in SRC; the default with -r and -a
+    #[arg(short = 'P', long, overrides_with_all = ["dereference", "deref_args"])]
+    no_dereference: bool,
+
+    /// Follow symbolic links named on the command line only
+    #[arg(short = 'H', overrides_with_all = ["dereference", "no_dereference"])]
+    deref_args: bool,
+
+    /// Same as --no-dereference --preserve=links
+    #[arg(short = 'd')]
+    no_deref_preserve_links: bool,
 
     /// Copy with N threads, at most 64 (default: chosen per destination
     /// filesystem: 1 when cloning into Btrfs, else one per core)
@@ -156,8 +264,16 @@ enum PreserveArg {
     Mode,
     Ownership,
     Timestamps,
+    Links,
     Xattr,
     All,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SparseArg {
+    Auto,
+    Always,
+    Never,
 }
 
 /// One entry of `--json` output. Paths that are not UTF-8 are written
@@ -228,6 +344,11 @@ struct Summary {
 struct Reporter {
     options: CloneOptions,
     verbose: bool,
+    /// `-v` lines in GNU's form, `'a' -> 'b'` (when invoked as `cp`).
+    gnu_verbose: bool,
+    /// An operand's destination directory that existed before: GNU names
+    /// no line for it.
+    quiet_dir: Mutex<Option<PathBuf>>,
     json: bool,
     recursive: bool,
     tally: Arc<Tally>,
@@ -289,11 +410,24 @@ impl Reporter {
         self.record(&Record::new(src, dst, "skipped"));
     }
 
-    fn done(&self, src: &Path, dst: &Path, o: Outcome, elapsed: Option<Duration>) {
+    fn done(
+        &self,
+        src: &Path,
+        dst: &Path,
+        o: Outcome,
+        elapsed: Option<Duration>,
+        backup: Option<&Path>,
+    ) {
         if o.method == Method::Skipped {
             return self.skipped(src, dst, SkipReason::Exists);
         }
-        if self.verbose {
+        if self.verbose && self.gnu_verbose {
+            let backup = backup
+                .filter(|b| !b.as_os_str().is_empty())
+                .map(|b| format!(" (backup: {})", quoted(b)))
+                .unwrap_or_default();
+            self.print(&format!("{} -> {}{backup}", quoted(src), quoted(dst)));
+        } else if self.verbose {
             let took = elapsed
                 .map(|d| format!(" in {}", human_duration(d)))
                 .unwrap_or_default();
@@ -316,7 +450,20 @@ impl Reporter {
 
     /// Any other entry that went well (or, in a dry run, would be done).
     fn other(&self, src: &Path, dst: &Path, kind: &'static str, words: &str, planned: bool) {
-        if self.verbose || planned {
+        let quiet = || {
+            kind == "dir"
+                && self
+                    .quiet_dir
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_deref()
+                    == Some(dst)
+        };
+        if self.verbose && self.gnu_verbose && !planned {
+            if !quiet() {
+                self.print(&format!("{} -> {}", quoted(src), quoted(dst)));
+            }
+        } else if self.verbose || planned {
             let prefix = if planned { "would copy " } else { "" };
             self.print(&format!(
                 "{prefix}{} -> {}: {words}",
@@ -331,7 +478,7 @@ impl Reporter {
     }
 
     fn failed(&self, src: &Path, dst: &Path, e: &Error) {
-        self.eprint(&format!("cowlink: {e}{}", self.hint(e)));
+        self.eprint(&format!("{}: {e}{}", prog(), self.hint(e)));
         self.record(&Record {
             error: Some(e.clone()),
             ..Record::new(src, dst, "failed")
@@ -355,7 +502,7 @@ impl Reporter {
     /// A tree event from a worker thread.
     fn tree_event(&self, ev: &TreeEvent<'_>, root: (&Path, &Path)) {
         match *ev {
-            TreeEvent::File { src, dst, outcome } => self.done(src, dst, outcome, None),
+            TreeEvent::File { src, dst, outcome } => self.done(src, dst, outcome, None, None),
             TreeEvent::Dir { src, dst } => self.other(src, dst, "dir", "directory", false),
             TreeEvent::Symlink { src, dst } => {
                 self.other(src, dst, "symlink", "symbolic link", false)
@@ -464,6 +611,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     } else {
         Preserve::NONE
     };
+    let mut links = args.archive || args.no_deref_preserve_links;
     if args.preserve_default {
         preserve = Preserve {
             xattrs: preserve.xattrs,
@@ -473,28 +621,109 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     if args.resume {
         preserve.timestamps = true;
     }
-    for p in &args.preserve {
+    for (p, on) in args
+        .preserve
+        .iter()
+        .map(|p| (p, true))
+        .chain(args.no_preserve.iter().map(|p| (p, false)))
+    {
         match p {
-            PreserveArg::Mode => preserve.mode = true,
-            PreserveArg::Ownership => preserve.ownership = true,
-            PreserveArg::Timestamps => preserve.timestamps = true,
-            PreserveArg::Xattr => preserve.xattrs = true,
-            PreserveArg::All => preserve = Preserve::ALL,
+            PreserveArg::Mode => preserve.mode = on,
+            PreserveArg::Ownership => preserve.ownership = on,
+            PreserveArg::Timestamps => preserve.timestamps = on,
+            PreserveArg::Links => links = on,
+            PreserveArg::Xattr => preserve.xattrs = on,
+            PreserveArg::All if on => {
+                preserve = Preserve::ALL;
+                links = true;
+            }
+            PreserveArg::All => {
+                preserve = Preserve::NONE;
+                links = false;
+            }
         }
     }
+    let recursive = args.recursive || args.archive;
+    let link = if args.link {
+        Some(LinkKind::Hard)
+    } else if args.symbolic_link {
+        Some(LinkKind::Symbolic)
+    } else {
+        None
+    };
+    let deref = if args.dereference {
+        gnu::Deref::Always
+    } else if args.deref_args {
+        gnu::Deref::CommandLine
+    } else if args.no_dereference || args.no_deref_preserve_links || args.archive {
+        gnu::Deref::Never
+    } else if recursive && link != Some(LinkKind::Hard) {
+        gnu::Deref::Never
+    } else {
+        gnu::Deref::Always
+    };
+    let update = if args.no_clobber {
+        gnu::Update::None
+    } else if args.update_older {
+        gnu::Update::Older
+    } else {
+        args.update.unwrap_or(gnu::Update::All)
+    };
+    let backup = match (&args.backup, args.backup_default || args.suffix.is_some()) {
+        (None, false) => None,
+        (word, _) => {
+            let word = match word.as_deref() {
+                Some(w) if !w.is_empty() => w.to_string(),
+                _ => std::env::var("VERSION_CONTROL").unwrap_or_default(),
+            };
+            let kind = if word.is_empty() {
+                Some(gnu::Backup::Existing)
+            } else {
+                gnu::Backup::parse(&word).map_err(anyhow::Error::msg)?
+            };
+            let suffix = args
+                .suffix
+                .clone()
+                .filter(|s| !s.is_empty())
+                .or_else(|| std::env::var_os("SIMPLE_BACKUP_SUFFIX").filter(|s| !s.is_empty()))
+                .unwrap_or_else(|| "~".into());
+            kind.map(|k| (k, suffix))
+        }
+    };
+    let rules = gnu::Rules {
+        deref,
+        backup,
+        force: args.force,
+        remove_destination: args.remove_destination,
+        interactive: args.interactive,
+        update,
+        link,
+        copy_contents: args.copy_contents,
+        attributes_only: args.attributes_only,
+        preserve_links: links,
+        recursive,
+        gnu_verbose: prog() == "cp",
+        parents: args.parents,
+    };
     let options = CloneOptions {
         reflink: args.reflink,
-        overwrite: if args.force {
-            Overwrite::Replace
-        } else if args.no_clobber {
+        // GNU cp replaces existing files unless told otherwise; links are
+        // made only where nothing is (or -f removed it).
+        overwrite: if matches!(update, gnu::Update::None) {
             Overwrite::Skip
-        } else {
+        } else if link.is_some() && !args.force {
             Overwrite::Refuse
+        } else {
+            Overwrite::Replace
         },
         preserve,
+        attributes_only: args.attributes_only,
     };
-    let recursive = args.recursive || args.archive;
-    let jobs = plan(&args, &|p| std::fs::metadata(p).ok().map(|m| m.is_dir()))?;
+    let jobs = plan(&args, &|p| match std::fs::metadata(p) {
+        Ok(m) => Ok(Some(m.is_dir())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    })?;
     // 0: the library's default.
     let threads = args.jobs.map_or(0, crate::capped_threads);
     let cancel = crate::interrupt::token();
@@ -516,22 +745,26 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     let reporter = Reporter {
         options,
         verbose: args.verbose,
+        gnu_verbose: rules.gnu_verbose,
         json: args.json,
         recursive,
         tally: Arc::new(Tally::default()),
         wrote_record: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),
         bar,
+        quiet_dir: Mutex::new(None),
     };
     if args.json {
         out!("{{\n  \"results\": [");
     }
     let tree = TreeOptions {
         file: options,
-        hardlinks: args.archive,
-        dereference: args.dereference,
+        hardlinks: links,
+        dereference: deref == gnu::Deref::Always,
         atomic: args.atomic,
         resume: args.resume,
+        link,
+        update_older: update == gnu::Update::Older,
         dry_run: args.dry_run,
         run: Run::default()
             .with_threads(threads)
@@ -541,6 +774,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     let start = Instant::now();
     let finished = AtomicBool::new(false);
     let mut any_tree = false;
+    let into_dir = args.target_directory.is_some() || jobs.len() > 1 || jobs.first().is_some_and(|j| j.2);
     std::thread::scope(|s| {
         let ticker = show_progress.then(|| {
             let (reporter, finished) = (&reporter, &finished);
@@ -554,7 +788,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
                             bar.tick();
                         }
                         None if last_line.elapsed() >= Duration::from_secs(1) => {
-                            errln!("cowlink: {message}");
+                            errln!("{}: {message}", prog());
                             last_line = Instant::now();
                         }
                         None => {}
@@ -563,11 +797,12 @@ pub fn run(args: CpArgs) -> Result<Exit> {
                 }
             })
         });
-        for (src, dst) in &jobs {
+        let mut seen = gnu::Seen::default();
+        for (src, dst, _) in &jobs {
             if cancel.is_cancelled() {
                 break;
             }
-            any_tree |= copy_one(&reporter, &tree, src, dst);
+            any_tree |= copy_operand(&reporter, &tree, &rules, &mut seen, src, dst, into_dir);
         }
         finished.store(true, Ordering::Relaxed);
         if let Some(t) = ticker {
@@ -583,12 +818,13 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             "\n  ],\n  \"summary\": {}\n}}",
             serde_json::to_string(&summary)?
         );
-    } else if any_tree && (args.verbose || args.dry_run || show_progress) {
+    } else if any_tree && !rules.gnu_verbose && (args.verbose || args.dry_run || show_progress) {
         errln!("{}", summary_line(&summary));
     }
     Ok(if summary.cancelled {
         errln!(
-            "cowlink: interrupted; entries already copied are complete, nothing partial was left"
+            "{}: interrupted; entries already copied are complete, nothing partial was left",
+            prog()
         );
         Exit::Interrupted
     } else if summary.failed > 0 {
@@ -600,62 +836,274 @@ pub fn run(args: CpArgs) -> Result<Exit> {
 
 /// What `plan` needs to know of a path: `None` when it does not exist,
 /// else whether it is a directory (following symbolic links).
-type IsDir<'a> = &'a dyn Fn(&Path) -> Option<bool>;
+type IsDir<'a> = &'a dyn Fn(&Path) -> std::io::Result<Option<bool>>;
 
-/// Resolve the command line into (source, destination file) pairs, with
-/// cp's rules: a destination that is a directory receives the sources.
-/// Pure but for `is_dir`, so the rules are unit-tested without files.
-fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<(PathBuf, PathBuf)>> {
-    let (sources, target): (&[PathBuf], Option<&Path>) = match &args.target_directory {
-        Some(dir) => (&args.paths, Some(dir)),
+/// One operand: source, destination, and whether the destination was
+/// formed inside a target directory.
+type Job = (PathBuf, PathBuf, bool);
+
+/// Resolve the command line into (source, destination, into a directory)
+/// triples with GNU cp's rules: a destination that is a directory receives
+/// the sources under their last component (`DIR/.` is named `.`, so its
+/// content merges into the target), or under their whole path with
+/// `--parents`. Pure but for `is_dir`, so the rules are unit-tested
+/// without files.
+fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
+    let strip = |p: &PathBuf| -> PathBuf {
+        if !args.strip_trailing_slashes {
+            return p.clone();
+        }
+        let b = p.as_os_str().as_encoded_bytes();
+        let end = b.iter().rposition(|c| *c != b'/').map_or(1, |i| i + 1);
+        PathBuf::from(std::ffi::OsStr::new(&p.as_os_str().to_string_lossy()[..end]))
+    };
+    let sources_all: Vec<PathBuf> = args.paths.iter().map(strip).collect();
+    let (sources, target): (&[PathBuf], &Path) = match &args.target_directory {
+        Some(dir) => {
+            match is_dir(dir) {
+                Ok(Some(true)) => {}
+                Ok(Some(false)) => bail!("target directory {}: Not a directory", quoted(dir)),
+                Ok(None) => bail!("target directory {}: No such file or directory", quoted(dir)),
+                Err(e) => bail!("target directory {}: {}", quoted(dir), io_words(&e)),
+            }
+            (&sources_all, dir.as_path())
+        }
         None => {
-            if args.paths.len() < 2 {
+            if sources_all.len() < 2 {
                 bail!(
-                    "missing destination file operand after {}\nUsage: cowlink cp [OPTIONS] SRC... DEST (see --help)",
-                    quoted(&args.paths[0])
+                    "missing destination file operand after {}\nUsage: {} [OPTIONS] SRC... DEST (see --help)",
+                    quoted(&args.paths[0]),
+                    if prog() == "cp" { "cp" } else { "cowlink cp" }
                 );
             }
             let (last, rest) = args.paths.split_last().expect("two or more paths");
+            let rest = &sources_all[..rest.len()];
             if args.no_target_directory {
                 if rest.len() > 1 {
-                    bail!(
-                        "with -T there must be exactly one source (got {})",
-                        rest.len()
-                    );
+                    bail!("extra operand {}", quoted(&args.paths[2]));
                 }
-                return Ok(vec![(rest[0].clone(), last.clone())]);
+                if let Err(e) = is_dir(last) {
+                    bail!("cannot stat {}: {}", quoted(last), io_words(&e));
+                }
+                return Ok(vec![(rest[0].clone(), last.clone(), false)]);
             }
-            if rest.len() == 1 && is_dir(last) != Some(true) {
-                if last.as_os_str().to_string_lossy().ends_with('/') {
+            let last_is_dir = match is_dir(last) {
+                Ok(d) => d,
+                Err(e) => bail!("cannot stat {}: {}", quoted(last), io_words(&e)),
+            };
+            if rest.len() == 1 && last_is_dir != Some(true) && !args.parents {
+                if last.as_os_str().as_encoded_bytes().ends_with(b"/") {
                     bail!("target {} is not a directory", quoted(last));
                 }
-                return Ok(vec![(rest[0].clone(), last.clone())]);
+                return Ok(vec![(rest[0].clone(), last.clone(), false)]);
             }
-            (rest, Some(last.as_path()))
+            match last_is_dir {
+                Some(true) => {}
+                Some(false) if args.parents && rest.len() == 1 => {
+                    bail!("with --parents, the destination must be a directory")
+                }
+                Some(false) => bail!("target {} is not a directory", quoted(last)),
+                None => bail!("target {}: No such file or directory", quoted(last)),
+            }
+            (rest, last.as_path())
         }
     };
-    let dir = target.expect("target set above");
-    match is_dir(dir) {
-        Some(true) => {}
-        exists => bail!(
-            "target {} is not a directory{}",
-            quoted(dir),
-            if exists.is_some() {
-                ""
-            } else {
-                " (it does not exist)"
-            }
-        ),
-    }
     sources
         .iter()
         .map(|src| {
-            let name = src.file_name().ok_or_else(|| {
-                anyhow::anyhow!("cannot copy {}: it has no file name", quoted(src))
-            })?;
-            Ok((src.clone(), dir.join(name)))
+            let dst = if args.parents {
+                let rel = src.as_os_str().as_encoded_bytes();
+                let rel = rel.strip_prefix(b"/").unwrap_or(rel);
+                gnu::join(target, std::ffi::OsStr::from_bytes(rel))
+            } else {
+                gnu::join(target, gnu::base_name(src))
+            };
+            Ok((src.clone(), dst, true))
         })
         .collect()
+}
+
+/// An I/O error in GNU's words ("Permission denied"), without Rust's
+/// "(os error 13)".
+fn io_words(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    s.split(" (os error").next().unwrap_or(&s).to_string()
+}
+
+/// `--parents`: create the directories between the target and `dst`
+/// that are missing, each with its source directory's permission bits.
+fn make_parents(src: &Path, dst: &Path, preserve: Preserve) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let (Some(sp), Some(dp)) = (src.parent(), dst.parent()) else {
+        return Ok(());
+    };
+    let chain: Vec<(&Path, &Path)> = sp.ancestors().zip(dp.ancestors()).collect();
+    for (s, d) in chain.into_iter().rev() {
+        if s.as_os_str().is_empty() || std::fs::symlink_metadata(d).is_ok() {
+            continue;
+        }
+        std::fs::create_dir(d)?;
+        let m = std::fs::metadata(s)?;
+        let mode = m.permissions().mode() & 0o7777;
+        let mode = if preserve.mode {
+            mode
+        } else {
+            mode & !umask_now()
+        };
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+fn umask_now() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .unwrap_or(0o022)
+}
+
+/// Copy one command-line operand with GNU cp's rules; returns whether it
+/// was a tree copy.
+fn copy_operand(
+    r: &Reporter,
+    tree: &TreeOptions,
+    rules: &gnu::Rules,
+    seen: &mut gnu::Seen,
+    src: &Path,
+    dst: &Path,
+    into_dir: bool,
+) -> bool {
+    let refuse = |msg: String| {
+        let e = Error::new(cowlink::Operation::Clone, ErrorKind::InvalidInput)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(msg.clone());
+        r.tally.failed();
+        r.eprint(&format!("{}: {msg}", prog()));
+        r.record(&Record {
+            error: Some(e),
+            ..Record::new(src, dst, "failed")
+        });
+    };
+    if tree.dry_run {
+        return copy_one(r, tree, src, dst);
+    }
+    if rules.parents {
+        if let Err(e) = make_parents(src, dst, r.options.preserve) {
+            refuse(format!("cannot make directory {}: {}", quoted(dst.parent().unwrap_or(dst)), io_words(&e)));
+            return false;
+        }
+    }
+    let job = match rules.plan(src, dst, into_dir, seen, &|w| r.eprint(&format!("{}: {w}", prog()))) {
+        Ok(gnu::Plan::Nothing) => return false,
+        Ok(gnu::Plan::Copy(job)) => job,
+        Err(gnu::Refusal(msg)) => {
+            refuse(msg);
+            return false;
+        }
+    };
+    let dst = job.dst.as_path();
+    let t = Instant::now();
+    let fail_msg = |msg: String| {
+        gnu::restore_backup(&job);
+        refuse(msg);
+    };
+    let ok = |bytes: u64, method: Method| {
+        r.tally.file(&Outcome { method, bytes });
+        r.done(src, dst, Outcome { method, bytes }, Some(t.elapsed()), job.backup.as_deref());
+    };
+    let mut tree_copy = false;
+    if let Some(first) = &job.link_to {
+        match gnu::hardlink(first, dst, false) {
+            Ok(()) => ok(0, Method::Hardlink),
+            Err(m) => fail_msg(m),
+        }
+    } else if let (Some(kind), false) = (tree.link, job.is_dir) {
+        let made = match kind {
+            LinkKind::Hard => gnu::hardlink(src, dst, job.follow),
+            LinkKind::Symbolic => gnu::symlink_to(src, dst),
+        };
+        match made {
+            Ok(()) => ok(0, Method::Hardlink),
+            Err(m) => fail_msg(m),
+        }
+    } else if job.write_into {
+        match gnu::write_into(src, dst) {
+            Ok(n) => ok(n, Method::ReadWrite),
+            Err(e) => fail_msg(format!("cannot write to {}: {}", quoted(dst), io_words(&e))),
+        }
+    } else if job.as_file && !is_regular(src, job.follow) {
+        let mode = std::fs::metadata(src).map(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode()
+        });
+        match gnu::copy_contents(src, dst, mode.unwrap_or(0o644)) {
+            Ok(n) => ok(n, Method::ReadWrite),
+            Err(e) => {
+                gnu::restore_backup(&job);
+                r.tally.failed();
+                r.failed(src, dst, &e);
+            }
+        }
+    } else if job.as_file {
+        let mut options = r.options;
+        if tree.resume {
+            if cowlink::is_complete_copy(src, dst) {
+                r.tally.skipped();
+                r.skipped(src, dst, SkipReason::Complete);
+                return false;
+            }
+            options.overwrite = Overwrite::Replace;
+        }
+        match clone_file(src, dst, &options) {
+            Ok(o) => {
+                r.tally.file(&o);
+                r.done(src, dst, o, Some(t.elapsed()), job.backup.as_deref());
+            }
+            Err(e) => {
+                gnu::restore_backup(&job);
+                r.tally.failed();
+                r.failed(src, dst, &e);
+            }
+        }
+    } else {
+        if job.dst_dir_existed {
+            *r.quiet_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(dst.to_path_buf());
+        }
+        let mut t2 = tree.clone();
+        // -H: the operand itself was followed; what is inside is not.
+        if job.follow && tree.dereference != job.follow {
+            if let Ok(real) = std::fs::canonicalize(src) {
+                if real.is_dir() {
+                    t2.dereference = false;
+                }
+            }
+        }
+        tree_copy = copy_one(r, &t2, &follow_operand(src, job.follow), dst);
+    }
+    rules.record(&job, seen);
+    tree_copy
+}
+
+/// The operand as the tree copy should open it: a followed symlink is
+/// replaced by what it names (the tree copy itself follows none with -H).
+fn follow_operand(src: &Path, follow: bool) -> PathBuf {
+    if follow && std::fs::symlink_metadata(src).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf())
+    } else {
+        src.to_path_buf()
+    }
+}
+
+fn is_regular(p: &Path, follow: bool) -> bool {
+    if follow {
+        std::fs::metadata(p)
+    } else {
+        std::fs::symlink_metadata(p)
+    }
+    .is_ok_and(|m| m.is_file())
 }
 
 /// Copy one command-line source; returns whether it was a tree copy.
@@ -691,7 +1139,7 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
         match clone_file(src, dst, &options) {
             Ok(o) => {
                 r.tally.file(&o);
-                r.done(src, dst, o, Some(t.elapsed()));
+                r.done(src, dst, o, Some(t.elapsed()), None);
             }
             Err(e) => {
                 r.tally.failed();
