@@ -111,7 +111,14 @@ fn invoked_as_cp() -> bool {
 fn main() -> ExitCode {
     let command = if invoked_as_cp() {
         out::set_prog("cp");
-        Command::Cp(AsCp::parse().cp)
+        match AsCp::try_parse() {
+            Ok(a) => Command::Cp(a.cp),
+            // As GNU cp: a usage error exits 1 (help and version 0).
+            Err(e) => {
+                let _ = e.print();
+                return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+            }
+        }
     } else {
         Cli::parse().command
     };
@@ -146,7 +153,13 @@ fn main() -> ExitCode {
                 c.downcast_ref::<cowlink::Error>()
                     .is_some_and(|e| e.kind() == cowlink::ErrorKind::NotFound)
             });
-            if missing { Exit::Failed } else { Exit::Fatal }.into()
+            // GNU cp knows one failure status.
+            if missing || out::prog() == "cp" {
+                Exit::Failed
+            } else {
+                Exit::Fatal
+            }
+            .into()
         }
     }
 }

@@ -88,20 +88,31 @@ fn cp_json_reports_method_bytes_and_errors() {
 }
 
 #[test]
-fn cp_existing_destination_default_error_n_skips_f_replaces() {
+fn cp_existing_destination_is_replaced_keeping_its_mode_n_keeps_it() {
     let Some(x) = testfs!(Xfs) else { return };
     let (a, b) = (x.path().join("a"), x.path().join("b"));
     fs::write(&a, b"new").unwrap();
     fs::write(&b, b"old").unwrap();
-    let out = cowlink(&[&"cp", &a, &b]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("destination already exists"));
+    fs::set_permissions(&b, fs::Permissions::from_mode(0o600)).unwrap();
+    let keep = x.path().join("hardlink-of-b");
+    fs::hard_link(&b, &keep).unwrap();
+    // -n keeps what exists.
     let out = cowlink(&[&"cp", &"-n", &a, &b]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(fs::read(&b).unwrap(), b"old");
-    let out = cowlink(&[&"cp", &"-f", &a, &b]);
-    assert_eq!(out.status.code(), Some(0));
+    // As GNU cp: replaced by default, keeping the old file's mode; done
+    // atomically, so another hardlink of the old file keeps its content.
+    let out = cowlink(&[&"cp", &a, &b]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(fs::read(&b).unwrap(), b"new");
+    assert_eq!(fs::metadata(&b).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(fs::read(&keep).unwrap(), b"old");
+    assert!(shared(&b));
+    // --remove-destination: a new file with the source's mode.
+    fs::set_permissions(&a, fs::Permissions::from_mode(0o640)).unwrap();
+    let out = cowlink(&[&"cp", &"--remove-destination", &a, &b]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(fs::metadata(&b).unwrap().permissions().mode() & 0o777, 0o640);
 }
 
 #[test]
@@ -142,7 +153,7 @@ fn cp_directory_without_r_is_refused_with_hint() {
     let out = cowlink(&[&"cp", &x.path().join("d"), &x.path().join("e")]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("use -r"),
+        text(&out.stderr).contains("-r not specified; omitting directory"),
         "{}",
         text(&out.stderr)
     );

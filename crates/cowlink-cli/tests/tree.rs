@@ -161,7 +161,7 @@ fn copying_a_directory_into_itself_is_refused() {
     let out = cowlink(&[&"cp", &"-r", &src, &src.join("in")]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("cannot copy a directory into itself"),
+        text(&out.stderr).contains("cannot copy a directory, "),
         "{}",
         text(&out.stderr)
     );

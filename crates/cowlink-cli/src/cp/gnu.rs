@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use cowlink::name::quoted;
@@ -145,7 +145,7 @@ pub struct Rules {
     pub link: Option<LinkKind>,
     /// `--copy-contents`: read FIFOs and devices as data, even with `-r`.
     pub copy_contents: bool,
-    /// `--attributes-only`.
+    /// `--attributes-only`: no data is copied.
     pub attributes_only: bool,
     /// Hardlinked sources stay hardlinked (`-a`, `-d`, `--preserve=links`).
     pub preserve_links: bool,
@@ -155,13 +155,28 @@ pub struct Rules {
     pub gnu_verbose: bool,
     /// `--parents`: the directories on the way are created.
     pub parents: bool,
+    /// `--sparse=always` or `never` (auto: the copy keeps the holes).
+    pub sparse: Option<Sparse>,
+    /// An explicit `--no-preserve=mode`: new files get the default mode.
+    pub default_mode: bool,
+}
+
+/// `--sparse=always|never`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sparse {
+    /// Runs of zeros become holes.
+    Always,
+    /// Holes are filled.
+    Never,
 }
 
 /// What earlier operands did, for the rules that span operands.
 #[derive(Default)]
 pub struct Seen {
-    /// Sources already copied into the target directory (non-directories).
-    sources: HashSet<(u64, u64)>,
+    /// Sources already copied into the target directory (non-directories),
+    /// by identity and resolved name: the same name twice is a repeat, a
+    /// second hardlink is not.
+    sources: HashSet<(u64, u64, PathBuf)>,
     /// Directories already copied, with their destination.
     dirs: HashMap<(u64, u64), PathBuf>,
     /// Destination files this run created.
@@ -202,8 +217,6 @@ pub struct Job {
     pub link_to: Option<PathBuf>,
     /// Follow a source symlink at this operand.
     pub follow: bool,
-    /// The source's identity, to record once copied.
-    pub id: (u64, u64),
 }
 
 fn id(m: &std::fs::Metadata) -> (u64, u64) {
@@ -279,7 +292,7 @@ impl Rules {
         }
         let sid = id(&src_meta);
         if into_dir && !is_dir && self.backup.is_none() {
-            if !seen.sources.insert(sid) {
+            if !seen.sources.insert((sid.0, sid.1, resolved_name(src))) {
                 warn(&format!(
                     "warning: source file {} specified more than once",
                     quoted(src)
@@ -313,8 +326,25 @@ impl Rules {
             || self.backup.is_some()
             || self.remove_destination;
         let mut dst = dst.to_path_buf();
-        let mut existing = std::fs::symlink_metadata(&dst).ok();
+        let mut existing = match std::fs::symlink_metadata(&dst) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(Refusal(format!(
+                    "cannot stat {}: {}",
+                    quoted(&dst),
+                    errno_words(&e)
+                )))
+            }
+        };
         if !use_lstat && existing.as_ref().is_some_and(|m| m.file_type().is_symlink()) {
+            if existing.as_ref().is_some_and(|m| seen.created.contains(&id(m))) {
+                return Err(Refusal(format!(
+                    "will not copy {} through just-created symlink {}",
+                    quoted(src),
+                    quoted(&dst)
+                )));
+            }
             match std::fs::metadata(&dst) {
                 Ok(_) => {
                     dst = std::fs::canonicalize(&dst).unwrap_or(dst);
@@ -338,12 +368,22 @@ impl Rules {
                     existing = None;
                 }
                 // A symlink loop: only -f removes it.
-                Err(e) if self.force => {
-                    let _ = e;
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                    if !self.force {
+                        return Err(Refusal(format!(
+                            "cannot create regular file {}: {}",
+                            quoted(&dst),
+                            errno_words(&e)
+                        )));
+                    }
+                    std::fs::remove_file(&dst).map_err(|e| {
+                        Refusal(format!("cannot remove {}: {}", quoted(&dst), errno_words(&e)))
+                    })?;
+                    existing = None;
                 }
                 Err(e) => {
                     return Err(Refusal(format!(
-                        "cannot create regular file {}: {}",
+                        "cannot stat {}: {}",
                         quoted(&dst),
                         errno_words(&e)
                     )))
@@ -359,7 +399,6 @@ impl Rules {
             backup: None,
             link_to: None,
             follow,
-            id: sid,
         };
         if let Some(old) = existing {
             let old_ft = old.file_type();
@@ -424,6 +463,10 @@ impl Rules {
             if let Some((kind, suffix)) = &self.backup {
                 if !old_ft.is_dir() && !dot_or_dotdot(src) {
                     job.backup = Some(self.back_up(src, sid, &job.dst, *kind, suffix, same)?);
+                    if same {
+                        // `cp -f -b F F`: the backup is the copy.
+                        return Ok(Plan::Nothing);
+                    }
                 }
             }
             let special_dst = !old_ft.is_file() && !old_ft.is_dir() && !old_ft.is_symlink();
@@ -434,16 +477,36 @@ impl Rules {
                     })?;
                 } else if as_file && special_dst && self.link.is_none() {
                     job.write_into = true;
-                } else if !as_file && !self.force && self.link.is_none() {
-                    // A special file or symlink replaces the name: GNU
-                    // removes the old one first.
-                    std::fs::remove_file(&job.dst).map_err(|e| {
-                        Refusal(format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)))
-                    })?;
+                } else if !as_file && self.link.is_none() {
+                    // A symlink or special file takes the name itself: GNU
+                    // removes the old one first when it copies data and
+                    // follows no links (-R, -P), or with -f; else the name
+                    // is taken.
+                    if (!self.attributes_only && self.deref == Deref::Never) || self.force {
+                        std::fs::remove_file(&job.dst).map_err(|e| {
+                            Refusal(format!(
+                                "cannot remove {}: {}",
+                                quoted(&job.dst),
+                                errno_words(&e)
+                            ))
+                        })?;
+                    } else {
+                        let what = if ft.is_symlink() {
+                            let to = std::fs::read_link(src).unwrap_or_default();
+                            format!("symbolic link {} to {}", quoted(&job.dst), quoted(&to))
+                        } else if ft.is_fifo() {
+                            format!("fifo {}", quoted(&job.dst))
+                        } else {
+                            format!("special file {}", quoted(&job.dst))
+                        };
+                        return Err(Refusal(format!("cannot create {what}: File exists")));
+                    }
                 }
             }
         }
-        if self.preserve_links && !is_dir && src_meta.nlink() > 1 {
+        // As GNU: with links preserved, a followed symlink can meet its
+        // target among the operands, so followed sources count too.
+        if self.preserve_links && !is_dir && (src_meta.nlink() > 1 || follow) {
             match seen.links.get(&sid) {
                 Some(first) => job.link_to = Some(first.clone()),
                 None => {
@@ -518,6 +581,17 @@ pub fn restore_backup(job: &Job) {
             let _ = std::fs::rename(b, &job.dst);
         }
     }
+}
+
+/// `p` with its directory resolved (`./a` and `a` are the same name).
+fn resolved_name(p: &Path) -> PathBuf {
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::canonicalize(parent)
+        .unwrap_or_else(|_| parent.to_path_buf())
+        .join(base_name(p))
 }
 
 /// Whether copying the directory `src` to `dst` would put it inside
@@ -596,7 +670,12 @@ pub fn copy_contents(src: &Path, dst: &Path, mode: u32) -> Result<u64, cowlink::
 /// A symbolic link to `src` at `dst` (`cp -s`): GNU makes relative ones
 /// only in the current directory.
 pub fn symlink_to(src: &Path, dst: &Path) -> Result<(), String> {
-    if src.is_relative() && dst.parent().is_some_and(|p| !p.as_os_str().is_empty()) {
+    let in_cwd = match dst.parent() {
+        None => true,
+        Some(p) if p.as_os_str().is_empty() => true,
+        Some(p) => std::fs::canonicalize(p).ok() == std::env::current_dir().ok(),
+    };
+    if src.is_relative() && !in_cwd {
         return Err(format!(
             "{}: can make relative symbolic links only in current directory",
             quoted(dst)

@@ -690,6 +690,9 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             kind.map(|k| (k, suffix))
         }
     };
+    if backup.is_some() && update == gnu::Update::None {
+        bail!("options --backup and --no-clobber are mutually exclusive");
+    }
     let rules = gnu::Rules {
         deref,
         backup,
@@ -704,6 +707,13 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         recursive,
         gnu_verbose: prog() == "cp",
         parents: args.parents,
+        sparse: match args.sparse {
+            Some(SparseArg::Always) => Some(gnu::Sparse::Always),
+            Some(SparseArg::Never) => Some(gnu::Sparse::Never),
+            _ => None,
+        },
+        default_mode: args.no_preserve.iter().any(|p| matches!(p, PreserveArg::Mode | PreserveArg::All))
+            && !preserve.mode,
     };
     let options = CloneOptions {
         reflink: args.reflink,
@@ -853,9 +863,9 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
         if !args.strip_trailing_slashes {
             return p.clone();
         }
-        let b = p.as_os_str().as_encoded_bytes();
+        let b = p.as_os_str().as_bytes();
         let end = b.iter().rposition(|c| *c != b'/').map_or(1, |i| i + 1);
-        PathBuf::from(std::ffi::OsStr::new(&p.as_os_str().to_string_lossy()[..end]))
+        PathBuf::from(std::ffi::OsStr::from_bytes(&b[..end]))
     };
     let sources_all: Vec<PathBuf> = args.paths.iter().map(strip).collect();
     let (sources, target): (&[PathBuf], &Path) = match &args.target_directory {
@@ -882,17 +892,18 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
                 if rest.len() > 1 {
                     bail!("extra operand {}", quoted(&args.paths[2]));
                 }
-                if let Err(e) = is_dir(last) {
-                    bail!("cannot stat {}: {}", quoted(last), io_words(&e));
-                }
                 return Ok(vec![(rest[0].clone(), last.clone(), false)]);
             }
+            // As GNU: a last operand that cannot be examined is a file
+            // name for one source (the copy then says why), an error for
+            // several.
             let last_is_dir = match is_dir(last) {
                 Ok(d) => d,
-                Err(e) => bail!("cannot stat {}: {}", quoted(last), io_words(&e)),
+                Err(_) if rest.len() == 1 && !args.parents => Some(false),
+                Err(e) => bail!("target {}: {}", quoted(last), io_words(&e)),
             };
             if rest.len() == 1 && last_is_dir != Some(true) && !args.parents {
-                if last.as_os_str().as_encoded_bytes().ends_with(b"/") {
+                if last.as_os_str().as_bytes().ends_with(b"/") {
                     bail!("target {} is not a directory", quoted(last));
                 }
                 return Ok(vec![(rest[0].clone(), last.clone(), false)]);
@@ -912,7 +923,7 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
         .iter()
         .map(|src| {
             let dst = if args.parents {
-                let rel = src.as_os_str().as_encoded_bytes();
+                let rel = src.as_os_str().as_bytes();
                 let rel = rel.strip_prefix(b"/").unwrap_or(rel);
                 gnu::join(target, std::ffi::OsStr::from_bytes(rel))
             } else {
@@ -937,18 +948,32 @@ fn make_parents(src: &Path, dst: &Path, preserve: Preserve) -> std::io::Result<(
     let (Some(sp), Some(dp)) = (src.parent(), dst.parent()) else {
         return Ok(());
     };
+    if std::fs::symlink_metadata(src).is_err() {
+        return Ok(()); // the copy says why
+    }
     let chain: Vec<(&Path, &Path)> = sp.ancestors().zip(dp.ancestors()).collect();
     for (s, d) in chain.into_iter().rev() {
-        if s.as_os_str().is_empty() || std::fs::symlink_metadata(d).is_ok() {
+        if s.as_os_str().is_empty() {
+            continue;
+        }
+        if std::fs::symlink_metadata(d).is_ok() {
+            // With -p, GNU gives existing directories on the way the
+            // source's permissions again.
+            if preserve.mode && std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
+                let mode = std::fs::metadata(s)?.permissions().mode() & 0o7777;
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
+            }
             continue;
         }
         std::fs::create_dir(d)?;
         let m = std::fs::metadata(s)?;
         let mode = m.permissions().mode() & 0o7777;
+        // As GNU since 8.25: the source directory's mode only when modes
+        // are preserved, else the default for new directories.
         let mode = if preserve.mode {
             mode
         } else {
-            mode & !umask_now()
+            0o777 & !umask_now()
         };
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
     }
@@ -1057,8 +1082,13 @@ fn copy_operand(
             }
             options.overwrite = Overwrite::Replace;
         }
+        let existed = std::fs::symlink_metadata(dst).is_ok();
         match clone_file(src, dst, &options) {
             Ok(o) => {
+                if let Err(e) = after_file(rules, dst, o.method, existed) {
+                    fail_msg(format!("{}: {}", quoted(dst), io_words(&e)));
+                    return false;
+                }
                 r.tally.file(&o);
                 r.done(src, dst, o, Some(t.elapsed()), job.backup.as_deref());
             }
@@ -1081,10 +1111,70 @@ fn copy_operand(
                 }
             }
         }
-        tree_copy = copy_one(r, &t2, &follow_operand(src, job.follow), dst);
+        let from = follow_operand(src, job.follow);
+        let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
+        if let Err(e) = crate::interrupt::graceful(|| copy_tree(&from, dst, &t2, &observer)) {
+            gnu::restore_backup(&job);
+            r.tally.failed();
+            r.failed(src, dst, &e);
+        }
+        tree_copy = job.is_dir;
     }
     rules.record(&job, seen);
     tree_copy
+}
+
+/// What GNU does to a copied file beyond the copy: `--sparse=always`
+/// turns runs of zeros into holes, `--sparse=never` fills every hole (a
+/// clone keeps its source's layout either way), and an explicit
+/// `--no-preserve=mode` gives a new file the default mode.
+fn after_file(
+    rules: &gnu::Rules,
+    dst: &Path,
+    method: Method,
+    existed: bool,
+) -> std::io::Result<()> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    if rules.default_mode && !existed {
+        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o666 & !umask_now()))?;
+    }
+    if method == Method::Reflink || method == Method::Skipped {
+        return Ok(());
+    }
+    match rules.sparse {
+        Some(gnu::Sparse::Always) => {
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(dst)?;
+            let len = f.metadata()?.len();
+            const BLOCK: u64 = 4096;
+            let mut buf = vec![0u8; BLOCK as usize];
+            let mut off = 0;
+            while off < len {
+                let n = f.read_at(&mut buf, off)?;
+                if n == 0 {
+                    break;
+                }
+                if n as u64 == BLOCK && buf.iter().all(|b| *b == 0) {
+                    fallocate(
+                        &f,
+                        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                        off,
+                        BLOCK,
+                    )?;
+                }
+                off += n as u64;
+            }
+        }
+        Some(gnu::Sparse::Never) => {
+            let f = std::fs::OpenOptions::new().write(true).open(dst)?;
+            let len = f.metadata()?.len();
+            if len > 0 {
+                fallocate(&f, FallocateFlags::KEEP_SIZE, 0, len)?;
+            }
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// The operand as the tree copy should open it: a followed symlink is
@@ -1174,14 +1264,16 @@ mod tests {
     /// a file, everything else missing.
     fn plan_of(line: &str) -> Result<Vec<(String, String)>> {
         let args = Cmd::try_parse_from(std::iter::once("cp").chain(line.split(' ')))?.cp;
-        let is_dir = |p: &Path| match p.to_str().unwrap().trim_end_matches('/') {
-            "d" | "e" => Some(true),
-            "f" => Some(false),
-            _ => None,
+        let is_dir = |p: &Path| {
+            Ok(match p.to_str().unwrap().trim_end_matches('/') {
+                "d" | "e" => Some(true),
+                "f" => Some(false),
+                _ => None,
+            })
         };
         Ok(plan(&args, &is_dir)?
             .into_iter()
-            .map(|(s, d)| (s.display().to_string(), d.display().to_string()))
+            .map(|(s, d, _)| (s.display().to_string(), d.display().to_string()))
             .collect())
     }
 
@@ -1207,7 +1299,7 @@ mod tests {
         let e = plan_of("a b f").unwrap_err().to_string();
         assert_eq!(e, "target 'f' is not a directory");
         let e = plan_of("a b nothere").unwrap_err().to_string();
-        assert_eq!(e, "target 'nothere' is not a directory (it does not exist)");
+        assert_eq!(e, "target 'nothere': No such file or directory");
     }
 
     #[test]
@@ -1226,17 +1318,33 @@ mod tests {
         // -T: the destination is the name itself, even an existing directory.
         assert_eq!(plan_of("-T a d").unwrap(), pairs(&[("a", "d")]));
         let e = plan_of("-T a b d").unwrap_err().to_string();
-        assert_eq!(e, "with -T there must be exactly one source (got 2)");
+        assert_eq!(e, "extra operand 'd'");
     }
 
     #[test]
-    fn a_missing_destination_or_a_nameless_source_is_refused() {
+    fn a_missing_destination_is_refused() {
         let e = plan_of("a").unwrap_err().to_string();
         assert!(
             e.starts_with("missing destination file operand after 'a'"),
             "{e}"
         );
-        let e = plan_of("/ d").unwrap_err().to_string();
-        assert_eq!(e, "cannot copy '/': it has no file name");
+    }
+
+    #[test]
+    fn dir_dot_merges_into_the_target_and_parents_keep_the_path() {
+        // GNU: the last component of `x/.` is `.`, so `cp -r x/. d`
+        // copies x's content into d itself.
+        assert_eq!(plan_of("-r x/. d").unwrap(), pairs(&[("x/.", "d/.")]));
+        assert_eq!(plan_of("x/ d").unwrap(), pairs(&[("x/", "d/x")]));
+        assert_eq!(
+            plan_of("--parents a/b/f d").unwrap(),
+            pairs(&[("a/b/f", "d/a/b/f")])
+        );
+        let e = plan_of("--parents a f").unwrap_err().to_string();
+        assert_eq!(e, "with --parents, the destination must be a directory");
+        assert_eq!(
+            plan_of("--strip-trailing-slashes x/ d").unwrap(),
+            pairs(&[("x", "d/x")])
+        );
     }
 }

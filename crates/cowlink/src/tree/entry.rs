@@ -239,7 +239,9 @@ impl Entry<'_, '_> {
         st: &Stat,
         copy: impl FnOnce() -> Result<(), Error>,
     ) -> Result<(), Error> {
-        if !self.eng.opts.hardlinks || st.st_nlink < 2 {
+        // Following symlinks, two names can reach one file with a single
+        // link count: every file is remembered then.
+        if !self.eng.opts.hardlinks || (st.st_nlink < 2 && !self.eng.opts.dereference) {
             return copy();
         }
         let rel = self.node.rel.join(os(self.dst_name));
@@ -264,7 +266,10 @@ impl Entry<'_, '_> {
             }
             Ok(())
         };
-        self.eng.links.link_or_copy(st, rel, link, copy).map(|_| ())
+        self.eng
+            .links
+            .link_or_copy(st, rel, self.eng.opts.dereference, link, copy)
+            .map(|_| ())
     }
 
     /// Create a name with `make(dir, name)` (symlinkat, linkat, mknodat):

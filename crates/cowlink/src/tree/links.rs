@@ -41,6 +41,7 @@ impl LinkTable {
         &self,
         st: &Stat,
         rel: PathBuf,
+        keep: bool,
         link: impl FnOnce(&Path) -> Result<(), Error>,
         copy: impl FnOnce() -> Result<(), Error>,
     ) -> Result<Linked, Error> {
@@ -59,7 +60,9 @@ impl LinkTable {
                 }),
             }
         };
-        if slot.seen.fetch_add(1, Ordering::Relaxed) + 1 >= st.st_nlink {
+        // Every name seen: forget the file (unless symlinks are followed,
+        // when more names than its link count can reach it).
+        if slot.seen.fetch_add(1, Ordering::Relaxed) + 1 >= st.st_nlink && !keep {
             let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
             map.remove(&key);
         }
