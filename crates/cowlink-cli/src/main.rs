@@ -115,8 +115,9 @@ fn main() -> ExitCode {
             Ok(a) => Command::Cp(a.cp),
             // As GNU cp: a usage error exits 1 (help and version 0).
             Err(e) => {
-                let _ = e.print();
-                return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+                use std::io::Write as _;
+                let printed = e.print().is_ok() && std::io::stdout().flush().is_ok();
+                return ExitCode::from(if e.use_stderr() || !printed { 1 } else { 0 });
             }
         }
     } else {
@@ -206,7 +207,10 @@ pub fn threads_arg(s: &str) -> Result<usize, String> {
 pub fn capped_threads(n: usize) -> usize {
     let max = cowlink::tree::MAX_THREADS;
     if n > max {
-        errln!("{}: -j {n} is more threads than help; using {max}", out::prog());
+        errln!(
+            "{}: -j {n} is more threads than help; using {max}",
+            out::prog()
+        );
     }
     n.min(max)
 }

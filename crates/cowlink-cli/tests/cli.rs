@@ -105,14 +105,20 @@ fn cp_existing_destination_is_replaced_keeping_its_mode_n_keeps_it() {
     let out = cowlink(&[&"cp", &a, &b]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(fs::read(&b).unwrap(), b"new");
-    assert_eq!(fs::metadata(&b).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(&b).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     assert_eq!(fs::read(&keep).unwrap(), b"old");
     assert!(shared(&b));
     // --remove-destination: a new file with the source's mode.
     fs::set_permissions(&a, fs::Permissions::from_mode(0o640)).unwrap();
     let out = cowlink(&[&"cp", &"--remove-destination", &a, &b]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(fs::metadata(&b).unwrap().permissions().mode() & 0o777, 0o640);
+    assert_eq!(
+        fs::metadata(&b).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
 }
 
 #[test]

@@ -85,8 +85,12 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
                     bytes: 0,
                 });
             }
-            let dfd = fs::open(dst, OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                .map_err(err)?;
+            let dfd = fs::open(
+                dst,
+                OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(err)?;
             meta::apply(src_fd.as_fd(), &st, dfd.as_fd(), options.preserve).map_err(|m| {
                 err(m.errno).with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
             })?;
@@ -109,16 +113,16 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     let want = st.st_mode & 0o777;
     let pending = PendingFile::create(CWD, &parent, dst, Mode::from_raw_mode(want | 0o200))
         .map_err(|e| match e {
-        Errno::NOENT => err(e).with_reason(format!(
-            "directory {} does not exist",
-            crate::name::quoted(&parent)
-        )),
-        Errno::NOTDIR => err(e).with_reason(format!(
-            "{} is not a directory",
-            crate::name::quoted(&parent)
-        )),
-        _ => err(e).with_reason(create_reason(e, &parent)),
-    })?;
+            Errno::NOENT => err(e).with_reason(format!(
+                "directory {} does not exist",
+                crate::name::quoted(&parent)
+            )),
+            Errno::NOTDIR => err(e).with_reason(format!(
+                "{} is not a directory",
+                crate::name::quoted(&parent)
+            )),
+            _ => err(e).with_reason(create_reason(e, &parent)),
+        })?;
     let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
     let before_copy = || match options.overwrite {
         Overwrite::Refuse | Overwrite::Skip => precheck(),
@@ -164,8 +168,9 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
             None => None,
         };
         if let Some(mode) = mode {
-            fs::fchmod(dfd, Mode::from_raw_mode(mode))
-                .map_err(|e| err(e).with_reason(format!("cannot set the mode: {}", errno_text(e))))?;
+            fs::fchmod(dfd, Mode::from_raw_mode(mode)).map_err(|e| {
+                err(e).with_reason(format!("cannot set the mode: {}", errno_text(e)))
+            })?;
         }
     }
     pending

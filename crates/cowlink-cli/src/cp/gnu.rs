@@ -231,7 +231,10 @@ pub fn base_name(p: &Path) -> &OsStr {
         Some(end) => &bytes[..=end],
         None => return OsStr::new("/"),
     };
-    let start = trimmed.iter().rposition(|b| *b == b'/').map_or(0, |i| i + 1);
+    let start = trimmed
+        .iter()
+        .rposition(|b| *b == b'/')
+        .map_or(0, |i| i + 1);
     OsStr::from_bytes(&trimmed[start..])
 }
 
@@ -321,10 +324,9 @@ impl Rules {
         let as_file = ft.is_file() || (special && (self.copy_contents || !self.recursive));
         // A regular file is written through a symlink at the destination;
         // anything else replaces the name itself (GNU's use_lstat).
-        let use_lstat = !as_file
-            || self.link.is_some()
-            || self.backup.is_some()
-            || self.remove_destination;
+        let use_lstat =
+            !as_file || self.link.is_some() || self.backup.is_some() || self.remove_destination;
+        let named = dst;
         let mut dst = dst.to_path_buf();
         let mut existing = match std::fs::symlink_metadata(&dst) {
             Ok(m) => Some(m),
@@ -337,8 +339,15 @@ impl Rules {
                 )))
             }
         };
-        if !use_lstat && existing.as_ref().is_some_and(|m| m.file_type().is_symlink()) {
-            if existing.as_ref().is_some_and(|m| seen.created.contains(&id(m))) {
+        if !use_lstat
+            && existing
+                .as_ref()
+                .is_some_and(|m| m.file_type().is_symlink())
+        {
+            if existing
+                .as_ref()
+                .is_some_and(|m| seen.created.contains(&id(m)))
+            {
                 return Err(Refusal(format!(
                     "will not copy {} through just-created symlink {}",
                     quoted(src),
@@ -377,7 +386,11 @@ impl Rules {
                         )));
                     }
                     std::fs::remove_file(&dst).map_err(|e| {
-                        Refusal(format!("cannot remove {}: {}", quoted(&dst), errno_words(&e)))
+                        Refusal(format!(
+                            "cannot remove {}: {}",
+                            quoted(&dst),
+                            errno_words(&e)
+                        ))
                     })?;
                     existing = None;
                 }
@@ -405,6 +418,18 @@ impl Rules {
             // The same file, and nothing that makes that fine.
             let same = std::fs::metadata(&job.dst).is_ok_and(|m| id(&m) == sid)
                 && (id(&old) == sid || !old_ft.is_symlink());
+            // A symlink copied over the file it names would name itself.
+            let link_onto_target = ft.is_symlink()
+                && !self.force
+                && self.backup.is_none()
+                && std::fs::metadata(src).is_ok_and(|m| id(&m) == id(&old));
+            if link_onto_target {
+                return Err(Refusal(format!(
+                    "{} and {} are the same file",
+                    quoted(src),
+                    quoted(named)
+                )));
+            }
             if same && !is_dir {
                 let same_name = src == job.dst.as_path();
                 let backup_over_self = self.force && self.backup.is_some() && same_name;
@@ -412,7 +437,7 @@ impl Rules {
                     return Err(Refusal(format!(
                         "{} and {} are the same file",
                         quoted(src),
-                        quoted(&job.dst)
+                        quoted(named)
                     )));
                 }
             }
@@ -473,7 +498,11 @@ impl Rules {
             if job.backup.is_none() && !old_ft.is_dir() {
                 if self.remove_destination || (self.link.is_some() && self.force) {
                     std::fs::remove_file(&job.dst).map_err(|e| {
-                        Refusal(format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)))
+                        Refusal(format!(
+                            "cannot remove {}: {}",
+                            quoted(&job.dst),
+                            errno_words(&e)
+                        ))
                     })?;
                 } else if as_file && special_dst && self.link.is_none() {
                     job.write_into = true;
@@ -529,8 +558,7 @@ impl Rules {
         same: bool,
     ) -> Result<PathBuf, Refusal> {
         let name = kind.name(dst, suffix);
-        if kind != Backup::Numbered
-            && std::fs::symlink_metadata(&name).is_ok_and(|m| id(&m) == sid)
+        if kind != Backup::Numbered && std::fs::symlink_metadata(&name).is_ok_and(|m| id(&m) == sid)
         {
             return Err(Refusal(format!(
                 "backing up {} might destroy source;  {} not copied",
@@ -647,6 +675,28 @@ pub fn copy_contents(src: &Path, dst: &Path, mode: u32) -> Result<u64, cowlink::
             .with_reason(errno_words(&e))
     };
     let mut from = std::fs::File::open(src).map_err(io)?;
+    if std::fs::symlink_metadata(dst).is_err() {
+        // A new name: as GNU, it appears at once, readable by its owner
+        // only until complete (a stream can take forever); removed on
+        // error.
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut to = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dst)
+            .map_err(io)?;
+        let copied = std::io::copy(&mut from, &mut to).and_then(|n| {
+            to.set_permissions(std::fs::Permissions::from_mode(
+                mode & 0o777 & !super::umask_now(),
+            ))?;
+            Ok(n)
+        });
+        return copied.map_err(|e| {
+            let _ = std::fs::remove_file(dst);
+            io(e)
+        });
+    }
     let mut w = cowlink::PreallocWriter::with_options(
         dst,
         0,

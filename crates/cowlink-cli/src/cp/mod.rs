@@ -6,8 +6,8 @@
 mod gnu;
 
 use cowlink::name::quoted;
-use std::io::{IsTerminal, Write};
 use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, Tally, TreeEvent, TreeOptions};
-use std::os::unix::ffi::OsStrExt;
 use cowlink::Run;
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use std::os::unix::ffi::OsStrExt;
 
 use crate::out::{errln, out, outln, prog};
 use crate::{human_bytes, human_duration, Exit};
@@ -264,6 +264,7 @@ enum PreserveArg {
     Mode,
     Ownership,
     Timestamps,
+    #[value(alias = "link")]
     Links,
     Xattr,
     All,
@@ -354,6 +355,8 @@ struct Reporter {
     tally: Arc<Tally>,
     /// Whether a JSON record was written yet (for the commas).
     wrote_record: AtomicBool,
+    /// Whether writing a line to stdout failed (the work goes on).
+    stdout_failed: AtomicBool,
     out: Mutex<std::io::Stdout>,
     bar: Option<ProgressBar>,
 }
@@ -368,7 +371,9 @@ impl Reporter {
         let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let write = || {
             let mut o = out.lock();
-            let _ = writeln!(o, "{line}");
+            if writeln!(o, "{line}").and_then(|()| o.flush()).is_err() {
+                self.stdout_failed.store(true, Ordering::Relaxed);
+            }
         };
         match &self.bar {
             Some(bar) => bar.suspend(write),
@@ -712,7 +717,10 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             Some(SparseArg::Never) => Some(gnu::Sparse::Never),
             _ => None,
         },
-        default_mode: args.no_preserve.iter().any(|p| matches!(p, PreserveArg::Mode | PreserveArg::All))
+        default_mode: args
+            .no_preserve
+            .iter()
+            .any(|p| matches!(p, PreserveArg::Mode | PreserveArg::All))
             && !preserve.mode,
     };
     let options = CloneOptions {
@@ -760,6 +768,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         recursive,
         tally: Arc::new(Tally::default()),
         wrote_record: AtomicBool::new(false),
+        stdout_failed: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),
         bar,
         quiet_dir: Mutex::new(None),
@@ -784,7 +793,8 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     let start = Instant::now();
     let finished = AtomicBool::new(false);
     let mut any_tree = false;
-    let into_dir = args.target_directory.is_some() || jobs.len() > 1 || jobs.first().is_some_and(|j| j.2);
+    let into_dir =
+        args.target_directory.is_some() || jobs.len() > 1 || jobs.first().is_some_and(|j| j.2);
     std::thread::scope(|s| {
         let ticker = show_progress.then(|| {
             let (reporter, finished) = (&reporter, &finished);
@@ -831,6 +841,11 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     } else if any_tree && !rules.gnu_verbose && (args.verbose || args.dry_run || show_progress) {
         errln!("{}", summary_line(&summary));
     }
+    if prog() == "cp" && reporter.stdout_failed.load(Ordering::Relaxed) {
+        // GNU cp fails when its output cannot be written (`-v >&-`).
+        errln!("cp: write error");
+        return Ok(Exit::Failed);
+    }
     Ok(if summary.cancelled {
         errln!(
             "{}: interrupted; entries already copied are complete, nothing partial was left",
@@ -873,7 +888,10 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
             match is_dir(dir) {
                 Ok(Some(true)) => {}
                 Ok(Some(false)) => bail!("target directory {}: Not a directory", quoted(dir)),
-                Ok(None) => bail!("target directory {}: No such file or directory", quoted(dir)),
+                Ok(None) => bail!(
+                    "target directory {}: No such file or directory",
+                    quoted(dir)
+                ),
                 Err(e) => bail!("target directory {}: {}", quoted(dir), io_words(&e)),
             }
             (&sources_all, dir.as_path())
@@ -903,8 +921,13 @@ fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
                 Err(e) => bail!("target {}: {}", quoted(last), io_words(&e)),
             };
             if rest.len() == 1 && last_is_dir != Some(true) && !args.parents {
-                if last.as_os_str().as_bytes().ends_with(b"/") {
-                    bail!("target {} is not a directory", quoted(last));
+                let src_is_dir =
+                    is_dir(&rest[0]).ok().flatten() == Some(true) && args.recursive || args.archive;
+                if last.as_os_str().as_bytes().ends_with(b"/") && !src_is_dir {
+                    bail!(
+                        "cannot create regular file {}: Not a directory",
+                        quoted(last)
+                    );
                 }
                 return Ok(vec![(rest[0].clone(), last.clone(), false)]);
             }
@@ -1017,11 +1040,17 @@ fn copy_operand(
     }
     if rules.parents {
         if let Err(e) = make_parents(src, dst, r.options.preserve) {
-            refuse(format!("cannot make directory {}: {}", quoted(dst.parent().unwrap_or(dst)), io_words(&e)));
+            refuse(format!(
+                "cannot make directory {}: {}",
+                quoted(dst.parent().unwrap_or(dst)),
+                io_words(&e)
+            ));
             return false;
         }
     }
-    let job = match rules.plan(src, dst, into_dir, seen, &|w| r.eprint(&format!("{}: {w}", prog()))) {
+    let job = match rules.plan(src, dst, into_dir, seen, &|w| {
+        r.eprint(&format!("{}: {w}", prog()))
+    }) {
         Ok(gnu::Plan::Nothing) => return false,
         Ok(gnu::Plan::Copy(job)) => job,
         Err(gnu::Refusal(msg)) => {
@@ -1037,10 +1066,20 @@ fn copy_operand(
     };
     let ok = |bytes: u64, method: Method| {
         r.tally.file(&Outcome { method, bytes });
-        r.done(src, dst, Outcome { method, bytes }, Some(t.elapsed()), job.backup.as_deref());
+        r.done(
+            src,
+            dst,
+            Outcome { method, bytes },
+            Some(t.elapsed()),
+            job.backup.as_deref(),
+        );
     };
     let mut tree_copy = false;
     if let Some(first) = &job.link_to {
+        if std::fs::symlink_metadata(dst).is_ok_and(|m| !m.is_dir()) {
+            // As GNU: the name is taken by the link to the first copy.
+            let _ = std::fs::remove_file(dst);
+        }
         match gnu::hardlink(first, dst, false) {
             Ok(()) => ok(0, Method::Hardlink),
             Err(m) => fail_msg(m),
@@ -1144,7 +1183,10 @@ fn after_file(
     }
     match rules.sparse {
         Some(gnu::Sparse::Always) => {
-            let f = std::fs::OpenOptions::new().read(true).write(true).open(dst)?;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(dst)?;
             let len = f.metadata()?.len();
             const BLOCK: u64 = 4096;
             let mut buf = vec![0u8; BLOCK as usize];
@@ -1305,7 +1347,7 @@ mod tests {
     #[test]
     fn a_trailing_slash_promises_a_directory() {
         let e = plan_of("a new/").unwrap_err().to_string();
-        assert_eq!(e, "target 'new/' is not a directory");
+        assert_eq!(e, "cannot create regular file 'new/': Not a directory");
         assert_eq!(plan_of("a d/").unwrap(), pairs(&[("a", "d/a")]));
     }
 

@@ -251,7 +251,10 @@ fn copy_xattrs_matching(
         return Ok(false);
     }
     let mut any = false;
-    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty() && keep(n)) {
+    for name in names
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty() && keep(n))
+    {
         any = true;
         let shown = String::from_utf8_lossy(name).into_owned();
         let cname = std::ffi::CString::new(name).expect("xattr names have no NUL");

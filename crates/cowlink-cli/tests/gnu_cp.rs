@@ -1,0 +1,218 @@
+//! `cowlink` invoked as `cp`, side by side with GNU cp: each case builds
+//! the same small tree twice on XFS, runs GNU cp in one and cowlink in the
+//! other with the same command line, and compares the exit status, the
+//! messages and the resulting trees (`rsync -niHAX --checksum`, without
+//! times: new files are made at different moments).
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use cowlink_testfs::testfs;
+
+mod common;
+use common::text;
+
+/// A directory holding a `cp` that is cowlink (a symlink named cp).
+fn cowlink_as_cp(root: &Path) -> PathBuf {
+    let bin = root.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let cp = bin.join("cp");
+    if !cp.exists() {
+        symlink(env!("CARGO_BIN_EXE_cowlink"), &cp).unwrap();
+    }
+    cp
+}
+
+/// Run `prog args` in `dir` with `stdin` fed, umask 022.
+fn run(prog: &Path, dir: &Path, args: &str, stdin: &str) -> Output {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask 022; exec \"$0\" {args}"))
+        .arg(prog)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The differences between two trees, as rsync itemizes them (empty when
+/// equal in content, types, modes, owners, links, xattrs and ACLs).
+fn differences(a: &Path, b: &Path) -> String {
+    let out = Command::new("rsync")
+        .args(["-rlpgoDniHAX", "--checksum", "--delete"])
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .expect("rsync is needed; scripts/setup installs it");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// One case: `setup` builds the tree in a fresh directory (twice), then
+/// `args` runs there under GNU cp and under cowlink as cp.
+fn same_as_gnu(root: &Path, name: &str, setup: &dyn Fn(&Path), args: &str, stdin: &str) {
+    let case = root.join(name);
+    let (g, c) = (case.join("gnu"), case.join("cowlink"));
+    for d in [&g, &c] {
+        fs::create_dir_all(d).unwrap();
+        setup(d);
+    }
+    let gnu = run(Path::new("/bin/cp"), &g, args, stdin);
+    let ours = run(&cowlink_as_cp(root), &c, args, stdin);
+    assert_eq!(
+        ours.status.code(),
+        gnu.status.code(),
+        "{name}: cp {args}: exit status; GNU said {:?}, cowlink said {:?}",
+        text(&gnu.stderr),
+        text(&ours.stderr)
+    );
+    assert_eq!(
+        text(&ours.stderr),
+        text(&gnu.stderr),
+        "{name}: cp {args}: messages"
+    );
+    assert_eq!(
+        text(&ours.stdout),
+        text(&gnu.stdout),
+        "{name}: cp {args}: -v lines"
+    );
+    assert_eq!(differences(&g, &c), "", "{name}: cp {args}: trees differ");
+}
+
+fn write(dir: &Path, name: &str, data: &str, mode: u32) {
+    let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent).unwrap();
+    }
+    fs::write(&p, data).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn existing_destinations_are_overwritten_kept_or_backed_up_as_gnu_does() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let two = |d: &Path| {
+        write(d, "a", "new\n", 0o755);
+        write(d, "b", "old\n", 0o600);
+    };
+    // Overwrite by default, keeping the old file's mode; -p takes the
+    // source's; --remove-destination makes a new file.
+    same_as_gnu(x.path(), "overwrite", &two, "-v a b", "");
+    same_as_gnu(x.path(), "overwrite-p", &two, "-p a b", "");
+    same_as_gnu(
+        x.path(),
+        "remove-dest",
+        &two,
+        "--remove-destination a b",
+        "",
+    );
+    // -n and --update=none keep; -u keeps a newer destination.
+    same_as_gnu(x.path(), "n", &two, "-n a b", "");
+    same_as_gnu(x.path(), "u-newer", &two, "-u a b", "");
+    let older = |d: &Path| {
+        two(d);
+        let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        fs::File::options()
+            .write(true)
+            .open(d.join("b"))
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    };
+    same_as_gnu(x.path(), "u-older", &older, "-u a b", "");
+    // -i asks; "n" keeps, "y" replaces.
+    same_as_gnu(x.path(), "i-no", &two, "-i a b", "n\n");
+    same_as_gnu(x.path(), "i-yes", &two, "-i a b", "y\n");
+    // Backups: simple, numbered (twice), a suffix, and a refusal to back
+    // up over the source.
+    same_as_gnu(x.path(), "backup", &two, "-b -v a b", "");
+    let numbered = |d: &Path| {
+        two(d);
+        write(d, "b.~1~", "older\n", 0o644);
+    };
+    same_as_gnu(x.path(), "numbered", &numbered, "--backup=t a b", "");
+    same_as_gnu(x.path(), "suffix", &two, "-S .bak a b", "");
+    let tilde = |d: &Path| {
+        write(d, "a", "a\n", 0o644);
+        write(d, "a~", "a-tilde\n", 0o644);
+    };
+    same_as_gnu(x.path(), "backup-is-src", &tilde, "--b=simple a~ a", "");
+}
+
+#[test]
+fn links_parents_and_dir_dot_name_destinations_as_gnu_does() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let tree = |d: &Path| {
+        write(d, "src/f", "f\n", 0o644);
+        write(d, "src/sub/g", "g\n", 0o640);
+        symlink("f", d.join("src/link")).unwrap();
+        fs::hard_link(d.join("src/f"), d.join("src/f2")).unwrap();
+        fs::create_dir(d.join("dst")).unwrap();
+        write(d, "dst/old", "old\n", 0o644);
+    };
+    same_as_gnu(x.path(), "rl", &tree, "-rl src out", "");
+    same_as_gnu(x.path(), "dir-dot", &tree, "-r src/. dst", "");
+    same_as_gnu(x.path(), "dir-slash", &tree, "-r src/ dst", "");
+    same_as_gnu(x.path(), "parents", &tree, "--parents src/sub/g dst", "");
+    same_as_gnu(
+        x.path(),
+        "parents-p",
+        &tree,
+        "-p --parents src/sub/g dst",
+        "",
+    );
+    // -d keeps hardlinked operands hardlinked; -P copies the link itself;
+    // -H follows it; -L everywhere.
+    same_as_gnu(x.path(), "d", &tree, "-d src/f src/f2 dst", "");
+    same_as_gnu(x.path(), "P", &tree, "-P src/link dst", "");
+    same_as_gnu(x.path(), "H", &tree, "-H -r src/link dst", "");
+    same_as_gnu(
+        x.path(),
+        "a-no-links",
+        &tree,
+        "-a --no-preserve=links src out",
+        "",
+    );
+    same_as_gnu(
+        x.path(),
+        "attributes-only",
+        &tree,
+        "-p --attributes-only src/f dst/old",
+        "",
+    );
+}
+
+#[test]
+fn refusals_use_gnu_words_and_exit_1() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let base = |d: &Path| {
+        write(d, "a", "a\n", 0o644);
+        fs::create_dir_all(d.join("dir")).unwrap();
+        fs::create_dir_all(d.join("d")).unwrap();
+        symlink("a", d.join("sym")).unwrap();
+        symlink("no-such", d.join("dangle")).unwrap();
+        write(d, "b/a", "b\n", 0o644);
+    };
+    same_as_gnu(x.path(), "same", &base, "a sym", "");
+    same_as_gnu(x.path(), "same-name", &base, "a a", "");
+    same_as_gnu(x.path(), "into-self", &base, "-R dir dir", "");
+    same_as_gnu(x.path(), "just-created", &base, "a b/a d", "");
+    same_as_gnu(x.path(), "twice", &base, "a a d", "");
+    same_as_gnu(x.path(), "dangling", &base, "a dangle", "");
+    same_as_gnu(x.path(), "no-r", &base, "dir d", "");
+    same_as_gnu(x.path(), "missing", &base, "nothere d", "");
+    same_as_gnu(x.path(), "dir-over-file", &base, "-r dir a", "");
+    same_as_gnu(x.path(), "backup-and-n", &base, "-b -n a d", "");
+}
