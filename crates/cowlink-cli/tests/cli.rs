@@ -495,7 +495,8 @@ fn exit_codes_and_messages_follow_one_rule() {
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{name}: {err}");
         assert!(
-            err.contains(m) && (err.contains("no such file") || err.contains("does not exist")),
+            err.contains(m)
+                && (err.to_lowercase().contains("no such file") || err.contains("does not exist")),
             "{name}: {err}"
         );
         assert_eq!(err.lines().count(), 1, "{name}: one message: {err}");

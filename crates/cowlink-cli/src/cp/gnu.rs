@@ -185,8 +185,9 @@ pub struct Seen {
     links: HashMap<(u64, u64), PathBuf>,
 }
 
-/// A refusal in GNU's words (printed after `cp: `), failing the operand.
-pub struct Refusal(pub String);
+/// A refusal in GNU's words (printed after `cp: `), failing the operand,
+/// with the system's error number when one caused it.
+pub struct Refusal(pub String, pub Option<i32>);
 
 /// What to do with one operand, once the rules have been applied.
 pub enum Plan {
@@ -284,18 +285,27 @@ impl Rules {
         } else {
             std::fs::symlink_metadata(src)
         }
-        .map_err(|e| Refusal(format!("cannot stat {}: {}", quoted(src), errno_words(&e))))?;
+        .map_err(|e| {
+            Refusal(
+                format!("cannot stat {}: {}", quoted(src), errno_words(&e)),
+                e.raw_os_error(),
+            )
+        })?;
         let ft = src_meta.file_type();
         let is_dir = ft.is_dir();
         if is_dir && !self.recursive {
-            return Err(Refusal(format!(
-                "-r not specified; omitting directory {}",
-                quoted(src)
-            )));
+            return Err(Refusal(
+                format!("-r not specified; omitting directory {}", quoted(src)),
+                None,
+            ));
         }
         let sid = id(&src_meta);
-        if into_dir && !is_dir && self.backup.is_none() {
-            if !seen.sources.insert((sid.0, sid.1, resolved_name(src))) {
+        if into_dir
+            && !is_dir
+            && self.backup.is_none()
+            && !seen.sources.insert((sid.0, sid.1, resolved_name(src)))
+        {
+            {
                 warn(&format!(
                     "warning: source file {} specified more than once",
                     quoted(src)
@@ -313,11 +323,14 @@ impl Rules {
             }
             seen.dirs.insert(sid, dst.to_path_buf());
             if into_itself(src, dst) {
-                return Err(Refusal(format!(
-                    "cannot copy a directory, {}, into itself, {}",
-                    quoted(src),
-                    quoted(dst)
-                )));
+                return Err(Refusal(
+                    format!(
+                        "cannot copy a directory, {}, into itself, {}",
+                        quoted(src),
+                        quoted(dst)
+                    ),
+                    None,
+                ));
             }
         }
         let special = !ft.is_file() && !is_dir && !ft.is_symlink();
@@ -332,11 +345,10 @@ impl Rules {
             Ok(m) => Some(m),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
-                return Err(Refusal(format!(
-                    "cannot stat {}: {}",
-                    quoted(&dst),
-                    errno_words(&e)
-                )))
+                return Err(Refusal(
+                    format!("cannot stat {}: {}", quoted(&dst), errno_words(&e)),
+                    None,
+                ))
             }
         };
         if !use_lstat
@@ -348,11 +360,14 @@ impl Rules {
                 .as_ref()
                 .is_some_and(|m| seen.created.contains(&id(m)))
             {
-                return Err(Refusal(format!(
-                    "will not copy {} through just-created symlink {}",
-                    quoted(src),
-                    quoted(&dst)
-                )));
+                return Err(Refusal(
+                    format!(
+                        "will not copy {} through just-created symlink {}",
+                        quoted(src),
+                        quoted(&dst)
+                    ),
+                    None,
+                ));
             }
             match std::fs::metadata(&dst) {
                 Ok(_) => {
@@ -361,14 +376,17 @@ impl Rules {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     if std::env::var_os("POSIXLY_CORRECT").is_none() {
-                        return Err(Refusal(format!(
-                            "not writing through dangling symlink {}",
-                            quoted(&dst)
-                        )));
+                        return Err(Refusal(
+                            format!("not writing through dangling symlink {}", quoted(&dst)),
+                            None,
+                        ));
                     }
                     // POSIX: create the file the link names.
                     let target = std::fs::read_link(&dst).map_err(|e| {
-                        Refusal(format!("cannot read {}: {}", quoted(&dst), errno_words(&e)))
+                        Refusal(
+                            format!("cannot read {}: {}", quoted(&dst), errno_words(&e)),
+                            None,
+                        )
                     })?;
                     dst = match dst.parent() {
                         Some(p) if target.is_relative() => p.join(target),
@@ -379,27 +397,28 @@ impl Rules {
                 // A symlink loop: only -f removes it.
                 Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
                     if !self.force {
-                        return Err(Refusal(format!(
-                            "cannot create regular file {}: {}",
-                            quoted(&dst),
-                            errno_words(&e)
-                        )));
+                        return Err(Refusal(
+                            format!(
+                                "cannot create regular file {}: {}",
+                                quoted(&dst),
+                                errno_words(&e)
+                            ),
+                            None,
+                        ));
                     }
                     std::fs::remove_file(&dst).map_err(|e| {
-                        Refusal(format!(
-                            "cannot remove {}: {}",
-                            quoted(&dst),
-                            errno_words(&e)
-                        ))
+                        Refusal(
+                            format!("cannot remove {}: {}", quoted(&dst), errno_words(&e)),
+                            None,
+                        )
                     })?;
                     existing = None;
                 }
                 Err(e) => {
-                    return Err(Refusal(format!(
-                        "cannot stat {}: {}",
-                        quoted(&dst),
-                        errno_words(&e)
-                    )))
+                    return Err(Refusal(
+                        format!("cannot stat {}: {}", quoted(&dst), errno_words(&e)),
+                        None,
+                    ))
                 }
             }
         }
@@ -424,28 +443,26 @@ impl Rules {
                 && self.backup.is_none()
                 && std::fs::metadata(src).is_ok_and(|m| id(&m) == id(&old));
             if link_onto_target {
-                return Err(Refusal(format!(
-                    "{} and {} are the same file",
-                    quoted(src),
-                    quoted(named)
-                )));
+                return Err(Refusal(
+                    format!("{} and {} are the same file", quoted(src), quoted(named)),
+                    None,
+                ));
             }
             if same && !is_dir {
                 let same_name = src == job.dst.as_path();
                 let backup_over_self = self.force && self.backup.is_some() && same_name;
                 if !backup_over_self && self.link != Some(LinkKind::Hard) {
-                    return Err(Refusal(format!(
-                        "{} and {} are the same file",
-                        quoted(src),
-                        quoted(named)
-                    )));
+                    return Err(Refusal(
+                        format!("{} and {} are the same file", quoted(src), quoted(named)),
+                        None,
+                    ));
                 }
             }
             if !old_ft.is_dir() {
                 match self.update {
                     Update::None => return Ok(Plan::Nothing),
                     Update::NoneFail => {
-                        return Err(Refusal(format!("not replacing {}", quoted(&job.dst))))
+                        return Err(Refusal(format!("not replacing {}", quoted(&job.dst)), None))
                     }
                     Update::Older if !is_dir => {
                         let newer = old.mtime() > src_meta.mtime()
@@ -457,32 +474,76 @@ impl Rules {
                     }
                     _ => {}
                 }
-                if self.interactive && !ask(&format!("overwrite {}? ", quoted(&job.dst))) {
+                let writable = old_ft.is_symlink()
+                    || rustix::fs::access(&job.dst, rustix::fs::Access::WRITE_OK).is_ok();
+                let question = if writable {
+                    format!("overwrite {}? ", quoted(&job.dst))
+                } else {
+                    let m = old.mode() & 0o7777;
+                    format!(
+                        "replace {}, overriding mode {m:04o} ({})? ",
+                        quoted(&job.dst),
+                        mode_string(m)
+                    )
+                };
+                if self.interactive && !ask(&question) {
                     return Ok(Plan::Nothing);
+                }
+                // GNU writes into the old file, which it may not open: -f
+                // removes it (the copy then has the source's mode),
+                // otherwise that is the failure.
+                if !writable && as_file && old_ft.is_file() && self.link.is_none() {
+                    if !self.force && !self.remove_destination && self.backup.is_none() {
+                        return Err(Refusal(
+                            format!(
+                                "cannot create regular file {}: Permission denied",
+                                quoted(&job.dst)
+                            ),
+                            None,
+                        ));
+                    }
+                    if self.backup.is_none() {
+                        std::fs::remove_file(&job.dst).map_err(|e| {
+                            Refusal(
+                                format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)),
+                                None,
+                            )
+                        })?;
+                        return Ok(Plan::Copy(job));
+                    }
                 }
             }
             if is_dir && !old_ft.is_dir() {
-                return Err(Refusal(format!(
-                    "cannot overwrite non-directory {} with directory {}",
-                    quoted(&job.dst),
-                    quoted(src)
-                )));
+                return Err(Refusal(
+                    format!(
+                        "cannot overwrite non-directory {} with directory {}",
+                        quoted(&job.dst),
+                        quoted(src)
+                    ),
+                    None,
+                ));
             }
             if !old_ft.is_dir()
                 && !matches!(self.backup, Some((Backup::Numbered, _)))
                 && seen.created.contains(&id(&old))
             {
-                return Err(Refusal(format!(
-                    "will not overwrite just-created {} with {}",
-                    quoted(&job.dst),
-                    quoted(src)
-                )));
+                return Err(Refusal(
+                    format!(
+                        "will not overwrite just-created {} with {}",
+                        quoted(&job.dst),
+                        quoted(src)
+                    ),
+                    None,
+                ));
             }
             if !is_dir && old_ft.is_dir() {
-                return Err(Refusal(format!(
-                    "cannot overwrite directory {} with non-directory",
-                    quoted(&job.dst)
-                )));
+                return Err(Refusal(
+                    format!(
+                        "cannot overwrite directory {} with non-directory",
+                        quoted(&job.dst)
+                    ),
+                    None,
+                ));
             }
             job.dst_dir_existed = old_ft.is_dir();
             if let Some((kind, suffix)) = &self.backup {
@@ -498,11 +559,10 @@ impl Rules {
             if job.backup.is_none() && !old_ft.is_dir() {
                 if self.remove_destination || (self.link.is_some() && self.force) {
                     std::fs::remove_file(&job.dst).map_err(|e| {
-                        Refusal(format!(
-                            "cannot remove {}: {}",
-                            quoted(&job.dst),
-                            errno_words(&e)
-                        ))
+                        Refusal(
+                            format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)),
+                            None,
+                        )
                     })?;
                 } else if as_file && special_dst && self.link.is_none() {
                     job.write_into = true;
@@ -513,11 +573,10 @@ impl Rules {
                     // is taken.
                     if (!self.attributes_only && self.deref == Deref::Never) || self.force {
                         std::fs::remove_file(&job.dst).map_err(|e| {
-                            Refusal(format!(
-                                "cannot remove {}: {}",
-                                quoted(&job.dst),
-                                errno_words(&e)
-                            ))
+                            Refusal(
+                                format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)),
+                                None,
+                            )
                         })?;
                     } else {
                         let what = if ft.is_symlink() {
@@ -528,7 +587,7 @@ impl Rules {
                         } else {
                             format!("special file {}", quoted(&job.dst))
                         };
-                        return Err(Refusal(format!("cannot create {what}: File exists")));
+                        return Err(Refusal(format!("cannot create {what}: File exists"), None));
                     }
                 }
             }
@@ -560,11 +619,14 @@ impl Rules {
         let name = kind.name(dst, suffix);
         if kind != Backup::Numbered && std::fs::symlink_metadata(&name).is_ok_and(|m| id(&m) == sid)
         {
-            return Err(Refusal(format!(
-                "backing up {} might destroy source;  {} not copied",
-                quoted(dst),
-                quoted(src)
-            )));
+            return Err(Refusal(
+                format!(
+                    "backing up {} might destroy source;  {} not copied",
+                    quoted(dst),
+                    quoted(src)
+                ),
+                None,
+            ));
         }
         let result = if same {
             // `cp --force --backup F F`: the backup is a copy, F stays.
@@ -583,11 +645,10 @@ impl Rules {
             std::fs::rename(dst, &name)
         };
         result.map_err(|e| {
-            Refusal(format!(
-                "cannot backup {}: {}",
-                quoted(dst),
-                errno_words(&e)
-            ))
+            Refusal(
+                format!("cannot backup {}: {}", quoted(dst), errno_words(&e)),
+                None,
+            )
         })?;
         Ok(if same { PathBuf::new() } else { name })
     }
@@ -642,6 +703,15 @@ fn into_itself(src: &Path, dst: &Path) -> bool {
         parent.join(name)
     };
     full.starts_with(&src) && full != src
+}
+
+/// `ls -l`'s nine permission characters for `mode`.
+fn mode_string(mode: u32) -> String {
+    let mut out = String::new();
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        out.push(if mode & (0o400 >> i) != 0 { c } else { '-' });
+    }
+    out
 }
 
 /// Ask on stderr, read the answer from stdin: yes when it starts with y.

@@ -660,9 +660,11 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         gnu::Deref::Always
     } else if args.deref_args {
         gnu::Deref::CommandLine
-    } else if args.no_dereference || args.no_deref_preserve_links || args.archive {
-        gnu::Deref::Never
-    } else if recursive && link != Some(LinkKind::Hard) {
+    } else if args.no_dereference
+        || args.no_deref_preserve_links
+        || args.archive
+        || (recursive && link != Some(LinkKind::Hard))
+    {
         gnu::Deref::Never
     } else {
         gnu::Deref::Always
@@ -696,7 +698,10 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         }
     };
     if backup.is_some() && update == gnu::Update::None {
-        bail!("options --backup and --no-clobber are mutually exclusive");
+        bail!(
+            "options --backup and --no-clobber are mutually exclusive\nTry '{}' for more information.",
+            if prog() == "cp" { "cp --help" } else { "cowlink cp --help" }
+        );
     }
     let rules = gnu::Rules {
         deref,
@@ -1023,11 +1028,17 @@ fn copy_operand(
     dst: &Path,
     into_dir: bool,
 ) -> bool {
-    let refuse = |msg: String| {
-        let e = Error::new(cowlink::Operation::Clone, ErrorKind::InvalidInput)
-            .with_src(src)
-            .with_dst(dst)
-            .with_reason(msg.clone());
+    let refuse_errno = |msg: String, errno: Option<i32>| {
+        let e = match errno {
+            Some(n) => Error::from_errno(
+                cowlink::Operation::Clone,
+                rustix::io::Errno::from_raw_os_error(n),
+            ),
+            None => Error::new(cowlink::Operation::Clone, ErrorKind::InvalidInput),
+        }
+        .with_src(src)
+        .with_dst(dst)
+        .with_reason(msg.clone());
         r.tally.failed();
         r.eprint(&format!("{}: {msg}", prog()));
         r.record(&Record {
@@ -1035,6 +1046,7 @@ fn copy_operand(
             ..Record::new(src, dst, "failed")
         });
     };
+    let refuse = |msg: String| refuse_errno(msg, None);
     if tree.dry_run {
         return copy_one(r, tree, src, dst);
     }
@@ -1053,8 +1065,8 @@ fn copy_operand(
     }) {
         Ok(gnu::Plan::Nothing) => return false,
         Ok(gnu::Plan::Copy(job)) => job,
-        Err(gnu::Refusal(msg)) => {
-            refuse(msg);
+        Err(gnu::Refusal(msg, errno)) => {
+            refuse_errno(msg, errno);
             return false;
         }
     };

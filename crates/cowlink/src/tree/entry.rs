@@ -373,9 +373,15 @@ impl Entry<'_, '_> {
     /// link naming it, in place of a copy.
     fn link_to_source(&self, kind: super::LinkKind) -> Result<(), Error> {
         match kind {
-            super::LinkKind::Hard => self.place(|dir, name| {
-                fs::linkat(&self.node.src, self.name, dir, name, AtFlags::empty())
-            })?,
+            super::LinkKind::Hard => {
+                // Following links, the link goes to what they name.
+                let flags = if self.eng.opts.dereference {
+                    AtFlags::SYMLINK_FOLLOW
+                } else {
+                    AtFlags::empty()
+                };
+                self.place(|dir, name| fs::linkat(&self.node.src, self.name, dir, name, flags))?
+            }
             super::LinkKind::Symbolic => {
                 let target = self.src.as_os_str().as_bytes();
                 self.place(|dir, name| fs::symlinkat(target, dir, name))?
