@@ -54,13 +54,13 @@ impl Backup {
             ("numbered", Some(Backup::Numbered)),
             ("t", Some(Backup::Numbered)),
         ];
-        // As GNU: a unique prefix is enough.
+        // As GNU: the word, or a prefix of only one word.
+        if let Some((_, b)) = WORDS.iter().find(|(w, _)| *w == word) {
+            return Ok(*b);
+        }
         let hits: Vec<_> = WORDS.iter().filter(|(w, _)| w.starts_with(word)).collect();
         match hits.as_slice() {
-            [(_, b)] => Ok(*b),
-            _ if !word.is_empty() && WORDS.iter().any(|(w, _)| *w == word) => {
-                Ok(WORDS.iter().find(|(w, _)| *w == word).expect("found").1)
-            }
+            [(_, b)] if !word.is_empty() => Ok(*b),
             _ => Err(format!(
                 "invalid argument '{word}' for 'backup type'\nValid arguments are:\n  - 'none', 'off'\n  - 'simple', 'never'\n  - 'existing', 'nil'\n  - 'numbered', 't'"
             )),
@@ -254,15 +254,6 @@ fn dot_or_dotdot(p: &Path) -> bool {
     matches!(base_name(p).as_bytes(), b"." | b"..")
 }
 
-fn errno_words(e: &std::io::Error) -> String {
-    // GNU's strerror text, without Rust's " (os error N)".
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
-    }
-}
-
 impl Rules {
     fn follows(&self) -> bool {
         matches!(self.deref, Deref::Always | Deref::CommandLine)
@@ -287,7 +278,7 @@ impl Rules {
         }
         .map_err(|e| {
             Refusal(
-                format!("cannot stat {}: {}", quoted(src), errno_words(&e)),
+                format!("cannot stat {}: {}", quoted(src), super::io_words(&e)),
                 e.raw_os_error(),
             )
         })?;
@@ -346,7 +337,7 @@ impl Rules {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
                 return Err(Refusal(
-                    format!("cannot stat {}: {}", quoted(&dst), errno_words(&e)),
+                    format!("cannot stat {}: {}", quoted(&dst), super::io_words(&e)),
                     None,
                 ))
             }
@@ -384,7 +375,7 @@ impl Rules {
                     // POSIX: create the file the link names.
                     let target = std::fs::read_link(&dst).map_err(|e| {
                         Refusal(
-                            format!("cannot read {}: {}", quoted(&dst), errno_words(&e)),
+                            format!("cannot read {}: {}", quoted(&dst), super::io_words(&e)),
                             None,
                         )
                     })?;
@@ -401,14 +392,14 @@ impl Rules {
                             format!(
                                 "cannot create regular file {}: {}",
                                 quoted(&dst),
-                                errno_words(&e)
+                                super::io_words(&e)
                             ),
                             None,
                         ));
                     }
                     std::fs::remove_file(&dst).map_err(|e| {
                         Refusal(
-                            format!("cannot remove {}: {}", quoted(&dst), errno_words(&e)),
+                            format!("cannot remove {}: {}", quoted(&dst), super::io_words(&e)),
                             None,
                         )
                     })?;
@@ -416,7 +407,7 @@ impl Rules {
                 }
                 Err(e) => {
                     return Err(Refusal(
-                        format!("cannot stat {}: {}", quoted(&dst), errno_words(&e)),
+                        format!("cannot stat {}: {}", quoted(&dst), super::io_words(&e)),
                         None,
                     ))
                 }
@@ -505,7 +496,11 @@ impl Rules {
                     if self.backup.is_none() {
                         std::fs::remove_file(&job.dst).map_err(|e| {
                             Refusal(
-                                format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)),
+                                format!(
+                                    "cannot remove {}: {}",
+                                    quoted(&job.dst),
+                                    super::io_words(&e)
+                                ),
                                 None,
                             )
                         })?;
@@ -560,7 +555,11 @@ impl Rules {
                 if self.remove_destination || (self.link.is_some() && self.force) {
                     std::fs::remove_file(&job.dst).map_err(|e| {
                         Refusal(
-                            format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)),
+                            format!(
+                                "cannot remove {}: {}",
+                                quoted(&job.dst),
+                                super::io_words(&e)
+                            ),
                             None,
                         )
                     })?;
@@ -574,7 +573,11 @@ impl Rules {
                     if (!self.attributes_only && self.deref == Deref::Never) || self.force {
                         std::fs::remove_file(&job.dst).map_err(|e| {
                             Refusal(
-                                format!("cannot remove {}: {}", quoted(&job.dst), errno_words(&e)),
+                                format!(
+                                    "cannot remove {}: {}",
+                                    quoted(&job.dst),
+                                    super::io_words(&e)
+                                ),
                                 None,
                             )
                         })?;
@@ -646,7 +649,7 @@ impl Rules {
         };
         result.map_err(|e| {
             Refusal(
-                format!("cannot backup {}: {}", quoted(dst), errno_words(&e)),
+                format!("cannot backup {}: {}", quoted(dst), super::io_words(&e)),
                 None,
             )
         })?;
@@ -742,7 +745,7 @@ pub fn copy_contents(src: &Path, dst: &Path, mode: u32) -> Result<u64, cowlink::
         cowlink::Error::new(cowlink::Operation::Copy, cowlink::ErrorKind::Io)
             .with_src(src)
             .with_dst(dst)
-            .with_reason(errno_words(&e))
+            .with_reason(super::io_words(&e))
     };
     let mut from = std::fs::File::open(src).map_err(io)?;
     if std::fs::symlink_metadata(dst).is_err() {
@@ -806,7 +809,7 @@ pub fn symlink_to(src: &Path, dst: &Path) -> Result<(), String> {
             "cannot create symbolic link {} to {}: {}",
             quoted(dst),
             quoted(src),
-            errno_words(&e)
+            super::io_words(&e)
         )
     })
 }
@@ -823,7 +826,7 @@ pub fn hardlink(src: &Path, dst: &Path, follow: bool) -> Result<(), String> {
             "cannot create hard link {} to {}: {}",
             quoted(dst),
             quoted(src),
-            errno_words(&std::io::Error::from(e))
+            super::io_words(&std::io::Error::from(e))
         )
     })
 }

@@ -1008,13 +1008,17 @@ fn make_parents(src: &Path, dst: &Path, preserve: Preserve) -> std::io::Result<(
     Ok(())
 }
 
+/// The process umask, read once from /proc (umask(2) would change it).
 fn umask_now() -> u32 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Umask:"))
-        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        .unwrap_or(0o022)
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .unwrap_or(0o022)
+    })
 }
 
 /// Copy one command-line operand with GNU cp's rules; returns whether it
@@ -1048,7 +1052,7 @@ fn copy_operand(
     };
     let refuse = |msg: String| refuse_errno(msg, None);
     if tree.dry_run {
-        return copy_one(r, tree, src, dst);
+        return plan_one(r, tree, src, dst);
     }
     if rules.parents {
         if let Err(e) = make_parents(src, dst, r.options.preserve) {
@@ -1153,18 +1157,9 @@ fn copy_operand(
         if job.dst_dir_existed {
             *r.quiet_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(dst.to_path_buf());
         }
-        let mut t2 = tree.clone();
-        // -H: the operand itself was followed; what is inside is not.
-        if job.follow && tree.dereference != job.follow {
-            if let Ok(real) = std::fs::canonicalize(src) {
-                if real.is_dir() {
-                    t2.dereference = false;
-                }
-            }
-        }
         let from = follow_operand(src, job.follow);
         let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
-        if let Err(e) = crate::interrupt::graceful(|| copy_tree(&from, dst, &t2, &observer)) {
+        if let Err(e) = crate::interrupt::graceful(|| copy_tree(&from, dst, tree, &observer)) {
             gnu::restore_backup(&job);
             r.tally.failed();
             r.failed(src, dst, &e);
@@ -1250,16 +1245,15 @@ fn is_regular(p: &Path, follow: bool) -> bool {
     .is_ok_and(|m| m.is_file())
 }
 
-/// Copy one command-line source; returns whether it was a tree copy.
-fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
+/// A dry run of one command-line source (the tree copy reports what it
+/// would do, for a single file too); returns whether it was a directory.
+fn plan_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
     let meta = if tree.dereference {
         std::fs::metadata(src)
     } else {
         std::fs::symlink_metadata(src)
     };
-    let ft = meta.map(|m| m.file_type()).ok();
-    let is_dir = ft.is_some_and(|t| t.is_dir()) || (!r.recursive && src.is_dir());
-    let is_file_like = ft.is_none_or(|t| t.is_file()) || !r.recursive;
+    let is_dir = meta.is_ok_and(|m| m.is_dir()) || (!r.recursive && src.is_dir());
     if is_dir && !r.recursive {
         let e = Error::new(cowlink::Operation::Clone, ErrorKind::IsDirectory)
             .with_src(src)
@@ -1269,30 +1263,6 @@ fn copy_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
         r.failed(src, dst, &e);
         return false;
     }
-    if !is_dir && is_file_like && !tree.dry_run {
-        let t = Instant::now();
-        let mut options = r.options;
-        if tree.resume {
-            if cowlink::is_complete_copy(src, dst) {
-                r.tally.skipped();
-                r.skipped(src, dst, SkipReason::Complete);
-                return false;
-            }
-            options.overwrite = Overwrite::Replace;
-        }
-        match clone_file(src, dst, &options) {
-            Ok(o) => {
-                r.tally.file(&o);
-                r.done(src, dst, o, Some(t.elapsed()), None);
-            }
-            Err(e) => {
-                r.tally.failed();
-                r.failed(src, dst, &e);
-            }
-        }
-        return false;
-    }
-    // A directory, or with -r a symlink, FIFO or device, or a dry run.
     let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
     let result = crate::interrupt::graceful(|| copy_tree(src, dst, tree, &observer));
     if let Err(e) = result {
