@@ -425,29 +425,22 @@ impl Rules {
         };
         if let Some(old) = existing {
             let old_ft = old.file_type();
-            // The same file, and nothing that makes that fine.
-            let same = std::fs::metadata(&job.dst).is_ok_and(|m| id(&m) == sid)
-                && (id(&old) == sid || !old_ft.is_symlink());
-            // A symlink copied over the file it names would name itself.
-            let link_onto_target = ft.is_symlink()
-                && !self.force
-                && self.backup.is_none()
-                && std::fs::metadata(src).is_ok_and(|m| id(&m) == id(&old));
-            if link_onto_target {
-                return Err(Refusal(
-                    format!("{} and {} are the same file", quoted(src), quoted(named)),
-                    None,
-                ));
-            }
-            if same && !is_dir {
-                let same_name = src == job.dst.as_path();
-                let backup_over_self = self.force && self.backup.is_some() && same_name;
-                if !backup_over_self && self.link != Some(LinkKind::Hard) {
+            // `cp -f -b F F`: GNU turns this into a copy of F to its
+            // backup name, and F stays.
+            let backup_over_self = self.force
+                && self.backup.is_some()
+                && src == named
+                && std::fs::metadata(named).is_ok_and(|m| m.is_file());
+            let mut return_now = false;
+            if !backup_over_self {
+                let (ok, now) = self.same_file_ok(src, &src_meta, named, &old);
+                if !ok {
                     return Err(Refusal(
                         format!("{} and {} are the same file", quoted(src), quoted(named)),
                         None,
                     ));
                 }
+                return_now = now;
             }
             if !old_ft.is_dir() {
                 match self.update {
@@ -480,6 +473,9 @@ impl Rules {
                 if self.interactive && !ask(&question) {
                     return Ok(Plan::Nothing);
                 }
+                if return_now {
+                    return Ok(Plan::Nothing);
+                }
                 // GNU writes into the old file, which it may not open: -f
                 // removes it (the copy then has the source's mode),
                 // otherwise that is the failure.
@@ -507,6 +503,9 @@ impl Rules {
                         return Ok(Plan::Copy(job));
                     }
                 }
+            }
+            if return_now {
+                return Ok(Plan::Nothing);
             }
             if is_dir && !old_ft.is_dir() {
                 return Err(Refusal(
@@ -543,8 +542,9 @@ impl Rules {
             job.dst_dir_existed = old_ft.is_dir();
             if let Some((kind, suffix)) = &self.backup {
                 if !old_ft.is_dir() && !dot_or_dotdot(src) {
-                    job.backup = Some(self.back_up(src, sid, &job.dst, *kind, suffix, same)?);
-                    if same {
+                    job.backup =
+                        Some(self.back_up(src, sid, &job.dst, *kind, suffix, backup_over_self)?);
+                    if backup_over_self {
                         // `cp -f -b F F`: the backup is the copy.
                         return Ok(Plan::Nothing);
                     }
@@ -606,6 +606,104 @@ impl Rules {
             }
         }
         Ok(Plan::Copy(job))
+    }
+
+    /// GNU's `same_file_ok` (copy.c), for cp: whether copying `src`
+    /// (status `src_sb`, as followed or not) onto the existing `dst`
+    /// (status `dst_sb`, as GNU stats it) is fine even though they may be
+    /// the same file, and whether there is then nothing left to do.
+    /// Refusing here is what keeps `cp F F` and its many spellings from
+    /// truncating F.
+    fn same_file_ok(
+        &self,
+        src: &Path,
+        src_sb: &std::fs::Metadata,
+        dst: &Path,
+        dst_sb: &std::fs::Metadata,
+    ) -> (bool, bool) {
+        let hard = self.link == Some(LinkKind::Hard);
+        let same = id(src_sb) == id(dst_sb);
+        if same && hard {
+            return (true, true);
+        }
+        let never = self.deref == Deref::Never;
+        let (src_l, dst_l) = if never {
+            if src_sb.is_symlink() && dst_sb.is_symlink() {
+                let same_entry = same_name(src, dst);
+                if !same_entry {
+                    if self.backup.is_some() {
+                        return (true, false);
+                    }
+                    if same {
+                        return (true, true);
+                    }
+                }
+                return (!same_entry, false);
+            }
+            (src_sb.clone(), dst_sb.clone())
+        } else {
+            if !same {
+                return (true, false);
+            }
+            let (Ok(s), Ok(d)) = (
+                std::fs::symlink_metadata(src),
+                std::fs::symlink_metadata(dst),
+            ) else {
+                return (true, false);
+            };
+            if s.is_symlink() && d.is_symlink() && self.remove_destination {
+                return (true, false);
+            }
+            (s, d)
+        };
+        let same_link = id(&src_l) == id(&dst_l);
+        if self.backup.is_some() {
+            if !same_link {
+                // Moving the destination aside would leave a followed
+                // source symlink dangling.
+                return (never || !src_l.is_symlink() || dst_l.is_symlink(), false);
+            }
+            return (!same_name(src, dst), false);
+        }
+        if self.remove_destination {
+            if dst_l.is_symlink() {
+                return (true, false);
+            }
+            if same_link && dst_l.nlink() > 1 && !same_name(src, dst) {
+                return (true, false);
+            }
+        }
+        if !src_l.is_symlink() && !dst_l.is_symlink() {
+            if !same_link {
+                return (true, false);
+            }
+            if hard {
+                return (true, true);
+            }
+        }
+        if self.link == Some(LinkKind::Symbolic) && dst_l.is_symlink() {
+            return (true, false);
+        }
+        if never {
+            let followed = |m: std::fs::Metadata, p: &Path| {
+                if m.is_symlink() {
+                    std::fs::metadata(p).ok()
+                } else {
+                    Some(m)
+                }
+            };
+            let (Some(s), Some(d)) = (followed(src_l, src), followed(dst_l.clone(), dst)) else {
+                return (true, false);
+            };
+            if id(&s) != id(&d) {
+                return (true, false);
+            }
+            if hard {
+                // Linking over a symlink to the same file replaces it.
+                return (true, !dst_l.is_symlink());
+            }
+        }
+        (false, false)
     }
 
     /// Move the destination aside as its backup, as GNU does; refuse when
@@ -673,6 +771,11 @@ pub fn restore_backup(job: &Job) {
             let _ = std::fs::rename(b, &job.dst);
         }
     }
+}
+
+/// Whether `a` and `b` name the same directory entry.
+fn same_name(a: &Path, b: &Path) -> bool {
+    resolved_name(a) == resolved_name(b)
 }
 
 /// `p` with its directory resolved (`./a` and `a` are the same name).
