@@ -19,7 +19,7 @@ mod store;
 use std::process::ExitCode;
 
 use crate::out::errln;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Copy-on-write file cloning for Linux.
 ///
@@ -111,8 +111,14 @@ fn invoked_as_cp() -> bool {
 fn main() -> ExitCode {
     let command = if invoked_as_cp() {
         out::set_prog("cp");
-        match AsCp::try_parse() {
-            Ok(a) => Command::Cp(a.cp),
+        let parsed = AsCp::command()
+            .try_get_matches()
+            .and_then(|m| AsCp::from_arg_matches(&m).map(|a| (a, m)));
+        match parsed {
+            Ok((mut a, m)) => {
+                a.cp.note_order(&m);
+                Command::Cp(a.cp)
+            }
             // As GNU cp: a usage error exits 1 (help and version 0).
             Err(e) => {
                 use std::io::Write as _;
@@ -121,7 +127,14 @@ fn main() -> ExitCode {
             }
         }
     } else {
-        Cli::parse().command
+        let m = Cli::command().get_matches();
+        let mut command = Cli::from_arg_matches(&m)
+            .unwrap_or_else(|e| e.exit())
+            .command;
+        if let (Command::Cp(args), Some(("cp", sub))) = (&mut command, m.subcommand()) {
+            args.note_order(sub);
+        }
+        command
     };
     // Signals from here on go through one handler (see `interrupt`).
     let _ = interrupt::token();

@@ -32,6 +32,12 @@ pub struct CloneOptions {
     /// destination is created empty; an existing regular file keeps its
     /// content and gets the metadata `preserve` names.
     pub attributes_only: bool,
+    /// New files and directories get the mode a new file or directory gets
+    /// (`0666` or `0777`, less the umask) instead of the source's
+    /// permission bits (`cp --no-preserve=mode`, say to get a writable
+    /// copy of a read-only tree). Ignored with `preserve.mode`; a replaced
+    /// file keeps its old mode either way.
+    pub default_mode: bool,
 }
 
 /// Clone `src` to the new file `dst`, or copy it when `options.reflink`
@@ -110,7 +116,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     }
     // Created writable by its owner, so that extended attributes can be
     // set on a copy of a read-only file; the final mode is set below.
-    let want = st.st_mode & 0o777;
+    let want = meta::creation_bits(st.st_mode, options.default_mode && !options.preserve.mode);
     let pending = PendingFile::create(CWD, &parent, dst, Mode::from_raw_mode(want | 0o200))
         .map_err(|e| match e {
             Errno::NOENT => err(e).with_reason(format!(

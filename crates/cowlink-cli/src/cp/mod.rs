@@ -257,6 +257,125 @@ pub struct CpArgs {
     /// SRC... DEST, or SRC... with -t DIR
     #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
+
+    /// Where -a, -p, -d, --preserve and --no-preserve stood on the command
+    /// line (see [`CpArgs::note_order`]); empty: in that fixed order.
+    #[arg(skip)]
+    attr_order: Vec<(usize, AttrStep)>,
+}
+
+/// One option that chooses attributes to preserve. GNU applies them left
+/// to right, so `--no-preserve=mode --preserve=all` keeps the mode and
+/// `-a --no-preserve=mode` does not.
+#[derive(Clone, Copy, Debug)]
+enum AttrStep {
+    Archive,
+    P,
+    D,
+    Set(PreserveArg, bool),
+}
+
+/// The attributes a copy keeps, after every option that chooses them.
+struct Attrs {
+    preserve: Preserve,
+    links: bool,
+    /// `--no-preserve=mode` given last (new files get the default mode).
+    no_mode: bool,
+}
+
+impl CpArgs {
+    /// Record where the attribute options stood in `m` (the matches these
+    /// arguments were parsed from), so that they apply in that order.
+    pub fn note_order(&mut self, m: &clap::ArgMatches) {
+        let at =
+            |id: &str| -> Vec<usize> { m.indices_of(id).map(|i| i.collect()).unwrap_or_default() };
+        let mut steps = Vec::new();
+        // A flag not given still has an index (its default's): skip those.
+        for (id, given, step) in [
+            ("archive", self.archive, AttrStep::Archive),
+            ("preserve_default", self.preserve_default, AttrStep::P),
+            (
+                "no_deref_preserve_links",
+                self.no_deref_preserve_links,
+                AttrStep::D,
+            ),
+        ] {
+            if given {
+                steps.extend(at(id).into_iter().map(|i| (i, step)));
+            }
+        }
+        for (id, values, on) in [
+            ("preserve", &self.preserve, true),
+            ("no_preserve", &self.no_preserve, false),
+        ] {
+            let idx = at(id);
+            for (k, p) in values.iter().enumerate() {
+                // A bare --preserve's implied values share its index.
+                let i = idx.get(k).or(idx.last()).copied().unwrap_or(0);
+                steps.push((i, AttrStep::Set(*p, on)));
+            }
+        }
+        steps.sort_by_key(|s| s.0);
+        self.attr_order = steps;
+    }
+
+    /// The attributes to keep, applying the options in command-line order.
+    fn attrs(&self) -> Attrs {
+        let steps: Vec<AttrStep> = if self.attr_order.is_empty() {
+            let flags = [
+                (self.archive, AttrStep::Archive),
+                (self.preserve_default, AttrStep::P),
+                (self.no_deref_preserve_links, AttrStep::D),
+            ];
+            flags
+                .into_iter()
+                .filter_map(|(on, step)| on.then_some(step))
+                .chain(self.preserve.iter().map(|p| AttrStep::Set(*p, true)))
+                .chain(self.no_preserve.iter().map(|p| AttrStep::Set(*p, false)))
+                .collect()
+        } else {
+            self.attr_order.iter().map(|s| s.1).collect()
+        };
+        let mut a = Attrs {
+            preserve: Preserve::NONE,
+            links: false,
+            no_mode: false,
+        };
+        for step in steps {
+            match step {
+                AttrStep::Archive => {
+                    a.preserve = Preserve::ALL;
+                    a.links = true;
+                }
+                AttrStep::P => {
+                    a.preserve = Preserve {
+                        xattrs: a.preserve.xattrs,
+                        ..Preserve::P
+                    }
+                }
+                AttrStep::D => a.links = true,
+                AttrStep::Set(p, on) => match p {
+                    PreserveArg::Mode => {
+                        a.preserve.mode = on;
+                        a.no_mode = !on;
+                    }
+                    PreserveArg::Ownership => a.preserve.ownership = on,
+                    PreserveArg::Timestamps => a.preserve.timestamps = on,
+                    PreserveArg::Links => a.links = on,
+                    PreserveArg::Xattr => a.preserve.xattrs = on,
+                    PreserveArg::All => {
+                        a.preserve = if on { Preserve::ALL } else { Preserve::NONE };
+                        a.links = on;
+                        a.no_mode = !on;
+                    }
+                },
+            }
+        }
+        if self.resume {
+            a.preserve.timestamps = true;
+        }
+        a
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -611,43 +730,11 @@ fn summary_line(s: &Summary) -> String {
 
 /// Run `cowlink cp`.
 pub fn run(args: CpArgs) -> Result<Exit> {
-    let mut preserve = if args.archive {
-        Preserve::ALL
-    } else {
-        Preserve::NONE
-    };
-    let mut links = args.archive || args.no_deref_preserve_links;
-    if args.preserve_default {
-        preserve = Preserve {
-            xattrs: preserve.xattrs,
-            ..Preserve::P
-        };
-    }
-    if args.resume {
-        preserve.timestamps = true;
-    }
-    for (p, on) in args
-        .preserve
-        .iter()
-        .map(|p| (p, true))
-        .chain(args.no_preserve.iter().map(|p| (p, false)))
-    {
-        match p {
-            PreserveArg::Mode => preserve.mode = on,
-            PreserveArg::Ownership => preserve.ownership = on,
-            PreserveArg::Timestamps => preserve.timestamps = on,
-            PreserveArg::Links => links = on,
-            PreserveArg::Xattr => preserve.xattrs = on,
-            PreserveArg::All if on => {
-                preserve = Preserve::ALL;
-                links = true;
-            }
-            PreserveArg::All => {
-                preserve = Preserve::NONE;
-                links = false;
-            }
-        }
-    }
+    let Attrs {
+        preserve,
+        links,
+        no_mode,
+    } = args.attrs();
     let recursive = args.recursive || args.archive;
     let link = if args.link {
         Some(LinkKind::Hard)
@@ -722,11 +809,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             Some(SparseArg::Never) => Some(gnu::Sparse::Never),
             _ => None,
         },
-        default_mode: args
-            .no_preserve
-            .iter()
-            .any(|p| matches!(p, PreserveArg::Mode | PreserveArg::All))
-            && !preserve.mode,
+        default_mode: no_mode && !preserve.mode,
     };
     let options = CloneOptions {
         reflink: args.reflink,
@@ -741,6 +824,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         },
         preserve,
         attributes_only: args.attributes_only,
+        default_mode: no_mode && !preserve.mode,
     };
     let jobs = plan(&args, &|p| match std::fs::metadata(p) {
         Ok(m) => Ok(Some(m.is_dir())),

@@ -140,6 +140,19 @@ pub(crate) fn apply_created(
     Ok(())
 }
 
+/// The permission bits a copy of a file of mode `st_mode` is created with
+/// (the umask then applies): the source's, or with `default_mode` those
+/// any new file (`0666`) or directory or socket (`0777`) gets.
+pub(crate) fn creation_bits(st_mode: u32, default_mode: bool) -> u32 {
+    if !default_mode {
+        return st_mode & 0o777;
+    }
+    match fs::FileType::from_raw_mode(st_mode) {
+        fs::FileType::Directory | fs::FileType::Socket => 0o777,
+        _ => 0o666,
+    }
+}
+
 /// The process umask, read once from /proc/self/status (reading it with
 /// umask(2) would change it for a moment under other threads).
 pub(crate) fn umask() -> Option<u32> {

@@ -131,12 +131,16 @@ impl Copier<'_> {
             });
             new_node(src_path, dst_path, rel, src, None, st, Some(parent.clone()))?
         } else {
-            let made = make_dir(parent.dst_fd(), name, &st, self.ctx.opts.atomic).map_err(
-                |(e, why)| match why {
-                    Some(why) => err(e).with_reason(why),
-                    None => err(e),
-                },
-            )?;
+            let made = make_dir(
+                parent.dst_fd(),
+                name,
+                self.ctx.opts.new_bits(st.st_mode),
+                self.ctx.opts.atomic,
+            )
+            .map_err(|(e, why)| match why {
+                Some(why) => err(e).with_reason(why),
+                None => err(e),
+            })?;
             self.ctx.emit(TreeEvent::Dir {
                 src: &src_path,
                 dst: &dst_path,
@@ -262,10 +266,10 @@ struct Made {
 fn make_dir(
     dir: BorrowedFd<'_>,
     name: &CStr,
-    src_st: &Stat,
+    bits: u32,
     crash_atomic: bool,
 ) -> Result<Made, (Errno, Option<&'static str>)> {
-    let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(src_st.st_mode & 0o777)) {
+    let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(bits)) {
         Ok(()) => true,
         Err(Errno::EXIST) => false,
         Err(e @ (Errno::NOSPC | Errno::DQUOT)) => {
@@ -448,13 +452,15 @@ pub fn copy_tree(
     } else {
         let cdst = CString::new(dst.as_os_str().as_bytes())
             .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
-        let made = make_dir(CWD, &cdst, &st, options.atomic).map_err(|(e, why)| match why {
-            Some(why) => err(e).with_reason(why),
-            None => err(e).with_reason(format!(
-                "cannot create the destination directory: {}",
-                errno_text(e)
-            )),
-        })?;
+        let made = make_dir(CWD, &cdst, options.new_bits(st.st_mode), options.atomic).map_err(
+            |(e, why)| match why {
+                Some(why) => err(e).with_reason(why),
+                None => err(e).with_reason(format!(
+                    "cannot create the destination directory: {}",
+                    errno_text(e)
+                )),
+            },
+        )?;
         copier.ctx.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
         Some(made)
     };

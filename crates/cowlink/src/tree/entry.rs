@@ -302,7 +302,7 @@ impl Entry<'_, '_> {
             dir,
             Path::new("."),
             dst_name,
-            Mode::from_raw_mode(st.st_mode & 0o777),
+            Mode::from_raw_mode(self.eng.opts.new_bits(st.st_mode)),
             placement,
             self.dst,
         )
@@ -441,7 +441,7 @@ impl Entry<'_, '_> {
             self.planned(Action::Special { kind });
             return Ok(());
         }
-        let mode = Mode::from_raw_mode(st.st_mode & 0o777);
+        let mode = Mode::from_raw_mode(self.eng.opts.new_bits(st.st_mode));
         self.place(|dir, name| fs::mknodat(dir, name, t, mode, st.st_rdev))
             .map_err(|e| match e.errno() {
                 Some(Errno::PERM) => e.with_reason(

@@ -103,6 +103,15 @@ pub struct TreeOptions {
 }
 
 impl TreeOptions {
+    /// The permission bits a copy of an entry of mode `st_mode` is created
+    /// with (see [`CloneOptions::default_mode`]).
+    pub(crate) fn new_bits(&self, st_mode: u32) -> u32 {
+        crate::prim::meta::creation_bits(
+            st_mode,
+            self.file.default_mode && !self.file.preserve.mode,
+        )
+    }
+
     /// `cp -a`: every attribute preserved, hardlinks kept, links not
     /// followed, `--reflink=auto`.
     pub fn archive() -> Self {
