@@ -250,3 +250,54 @@ fn refusals_use_gnu_words_and_exit_1() {
     same_as_gnu(x.path(), "dir-over-file", &base, "-r dir a", "");
     same_as_gnu(x.path(), "backup-and-n", &base, "-b -n a d", "");
 }
+
+#[test]
+fn same_file_spellings_and_mode_options_as_gnu_does() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let base = |d: &Path| {
+        write(d, "foo", "XYZ\n", 0o644);
+        symlink("foo", d.join("symlink")).unwrap();
+        fs::hard_link(d.join("foo"), d.join("hardlink")).unwrap();
+        symlink("foo", d.join("sl2")).unwrap();
+        fs::hard_link(d.join("sl2"), d.join("hlsl")).unwrap();
+    };
+    // A few of coreutils' same-file matrix: -l onto the same file is a
+    // success that changes nothing (and -f must not remove the file).
+    for (i, args) in [
+        "-l foo foo",
+        "-fl foo foo",
+        "-dfl foo foo",
+        "-bfl foo foo",
+        "-df symlink foo",
+        "-l symlink foo",
+        "-b foo hardlink",
+        "--rem foo hardlink",
+        "-dl hlsl sl2",
+    ]
+    .iter()
+    .enumerate()
+    {
+        same_as_gnu(x.path(), &format!("same-{i}"), &base, args, "");
+    }
+    // Attribute options apply left to right; --no-preserve=mode gives new
+    // files and directories (in trees too) the default mode.
+    let tree = |d: &Path| {
+        write(d, "ro/f", "f\n", 0o400);
+        write(d, "ro/sub/g", "g\n", 0o600);
+        fs::set_permissions(d.join("ro/sub"), fs::Permissions::from_mode(0o500)).unwrap();
+        fs::set_permissions(d.join("ro"), fs::Permissions::from_mode(0o705)).unwrap();
+        write(d, "a", "a\n", 0o600);
+    };
+    for (i, args) in [
+        "-r --no-preserve=mode ro out",
+        "-a --no-preserve=mode ro out",
+        "--no-preserve=mode -a ro out",
+        "--no-preserve=mode --preserve=all a b",
+        "--no-preserve=mode a b",
+    ]
+    .iter()
+    .enumerate()
+    {
+        same_as_gnu(x.path(), &format!("mode-{i}"), &tree, args, "");
+    }
+}

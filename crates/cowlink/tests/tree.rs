@@ -395,3 +395,94 @@ fn overwrite_skip_keeps_existing_files_and_counts_them_in_the_report() {
     assert_eq!(o.method, cowlink::Method::Skipped);
     assert_eq!(fs::read_to_string(dst.join("a")).unwrap(), "old a");
 }
+
+/// The process umask, as /proc reports it.
+fn umask() -> u32 {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    u32::from_str_radix(line[6..].trim(), 8).unwrap()
+}
+
+#[test]
+fn default_mode_gives_new_entries_the_mode_new_files_get() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(b) = testfs!(Btrfs) else { return };
+    let src = b.path().join("ro");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("f"), b"f").unwrap();
+    fs::write(src.join("sub/g"), b"g").unwrap();
+    fs::set_permissions(src.join("f"), fs::Permissions::from_mode(0o400)).unwrap();
+    fs::set_permissions(src.join("sub/g"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::set_permissions(src.join("sub"), fs::Permissions::from_mode(0o500)).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    let u = umask();
+    for atomic in [false, true] {
+        let dst = b.path().join(format!("out-{atomic}"));
+        let mut options = TreeOptions::default();
+        options.file.default_mode = true;
+        options.atomic = atomic;
+        copy_tree(&src, &dst, &options, &Quiet).unwrap();
+        assert_eq!(mode(&dst), 0o777 & !u);
+        assert_eq!(mode(&dst.join("sub")), 0o777 & !u);
+        assert_eq!(mode(&dst.join("f")), 0o666 & !u);
+        assert_eq!(mode(&dst.join("sub/g")), 0o666 & !u);
+        assert_eq!(fs::read(dst.join("sub/g")).unwrap(), b"g");
+        // Without it: the source's bits, less the umask.
+        let plain = b.path().join(format!("plain-{atomic}"));
+        options.file.default_mode = false;
+        copy_tree(&src, &plain, &options, &Quiet).unwrap();
+        assert_eq!(mode(&plain.join("f")), 0o400);
+        assert_eq!(mode(&plain.join("sub")), 0o500 & !u);
+        fs::set_permissions(plain.join("sub"), fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    fs::set_permissions(src.join("sub"), fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+#[test]
+fn copy_contents_reads_fifos_and_new_dirs_stay_closed_until_done() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::set_permissions(src.join("sub"), fs::Permissions::from_mode(0o777)).unwrap();
+    let fifo = src.join("sub/fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let dst = x.path().join("dst");
+    let mut options = TreeOptions::default();
+    options.copy_contents = true;
+    options.file.preserve.mode = true;
+    options.file.preserve.ownership = true;
+    std::thread::scope(|s| {
+        let copy = s.spawn(|| copy_tree(&src, &dst, &options, &Quiet));
+        // The copy blocks on the FIFO inside dst/sub (until the write
+        // below): with owners preserved, the group and others get nothing
+        // in that directory meanwhile (it may be about to change hands).
+        let sub = dst.join("sub");
+        while fs::symlink_metadata(&sub).is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mode = fs::metadata(&sub).unwrap().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "dst/sub is {mode:o} while being filled");
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .unwrap()
+            .write_all(b"through the pipe")
+            .unwrap();
+        let report = copy.join().unwrap().unwrap();
+        assert_eq!(report.files, 1);
+    });
+    let copied = dst.join("sub/fifo");
+    assert!(fs::symlink_metadata(&copied).unwrap().file_type().is_file());
+    assert_eq!(fs::read(&copied).unwrap(), b"through the pipe");
+    assert_eq!(fs::metadata(dst.join("sub")).unwrap().mode() & 0o777, 0o777);
+    assert!(temporaries(&dst).is_empty());
+}

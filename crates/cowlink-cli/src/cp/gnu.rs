@@ -729,8 +729,13 @@ impl Rules {
                 None,
             ));
         }
-        let result = if same {
-            // `cp --force --backup F F`: the backup is a copy, F stays.
+        let result = if same && self.link == Some(LinkKind::Hard) {
+            std::fs::hard_link(dst, &name)
+        } else if same && self.link == Some(LinkKind::Symbolic) {
+            symlink_to(src, &name).map_err(std::io::Error::other)
+        } else if same {
+            // `cp --force --backup F F`: the backup is a copy (or the link
+            // -l or -s asks for), F stays.
             cowlink::clone_file(
                 dst,
                 &name,

@@ -134,7 +134,8 @@ pub struct CpArgs {
     #[arg(long)]
     attributes_only: bool,
 
-    /// With -r, copy the contents of FIFOs and devices as data
+    /// With -r, read FIFOs and devices met in the tree as data into regular
+    /// files (a FIFO waits for a writer) instead of recreating them
     #[arg(long)]
     copy_contents: bool,
 
@@ -873,6 +874,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         resume: args.resume,
         link,
         update_older: update == gnu::Update::Older,
+        copy_contents: args.copy_contents && recursive,
         dry_run: args.dry_run,
         run: Run::default()
             .with_threads(threads)

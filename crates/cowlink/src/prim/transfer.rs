@@ -182,7 +182,7 @@ fn size_untrusted(src: BorrowedFd<'_>, size: u64) -> bool {
 /// Copy `src` into the empty file `dst` by reading until the end of file,
 /// as GNU cp does for files whose size cannot be trusted. Returns the
 /// bytes copied.
-fn copy_to_eof(
+pub(crate) fn copy_to_eof(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     cancelled: &dyn Fn() -> bool,

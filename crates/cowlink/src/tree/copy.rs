@@ -135,6 +135,7 @@ impl Copier<'_> {
                 parent.dst_fd(),
                 name,
                 self.ctx.opts.new_bits(st.st_mode),
+                self.ctx.opts.dir_withheld(),
                 self.ctx.opts.atomic,
             )
             .map_err(|(e, why)| match why {
@@ -261,15 +262,19 @@ struct Made {
     placement: Placement,
 }
 
-/// Create the directory `name` in `dir` (or accept an existing directory),
-/// open it, and make sure we can work inside it.
+/// Create the directory `name` in `dir` with permission bits `bits` (or
+/// accept an existing directory), open it, and make sure we can work inside
+/// it. A new directory is made without the `withheld` bits, so that no one
+/// else can use it while it is filled; they are given back (less the
+/// umask) with the rest of its metadata.
 fn make_dir(
     dir: BorrowedFd<'_>,
     name: &CStr,
     bits: u32,
+    withheld: u32,
     crash_atomic: bool,
 ) -> Result<Made, (Errno, Option<&'static str>)> {
-    let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(bits)) {
+    let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(bits & !withheld)) {
         Ok(()) => true,
         Err(Errno::EXIST) => false,
         Err(e @ (Errno::NOSPC | Errno::DQUOT)) => {
@@ -286,10 +291,15 @@ fn make_dir(
         e => (e, None),
     })?;
     let st = fs::fstat(&fd).map_err(|e| (e, None))?;
-    let mode = st.st_mode & 0o7777;
-    let changed = mode & 0o700 != 0o700;
-    if changed {
-        fs::fchmod(&fd, Mode::from_raw_mode(mode | 0o700)).map_err(|e| (e, None))?;
+    let now = st.st_mode & 0o7777;
+    let mode = if created {
+        now | (bits & withheld & !crate::prim::meta::umask().unwrap_or(0o022))
+    } else {
+        now
+    };
+    let changed = mode != now || now & 0o700 != 0o700;
+    if now & 0o700 != 0o700 {
+        fs::fchmod(&fd, Mode::from_raw_mode(now | 0o700)).map_err(|e| (e, None))?;
     }
     // New files' modes follow a default ACL instead of the umask: predict
     // nothing then (see meta::Created).
@@ -452,15 +462,20 @@ pub fn copy_tree(
     } else {
         let cdst = CString::new(dst.as_os_str().as_bytes())
             .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
-        let made = make_dir(CWD, &cdst, options.new_bits(st.st_mode), options.atomic).map_err(
-            |(e, why)| match why {
-                Some(why) => err(e).with_reason(why),
-                None => err(e).with_reason(format!(
-                    "cannot create the destination directory: {}",
-                    errno_text(e)
-                )),
-            },
-        )?;
+        let made = make_dir(
+            CWD,
+            &cdst,
+            options.new_bits(st.st_mode),
+            options.dir_withheld(),
+            options.atomic,
+        )
+        .map_err(|(e, why)| match why {
+            Some(why) => err(e).with_reason(why),
+            None => err(e).with_reason(format!(
+                "cannot create the destination directory: {}",
+                errno_text(e)
+            )),
+        })?;
         copier.ctx.root_dst = Some(rustix::io::fcntl_dupfd_cloexec(&made.fd, 0).map_err(err)?);
         Some(made)
     };

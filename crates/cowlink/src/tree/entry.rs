@@ -48,6 +48,11 @@ pub(super) fn copy_single(
     let result = match t {
         FileType::RegularFile => e.regular(),
         FileType::Symlink => e.symlink(),
+        FileType::Fifo | FileType::CharacterDevice | FileType::BlockDevice
+            if eng.opts.copy_contents && !eng.opts.dry_run =>
+        {
+            e.contents()
+        }
         FileType::Fifo | FileType::Socket | FileType::CharacterDevice | FileType::BlockDevice => {
             e.special(t)
         }
@@ -423,6 +428,53 @@ impl Entry<'_, '_> {
         self.eng.emit(TreeEvent::Symlink {
             src: self.src,
             dst: self.dst,
+        });
+        Ok(())
+    }
+
+    /// A FIFO or device read as data into a new regular file
+    /// ([`TreeOptions::copy_contents`](super::TreeOptions::copy_contents)),
+    /// placed like any copy so that a failure leaves no partial name.
+    fn contents(&self) -> Result<(), Error> {
+        let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY;
+        if !self.eng.opts.dereference {
+            flags |= OFlags::NOFOLLOW;
+        }
+        let sfd = fs::openat(&self.node.src, self.name, flags, Mode::empty())
+            .map_err(|e| self.source_error(e))?;
+        let st = fs::fstat(&sfd).map_err(|e| self.source_error(e))?;
+        let placement = self.node.placement;
+        let file = NewFile::create(
+            self.dst_dir(),
+            Path::new("."),
+            os(self.dst_name),
+            Mode::from_raw_mode(self.eng.opts.new_bits(st.st_mode)),
+            placement,
+            self.dst,
+        )
+        .map_err(|e| self.dest_error(e))?;
+        let dfd = file.fd();
+        let cancelled = || self.eng.cancelled();
+        let bytes = crate::prim::transfer::copy_to_eof(sfd.as_fd(), dfd, &cancelled)
+            .map_err(|e| transfer_error(self.op(), self.src, self.dst, e, sfd.as_fd(), dfd))?;
+        meta::apply(sfd.as_fd(), &st, dfd, self.eng.opts.file.preserve).map_err(|m| {
+            self.error(m.errno)
+                .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
+        })?;
+        file.commit(os(self.dst_name), self.eng.opts.file.overwrite)
+            .map_err(|e| self.dest_error(e))?;
+        let outcome = Outcome {
+            method: Method::ReadWrite,
+            bytes,
+        };
+        self.eng.count(Count::Files, 1);
+        self.eng.count(Count::Bytes, bytes);
+        self.eng.count(Count::Copied, 1);
+        self.eng.opts.run.done(1, bytes);
+        self.eng.emit(TreeEvent::File {
+            src: self.src,
+            dst: self.dst,
+            outcome,
         });
         Ok(())
     }

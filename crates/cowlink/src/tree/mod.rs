@@ -85,6 +85,10 @@ pub struct TreeOptions {
     /// (`cp -u`, `--update=older`), counted as skipped
     /// ([`SkipReason::NotOlder`]); replace one that is older.
     pub update_older: bool,
+    /// Read FIFOs and devices met inside the tree as data into regular
+    /// files (`cp -R --copy-contents`) instead of recreating them; a FIFO
+    /// blocks the copy until something writes to it and closes it.
+    pub copy_contents: bool,
     /// Walk the source and report what would be done ([`TreeEvent::Planned`])
     /// without creating or changing anything at the destination.
     pub dry_run: bool,
@@ -103,6 +107,20 @@ pub struct TreeOptions {
 }
 
 impl TreeOptions {
+    /// The permission bits withheld from a new directory until it is
+    /// complete, as GNU cp does: with owners preserved, everything for the
+    /// group and others (the directory may be about to change hands); with
+    /// modes preserved, their write bits.
+    pub(crate) fn dir_withheld(&self) -> u32 {
+        if self.file.preserve.ownership {
+            0o077
+        } else if self.file.preserve.mode {
+            0o022
+        } else {
+            0
+        }
+    }
+
     /// The permission bits a copy of an entry of mode `st_mode` is created
     /// with (see [`CloneOptions::default_mode`]).
     pub(crate) fn new_bits(&self, st_mode: u32) -> u32 {
