@@ -456,8 +456,10 @@ fn copy_contents_reads_fifos_and_new_dirs_stay_closed_until_done() {
     )
     .unwrap();
     let dst = x.path().join("dst");
-    let mut options = TreeOptions::default();
-    options.copy_contents = true;
+    let mut options = TreeOptions {
+        copy_contents: true,
+        ..Default::default()
+    };
     options.file.preserve.mode = true;
     options.file.preserve.ownership = true;
     std::thread::scope(|s| {
