@@ -109,6 +109,7 @@ fn invoked_as_cp() -> bool {
 }
 
 fn main() -> ExitCode {
+    out::closed_stdout_fails();
     let command = if invoked_as_cp() {
         out::set_prog("cp");
         let parsed = AsCp::command()

@@ -85,3 +85,41 @@ pub fn prog() -> &'static str {
 pub fn set_prog(name: &'static str) {
     let _ = PROG.set(name);
 }
+
+/// Make writes to a stdout the shell closed (`cp -v a b >&-`) fail, as
+/// they do for GNU cp, instead of vanishing.
+///
+/// Before `main`, the Rust runtime puts `/dev/null`, opened for reading
+/// and writing, on any closed standard descriptor; writes to it would
+/// then succeed. A `/dev/null` open read-write on fd 1 is taken as that
+/// (a shell's `>/dev/null` opens it write-only; only `1<>/dev/null` looks
+/// the same) and replaced by `/dev/null` opened read-only: fd 1 stays
+/// taken, so nothing opened later lands on it, and writes fail with EBADF
+/// like writes to a closed descriptor (which std's stdout swallows: see
+/// [`stdout_closed`]).
+pub fn closed_stdout_fails() {
+    use rustix::fs::{fcntl_getfl, fstat, major, minor, open, FileType, Mode, OFlags};
+    use std::os::fd::AsFd;
+    let stdout = io::stdout();
+    let fd = stdout.as_fd();
+    let reopened = fcntl_getfl(fd).is_ok_and(|f| f & OFlags::RWMODE == OFlags::RDWR)
+        && fstat(fd).is_ok_and(|st| {
+            FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice
+                && (major(st.st_rdev), minor(st.st_rdev)) == (1, 3)
+        });
+    if reopened {
+        if let Ok(null) = open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()) {
+            let _ = rustix::stdio::dup2_stdout(&null);
+        }
+        STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Set when stdout was closed at start (see [`closed_stdout_fails`]).
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether stdout was closed when we started: std's stdout drops writes
+/// that fail with EBADF, so a writer that must fail asks this.
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
+}

@@ -249,6 +249,9 @@ fn refusals_use_gnu_words_and_exit_1() {
     same_as_gnu(x.path(), "missing", &base, "nothere d", "");
     same_as_gnu(x.path(), "dir-over-file", &base, "-r dir a", "");
     same_as_gnu(x.path(), "backup-and-n", &base, "-b -n a d", "");
+    // A closed stdout: nothing to print is fine, -v's lines are not.
+    same_as_gnu(x.path(), "closed-stdout", &base, "a d >&-", "");
+    same_as_gnu(x.path(), "closed-stdout-v", &base, "-v a d >&-", "");
 }
 
 #[test]

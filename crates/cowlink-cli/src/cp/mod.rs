@@ -491,7 +491,9 @@ impl Reporter {
         let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let write = || {
             let mut o = out.lock();
-            if writeln!(o, "{line}").and_then(|()| o.flush()).is_err() {
+            if crate::out::stdout_closed()
+                || writeln!(o, "{line}").and_then(|()| o.flush()).is_err()
+            {
                 self.stdout_failed.store(true, Ordering::Relaxed);
             }
         };
@@ -934,7 +936,11 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     }
     if prog() == "cp" && reporter.stdout_failed.load(Ordering::Relaxed) {
         // GNU cp fails when its output cannot be written (`-v >&-`).
-        errln!("cp: write error");
+        if crate::out::stdout_closed() {
+            errln!("cp: write error: Bad file descriptor");
+        } else {
+            errln!("cp: write error");
+        }
         return Ok(Exit::Failed);
     }
     Ok(if summary.cancelled {
