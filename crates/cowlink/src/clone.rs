@@ -168,7 +168,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
                         Some(rustix::fs::Gid::from_raw(old.st_gid)),
                     );
                 }
-                Some(old.st_mode & 0o7777)
+                Some(crate::prim::place::kept_mode(st.st_mode, old.st_mode))
             }
             None if want & 0o200 == 0 => Some(want & !meta::umask().unwrap_or(0o022)),
             None => None,

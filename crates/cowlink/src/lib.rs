@@ -67,6 +67,6 @@ pub use ground::{error, mountinfo, name};
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
 pub use prim::mode::{LinkMode, Method, Outcome, Reflink};
-pub use prim::place::{is_complete_copy, remove_unfinished, Overwrite, Placement};
+pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished, Overwrite, Placement};
 pub use run::{CancelToken, Phase, Progress, Run};
 pub use usage::{usage, Usage};

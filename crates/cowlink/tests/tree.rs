@@ -473,18 +473,89 @@ fn copy_contents_reads_fifos_and_new_dirs_stay_closed_until_done() {
         }
         let mode = fs::metadata(&sub).unwrap().mode() & 0o777;
         assert_eq!(mode & 0o077, 0, "dst/sub is {mode:o} while being filled");
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&fifo)
-            .unwrap()
-            .write_all(b"through the pipe")
-            .unwrap();
+        let mut writer = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        writer.write_all(b"through ").unwrap();
+        // Being written under its final name, the file carries the mark a
+        // kill -9 would leave on it.
+        let copied = sub.join("fifo");
+        while fs::symlink_metadata(&copied).is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mid = fs::symlink_metadata(&copied).unwrap().mode();
+        assert!(cowlink::left_unfinished(0o100600, mid), "{mid:o}");
+        writer.write_all(b"the pipe").unwrap();
+        drop(writer);
         let report = copy.join().unwrap().unwrap();
         assert_eq!(report.files, 1);
     });
     let copied = dst.join("sub/fifo");
     assert!(fs::symlink_metadata(&copied).unwrap().file_type().is_file());
     assert_eq!(fs::read(&copied).unwrap(), b"through the pipe");
+    assert!(!cowlink::left_unfinished(
+        0o100600,
+        fs::metadata(&copied).unwrap().mode()
+    ));
     assert_eq!(fs::metadata(dst.join("sub")).unwrap().mode() & 0o777, 0o777);
     assert!(temporaries(&dst).is_empty());
+}
+
+#[test]
+fn a_file_an_interrupted_run_left_is_copied_again_by_update_and_resume() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    for name in ["partial", "edited"] {
+        fs::write(src.join(name), vec![7u8; 300_000]).unwrap();
+        fs::File::options()
+            .write(true)
+            .open(src.join(name))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    // What a kill -9 leaves: truncated, newer than its source, marked
+    // (as a direct placement creates it). Beside it a destination edited
+    // after the copy, newer too, which -u must keep.
+    let leftover = |dst: &Path| {
+        fs::create_dir_all(dst).unwrap();
+        fs::write(dst.join("partial"), vec![7u8; 4096]).unwrap();
+        fs::set_permissions(dst.join("partial"), fs::Permissions::from_mode(0o1644)).unwrap();
+        fs::write(dst.join("edited"), b"kept").unwrap();
+    };
+    let check = |dst: &Path, edited: &[u8]| {
+        assert_eq!(
+            fs::read(dst.join("partial")).unwrap(),
+            fs::read(src.join("partial")).unwrap()
+        );
+        let mode = fs::metadata(dst.join("partial")).unwrap().mode();
+        assert!(!cowlink::left_unfinished(0o100644, mode), "{mode:o}");
+        assert_eq!(fs::read(dst.join("edited")).unwrap(), edited);
+    };
+    let update = x.path().join("update");
+    leftover(&update);
+    let mut options = TreeOptions {
+        update_older: true,
+        ..Default::default()
+    };
+    options.file.overwrite = Overwrite::Replace;
+    let report = copy_tree(&src, &update, &options, &Quiet).unwrap();
+    assert_eq!((report.files, report.skipped), (1, 1));
+    check(&update, b"kept");
+    // --resume: even with the source's size and mtime, a marked file is
+    // not complete.
+    let resume = x.path().join("resume");
+    leftover(&resume);
+    fs::write(resume.join("partial"), vec![0u8; 300_000]).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(resume.join("partial"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let mut options = TreeOptions::archive();
+    options.resume = true;
+    copy_tree(&src, &resume, &options, &Quiet).unwrap();
+    check(&resume, &fs::read(src.join("edited")).unwrap());
 }

@@ -449,9 +449,12 @@ impl Rules {
                         return Err(Refusal(format!("not replacing {}", quoted(&job.dst)), None))
                     }
                     Update::Older if !is_dir => {
-                        let newer = old.mtime() > src_meta.mtime()
+                        // A file an interrupted tree copy left is never
+                        // up to date, however new.
+                        let newer = (old.mtime() > src_meta.mtime()
                             || (old.mtime() == src_meta.mtime()
-                                && old.mtime_nsec() >= src_meta.mtime_nsec());
+                                && old.mtime_nsec() >= src_meta.mtime_nsec()))
+                            && !cowlink::left_unfinished(src_meta.mode(), old.mode());
                         if newer {
                             return Ok(Plan::Nothing);
                         }

@@ -101,9 +101,16 @@ impl Created {
         Some(Created {
             uid: *EUID.get_or_init(|| rustix::process::geteuid().as_raw()),
             gid,
-            mode: mode & 0o777 & !umask()?,
+            mode: (mode & 0o777 & !umask()?) | (mode & crate::prim::place::UNFINISHED_MARK),
         })
     }
+}
+
+/// Clear the unfinished mark of a file whose mode is otherwise final.
+pub(crate) fn clear_mark(dst: BorrowedFd<'_>) -> Result<(), MetaError> {
+    let st = fs::fstat(dst).map_err(fail("read the mode"))?;
+    let mode = st.st_mode & 0o7777 & !crate::prim::place::UNFINISHED_MARK;
+    fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))
 }
 
 /// Like [`apply`] for a file just created with the properties `created`.
@@ -118,6 +125,11 @@ pub(crate) fn apply_created(
     // never match `created.mode` (creation drops them), so mode is set then.
     let chown_needed = preserve.ownership && (st.st_uid, st.st_gid) != (created.uid, created.gid);
     let mut mode = preserve.mode.then_some(st.st_mode & 0o7777);
+    if mode.is_none() && created.mode & crate::prim::place::UNFINISHED_MARK != 0 {
+        // Created with the mark of an unfinished file: the final mode
+        // clears it.
+        mode = Some(created.mode & !crate::prim::place::UNFINISHED_MARK);
+    }
     if mode == Some(created.mode) {
         mode = None;
     }

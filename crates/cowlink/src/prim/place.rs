@@ -279,8 +279,36 @@ impl Placement {
 /// never does, because times are set after the data.
 pub(crate) fn looks_complete(src: &fs::Stat, dst: &fs::Stat) -> bool {
     fs::FileType::from_raw_mode(dst.st_mode) == fs::FileType::RegularFile
+        && !left_unfinished(src.st_mode, dst.st_mode)
         && dst.st_size == src.st_size
         && (dst.st_mtime, dst.st_mtime_nsec) == (src.st_mtime, src.st_mtime_nsec)
+}
+
+/// The mark of a file a tree copy is still writing under its final name
+/// (direct placement): the sticky bit, which means nothing on a Linux
+/// regular file. It is set at creation and cleared with the file's final
+/// mode, so a file a `kill -9` or power cut interrupted keeps it.
+pub(crate) const UNFINISHED_MARK: u32 = 0o1000;
+
+/// Whether `dst` (a destination's mode bits) carries the mark of a file an
+/// interrupted copy left unfinished, where its source `src` has no sticky
+/// bit of its own. Such a file is never kept as up to date (`cp -u`,
+/// `--resume`): it is copied again.
+pub fn left_unfinished(src_mode: u32, dst_mode: u32) -> bool {
+    fs::FileType::from_raw_mode(dst_mode) == fs::FileType::RegularFile
+        && dst_mode & UNFINISHED_MARK != 0
+        && src_mode & UNFINISHED_MARK == 0
+}
+
+/// The permission bits a file replacing `old` keeps from it (`cp` without
+/// `-p`): all of them, less the unfinished mark of a file an interrupted
+/// run left.
+pub(crate) fn kept_mode(src_mode: u32, old_mode: u32) -> u32 {
+    if left_unfinished(src_mode, old_mode) {
+        old_mode & 0o7777 & !UNFINISHED_MARK
+    } else {
+        old_mode & 0o7777
+    }
 }
 
 /// `looks_complete` by path, for a single file: `src` followed, `dst`

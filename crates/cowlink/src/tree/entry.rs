@@ -19,7 +19,9 @@ use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
 use crate::prim::mode::{Method, Outcome, Reflink};
-use crate::prim::place::{NewFile, Overwrite, Placement};
+use crate::prim::place::{
+    left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
+};
 use crate::prim::transfer::{transfer, transfer_error};
 
 fn os(name: &CStr) -> &Path {
@@ -303,11 +305,15 @@ impl Entry<'_, '_> {
             opts.overwrite
         };
         let placement = self.node.placement;
+        // Under its final name, the file carries the unfinished mark until
+        // its final mode is set (see `left_unfinished`).
+        let marked = placement == Placement::Direct;
+        let bits = self.eng.opts.new_bits(st.st_mode) | if marked { UNFINISHED_MARK } else { 0 };
         let file = NewFile::create(
             dir,
             Path::new("."),
             dst_name,
-            Mode::from_raw_mode(self.eng.opts.new_bits(st.st_mode)),
+            Mode::from_raw_mode(bits),
             placement,
             self.dst,
         )
@@ -338,9 +344,12 @@ impl Entry<'_, '_> {
         let created = self
             .node
             .new_gid
-            .and_then(|gid| meta::Created::predict(st.st_mode, gid));
+            .and_then(|gid| meta::Created::predict(bits, gid));
         match created {
             Some(c) => meta::apply_created(sfd, st, dfd, opts.preserve, c),
+            None if marked && !opts.preserve.mode => {
+                meta::apply(sfd, st, dfd, opts.preserve).and_then(|()| meta::clear_mark(dfd))
+            }
             None => meta::apply(sfd, st, dfd, opts.preserve),
         }
         .map_err(|m| {
@@ -356,8 +365,11 @@ impl Entry<'_, '_> {
         {
             if let Ok(old) = fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
                 if FileType::from_raw_mode(old.st_mode) == FileType::RegularFile {
-                    fs::fchmod(dfd, Mode::from_raw_mode(old.st_mode & 0o7777))
-                        .map_err(|e| self.error(e))?;
+                    fs::fchmod(
+                        dfd,
+                        Mode::from_raw_mode(crate::prim::place::kept_mode(st.st_mode, old.st_mode)),
+                    )
+                    .map_err(|e| self.error(e))?;
                 }
             }
         }
@@ -371,6 +383,7 @@ impl Entry<'_, '_> {
     fn not_older(&self, st: &Stat) -> bool {
         fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|d| {
             (d.st_mtime, d.st_mtime_nsec as i64) >= (st.st_mtime, st.st_mtime_nsec as i64)
+                && !left_unfinished(st.st_mode, d.st_mode)
         })
     }
 
@@ -409,7 +422,7 @@ impl Entry<'_, '_> {
             return false; // a directory this run created holds nothing old
         }
         fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|d| crate::prim::place::looks_complete(st, &d))
+            .is_ok_and(|d| looks_complete(st, &d))
     }
 
     /// A symbolic link, recreated with the same target (never followed).
@@ -444,11 +457,13 @@ impl Entry<'_, '_> {
             .map_err(|e| self.source_error(e))?;
         let st = fs::fstat(&sfd).map_err(|e| self.source_error(e))?;
         let placement = self.node.placement;
+        let marked = placement == Placement::Direct;
+        let bits = self.eng.opts.new_bits(st.st_mode) | if marked { UNFINISHED_MARK } else { 0 };
         let file = NewFile::create(
             self.dst_dir(),
             Path::new("."),
             os(self.dst_name),
-            Mode::from_raw_mode(self.eng.opts.new_bits(st.st_mode)),
+            Mode::from_raw_mode(bits),
             placement,
             self.dst,
         )
@@ -457,10 +472,22 @@ impl Entry<'_, '_> {
         let cancelled = || self.eng.cancelled();
         let bytes = crate::prim::transfer::copy_to_eof(sfd.as_fd(), dfd, &cancelled)
             .map_err(|e| transfer_error(self.op(), self.src, self.dst, e, sfd.as_fd(), dfd))?;
-        meta::apply(sfd.as_fd(), &st, dfd, self.eng.opts.file.preserve).map_err(|m| {
-            self.error(m.errno)
-                .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
-        })?;
+        let preserve = self.eng.opts.file.preserve;
+        meta::apply(sfd.as_fd(), &st, dfd, preserve)
+            .and_then(|()| {
+                if marked && !preserve.mode {
+                    meta::clear_mark(dfd)
+                } else {
+                    Ok(())
+                }
+            })
+            .map_err(|m| {
+                self.error(m.errno).with_reason(format!(
+                    "cannot {}: {}",
+                    m.what,
+                    errno_text(m.errno)
+                ))
+            })?;
         file.commit(os(self.dst_name), self.eng.opts.file.overwrite)
             .map_err(|e| self.dest_error(e))?;
         let outcome = Outcome {
