@@ -12,6 +12,7 @@ mod cp;
 mod dedupe;
 mod du;
 mod extents;
+mod image;
 mod probe;
 mod progress;
 mod store;
@@ -55,6 +56,7 @@ enum Command {
     Dedupe(dedupe::DedupeArgs),
     Store(store::StoreArgs),
     Bench(bench::BenchArgs),
+    Image(image::ImageArgs),
 }
 
 /// How the process ends.
@@ -147,6 +149,7 @@ fn main() -> ExitCode {
         Command::Dedupe(args) => dedupe::run(args),
         Command::Store(args) => store::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Image(args) => image::run(args),
     };
     match result {
         Ok(exit) => exit.into(),

@@ -562,3 +562,31 @@ const _: () =
     assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args>() == 4096);
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_args>() == 4096);
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>() == 32);
+
+/// `fcntl(fd, F_OFD_GETLK)` for a write lock over the whole file: the type
+/// of a conflicting lock another open file description holds (`F_RDLCK` or
+/// `F_WRLCK` as `Some`), or `None` when nothing would conflict. Works on a
+/// descriptor open for reading only, unlike taking a lock. QEMU marks the
+/// disk images it has open with shared locks on a few bytes, so any lock
+/// found means "in use".
+pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> Result<Option<i16>, Errno> {
+    let mut lk = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_GETLK reads and writes exactly one `struct flock`,
+    // which `lk` is, initialised, with l_pid 0 as OFD locks require; `fd`
+    // is a live descriptor for the duration of the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut lk) };
+    if r < 0 {
+        return Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    Ok((lk.l_type != libc::F_UNLCK as i16).then_some(lk.l_type))
+}

@@ -53,6 +53,7 @@ pub mod bench;
 mod clone;
 pub mod dedupe;
 pub mod extents;
+pub mod image;
 mod prealloc;
 pub mod probe;
 pub mod run;

@@ -58,6 +58,9 @@ pub enum ErrorKind {
     /// (an object whose bytes no longer match its digest, a symbolic link
     /// where the store keeps a directory).
     Corrupt,
+    /// Another program holds the file (a disk image QEMU has open, by its
+    /// byte-range locks).
+    InUse,
     /// Any other I/O error (EIO and the rest).
     Io,
 }
@@ -83,6 +86,7 @@ impl ErrorKind {
             ErrorKind::ContentChanged => "content changed during the operation",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Corrupt => "corrupt or tampered data",
+            ErrorKind::InUse => "in use by another program",
             ErrorKind::Io => "input/output error",
         }
     }
@@ -158,6 +162,8 @@ pub enum Operation {
     Write,
     /// Measuring the volume (`bench`).
     Bench,
+    /// Reading, committing or converting a disk image.
+    Image,
 }
 
 impl Operation {
@@ -176,6 +182,7 @@ impl Operation {
             Operation::Manifest => "read manifest",
             Operation::Write => "write",
             Operation::Bench => "measure in",
+            Operation::Image => "process the image",
         }
     }
 }

@@ -1,0 +1,514 @@
+//! A reader of qcow2 metadata: the header, its extensions, the L1 and L2
+//! tables, and nothing else (no refcounts, no snapshots, no writing).
+//!
+//! Image files are untrusted input. Every offset is checked against the
+//! file's length and the cluster alignment the format requires, table sizes
+//! against what the virtual size needs, and every host cluster may be used
+//! once only (data, L2 tables, the L1 table, the header); anything else is
+//! an [`ErrorKind::Corrupt`] error that names the image and the fault,
+//! found before anything is written.
+//!
+//! Layout facts (QEMU's `docs/interop/qcow2.txt`): big-endian header with
+//! magic `QFI\xfb`; version 2 or 3; `cluster_bits` 9..=21; L1 entries hold
+//! an L2 table's offset in bits 9..=55; L2 entries hold a data cluster's
+//! offset in bits 9..=55 and, in version 3, bit 0 "reads as zero"; bit 62
+//! marks a compressed cluster, whose descriptor packs host offset and
+//! length; with extended L2 entries (incompatible bit 4) each entry has a
+//! second word of two 32-bit subcluster bitmaps (allocated low, zero high).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::ground::error::{Error, ErrorKind, Operation};
+
+const MAGIC: u32 = 0x5146_49fb;
+const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+const COMPRESSED: u64 = 1 << 62;
+const L1_LIMIT: u64 = 32 << 20;
+/// Virtual sizes beyond this are refused (qcow2's own limit is 2^61;
+/// nothing real comes near 2^56, 64 PiB).
+const SIZE_LIMIT: u64 = 1 << 56;
+
+/// The incompatible feature bits this reader understands.
+const INCOMPAT_DIRTY: u64 = 1;
+const INCOMPAT_CORRUPT: u64 = 2;
+const INCOMPAT_DATA_FILE: u64 = 4;
+const INCOMPAT_COMPRESSION: u64 = 8;
+const INCOMPAT_EXTL2: u64 = 16;
+
+/// Where the bytes of one guest range come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Stored uncompressed in the image file at this host offset.
+    Data {
+        /// Host offset of the range's first byte.
+        host: u64,
+    },
+    /// One compressed cluster: `len` bytes at host offset `host` inflate
+    /// to the cluster.
+    Compressed {
+        /// Host offset of the compressed bytes.
+        host: u64,
+        /// Upper bound of their length.
+        len: u64,
+    },
+    /// Reads as zeros (a zero cluster or subcluster).
+    Zero,
+    /// Not allocated here: reads from the backing image.
+    Unallocated,
+}
+
+/// One guest range of an image and where its bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Guest (virtual disk) offset.
+    pub guest: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Where the bytes come from.
+    pub source: Source,
+    /// Whether the range is smaller than a cluster because of extended L2
+    /// subclusters (reported apart: such ranges are seldom clonable).
+    pub subcluster: bool,
+}
+
+/// A parsed qcow2 image.
+#[derive(Debug)]
+pub struct Qcow2 {
+    path: PathBuf,
+    file: File,
+    file_len: u64,
+    /// Virtual disk size in bytes.
+    pub size: u64,
+    /// log2 of the cluster size.
+    pub cluster_bits: u32,
+    /// Extended L2 entries (32 subclusters per cluster).
+    pub extended_l2: bool,
+    /// The backing file's name as the header gives it (relative names are
+    /// relative to the image's directory) and its format, if named.
+    pub backing: Option<(String, Option<String>)>,
+    l1: Vec<u64>,
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl Qcow2 {
+    /// Whether the file at `path` starts with the qcow2 magic.
+    pub fn is_qcow2(path: &Path) -> std::io::Result<bool> {
+        let f = File::open(path)?;
+        let mut b = [0u8; 4];
+        Ok(f.read_exact_at(&mut b, 0).is_ok() && u32::from_be_bytes(b) == MAGIC)
+    }
+
+    /// Open and check the image at `path` (header, extensions, L1 table).
+    pub fn open(path: &Path) -> Result<Qcow2, Error> {
+        let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(path);
+        let file = File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let corrupt = |why: String| {
+            Error::new(Operation::Image, ErrorKind::Corrupt)
+                .with_src(path)
+                .with_reason(why)
+        };
+        let mut h = [0u8; 104];
+        let have = file_len.min(104) as usize;
+        file.read_exact_at(&mut h[..have], 0).map_err(io)?;
+        if have < 72 || be32(&h, 0) != MAGIC {
+            return Err(corrupt(
+                "not a qcow2 image (no QFI\\xfb magic at offset 0)".into(),
+            ));
+        }
+        let version = be32(&h, 4);
+        if !(2..=3).contains(&version) {
+            return Err(corrupt(format!(
+                "qcow2 version {version} (only 2 and 3 exist)"
+            )));
+        }
+        let backing_offset = be64(&h, 8);
+        let backing_len = be32(&h, 16) as u64;
+        let cluster_bits = be32(&h, 20);
+        if !(9..=21).contains(&cluster_bits) {
+            return Err(corrupt(format!(
+                "cluster_bits {cluster_bits} (must be 9 to 21)"
+            )));
+        }
+        let cluster = 1u64 << cluster_bits;
+        let size = be64(&h, 24);
+        if size > SIZE_LIMIT {
+            return Err(corrupt(format!("virtual size {size} is absurd")));
+        }
+        let crypt = be32(&h, 32);
+        if crypt != 0 {
+            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                .with_src(path)
+                .with_reason("the image is encrypted; its clusters cannot be cloned as they are"));
+        }
+        let l1_size = be32(&h, 36) as u64;
+        let l1_offset = be64(&h, 40);
+        let (incompat, header_len, compression) = if version == 3 {
+            if have < 104 {
+                return Err(corrupt("truncated version 3 header".into()));
+            }
+            let header_len = be32(&h, 100) as u64;
+            let compression = if header_len > 104 {
+                let mut c = [0u8; 1];
+                file.read_exact_at(&mut c, 104).map_err(io)?;
+                c[0]
+            } else {
+                0
+            };
+            (be64(&h, 72), header_len, compression)
+        } else {
+            (0, 72, 0)
+        };
+        if incompat & INCOMPAT_DIRTY != 0 {
+            return Err(Error::new(Operation::Image, ErrorKind::InUse)
+                .with_src(path)
+                .with_reason("the image is marked dirty: it is open in QEMU, or QEMU did not close it cleanly (`qemu-img check -r all` repairs it)"));
+        }
+        if incompat & INCOMPAT_CORRUPT != 0 {
+            return Err(corrupt("the image is marked corrupt by QEMU".into()));
+        }
+        if incompat & INCOMPAT_DATA_FILE != 0 {
+            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                .with_src(path)
+                .with_reason(
+                    "the image keeps its data in an external data file, which is not supported yet",
+                ));
+        }
+        let unknown = incompat
+            & !(INCOMPAT_DIRTY
+                | INCOMPAT_CORRUPT
+                | INCOMPAT_DATA_FILE
+                | INCOMPAT_COMPRESSION
+                | INCOMPAT_EXTL2);
+        if unknown != 0 {
+            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                .with_src(path)
+                .with_reason(format!("unknown incompatible qcow2 features {unknown:#x}")));
+        }
+        if incompat & INCOMPAT_COMPRESSION != 0 && compression != 0 {
+            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                .with_src(path)
+                .with_reason("compressed clusters use zstd; only the default (zlib) compression is supported"));
+        }
+        let extended_l2 = incompat & INCOMPAT_EXTL2 != 0;
+        if extended_l2 && cluster_bits < 14 {
+            return Err(corrupt(
+                "extended L2 entries need clusters of 16 KiB or more".into(),
+            ));
+        }
+        // L1: enough entries for the virtual size, inside the file.
+        let l2_entries = cluster / if extended_l2 { 16 } else { 8 };
+        let per_l1 = l2_entries * cluster;
+        let needed = size.div_ceil(per_l1);
+        if l1_size < needed || l1_size > L1_LIMIT {
+            return Err(corrupt(format!(
+                "L1 table of {l1_size} entries for a virtual size that needs {needed}"
+            )));
+        }
+        if l1_offset % cluster != 0 || l1_offset == 0 || l1_offset + l1_size * 8 > file_len {
+            return Err(corrupt(format!(
+                "L1 table at {l1_offset:#x} is misaligned or past the end of the file ({file_len} bytes)"
+            )));
+        }
+        let mut raw = vec![0u8; (l1_size * 8) as usize];
+        file.read_exact_at(&mut raw, l1_offset).map_err(io)?;
+        let l1: Vec<u64> = raw.chunks_exact(8).map(|c| be64(c, 0)).collect();
+        // Backing file name and format.
+        let backing = if backing_offset != 0 {
+            if backing_len == 0 || backing_len > 1023 || backing_offset + backing_len > file_len {
+                return Err(corrupt("backing file name out of bounds".into()));
+            }
+            let mut name = vec![0u8; backing_len as usize];
+            file.read_exact_at(&mut name, backing_offset).map_err(io)?;
+            let name = String::from_utf8(name)
+                .map_err(|_| corrupt("backing file name is not UTF-8".into()))?;
+            Some((
+                name,
+                backing_format(&file, header_len, file_len, cluster).map_err(corrupt)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Qcow2 {
+            path: path.to_path_buf(),
+            file,
+            file_len,
+            size,
+            cluster_bits,
+            extended_l2,
+            backing,
+            l1,
+        })
+    }
+
+    /// The cluster size in bytes.
+    pub fn cluster_size(&self) -> u64 {
+        1 << self.cluster_bits
+    }
+
+    /// The image file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The image's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The backing file's path (relative names resolved against the
+    /// image's directory).
+    pub fn backing_path(&self) -> Option<PathBuf> {
+        self.backing.as_ref().map(|(name, _)| {
+            let p = Path::new(name);
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                self.path.parent().unwrap_or(Path::new(".")).join(p)
+            }
+        })
+    }
+
+    /// Every guest range of the image with where its bytes come from, in
+    /// guest order, adjacent ranges of one kind (and contiguous on the
+    /// host) merged. Checks every L2 table and data offset on the way.
+    pub fn map(&self) -> Result<Vec<Piece>, Error> {
+        let cluster = self.cluster_size();
+        let corrupt = |why: String| {
+            Error::new(Operation::Image, ErrorKind::Corrupt)
+                .with_src(&self.path)
+                .with_reason(why)
+        };
+        let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(&self.path);
+        let entry_len = if self.extended_l2 { 16 } else { 8 };
+        let l2_entries = cluster / entry_len;
+        // Host clusters in use, to find overlaps: the header, the L1
+        // table, each L2 table, each data cluster.
+        let mut used: Vec<(u64, u64, &'static str)> = vec![(0, cluster, "the header")];
+        let l1_bytes = self.l1.len() as u64 * 8;
+        used.push((
+            self.l1_offset()?,
+            l1_bytes.div_ceil(cluster) * cluster,
+            "the L1 table",
+        ));
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut push = |p: Piece| {
+            if let Some(last) = pieces.last_mut() {
+                let contiguous =
+                    last.guest + last.len == p.guest && last.subcluster == p.subcluster;
+                let merged = match (last.source, p.source) {
+                    (Source::Data { host: a }, Source::Data { host: b }) => a + last.len == b,
+                    (Source::Zero, Source::Zero) | (Source::Unallocated, Source::Unallocated) => {
+                        true
+                    }
+                    _ => false,
+                };
+                if contiguous && merged {
+                    last.len += p.len;
+                    return;
+                }
+            }
+            pieces.push(p);
+        };
+        let mut table = vec![0u8; cluster as usize];
+        for (i, &l1e) in self.l1.iter().enumerate() {
+            let base = i as u64 * l2_entries * cluster;
+            if base >= self.size {
+                break;
+            }
+            let span = (l2_entries * cluster).min(self.size - base);
+            let l2_off = l1e & OFFSET_MASK;
+            if l2_off == 0 {
+                push(Piece {
+                    guest: base,
+                    len: span,
+                    source: Source::Unallocated,
+                    subcluster: false,
+                });
+                continue;
+            }
+            if l2_off % cluster != 0 || l2_off + cluster > self.file_len {
+                return Err(corrupt(format!(
+                    "L1 entry {i} points to an L2 table at {l2_off:#x}, misaligned or past the end of the file"
+                )));
+            }
+            used.push((l2_off, cluster, "an L2 table"));
+            self.file.read_exact_at(&mut table, l2_off).map_err(io)?;
+            let count = span.div_ceil(cluster);
+            for j in 0..count {
+                let guest = base + j * cluster;
+                let len = cluster.min(self.size - guest);
+                let at = (j * entry_len) as usize;
+                let e = be64(&table, at);
+                let bitmap = if self.extended_l2 {
+                    be64(&table, at + 8)
+                } else {
+                    0
+                };
+                if e & COMPRESSED != 0 {
+                    let x = 62 - (self.cluster_bits - 8);
+                    let host = e & ((1u64 << x) - 1);
+                    let sectors = ((e >> x) & ((1u64 << (self.cluster_bits - 8)) - 1)) + 1;
+                    let clen = sectors * 512 - (host & 511);
+                    if host >= self.file_len {
+                        return Err(corrupt(format!(
+                            "compressed cluster at guest {guest:#x} points past the end of the file"
+                        )));
+                    }
+                    push(Piece {
+                        guest,
+                        len,
+                        source: Source::Compressed {
+                            host,
+                            len: clen.min(self.file_len - host),
+                        },
+                        subcluster: false,
+                    });
+                    continue;
+                }
+                let host = e & OFFSET_MASK;
+                let zero = e & 1 != 0;
+                if host != 0 {
+                    if host % cluster != 0 || host + len > self.file_len {
+                        return Err(corrupt(format!(
+                            "the cluster at guest {guest:#x} points to {host:#x}, misaligned or past the end of the file ({} bytes)",
+                            self.file_len
+                        )));
+                    }
+                    used.push((host, cluster, "a data cluster"));
+                }
+                if !self.extended_l2 {
+                    let source = if zero {
+                        Source::Zero
+                    } else if host != 0 {
+                        Source::Data { host }
+                    } else {
+                        Source::Unallocated
+                    };
+                    push(Piece {
+                        guest,
+                        len,
+                        source,
+                        subcluster: false,
+                    });
+                    continue;
+                }
+                // 32 subclusters: allocated (low bits), zero (high bits).
+                let sub = cluster / 32;
+                let (alloc, zeros) = (bitmap as u32, (bitmap >> 32) as u32);
+                if alloc & zeros != 0 {
+                    return Err(corrupt(format!(
+                        "the cluster at guest {guest:#x} has subclusters both allocated and zero"
+                    )));
+                }
+                if alloc != 0 && host == 0 {
+                    return Err(corrupt(format!(
+                        "the cluster at guest {guest:#x} has allocated subclusters but no host cluster"
+                    )));
+                }
+                let whole = alloc == u32::MAX || zeros == u32::MAX || (alloc == 0 && zeros == 0);
+                for k in 0..32u64 {
+                    let g = guest + k * sub;
+                    if g >= guest + len {
+                        break;
+                    }
+                    let l = sub.min(guest + len - g);
+                    let source = if alloc >> k & 1 != 0 {
+                        Source::Data {
+                            host: host + k * sub,
+                        }
+                    } else if zeros >> k & 1 != 0 {
+                        Source::Zero
+                    } else {
+                        Source::Unallocated
+                    };
+                    push(Piece {
+                        guest: g,
+                        len: l,
+                        source,
+                        subcluster: !whole,
+                    });
+                }
+            }
+        }
+        // No host cluster may serve twice.
+        used.sort_unstable();
+        for w in used.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return Err(corrupt(format!(
+                    "{} at {:#x} overlaps {} at {:#x}",
+                    w[0].2, w[0].0, w[1].2, w[1].0
+                )));
+            }
+        }
+        Ok(pieces)
+    }
+
+    fn l1_offset(&self) -> Result<u64, Error> {
+        let mut h = [0u8; 8];
+        self.file
+            .read_exact_at(&mut h, 40)
+            .map_err(|e| Error::from_io(Operation::Image, &e).with_src(&self.path))?;
+        Ok(u64::from_be_bytes(h))
+    }
+
+    /// Read one compressed cluster (`len` bytes at `host`) and inflate it
+    /// into `out` (one cluster long).
+    pub fn inflate(&self, host: u64, len: u64, out: &mut [u8]) -> Result<(), Error> {
+        let mut raw = vec![0u8; len as usize];
+        self.file
+            .read_exact_at(&mut raw, host)
+            .map_err(|e| Error::from_io(Operation::Image, &e).with_src(&self.path))?;
+        let mut d = flate2::Decompress::new(false);
+        match d.decompress(&raw, out, flate2::FlushDecompress::Finish) {
+            Ok(_) if d.total_out() as usize == out.len() => Ok(()),
+            _ => Err(Error::new(Operation::Image, ErrorKind::Corrupt)
+                .with_src(&self.path)
+                .with_reason(format!(
+                    "the compressed cluster at {host:#x} does not inflate to one cluster"
+                ))),
+        }
+    }
+}
+
+/// The backing format from the header extensions (type 0xE2792ACA), if
+/// any. Extensions start after the header and end at type 0.
+fn backing_format(
+    file: &File,
+    header_len: u64,
+    file_len: u64,
+    cluster: u64,
+) -> Result<Option<String>, String> {
+    let mut at = header_len;
+    let end = cluster.min(file_len);
+    while at + 8 <= end {
+        let mut h = [0u8; 8];
+        file.read_exact_at(&mut h, at).map_err(|e| e.to_string())?;
+        let (kind, len) = (be32(&h, 0), be32(&h, 4) as u64);
+        if kind == 0 {
+            break;
+        }
+        if at + 8 + len > end {
+            return Err("a header extension runs past the first cluster".into());
+        }
+        if kind == 0xE279_2ACA {
+            let mut name = vec![0u8; len as usize];
+            file.read_exact_at(&mut name, at + 8)
+                .map_err(|e| e.to_string())?;
+            return String::from_utf8(name)
+                .map(Some)
+                .map_err(|_| "the backing format is not UTF-8".into());
+        }
+        at += 8 + len.div_ceil(8) * 8;
+    }
+    Ok(None)
+}
