@@ -351,7 +351,17 @@ fn build(
             .len();
         let whole = clones && cowlink_sys::ficlone(out, base.as_fd()).is_ok();
         if !whole {
-            copy_range(base.as_fd(), 0, out, 0, len).map_err(&e)?;
+            // Copied in steps, so that a cancel is seen within a large base.
+            let step = 64 << 20;
+            let mut at = 0;
+            while at < len {
+                if run.cancel.is_cancelled() {
+                    return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
+                }
+                let n = step.min(len - at);
+                copy_range(base.as_fd(), at, out, at, n).map_err(&e)?;
+                at += n;
+            }
         }
         if len < size {
             fs::ftruncate(out, size).map_err(&e)?;

@@ -1,0 +1,398 @@
+//! `cowlink image` on real XFS, Btrfs and ext4 with images made by
+//! qemu-img and written by qemu-io: each result is compared with what
+//! qemu-img itself makes of the same images (`qemu-img convert -O raw`
+//! beforehand, `qemu-img compare` after), and sharing is read back with
+//! FIEMAP.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use cowlink_testfs::{temporaries, testfs};
+
+mod common;
+use common::{cowlink, sigint, text};
+
+fn run(cmd: &str, args: &[&str], dir: &Path) {
+    let out = Command::new(cmd)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd} is needed (scripts/setup installs qemu-utils): {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        text(&out.stderr)
+    );
+}
+
+fn qemu_io(dir: &Path, fmt: &str, img: &str, cmds: &[&str]) {
+    let mut args = vec!["-f", fmt];
+    for c in cmds {
+        args.push("-c");
+        args.push(c);
+    }
+    args.push(img);
+    run("qemu-io", &args, dir);
+}
+
+/// `qemu-img compare` says the two images hold the same guest data.
+fn identical(dir: &Path, a: &str, fa: &str, b: &str, fb: &str) {
+    let out = Command::new("qemu-img")
+        .args(["compare", "-f", fa, "-F", fb, a, b])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{a} vs {b}: {}", text(&out.stdout));
+}
+
+/// A checksum of the file's bytes (and length), read in steps.
+fn sha(p: &Path) -> (u64, u64) {
+    use std::hash::Hasher;
+    use std::io::Read;
+    let mut f = fs::File::open(p).unwrap();
+    let mut h = std::hash::DefaultHasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            return (h.finish(), len);
+        }
+        h.write(&buf[..n]);
+        len += n as u64;
+    }
+}
+
+/// The JSON report of a cowlink image command, which must succeed.
+fn report(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_cowlink"))
+        .arg("image")
+        .args(args)
+        .arg("--json")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "image {args:?}: {}",
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn copied(r: &serde_json::Value, reason: &str) -> u64 {
+    r["copied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p[0] == reason)
+        .map(|p| p[1].as_u64().unwrap())
+        .sum()
+}
+
+fn free(dir: &Path) -> u64 {
+    let s = rustix::fs::statfs(dir).unwrap();
+    s.f_bavail * s.f_bsize as u64
+}
+
+/// A raw base full of data and an overlay with scattered writes, zero
+/// writes and a discard, in a fresh directory; returns it, with the
+/// expected result (qemu-img's own conversion of the overlay) as ref.raw.
+fn base_and_overlay(root: &Path, name: &str, cluster: &str, extra: &str) -> PathBuf {
+    let d = root.join(name);
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "base.raw", "32M"],
+        &d,
+    );
+    qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 32M"]);
+    let opts = format!("cluster_size={cluster}{extra}");
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-o", &opts, "-b", "base.raw", "-F", "raw", "ov.qcow2",
+        ],
+        &d,
+    );
+    qemu_io(
+        &d,
+        "qcow2",
+        "ov.qcow2",
+        &[
+            "write -P 0x22 1M 1M",
+            "write -P 0x33 5M 64k",
+            "write -P 0x44 9M 8k",
+            "write -z 12M 256k",
+            "write -P 0x55 16M 2M",
+            "discard 17M 128k",
+        ],
+    );
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    d
+}
+
+#[test]
+fn commit_clones_clusters_on_xfs_and_btrfs() {
+    for fs_ in [testfs!(Xfs), testfs!(Btrfs)] {
+        let Some(t) = fs_ else { return };
+        for cluster in ["4k", "64k", "2M"] {
+            let d = base_and_overlay(t.path(), &format!("commit-{cluster}"), cluster, "");
+            let before = free(&d);
+            let r = report(&d, &["commit", "ov.qcow2"]);
+            let after = free(&d);
+            identical(&d, "ref.raw", "raw", "base.raw", "raw");
+            assert_eq!(r["clones"], true, "{r}");
+            let cloned = r["cloned_bytes"].as_u64().unwrap();
+            // What the overlay holds: 1M + 64k + 8k + 2M written, 128k
+            // discarded (more with clusters larger than the writes).
+            assert!(cloned >= 3_088_384, "{cluster}: cloned {cloned}");
+            assert_eq!(r["copied"].as_array().unwrap().len(), 0, "{r}");
+            // A zero write of a whole cluster is a zero cluster (a 2 MiB
+            // cluster is only partly zeroed, so QEMU writes data there).
+            if cluster != "2M" {
+                assert!(r["zeroed_bytes"].as_u64().unwrap() >= 256 << 10, "{r}");
+            }
+            // The base's new ranges are the overlay's blocks, not copies.
+            let layouts = [
+                cowlink::extents::extents(d.join("base.raw")).unwrap(),
+                cowlink::extents::extents(d.join("ov.qcow2")).unwrap(),
+            ];
+            let within = cowlink::extents::shared_within(&layouts);
+            let shared: u64 = within[0].per_file(0).iter().map(|s| s.bytes).sum();
+            assert!(
+                shared >= cloned,
+                "{cluster}: {shared} shared of {cloned} cloned"
+            );
+            // No data blocks written: free space drops by metadata only.
+            assert!(
+                before.saturating_sub(after) < 1 << 20,
+                "{cluster}: {} bytes of space used",
+                before - after
+            );
+            assert!(temporaries(&d).is_empty());
+        }
+    }
+}
+
+#[test]
+fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
+    let Some(x) = testfs!(Xfs) else { return };
+    // 512-byte clusters: smaller than the block, copied.
+    let d = base_and_overlay(x.path(), "c512", "512", "");
+    let r = report(&d, &["commit", "ov.qcow2"]);
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    assert!(copied(&r, "unaligned") > 0, "{r}");
+    // Extended L2: 2 KiB subclusters of a 64 KiB cluster.
+    let d = base_and_overlay(x.path(), "extl2", "64k", ",extended_l2=on");
+    qemu_io(
+        &d,
+        "qcow2",
+        "ov.qcow2",
+        &["write -P 0x66 20M 2k", "write -P 0x67 20486k 2k"],
+    );
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    let r = report(&d, &["commit", "ov.qcow2"]);
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    assert!(copied(&r, "subcluster") > 0, "{r}");
+    assert!(r["cloned_bytes"].as_u64().unwrap() > 0, "{r}");
+    // Compressed clusters (qemu-img convert -c): inflated and written.
+    let d = base_and_overlay(x.path(), "comp", "64k", "");
+    run(
+        "qemu-img",
+        &["convert", "-c", "-O", "qcow2", "ov.qcow2", "comp.qcow2"],
+        &d,
+    );
+    let r = report(&d, &["convert", "comp.qcow2", "out.raw"]);
+    identical(&d, "ref.raw", "raw", "out.raw", "raw");
+    assert!(copied(&r, "compressed") > 0, "{r}");
+}
+
+#[test]
+fn convert_follows_a_chain_of_three_overlays() {
+    let Some(b) = testfs!(Btrfs) else { return };
+    let d = base_and_overlay(b.path(), "chain", "64k", "");
+    for (i, (img, back)) in [("o2.qcow2", "ov.qcow2"), ("o3.qcow2", "o2.qcow2")]
+        .into_iter()
+        .enumerate()
+    {
+        run(
+            "qemu-img",
+            &[
+                "create", "-q", "-f", "qcow2", "-b", back, "-F", "qcow2", img,
+            ],
+            &d,
+        );
+        let w = format!("write -P 0x{:x} {}M 192k", 0x70 + i, 2 + 4 * i);
+        qemu_io(&d, "qcow2", img, &[&w, "write -z 1M 64k"]);
+    }
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "o3.qcow2", "ref3.raw"],
+        &d,
+    );
+    let base_sum = sha(&d.join("base.raw"));
+    let r = report(&d, &["convert", "o3.qcow2", "out.raw"]);
+    identical(&d, "ref3.raw", "raw", "out.raw", "raw");
+    assert_eq!(r["layers"].as_array().unwrap().len(), 3, "{r}");
+    assert_eq!(
+        sha(&d.join("base.raw")),
+        base_sum,
+        "convert changed the base"
+    );
+    // A loop in the chain is refused, and nothing is written.
+    run(
+        "qemu-img",
+        &[
+            "rebase", "-u", "-f", "qcow2", "-b", "o3.qcow2", "-F", "qcow2", "ov.qcow2",
+        ],
+        &d,
+    );
+    let out = cowlink(&[
+        &"image",
+        &"convert",
+        &d.join("o3.qcow2"),
+        &d.join("loop.raw"),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("loops"), "{}", text(&out.stderr));
+    assert!(!d.join("loop.raw").exists());
+}
+
+#[test]
+fn ext4_commit_copies_and_says_so() {
+    let Some(e) = testfs!(Ext4) else { return };
+    let d = base_and_overlay(e.path(), "ext4", "64k", "");
+    let r = report(&d, &["commit", "ov.qcow2"]);
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    assert_eq!(r["clones"], false);
+    assert_eq!(r["cloned_bytes"], 0);
+    assert!(copied(&r, "no_clone") >= 3 << 20, "{r}");
+    let out = cowlink(&[&"image", &"commit", &d.join("ov.qcow2")]);
+    assert!(
+        text(&out.stdout).contains("cannot clone"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn locked_corrupt_and_interrupted_commits_leave_the_base_as_it_was() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = base_and_overlay(x.path(), "refuse", "64k", "");
+    let sum = sha(&d.join("base.raw"));
+    // qemu-io holding the base open (QEMU locks it): refused, untouched.
+    let mut holder = Command::new("qemu-io")
+        .args(["-f", "raw", "base.raw"])
+        .current_dir(&d)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until qemu-io has taken its locks (/proc/locks lists them by
+    // inode), then commit.
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(d.join("base.raw")).unwrap().ino();
+    let locked = || {
+        fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("OFDLCK") && l.contains(&format!(":{ino} ")))
+    };
+    for _ in 0..500 {
+        if locked() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(locked(), "qemu-io took no lock on the base");
+    let out = cowlink(&[&"image", &"commit", &d.join("ov.qcow2")]);
+    drop(holder.stdin.take());
+    holder.kill().ok();
+    holder.wait().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("in use"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        sha(&d.join("base.raw")),
+        sum,
+        "a refused commit changed the base"
+    );
+    let d = base_and_overlay(x.path(), "corrupt", "64k", "");
+    let base = d.join("base.raw");
+    let sum = sha(&base);
+    let ov = d.join("ov.qcow2");
+    let good = fs::read(&ov).unwrap();
+    // A bad L2 table offset (the first L1 entry points past the end).
+    let l1 = u64::from_be_bytes(good[40..48].try_into().unwrap()) as usize;
+    let mut bad = good.clone();
+    bad[l1..l1 + 8].copy_from_slice(&(0x8000_0000_7fff_0000u64).to_be_bytes());
+    // A truncated file.
+    let short = good[..good.len() / 2].to_vec();
+    for (what, bytes) in [("bad-l2", bad), ("truncated", short)] {
+        fs::write(&ov, &bytes).unwrap();
+        let out = cowlink(&[&"image", &"commit", &ov]);
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("ov.qcow2") && err.contains("past the end"),
+            "{what}: {err}"
+        );
+        assert_eq!(sha(&base), sum, "{what}: the base changed");
+        assert!(temporaries(&d).is_empty());
+    }
+}
+
+#[test]
+fn sigint_during_a_large_commit_exits_130_and_keeps_the_base() {
+    // ext4 copies, so a commit of a few hundred MiB takes long enough to
+    // be interrupted.
+    let Some(e) = testfs!(Ext4) else { return };
+    let d = e.path().join("sigint");
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "base.raw", "1G"],
+        &d,
+    );
+    qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 512M"]);
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "ov.qcow2",
+        ],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x22 0 256M"]);
+    let sum = sha(&d.join("base.raw"));
+    let child = common::bin()
+        .args(["image", "commit", "ov.qcow2"])
+        .current_dir(&d)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    sigint(&child);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("unchanged"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(sha(&d.join("base.raw")), sum);
+    assert!(temporaries(&d).is_empty());
+}
