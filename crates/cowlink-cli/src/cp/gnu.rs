@@ -157,8 +157,6 @@ pub struct Rules {
     pub parents: bool,
     /// `--sparse=always` or `never` (auto: the copy keeps the holes).
     pub sparse: Option<Sparse>,
-    /// An explicit `--no-preserve=mode`: new files get the default mode.
-    pub default_mode: bool,
 }
 
 /// `--sparse=always|never`.
@@ -397,12 +395,7 @@ impl Rules {
                             None,
                         ));
                     }
-                    std::fs::remove_file(&dst).map_err(|e| {
-                        Refusal(
-                            format!("cannot remove {}: {}", quoted(&dst), super::io_words(&e)),
-                            None,
-                        )
-                    })?;
+                    remove(&dst)?;
                     existing = None;
                 }
                 Err(e) => {
@@ -493,16 +486,7 @@ impl Rules {
                         ));
                     }
                     if self.backup.is_none() {
-                        std::fs::remove_file(&job.dst).map_err(|e| {
-                            Refusal(
-                                format!(
-                                    "cannot remove {}: {}",
-                                    quoted(&job.dst),
-                                    super::io_words(&e)
-                                ),
-                                None,
-                            )
-                        })?;
+                        remove(&job.dst)?;
                         return Ok(Plan::Copy(job));
                     }
                 }
@@ -556,16 +540,7 @@ impl Rules {
             let special_dst = !old_ft.is_file() && !old_ft.is_dir() && !old_ft.is_symlink();
             if job.backup.is_none() && !old_ft.is_dir() {
                 if self.remove_destination || (self.link.is_some() && self.force) {
-                    std::fs::remove_file(&job.dst).map_err(|e| {
-                        Refusal(
-                            format!(
-                                "cannot remove {}: {}",
-                                quoted(&job.dst),
-                                super::io_words(&e)
-                            ),
-                            None,
-                        )
-                    })?;
+                    remove(&job.dst)?;
                 } else if as_file && special_dst && self.link.is_none() {
                     job.write_into = true;
                 } else if !as_file && self.link.is_none() {
@@ -574,16 +549,7 @@ impl Rules {
                     // follows no links (-R, -P), or with -f; else the name
                     // is taken.
                     if (!self.attributes_only && self.deref == Deref::Never) || self.force {
-                        std::fs::remove_file(&job.dst).map_err(|e| {
-                            Refusal(
-                                format!(
-                                    "cannot remove {}: {}",
-                                    quoted(&job.dst),
-                                    super::io_words(&e)
-                                ),
-                                None,
-                            )
-                        })?;
+                        remove(&job.dst)?;
                     } else {
                         let what = if ft.is_symlink() {
                             let to = std::fs::read_link(src).unwrap_or_default();
@@ -784,6 +750,16 @@ pub fn restore_backup(job: &Job) {
 /// Whether `a` and `b` name the same directory entry.
 fn same_name(a: &Path, b: &Path) -> bool {
     resolved_name(a) == resolved_name(b)
+}
+
+/// Remove the destination `p` to take its name, or refuse in GNU's words.
+fn remove(p: &Path) -> Result<(), Refusal> {
+    std::fs::remove_file(p).map_err(|e| {
+        Refusal(
+            format!("cannot remove {}: {}", quoted(p), super::io_words(&e)),
+            None,
+        )
+    })
 }
 
 /// `p` with its directory resolved (`./a` and `a` are the same name).

@@ -812,7 +812,6 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             Some(SparseArg::Never) => Some(gnu::Sparse::Never),
             _ => None,
         },
-        default_mode: no_mode && !preserve.mode,
     };
     let options = CloneOptions {
         reflink: args.reflink,
@@ -1229,10 +1228,9 @@ fn copy_operand(
             }
             options.overwrite = Overwrite::Replace;
         }
-        let existed = std::fs::symlink_metadata(dst).is_ok();
         match clone_file(src, dst, &options) {
             Ok(o) => {
-                if let Err(e) = after_file(rules, dst, o.method, existed) {
+                if let Err(e) = after_file(rules, dst, o.method) {
                     fail_msg(format!("{}: {}", quoted(dst), io_words(&e)));
                     return false;
                 }
@@ -1264,19 +1262,11 @@ fn copy_operand(
 
 /// What GNU does to a copied file beyond the copy: `--sparse=always`
 /// turns runs of zeros into holes, `--sparse=never` fills every hole (a
-/// clone keeps its source's layout either way), and an explicit
-/// `--no-preserve=mode` gives a new file the default mode.
-fn after_file(
-    rules: &gnu::Rules,
-    dst: &Path,
-    method: Method,
-    existed: bool,
-) -> std::io::Result<()> {
+/// clone keeps its source's layout either way). (The default mode of
+/// `--no-preserve=mode` is the library's `CloneOptions::default_mode`.)
+fn after_file(rules: &gnu::Rules, dst: &Path, method: Method) -> std::io::Result<()> {
     use rustix::fs::{fallocate, FallocateFlags};
-    use std::os::unix::fs::{FileExt, PermissionsExt};
-    if rules.default_mode && !existed {
-        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o666 & !umask_now()))?;
-    }
+    use std::os::unix::fs::FileExt;
     if method == Method::Reflink || method == Method::Skipped {
         return Ok(());
     }
