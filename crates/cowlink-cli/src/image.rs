@@ -1,7 +1,7 @@
 //! `cowlink image`: commit a qcow2 overlay into its raw base, convert a
 //! qcow2 chain to raw, and show what either would clone, copy and zero.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -171,12 +171,10 @@ fn range_out(p: &Piece) -> RangeOut {
     }
 }
 
-fn failed(e: &cowlink::Error, what: &Path) -> Exit {
+/// Report a failure; `what` names what is left as it was.
+fn failed(e: &cowlink::Error, what: &str) -> Exit {
     if e.kind() == ErrorKind::Cancelled {
-        errln!(
-            "cowlink: interrupted; {} is unchanged and no temporary was left",
-            quoted(what)
-        );
+        errln!("cowlink: interrupted; {what} is unchanged and no temporary was left");
         return Exit::Interrupted;
     }
     errln!("cowlink: {e}");
@@ -186,7 +184,7 @@ fn failed(e: &cowlink::Error, what: &Path) -> Exit {
 fn map(a: MapArgs) -> Result<Exit> {
     let (report, pieces) = match image::map(&a.image) {
         Ok(x) => x,
-        Err(e) => return Ok(failed(&e, &a.image)),
+        Err(e) => return Ok(failed(&e, &quoted(&a.image).to_string())),
     };
     if a.json {
         #[derive(Serialize)]
@@ -228,7 +226,10 @@ fn commit(a: CommitArgs) -> Result<Exit> {
     let report = match crate::interrupt::graceful(|| image::commit(&a.overlay, &options)) {
         Ok(r) => r,
         Err(e) => {
-            let base = a.base.clone().unwrap_or_else(|| PathBuf::from("the base"));
+            let base = a
+                .base
+                .as_ref()
+                .map_or("the base".into(), |b| quoted(b).to_string());
             return Ok(failed(&e, &base));
         }
     };
@@ -274,7 +275,7 @@ fn convert(a: ConvertArgs) -> Result<Exit> {
     let start = Instant::now();
     let report = match crate::interrupt::graceful(|| image::convert(&a.src, &a.dst, &options)) {
         Ok(r) => r,
-        Err(e) => return Ok(failed(&e, &a.dst)),
+        Err(e) => return Ok(failed(&e, &quoted(&a.dst).to_string())),
     };
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);

@@ -215,6 +215,24 @@ fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
     let r = report(&d, &["convert", "comp.qcow2", "out.raw"]);
     identical(&d, "ref.raw", "raw", "out.raw", "raw");
     assert!(copied(&r, "compressed") > 0, "{r}");
+    // No backing file: what the image does not allocate reads as zeros
+    // (nothing of the image file itself may show through).
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "alone.qcow2", "8M"],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "alone.qcow2", &["write -P 0x5a 1M 64k"]);
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "alone.qcow2", "alone-ref.raw"],
+        &d,
+    );
+    report(&d, &["convert", "alone.qcow2", "alone.raw"]);
+    assert!(
+        fs::read(d.join("alone.raw")).unwrap() == fs::read(d.join("alone-ref.raw")).unwrap(),
+        "alone.raw differs from qemu-img's conversion"
+    );
 }
 
 #[test]

@@ -24,7 +24,7 @@ pub mod qcow2;
 
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fd::BorrowedFd;
@@ -74,8 +74,6 @@ pub struct ImageReport {
     pub no_clone_reason: Option<String>,
     /// The images applied, bottom first (convert: the whole chain).
     pub layers: Vec<PathBuf>,
-    /// The cancel token fired: nothing was replaced.
-    pub cancelled: bool,
 }
 
 impl ImageReport {
@@ -139,23 +137,44 @@ fn check_raw_backing(top: &Qcow2, base: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether the filesystem clones from `src` into `dst` here, and why not.
-fn clone_probe(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> (bool, Option<String>, u64) {
-    let block = fs::fstatfs(dst).map(|s| s.f_bsize as u64).unwrap_or(4096);
-    // A zero-length clone checks everything but the data.
-    match cowlink_sys::ficlonerange(dst, src, 0, 0, 0) {
-        Ok(()) => (true, None, block),
-        Err(e) => {
-            let why = match e {
-                Errno::XDEV => "the images are on different filesystems".to_string(),
-                Errno::OPNOTSUPP | Errno::NOTTY | Errno::INVAL => {
-                    "this filesystem cannot clone (ext4, tmpfs, ...)".to_string()
-                }
-                e => format!("cloning failed: {e}"),
-            };
-            (false, Some(why), block)
+/// Whether the filesystem clones from the file `src` into the directory
+/// of `dst` (the project's one probe, cached per pair of filesystems), and
+/// why not. Nothing is written: a trial `FICLONERANGE` of length 0 would
+/// clone the whole source (0 means "to the end").
+fn clones_between(src: &Path, dst: &Path) -> (bool, Option<String>) {
+    match crate::probe::between(src, dst).map(|s| s.reflink) {
+        Ok(crate::probe::Answer::Yes) => (true, None),
+        Ok(crate::probe::Answer::No(why) | crate::probe::Answer::Unknown(why)) => {
+            (false, Some(why))
         }
+        Err(e) => (false, Some(e.to_string())),
     }
+}
+
+/// How a data range is placed: the block-aligned middle `clone`d (guest
+/// offsets `start..end`) when the filesystem clones and host and guest
+/// offsets agree within the block, the rest copied for `reason`.
+struct DataPlan {
+    clone: Option<(u64, u64)>,
+    reason: CopyReason,
+}
+
+fn data_plan(p: &Piece, host: u64, clones: bool, block: u64) -> DataPlan {
+    if !clones {
+        return DataPlan {
+            clone: None,
+            reason: CopyReason::NoClone,
+        };
+    }
+    let reason = if p.subcluster {
+        CopyReason::Subcluster
+    } else {
+        CopyReason::Unaligned
+    };
+    let start = p.guest.next_multiple_of(block);
+    let end = (p.guest + p.len) / block * block;
+    let clone = (host % block == p.guest % block && end > start).then_some((start, end));
+    DataPlan { clone, reason }
 }
 
 /// Apply one qcow2 layer's ranges onto `dst` (a raw image being built).
@@ -187,45 +206,30 @@ fn apply(
                 report.copied_for(CopyReason::Compressed, p.len);
             }
             Source::Data { host } => {
-                // The block-aligned middle is cloned; ragged edges copied.
-                let start = p.guest.next_multiple_of(block);
-                let end = (p.guest + p.len) / block * block;
-                let shift_ok = host % block == p.guest % block;
-                if clones && shift_ok && end > start {
-                    let h = host + (start - p.guest);
-                    if start > p.guest {
-                        copy_range(src, host, dst, p.guest, start - p.guest).map_err(&e)?;
-                        report.copied_for(edge_reason(p), start - p.guest);
-                    }
-                    cowlink_sys::ficlonerange(dst, src, h, end - start, start).map_err(&e)?;
-                    report.cloned_bytes += end - start;
-                    report.cloned_ranges += 1;
-                    if p.guest + p.len > end {
-                        let n = p.guest + p.len - end;
-                        copy_range(src, h + (end - start), dst, end, n).map_err(&e)?;
-                        report.copied_for(edge_reason(p), n);
-                    }
-                } else {
+                let plan = data_plan(p, host, clones, block);
+                let Some((start, end)) = plan.clone else {
                     copy_range(src, host, dst, p.guest, p.len).map_err(&e)?;
-                    let reason = if !clones {
-                        CopyReason::NoClone
-                    } else {
-                        edge_reason(p)
-                    };
-                    report.copied_for(reason, p.len);
+                    report.copied_for(plan.reason, p.len);
+                    continue;
+                };
+                // The block-aligned middle is cloned; ragged edges copied.
+                let h = host + (start - p.guest);
+                if start > p.guest {
+                    copy_range(src, host, dst, p.guest, start - p.guest).map_err(&e)?;
+                    report.copied_for(plan.reason, start - p.guest);
+                }
+                cowlink_sys::ficlonerange(dst, src, h, end - start, start).map_err(&e)?;
+                report.cloned_bytes += end - start;
+                report.cloned_ranges += 1;
+                if p.guest + p.len > end {
+                    let n = p.guest + p.len - end;
+                    copy_range(src, h + (end - start), dst, end, n).map_err(&e)?;
+                    report.copied_for(plan.reason, n);
                 }
             }
         }
     }
     Ok(())
-}
-
-fn edge_reason(p: &Piece) -> CopyReason {
-    if p.subcluster {
-        CopyReason::Subcluster
-    } else {
-        CopyReason::Unaligned
-    }
 }
 
 /// Make `len` bytes at `off` read as zeros without writing data: a hole,
@@ -317,34 +321,37 @@ fn parent_of(p: &Path) -> &Path {
 }
 
 /// Build a raw image at `dst` atomically: an unnamed file beside it starts
-/// as a clone of `start` (or empty), grows to `size`, gets `layers`
-/// applied bottom first, takes `start`'s (else 0644's) permission bits,
-/// and replaces `dst` only if everything succeeded.
+/// as a clone of the raw image `start` (or empty), grows to `size` (with
+/// `exact`, is cut to it too), gets `layers` applied bottom first, takes
+/// `start`'s (else 0644's) permission bits, and replaces `dst` only if
+/// everything succeeded.
 fn build(
     dst: &Path,
-    start: Option<&File>,
+    start: Option<(&Path, &File)>,
     size: u64,
+    exact: bool,
     layers: &[(Qcow2, Vec<Piece>)],
     run: &Run,
     report: &mut ImageReport,
 ) -> Result<(), Error> {
     let e = err(dst);
     let mode = start
-        .and_then(|f| f.metadata().ok())
+        .and_then(|(_, f)| f.metadata().ok())
         .map_or(0o644, |m| m.mode() & 0o7777);
     let pending =
         PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode)).map_err(&e)?;
     let out = pending.fd();
-    let probe_src = start
-        .map(|f| f.as_fd())
-        .or(layers.first().map(|(l, _)| l.file().as_fd()));
-    let (clones, why, block) = match probe_src {
-        Some(s) => clone_probe(s, out),
-        None => (false, Some("nothing to clone from".into()), 4096),
+    let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
+    let from = start
+        .map(|(p, _)| p)
+        .or(layers.first().map(|(l, _)| l.path()));
+    let (clones, why) = match from {
+        Some(src) => clones_between(src, dst),
+        None => (false, Some("nothing to clone from".into())),
     };
     report.clones = clones;
     report.no_clone_reason = why;
-    if let Some(base) = start {
+    if let Some((_, base)) = start {
         let len = base
             .metadata()
             .map_err(|x| Error::from_io(Operation::Image, &x).with_src(dst))?
@@ -363,7 +370,7 @@ fn build(
                 at += n;
             }
         }
-        if len < size {
+        if len < size || (exact && len > size) {
             fs::ftruncate(out, size).map_err(&e)?;
         }
     } else {
@@ -375,7 +382,7 @@ fn build(
     if run.cancel.is_cancelled() {
         return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
     }
-    if let Some(base) = start {
+    if let Some((_, base)) = start {
         // The owner and times of the old base stay (a commit changes the
         // contents, and QEMU's view of the file, nothing else).
         let m = base
@@ -411,16 +418,14 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
         layers: vec![overlay.to_path_buf()],
         ..Default::default()
     };
-    // Probe cloning into the base's directory, else the overlay's.
+    // Cloning into the base's directory, else the overlay's.
     let target = q
         .backing_path()
         .filter(|b| b.exists())
         .unwrap_or_else(|| overlay.to_path_buf());
+    let (clones, why) = clones_between(overlay, &target);
     let dir = parent_of(&target);
-    let probe =
-        PendingFile::create(CWD, dir, &target, Mode::from_raw_mode(0o600)).map_err(err(dir))?;
-    let (clones, why, block) = clone_probe(q.file().as_fd(), probe.fd());
-    drop(probe);
+    let block = fs::statfs(dir).map_err(err(dir))?.f_bsize as u64;
     report.clones = clones;
     report.no_clone_reason = why;
     for p in &pieces {
@@ -429,19 +434,14 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
             Source::Zero => report.zeroed_bytes += p.len,
             Source::Compressed { .. } => report.copied_for(CopyReason::Compressed, p.len),
             Source::Data { host } => {
-                let start = p.guest.next_multiple_of(block);
-                let end = (p.guest + p.len) / block * block;
-                if !clones {
-                    report.copied_for(CopyReason::NoClone, p.len);
-                } else if host % block == p.guest % block && end > start {
-                    report.cloned_bytes += end - start;
+                let plan = data_plan(p, host, clones, block);
+                let cloned = plan.clone.map_or(0, |(start, end)| end - start);
+                if cloned > 0 {
+                    report.cloned_bytes += cloned;
                     report.cloned_ranges += 1;
-                    let edges = p.len - (end - start);
-                    if edges > 0 {
-                        report.copied_for(edge_reason(p), edges);
-                    }
-                } else {
-                    report.copied_for(edge_reason(p), p.len);
+                }
+                if p.len > cloned {
+                    report.copied_for(plan.reason, p.len - cloned);
                 }
             }
         }
@@ -486,8 +486,9 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
     let size = q.size;
     build(
         &base,
-        Some(&base_file),
+        Some((&base, &base_file)),
         size,
+        false,
         &[(q, pieces)],
         &options.run,
         &mut report,
@@ -505,7 +506,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
     let mut layers = Vec::new();
     let mut seen = Vec::new();
     let mut next = Some(src.to_path_buf());
-    let mut bottom: Option<File> = None;
+    let mut bottom: Option<(PathBuf, File)> = None;
     while let Some(p) = next.take() {
         let canon = std::fs::canonicalize(&p)
             .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&p))?;
@@ -545,7 +546,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
             let f =
                 File::open(&p).map_err(|x| Error::from_io(Operation::Image, &x).with_src(&p))?;
             check_unlocked(&p, &f)?;
-            bottom = Some(f);
+            bottom = Some((p, f));
         }
     }
     if dst.exists()
@@ -565,29 +566,15 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
         layers: layers.iter().map(|(q, _)| q.path().to_path_buf()).collect(),
         ..Default::default()
     };
+    // A bottom larger than the top's virtual size is cut to it.
     build(
         dst,
-        bottom.as_ref(),
+        bottom.as_ref().map(|(p, f)| (p.as_path(), f)),
         size,
+        true,
         &layers,
         &options.run,
         &mut report,
     )?;
-    // A bottom larger than the top's virtual size is cut to it.
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dst)
-        .map_err(|x| Error::from_io(Operation::Image, &x).with_dst(dst))?;
-    if f.metadata().is_ok_and(|m| m.len() > size) {
-        f.set_len(size)
-            .map_err(|x| Error::from_io(Operation::Image, &x).with_dst(dst))?;
-    }
     Ok(report)
-}
-
-/// Read `len` bytes of `file` at `off` (tests and checks).
-pub fn read_at(file: &File, off: u64, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut b = vec![0u8; len];
-    file.read_exact_at(&mut b, off)?;
-    Ok(b)
 }

@@ -89,6 +89,7 @@ pub struct Qcow2 {
     /// relative to the image's directory) and its format, if named.
     pub backing: Option<(String, Option<String>)>,
     l1: Vec<u64>,
+    l1_offset: u64,
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -247,6 +248,7 @@ impl Qcow2 {
             extended_l2,
             backing,
             l1,
+            l1_offset,
         })
     }
 
@@ -296,7 +298,7 @@ impl Qcow2 {
         let mut used: Vec<(u64, u64, &'static str)> = vec![(0, cluster, "the header")];
         let l1_bytes = self.l1.len() as u64 * 8;
         used.push((
-            self.l1_offset()?,
+            self.l1_offset,
             l1_bytes.div_ceil(cluster) * cluster,
             "the L1 table",
         ));
@@ -451,14 +453,6 @@ impl Qcow2 {
             }
         }
         Ok(pieces)
-    }
-
-    fn l1_offset(&self) -> Result<u64, Error> {
-        let mut h = [0u8; 8];
-        self.file
-            .read_exact_at(&mut h, 40)
-            .map_err(|e| Error::from_io(Operation::Image, &e).with_src(&self.path))?;
-        Ok(u64::from_be_bytes(h))
     }
 
     /// Read one compressed cluster (`len` bytes at `host`) and inflate it
