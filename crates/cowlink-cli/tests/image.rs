@@ -301,6 +301,16 @@ fn ext4_commit_copies_and_says_so() {
         "{}",
         text(&out.stdout)
     );
+    // A base named through a symbolic link: the file it names is
+    // committed into, and the link stays a link.
+    let d = base_and_overlay(e.path(), "ext4-link", "64k", "");
+    std::os::unix::fs::symlink("base.raw", d.join("link.raw")).unwrap();
+    report(&d, &["commit", "-b", "link.raw", "ov.qcow2"]);
+    assert!(fs::symlink_metadata(d.join("link.raw"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
 }
 
 #[test]

@@ -471,6 +471,10 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
                 .with_reason("the overlay names no backing file; give the base with --base"))
         }
     };
+    // The base's own name: a symbolic link to it stays a link (QEMU
+    // writes through it; so does a commit).
+    let base = std::fs::canonicalize(&base)
+        .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base))?;
     check_raw_backing(&q, &base)?;
     let base_file =
         File::open(&base).map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base))?;
