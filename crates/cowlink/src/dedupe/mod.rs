@@ -86,7 +86,12 @@ impl Default for DedupeOptions {
 }
 
 /// Identical files: one source and the targets to share its blocks.
+///
+/// In JSON each path is a string (lossy for names that are not UTF-8) with
+/// a `*_bytes` companion holding the exact bytes where needed; reading a
+/// plan back takes the exact bytes when they are there.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "GroupWire")]
 pub struct Group {
     /// Size of every file in the group.
     pub size: u64,
@@ -103,6 +108,38 @@ pub struct Group {
     pub already_shared: Vec<PathBuf>,
     /// Bytes expected back: the targets' blocks that no other file shares.
     pub reclaimable: u64,
+}
+
+/// [`Group`] as JSON has it: each path field next to its exact bytes.
+#[derive(serde::Deserialize)]
+struct GroupWire {
+    size: u64,
+    blake3: String,
+    source: String,
+    #[serde(default)]
+    source_bytes: Option<Vec<u8>>,
+    targets: Vec<String>,
+    #[serde(default)]
+    targets_bytes: Option<Vec<Option<Vec<u8>>>>,
+    #[serde(default)]
+    already_shared: Vec<String>,
+    #[serde(default)]
+    already_shared_bytes: Option<Vec<Option<Vec<u8>>>>,
+    reclaimable: u64,
+}
+
+impl From<GroupWire> for Group {
+    fn from(w: GroupWire) -> Group {
+        use crate::name::json::{read_many, read_one};
+        Group {
+            size: w.size,
+            blake3: w.blake3,
+            source: read_one(w.source, w.source_bytes),
+            targets: read_many(w.targets, w.targets_bytes),
+            already_shared: read_many(w.already_shared, w.already_shared_bytes),
+            reclaimable: w.reclaimable,
+        }
+    }
 }
 
 /// What [`plan`] found.
@@ -463,5 +500,44 @@ fn can_dedupe(path: &Path) -> Result<()> {
         Answer::No(why) => Err(Error::new(op, ErrorKind::NotSupported)
             .with_src(dir)
             .with_reason(format!("this filesystem cannot deduplicate: {why}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn a_plan_reads_back_from_its_json_with_exact_names() {
+        let odd = |b: &[u8]| PathBuf::from(OsStr::from_bytes(b));
+        let plan = Plan {
+            groups: vec![Group {
+                size: 8192,
+                blake3: "ab".repeat(32),
+                source: odd(b"/d/caf\xe9"),
+                targets: vec![odd(b"/d/plain"), odd(b"/d/\xff\xfe")],
+                already_shared: vec![odd(b"/d/x")],
+                reclaimable: 8192,
+            }],
+            files_scanned: 4,
+            candidates: 4,
+            ..Plan::default()
+        };
+        let text = serde_json::to_string(&plan).expect("serialize");
+        assert!(text.contains("source_bytes") && text.contains("targets_bytes"));
+        let back: Plan = serde_json::from_str(&text).expect("read back");
+        assert_eq!(back, plan);
+        // A plan whose names are all UTF-8 has no companions, and reads back.
+        let mut plain = plan.clone();
+        plain.groups[0].source = PathBuf::from("/d/a");
+        plain.groups[0].targets = vec![PathBuf::from("/d/b")];
+        let text = serde_json::to_string(&plain).expect("serialize");
+        assert!(!text.contains("_bytes"));
+        assert_eq!(
+            serde_json::from_str::<Plan>(&text).expect("read back"),
+            plain
+        );
     }
 }

@@ -107,6 +107,7 @@ pub fn quoted(p: &Path) -> String {
 pub mod json {
     use super::*;
     use serde::ser::{SerializeMap, Serializer};
+    use std::os::unix::ffi::OsStringExt;
 
     /// Something that holds paths and can write them as a field pair.
     pub trait Names {
@@ -201,6 +202,25 @@ pub mod json {
         ) -> Result<(), M::Error> {
             self.as_slice().put(key, bytes_key, m)
         }
+    }
+
+    /// A path read back from its field and `*_bytes` companion: the exact
+    /// bytes when present, else the string.
+    pub fn read_one(lossy: String, exact: Option<Vec<u8>>) -> PathBuf {
+        match exact {
+            Some(b) => PathBuf::from(std::ffi::OsString::from_vec(b)),
+            None => PathBuf::from(lossy),
+        }
+    }
+
+    /// A list of paths read back from its field and `*_bytes` companion
+    /// (one entry per path, `null` where the string is exact).
+    pub fn read_many(lossy: Vec<String>, exact: Option<Vec<Option<Vec<u8>>>>) -> Vec<PathBuf> {
+        let mut exact = exact.unwrap_or_default().into_iter();
+        lossy
+            .into_iter()
+            .map(|l| read_one(l, exact.next().flatten()))
+            .collect()
     }
 
     macro_rules! fields {
