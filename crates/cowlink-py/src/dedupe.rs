@@ -1,0 +1,190 @@
+//! `cowlink.dedupe`: find identical files (`plan`), inspect or save the
+//! plan as JSON, then share their blocks (`execute`), as
+//! `cowlink dedupe --plan` and `--apply` do.
+
+use std::path::PathBuf;
+
+use cowlink::dedupe::{self as lib, DedupeOptions};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::control::{CancelToken, Control};
+use crate::errors::to_py;
+use crate::path::FsPath;
+use crate::records::{error_list, record};
+
+record!(
+    /// Files with identical content: `targets` will share `source`'s blocks.
+    Group {
+        /// Size of each file.
+        size: u64,
+        /// BLAKE3 of the content, hex.
+        blake3: String,
+        /// The file whose blocks the others will share.
+        source: PathBuf,
+        /// The files to deduplicate against `source`.
+        targets: Vec<PathBuf>,
+        /// Files of the group that already share `source`'s blocks.
+        already_shared: Vec<PathBuf>,
+        /// Bytes that deduplicating would free.
+        reclaimable: u64,
+    }
+);
+
+/// What `execute` would do: groups of identical files and scan totals.
+/// `to_json()` and `Plan.from_json()` keep it between runs (the same format
+/// as `cowlink dedupe --plan FILE`).
+#[pyclass(module = "cowlink", frozen)]
+pub struct Plan(pub lib::Plan);
+
+#[pymethods]
+impl Plan {
+    /// The groups, largest first.
+    #[getter]
+    fn groups(&self) -> Vec<Group> {
+        self.0
+            .groups
+            .iter()
+            .map(|g| Group {
+                size: g.size,
+                blake3: g.blake3.clone(),
+                source: g.source.clone(),
+                targets: g.targets.clone(),
+                already_shared: g.already_shared.clone(),
+                reclaimable: g.reclaimable,
+            })
+            .collect()
+    }
+
+    /// Files looked at.
+    #[getter]
+    fn files_scanned(&self) -> u64 {
+        self.0.files_scanned
+    }
+
+    /// Files whose size matched another's.
+    #[getter]
+    fn candidates(&self) -> u64 {
+        self.0.candidates
+    }
+
+    /// Bytes read to compare contents.
+    #[getter]
+    fn bytes_hashed(&self) -> u64 {
+        self.0.bytes_hashed
+    }
+
+    /// Files to deduplicate, over all groups.
+    #[getter]
+    fn targets(&self) -> u64 {
+        self.0.targets()
+    }
+
+    /// Bytes deduplicating would free, over all groups.
+    #[getter]
+    fn reclaimable(&self) -> u64 {
+        self.0.reclaimable()
+    }
+
+    /// Entries that could not be read while planning (as OSError).
+    #[getter]
+    fn errors(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        error_list(py, &self.0.errors)
+    }
+
+    /// The plan as JSON text.
+    fn to_json(&self) -> PyResult<String> {
+        serde_json::to_string_pretty(&self.0).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// A plan from JSON text made by `to_json()` or `cowlink dedupe --plan`.
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Plan> {
+        serde_json::from_str(text)
+            .map(Plan)
+            .map_err(|e| PyValueError::new_err(format!("not a cowlink dedupe plan: {e}")))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Plan(groups={}, targets={}, reclaimable={}, files_scanned={})",
+            self.0.groups.len(),
+            self.0.targets(),
+            self.0.reclaimable(),
+            self.0.files_scanned
+        )
+    }
+}
+
+record!(
+    /// What `execute` did.
+    DedupeReport {
+        /// Groups processed.
+        groups: u64,
+        /// Files now sharing their group's blocks.
+        targets_deduped: u64,
+        /// Bytes the kernel compared.
+        bytes_compared: u64,
+        /// Free space gained (statfs before and after).
+        bytes_reclaimed: u64,
+        /// Files left alone because they changed since the plan.
+        changed: Vec<PathBuf>,
+        /// Failures (as OSError); the other groups were still done.
+        errors: Vec<Py<PyAny>>,
+        /// Stopped early by a CancelToken.
+        cancelled: bool,
+    }
+);
+
+/// Find files with identical content under `paths` (files of at least
+/// `min_size` bytes); nothing is changed.
+#[pyfunction]
+#[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None))]
+pub fn plan(
+    py: Python<'_>,
+    paths: Vec<FsPath>,
+    min_size: u64,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<Plan> {
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let opts = DedupeOptions {
+        min_size,
+        run: control.run(),
+    };
+    control
+        .drive(py, || lib::plan(&paths, &opts))?
+        .map(Plan)
+        .map_err(|e| to_py(py, &e))
+}
+
+/// Share blocks between the files of each group of `plan`, through the
+/// kernel's FIDEDUPERANGE (which compares the bytes itself, so a file that
+/// changed since the plan is never corrupted: it is reported in `changed`).
+#[pyfunction]
+#[pyo3(signature = (plan, *, threads=None, on_progress=None, cancel=None))]
+pub fn execute(
+    py: Python<'_>,
+    plan: Bound<'_, Plan>,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<DedupeReport> {
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let opts = DedupeOptions {
+        run: control.run(),
+        ..DedupeOptions::default()
+    };
+    let plan = plan.get();
+    let r = control.drive(py, || lib::execute(&plan.0, &opts))?;
+    Ok(DedupeReport {
+        groups: r.groups,
+        targets_deduped: r.targets_deduped,
+        bytes_compared: r.bytes_compared,
+        bytes_reclaimed: r.bytes_reclaimed,
+        changed: r.changed.clone(),
+        errors: error_list(py, &r.errors)?,
+        cancelled: r.cancelled,
+    })
+}

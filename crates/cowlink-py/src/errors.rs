@@ -1,0 +1,184 @@
+//! cowlink errors as Python exceptions.
+//!
+//! Every library error becomes an `OSError`: the kinds Python has a class
+//! for become that class (built from the errno, so `FileNotFoundError`,
+//! `PermissionError`, `FileExistsError`, `IsADirectoryError`, …), and
+//! cowlink's own kinds become subclasses of `OSError` declared here. The
+//! text is the library's reason, `errno` is the kernel's (or the kind's usual
+//! one), `filename` and `filename2` are the source and destination (as
+//! `str`, with surrogate escapes for names that are not UTF-8, as `os`
+//! gives them), `message` is the library's whole sentence and `kind` its
+//! kind word (`"not_found"`, `"cross_device"`, …).
+
+use cowlink::{Error, ErrorKind};
+use pyo3::create_exception;
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use rustix::io::Errno;
+
+create_exception!(
+    cowlink,
+    NotSupportedError,
+    PyOSError,
+    "The filesystem cannot do this (no reflink, no dedupe, no FIEMAP)."
+);
+create_exception!(
+    cowlink,
+    CrossDeviceError,
+    PyOSError,
+    "Source and destination are on different filesystems."
+);
+create_exception!(
+    cowlink,
+    UnalignedError,
+    PyOSError,
+    "A range offset or length is not a multiple of the filesystem block size."
+);
+create_exception!(
+    cowlink,
+    LinkLimitError,
+    PyOSError,
+    "Too many links or references to one inode or block."
+);
+create_exception!(
+    cowlink,
+    ContentChangedError,
+    PyOSError,
+    "The data changed between two steps that needed it unchanged."
+);
+create_exception!(
+    cowlink,
+    SameFileError,
+    PyOSError,
+    "Source and destination are the same file."
+);
+create_exception!(
+    cowlink,
+    NotRegularFileError,
+    PyOSError,
+    "The source is a FIFO, socket or device, which cannot be cloned."
+);
+create_exception!(
+    cowlink,
+    CorruptError,
+    PyOSError,
+    "Stored data or an image is damaged or was tampered with."
+);
+create_exception!(
+    cowlink,
+    InUseError,
+    PyOSError,
+    "Another program holds the file (its byte-range locks)."
+);
+create_exception!(
+    cowlink,
+    CancelledError,
+    PyOSError,
+    "The operation was cancelled through a CancelToken."
+);
+create_exception!(
+    cowlink,
+    TreeError,
+    PyOSError,
+    "Some entries of a tree copy failed; `errors` lists them (as OSError) and `report` has the totals."
+);
+
+/// The errno a kind stands for when the library has none (a refusal it
+/// decided itself, such as an existing destination).
+fn usual_errno(kind: ErrorKind) -> Option<Errno> {
+    Some(match kind {
+        ErrorKind::NotSupported => Errno::OPNOTSUPP,
+        ErrorKind::CrossDevice => Errno::XDEV,
+        ErrorKind::Unaligned | ErrorKind::InvalidInput => Errno::INVAL,
+        ErrorKind::LinkLimit => Errno::MLINK,
+        ErrorKind::AlreadyExists => Errno::EXIST,
+        ErrorKind::NotFound => Errno::NOENT,
+        ErrorKind::PermissionDenied => Errno::ACCESS,
+        ErrorKind::NoSpace => Errno::NOSPC,
+        ErrorKind::IsDirectory => Errno::ISDIR,
+        ErrorKind::NotADirectory => Errno::NOTDIR,
+        ErrorKind::ReadOnly => Errno::ROFS,
+        ErrorKind::Cancelled => Errno::CANCELED,
+        ErrorKind::InUse => Errno::BUSY,
+        ErrorKind::Io => Errno::IO,
+        _ => return None,
+    })
+}
+
+/// The kind's word, as the library serializes it (`"not_found"`).
+fn kind_word(kind: ErrorKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{kind:?}"))
+}
+
+/// The Python exception for a library error.
+pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
+    match exception(py, e) {
+        Ok(v) => PyErr::from_value(v),
+        Err(fail) => fail,
+    }
+}
+
+/// The exception object for `e` (see the module notes).
+pub fn exception<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyAny>> {
+    let kind = e.kind();
+    let class = match kind {
+        ErrorKind::NotSupported => py.get_type::<NotSupportedError>(),
+        ErrorKind::CrossDevice => py.get_type::<CrossDeviceError>(),
+        ErrorKind::Unaligned => py.get_type::<UnalignedError>(),
+        ErrorKind::LinkLimit => py.get_type::<LinkLimitError>(),
+        ErrorKind::ContentChanged => py.get_type::<ContentChangedError>(),
+        ErrorKind::SameFile => py.get_type::<SameFileError>(),
+        ErrorKind::NotRegularFile => py.get_type::<NotRegularFileError>(),
+        ErrorKind::Corrupt => py.get_type::<CorruptError>(),
+        ErrorKind::InUse => py.get_type::<InUseError>(),
+        ErrorKind::Cancelled => py.get_type::<CancelledError>(),
+        // OSError(errno, text) picks the built-in subclass for the errno.
+        _ => py.get_type::<PyOSError>(),
+    };
+    let errno = e
+        .raw_os_error()
+        .or_else(|| usual_errno(kind).map(Errno::raw_os_error));
+    // As Python's own: strerror is the reason, and str() adds the names
+    // from filename and filename2 ("[Errno 2] source does not exist:
+    // 'a' -> 'b'"); `message` is the library's whole sentence.
+    let value = match errno {
+        Some(n) => class.call1((n, e.reason()))?,
+        None => class.call1((e.to_string(),))?,
+    };
+    let names: Vec<&std::ffi::OsStr> = [e.src(), e.dst()]
+        .into_iter()
+        .flatten()
+        .map(|p| p.as_os_str())
+        .collect();
+    if errno.is_some() {
+        if let Some(first) = names.first() {
+            value.setattr("filename", first)?;
+        }
+        if let Some(second) = names.get(1) {
+            value.setattr("filename2", second)?;
+        }
+    }
+    value.setattr("message", e.to_string())?;
+    value.setattr("kind", kind_word(kind))?;
+    Ok(value)
+}
+
+/// Register the exception classes in the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("NotSupportedError", py.get_type::<NotSupportedError>())?;
+    m.add("CrossDeviceError", py.get_type::<CrossDeviceError>())?;
+    m.add("UnalignedError", py.get_type::<UnalignedError>())?;
+    m.add("LinkLimitError", py.get_type::<LinkLimitError>())?;
+    m.add("ContentChangedError", py.get_type::<ContentChangedError>())?;
+    m.add("SameFileError", py.get_type::<SameFileError>())?;
+    m.add("NotRegularFileError", py.get_type::<NotRegularFileError>())?;
+    m.add("CorruptError", py.get_type::<CorruptError>())?;
+    m.add("InUseError", py.get_type::<InUseError>())?;
+    m.add("CancelledError", py.get_type::<CancelledError>())?;
+    m.add("TreeError", py.get_type::<TreeError>())?;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! The functions: clone_file, clone_range, copytree, extents, usage and the
+//! probes. Each turns its arguments into the library's options, calls the
+//! library with the GIL released, and turns the result into a record.
+
+use std::sync::Mutex;
+
+use cowlink::tree::{TreeEvent, TreeOptions};
+use cowlink::{CloneOptions, Error, ErrorKind, Operation, Overwrite, Preserve, Reflink};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use crate::control::{CancelToken, Control};
+use crate::errors::{to_py, TreeError};
+use crate::path::FsPath;
+use crate::records::{
+    error_list, FileLayout, FsFacts, MountSupport, Outcome, Support, TreeReport, Usage,
+};
+
+/// One of `choices`, or a ValueError that lists them.
+pub fn choose<T: Copy>(what: &str, given: &str, choices: &[(&str, T)]) -> PyResult<T> {
+    choices
+        .iter()
+        .find(|(w, _)| *w == given)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<String> = choices.iter().map(|(w, _)| format!("{w:?}")).collect();
+            PyValueError::new_err(format!(
+                "{what} must be one of {}, not {given:?}",
+                names.join(", ")
+            ))
+        })
+}
+
+fn reflink(given: &str) -> PyResult<Reflink> {
+    choose(
+        "reflink",
+        given,
+        &[
+            ("auto", Reflink::Auto),
+            ("always", Reflink::Always),
+            ("never", Reflink::Never),
+        ],
+    )
+}
+
+fn overwrite(given: &str) -> PyResult<Overwrite> {
+    choose(
+        "overwrite",
+        given,
+        &[
+            ("refuse", Overwrite::Refuse),
+            ("replace", Overwrite::Replace),
+            ("skip", Overwrite::Skip),
+        ],
+    )
+}
+
+/// `preserve`: None (permission bits only, as cp), "all", or names among
+/// "mode", "ownership", "timestamps", "xattrs".
+fn preserve(given: Option<&Bound<'_, PyAny>>) -> PyResult<Preserve> {
+    let Some(given) = given else {
+        return Ok(Preserve::NONE);
+    };
+    if let Ok(s) = given.cast::<PyString>() {
+        let s: String = s.extract()?;
+        let s = s.as_str();
+        if s == "all" {
+            return Ok(Preserve::ALL);
+        }
+        return preserve_names(&[s.to_owned()]);
+    }
+    let bad = || {
+        PyTypeError::new_err(
+            "preserve must be None, \"all\" or an iterable of \"mode\", \"ownership\", \"timestamps\", \"xattrs\"",
+        )
+    };
+    let mut names = Vec::new();
+    for item in given.try_iter().map_err(|_| bad())? {
+        names.push(item?.extract::<String>().map_err(|_| bad())?);
+    }
+    preserve_names(&names)
+}
+
+fn preserve_names(names: &[String]) -> PyResult<Preserve> {
+    let mut p = Preserve::NONE;
+    for n in names {
+        match n.as_str() {
+            "mode" => p.mode = true,
+            "ownership" => p.ownership = true,
+            "timestamps" => p.timestamps = true,
+            "xattrs" => p.xattrs = true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "preserve: unknown attribute {other:?} (known: \"mode\", \"ownership\", \"timestamps\", \"xattrs\", or \"all\")"
+                )))
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// Clone `src` to the new file `dst`, or copy it where cloning cannot work
+/// and `reflink` allows; returns how (`Outcome.method`) and how many bytes.
+///
+/// The file appears under `dst` only when complete: after an error there is
+/// nothing at `dst` (or the old `dst` is untouched).
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, reflink="auto", overwrite="refuse", preserve=None))]
+pub fn clone_file(
+    py: Python<'_>,
+    src: FsPath,
+    dst: FsPath,
+    reflink: &str,
+    overwrite: &str,
+    preserve: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Outcome> {
+    let options = CloneOptions {
+        reflink: self::reflink(reflink)?,
+        overwrite: self::overwrite(overwrite)?,
+        preserve: self::preserve(preserve)?,
+        ..CloneOptions::default()
+    };
+    py.detach(|| cowlink::clone_file(&src, &dst, &options))
+        .map(Outcome::from)
+        .map_err(|e| to_py(py, &e))
+}
+
+/// Clone `length` bytes of `src` at `src_offset` into the existing file
+/// `dst` at `dst_offset` (both aligned to the block size, except a range
+/// that ends at the end of `src`). Never copies.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, src_offset=0, dst_offset=0, length))]
+pub fn clone_range(
+    py: Python<'_>,
+    src: FsPath,
+    dst: FsPath,
+    src_offset: u64,
+    dst_offset: u64,
+    length: u64,
+) -> PyResult<Outcome> {
+    py.detach(|| cowlink::clone_range(&src, src_offset, &dst, dst_offset, length))
+        .map(Outcome::from)
+        .map_err(|e| to_py(py, &e))
+}
+
+/// Copy the directory tree `src` to `dst`, cloning every file that can be
+/// cloned, on several threads. With `archive` (the default) it is `cp -a`:
+/// modes, owners, times and extended attributes kept, hardlinks kept,
+/// symbolic links copied as links. Without it, `cp -r`.
+///
+/// `dst` must not exist unless `dirs_exist_ok` (then files already there
+/// are replaced, each atomically, as `shutil.copytree` does). Failed entries do not stop
+/// the copy; at the end they are raised together as `TreeError` (with
+/// `errors` and `report`). Ctrl-C, or an exception from `on_progress`,
+/// stops the copy cleanly (no partial file is left) and propagates.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, archive=true, threads=None, dirs_exist_ok=false, reflink="auto", on_progress=None, cancel=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn copytree(
+    py: Python<'_>,
+    src: FsPath,
+    dst: FsPath,
+    archive: bool,
+    threads: Option<usize>,
+    dirs_exist_ok: bool,
+    reflink: &str,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<TreeReport> {
+    let mut options = if archive {
+        TreeOptions::archive()
+    } else {
+        TreeOptions::default()
+    };
+    options.file.reflink = self::reflink(reflink)?;
+    if dirs_exist_ok {
+        // As shutil.copytree: files already there are replaced.
+        options.file.overwrite = Overwrite::Replace;
+    }
+    if !dirs_exist_ok && dst.symlink_metadata().is_ok() {
+        let e = Error::new(Operation::CopyTree, ErrorKind::AlreadyExists)
+            .with_src(&src)
+            .with_dst(&dst)
+            .with_reason("destination exists (pass dirs_exist_ok=True to merge into it)");
+        return Err(to_py(py, &e));
+    }
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    options.run = control.run();
+    let failed: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+    let observe = |ev: &TreeEvent<'_>| {
+        if let TreeEvent::Failed(e) = ev {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((*e).clone());
+        }
+    };
+    let result = control.drive(py, || {
+        cowlink::tree::copy_tree(&src, &dst, &options, &observe)
+    })?;
+    let report = result.map_err(|e| to_py(py, &e))?;
+    let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    let report = TreeReport::from(&report);
+    if failed.is_empty() {
+        return Ok(report);
+    }
+    let first = failed[0].to_string();
+    let err = TreeError::new_err(format!(
+        "{} of the entries could not be copied; the first: {first}",
+        failed.len()
+    ));
+    let value = err.value(py);
+    value.setattr("errors", error_list(py, &failed)?)?;
+    value.setattr("report", Py::new(py, report)?)?;
+    Err(err)
+}
+
+/// How `path`'s file is laid out on disk (FIEMAP): extents, holes, and how
+/// much is shared.
+#[pyfunction]
+pub fn extents(py: Python<'_>, path: FsPath) -> PyResult<FileLayout> {
+    let layout = py
+        .detach(|| cowlink::extents::extents(&path))
+        .map_err(|e| to_py(py, &e))?;
+    FileLayout::new(py, &layout)
+}
+
+/// True disk usage of the files under `paths`, each file counted once:
+/// what is exclusive, what is shared inside the set and outside it.
+#[pyfunction]
+pub fn usage(py: Python<'_>, paths: Vec<FsPath>) -> PyResult<Usage> {
+    py.detach(|| cowlink::usage(&paths))
+        .map(|u| Usage::from(&u))
+        .map_err(|e| to_py(py, &e))
+}
+
+/// What the filesystem holding `path` can do.
+#[pyfunction]
+pub fn probe_filesystem(py: Python<'_>, path: FsPath) -> PyResult<FsFacts> {
+    let facts = py
+        .detach(|| cowlink::probe::filesystem(&path))
+        .map_err(|e| to_py(py, &e))?;
+    FsFacts::new(py, &facts)
+}
+
+/// Whether a file at `src` can be cloned to `dst`, and why not.
+#[pyfunction]
+pub fn probe_between(py: Python<'_>, src: FsPath, dst: FsPath) -> PyResult<Support> {
+    let s = py
+        .detach(|| cowlink::probe::between(&src, &dst))
+        .map_err(|e| to_py(py, &e))?;
+    Ok(Support {
+        src: Py::new(py, FsFacts::new(py, &s.src)?)?,
+        dst: Py::new(py, FsFacts::new(py, &s.dst)?)?,
+        same_filesystem: s.same_filesystem,
+        reflink: Py::new(py, crate::records::Answer::from(&s.reflink))?,
+    })
+}
+
+/// Every filesystem mounted at or under `root`, and what each can do.
+#[pyfunction]
+pub fn probe_tree(py: Python<'_>, root: FsPath) -> PyResult<Vec<MountSupport>> {
+    let mounts = py
+        .detach(|| cowlink::probe::tree(&root))
+        .map_err(|e| to_py(py, &e))?;
+    mounts
+        .iter()
+        .map(|m| {
+            Ok(MountSupport {
+                mount_point: m.mount_point.clone(),
+                source: m.source.clone(),
+                fstype: m.fstype.clone(),
+                read_only: m.read_only,
+                facts: Py::new(py, FsFacts::new(py, &m.facts)?)?,
+            })
+        })
+        .collect()
+}

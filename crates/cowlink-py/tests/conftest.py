@@ -1,0 +1,84 @@
+"""Fixtures: fresh directories on the real filesystems `scripts/testfs up`
+mounts (COWLINK_TEST_XFS, _BTRFS, _EXT4, _TMPFS). Without them a test is
+skipped, and reported as skipped; with COWLINK_REQUIRE_TESTFS=1 (as
+scripts/test sets) a missing filesystem is a failure instead."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _dir_on(var: str) -> Iterator[Path]:
+    root = os.environ.get(var)
+    if not root:
+        if os.environ.get("COWLINK_REQUIRE_TESTFS") == "1":
+            pytest.fail(f"{var} is not set but COWLINK_REQUIRE_TESTFS=1")
+        pytest.skip(f"{var} is not set (run under scripts/testfs up)")
+    d = Path(tempfile.mkdtemp(prefix="py-", dir=root))
+    try:
+        yield d
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(d)], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def xfs() -> Iterator[Path]:
+    yield from _dir_on("COWLINK_TEST_XFS")
+
+
+@pytest.fixture
+def btrfs() -> Iterator[Path]:
+    yield from _dir_on("COWLINK_TEST_BTRFS")
+
+
+@pytest.fixture
+def ext4() -> Iterator[Path]:
+    yield from _dir_on("COWLINK_TEST_EXT4")
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Path]:
+    yield from _dir_on("COWLINK_TEST_TMPFS")
+
+
+@pytest.fixture(params=["COWLINK_TEST_XFS", "COWLINK_TEST_BTRFS"], ids=["xfs", "btrfs"])
+def cow(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory on each filesystem that clones."""
+    yield from _dir_on(request.param)
+
+
+def rich_tree(root: Path) -> None:
+    """The project's rich fixture (every kind of entry, odd names, xattrs,
+    ACLs, hardlinks, sparse files, nanosecond times), built by the
+    cowlink-testfs crate's example so Rust and Python tests share it."""
+    exe = REPO / "target" / "release" / "examples" / "rich-tree"
+    if not exe.exists():
+        subprocess.run(
+            ["cargo", "build", "--quiet", "--release", "-p", "cowlink-testfs", "--example", "rich-tree"],
+            cwd=REPO,
+            check=True,
+        )
+    subprocess.run([str(exe), str(root), "40"], check=True, capture_output=True)
+
+
+def data(n: int, seed: int) -> bytes:
+    """`n` bytes that differ per seed and do not compress."""
+    import random
+
+    return random.Random(seed).randbytes(n)
+
+
+def write(path: Path, content: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
