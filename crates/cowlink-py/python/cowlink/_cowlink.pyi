@@ -18,24 +18,34 @@ __version__: str
 
 class NotSupportedError(OSError):
     kind: str
+    message: str
 class CrossDeviceError(OSError):
     kind: str
+    message: str
 class UnalignedError(OSError):
     kind: str
+    message: str
 class LinkLimitError(OSError):
     kind: str
+    message: str
 class ContentChangedError(OSError):
     kind: str
+    message: str
 class SameFileError(OSError):
     kind: str
+    message: str
 class NotRegularFileError(OSError):
     kind: str
+    message: str
 class CorruptError(OSError):
     kind: str
+    message: str
 class InUseError(OSError):
     kind: str
+    message: str
 class CancelledError(OSError):
     kind: str
+    message: str
 class TreeError(OSError):
     errors: list[OSError]
     report: TreeReport
