@@ -104,3 +104,34 @@ def test_prealloc_writer_leaves_nothing_on_an_exception(xfs: Path) -> None:
     assert e.value.filename == str(xfs / "taken")
     assert (xfs / "taken").read_bytes() == b"old"
     assert os.listdir(xfs) == ["taken"]
+
+
+def test_keyboard_interrupt_stops_a_checkout_and_a_dedupe_cleanly(xfs: Path) -> None:
+    n = 20000
+    for i in range(n):
+        write(xfs / "tree" / f"d{i % 16}" / f"f{i}", data(600, i % 5000))
+    store = cowlink.Store(xfs / "store")
+    added = store.add_tree(xfs / "tree")
+
+    def interrupt(p: cowlink.Progress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.checkout(added.digest, xfs / "out", on_progress=interrupt)
+    placed = 0
+    for dirpath, _, names in os.walk(xfs / "out"):
+        for name in names:
+            p = Path(dirpath) / name
+            assert p.read_bytes() == (xfs / "tree" / p.relative_to(xfs / "out")).read_bytes()
+            placed += 1
+    assert placed < n, "the checkout was not interrupted"
+    assert store.verify().clean
+    # The store is usable again after the interrupt.
+    assert store.stats().manifests == 1
+
+    plan = cowlink.dedupe.plan([xfs / "tree"])
+    assert plan.targets > 10000
+    with pytest.raises(KeyboardInterrupt):
+        cowlink.dedupe.execute(plan, on_progress=interrupt)
+    for i in range(0, n, 997):
+        assert (xfs / "tree" / f"d{i % 16}" / f"f{i}").read_bytes() == data(600, i % 5000)
