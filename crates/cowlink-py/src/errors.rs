@@ -83,28 +83,6 @@ create_exception!(
     "Some entries of a tree copy failed; `errors` lists them (as OSError) and `report` has the totals."
 );
 
-/// The errno a kind stands for when the library has none (a refusal it
-/// decided itself, such as an existing destination).
-fn usual_errno(kind: ErrorKind) -> Option<Errno> {
-    Some(match kind {
-        ErrorKind::NotSupported => Errno::OPNOTSUPP,
-        ErrorKind::CrossDevice => Errno::XDEV,
-        ErrorKind::Unaligned | ErrorKind::InvalidInput => Errno::INVAL,
-        ErrorKind::LinkLimit => Errno::MLINK,
-        ErrorKind::AlreadyExists => Errno::EXIST,
-        ErrorKind::NotFound => Errno::NOENT,
-        ErrorKind::PermissionDenied => Errno::ACCESS,
-        ErrorKind::NoSpace => Errno::NOSPC,
-        ErrorKind::IsDirectory => Errno::ISDIR,
-        ErrorKind::NotADirectory => Errno::NOTDIR,
-        ErrorKind::ReadOnly => Errno::ROFS,
-        ErrorKind::Cancelled => Errno::CANCELED,
-        ErrorKind::InUse => Errno::BUSY,
-        ErrorKind::Io => Errno::IO,
-        _ => return None,
-    })
-}
-
 /// The kind's word, as the library serializes it (`"not_found"`).
 fn kind_word(kind: ErrorKind) -> String {
     serde_json::to_value(kind)
@@ -140,7 +118,7 @@ pub fn exception<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyAny>>
     };
     let errno = e
         .raw_os_error()
-        .or_else(|| usual_errno(kind).map(Errno::raw_os_error));
+        .or_else(|| kind.usual_errno().map(Errno::raw_os_error));
     // As Python's own: strerror is the reason, and str() adds the names
     // from filename and filename2 ("[Errno 2] source does not exist:
     // 'a' -> 'b'"); `message` is the library's whole sentence.

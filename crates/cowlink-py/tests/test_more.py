@@ -129,6 +129,8 @@ def test_keyboard_interrupt_stops_a_checkout_and_a_dedupe_cleanly(xfs: Path) -> 
     # The store is usable again after the interrupt.
     assert store.stats().manifests == 1
 
+    # Dedupe: the exception propagates and no file's data changes (a short
+    # run may finish before the first tick; the last report still raises).
     plan = cowlink.dedupe.plan([xfs / "tree"])
     assert plan.targets > 10000
     with pytest.raises(KeyboardInterrupt):

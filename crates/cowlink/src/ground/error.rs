@@ -66,6 +66,34 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The errno this kind stands for when an error carries none (a
+    /// refusal the library decided itself, such as an existing
+    /// destination): what bindings that speak errno (Python's `OSError`)
+    /// report. `None` for kinds no errno names (same file, not a regular
+    /// file, content changed, corrupt).
+    pub fn usual_errno(self) -> Option<Errno> {
+        Some(match self {
+            ErrorKind::NotSupported => Errno::OPNOTSUPP,
+            ErrorKind::CrossDevice => Errno::XDEV,
+            ErrorKind::Unaligned | ErrorKind::InvalidInput => Errno::INVAL,
+            ErrorKind::LinkLimit => Errno::MLINK,
+            ErrorKind::AlreadyExists => Errno::EXIST,
+            ErrorKind::NotFound => Errno::NOENT,
+            ErrorKind::PermissionDenied => Errno::ACCESS,
+            ErrorKind::NoSpace => Errno::NOSPC,
+            ErrorKind::IsDirectory => Errno::ISDIR,
+            ErrorKind::NotADirectory => Errno::NOTDIR,
+            ErrorKind::ReadOnly => Errno::ROFS,
+            ErrorKind::Cancelled => Errno::CANCELED,
+            ErrorKind::InUse => Errno::BUSY,
+            ErrorKind::Io => Errno::IO,
+            ErrorKind::SameFile
+            | ErrorKind::NotRegularFile
+            | ErrorKind::ContentChanged
+            | ErrorKind::Corrupt => return None,
+        })
+    }
+
     /// A short English description, used when no better reason is known.
     pub fn describe(self) -> &'static str {
         match self {
@@ -422,6 +450,32 @@ mod tests {
         assert_eq!(classify(Errno::EXIST), ErrorKind::AlreadyExists);
         assert_eq!(classify(Errno::ACCESS), ErrorKind::PermissionDenied);
         assert_eq!(classify(Errno::IO), ErrorKind::Io);
+    }
+
+    #[test]
+    fn a_usual_errno_classifies_back_to_its_kind() {
+        use ErrorKind::*;
+        for k in [
+            NotSupported,
+            CrossDevice,
+            InvalidInput,
+            LinkLimit,
+            AlreadyExists,
+            NotFound,
+            PermissionDenied,
+            NoSpace,
+            IsDirectory,
+            NotADirectory,
+            ReadOnly,
+            Cancelled,
+            Io,
+        ] {
+            assert_eq!(classify(k.usual_errno().expect("an errno")), k);
+        }
+        // Two kinds borrow a broader errno: EINVAL and EBUSY.
+        assert_eq!(Unaligned.usual_errno(), Some(Errno::INVAL));
+        assert_eq!(InUse.usual_errno(), Some(Errno::BUSY));
+        assert_eq!(SameFile.usual_errno(), None);
     }
 
     #[test]
