@@ -48,7 +48,7 @@ pub struct DedupeArgs {
     /// 1, takes every non-empty file: on XFS even a 1-byte file holds a
     /// whole block that a duplicate can give back (Btrfs keeps small files
     /// inline in metadata: those are counted as not shareable)
-    #[arg(long, value_name = "SIZE", default_value = "1", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "1", value_parser = crate::size_arg)]
     min_size: u64,
 
     /// Worker threads for scanning and hashing [default: number of CPUs]
@@ -66,28 +66,6 @@ pub struct DedupeArgs {
     /// Files and directories to deduplicate
     #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
-}
-
-/// "4096", "4K", "1M", "2G" → bytes (powers of 1024).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("unknown size suffix '{c}' (use K, M, G or T)")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("'{s}' is not a size (examples: 4096, 4K, 1M)"))
 }
 
 #[derive(Serialize)]
@@ -231,7 +209,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use crate::size_arg as parse_size;
 
     #[test]
     fn sizes_with_suffixes() {

@@ -10,6 +10,7 @@ mod out;
 mod bench;
 mod cp;
 mod dedupe;
+mod drive;
 mod du;
 mod extents;
 mod image;
@@ -50,13 +51,14 @@ enum Command {
     /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
     // Documented by ExtentsArgs, DuArgs, DedupeArgs, StoreArgs and
-    // BenchArgs (long help with examples).
+    // BenchArgs, ImageArgs and DriveArgs (long help with examples).
     Extents(extents::ExtentsArgs),
     Du(du::DuArgs),
     Dedupe(dedupe::DedupeArgs),
     Store(store::StoreArgs),
     Bench(bench::BenchArgs),
     Image(image::ImageArgs),
+    Drive(drive::DriveArgs),
 }
 
 /// How the process ends.
@@ -150,6 +152,7 @@ fn main() -> ExitCode {
         Command::Store(args) => store::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
+        Command::Drive(args) => drive::run(args),
     };
     match result {
         Ok(exit) => exit.into(),
@@ -248,6 +251,36 @@ pub fn raise_fd_limit() {
     }
 }
 
+/// Parses a size: "4096", "4K", "1M", "20G", "20GiB", "1T" → bytes
+/// (powers of 1024, as `truncate` and `qemu-img` count).
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| {
+            t.strip_suffix('B')
+                .filter(|r| r.ends_with(|c: char| c.is_ascii_alphabetic()))
+        })
+        .unwrap_or(t);
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix '{c}' (use K, M, G or T)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a size (examples: 4096, 4K, 1M, 20G)"))
+}
+
 /// Bytes for people: "0 B", "1023 B", "1.5 KiB", "16.0 MiB".
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -282,6 +315,10 @@ mod tests {
 
     #[test]
     fn human_units() {
+        assert_eq!(size_arg("20G"), Ok(20 << 30));
+        assert_eq!(size_arg("20GiB"), Ok(20 << 30));
+        assert_eq!(size_arg("512MB"), Ok(512 << 20));
+        assert!(size_arg("1X").is_err() && size_arg("B").is_err());
         assert_eq!(human_bytes(0), "0 B");
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");

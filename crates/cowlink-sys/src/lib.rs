@@ -590,3 +590,86 @@ pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> Result<Option<i16>, Errno> {
     }
     Ok((lk.l_type != libc::F_UNLCK as i16).then_some(lk.l_type))
 }
+
+// Loop devices (linux/loop.h): attach a file with LOOP_CONFIGURE, detach,
+// switch direct I/O. State is read back from sysfs by the library.
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = linux_raw_sys::loop_device::LOOP_CTL_GET_FREE as _;
+const LOOP_CONFIGURE: Opcode = linux_raw_sys::loop_device::LOOP_CONFIGURE as Opcode;
+const LOOP_CLR_FD: Opcode = linux_raw_sys::loop_device::LOOP_CLR_FD as Opcode;
+const LOOP_SET_DIRECT_IO: Opcode = linux_raw_sys::loop_device::LOOP_SET_DIRECT_IO as Opcode;
+
+/// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
+/// (a mount, an open descriptor) goes away.
+pub const LOOP_FLAG_AUTOCLEAR: u32 = linux_raw_sys::loop_device::LO_FLAGS_AUTOCLEAR as u32;
+/// `LO_FLAGS_DIRECT_IO`: the device reads and writes its backing file with
+/// `O_DIRECT`, so pages are not cached twice.
+pub const LOOP_FLAG_DIRECT_IO: u32 = linux_raw_sys::loop_device::LO_FLAGS_DIRECT_IO as u32;
+
+/// `ioctl(/dev/loop-control, LOOP_CTL_GET_FREE)`: the number of a free loop
+/// device (`/dev/loopN`), created by the kernel if none is free. Another
+/// process may take it before we configure it; `loop_configure` then
+/// answers `EBUSY` and the caller asks again.
+pub fn loop_ctl_get_free(control: BorrowedFd<'_>) -> Result<u32, Errno> {
+    // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns the device
+    // number or -1; `control` is a live descriptor for the call.
+    let r = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+    if r < 0 {
+        return Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    Ok(r as u32)
+}
+
+/// `ioctl(device, LOOP_CONFIGURE, {fd: backing, block_size, flags})`: attach
+/// `backing` to the loop device `device` in one step, with the logical
+/// block size `block_size` (512 to 4096, a power of two) and `flags`
+/// (`LOOP_FLAG_*`). `EBUSY`: the device is already attached.
+pub fn loop_configure(
+    device: BorrowedFd<'_>,
+    backing: BorrowedFd<'_>,
+    block_size: u32,
+    flags: u32,
+) -> Result<(), Errno> {
+    // SAFETY: `loop_config` is plain old data (integers and byte arrays);
+    // all-zero is its documented "no offset, no size limit, no name" value.
+    let mut config: linux_raw_sys::loop_device::loop_config = unsafe { std::mem::zeroed() };
+    config.fd = backing.as_raw_fd() as u32;
+    config.block_size = block_size;
+    config.info.lo_flags = flags;
+    // SAFETY: LOOP_CONFIGURE reads exactly one `struct loop_config`, which
+    // the setter holds for the duration of the call; `backing` stays open
+    // for the call (the kernel takes its own reference).
+    unsafe {
+        ioctl(
+            device,
+            rustix::ioctl::Setter::<LOOP_CONFIGURE, _>::new(config),
+        )
+    }
+}
+
+/// `ioctl(device, LOOP_CLR_FD)`: detach the loop device's backing file. If
+/// something else still holds the device (a mount), the kernel only marks it
+/// to detach when that goes away.
+pub fn loop_clear(device: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: LOOP_CLR_FD takes no argument.
+    unsafe { ioctl(device, rustix::ioctl::NoArg::<LOOP_CLR_FD>::new()) }
+}
+
+/// `ioctl(device, LOOP_SET_DIRECT_IO, on)`: switch direct I/O on an attached
+/// loop device. `EINVAL` when the backing file's filesystem or the block
+/// size does not allow it.
+pub fn loop_set_direct_io(device: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
+    // SAFETY: LOOP_SET_DIRECT_IO takes an unsigned long by value (0 or 1).
+    unsafe {
+        ioctl(
+            device,
+            rustix::ioctl::IntegerSetter::<LOOP_SET_DIRECT_IO>::new_usize(usize::from(on)),
+        )
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_config>() == 304);

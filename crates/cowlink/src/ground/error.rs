@@ -192,6 +192,16 @@ pub enum Operation {
     Bench,
     /// Reading, committing or converting a disk image.
     Image,
+    /// Making a dev drive.
+    DriveCreate,
+    /// Mounting a dev drive.
+    DriveMount,
+    /// Unmounting a dev drive.
+    DriveUnmount,
+    /// Deleting a dev drive.
+    DriveRemove,
+    /// Reporting on a dev drive.
+    DriveStatus,
 }
 
 impl Operation {
@@ -211,6 +221,11 @@ impl Operation {
             Operation::Write => "write",
             Operation::Bench => "measure in",
             Operation::Image => "process the image",
+            Operation::DriveCreate => "create the drive",
+            Operation::DriveMount => "mount the drive",
+            Operation::DriveUnmount => "unmount",
+            Operation::DriveRemove => "remove the drive",
+            Operation::DriveStatus => "find the drive",
         }
     }
 }

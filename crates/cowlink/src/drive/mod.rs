@@ -1,0 +1,950 @@
+//! Dev drives: a volume that clones, made from an image file, for the many
+//! developers whose disk is ext4.
+//!
+//! A drive is a sparse image file holding XFS (with reflink) or Btrfs,
+//! attached to a loop device with direct I/O (the image's pages are not
+//! cached a second time in the host's page cache) and `AUTOCLEAR` (the
+//! device detaches itself when the drive is unmounted), and mounted with
+//! `noatime`. [`create`] makes one in steps, each undone if a later one
+//! fails, so a refusal or a failure leaves no image, loop device, mount,
+//! record or boot entry behind; [`mount`], [`unmount`] and [`remove`] are
+//! idempotent; [`list`] and [`status`] report each drive with what is
+//! wrong with it (lost mount options, a loop device without direct I/O).
+//!
+//! What makes an image "a cowlink drive" is its record: one small JSON
+//! file per drive in [`Places::state_dir`] (image, mount point,
+//! filesystem). Everything else (mounted or not, loop state, use, whether
+//! it persists) is read live from the kernel each time.
+//!
+//! Layout: this file has the operations and their reports; `device` the
+//! kernel side (superblocks, loop devices, mounts, processes holding
+//! files); `persist` the boot entry (a systemd unit or an fstab line).
+//!
+//! Everything here but [`list`], [`status`] and a dry run needs root.
+
+mod device;
+mod persist;
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+pub use device::{Holder, LoopState};
+pub use persist::{PersistKind, PersistPlan, PersistWith, Places};
+
+use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
+use crate::ground::name::quoted;
+
+/// The filesystem a drive holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum DriveFs {
+    /// XFS with reflink (`mkfs.xfs -m reflink=1`).
+    #[default]
+    Xfs,
+    /// Btrfs.
+    Btrfs,
+}
+
+impl DriveFs {
+    /// The kernel's name for it (`xfs`, `btrfs`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DriveFs::Xfs => "xfs",
+            DriveFs::Btrfs => "btrfs",
+        }
+    }
+
+    /// The program that makes it.
+    pub fn mkfs(self) -> &'static str {
+        match self {
+            DriveFs::Xfs => "mkfs.xfs",
+            DriveFs::Btrfs => "mkfs.btrfs",
+        }
+    }
+
+    /// The Debian/Fedora package holding [`mkfs`](Self::mkfs).
+    pub fn package(self) -> &'static str {
+        match self {
+            DriveFs::Xfs => "xfsprogs",
+            DriveFs::Btrfs => "btrfs-progs",
+        }
+    }
+
+    /// `mkfs` arguments: label `cowlink`, 4 KiB sectors (so the loop
+    /// device can use 4 KiB blocks, which direct I/O needs on disks with
+    /// 4 KiB sectors), reflink on for XFS.
+    fn mkfs_args(self, image: &Path) -> Vec<OsString> {
+        let words: &[&str] = match self {
+            DriveFs::Xfs => &["-q", "-m", "reflink=1", "-s", "size=4096", "-L", "cowlink"],
+            DriveFs::Btrfs => &["-q", "--sectorsize", "4096", "-L", "cowlink"],
+        };
+        let mut v: Vec<OsString> = words.iter().map(OsString::from).collect();
+        v.push(image.into());
+        v
+    }
+}
+
+impl std::fmt::Display for DriveFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Options for [`create`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// The image's size in bytes (the filesystem's size; the file is
+    /// sparse and fills as data is written).
+    pub size: u64,
+    /// Where to mount it: an empty directory, made if missing.
+    pub mount: PathBuf,
+    /// The filesystem.
+    pub fs: DriveFs,
+    /// Who gets the mount root (`uid`, `gid`); `None` leaves it to root.
+    pub owner: Option<(u32, u32)>,
+    /// Bring it back at boot, and how.
+    pub persist: Option<PersistWith>,
+    /// Allow a size beyond the free space of the image's filesystem.
+    pub sparse_ok: bool,
+    /// Check everything and say what would be written, but change nothing.
+    pub dry_run: bool,
+}
+
+/// What [`create`] did (or, on a dry run, would do).
+#[derive(Debug, Clone, Serialize)]
+pub struct Created {
+    /// The image file.
+    pub image: PathBuf,
+    /// The mount point.
+    pub mount: PathBuf,
+    /// The filesystem.
+    pub fs: DriveFs,
+    /// The image's size.
+    pub size: u64,
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// The boot entry written (or to be written).
+    pub persist: Option<PersistPlan>,
+    /// The drive as it now stands (`None` on a dry run).
+    pub drive: Option<DriveInfo>,
+}
+
+/// A drive as it stands.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriveInfo {
+    /// The image file.
+    pub image: PathBuf,
+    /// Where it belongs.
+    pub mount_point: PathBuf,
+    /// Its filesystem.
+    pub fs: DriveFs,
+    /// The image file exists.
+    pub image_exists: bool,
+    /// The image's size (the filesystem's size).
+    pub size: Option<u64>,
+    /// Bytes the image takes on the host (it is sparse).
+    pub image_allocated: Option<u64>,
+    /// Mounted on [`mount_point`](Self::mount_point).
+    pub mounted: bool,
+    /// Mounted somewhere else instead.
+    pub mounted_elsewhere: Option<PathBuf>,
+    /// The filesystem's total and used bytes, when mounted.
+    pub fs_total: Option<u64>,
+    /// Used bytes, when mounted.
+    pub fs_used: Option<u64>,
+    /// Whether a trial clone works there, when mounted.
+    pub reflink: Option<bool>,
+    /// Why not, when it does not.
+    pub reflink_reason: Option<String>,
+    /// The mount options, when mounted.
+    pub mount_options: Option<String>,
+    /// The loop device, when attached.
+    pub loop_device: Option<LoopState>,
+    /// The mount root's owner, when mounted.
+    pub owner_uid: Option<u32>,
+    /// How it comes back at boot, if it does.
+    pub persist: Option<PersistKind>,
+    /// The unit or fstab holding the boot entry.
+    pub persist_file: Option<PathBuf>,
+    /// What is wrong, in words.
+    pub warnings: Vec<String>,
+}
+
+/// What [`mount`] and [`unmount`] found or did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// Done now.
+    Done,
+    /// Already so: nothing to do (direct I/O may have been switched on).
+    Already,
+}
+
+/// The record that makes an image a cowlink drive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    image: PathBuf,
+    mount: PathBuf,
+    fs: DriveFs,
+}
+
+fn record_path(places: &Places, image: &Path) -> PathBuf {
+    let h = blake3::hash(image.as_os_str().as_encoded_bytes()).to_hex();
+    places.state_dir.join(format!("{}.json", &h[..16]))
+}
+
+fn read_record(places: &Places, image: &Path) -> Option<Record> {
+    let text = fs::read(record_path(places, image)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+fn records(places: &Places) -> Vec<Record> {
+    let Ok(dir) = fs::read_dir(&places.state_dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<Record> = dir
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter_map(|e| serde_json::from_slice(&fs::read(e.path()).ok()?).ok())
+        .collect();
+    v.sort_by(|a, b| a.image.cmp(&b.image));
+    v
+}
+
+fn write_record(places: &Places, r: &Record) -> io::Result<()> {
+    fs::create_dir_all(&places.state_dir)?;
+    let text = serde_json::to_string_pretty(r).map_err(io::Error::other)? + "\n";
+    persist::write_atomic(&record_path(places, &r.image), &text, 0o644)
+}
+
+fn remove_record(places: &Places, image: &Path) -> io::Result<()> {
+    match fs::remove_file(record_path(places, image)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Steps to undo, last first, unless [`Undo::done`].
+#[derive(Default)]
+struct Undo(Vec<Box<dyn FnOnce()>>);
+
+impl Undo {
+    fn push(&mut self, f: impl FnOnce() + 'static) {
+        self.0.push(Box::new(f));
+    }
+    fn done(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        while let Some(f) = self.0.pop() {
+            f();
+        }
+    }
+}
+
+fn require_root(op: Operation, path: &Path) -> Result<(), Error> {
+    match rustix::process::geteuid().is_root() {
+        true => Ok(()),
+        false => Err(Error::new(op, ErrorKind::PermissionDenied)
+            .with_src(path)
+            .with_reason("needs root (it attaches a loop device and mounts)")),
+    }
+}
+
+/// `p` made absolute against the current directory, `.` and `..` resolved
+/// through the parts that exist; must be UTF-8 (it goes into unit files).
+fn absolute(op: Operation, p: &Path) -> Result<PathBuf, Error> {
+    let abs = std::path::absolute(p).map_err(|e| Error::from_io(op, &e).with_src(p))?;
+    // Resolve the longest existing ancestor, keep the rest as written.
+    let mut existing = abs.clone();
+    let mut rest = Vec::new();
+    let resolved = loop {
+        match fs::canonicalize(&existing) {
+            Ok(c) => break c,
+            Err(_) => match (
+                existing.file_name().map(|n| n.to_owned()),
+                existing.parent(),
+            ) {
+                (Some(n), Some(parent)) => {
+                    rest.push(n);
+                    existing = parent.to_path_buf();
+                }
+                _ => break existing,
+            },
+        }
+    };
+    let full = rest.into_iter().rev().fold(resolved, |acc, n| acc.join(n));
+    if full.to_str().is_none() {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(p)
+            .with_reason("drive paths must be valid UTF-8 (they are written into boot entries)"));
+    }
+    Ok(full)
+}
+
+/// Find a program on `PATH`, or in the sbin directories a non-login root
+/// shell may lack.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn gib(n: u64) -> String {
+    format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64)
+}
+
+/// The logical block size for a loop device over an image whose
+/// filesystem has `sector`-byte sectors.
+fn block_size_for(sector: u32) -> u32 {
+    match sector {
+        s if s >= 4096 => 4096,
+        s if s.is_power_of_two() && s >= 512 => s,
+        _ => 512,
+    }
+}
+
+/// Make a drive: `image` of `options.size` bytes, formatted, attached,
+/// mounted on `options.mount`, owned, recorded, persisted if asked; see
+/// the module documentation.
+///
+/// # Errors
+/// Refusals, before anything is made: not root (`PermissionDenied`),
+/// `image` exists (`AlreadyExists`), the mount point is not an empty
+/// directory or is a mount point already (`AlreadyExists`/`InUse`/
+/// `NotADirectory`), the `mkfs` program is missing (`NotFound`, naming the
+/// package), the size exceeds the free space (`NoSpace`, unless
+/// `sparse_ok`), the boot entry's unit exists (`AlreadyExists`). A failing
+/// step (`mkfs`, loop setup, mount, writing the record or entry) fails the
+/// whole and undoes every earlier step.
+pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<Created, Error> {
+    let op = Operation::DriveCreate;
+    let image = absolute(op, image)?;
+    let mount = absolute(op, &options.mount)?;
+    let fs_ = options.fs;
+    if options.size == 0 {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(&image)
+            .with_reason("the size must be more than 0"));
+    }
+    if !options.dry_run {
+        require_root(op, &image)?;
+    }
+    // Refusals, before anything is made.
+    if fs::symlink_metadata(&image).is_ok() {
+        return Err(Error::new(op, ErrorKind::AlreadyExists)
+            .with_src(&image)
+            .with_reason("the image file already exists (remove it, or choose another name)"));
+    }
+    let image_dir = image.parent().unwrap_or(Path::new("/")).to_path_buf();
+    if !image_dir.is_dir() {
+        return Err(Error::new(op, ErrorKind::NotFound)
+            .with_src(&image)
+            .with_reason(format!(
+                "its directory {} does not exist",
+                quoted(&image_dir)
+            )));
+    }
+    let mount_exists = check_mount_point(op, &mount)?;
+    let Some(mkfs) = find_program(fs_.mkfs()) else {
+        return Err(Error::new(op, ErrorKind::NotFound)
+            .with_src(&image)
+            .with_reason(format!(
+                "{} is not installed: install the {} package (apt install {} / dnf install {})",
+                fs_.mkfs(),
+                fs_.package(),
+                fs_.package(),
+                fs_.package()
+            )));
+    };
+    let free = rustix::fs::statvfs(&image_dir)
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+        .map_err(|e| Error::from_errno(op, e).with_src(&image_dir))?;
+    if options.size > free && !options.sparse_ok {
+        return Err(Error::new(op, ErrorKind::NoSpace)
+            .with_src(&image)
+            .with_reason(format!(
+                "{} is more than the {} free on {}: the drive could fill the host's disk \
+             (add --sparse-ok to make it anyway: the image grows only as data is written)",
+                gib(options.size),
+                gib(free),
+                quoted(&image_dir)
+            )));
+    }
+    let plan = options
+        .persist
+        .map(|with| persist::plan(with, places, &image, &mount, fs_));
+    if let Some(p) = &plan {
+        if p.kind == PersistKind::Systemd && p.file.exists() {
+            return Err(Error::new(op, ErrorKind::AlreadyExists)
+                .with_src(&image)
+                .with_reason(format!(
+                    "the boot unit {} already exists: another drive is set to mount on {}",
+                    quoted(&p.file),
+                    quoted(&mount)
+                )));
+        }
+    }
+    let created = |drive| Created {
+        image: image.clone(),
+        mount: mount.clone(),
+        fs: fs_,
+        size: options.size,
+        dry_run: options.dry_run,
+        persist: plan.clone(),
+        drive,
+    };
+    if options.dry_run {
+        return Ok(created(None));
+    }
+
+    let mut undo = Undo::default();
+    if !mount_exists {
+        fs::create_dir(&mount).map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
+        let m = mount.clone();
+        undo.push(move || drop(fs::remove_dir(m)));
+    }
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&image)
+        .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+    let i = image.clone();
+    undo.push(move || drop(fs::remove_file(i)));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_len(options.size)
+            .and_then(|()| file.set_permissions(fs::Permissions::from_mode(0o600)))
+            .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+        drop(file);
+    }
+    let out = Command::new(&mkfs)
+        .args(fs_.mkfs_args(&image))
+        .output()
+        .map_err(|e| {
+            Error::from_io(op, &e)
+                .with_src(&image)
+                .with_reason(format!("cannot run {}: {e}", quoted(&mkfs)))
+        })?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        // What it said before any usage text, at most 3 lines.
+        let said: Vec<&str> = err
+            .lines()
+            .take_while(|l| !l.starts_with("Usage:"))
+            .filter(|l| !l.trim().is_empty())
+            .take(3)
+            .collect();
+        let said = said.join(" / ");
+        return Err(Error::new(op, ErrorKind::Io)
+            .with_src(&image)
+            .with_reason(format!("{} failed ({}): {said}", fs_.mkfs(), out.status)));
+    }
+    let attached = device::attach(&image, 4096).map_err(|(e, what)| {
+        Error::from_errno(op, e)
+            .with_src(&image)
+            .with_reason(format!("cannot {what}: {}", errno_text(e)))
+    })?;
+    device::mount(&attached.path(), &mount, fs_).map_err(|e| {
+        Error::from_errno(op, e)
+            .with_src(&image)
+            .with_dst(&mount)
+            .with_reason(format!("mount failed: {}", errno_text(e)))
+    })?;
+    let m = mount.clone();
+    undo.push(move || {
+        let _ = device::unmount(&m);
+    });
+    if let Some((uid, gid)) = options.owner {
+        std::os::unix::fs::chown(&mount, Some(uid), Some(gid))
+            .map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
+    }
+    let record = Record {
+        image: image.clone(),
+        mount: mount.clone(),
+        fs: fs_,
+    };
+    write_record(places, &record)
+        .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
+    let (p2, i2) = (places.clone(), image.clone());
+    undo.push(move || drop(remove_record(&p2, &i2)));
+    if let Some(p) = &plan {
+        persist::apply(p, places).map_err(|e| Error::from_io(op, &e).with_src(&p.file))?;
+    }
+    attached.keep();
+    undo.done();
+    Ok(created(Some(info(&record, places))))
+}
+
+/// Check a mount point for [`create`] and [`mount`]: an empty directory
+/// that is not a mount point, or missing (then its parent must exist).
+/// Returns whether it exists.
+fn check_mount_point(op: Operation, mount: &Path) -> Result<bool, Error> {
+    match fs::symlink_metadata(mount) {
+        Ok(m) if !m.is_dir() => Err(Error::new(op, ErrorKind::NotADirectory)
+            .with_src(mount)
+            .with_reason("the mount point is not a directory")),
+        Ok(_) => {
+            if let Some(m) = device::mounted_at(mount) {
+                return Err(Error::new(op, ErrorKind::InUse)
+                    .with_src(mount)
+                    .with_reason(format!(
+                        "it is already a mount point ({} from {})",
+                        m.fstype, m.source
+                    )));
+            }
+            let n = fs::read_dir(mount)
+                .map_err(|e| Error::from_io(op, &e).with_src(mount))?
+                .count();
+            if n > 0 {
+                return Err(Error::new(op, ErrorKind::AlreadyExists)
+                    .with_src(mount)
+                    .with_reason(format!(
+                    "the mount point is not empty ({n} {}): a drive mounted there would hide them",
+                    if n == 1 { "entry" } else { "entries" }
+                )));
+            }
+            Ok(true)
+        }
+        Err(_) => match mount.parent().map(Path::is_dir) {
+            Some(true) => Ok(false),
+            _ => Err(Error::new(op, ErrorKind::NotFound)
+                .with_src(mount)
+                .with_reason("neither the mount point nor its parent directory exists")),
+        },
+    }
+}
+
+/// Every drive with a record, as it stands.
+pub fn list(places: &Places) -> Vec<DriveInfo> {
+    records(places).iter().map(|r| info(r, places)).collect()
+}
+
+/// The drive whose mount point or image is `path`.
+///
+/// # Errors
+/// `NotFound` when no drive has that mount point or image.
+pub fn status(path: &Path, places: &Places) -> Result<DriveInfo, Error> {
+    let op = Operation::DriveStatus;
+    let p = absolute(op, path)?;
+    records(places)
+        .into_iter()
+        .find(|r| r.mount == p || r.image == p)
+        .map(|r| info(&r, places))
+        .ok_or_else(|| {
+            Error::new(op, ErrorKind::NotFound)
+                .with_src(path)
+                .with_reason(
+                    "no cowlink drive has this mount point or image (see `cowlink drive list`)",
+                )
+        })
+}
+
+fn info(r: &Record, places: &Places) -> DriveInfo {
+    let meta = fs::metadata(&r.image).ok();
+    let mounts = device::mounts_of(&r.image);
+    let here = mounts.iter().find(|(m, _)| m.mount_point == r.mount);
+    let elsewhere = mounts
+        .iter()
+        .find(|(m, _)| m.mount_point != r.mount)
+        .map(|(m, _)| m.mount_point.clone());
+    let loop_device = here
+        .map(|(_, l)| l.clone())
+        .or_else(|| mounts.first().map(|(_, l)| l.clone()))
+        .or_else(|| {
+            device::loops_of(&r.image)
+                .into_iter()
+                .next()
+                .map(|(_, l)| l)
+        });
+    let mut d = DriveInfo {
+        image: r.image.clone(),
+        mount_point: r.mount.clone(),
+        fs: r.fs,
+        image_exists: meta.is_some(),
+        size: meta.as_ref().map(|m| m.len()),
+        image_allocated: meta.as_ref().map(|m| m.blocks() * 512),
+        mounted: here.is_some(),
+        mounted_elsewhere: elsewhere,
+        fs_total: None,
+        fs_used: None,
+        reflink: None,
+        reflink_reason: None,
+        mount_options: here.map(|(m, _)| m.options.clone()),
+        loop_device,
+        owner_uid: None,
+        persist: None,
+        persist_file: None,
+        warnings: Vec::new(),
+    };
+    if let Some((kind, file)) = persist::find(places, &r.image, &r.mount) {
+        d.persist = Some(kind);
+        d.persist_file = Some(file);
+    }
+    if d.mounted {
+        if let Ok(s) = rustix::fs::statvfs(&r.mount) {
+            d.fs_total = Some(s.f_blocks * s.f_frsize);
+            d.fs_used = Some((s.f_blocks - s.f_bfree) * s.f_frsize);
+        }
+        d.owner_uid = fs::metadata(&r.mount).ok().map(|m| m.uid());
+        if let Ok(f) = crate::probe::filesystem(&r.mount) {
+            d.reflink = Some(f.reflink.is_yes());
+            d.reflink_reason = f.reflink.reason().map(str::to_owned);
+        }
+    }
+    d.warnings = warnings(&d);
+    d
+}
+
+/// What is wrong with a drive, in words.
+fn warnings(d: &DriveInfo) -> Vec<String> {
+    let mut w = Vec::new();
+    if !d.image_exists {
+        w.push(format!("the image {} is missing", quoted(&d.image)));
+    }
+    if let Some(e) = &d.mounted_elsewhere {
+        w.push(format!(
+            "mounted on {} instead of {}",
+            quoted(e),
+            quoted(&d.mount_point)
+        ));
+    }
+    if let Some(o) = &d.mount_options {
+        if !o.split(',').any(|x| x == "noatime") {
+            w.push(format!(
+                "the mount has lost its noatime option (options now: {o}): every read writes an access time"
+            ));
+        }
+    }
+    if let Some(l) = &d.loop_device {
+        if !l.direct_io {
+            w.push(format!(
+                "{} does not use direct I/O: the image's pages are cached twice \
+                 (`cowlink drive mount {} {}` switches it on)",
+                l.device.display(),
+                quoted(&d.image),
+                quoted(&d.mount_point)
+            ));
+        }
+    }
+    if d.reflink == Some(false) {
+        w.push(format!(
+            "reflink does not work on it: {}",
+            d.reflink_reason.as_deref().unwrap_or("unknown reason")
+        ));
+    }
+    w
+}
+
+/// Mount the drive `image` on `mount` (made if missing): attach a loop
+/// device with direct I/O, mount with `noatime`, and record it. Already
+/// mounted there: switches direct I/O on if it was off, and answers
+/// [`Change::Already`].
+///
+/// # Errors
+/// Not root, `image` missing or holding neither XFS nor Btrfs (or not the
+/// `fs` asked for), `image` mounted elsewhere, the mount point not an
+/// empty directory, loop setup or mount failing (everything undone).
+pub fn mount(
+    image: &Path,
+    mount_point: &Path,
+    fs_asked: Option<DriveFs>,
+    places: &Places,
+) -> Result<(Change, DriveInfo), Error> {
+    let op = Operation::DriveMount;
+    let image = absolute(op, image)?;
+    let mount = absolute(op, mount_point)?;
+    require_root(op, &image)?;
+    let (fs_, sector) = match device::detect(&image) {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason("it holds neither an XFS nor a Btrfs filesystem"))
+        }
+        Err(e) => return Err(Error::from_io(op, &e).with_src(&image)),
+    };
+    if let Some(asked) = fs_asked.filter(|a| *a != fs_) {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(&image)
+            .with_reason(format!("it holds {fs_}, not {asked}")));
+    }
+    let record = Record {
+        image: image.clone(),
+        mount: mount.clone(),
+        fs: fs_,
+    };
+    let save = |r: &Record| {
+        write_record(places, r).map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))
+    };
+    let mounted = device::mounts_of(&image);
+    if let Some((m, l)) = mounted.iter().find(|(m, _)| m.mount_point == mount) {
+        let n = device::loop_number(&m.source).unwrap_or(u32::MAX);
+        if !l.direct_io {
+            device::set_direct_io(n).map_err(|e| {
+                Error::from_errno(op, e)
+                    .with_src(&l.device)
+                    .with_reason(format!("cannot switch direct I/O on: {}", errno_text(e)))
+            })?;
+        }
+        if read_record(places, &image).as_ref() != Some(&record) {
+            save(&record)?;
+        }
+        return Ok((Change::Already, info(&record, places)));
+    }
+    if let Some((m, _)) = mounted.first() {
+        return Err(Error::new(op, ErrorKind::InUse)
+            .with_src(&image)
+            .with_reason(format!(
+                "it is already mounted on {}",
+                quoted(&m.mount_point)
+            )));
+    }
+    let exists = check_mount_point(op, &mount)?;
+    let mut undo = Undo::default();
+    if !exists {
+        fs::create_dir(&mount).map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
+        let m = mount.clone();
+        undo.push(move || drop(fs::remove_dir(m)));
+    }
+    // A device left attached but unmounted (a crash between the steps) is
+    // detached first: two devices over one image would corrupt it.
+    for (n, _) in device::loops_of(&image) {
+        let _ = device::detach(n);
+    }
+    let attached = device::attach(&image, block_size_for(sector)).map_err(|(e, what)| {
+        Error::from_errno(op, e)
+            .with_src(&image)
+            .with_reason(format!("cannot {what}: {}", errno_text(e)))
+    })?;
+    device::mount(&attached.path(), &mount, fs_).map_err(|e| {
+        Error::from_errno(op, e)
+            .with_src(&image)
+            .with_dst(&mount)
+            .with_reason(format!("mount failed: {}", errno_text(e)))
+    })?;
+    let m = mount.clone();
+    undo.push(move || {
+        let _ = device::unmount(&m);
+    });
+    if read_record(places, &image).as_ref() != Some(&record) {
+        save(&record)?;
+    }
+    attached.keep();
+    undo.done();
+    Ok((Change::Done, info(&record, places)))
+}
+
+/// Unmount the drive mounted on `mount_point`; its loop device detaches
+/// with it. Not mounted: [`Change::Already`].
+///
+/// # Errors
+/// Not root; something other than a loop device is mounted there
+/// (`InvalidInput`: not a drive); files are open on it (`InUse`, naming
+/// the processes).
+pub fn unmount(mount_point: &Path) -> Result<Change, Error> {
+    let op = Operation::DriveUnmount;
+    let mount = absolute(op, mount_point)?;
+    require_root(op, &mount)?;
+    let Some(m) = device::mounted_at(&mount) else {
+        return Ok(Change::Already);
+    };
+    let Some(n) = device::loop_number(&m.source) else {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(&mount)
+            .with_reason(format!(
+                "it is not a drive: {} from {} is mounted there (use umount)",
+                m.fstype, m.source
+            )));
+    };
+    let backing = device::loop_state(n).map(|s| s.backing_file);
+    if let Err(e) = device::unmount(&mount) {
+        let mut err = Error::from_errno(op, e).with_src(&mount);
+        if e == rustix::io::Errno::BUSY {
+            let dev = fs::metadata(&mount).map(|m| m.dev()).unwrap_or(0);
+            err = err.with_kind(ErrorKind::InUse).with_reason(format!(
+                "in use: {}",
+                describe_holders(&device::holders(dev, None))
+            ));
+        }
+        return Err(err);
+    }
+    // AUTOCLEAR detaches the device once the mount lets go; a device
+    // attached without it (a mount(8) of an older util-linux) is detached
+    // here. The kernel does it asynchronously: wait up to a second.
+    if let Some(image) = backing {
+        for _ in 0..100 {
+            if device::loops_of(&image).is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        for (k, s) in device::loops_of(&image) {
+            if !s.autoclear || k == n {
+                let _ = device::detach(k);
+            }
+        }
+    }
+    Ok(Change::Done)
+}
+
+fn describe_holders(h: &[Holder]) -> String {
+    if h.is_empty() {
+        return "the kernel says it is busy, but no process has a file open on it \
+                (a bind mount or a loop device over a file on it?)"
+            .into();
+    }
+    let shown: Vec<String> = h
+        .iter()
+        .take(5)
+        .map(|h| format!("pid {} ({}) holds {}", h.pid, h.command, quoted(&h.path)))
+        .collect();
+    let more = match h.len() {
+        n if n > 5 => format!(" and {} more", n - 5),
+        _ => String::new(),
+    };
+    format!("{}{more}", shown.join(", "))
+}
+
+/// What [`remove`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Removed {
+    /// The image file was deleted (it existed).
+    pub image_deleted: bool,
+    /// Bytes the image had taken on the host.
+    pub freed: u64,
+    /// A boot entry was removed.
+    pub persist_removed: bool,
+    /// The record was removed.
+    pub record_removed: bool,
+    /// The (empty) mount point directory was removed.
+    pub mount_removed: bool,
+}
+
+/// Delete the drive `image`: its boot entry, its record and the image
+/// file. Nothing to remove is not an error.
+///
+/// # Errors
+/// Not root; the drive is mounted or its image attached to a loop device
+/// or open in a process (`InUse`, naming where and who); `yes` not given
+/// while the image exists (`InvalidInput`: the message says what would be
+/// deleted).
+pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error> {
+    let op = Operation::DriveRemove;
+    let image = absolute(op, image)?;
+    require_root(op, &image)?;
+    let record = read_record(places, &image);
+    let meta = fs::metadata(&image).ok();
+    if let Some((m, _)) = device::mounts_of(&image).into_iter().next() {
+        let dev = fs::metadata(&m.mount_point).map(|x| x.dev()).unwrap_or(0);
+        let holders = device::holders(dev, None);
+        let open = match holders.is_empty() {
+            true => String::new(),
+            false => format!("; files are open on it: {}", describe_holders(&holders)),
+        };
+        return Err(Error::new(op, ErrorKind::InUse)
+            .with_src(&image)
+            .with_reason(format!(
+                "it is mounted on {}{open}: unmount it first (cowlink drive unmount {})",
+                quoted(&m.mount_point),
+                quoted(&m.mount_point)
+            )));
+    }
+    if let Some((_, l)) = device::loops_of(&image).into_iter().next() {
+        return Err(Error::new(op, ErrorKind::InUse)
+            .with_src(&image)
+            .with_reason(format!(
+                "it is attached to {} (losetup -d {} detaches it)",
+                l.device.display(),
+                l.device.display()
+            )));
+    }
+    if let Some(m) = &meta {
+        let holders = device::holders(m.dev(), Some(m.ino()));
+        if !holders.is_empty() {
+            return Err(Error::new(op, ErrorKind::InUse)
+                .with_src(&image)
+                .with_reason(format!("it is open: {}", describe_holders(&holders))));
+        }
+        if !yes {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                "this deletes the drive and all its data ({} in the image); add --yes to go ahead",
+                gib(m.blocks() * 512)
+            )));
+        }
+    }
+    let mount = record.as_ref().map(|r| r.mount.clone());
+    let persist_found = mount
+        .as_ref()
+        .and_then(|m| persist::find(places, &image, m))
+        .is_some();
+    if let Some(m) = &mount {
+        persist::remove(places, &image, m).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+    }
+    remove_record(places, &image)
+        .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
+    if meta.is_some() {
+        match fs::remove_file(&image) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(Error::from_io(op, &e).with_src(&image))
+            }
+            _ => {}
+        }
+    }
+    // The mount point goes too when nothing is in it (create made it, or
+    // it was made for the drive); a directory with files stays.
+    let mount_removed = mount.is_some_and(|m| fs::remove_dir(m).is_ok());
+    Ok(Removed {
+        mount_removed,
+        image_deleted: meta.is_some(),
+        freed: meta.map(|m| m.blocks() * 512).unwrap_or(0),
+        persist_removed: persist_found,
+        record_removed: record.is_some(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_block_size_follows_the_filesystem_sector() {
+        assert_eq!(block_size_for(4096), 4096);
+        assert_eq!(block_size_for(512), 512);
+        assert_eq!(block_size_for(65536), 4096);
+        assert_eq!(block_size_for(0), 512);
+    }
+
+    #[test]
+    fn undo_runs_last_step_first_unless_done() {
+        use std::sync::{Arc, Mutex};
+        let log = Arc::new(Mutex::new(Vec::new()));
+        {
+            let mut u = Undo::default();
+            for i in 0..3 {
+                let l = Arc::clone(&log);
+                u.push(move || l.lock().unwrap().push(i));
+            }
+        }
+        assert_eq!(*log.lock().unwrap(), [2, 1, 0]);
+        let mut u = Undo::default();
+        let l = Arc::clone(&log);
+        u.push(move || l.lock().unwrap().push(9));
+        u.done();
+        assert_eq!(log.lock().unwrap().len(), 3);
+    }
+}

@@ -1,0 +1,401 @@
+//! Bringing a drive back at boot: the text that does it and where it goes.
+//!
+//! With systemd (PID 1 is systemd: `/run/systemd/system` exists) a drive
+//! persists as a service unit, `cowlink-drive-<escaped mount point>.service`,
+//! enabled by a link in `local-fs.target.wants/`. It is a service, not a
+//! `.mount` unit, because mount(8)'s `loop` option cannot ask for direct
+//! I/O (util-linux has no such option) and a `.mount` unit runs no command
+//! of its own: the service runs `cowlink drive mount`, which attaches the
+//! loop device with direct I/O and mounts with `noatime`, exactly as
+//! `drive create` did, and `cowlink drive unmount` when stopped.
+//! `RequiresMountsFor=` orders it after the mounts holding the image and
+//! the mount point.
+//!
+//! Without systemd the drive persists as an `/etc/fstab` line (`loop,
+//! noatime,nofail`) under a comment naming cowlink. mount(8) then attaches
+//! the loop device without direct I/O; `drive status` warns, and `cowlink
+//! drive mount IMAGE DIR` switches it on for the running system.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::DriveFs;
+
+/// How a drive comes back at boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PersistKind {
+    /// A systemd service unit.
+    Systemd,
+    /// An `/etc/fstab` line.
+    Fstab,
+}
+
+/// Which persistence to use, as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum PersistWith {
+    /// systemd where it runs, else fstab.
+    #[default]
+    Auto,
+    /// A systemd unit (also where systemd is not running: for an image
+    /// that boots elsewhere).
+    Systemd,
+    /// An fstab line.
+    Fstab,
+}
+
+/// Where drive state and boot configuration live. [`Places::system`] is
+/// the real system; tests and packagers point them elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Places {
+    /// One JSON record per drive (`/var/lib/cowlink/drives`).
+    pub state_dir: PathBuf,
+    /// systemd system units (`/etc/systemd/system`).
+    pub unit_dir: PathBuf,
+    /// The fstab file (`/etc/fstab`).
+    pub fstab: PathBuf,
+    /// Whether systemd manages this system (PID 1).
+    pub systemd: bool,
+    /// The cowlink program the unit runs (absolute).
+    pub program: PathBuf,
+}
+
+impl Places {
+    /// The system's places, with `program` as the cowlink binary.
+    pub fn system(program: PathBuf) -> Places {
+        Places {
+            state_dir: PathBuf::from("/var/lib/cowlink/drives"),
+            unit_dir: PathBuf::from("/etc/systemd/system"),
+            fstab: PathBuf::from("/etc/fstab"),
+            systemd: Path::new("/run/systemd/system").is_dir(),
+            program,
+        }
+    }
+}
+
+/// What persisting a drive writes: the kind, the file, and the text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PersistPlan {
+    /// Unit or fstab line.
+    pub kind: PersistKind,
+    /// The file written (the unit, or the fstab).
+    pub file: PathBuf,
+    /// The unit's whole text, or the fstab lines added.
+    pub text: String,
+}
+
+/// `systemd-escape --path`: `/home/u/dev drive` → `home-u-dev\x20drive`.
+pub(crate) fn systemd_escape_path(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    let trimmed: Vec<&str> = s.split('/').filter(|c| !c.is_empty()).collect();
+    if trimmed.is_empty() {
+        return "-".into();
+    }
+    let joined = trimmed.join("/");
+    let mut out = String::new();
+    for (i, b) in joined.bytes().enumerate() {
+        match b {
+            b'/' => out.push('-'),
+            b'.' if i > 0 => out.push('.'),
+            b'_' => out.push('_'),
+            b if b.is_ascii_alphanumeric() => out.push(b as char),
+            b => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// The unit's file name for a drive mounted on `mount`.
+pub(crate) fn unit_name(mount: &Path) -> String {
+    format!("cowlink-drive-{}.service", systemd_escape_path(mount))
+}
+
+/// One word of an `Exec*=` or list setting, quoted for systemd.
+fn unit_word(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '%' => out.push_str("%%"),
+            '$' => out.push_str("$$"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The systemd unit for a drive.
+pub(crate) fn unit_text(program: &Path, image: &Path, mount: &Path, fs: DriveFs) -> String {
+    let (img, dir, prog) = (
+        image.to_string_lossy(),
+        mount.to_string_lossy(),
+        program.to_string_lossy(),
+    );
+    let parent = |p: &Path| {
+        p.parent()
+            .unwrap_or(Path::new("/"))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut needs = vec![unit_word(&parent(image))];
+    if parent(mount) != parent(image) {
+        needs.push(unit_word(&parent(mount)));
+    }
+    let describe = format!("cowlink drive {img} on {dir}").replace('%', "%%");
+    format!(
+        "# Written by `cowlink drive create --persist`; removed by `cowlink drive remove`.\n\
+         # Mounts the image {img} ({fs}) on {dir} with options noatime,\n\
+         # through a loop device with direct I/O.\n\
+         [Unit]\n\
+         Description={describe}\n\
+         DefaultDependencies=no\n\
+         RequiresMountsFor={}\n\
+         Conflicts=umount.target\n\
+         Before=local-fs.target umount.target\n\
+         \n\
+         [Service]\n\
+         Type=oneshot\n\
+         RemainAfterExit=yes\n\
+         ExecStart={} drive mount --fs {fs} {} {}\n\
+         ExecStop={} drive unmount {}\n\
+         \n\
+         [Install]\n\
+         WantedBy=local-fs.target\n",
+        needs.join(" "),
+        unit_word(&prog),
+        unit_word(&img),
+        unit_word(&dir),
+        unit_word(&prog),
+        unit_word(&dir),
+        fs = fs.name(),
+    )
+}
+
+/// A path as an fstab field: space, tab, newline and backslash in octal.
+fn fstab_field(p: &Path) -> String {
+    let mut out = String::new();
+    for c in p.to_string_lossy().chars() {
+        match c {
+            ' ' => out.push_str("\\040"),
+            '\t' => out.push_str("\\011"),
+            '\n' => out.push_str("\\012"),
+            '\\' => out.push_str("\\134"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The marker comment above a drive's fstab line.
+fn fstab_marker(image: &Path) -> String {
+    format!("# cowlink drive {}", fstab_field(image))
+}
+
+/// The fstab lines for a drive (marker comment and entry).
+pub(crate) fn fstab_lines(image: &Path, mount: &Path, fs: DriveFs) -> String {
+    format!(
+        "{}\n{} {} {} loop,noatime,nofail 0 0\n",
+        fstab_marker(image),
+        fstab_field(image),
+        fstab_field(mount),
+        fs.name()
+    )
+}
+
+/// What persisting `image` on `mount` would write under `places`.
+pub(crate) fn plan(
+    with: PersistWith,
+    places: &Places,
+    image: &Path,
+    mount: &Path,
+    fs: DriveFs,
+) -> PersistPlan {
+    let systemd = match with {
+        PersistWith::Auto => places.systemd,
+        PersistWith::Systemd => true,
+        PersistWith::Fstab => false,
+    };
+    match systemd {
+        true => PersistPlan {
+            kind: PersistKind::Systemd,
+            file: places.unit_dir.join(unit_name(mount)),
+            text: unit_text(&places.program, image, mount, fs),
+        },
+        false => PersistPlan {
+            kind: PersistKind::Fstab,
+            file: places.fstab.clone(),
+            text: fstab_lines(image, mount, fs),
+        },
+    }
+}
+
+/// Write `text` to `path` through a temporary file and a rename, with
+/// `mode`.
+pub(crate) fn write_atomic(path: &Path, text: &str, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.cowlink-{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Carry out `plan`: write the unit and its `wants` link, or append the
+/// fstab lines. Undone by [`remove`].
+pub(crate) fn apply(plan: &PersistPlan, places: &Places) -> io::Result<()> {
+    match plan.kind {
+        PersistKind::Systemd => {
+            fs::create_dir_all(&places.unit_dir)?;
+            write_atomic(&plan.file, &plan.text, 0o644)?;
+            let wants = places.unit_dir.join("local-fs.target.wants");
+            fs::create_dir_all(&wants)?;
+            let link = wants.join(plan.file.file_name().unwrap_or_default());
+            match std::os::unix::fs::symlink(&plan.file, &link) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                    let _ = fs::remove_file(&plan.file);
+                    return Err(e);
+                }
+                _ => {}
+            }
+            reload(places);
+            Ok(())
+        }
+        PersistKind::Fstab => {
+            use std::os::unix::fs::PermissionsExt;
+            let (old, mode) = match fs::read_to_string(&plan.file) {
+                Ok(t) => (t, fs::metadata(&plan.file)?.permissions().mode() & 0o7777),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), 0o644),
+                Err(e) => return Err(e),
+            };
+            let sep = if old.is_empty() || old.ends_with('\n') {
+                ""
+            } else {
+                "\n"
+            };
+            write_atomic(&plan.file, &format!("{old}{sep}{}", plan.text), mode)
+        }
+    }
+}
+
+/// Tell a running systemd to read the units again (best effort).
+fn reload(places: &Places) {
+    if places.systemd {
+        let _ = std::process::Command::new("systemctl")
+            .arg("daemon-reload")
+            .status();
+    }
+}
+
+/// Remove what [`apply`] wrote for `image` on `mount`, whichever kind it
+/// was; a missing file or line is not an error.
+pub(crate) fn remove(places: &Places, image: &Path, mount: &Path) -> io::Result<()> {
+    let name = unit_name(mount);
+    let gone = |r: io::Result<()>| match r {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    gone(fs::remove_file(
+        places.unit_dir.join("local-fs.target.wants").join(&name),
+    ))?;
+    gone(fs::remove_file(places.unit_dir.join(&name)))?;
+    reload(places);
+    let text = match fs::read_to_string(&places.fstab) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let kept = without_fstab_entry(&text, image);
+    if kept != text {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(&places.fstab)?.permissions().mode() & 0o7777;
+        write_atomic(&places.fstab, &kept, mode)?;
+    }
+    Ok(())
+}
+
+/// Whether `places` hold a boot entry for `image` on `mount`, and which.
+pub(crate) fn find(places: &Places, image: &Path, mount: &Path) -> Option<(PersistKind, PathBuf)> {
+    let unit = places.unit_dir.join(unit_name(mount));
+    if unit.exists() {
+        return Some((PersistKind::Systemd, unit));
+    }
+    let text = fs::read_to_string(&places.fstab).ok()?;
+    (without_fstab_entry(&text, image) != text).then(|| (PersistKind::Fstab, places.fstab.clone()))
+}
+
+/// `text` without the marker comment and the entry cowlink wrote for
+/// `image`.
+fn without_fstab_entry(text: &str, image: &Path) -> String {
+    let marker = fstab_marker(image);
+    let field = fstab_field(image);
+    let mut out = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(l) = lines.next() {
+        if l == marker {
+            if let Some(next) = lines.peek() {
+                if next.split_whitespace().next() == Some(field.as_str()) {
+                    lines.next();
+                }
+            }
+            continue;
+        }
+        out.push(l);
+    }
+    let mut s = out.join("\n");
+    if text.ends_with('\n') && !s.is_empty() {
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_escape_as_systemd_does() {
+        assert_eq!(systemd_escape_path(Path::new("/")), "-");
+        assert_eq!(systemd_escape_path(Path::new("/home/u/dev")), "home-u-dev");
+        assert_eq!(
+            systemd_escape_path(Path::new("/srv/my drive/.cache-x")),
+            "srv-my\\x20drive-.cache\\x2dx"
+        );
+        assert_eq!(systemd_escape_path(Path::new("/.hidden")), "\\x2ehidden");
+    }
+
+    #[test]
+    fn fstab_entries_round_trip() {
+        let img = Path::new("/var/img/dev drive.img");
+        let lines = fstab_lines(img, Path::new("/mnt/dev"), DriveFs::Xfs);
+        assert!(lines.contains("/var/img/dev\\040drive.img /mnt/dev xfs loop,noatime,nofail 0 0"));
+        let before = "UUID=1 / ext4 defaults 0 1\n";
+        let with = format!("{before}{lines}");
+        assert_eq!(without_fstab_entry(&with, img), before);
+        // Another image's entry stays.
+        assert_eq!(without_fstab_entry(&with, Path::new("/other.img")), with);
+    }
+
+    #[test]
+    fn unit_words_are_quoted_for_systemd() {
+        assert_eq!(unit_word("/a b/100%"), "\"/a b/100%%\"");
+        assert_eq!(unit_word("x\"$y"), "\"x\\\"$$y\"");
+    }
+}
