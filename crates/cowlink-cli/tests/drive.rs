@@ -198,7 +198,7 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
     let (source, fstype, options) = mount_of(&mnt).expect("mounted");
     assert_eq!(fstype, fs_name);
     assert!(options.split(',').any(|o| o == "noatime"), "{options}");
-    assert_eq!(loops_of(&img), [source.clone()]);
+    assert_eq!(loops_of(&img), std::slice::from_ref(&source));
     assert_eq!(dio(&source), "1", "direct I/O on {source}");
     let m = fs::metadata(&mnt).unwrap();
     assert_eq!((m.uid(), m.gid()), (65534, 65534));
