@@ -39,16 +39,28 @@ use crate::{human_bytes, Exit};
 /// The default run takes well under 30 seconds; --quick a few seconds;
 /// --full minutes (and needs ~3 GiB free).
 ///
+/// With two directories or more, every workload runs on each of them in
+/// the same run, interleaved (each step on every directory before the
+/// next step, in turn order A B then B A) so a machine that drifts does
+/// not favour one; a table shows each workload side by side with its
+/// ratio to the first directory, and a verdict per kind of work says
+/// where each directory is slower or faster ("for small-file metadata
+/// work /mnt/ram is 1.4× slower than /home/u/src"). Is a RAM disk, a
+/// loop-mounted dev drive or a network cache really faster for your
+/// work? This is how to know.
+///
 /// Examples:
 ///   cowlink bench                       # here
 ///   cowlink bench /mnt/builds --full --svg latency.svg
 ///   cowlink bench /srv --quick --json
+///   cowlink bench ~/dev "$PWD"          # a dev drive against where you work now
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {
-    /// Where to measure [default: the current directory]
+    /// Where to measure [default: the current directory]; two or more
+    /// are compared side by side, ratios relative to the first
     #[arg(value_name = "DIR", value_parser = crate::PathArg)]
-    dir: Option<PathBuf>,
+    dirs: Vec<PathBuf>,
 
     /// Fewer repetitions and smaller workloads (a few seconds)
     #[arg(long, conflicts_with = "full")]
@@ -62,24 +74,23 @@ pub struct BenchArgs {
     #[arg(long)]
     json: bool,
 
-    /// Draw the size/latency chart (log scales) as SVG into FILE
+    /// Draw the size/latency chart (log scales) as SVG into FILE (one
+    /// directory only)
     #[arg(long, value_name = "FILE", value_parser = crate::PathArg)]
     svg: Option<PathBuf>,
 }
 
 /// Run `cowlink bench`.
 pub fn run(args: BenchArgs) -> Result<Exit> {
-    let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-    let options = BenchOptions {
-        level: match (args.quick, args.full) {
-            (true, _) => Level::Quick,
-            (_, true) => Level::Full,
-            _ => Level::Standard,
-        },
-        // Ctrl-C cancels the process's token (see `interrupt`): the current
-        // workload stops at its next check and the work directory is removed.
-        run: Run::default().with_cancel(crate::interrupt::token()),
-    };
+    if args.dirs.len() >= 2 {
+        return run_compare(args);
+    }
+    let dir = args
+        .dirs
+        .first()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("."));
+    let options = options(&args);
     let stage = Arc::new(Mutex::new(String::new()));
     let s2 = Arc::clone(&stage);
     let bar = Spinner::start(!args.json, move || {
@@ -111,6 +122,183 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
         print_text(&report)?;
     }
     Ok(Exit::Ok)
+}
+
+/// The level and the run control: Ctrl-C cancels the process's token (see
+/// `interrupt`): the current workload stops at its next check and the
+/// work directories are removed.
+fn options(args: &BenchArgs) -> BenchOptions {
+    BenchOptions {
+        level: match (args.quick, args.full) {
+            (true, _) => Level::Quick,
+            (_, true) => Level::Full,
+            _ => Level::Standard,
+        },
+        run: Run::default().with_cancel(crate::interrupt::token()),
+    }
+}
+
+/// `cowlink bench DIR1 DIR2 …`: the library's interleaved comparison,
+/// rendered as one table and a verdict per kind of work.
+fn run_compare(args: BenchArgs) -> Result<Exit> {
+    if let Some(svg) = &args.svg {
+        return Err(anyhow::anyhow!(
+            "--svg {} draws one directory's chart; give one DIR, or leave --svg out",
+            quoted(svg)
+        ));
+    }
+    let opts = options(&args);
+    let stage = Arc::new(Mutex::new(String::new()));
+    let s2 = Arc::clone(&stage);
+    let bar = Spinner::start(!args.json, move || {
+        s2.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    });
+    let dirs = args.dirs.clone();
+    let result = crate::interrupt::graceful(|| {
+        bench::compare(&dirs, &opts, &|i, s| {
+            *stage.lock().unwrap_or_else(|e| e.into_inner()) =
+                format!("{}: {}", shown(&dirs[i]), describe(s));
+        })
+    });
+    bar.finish();
+    if crate::interrupt::interrupted() {
+        errln!("cowlink: interrupted; removed the work directories");
+        return Ok(Exit::Interrupted);
+    }
+    let c = result?;
+    let verdicts = compare_words(&c);
+    if args.json {
+        let mut v = serde_json::to_value(&c)?;
+        for (i, r) in c.reports.iter().enumerate() {
+            v["reports"][i]["verdict"]["why"] = why(&r.verdict).into();
+        }
+        v["verdicts"] = verdicts.into();
+        let mut out = crate::out::stdout();
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+        return Ok(Exit::Ok);
+    }
+    let mut out = crate::out::stdout();
+    // Columns are lettered; the legend names the directories.
+    let letters: Vec<String> = (0..c.dirs.len())
+        .map(|i| match i {
+            0..=25 => char::from(b'A' + i as u8).to_string(),
+            _ => format!("D{i}"),
+        })
+        .collect();
+    for ((l, d), r) in letters.iter().zip(&c.dirs).zip(&c.reports) {
+        writeln!(
+            out,
+            "{l} = {} ({}, reflink {})",
+            shown(d),
+            r.filesystem,
+            match r.reflink.works {
+                true => "works".to_string(),
+                false => format!(
+                    "does not work: {}",
+                    r.reflink.reason.as_deref().unwrap_or("")
+                ),
+            }
+        )?;
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    let mut header = vec!["workload".to_string()];
+    for (i, l) in letters.iter().enumerate() {
+        header.push(l.clone());
+        if i > 0 {
+            header.push(format!("{l} vs {}", letters[0]));
+        }
+    }
+    t.set_header(header);
+    for w in &c.workloads {
+        let mut row = vec![w.workload.clone()];
+        for (i, v) in w.values.iter().enumerate() {
+            row.push(match (v, w.unit) {
+                (None, _) => "—".into(),
+                (Some(x), "µs") => us(*x),
+                (Some(x), unit) => format!("{x:.0} {unit}"),
+            });
+            if i > 0 {
+                row.push(w.slowdown[i].map_or("—".into(), ratio_words));
+            }
+        }
+        t.add_row(row);
+    }
+    writeln!(out, "\n{t}")?;
+    writeln!(
+        out,
+        "\nverdict (geometric mean of each kind's workloads, same run, interleaved):"
+    )?;
+    for v in &verdicts {
+        writeln!(out, "  {v}")?;
+    }
+    writeln!(out, "\n({:.1} s)", c.elapsed_s)?;
+    Ok(Exit::Ok)
+}
+
+/// A slowdown as people say it: "1.40× slower", "2.10× faster", "level".
+fn ratio_words(x: f64) -> String {
+    match x {
+        x if x > 1.1 => format!("{x:.2}× slower"),
+        x if x < 1.0 / 1.1 => format!("{:.2}× faster", 1.0 / x),
+        x => format!("level ({x:.2}×)"),
+    }
+}
+
+/// One sentence per kind of work and directory after the first.
+fn compare_words(c: &bench::Comparison) -> Vec<String> {
+    let names: Vec<String> = c.dirs.iter().map(|d| shown(d).into_owned()).collect();
+    let mut out = Vec::new();
+    for g in &c.groups {
+        for i in 1..names.len() {
+            let line = match (g.slowdown[i], g.group) {
+                (Some(x), grp) => match x {
+                    x if x > 1.1 => format!(
+                        "for {} {} is {x:.2}× slower than {}",
+                        grp.words(),
+                        names[i],
+                        names[0]
+                    ),
+                    x if x < 1.0 / 1.1 => format!(
+                        "for {} {} is {:.2}× faster than {}",
+                        grp.words(),
+                        names[i],
+                        1.0 / x,
+                        names[0]
+                    ),
+                    x => format!(
+                        "for {} {} and {} are level ({x:.2}×, within 10%)",
+                        grp.words(),
+                        names[i],
+                        names[0]
+                    ),
+                },
+                (None, bench::Group::Clone) => {
+                    let (a, b) = (c.reports[0].reflink.works, c.reports[i].reflink.works);
+                    match (a, b) {
+                        (false, true) => format!(
+                            "{} can clone (constant time, no space); {} cannot and must copy",
+                            names[i], names[0]
+                        ),
+                        (true, false) => format!(
+                            "{} can clone (constant time, no space); {} cannot and must copy",
+                            names[0], names[i]
+                        ),
+                        _ => format!("neither {} nor {} can clone", names[0], names[i]),
+                    }
+                }
+                (None, grp) => format!(
+                    "for {}: no comparison between {} and {}",
+                    grp.words(),
+                    names[i],
+                    names[0]
+                ),
+            };
+            out.push(line);
+        }
+    }
+    out
 }
 
 fn describe(s: Stage) -> String {

@@ -205,3 +205,68 @@ fn sigint_stops_the_bench_and_removes_its_work_directory() {
     assert!(!work.exists(), "the work directory was left behind");
     assert!(names(x.path()).is_empty(), "{:?}", names(x.path()));
 }
+
+/// `bench A B --quick --json`: both directories measured in one run, every
+/// workload with a value per directory and a ratio to the first, a verdict
+/// per kind of work; both left as found.
+#[test]
+fn two_directories_are_compared_workload_by_workload() {
+    let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
+        return;
+    };
+    let (a, b) = (e.path().to_path_buf(), x.path().to_path_buf());
+    let (before_a, before_b) = (names(&a), names(&b));
+    let r = json(&cowlink(&[&"bench", &a, &b, &"--quick", &"--json"]));
+    assert_eq!((names(&a), names(&b)), (before_a, before_b));
+    let reports = r["reports"].as_array().unwrap();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[0]["filesystem"], "ext4");
+    assert_eq!(reports[1]["filesystem"], "xfs");
+    assert_eq!(reports[0]["reflink"]["works"], false);
+    assert_eq!(reports[1]["reflink"]["works"], true);
+    let workloads = r["workloads"].as_array().unwrap();
+    // 7 sizes × (copy, clone, hardlink) + 4 metadata + 4 writers × 2.
+    assert_eq!(workloads.len(), 7 * 3 + 4 + 4 * 2);
+    for w in workloads {
+        let name = w["workload"].as_str().unwrap();
+        let values = w["values"].as_array().unwrap();
+        let slow = w["slowdown"].as_array().unwrap();
+        assert_eq!((values.len(), slow.len()), (2, 2), "{name}");
+        if name.starts_with("clone ") {
+            // ext4 cannot clone: no value there, so no ratio.
+            assert!(values[0].is_null() && values[1].as_f64().unwrap() > 0.0, "{w}");
+            assert!(slow[1].is_null(), "{w}");
+            continue;
+        }
+        let (v0, v1) = (values[0].as_f64().unwrap(), values[1].as_f64().unwrap());
+        assert!(v0 > 0.0 && v1 > 0.0, "{w}");
+        assert_eq!(slow[0].as_f64(), Some(1.0), "{w}");
+        // The ratio is the values' ratio, time up or rate down.
+        let expect = match w["unit"].as_str().unwrap() {
+            "µs" => v1 / v0,
+            _ => v0 / v1,
+        };
+        assert!((slow[1].as_f64().unwrap() - expect).abs() < 1e-9 * expect, "{w}");
+    }
+    let verdicts: Vec<&str> = r["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts.len(), 6, "{verdicts:?}");
+    assert!(verdicts.iter().any(|v| v.starts_with("for small-file metadata work ")));
+    assert!(
+        verdicts.iter().any(|v| v.contains("can clone") && v.contains("cannot and must copy")),
+        "{verdicts:?}"
+    );
+
+    // One directory twice, or a chart of two: refused, nothing made.
+    let same = cowlink(&[&"bench", &a, &a, &"--quick"]);
+    assert_eq!(same.status.code(), Some(2), "{}", text(&same.stderr));
+    assert!(text(&same.stderr).contains("given twice"));
+    let svg = e.path().join("c.svg");
+    let chart = cowlink(&[&"bench", &a, &b, &"--quick", &"--svg", &svg]);
+    assert_eq!(chart.status.code(), Some(2));
+    assert!(!svg.exists());
+}

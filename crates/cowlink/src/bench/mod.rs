@@ -19,6 +19,7 @@
 //! Layout: this file has the options, the report types and the driver;
 //! `workloads` the three measurements; `verdict` the decision.
 
+mod compare;
 mod verdict;
 mod workloads;
 
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use compare::{compare, Comparison, Group, GroupResult, WorkloadResult};
 pub use verdict::{verdict, Advice, Verdict, WriterAdvice, REFERENCE_SIZE};
 pub use workloads::Strategy;
 
@@ -233,6 +235,80 @@ impl Drop for WorkDir {
     }
 }
 
+/// One directory being measured: its work directory and what the probe
+/// said about it.
+struct Site {
+    dir: PathBuf,
+    work: WorkDir,
+    filesystem: String,
+    reflink: ReflinkWorks,
+}
+
+impl Site {
+    /// Check `dir`, make the work directory in it, probe reflink there.
+    fn open(dir: &Path, stage: &(dyn Fn(Stage) + Sync)) -> Result<Site, Error> {
+        let op = Operation::Bench;
+        let meta = std::fs::metadata(dir).map_err(|e| Error::from_io(op, &e).with_src(dir))?;
+        if !meta.is_dir() {
+            return Err(Error::new(op, ErrorKind::NotADirectory).with_src(dir));
+        }
+        let work = WorkDir(dir.join(format!(".cowlink-bench-{}", std::process::id())));
+        std::fs::create_dir(&work.0).map_err(|e| {
+            Error::from_io(op, &e)
+                .with_src(dir)
+                .with_reason(format!("cannot create a work directory there: {e}"))
+        })?;
+        stage(Stage::Probe);
+        let facts = crate::probe::filesystem(&work.0)?;
+        Ok(Site {
+            dir: dir.to_path_buf(),
+            work,
+            filesystem: facts.kind.to_string(),
+            reflink: ReflinkWorks {
+                works: facts.reflink.is_yes(),
+                reason: facts.reflink.reason().map(str::to_owned),
+            },
+        })
+    }
+
+    fn workloads<'a>(
+        &'a self,
+        plan: &'a Plan,
+        run: &'a Run,
+        stage: &'a (dyn Fn(Stage) + Sync),
+    ) -> workloads::Workloads<'a> {
+        workloads::Workloads {
+            work: &self.work.0,
+            plan,
+            run,
+            stage,
+        }
+    }
+
+    /// The report from measurements made here (removes the work directory).
+    fn report(self, parts: Parts, elapsed_s: f64) -> BenchReport {
+        let verdict = verdict(&self.reflink, &parts.sizes, &parts.writers);
+        BenchReport {
+            dir: self.dir,
+            filesystem: self.filesystem,
+            reflink: self.reflink,
+            sizes: parts.sizes,
+            metadata: parts.metadata.expect("every run measures metadata"),
+            writers: parts.writers,
+            verdict,
+            elapsed_s,
+        }
+    }
+}
+
+/// The measurements of one directory, as they arrive.
+#[derive(Default)]
+struct Parts {
+    sizes: Vec<SizeRow>,
+    metadata: Option<Metadata>,
+    writers: Vec<WriterRow>,
+}
+
 /// Measure in the directory `dir` (see the module documentation), telling
 /// `stage` what is being measured as the run goes.
 ///
@@ -245,46 +321,16 @@ pub fn bench(
     options: &BenchOptions,
     stage: &(dyn Fn(Stage) + Sync),
 ) -> Result<BenchReport, Error> {
-    let op = Operation::Bench;
     let start = Instant::now();
-    let meta = std::fs::metadata(dir).map_err(|e| Error::from_io(op, &e).with_src(dir))?;
-    if !meta.is_dir() {
-        return Err(Error::new(op, ErrorKind::NotADirectory).with_src(dir));
-    }
-    let work = WorkDir(dir.join(format!(".cowlink-bench-{}", std::process::id())));
-    std::fs::create_dir(&work.0).map_err(|e| {
-        Error::from_io(op, &e)
-            .with_src(dir)
-            .with_reason(format!("cannot create a work directory there: {e}"))
-    })?;
+    let site = Site::open(dir, stage)?;
     let plan = Plan::new(options.level);
-    let w = workloads::Workloads {
-        work: &work.0,
-        plan: &plan,
-        run: &options.run,
-        stage,
+    let w = site.workloads(&plan, &options.run, stage);
+    let parts = Parts {
+        sizes: w.sizes(site.reflink.works)?,
+        metadata: Some(w.metadata()?),
+        writers: w.writers()?,
     };
-    stage(Stage::Probe);
-    let facts = crate::probe::filesystem(&work.0)?;
-    let reflink = ReflinkWorks {
-        works: facts.reflink.is_yes(),
-        reason: facts.reflink.reason().map(str::to_owned),
-    };
-    let sizes = w.sizes(reflink.works)?;
-    let metadata = w.metadata()?;
-    let writers = w.writers()?;
-    drop(work);
-    let verdict = verdict(&reflink, &sizes, &writers);
-    Ok(BenchReport {
-        dir: dir.to_path_buf(),
-        filesystem: facts.kind.to_string(),
-        reflink,
-        sizes,
-        metadata,
-        writers,
-        verdict,
-        elapsed_s: start.elapsed().as_secs_f64(),
-    })
+    Ok(site.report(parts, start.elapsed().as_secs_f64()))
 }
 
 #[cfg(test)]

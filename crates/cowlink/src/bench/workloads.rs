@@ -113,6 +113,15 @@ impl Workloads<'_> {
 
     /// 1. Copy vs clone vs hardlink of one source per size.
     pub(super) fn sizes(&self, reflink_works: bool) -> Result<Vec<SizeRow>, Error> {
+        self.plan
+            .sizes
+            .iter()
+            .map(|&size| self.size_row(size, reflink_works))
+            .collect()
+    }
+
+    /// Copy vs clone vs hardlink of one source of `size` bytes.
+    pub(super) fn size_row(&self, size: u64, reflink_works: bool) -> Result<SizeRow, Error> {
         let copy_opts = CloneOptions {
             reflink: Reflink::Never,
             ..Default::default()
@@ -121,41 +130,37 @@ impl Workloads<'_> {
             reflink: Reflink::Always,
             ..Default::default()
         };
-        let mut rows = Vec::new();
-        for &size in &self.plan.sizes {
-            (self.stage)(Stage::Sizes(size));
-            let src = self.work.join(format!("src-{size}"));
-            write_source(&src, size).map_err(io_err(&src))?;
-            let dst = self.work.join("dst");
-            let time = |op: &dyn Fn() -> Result<(), Error>| -> Result<Latency, Error> {
-                let mut v = Vec::with_capacity(self.plan.copies);
-                for _ in 0..self.plan.copies {
-                    self.check()?;
-                    let t = Instant::now();
-                    op()?;
-                    v.push(t.elapsed());
-                    fs::remove_file(&dst).map_err(io_err(&dst))?;
-                }
-                Ok(Latency::of(v))
-            };
-            let copy = time(&|| clone_file(&src, &dst, &copy_opts).map(drop))?;
-            let clone = match reflink_works {
-                true => Some(time(&|| clone_file(&src, &dst, &clone_opts).map(drop))?),
-                false => None,
-            };
-            let hardlink = time(&|| fs::hard_link(&src, &dst).map_err(io_err(&dst)))?;
-            fs::remove_file(&src).map_err(io_err(&src))?;
-            rows.push(SizeRow {
-                bytes: size,
-                copies: self.plan.copies,
-                copy,
-                clone,
-                hardlink,
-                copy_vs_clone: clone.map(|c| copy.median_us / c.median_us),
-                clone_vs_hardlink: clone.map(|c| c.median_us / hardlink.median_us),
-            });
-        }
-        Ok(rows)
+        (self.stage)(Stage::Sizes(size));
+        let src = self.work.join(format!("src-{size}"));
+        write_source(&src, size).map_err(io_err(&src))?;
+        let dst = self.work.join("dst");
+        let time = |op: &dyn Fn() -> Result<(), Error>| -> Result<Latency, Error> {
+            let mut v = Vec::with_capacity(self.plan.copies);
+            for _ in 0..self.plan.copies {
+                self.check()?;
+                let t = Instant::now();
+                op()?;
+                v.push(t.elapsed());
+                fs::remove_file(&dst).map_err(io_err(&dst))?;
+            }
+            Ok(Latency::of(v))
+        };
+        let copy = time(&|| clone_file(&src, &dst, &copy_opts).map(drop))?;
+        let clone = match reflink_works {
+            true => Some(time(&|| clone_file(&src, &dst, &clone_opts).map(drop))?),
+            false => None,
+        };
+        let hardlink = time(&|| fs::hard_link(&src, &dst).map_err(io_err(&dst)))?;
+        fs::remove_file(&src).map_err(io_err(&src))?;
+        Ok(SizeRow {
+            bytes: size,
+            copies: self.plan.copies,
+            copy,
+            clone,
+            hardlink,
+            copy_vs_clone: clone.map(|c| copy.median_us / c.median_us),
+            clone_vs_hardlink: clone.map(|c| c.median_us / hardlink.median_us),
+        })
     }
 
     /// 2. Create, stat, read and delete many small files.
@@ -195,17 +200,14 @@ impl Workloads<'_> {
 
     /// 3. Four concurrent writers, once per [`Strategy`].
     pub(super) fn writers(&self) -> Result<Vec<WriterRow>, Error> {
-        Strategy::ALL
-            .into_iter()
-            .map(|s| {
-                self.check()?;
-                (self.stage)(Stage::Writers(s));
-                self.writer(&self.work.join(s.name()), s)
-            })
-            .collect()
+        Strategy::ALL.into_iter().map(|s| self.writer(s)).collect()
     }
 
-    fn writer(&self, dir: &Path, strategy: Strategy) -> Result<WriterRow, Error> {
+    /// Four concurrent writers with `strategy`.
+    pub(super) fn writer(&self, strategy: Strategy) -> Result<WriterRow, Error> {
+        self.check()?;
+        (self.stage)(Stage::Writers(strategy));
+        let dir = &self.work.join(strategy.name());
         const WRITERS: usize = 4;
         fs::create_dir(dir).map_err(io_err(dir))?;
         let mut data = vec![0u8; 4 * MIB as usize];
