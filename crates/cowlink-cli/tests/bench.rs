@@ -234,7 +234,10 @@ fn two_directories_are_compared_workload_by_workload() {
         assert_eq!((values.len(), slow.len()), (2, 2), "{name}");
         if name.starts_with("clone ") {
             // ext4 cannot clone: no value there, so no ratio.
-            assert!(values[0].is_null() && values[1].as_f64().unwrap() > 0.0, "{w}");
+            assert!(
+                values[0].is_null() && values[1].as_f64().unwrap() > 0.0,
+                "{w}"
+            );
             assert!(slow[1].is_null(), "{w}");
             continue;
         }
@@ -246,7 +249,10 @@ fn two_directories_are_compared_workload_by_workload() {
             "µs" => v1 / v0,
             _ => v0 / v1,
         };
-        assert!((slow[1].as_f64().unwrap() - expect).abs() < 1e-9 * expect, "{w}");
+        assert!(
+            (slow[1].as_f64().unwrap() - expect).abs() < 1e-9 * expect,
+            "{w}"
+        );
     }
     let verdicts: Vec<&str> = r["verdicts"]
         .as_array()
@@ -255,9 +261,13 @@ fn two_directories_are_compared_workload_by_workload() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert_eq!(verdicts.len(), 6, "{verdicts:?}");
-    assert!(verdicts.iter().any(|v| v.starts_with("for small-file metadata work ")));
+    assert!(verdicts
+        .iter()
+        .any(|v| v.starts_with("for small-file metadata work ")));
     assert!(
-        verdicts.iter().any(|v| v.contains("can clone") && v.contains("cannot and must copy")),
+        verdicts
+            .iter()
+            .any(|v| v.contains("can clone") && v.contains("cannot and must copy")),
         "{verdicts:?}"
     );
 
