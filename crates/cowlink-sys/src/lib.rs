@@ -1,5 +1,5 @@
-//! Raw Linux ioctls used by cowlink (clone, dedupe, FIEMAP, and the Btrfs
-//! backreference look-ups).
+//! Raw Linux ioctls used by cowlink (clone, dedupe, FIEMAP, the Btrfs
+//! backreference look-ups, and loop devices for dev drives).
 //!
 //! This crate is the only place in cowlink with `unsafe` code. Each function
 //! wraps exactly one ioctl, takes borrowed file descriptors, and returns the

@@ -40,7 +40,8 @@
 //!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
 //!   [`usage`](mod@usage) (true disk usage), [`dedupe`], [`store`]
 //!   (content-addressed store), [`probe`] (capabilities), [`bench`](mod@bench)
-//!   (what to use on a volume).
+//!   (what to use on a volume, and volumes compared), [`image`] (qcow2),
+//!   [`drive`] (a loop-mounted volume that clones).
 //!
 //! Linux only.
 #![deny(missing_docs)]
