@@ -452,21 +452,7 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             .with_src(&image)
             .with_reason(format!("{} failed ({}): {said}", fs_.mkfs(), out.status)));
     }
-    let attached = device::attach(&image, 4096).map_err(|(e, what)| {
-        Error::from_errno(op, e)
-            .with_src(&image)
-            .with_reason(format!("cannot {what}: {}", errno_text(e)))
-    })?;
-    device::mount(&attached.path(), &mount, fs_).map_err(|e| {
-        Error::from_errno(op, e)
-            .with_src(&image)
-            .with_dst(&mount)
-            .with_reason(format!("mount failed: {}", errno_text(e)))
-    })?;
-    let m = mount.clone();
-    undo.push(move || {
-        let _ = device::unmount(&m);
-    });
+    let attached = attach_and_mount(op, &image, &mount, fs_, 4096, &mut undo)?;
     if let Some((uid, gid)) = options.owner {
         std::os::unix::fs::chown(&mount, Some(uid), Some(gid))
             .map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
@@ -486,6 +472,35 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
     attached.keep();
     undo.done();
     Ok(created(Some(info(&record, places))))
+}
+
+/// Attach `image` to a loop device (logical block size `block`) and mount
+/// it on `mount`; the unmount goes on `undo`. The device is detached again
+/// if the mount fails.
+fn attach_and_mount(
+    op: Operation,
+    image: &Path,
+    mount: &Path,
+    fs_: DriveFs,
+    block: u32,
+    undo: &mut Undo,
+) -> Result<device::Attached, Error> {
+    let attached = device::attach(image, block).map_err(|(e, what)| {
+        Error::from_errno(op, e)
+            .with_src(image)
+            .with_reason(format!("cannot {what}: {}", errno_text(e)))
+    })?;
+    device::mount(&attached.path(), mount, fs_).map_err(|e| {
+        Error::from_errno(op, e)
+            .with_src(image)
+            .with_dst(mount)
+            .with_reason(format!("mount failed: {}", errno_text(e)))
+    })?;
+    let m = mount.to_path_buf();
+    undo.push(move || {
+        let _ = device::unmount(&m);
+    });
+    Ok(attached)
 }
 
 /// Check a mount point for [`create`] and [`mount`]: an empty directory
@@ -724,21 +739,7 @@ pub fn mount(
     for (n, _) in device::loops_of(&image) {
         let _ = device::detach(n);
     }
-    let attached = device::attach(&image, block_size_for(sector)).map_err(|(e, what)| {
-        Error::from_errno(op, e)
-            .with_src(&image)
-            .with_reason(format!("cannot {what}: {}", errno_text(e)))
-    })?;
-    device::mount(&attached.path(), &mount, fs_).map_err(|e| {
-        Error::from_errno(op, e)
-            .with_src(&image)
-            .with_dst(&mount)
-            .with_reason(format!("mount failed: {}", errno_text(e)))
-    })?;
-    let m = mount.clone();
-    undo.push(move || {
-        let _ = device::unmount(&m);
-    });
+    let attached = attach_and_mount(op, &image, &mount, fs_, block_size_for(sector), &mut undo)?;
     if read_record(places, &image).as_ref() != Some(&record) {
         save(&record)?;
     }
