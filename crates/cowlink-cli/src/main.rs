@@ -16,6 +16,7 @@ mod extents;
 mod image;
 mod probe;
 mod progress;
+mod remote;
 mod store;
 
 use std::process::ExitCode;

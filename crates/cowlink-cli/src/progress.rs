@@ -82,6 +82,16 @@ pub fn describe(s: &ProgressSnapshot) -> String {
             of(s.files_done, s.files_total, &count),
             human_bytes(s.bytes_done)
         ),
+        Phase::Upload => format!(
+            "uploading: {} objects, {}",
+            of(s.files_done, s.files_total, &count),
+            of(s.bytes_done, s.bytes_total, &bytes)
+        ),
+        Phase::Download => format!(
+            "downloading: {} objects, {}",
+            of(s.files_done, s.files_total, &count),
+            of(s.bytes_done, s.bytes_total, &bytes)
+        ),
         _ => "finishing".to_string(),
     }
 }

@@ -41,6 +41,17 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink store ls                             # stored trees
 ///   cowlink store verify                         # rehash everything
 ///   cowlink store gc --keep $M                   # drop everything else
+///
+/// A remote tier on any S3-compatible object store (AWS S3, MinIO, Ceph,
+/// Garage, versitygw): --remote s3://BUCKET/PREFIX or $COWLINK_REMOTE,
+/// --endpoint for servers other than AWS, keys from the AWS environment
+/// variables or profile files. Each machine downloads an object once and
+/// clones it into every workspace.
+///   export COWLINK_REMOTE=s3://ci-cache/builds AWS_ENDPOINT_URL=http://127.0.0.1:9000
+///   cowlink store push $M                        # upload what the remote lacks
+///   cowlink store checkout $M ws1                # on another machine: pull, then clone
+///   cowlink store remote ls                      # manifests on the remote
+///   cowlink store remote gc --keep $M            # drop the rest remotely
 /// One line of `store add --json`: the file and what became of it.
 #[derive(Serialize)]
 struct AddOut<'a> {
@@ -67,6 +78,9 @@ pub struct StoreArgs {
     /// Worker threads [default: number of CPUs]
     #[arg(short = 'j', long, global = true, value_name = "N", value_parser = crate::threads_arg)]
     threads: Option<usize>,
+
+    #[command(flatten)]
+    remote: crate::remote::RemoteArgs,
 
     #[command(subcommand)]
     command: StoreCommand,
@@ -137,6 +151,8 @@ enum StoreCommand {
         /// kill -9 (slower: an unnamed file linked into place per file)
         #[arg(long)]
         atomic: bool,
+        // With --remote (or COWLINK_REMOTE), what the store lacks is
+        // pulled first: see the global remote options.
     },
     /// List stored trees, or the entries of one
     Ls {
@@ -158,6 +174,35 @@ enum StoreCommand {
     },
     /// Objects, bytes and space saved
     Stats,
+    /// Upload manifests and the objects they name to the remote
+    ///
+    /// Only objects the remote lacks are sent, in parallel (--transfers),
+    /// large ones in parts; each is hashed as it is read, so a damaged
+    /// local object is never sent. A manifest is uploaded only after all
+    /// its objects: the remote never names what it lacks. A manifest the
+    /// remote already has costs one request. Interrupted (Ctrl-C: exit
+    /// 130) or failed, a push is finished by running it again.
+    Push {
+        /// Manifest digests [default: every manifest of the local store]
+        #[arg(value_name = "MANIFEST")]
+        manifests: Vec<String>,
+    },
+    /// Download manifests and the objects the local store lacks
+    ///
+    /// The remote is untrusted: every object is hashed as it arrives and
+    /// kept only if its BLAKE3 digest is its name; a wrong one fails the
+    /// pull naming it. Manifests are written last. Objects already here
+    /// cost nothing, so a pull of what the store has makes no request.
+    Pull {
+        /// Manifest digests
+        #[arg(required = true, value_name = "MANIFEST")]
+        manifests: Vec<String>,
+    },
+    /// List or collect the remote
+    Remote {
+        #[command(subcommand)]
+        command: crate::remote::RemoteCommand,
+    },
 }
 
 /// The store directory from the flag, the environment or the XDG default.
@@ -300,6 +345,23 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             keep_setid,
             atomic,
         } => {
+            // With a remote, fetch what is missing first (nothing is
+            // requested when the store has it all).
+            if args.remote.url().is_some() {
+                let wanted = match manifest.parse::<Digest>() {
+                    Ok(d) => d,
+                    Err(_) => {
+                        return Err(anyhow!(
+                            "with --remote the manifest must be a digest (64 hex digits), not '{manifest}'"
+                        ))
+                    }
+                };
+                let pulled =
+                    crate::remote::pull(&store, &args.remote, &[wanted], json, true, spin)?;
+                if pulled != Exit::Ok {
+                    return Ok(pulled);
+                }
+            }
             let m = load_manifest(&store, &manifest)?;
             let opts = MaterializeOptions {
                 link: mode,
@@ -466,6 +528,13 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
+        StoreCommand::Push { manifests } => {
+            crate::remote::push(&store, &args.remote, &manifests, json, spin)
+        }
+        StoreCommand::Pull { manifests } => {
+            crate::remote::pull_args(&store, &args.remote, &manifests, json, spin)
+        }
+        StoreCommand::Remote { command } => crate::remote::remote(&args.remote, command, json),
         StoreCommand::Stats => {
             let s = store.stats()?;
             if json {

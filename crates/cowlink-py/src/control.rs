@@ -77,6 +77,8 @@ fn phase_word(p: Phase) -> &'static str {
         Phase::Copy => "copy",
         Phase::Dedupe => "dedupe",
         Phase::Verify => "verify",
+        Phase::Upload => "upload",
+        Phase::Download => "download",
         _ => "done",
     }
 }

@@ -12,6 +12,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub mod s3;
+
 /// The test filesystems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fs {

@@ -101,6 +101,10 @@ pub enum Phase {
     Verify = 4,
     /// Finished.
     Done = 5,
+    /// Sending objects to a remote store (files and bytes counted).
+    Upload = 6,
+    /// Fetching objects from a remote store (files and bytes counted).
+    Download = 7,
 }
 
 impl Phase {
@@ -111,6 +115,8 @@ impl Phase {
             2 => Phase::Copy,
             3 => Phase::Dedupe,
             4 => Phase::Verify,
+            6 => Phase::Upload,
+            7 => Phase::Download,
             _ => Phase::Done,
         }
     }

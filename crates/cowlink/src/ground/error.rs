@@ -202,6 +202,12 @@ pub enum Operation {
     DriveRemove,
     /// Reporting on a dev drive.
     DriveStatus,
+    /// Sending objects and manifests to a remote store.
+    Push,
+    /// Fetching objects and manifests from a remote store.
+    Pull,
+    /// Configuring, listing or collecting a remote store.
+    Remote,
 }
 
 impl Operation {
@@ -226,6 +232,9 @@ impl Operation {
             Operation::DriveUnmount => "unmount",
             Operation::DriveRemove => "remove the drive",
             Operation::DriveStatus => "find the drive",
+            Operation::Push => "push",
+            Operation::Pull => "pull",
+            Operation::Remote => "use the remote",
         }
     }
 }

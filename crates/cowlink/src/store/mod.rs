@@ -43,6 +43,8 @@ mod layout;
 mod maintenance;
 mod manifest;
 mod materialize;
+#[cfg(feature = "remote")]
+pub mod remote;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

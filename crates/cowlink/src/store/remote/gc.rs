@@ -1,0 +1,212 @@
+//! Listing and collecting the remote: [`Remote::manifests`] and
+//! [`Remote::gc`], under the rule described in `mod.rs` (a gc writes its
+//! lock first, then reads the pending pushes, then the manifests; it keeps
+//! every object a kept manifest or a live pending push names).
+//!
+//! Requests for one gc: 1 PUT and 1 HEAD (the lock and the server's
+//! clock), one LIST page per 1000 keys of `pending/`, `manifests/` and
+//! `objects/`, one GET per kept manifest and live pending push, one
+//! DELETE per key removed, and 1 DELETE for the lock.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+use crate::store::manifest::{Digest, Manifest};
+
+use super::push::objects_of;
+use super::{marker_id, Area, Remote, RequestCounts, MARKER_REFRESH};
+
+/// A manifest on the remote.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RemoteManifest {
+    /// Its digest.
+    pub digest: Digest,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// When it was uploaded, by the server's clock (`YYYY-MM-DD HH:MM:SS UTC`).
+    pub uploaded: String,
+}
+
+/// What a remote gc did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RemoteGcReport {
+    /// Manifests kept.
+    pub manifests_kept: u64,
+    /// Manifests removed (not kept).
+    pub manifests_removed: u64,
+    /// Pushes in progress whose objects were kept.
+    pub pushes_protected: u64,
+    /// Pending markers of pushes dead for longer than the grace period,
+    /// removed.
+    pub markers_removed: u64,
+    /// Objects kept.
+    pub objects_kept: u64,
+    /// Objects removed.
+    pub objects_removed: u64,
+    /// Bytes of the objects removed.
+    pub bytes_removed: u64,
+    /// Requests made.
+    pub requests: RequestCounts,
+}
+
+impl Remote {
+    /// The manifests on the remote, sorted by digest (one LIST page per
+    /// 1000).
+    ///
+    /// # Errors
+    /// `PermissionDenied`, `NotFound` (no such bucket), `Io`.
+    pub fn manifests(&self) -> Result<Vec<RemoteManifest>> {
+        let mut v: Vec<RemoteManifest> = self
+            .block_on(self.list(Operation::Remote, Area::Manifests))?
+            .into_iter()
+            .filter_map(|m| {
+                Some(RemoteManifest {
+                    digest: Remote::digest_of(&m.location)?,
+                    bytes: m.size,
+                    uploaded: m.last_modified.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+                })
+            })
+            .collect();
+        v.sort_by_key(|m| m.digest);
+        Ok(v)
+    }
+
+    /// Remove every object on the remote that no kept manifest and no live
+    /// pending push names. `keep`: the manifests to keep (the others are
+    /// removed first); `None` keeps them all. A pending push older than
+    /// `grace` (by the server's clock) is taken for dead: its marker is
+    /// removed and its objects are kept only if a manifest names them.
+    ///
+    /// # Errors
+    /// `NotFound` when a manifest in `keep` is not on the remote (nothing
+    /// is removed then), `Corrupt` when a kept manifest or a live marker
+    /// does not match its digest (nothing is removed), and the request
+    /// errors.
+    pub fn gc(&self, keep: Option<&[Digest]>, grace: Duration) -> Result<RemoteGcReport> {
+        let before = self.requests();
+        let lock = self.key(Area::Locks, &format!("gc.{}", marker_id()));
+        let r = self.block_on(self.gc_locked(&lock, keep, grace));
+        // The lock goes whatever happened (a failed gc removed nothing it
+        // should not have; a stale lock only delays pushes).
+        let _ = self.block_on(self.delete(Operation::Remote, &lock));
+        let mut report = r?;
+        report.requests = self.requests().since(&before);
+        Ok(report)
+    }
+
+    async fn gc_locked(
+        &self,
+        lock: &object_store::path::Path,
+        keep: Option<&[Digest]>,
+        grace: Duration,
+    ) -> Result<RemoteGcReport> {
+        let op = Operation::Remote;
+        let mut report = RemoteGcReport::default();
+        self.put(op, lock, Bytes::new()).await?;
+        let mut refreshed = Instant::now();
+        let now = self
+            .head(op, lock)
+            .await?
+            .map(|m| m.last_modified)
+            .ok_or_else(|| {
+                Error::new(op, ErrorKind::Io)
+                    .with_src(self.shown(lock))
+                    .with_reason("the gc lock vanished just after it was written")
+            })?;
+        let mut used: HashSet<Digest> = HashSet::new();
+        // Pushes in progress, read after our lock is visible.
+        let mut stale = Vec::new();
+        for m in self.list(op, Area::Pending).await? {
+            let age = now.signed_duration_since(m.last_modified);
+            if age.num_milliseconds() >= grace.as_millis() as i64 {
+                stale.push(m.location);
+                continue;
+            }
+            let Some(d) = Remote::digest_of(&m.location) else {
+                continue;
+            };
+            let manifest = self.checked_manifest(&m.location, &d).await?;
+            used.extend(objects_of(std::iter::once(&manifest)));
+            report.pushes_protected += 1;
+        }
+        // Then the manifests.
+        let listed: Vec<Digest> = self
+            .list(op, Area::Manifests)
+            .await?
+            .iter()
+            .filter_map(|m| Remote::digest_of(&m.location))
+            .collect();
+        let kept: HashSet<Digest> = match keep {
+            None => listed.iter().copied().collect(),
+            Some(k) => {
+                let there: HashSet<&Digest> = listed.iter().collect();
+                if let Some(gone) = k.iter().find(|d| !there.contains(d)) {
+                    return Err(Error::new(op, ErrorKind::NotFound)
+                        .with_src(self.shown(&self.manifest_key(gone)))
+                        .with_reason(format!(
+                            "cannot keep manifest {gone}: the remote has no such manifest \
+                             (nothing was removed)"
+                        )));
+                }
+                k.iter().copied().collect()
+            }
+        };
+        for d in &kept {
+            let m = self.checked_manifest(&self.manifest_key(d), d).await?;
+            used.extend(objects_of(std::iter::once(&m)));
+        }
+        // Manifests go before their objects: the remote never holds a
+        // manifest whose objects are missing.
+        for d in listed.iter().filter(|d| !kept.contains(d)) {
+            self.delete(op, &self.manifest_key(d)).await?;
+            report.manifests_removed += 1;
+        }
+        report.manifests_kept = kept.len() as u64;
+        for m in self.list(op, Area::Objects).await? {
+            let known = Remote::digest_of(&m.location);
+            if known.is_some_and(|d| used.contains(&d)) {
+                report.objects_kept += 1;
+                continue;
+            }
+            if known.is_none() {
+                continue; // not ours: left alone
+            }
+            self.delete(op, &m.location).await?;
+            report.objects_removed += 1;
+            report.bytes_removed += m.size;
+            if refreshed.elapsed() > MARKER_REFRESH {
+                self.put(op, lock, Bytes::new()).await?;
+                refreshed = Instant::now();
+            }
+        }
+        for key in stale {
+            self.delete(op, &key).await?;
+            report.markers_removed += 1;
+        }
+        Ok(report)
+    }
+
+    /// GET a manifest (or a pending marker, which holds one) and check
+    /// that its bytes are the manifest `d`.
+    async fn checked_manifest(
+        &self,
+        key: &object_store::path::Path,
+        d: &Digest,
+    ) -> Result<Manifest> {
+        let op = Operation::Remote;
+        let bytes = self.get_all(op, key).await?;
+        let got = Digest::of(&bytes);
+        if got != *d {
+            return Err(Error::new(op, ErrorKind::Corrupt)
+                .with_src(self.shown(key))
+                .with_reason(format!(
+                    "manifest {d} on the remote hashes to {got}; gc stops without removing \
+                     anything (remove or repair that key)"
+                )));
+        }
+        Manifest::from_bytes(&bytes, &self.shown(key))
+    }
+}

@@ -1,0 +1,445 @@
+//! The remote tier: a store's objects and manifests on any S3-compatible
+//! object store (AWS S3, MinIO, Ceph RGW, Garage, versitygw, SeaweedFS),
+//! shared by many machines. Each machine downloads an object once into
+//! its local store and clones it from there into as many workspaces as it
+//! needs.
+//!
+//! ```text
+//! s3://BUCKET/PREFIX/objects/ab/abcd…     object bytes, named by BLAKE3
+//! s3://BUCKET/PREFIX/manifests/abcd…      manifests, named by BLAKE3
+//! s3://BUCKET/PREFIX/pending/abcd….ID     a push in progress (its manifest)
+//! s3://BUCKET/PREFIX/locks/gc.ID          a remote gc in progress
+//! ```
+//!
+//! **Push** ([`Store::push`], stages in `push.rs`) uploads every object a
+//! manifest names that the remote lacks, then the manifest: the remote
+//! never holds a manifest whose objects are missing. A manifest already
+//! on the remote costs one HEAD and nothing else.
+//!
+//! **Pull** ([`Store::pull`], `pull.rs`) treats the remote as untrusted:
+//! every object is streamed into an unnamed, preallocated file in the
+//! store, hashed as it arrives, and linked under its name only when the
+//! BLAKE3 matches; a wrong object fails the pull naming its digest and
+//! nothing of it is kept. Objects are made durable in batches (one
+//! `syncfs` before a batch is named), so a crash leaves whole objects or
+//! none. A manifest is written locally only after all its objects.
+//!
+//! **Garbage collection** ([`Remote::gc`], `gc.rs`) must never remove an
+//! object a concurrent push relies on. The rule, which needs the strong
+//! read-after-write and list-after-write consistency S3 has had since
+//! 2020 (and MinIO, Garage and versitygw have):
+//!
+//! 1. A push first writes `pending/<manifest>.<id>` (the manifest's
+//!    bytes), then looks for `locks/gc.*`. While a gc lock younger than
+//!    [`LOCK_STALE`] exists, the push waits; only then does it ask which
+//!    objects the remote has. After the manifest is uploaded the pending
+//!    marker is deleted.
+//! 2. A gc first writes its lock, then reads the pending markers, then
+//!    the manifests, and keeps every object a kept manifest or a pending
+//!    marker younger than the grace period names.
+//!
+//! Either a push's marker is written before gc reads the markers (so gc
+//! keeps its objects), or after gc's lock exists (so the push sees the
+//! lock and waits until gc is done before it relies on any object).
+//! Ages are differences of the server's own `Last-Modified` times, never
+//! of a client's clock. A push refreshes its marker every
+//! [`MARKER_REFRESH`], so only a push dead for longer than the grace
+//! period loses its protection.
+//!
+//! Everything is counted ([`Requests`]): how many GET, PUT, HEAD, LIST
+//! and DELETE requests an operation made, and the bytes each way.
+
+mod config;
+mod gc;
+mod pull;
+mod push;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, RetryConfig};
+
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+
+pub use config::{RemoteConfig, RetryPolicy};
+pub use gc::{RemoteGcReport, RemoteManifest};
+pub use pull::PullReport;
+pub use push::{Push, PushReport};
+
+use super::manifest::Digest;
+
+/// A gc lock older than this (by the server's clock) belongs to a gc that
+/// died; pushes stop waiting for it.
+pub const LOCK_STALE: Duration = Duration::from_secs(10 * 60);
+
+/// How often a long push rewrites its pending marker (and a long gc its
+/// lock), so that neither looks abandoned while it runs.
+pub const MARKER_REFRESH: Duration = Duration::from_secs(60);
+
+/// Requests made and bytes moved, as counted by the client.
+#[derive(Debug, Default)]
+pub struct Requests {
+    get: AtomicU64,
+    put: AtomicU64,
+    head: AtomicU64,
+    list: AtomicU64,
+    delete: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+}
+
+/// A copy of [`Requests`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestCounts {
+    /// GET requests (objects and manifests downloaded).
+    pub get: u64,
+    /// PUT requests (whole objects, multipart parts and their create and
+    /// complete calls, manifests, markers, locks).
+    pub put: u64,
+    /// HEAD requests (does the remote have this?).
+    pub head: u64,
+    /// LIST requests (one per page of up to 1000 keys).
+    pub list: u64,
+    /// DELETE requests.
+    pub delete: u64,
+    /// Bytes sent in request bodies.
+    pub bytes_up: u64,
+    /// Bytes received in response bodies.
+    pub bytes_down: u64,
+}
+
+impl RequestCounts {
+    /// All requests.
+    pub fn total(&self) -> u64 {
+        self.get + self.put + self.head + self.list + self.delete
+    }
+
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &RequestCounts) -> RequestCounts {
+        RequestCounts {
+            get: self.get - before.get,
+            put: self.put - before.put,
+            head: self.head - before.head,
+            list: self.list - before.list,
+            delete: self.delete - before.delete,
+            bytes_up: self.bytes_up - before.bytes_up,
+            bytes_down: self.bytes_down - before.bytes_down,
+        }
+    }
+}
+
+/// A connection to one remote store (`s3://BUCKET/PREFIX`). Opening it
+/// contacts nothing; the first request shows whether the bucket and the
+/// keys are right.
+#[derive(Debug)]
+pub struct Remote {
+    config: RemoteConfig,
+    client: Arc<AmazonS3>,
+    runtime: tokio::runtime::Runtime,
+    requests: Requests,
+}
+
+/// What kind of key of the remote's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Area {
+    Objects,
+    Manifests,
+    Pending,
+    Locks,
+}
+
+impl Area {
+    fn dir(self) -> &'static str {
+        match self {
+            Area::Objects => "objects",
+            Area::Manifests => "manifests",
+            Area::Pending => "pending",
+            Area::Locks => "locks",
+        }
+    }
+}
+
+impl Remote {
+    /// Resolve `config` (environment, profile files) and build the client.
+    ///
+    /// # Errors
+    /// `PermissionDenied` when no credentials are found, `InvalidInput` for
+    /// a bad endpoint or an unreadable profile file.
+    pub fn open(config: RemoteConfig) -> Result<Remote> {
+        let r = config.resolve()?;
+        let mut b = AmazonS3Builder::new()
+            .with_bucket_name(&config.bucket)
+            .with_region(&r.region)
+            .with_access_key_id(&r.access_key)
+            .with_secret_access_key(&r.secret_key)
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig {
+                    init_backoff: Duration::from_millis(100),
+                    max_backoff: config.retry.max_backoff,
+                    base: 2.0,
+                },
+                max_retries: config.retry.max_retries,
+                retry_timeout: config.retry.timeout,
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_timeout(Duration::from_secs(120))
+                    .with_pool_max_idle_per_host(config.transfers.max(1)),
+            );
+        if let Some(t) = &r.token {
+            b = b.with_token(t);
+        }
+        if let Some(e) = &r.endpoint {
+            b = b
+                .with_endpoint(e)
+                .with_allow_http(e.starts_with("http://"))
+                .with_virtual_hosted_style_request(false);
+        }
+        let client = b.build().map_err(|e| {
+            Error::new(Operation::Remote, ErrorKind::InvalidInput)
+                .with_src(config.url())
+                .with_reason(format!("cannot set up the S3 client: {e}"))
+        })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(crate::run::cores().clamp(1, 4))
+            .thread_name("cowlink-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::from_io(Operation::Remote, &e).with_src(config.url()))?;
+        Ok(Remote {
+            config,
+            client: Arc::new(client),
+            runtime,
+            requests: Requests::default(),
+        })
+    }
+
+    /// The remote's `s3://BUCKET/PREFIX`.
+    pub fn url(&self) -> String {
+        self.config.url()
+    }
+
+    /// Requests made so far by this value.
+    pub fn requests(&self) -> RequestCounts {
+        let r = &self.requests;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RequestCounts {
+            get: l(&r.get),
+            put: l(&r.put),
+            head: l(&r.head),
+            list: l(&r.list),
+            delete: l(&r.delete),
+            bytes_up: l(&r.bytes_up),
+            bytes_down: l(&r.bytes_down),
+        }
+    }
+
+    /// The key of `name` in `area`.
+    pub(crate) fn key(&self, area: Area, name: &str) -> Key {
+        let rel = match area {
+            Area::Objects => format!("objects/{}/{name}", &name[..2.min(name.len())]),
+            _ => format!("{}/{name}", area.dir()),
+        };
+        match self.config.prefix.as_str() {
+            "" => Key::from(rel),
+            p => Key::from(format!("{p}/{rel}")),
+        }
+    }
+
+    /// The key of the object `d`.
+    pub(crate) fn object_key(&self, d: &Digest) -> Key {
+        self.key(Area::Objects, &d.to_hex())
+    }
+
+    /// The key of the manifest `d`.
+    pub(crate) fn manifest_key(&self, d: &Digest) -> Key {
+        self.key(Area::Manifests, &d.to_hex())
+    }
+
+    /// `s3://BUCKET/KEY`, for messages.
+    pub(crate) fn shown(&self, key: &Key) -> String {
+        format!("s3://{}/{key}", self.config.bucket)
+    }
+
+    /// The prefix of `area` (for listing).
+    fn area_prefix(&self, area: Area) -> Key {
+        match self.config.prefix.as_str() {
+            "" => Key::from(area.dir()),
+            p => Key::from(format!("{p}/{}", area.dir())),
+        }
+    }
+
+    /// Turn a client error on `key` into ours, with a reason a user can act
+    /// on.
+    pub(crate) fn error(&self, op: Operation, key: &Key, e: object_store::Error) -> Error {
+        let text = e.to_string();
+        let at = self.shown(key);
+        let (kind, reason) = match &e {
+            object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => (
+                ErrorKind::NotFound,
+                format!(
+                    "the bucket '{}' does not exist at {} (create it first)",
+                    self.config.bucket,
+                    self.endpoint_shown()
+                ),
+            ),
+            object_store::Error::NotFound { .. } => (
+                ErrorKind::NotFound,
+                "the remote has no such key".to_string(),
+            ),
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
+                let why = if text.contains("InvalidAccessKeyId") {
+                    "the server does not know this access key"
+                } else if text.contains("SignatureDoesNotMatch") {
+                    "the secret key is wrong (the signature does not match)"
+                } else {
+                    "access denied"
+                };
+                (
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "{why} (keys from {}); check the credentials and the bucket's policy",
+                        self.config
+                            .resolve()
+                            .map_or_else(|_| "?".to_string(), |r| r.keys_from)
+                    ),
+                )
+            }
+            _ if text.contains("NoSuchBucket") => (
+                ErrorKind::NotFound,
+                format!(
+                    "the bucket '{}' does not exist at {} (create it first)",
+                    self.config.bucket,
+                    self.endpoint_shown()
+                ),
+            ),
+            _ => (
+                ErrorKind::Io,
+                format!(
+                    "the server at {} failed or could not be reached, after retries: {}",
+                    self.endpoint_shown(),
+                    short(&text)
+                ),
+            ),
+        };
+        Error::new(op, kind).with_src(at).with_reason(reason)
+    }
+
+    fn endpoint_shown(&self) -> String {
+        self.config
+            .resolve()
+            .ok()
+            .and_then(|r| r.endpoint)
+            .unwrap_or_else(|| "AWS S3".to_string())
+    }
+
+    /// Every key below `area`, with sizes and upload times; one LIST
+    /// request per 1000 keys.
+    pub(crate) async fn list(&self, op: Operation, area: Area) -> Result<Vec<ObjectMeta>> {
+        use futures::TryStreamExt;
+        let prefix = self.area_prefix(area);
+        let v: Vec<ObjectMeta> = self
+            .client
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.error(op, &prefix, e))?;
+        let pages = (v.len() as u64).div_ceil(1000).max(1);
+        self.requests.list.fetch_add(pages, Ordering::Relaxed);
+        Ok(v)
+    }
+
+    /// HEAD `key`: its metadata, or `None` when the remote has no such key.
+    pub(crate) async fn head(&self, op: Operation, key: &Key) -> Result<Option<ObjectMeta>> {
+        use object_store::ObjectStoreExt;
+        self.requests.head.fetch_add(1, Ordering::Relaxed);
+        match self.client.head(key).await {
+            Ok(m) => Ok(Some(m)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(op, key, e)),
+        }
+    }
+
+    /// PUT `bytes` at `key` (one request).
+    pub(crate) async fn put(&self, op: Operation, key: &Key, bytes: bytes::Bytes) -> Result<()> {
+        use object_store::ObjectStoreExt;
+        let n = bytes.len() as u64;
+        self.requests.put.fetch_add(1, Ordering::Relaxed);
+        self.client
+            .put(key, bytes.into())
+            .await
+            .map_err(|e| self.error(op, key, e))?;
+        self.requests.bytes_up.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// GET `key` whole (manifests and markers: small).
+    pub(crate) async fn get_all(&self, op: Operation, key: &Key) -> Result<bytes::Bytes> {
+        use object_store::ObjectStoreExt;
+        self.requests.get.fetch_add(1, Ordering::Relaxed);
+        let r = self
+            .client
+            .get(key)
+            .await
+            .map_err(|e| self.error(op, key, e))?;
+        let b = r.bytes().await.map_err(|e| self.error(op, key, e))?;
+        self.requests
+            .bytes_down
+            .fetch_add(b.len() as u64, Ordering::Relaxed);
+        Ok(b)
+    }
+
+    /// DELETE `key` (absent already counts as done).
+    pub(crate) async fn delete(&self, op: Operation, key: &Key) -> Result<()> {
+        use object_store::ObjectStoreExt;
+        self.requests.delete.fetch_add(1, Ordering::Relaxed);
+        match self.client.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(op, key, e)),
+        }
+    }
+
+    /// Run `f` to completion on this remote's runtime.
+    pub(crate) fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// Requests in flight at once.
+    pub(crate) fn transfers(&self) -> usize {
+        self.config.transfers.max(1)
+    }
+
+    /// The digest a key of `area` names (its last part, up to a `.`).
+    pub(crate) fn digest_of(key: &Key) -> Option<Digest> {
+        let name = key.filename()?;
+        name.split('.').next()?.parse().ok()
+    }
+}
+
+/// The first line of a long client error, for messages.
+fn short(text: &str) -> String {
+    let t = text.lines().next().unwrap_or(text);
+    if t.chars().count() > 300 {
+        format!("{}…", t.chars().take(300).collect::<String>())
+    } else {
+        t.to_string()
+    }
+}
+
+/// A unique id for this process's markers and locks: host, PID and the
+/// time in nanoseconds.
+pub(crate) fn marker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .replace(['/', '.', ' '], "-");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{host}-{}-{nanos}", std::process::id())
+}

@@ -1,0 +1,306 @@
+//! Pull: manifests and the objects the local store lacks, from the
+//! remote, checked on arrival.
+//!
+//! A manifest is taken from the local store when it is there (no request
+//! at all), else fetched and checked: its BLAKE3 must be its name. Each
+//! missing object is streamed into an unnamed temporary in the store,
+//! preallocated to the manifest's size, hashed as it arrives, and kept
+//! only if the size and digest match. Verified objects wait, unnamed, in
+//! a batch; one `syncfs` makes a batch durable and then each is linked
+//! under its name, so after a crash an object is whole or absent. The
+//! manifests are written last. Pulling holds the store's shared lock, as
+//! an add does, so a local gc never runs in between.
+
+use std::collections::HashMap;
+
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use rustix::fd::AsFd;
+use rustix::fs::{self, Mode};
+use rustix::io::Errno;
+
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+use crate::prim::place::PendingFile;
+use crate::run::Phase;
+use crate::store::layout::{mark_unchanged, write_all};
+use crate::store::manifest::{Digest, EntryKind, Manifest};
+use crate::store::{store_err, Store};
+
+use super::{Remote, RequestCounts};
+
+/// Verified objects linked into the store per `syncfs`, at most.
+const BATCH_FILES: usize = 512;
+/// Verified bytes linked into the store per `syncfs`, at most.
+const BATCH_BYTES: u64 = 512 << 20;
+
+/// What a pull did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PullReport {
+    /// Manifests asked for.
+    pub manifests: u64,
+    /// Manifests the local store already had.
+    pub manifests_local: u64,
+    /// Manifests downloaded.
+    pub manifests_fetched: u64,
+    /// Distinct objects the manifests name.
+    pub objects: u64,
+    /// Of those, objects the local store already had.
+    pub objects_present: u64,
+    /// Objects downloaded and verified.
+    pub objects_downloaded: u64,
+    /// Object bytes downloaded.
+    pub bytes_downloaded: u64,
+    /// Requests made.
+    pub requests: RequestCounts,
+}
+
+/// A verified object waiting for its batch's `syncfs`.
+type Verified<'s> = (PendingFile<'s>, Digest, u64);
+
+impl Store {
+    /// Make the local store hold `manifests` and every object they name,
+    /// downloading what it lacks.
+    ///
+    /// # Errors
+    /// `NotFound` for a manifest or object the remote lacks, `Corrupt`
+    /// naming the digest of a manifest or object whose bytes do not match
+    /// it (nothing of it is stored), `PermissionDenied`, `Io` after the
+    /// retries, `NoSpace`, `Cancelled`. Objects verified before a failure
+    /// stay in the store (they are whole); no manifest is written unless
+    /// every object it names is stored.
+    pub fn pull(&self, remote: &Remote, manifests: &[Digest]) -> Result<PullReport> {
+        let op = Operation::Pull;
+        let before = remote.requests();
+        let _lock = self.lock(false)?;
+        let mut report = PullReport {
+            manifests: manifests.len() as u64,
+            ..PullReport::default()
+        };
+        let mut fetched: Vec<Manifest> = Vec::new();
+        let mut all: Vec<Manifest> = Vec::new();
+        for d in manifests {
+            match self.manifest(d) {
+                Ok(m) => {
+                    report.manifests_local += 1;
+                    all.push(m);
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    let m = remote.block_on(fetch_manifest(remote, d))?;
+                    report.manifests_fetched += 1;
+                    all.push(m.clone());
+                    fetched.push(m);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut wanted: HashMap<Digest, u64> = HashMap::new();
+        for m in &all {
+            for e in &m.entries {
+                if let EntryKind::File { digest, size, .. } = e.kind {
+                    wanted.insert(digest, size);
+                }
+            }
+        }
+        report.objects = wanted.len() as u64;
+        let mut missing: Vec<(Digest, u64)> = wanted
+            .into_iter()
+            .filter(|(d, _)| !self.contains(d))
+            .collect();
+        missing.sort();
+        report.objects_present = report.objects - missing.len() as u64;
+        let total: u64 = missing.iter().map(|(_, s)| s).sum();
+        self.run.enter(Phase::Download, missing.len() as u64, total);
+
+        let (n, bytes, mut errors) = remote.block_on(async {
+            let mut results = futures::stream::iter(missing.iter())
+                .map(|(d, s)| download(self, remote, *d, *s))
+                .buffer_unordered(remote.transfers());
+            let mut batch: Vec<Verified<'_>> = Vec::new();
+            let mut batch_bytes = 0u64;
+            let (mut n, mut bytes) = (0u64, 0u64);
+            let mut errors: Vec<Error> = Vec::new();
+            while let Some(r) = results.next().await {
+                match r {
+                    Ok(v) => {
+                        batch_bytes += v.2;
+                        n += 1;
+                        bytes += v.2;
+                        self.run.done(1, 0);
+                        batch.push(v);
+                        if batch.len() >= BATCH_FILES || batch_bytes >= BATCH_BYTES {
+                            if let Err(e) = self.link_batch(&mut batch) {
+                                errors.push(e);
+                                break;
+                            }
+                            batch_bytes = 0;
+                        }
+                    }
+                    // A wrong object: the others are still worth having.
+                    Err(e) if e.kind() == ErrorKind::Corrupt => errors.push(e),
+                    // Anything else (the server gone, no space, a
+                    // cancel) would fail every remaining object too.
+                    Err(e) => {
+                        errors.push(e);
+                        break;
+                    }
+                }
+                if self.run.cancelled() {
+                    break;
+                }
+            }
+            drop(results);
+            if let Err(e) = self.link_batch(&mut batch) {
+                errors.push(e);
+            }
+            (n, bytes, errors)
+        });
+        report.objects_downloaded = n;
+        report.bytes_downloaded = bytes;
+        if self.run.cancelled() {
+            return Err(Error::new(op, ErrorKind::Cancelled)
+                .with_src(remote.url())
+                .with_reason(
+                    "cancelled: objects verified so far are stored; no manifest was written",
+                ));
+        }
+        if !errors.is_empty() {
+            let more = errors.len() - 1;
+            let first = errors.swap_remove(0);
+            let why = match more {
+                0 => format!("{}; no manifest was written", first.reason()),
+                n => format!(
+                    "{} (and {n} more failures); no manifest was written",
+                    first.reason()
+                ),
+            };
+            return Err(first.with_reason(why));
+        }
+        for m in &fetched {
+            self.write_manifest(m)?;
+        }
+        self.run.finish();
+        report.requests = remote.requests().since(&before);
+        Ok(report)
+    }
+
+    /// Make a batch of verified objects durable (one `syncfs`), then name
+    /// each; an object another process stored meanwhile is simply dropped.
+    fn link_batch(&self, batch: &mut Vec<Verified<'_>>) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        fs::syncfs(&self.dir).map_err(|e| store_err(&self.root, e))?;
+        for (pending, d, _) in batch.drain(..) {
+            match self.persist_object(pending, &d, 0) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(store_err(self.object_path(&d), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// GET the manifest `d` and check it.
+async fn fetch_manifest(remote: &Remote, d: &Digest) -> Result<Manifest> {
+    let op = Operation::Pull;
+    let key = remote.manifest_key(d);
+    let bytes = remote.get_all(op, &key).await.map_err(|e| {
+        if e.kind() == ErrorKind::NotFound && !e.reason().contains("bucket") {
+            let why = format!("the remote has no manifest {d}");
+            e.with_reason(why)
+        } else {
+            e
+        }
+    })?;
+    let got = Digest::of(&bytes);
+    if got != *d {
+        return Err(Error::new(op, ErrorKind::Corrupt)
+            .with_src(remote.shown(&key))
+            .with_reason(format!(
+                "manifest {d} from the remote hashes to {got}: the remote copy is damaged \
+                 or was tampered with, and was not used"
+            )));
+    }
+    let m = Manifest::from_bytes(&bytes, &remote.shown(&key))?;
+    m.validate(&d.to_hex(), true)?;
+    Ok(m)
+}
+
+/// Stream the object `d` (`size` bytes) into an unnamed temporary of the
+/// store, hashing it; the temporary when the bytes are right.
+async fn download<'s>(
+    store: &'s Store,
+    remote: &Remote,
+    d: Digest,
+    size: u64,
+) -> Result<Verified<'s>> {
+    let op = Operation::Pull;
+    if store.run.cancelled() {
+        return Err(Error::new(op, ErrorKind::Cancelled));
+    }
+    let key = remote.object_key(&d);
+    let shown = remote.shown(&key);
+    let pending = store.temporary("object")?;
+    let local = |e: Errno| store_err(store.root().join("tmp"), e).with_src(&shown);
+    crate::prim::transfer::preallocate(pending.fd(), size).map_err(local)?;
+    remote
+        .requests
+        .get
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let got = remote
+        .client
+        .get(&key)
+        .await
+        .map_err(|e| remote.error(op, &key, e))
+        .map_err(|e| {
+            if e.kind() == ErrorKind::NotFound && !e.reason().contains("bucket") {
+                e.with_reason(format!(
+                    "the remote lacks object {d}, which the manifest names (was it collected \
+                     by a remote gc?)"
+                ))
+            } else {
+                e
+            }
+        })?;
+    let mut stream = got.into_stream();
+    let mut hasher = blake3::Hasher::new();
+    let mut n = 0u64;
+    let wrong = |why: String| {
+        Error::new(op, ErrorKind::Corrupt)
+            .with_src(&shown)
+            .with_reason(format!(
+                "object {d} from the remote {why}: the remote copy is damaged or was tampered \
+             with, and nothing of it was stored"
+            ))
+    };
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| remote.error(op, &key, e))?;
+        n += chunk.len() as u64;
+        remote
+            .requests
+            .bytes_down
+            .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if n > size {
+            return Err(wrong(format!(
+                "is longer than the {size} bytes its manifest says"
+            )));
+        }
+        hasher.update(&chunk);
+        write_all(pending.fd(), &chunk).map_err(local)?;
+        store.run.done(0, chunk.len() as u64);
+    }
+    let h = hasher.finalize();
+    if n != size {
+        return Err(wrong(format!(
+            "has {n} bytes, not the {size} its manifest says"
+        )));
+    }
+    if h.as_bytes() != d.as_bytes() {
+        return Err(wrong(format!("hashes to {} instead", h.to_hex())));
+    }
+    if crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
+        fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(local)?;
+    }
+    mark_unchanged(pending.fd().as_fd());
+    Ok((pending, d, size))
+}
