@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | endpoint | `endpoint` | `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL` | `endpoint_url` (config) |
 //! | region | `region` | `AWS_REGION`, `AWS_DEFAULT_REGION` | `region` (config) |
-//! | keys | — | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | `aws_access_key_id`, … (credentials, then config) |
+//! | keys | `keys` | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` | `aws_access_key_id`, … (credentials, then config) |
 //! | profile | `profile` (then the environment's keys are ignored) | `AWS_PROFILE` | `default` |
 //!
 //! The files are `AWS_SHARED_CREDENTIALS_FILE` (default
@@ -46,6 +46,23 @@ impl Default for RetryPolicy {
     }
 }
 
+/// An access key and its secret (shown without the secret by `Debug`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// The access key ID.
+    pub access_key: String,
+    /// The secret access key.
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys")
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A remote store as the user named it, before the environment is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteConfig {
@@ -63,6 +80,9 @@ pub struct RemoteConfig {
     /// `default`. Naming one ignores the environment's keys (as `aws
     /// --profile` does).
     pub profile: Option<String>,
+    /// Keys given directly (access key, secret key): they win over the
+    /// environment and the profile files.
+    pub keys: Option<Keys>,
     /// Requests in flight at once.
     pub transfers: usize,
     /// How failures are retried.
@@ -106,6 +126,7 @@ impl RemoteConfig {
             endpoint: None,
             region: None,
             profile: None,
+            keys: None,
             transfers: 16,
             retry: RetryPolicy::default(),
         })
@@ -248,7 +269,10 @@ impl RemoteConfig {
             p.as_ref()
                 .map_or_else(String::new, |p| p.display().to_string())
         };
-        let (access_key, secret_key, token, keys_from) = if let Some((a, s, t)) = env_keys {
+        let (access_key, secret_key, token, keys_from) = if let Some(k) = &self.keys {
+            let given = "the keys given".to_string();
+            (k.access_key.clone(), k.secret_key.clone(), None, given)
+        } else if let Some((a, s, t)) = env_keys {
             (
                 a,
                 s,

@@ -64,7 +64,7 @@ use object_store::{BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, RetryC
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
-pub use config::{RemoteConfig, RetryPolicy};
+pub use config::{Keys, RemoteConfig, RetryPolicy};
 pub use gc::{RemoteGcReport, RemoteManifest};
 pub use pull::PullReport;
 pub use push::{Push, PushReport};
@@ -278,7 +278,21 @@ impl Remote {
     pub(crate) fn error(&self, op: Operation, key: &Key, e: object_store::Error) -> Error {
         let text = e.to_string();
         let at = self.shown(key);
+        let keys_from = || {
+            self.config
+                .resolve()
+                .map_or_else(|_| "?".to_string(), |r| r.keys_from)
+        };
         let (kind, reason) = match &e {
+            // AWS says 403 InvalidAccessKeyId; versitygw 404
+            // XAdminUserNotFound: either way a refusal, never retried.
+            _ if text.contains("InvalidAccessKeyId") || text.contains("XAdminUserNotFound") => (
+                ErrorKind::PermissionDenied,
+                format!(
+                    "the server does not know this access key (keys from {})",
+                    keys_from()
+                ),
+            ),
             object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => (
                 ErrorKind::NotFound,
                 format!(
@@ -293,21 +307,16 @@ impl Remote {
             ),
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => {
-                let why = if text.contains("InvalidAccessKeyId") {
-                    "the server does not know this access key"
-                } else if text.contains("SignatureDoesNotMatch") {
+                let why = if text.contains("SignatureDoesNotMatch") {
                     "the secret key is wrong (the signature does not match)"
                 } else {
-                    "access denied"
+                    // A HEAD's answer has no body to say which.
+                    "access denied (403): the access key is unknown, the secret key is wrong, \
+                     or the bucket's policy forbids this"
                 };
                 (
                     ErrorKind::PermissionDenied,
-                    format!(
-                        "{why} (keys from {}); check the credentials and the bucket's policy",
-                        self.config
-                            .resolve()
-                            .map_or_else(|_| "?".to_string(), |r| r.keys_from)
-                    ),
+                    format!("{why} (keys from {})", keys_from()),
                 )
             }
             _ if text.contains("NoSuchBucket") => (

@@ -1,0 +1,618 @@
+//! `cowlink store push | pull | checkout --remote | remote ls | remote gc`
+//! against a real S3-compatible server (versitygw, started per test on
+//! 127.0.0.1 with a temporary data directory), on the real test
+//! filesystems.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cowlink_testfs::s3::S3Server;
+use cowlink_testfs::{temporaries, testfs};
+
+mod common;
+use common::{bin, text};
+
+/// `cowlink store --store ST --remote URL ARGS…` with the server's keys.
+fn run(s3: &S3Server, prefix: &str, st: &Path, args: &[&dyn AsRef<OsStr>]) -> Output {
+    cmd(s3, prefix, st, args).output().unwrap()
+}
+
+fn cmd(s3: &S3Server, prefix: &str, st: &Path, args: &[&dyn AsRef<OsStr>]) -> Command {
+    let mut c = bin();
+    c.envs(s3.env())
+        .env_remove("COWLINK_REMOTE")
+        .arg("store")
+        .arg("--store")
+        .arg(st)
+        .arg("--remote")
+        .arg(s3.url(prefix));
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    text(&o.stdout)
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(o)).unwrap()
+}
+
+/// A real tree: a system directory of thousands of files, copied into
+/// `dir` with `cp -a`.
+fn real_tree(dir: &Path) -> PathBuf {
+    let src = [
+        "/usr/lib/python3/dist-packages",
+        "/usr/share/perl5",
+        "/usr/share/doc",
+    ]
+    .iter()
+    .map(Path::new)
+    .find(|p| p.is_dir())
+    .expect("a system directory to copy");
+    let dst = dir.join("tree");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(src)
+        .arg(&dst)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    dst
+}
+
+/// Files of `n` × `size` bytes of distinct data below `dir/name`.
+fn generated(dir: &Path, name: &str, n: usize, size: usize) -> PathBuf {
+    let root = dir.join(name);
+    for i in 0..n {
+        let sub = root.join(format!("d{}", i % 10));
+        fs::create_dir_all(&sub).unwrap();
+        fs::write(
+            sub.join(format!("f{i}")),
+            cowlink_testfs::data(size, i as u64 + 1),
+        )
+        .unwrap();
+    }
+    root
+}
+
+/// rsync's itemized differences between two trees (contents by
+/// checksum, modes, owners, links, hardlinks, ACLs, xattrs; not times,
+/// which manifests do not record). Empty when equal.
+fn rsync_diff(a: &Path, b: &Path) -> String {
+    let o = Command::new("rsync")
+        .args(["-rlpgoDniHAX", "--checksum", "--delete"])
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+}
+
+fn shares_blocks(a: &Path, b: &Path) -> bool {
+    let (ea, eb) = (
+        cowlink::extents::extents(a).unwrap().extents,
+        cowlink::extents::extents(b).unwrap().extents,
+    );
+    !eb.is_empty()
+        && eb.iter().all(|x| x.is_shared())
+        && ea
+            .iter()
+            .map(|x| x.physical)
+            .eq(eb.iter().map(|x| x.physical))
+}
+
+/// Every file the server holds below `dir`, with inode and mtime: what
+/// changes if anything is rewritten.
+fn server_files(dir: &Path) -> BTreeMap<PathBuf, (u64, i64, i64)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd {
+            let e = e.unwrap();
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.insert(e.path(), (m.ino(), m.mtime(), m.mtime_nsec()));
+            }
+        }
+    }
+    out
+}
+
+fn add_tree(st: &Path, tree: &Path) -> String {
+    let o = common::store(st, &[&"add-tree", &tree]);
+    ok(&o).trim().to_string()
+}
+
+#[test]
+fn a_real_tree_round_trips_through_the_server_and_checks_out_as_clones_on_xfs() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("round_trip") else {
+        return;
+    };
+    let tree = real_tree(x.path());
+    let (st, st2) = (x.path().join("st"), x.path().join("st2"));
+    let m = add_tree(&st, &tree);
+    let files = cowlink::store::Store::open(&st)
+        .unwrap()
+        .manifest(&m.parse().unwrap())
+        .unwrap()
+        .file_totals()
+        .files;
+    assert!(files > 1000, "a real tree has thousands of files: {files}");
+
+    let r = json(&run(&s3, "rt", &st, &[&"--json", &"push", &m]));
+    assert_eq!(r["manifests_uploaded"], 1);
+    assert!(r["objects_uploaded"].as_u64().unwrap() > 1000, "{r}");
+    assert!(s3.file(&format!("rt/manifests/{m}")).is_file());
+
+    // A new store elsewhere: pull, then check out (clones of the pulled
+    // objects).
+    let dst = x.path().join("dst");
+    let o = run(&s3, "rt", &st2, &[&"checkout", &m, &dst]);
+    ok(&o);
+    assert!(
+        text(&o.stderr).contains("pulled 1 manifests"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        rsync_diff(&tree, &dst),
+        "",
+        "the checkout differs from the tree"
+    );
+    let store2 = cowlink::store::Store::open(&st2).unwrap();
+    let manifest = store2.manifest(&m.parse().unwrap()).unwrap();
+    let mut checked = 0;
+    for e in &manifest.entries {
+        if let cowlink::store::EntryKind::File { digest, size, .. } = e.kind {
+            if size >= 4096 && checked < 50 {
+                let placed = dst.join(&e.path);
+                assert!(
+                    shares_blocks(&store2.object_path(&digest), &placed),
+                    "{} does not share the pulled object's blocks",
+                    placed.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
+    assert_eq!(
+        json(&common::store(&st2, &[&"--json", &"verify"]))["corrupt"],
+        serde_json::json!([])
+    );
+    assert!(temporaries(&st2).is_empty());
+    // The remote lists it.
+    let ls = ok(&run(&s3, "rt", &st, &[&"remote", &"ls"]));
+    assert!(ls.contains(&m), "{ls}");
+}
+
+#[test]
+fn a_second_push_or_pull_moves_no_object_bytes() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("incremental") else {
+        return;
+    };
+    let tree = generated(x.path(), "t", 300, 5000);
+    let st = x.path().join("st");
+    let m = add_tree(&st, &tree);
+    let first = json(&run(&s3, "inc", &st, &[&"--json", &"push"]));
+    assert_eq!(first["objects_uploaded"], 300);
+    assert_eq!(first["bytes_uploaded"], 300 * 5000);
+    let before = server_files(&s3.file("inc"));
+    assert!(before.len() > 300);
+
+    let again = json(&run(&s3, "inc", &st, &[&"--json", &"push", &m]));
+    assert_eq!(again["objects_uploaded"], 0);
+    assert_eq!(again["bytes_uploaded"], 0);
+    assert_eq!(again["manifests_present"], 1);
+    assert_eq!(again["requests"]["put"], 0);
+    assert_eq!(
+        server_files(&s3.file("inc")),
+        before,
+        "the server's files were rewritten"
+    );
+
+    // A tree with one changed file: only that object goes up.
+    fs::write(tree.join("d3/f3"), b"changed").unwrap();
+    let m2 = add_tree(&st, &tree);
+    let third = json(&run(&s3, "inc", &st, &[&"--json", &"push", &m2]));
+    assert_eq!(third["objects_uploaded"], 1);
+    assert_eq!(third["bytes_uploaded"], 7);
+    assert_eq!(third["objects_present"], 299);
+
+    let st2 = x.path().join("st2");
+    let p1 = json(&run(&s3, "inc", &st2, &[&"--json", &"pull", &m]));
+    assert_eq!(p1["objects_downloaded"], 300);
+    let p2 = json(&run(&s3, "inc", &st2, &[&"--json", &"pull", &m]));
+    assert_eq!(p2["objects_downloaded"], 0);
+    assert_eq!(p2["bytes_downloaded"], 0);
+    assert_eq!(p2["requests"]["get"], 0, "{p2}");
+    let p3 = json(&run(&s3, "inc", &st2, &[&"--json", &"pull", &m2]));
+    assert_eq!(p3["objects_downloaded"], 1);
+    assert_eq!(p3["objects_present"], 299);
+}
+
+#[test]
+fn a_tampered_object_is_rejected_by_digest_and_a_missing_one_fails_checkout_cleanly() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("tamper") else {
+        return;
+    };
+    let tree = generated(x.path(), "t", 20, 3000);
+    let st = x.path().join("st");
+    let m = add_tree(&st, &tree);
+    ok(&run(&s3, "tp", &st, &[&"push"]));
+    let store = cowlink::store::Store::open(&st).unwrap();
+    let manifest = store.manifest(&m.parse().unwrap()).unwrap();
+    let digests: Vec<cowlink::store::Digest> = manifest
+        .entries
+        .iter()
+        .filter_map(|e| match e.kind {
+            cowlink::store::EntryKind::File { digest, .. } => Some(digest),
+            _ => None,
+        })
+        .collect();
+    // Alter one object in the server's own files (same size).
+    let bad = digests[0].to_hex();
+    let on_server = s3.file(&format!("tp/objects/{}/{bad}", &bad[..2]));
+    let mut bytes = fs::read(&on_server).unwrap();
+    bytes[100] ^= 0xff;
+    fs::write(&on_server, &bytes).unwrap();
+
+    let st2 = x.path().join("st2");
+    let o = run(&s3, "tp", &st2, &[&"pull", &m]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!("object {bad} from the remote hashes to"))
+            && err.contains("tampered"),
+        "{err}"
+    );
+    let store2 = cowlink::store::Store::open(&st2).unwrap();
+    assert!(
+        !store2.contains(&digests[0]),
+        "the wrong object entered the store"
+    );
+    assert!(
+        store2.manifests().unwrap().is_empty(),
+        "a manifest was written"
+    );
+    assert!(temporaries(&st2).is_empty());
+    // The other objects were right, and are kept.
+    assert!(digests[1..].iter().all(|d| store2.contains(d)));
+
+    // A missing object: checkout --remote fails before placing anything.
+    let gone = digests[1].to_hex();
+    fs::remove_file(s3.file(&format!("tp/objects/{}/{gone}", &gone[..2]))).unwrap();
+    let st3 = x.path().join("st3");
+    let dst = x.path().join("dst");
+    let o = run(&s3, "tp", &st3, &[&"checkout", &m, &dst]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(&format!("the remote lacks object {gone}")),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(!dst.exists(), "the checkout left a partial tree");
+    assert!(temporaries(&st3).is_empty());
+    assert!(cowlink::store::Store::open(&st3)
+        .unwrap()
+        .manifests()
+        .unwrap()
+        .is_empty());
+}
+
+/// Wait until `cond` or panic after `secs`.
+fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn objects_in(st: &Path) -> usize {
+    fs::read_dir(st.join("objects"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| fs::read_dir(e.path()).map_or(0, |r| r.count()))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_pull_cut_off_by_the_server_dying_completes_when_rerun() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(mut s3) = S3Server::start("server_dies") else {
+        return;
+    };
+    let tree = generated(x.path(), "t", 1500, 20_000);
+    let st = x.path().join("st");
+    let m = add_tree(&st, &tree);
+    ok(&run(&s3, "sd", &st, &[&"push"]));
+
+    let st2 = x.path().join("st2");
+    let child = cmd(
+        &s3,
+        "sd",
+        &st2,
+        &[&"--transfers", &"1", &"--retry-timeout", &"2", &"pull", &m],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Some objects are in (the first batch is linked), then the server dies.
+    wait_until(60, "the first objects", || objects_in(&st2) > 0);
+    s3.kill();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !o.status.success(),
+        "the pull finished before the server died: make the tree bigger"
+    );
+    assert!(
+        text(&o.stderr).contains("could not be reached"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(temporaries(&st2).is_empty());
+    let partial = objects_in(&st2);
+    assert!(partial > 0 && partial < 1500, "{partial}");
+    // What arrived is whole.
+    assert_eq!(
+        json(&common::store(&st2, &[&"--json", &"verify"]))["corrupt"],
+        serde_json::json!([])
+    );
+
+    s3.start_again();
+    let r = json(&run(&s3, "sd", &st2, &[&"--json", &"pull", &m]));
+    assert_eq!(r["objects_present"].as_u64().unwrap() as usize, partial);
+    assert_eq!(
+        r["objects_downloaded"].as_u64().unwrap() as usize,
+        1500 - partial
+    );
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(rsync_diff(&tree, &dst), "");
+}
+
+#[test]
+fn ctrl_c_mid_push_exits_130_and_a_rerun_finishes() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("sigint") else {
+        return;
+    };
+    let tree = generated(x.path(), "t", 1500, 20_000);
+    let st = x.path().join("st");
+    let m = add_tree(&st, &tree);
+    let child = cmd(&s3, "si", &st, &[&"--transfers", &"1", &"push"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let objects = s3.file("si/objects");
+    wait_until(60, "the first uploads", || {
+        server_files(&objects).len() > 20
+    });
+    common::sigint(&child);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("interrupted"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(
+        !s3.file(&format!("si/manifests/{m}")).exists(),
+        "a manifest went up without its objects"
+    );
+    assert!(server_files(&objects).len() < 1500);
+
+    let r = json(&run(&s3, "si", &st, &[&"--json", &"push"]));
+    assert_eq!(r["manifests_uploaded"], 1);
+    assert!(r["objects_present"].as_u64().unwrap() > 20, "{r}");
+    assert_eq!(server_files(&objects).len(), 1500);
+    assert!(
+        server_files(&s3.file("si/pending")).is_empty(),
+        "pending markers were left"
+    );
+    let st2 = x.path().join("st2");
+    let dst = x.path().join("dst");
+    ok(&run(&s3, "si", &st2, &[&"checkout", &m, &dst]));
+    assert_eq!(rsync_diff(&tree, &dst), "");
+}
+
+#[test]
+fn wrong_keys_and_a_missing_bucket_fail_at_once_with_a_clear_error() {
+    let Some(e) = testfs!(Ext4) else { return };
+    let Some(s3) = S3Server::start("permanent") else {
+        return;
+    };
+    let tree = generated(e.path(), "t", 3, 100);
+    let st = e.path().join("st");
+    add_tree(&st, &tree);
+    // A 10-minute retry budget: only a permanent error returns quickly.
+    let o = cmd(&s3, "p", &st, &[&"--retry-timeout", &"600", &"push"])
+        .env("AWS_SECRET_ACCESS_KEY", "wrong")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("cannot push 's3://cowlink-test/p/manifests/"),
+        "{err}"
+    );
+    assert!(err.contains("the secret key is wrong"), "{err}");
+    assert!(
+        !err.contains("could not be reached"),
+        "a refusal was retried: {err}"
+    );
+    assert!(err.contains("keys from AWS_ACCESS_KEY_ID"), "{err}");
+
+    let o = cmd(&s3, "p", &st, &[&"--retry-timeout", &"600", &"push"])
+        .env("AWS_ACCESS_KEY_ID", "nobody")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("the server does not know this access key"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let mut c = bin();
+    let o = c
+        .envs(s3.env())
+        .args(["store", "--store"])
+        .arg(&st)
+        .args([
+            "--remote",
+            "s3://no-such-bucket/x",
+            "--retry-timeout",
+            "600",
+            "remote",
+            "ls",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("the bucket 'no-such-bucket' does not exist at http://127.0.0.1:"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    // No keys anywhere: said before any request.
+    let o = bin()
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_PROFILE")
+        .env("HOME", e.path())
+        .env("AWS_ENDPOINT_URL", s3.endpoint())
+        .args(["store", "--store"])
+        .arg(&st)
+        .args(["--remote", &s3.url("p"), "remote", "ls"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("no credentials: set AWS_ACCESS_KEY_ID"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    // Keys from a profile file work as the AWS CLI's do.
+    let aws = e.path().join(".aws");
+    fs::create_dir_all(&aws).unwrap();
+    fs::write(
+        aws.join("credentials"),
+        format!(
+            "[ci]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+            cowlink_testfs::s3::ACCESS_KEY,
+            cowlink_testfs::s3::SECRET_KEY
+        ),
+    )
+    .unwrap();
+    let o = bin()
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("HOME", e.path())
+        .env("AWS_PROFILE", "ci")
+        .env("AWS_ENDPOINT_URL", s3.endpoint())
+        .args(["store", "--store"])
+        .arg(&st)
+        .args(["--remote", &s3.url("p"), "push"])
+        .output()
+        .unwrap();
+    ok(&o);
+}
+
+#[test]
+fn remote_gc_keeps_what_kept_manifests_use_and_drops_the_rest() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("remote_gc") else {
+        return;
+    };
+    let a = generated(x.path(), "a", 40, 2000);
+    let st = x.path().join("st");
+    let ma = add_tree(&st, &a);
+    // b shares a's first 20 files' bytes and has 10 of its own.
+    let b = x.path().join("b");
+    ok(&Command::new("cp")
+        .arg("-a")
+        .arg(&a)
+        .arg(&b)
+        .output()
+        .unwrap());
+    for i in 20..40 {
+        fs::remove_file(b.join(format!("d{}/f{i}", i % 10))).unwrap();
+    }
+    for i in 0..10 {
+        fs::write(b.join(format!("own{i}")), format!("b's own file {i}")).unwrap();
+    }
+    let mb = add_tree(&st, &b);
+    ok(&run(&s3, "gc", &st, &[&"push"]));
+    assert_eq!(server_files(&s3.file("gc/objects")).len(), 50);
+
+    // Without --keep: everything is used, nothing goes.
+    let r = json(&run(&s3, "gc", &st, &[&"--json", &"remote", &"gc"]));
+    assert_eq!(
+        (r["objects_removed"].as_u64(), r["manifests_kept"].as_u64()),
+        (Some(0), Some(2))
+    );
+    // An object no manifest names (a dead push's) goes.
+    let stray = "ab".repeat(32);
+    fs::create_dir_all(s3.file("gc/objects/ab")).unwrap();
+    fs::write(s3.file(&format!("gc/objects/ab/{stray}")), b"stray").unwrap();
+    let r = json(&run(&s3, "gc", &st, &[&"--json", &"remote", &"gc"]));
+    assert_eq!(r["objects_removed"], 1);
+
+    let r = json(&run(
+        &s3,
+        "gc",
+        &st,
+        &[&"--json", &"remote", &"gc", &"--keep", &ma],
+    ));
+    assert_eq!(r["manifests_removed"], 1);
+    assert_eq!(r["objects_removed"], 10, "{r}");
+    assert_eq!(r["objects_kept"], 40);
+    let ls = ok(&run(&s3, "gc", &st, &[&"remote", &"ls"]));
+    assert!(ls.contains(&ma) && !ls.contains(&mb), "{ls}");
+    // What is kept still pulls whole.
+    let st2 = x.path().join("st2");
+    let dst = x.path().join("dst");
+    ok(&run(&s3, "gc", &st2, &[&"checkout", &ma, &dst]));
+    assert_eq!(rsync_diff(&a, &dst), "");
+    // Keeping a manifest the remote lacks removes nothing.
+    let o = run(&s3, "gc", &st, &[&"remote", &"gc", &"--keep", &mb]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("the remote has no such manifest (nothing was removed)"));
+    assert!(
+        server_files(&s3.file("gc/locks")).is_empty(),
+        "the gc lock was left"
+    );
+}
