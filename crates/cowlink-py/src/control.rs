@@ -48,7 +48,8 @@ impl CancelToken {
 #[pyclass(module = "cowlink", frozen, get_all)]
 #[derive(Debug, Clone)]
 pub struct Progress {
-    /// "scan", "hash", "copy", "dedupe", "verify" or "done".
+    /// "scan", "hash", "copy", "dedupe", "verify", "upload", "download" or
+    /// "done".
     pub phase: &'static str,
     /// Files (or entries) done in this phase.
     pub files_done: u64,
