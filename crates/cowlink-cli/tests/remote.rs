@@ -213,11 +213,21 @@ fn a_second_push_or_pull_moves_no_object_bytes() {
         return;
     };
     let tree = generated(x.path(), "t", 300, 5000);
+    // One object above the multipart threshold (16 MiB): sent in parts.
+    let big = cowlink_testfs::data(20 << 20, 99);
+    fs::write(tree.join("big"), &big).unwrap();
     let st = x.path().join("st");
     let m = add_tree(&st, &tree);
     let first = json(&run(&s3, "inc", &st, &[&"--json", &"push"]));
-    assert_eq!(first["objects_uploaded"], 300);
-    assert_eq!(first["bytes_uploaded"], 300 * 5000);
+    assert_eq!(first["objects_uploaded"], 301);
+    assert_eq!(first["bytes_uploaded"], 300 * 5000 + (20 << 20));
+    // 300 PUTs, 1 marker, 1 manifest, and 2 + 3 parts for the big one.
+    assert_eq!(first["requests"]["put"], 300 + 2 + 2 + 3, "{first}");
+    let h = cowlink::store::Digest::of(&big).to_hex();
+    assert_eq!(
+        fs::read(s3.file(&format!("inc/objects/{}/{h}", &h[..2]))).unwrap(),
+        big
+    );
     let before = server_files(&s3.file("inc"));
     assert!(before.len() > 300);
 
@@ -238,18 +248,22 @@ fn a_second_push_or_pull_moves_no_object_bytes() {
     let third = json(&run(&s3, "inc", &st, &[&"--json", &"push", &m2]));
     assert_eq!(third["objects_uploaded"], 1);
     assert_eq!(third["bytes_uploaded"], 7);
-    assert_eq!(third["objects_present"], 299);
+    assert_eq!(third["objects_present"], 300);
 
     let st2 = x.path().join("st2");
     let p1 = json(&run(&s3, "inc", &st2, &[&"--json", &"pull", &m]));
-    assert_eq!(p1["objects_downloaded"], 300);
+    assert_eq!(p1["objects_downloaded"], 301);
+    assert_eq!(
+        fs::read(st2.join(format!("objects/{}/{h}", &h[..2]))).unwrap(),
+        big
+    );
     let p2 = json(&run(&s3, "inc", &st2, &[&"--json", &"pull", &m]));
     assert_eq!(p2["objects_downloaded"], 0);
     assert_eq!(p2["bytes_downloaded"], 0);
     assert_eq!(p2["requests"]["get"], 0, "{p2}");
     let p3 = json(&run(&s3, "inc", &st2, &[&"--json", &"pull", &m2]));
     assert_eq!(p3["objects_downloaded"], 1);
-    assert_eq!(p3["objects_present"], 299);
+    assert_eq!(p3["objects_present"], 300);
 }
 
 #[test]
@@ -275,7 +289,8 @@ fn a_tampered_object_is_rejected_by_digest_and_a_missing_one_fails_checkout_clea
     // Alter one object in the server's own files (same size).
     let bad = digests[0].to_hex();
     let on_server = s3.file(&format!("tp/objects/{}/{bad}", &bad[..2]));
-    let mut bytes = fs::read(&on_server).unwrap();
+    let good = fs::read(&on_server).unwrap();
+    let mut bytes = good.clone();
     bytes[100] ^= 0xff;
     fs::write(&on_server, &bytes).unwrap();
 
@@ -301,7 +316,9 @@ fn a_tampered_object_is_rejected_by_digest_and_a_missing_one_fails_checkout_clea
     // The other objects were right, and are kept.
     assert!(digests[1..].iter().all(|d| store2.contains(d)));
 
-    // A missing object: checkout --remote fails before placing anything.
+    // A missing object (the tampered one repaired): checkout --remote
+    // fails before placing anything.
+    fs::write(&on_server, &good).unwrap();
     let gone = digests[1].to_hex();
     fs::remove_file(s3.file(&format!("tp/objects/{}/{gone}", &gone[..2]))).unwrap();
     let st3 = x.path().join("st3");

@@ -73,6 +73,8 @@ pub struct Push<'a> {
     report: PushReport,
     before: RequestCounts,
     refreshed: Instant,
+    /// The store's shared lock: a local gc waits until the push is done.
+    _lock: rustix::fd::OwnedFd,
 }
 
 fn op_err(e: Error, what: &str) -> Error {
@@ -102,6 +104,7 @@ impl Store {
     pub fn start_push<'a>(&'a self, remote: &'a Remote, manifests: &[Digest]) -> Result<Push<'a>> {
         let op = Operation::Push;
         let before = remote.requests();
+        let lock = self.lock(false)?;
         let digests = if manifests.is_empty() {
             self.manifests()?
         } else {
@@ -146,6 +149,7 @@ impl Store {
             report,
             before,
             refreshed: Instant::now(),
+            _lock: lock,
         };
         if !push.todo.is_empty() {
             let started = Instant::now();
