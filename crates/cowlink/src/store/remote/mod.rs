@@ -11,12 +11,12 @@
 //! s3://BUCKET/PREFIX/locks/gc.ID          a remote gc in progress
 //! ```
 //!
-//! **Push** ([`Store::push`], stages in `push.rs`) uploads every object a
+//! **Push** ([`Store::push`](crate::store::Store::push), stages in `push.rs`) uploads every object a
 //! manifest names that the remote lacks, then the manifest: the remote
 //! never holds a manifest whose objects are missing. A manifest already
 //! on the remote costs one HEAD and nothing else.
 //!
-//! **Pull** ([`Store::pull`], `pull.rs`) treats the remote as untrusted:
+//! **Pull** ([`Store::pull`](crate::store::Store::pull), `pull.rs`) treats the remote as untrusted:
 //! every object is streamed into an unnamed, preallocated file in the
 //! store, hashed as it arrives, and linked under its name only when the
 //! BLAKE3 matches; a wrong object fails the pull naming its digest and
