@@ -11,6 +11,7 @@ use cowlink::store::remote::{RemoteConfig, RequestCounts, RetryPolicy};
 use cowlink::store::{Digest, Store};
 
 use crate::out::errln;
+use crate::store::json_out;
 use crate::{human_bytes, human_duration, Exit};
 
 /// The options that name and reach a remote (global to `cowlink store`).
@@ -139,13 +140,6 @@ fn digests(args: &[String]) -> Result<Vec<Digest>> {
     args.iter()
         .map(|s| s.parse::<Digest>().map_err(|e| anyhow!("{e}")))
         .collect()
-}
-
-/// Pretty JSON and a newline on `out`.
-fn json_out(out: &mut impl Write, v: &impl serde::Serialize) -> Result<()> {
-    serde_json::to_writer_pretty(&mut *out, v)?;
-    writeln!(out)?;
-    Ok(())
 }
 
 /// `cowlink store push [MANIFEST…]`.

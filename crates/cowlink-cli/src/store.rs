@@ -583,7 +583,7 @@ fn mode_hint(e: &cowlink::Error, mode: LinkMode) -> &'static str {
 }
 
 /// Pretty JSON and a newline on `out`.
-fn json_out(out: &mut impl Write, v: &impl Serialize) -> Result<()> {
+pub(crate) fn json_out(out: &mut impl Write, v: &impl Serialize) -> Result<()> {
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
     Ok(())

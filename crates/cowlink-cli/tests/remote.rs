@@ -104,19 +104,6 @@ fn rsync_diff(a: &Path, b: &Path) -> String {
     text(&o.stdout)
 }
 
-fn shares_blocks(a: &Path, b: &Path) -> bool {
-    let (ea, eb) = (
-        cowlink::extents::extents(a).unwrap().extents,
-        cowlink::extents::extents(b).unwrap().extents,
-    );
-    !eb.is_empty()
-        && eb.iter().all(|x| x.is_shared())
-        && ea
-            .iter()
-            .map(|x| x.physical)
-            .eq(eb.iter().map(|x| x.physical))
-}
-
 /// Every file the server holds below `dir`, with inode and mtime: what
 /// changes if anything is rewritten.
 fn server_files(dir: &Path) -> BTreeMap<PathBuf, (u64, i64, i64)> {
@@ -187,7 +174,7 @@ fn a_real_tree_round_trips_through_the_server_and_checks_out_as_clones_on_xfs() 
             if size >= 4096 && checked < 50 {
                 let placed = dst.join(&e.path);
                 assert!(
-                    shares_blocks(&store2.object_path(&digest), &placed),
+                    common::shares_extents_with(&store2.object_path(&digest), &placed),
                     "{} does not share the pulled object's blocks",
                     placed.display()
                 );

@@ -41,19 +41,6 @@ fn regular_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn shares_extents_with(a: &Path, b: &Path) -> bool {
-    let (ea, eb) = (
-        cowlink::extents::extents(a).unwrap().extents,
-        cowlink::extents::extents(b).unwrap().extents,
-    );
-    !eb.is_empty()
-        && eb.iter().all(|x| x.is_shared())
-        && ea
-            .iter()
-            .map(|x| x.physical)
-            .eq(eb.iter().map(|x| x.physical))
-}
-
 /// The rich fixture copied by cowlink and by GNU cp on one filesystem:
 /// rsync finds no difference; on reflink filesystems every file shares
 /// its source's blocks.
@@ -101,7 +88,7 @@ fn equals_cp_a(root: &Path, reflinks: bool) {
             // Below a block, Btrfs stores data inline in metadata: nothing to share.
             if fs::metadata(copy).unwrap().len() >= 4096 {
                 assert!(
-                    shares_extents_with(&orig, copy),
+                    common::shares_extents_with(&orig, copy),
                     "{} is not shared",
                     copy.display()
                 );

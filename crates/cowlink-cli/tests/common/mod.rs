@@ -40,3 +40,18 @@ pub fn sigint(child: &std::process::Child) {
     )
     .unwrap();
 }
+
+/// Whether `b`'s blocks are all shared and are `a`'s blocks (FIEMAP): `b`
+/// is a clone of `a`.
+pub fn shares_extents_with(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let (ea, eb) = (
+        cowlink::extents::extents(a).unwrap().extents,
+        cowlink::extents::extents(b).unwrap().extents,
+    );
+    !eb.is_empty()
+        && eb.iter().all(|x| x.is_shared())
+        && ea
+            .iter()
+            .map(|x| x.physical)
+            .eq(eb.iter().map(|x| x.physical))
+}

@@ -137,6 +137,10 @@ impl RequestCounts {
 #[derive(Debug)]
 pub struct Remote {
     config: RemoteConfig,
+    /// Where the keys came from, for messages.
+    keys_from: String,
+    /// The endpoint resolved at open (`None`: AWS), for messages.
+    endpoint: Option<String>,
     client: Arc<AmazonS3>,
     runtime: tokio::runtime::Runtime,
     requests: Requests,
@@ -212,6 +216,8 @@ impl Remote {
             .map_err(|e| Error::from_io(Operation::Remote, &e).with_src(config.url()))?;
         Ok(Remote {
             config,
+            keys_from: r.keys_from,
+            endpoint: r.endpoint,
             client: Arc::new(client),
             runtime,
             requests: Requests::default(),
@@ -278,11 +284,6 @@ impl Remote {
     pub(crate) fn error(&self, op: Operation, key: &Key, e: object_store::Error) -> Error {
         let text = e.to_string();
         let at = self.shown(key);
-        let keys_from = || {
-            self.config
-                .resolve()
-                .map_or_else(|_| "?".to_string(), |r| r.keys_from)
-        };
         let (kind, reason) = match &e {
             // AWS says 403 InvalidAccessKeyId; versitygw 404
             // XAdminUserNotFound: either way a refusal, never retried.
@@ -290,7 +291,7 @@ impl Remote {
                 ErrorKind::PermissionDenied,
                 format!(
                     "the server does not know this access key (keys from {})",
-                    keys_from()
+                    self.keys_from
                 ),
             ),
             object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => (
@@ -316,7 +317,7 @@ impl Remote {
                 };
                 (
                     ErrorKind::PermissionDenied,
-                    format!("{why} (keys from {})", keys_from()),
+                    format!("{why} (keys from {})", self.keys_from),
                 )
             }
             _ if text.contains("NoSuchBucket") => (
@@ -339,12 +340,8 @@ impl Remote {
         Error::new(op, kind).with_src(at).with_reason(reason)
     }
 
-    fn endpoint_shown(&self) -> String {
-        self.config
-            .resolve()
-            .ok()
-            .and_then(|r| r.endpoint)
-            .unwrap_or_else(|| "AWS S3".to_string())
+    fn endpoint_shown(&self) -> &str {
+        self.endpoint.as_deref().unwrap_or("AWS S3")
     }
 
     /// Every key below `area`, with sizes and upload times; one LIST

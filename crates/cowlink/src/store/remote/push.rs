@@ -174,17 +174,19 @@ impl Push<'_> {
     }
 
     fn write_markers(&mut self) -> Result<()> {
-        let remote = self.remote;
-        let r = remote.block_on(async {
-            for (_, m, key) in &self.todo {
-                remote
-                    .put(Operation::Push, key, Bytes::from(m.to_bytes()))
-                    .await?;
-            }
-            Ok(())
-        });
+        let r = self.remote.block_on(self.put_markers());
         self.refreshed = Instant::now();
         r
+    }
+
+    /// Write (or rewrite, as a sign of life) every pending marker.
+    async fn put_markers(&self) -> Result<()> {
+        for (_, m, key) in &self.todo {
+            self.remote
+                .put(Operation::Push, key, Bytes::from(m.to_bytes()))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Wait while a live remote gc lock exists; `true` when it waited.
@@ -213,9 +215,7 @@ impl Push<'_> {
             waited = true;
             tokio::time::sleep(Duration::from_secs(1)).await;
             // Keep our marker fresh (and our clock reading new).
-            for (_, m, key) in &self.todo {
-                remote.put(op, key, Bytes::from(m.to_bytes())).await?;
-            }
+            self.put_markers().await?;
         }
     }
 
@@ -302,9 +302,7 @@ impl Push<'_> {
                 bytes += size;
                 store.run.done(1, size);
                 if self.refreshed.elapsed() > MARKER_REFRESH {
-                    for (_, m, key) in &self.todo {
-                        remote.put(op, key, Bytes::from(m.to_bytes())).await?;
-                    }
+                    self.put_markers().await?;
                     self.refreshed = Instant::now();
                 }
             }
