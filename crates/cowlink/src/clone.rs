@@ -17,7 +17,7 @@ use crate::prim::files::{create_reason, file_type_name, open_source, split_dest}
 use crate::prim::meta::{self, Preserve};
 use crate::prim::mode::{Method, Outcome, Reflink};
 use crate::prim::place::{Overwrite, PendingFile};
-use crate::prim::transfer::{transfer, transfer_error};
+use crate::prim::transfer::{transfer, transfer_error, Source};
 
 /// Options for [`clone_file`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -129,7 +129,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
             )),
             _ => err(e).with_reason(create_reason(e, &parent)),
         })?;
-    let (sfd, dfd, size) = (src_fd.as_fd(), pending.fd(), st.st_size as u64);
+    let (sfd, dfd) = (src_fd.as_fd(), pending.fd());
     let before_copy = || match options.overwrite {
         Overwrite::Refuse | Overwrite::Skip => precheck(),
         Overwrite::Replace => Ok(()),
@@ -145,7 +145,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         transfer(
             sfd,
             dfd,
-            size,
+            Source::of(&st),
             options.reflink,
             &before_copy,
             &failed,

@@ -356,7 +356,8 @@ fn enospc_on_tiny_ext4_fails_cleanly() {
         assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
         assert_eq!(names(t.path()), ["filler"]);
     }
-    // A sparse source defeats preallocation: ENOSPC comes mid-copy instead.
+    // A sparse source is never preallocated (nor is any copy into ext4):
+    // ENOSPC comes mid-copy, and the unfinished file goes.
     let sparse = x.path().join("sparse");
     {
         let f = fs::File::create(&sparse).unwrap();

@@ -7,11 +7,17 @@
 //! filesystem types, old kernels, special filesystems) it falls back to
 //! `pread`/`pwrite` with a buffer of up to 1 MiB.
 //!
-//! Dense files of 1 MiB and more are preallocated with `fallocate(2)` first:
-//! large streamed writes then land in few extents, and a full filesystem
-//! fails with ENOSPC before any data is written. Sparse files are not
-//! preallocated (that would fill their holes), and a clone never reaches
-//! this code (preallocating over shared blocks would unshare them).
+//! Dense files of 1 MiB and more are preallocated with `fallocate(2)` first,
+//! except on ext2/3/4: large streamed writes then land in few extents, and
+//! a full filesystem fails with ENOSPC before any data is written. On ext4
+//! the price is too high: writing into its unwritten (preallocated) extents
+//! and converting them at writeback made a copy of the real `/usr` tree
+//! 1.8× slower there (docs/benchmarks.md), while its delayed allocation
+//! already lays a streamed copy out in few extents; ENOSPC then comes
+//! mid-copy and the unfinished file is removed as on any error. Sparse
+//! files are not preallocated (that would fill their holes), and a clone
+//! never reaches this code (preallocating over shared blocks would unshare
+//! them).
 //!
 //! [`transfer`] is the clone-or-copy step every feature runs on an open
 //! source and an empty destination: FICLONE, then (when the
@@ -40,6 +46,39 @@ const BUF_MAX: u64 = 1 << 20;
 /// Largest single `copy_file_range` request: small enough that a cancel is
 /// noticed within a fraction of a second, large enough to cost nothing.
 const CFR_CHUNK: u64 = 64 << 20;
+
+/// What a copy needs to know of its source: its size, and whether it may
+/// have holes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Source {
+    /// The size stat gave.
+    pub size: u64,
+    /// Whether the file may have holes, so its data segments are worth
+    /// asking for (`SEEK_DATA`/`SEEK_HOLE`, two calls per file).
+    pub maybe_sparse: bool,
+}
+
+impl Source {
+    /// From the source's stat. As GNU cp decides: a file whose blocks
+    /// cover its size is read as one segment. (Blocks past the end or of
+    /// extended attributes can hide a small hole; the copy then holds
+    /// zeros there, the same bytes.)
+    pub(crate) fn of(st: &fs::Stat) -> Self {
+        let size = st.st_size as u64;
+        Self {
+            size,
+            maybe_sparse: (st.st_blocks as u64).saturating_mul(512) < size,
+        }
+    }
+
+    /// A source known only by its size: its segments are asked for.
+    pub(crate) fn sized(size: u64) -> Self {
+        Self {
+            size,
+            maybe_sparse: true,
+        }
+    }
+}
 
 /// The data segments `[start, end)` of a file of `size` bytes, in order.
 /// Where the filesystem cannot report holes the whole file is one segment.
@@ -72,9 +111,10 @@ fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errn
     Ok(segs)
 }
 
-/// Copy `size` bytes of `src` into the empty file `dst`, keeping holes.
+/// Copy `source.size` bytes of `src` into the empty file `dst`, keeping
+/// holes (of a source that [may have them](Source::maybe_sparse)).
 ///
-/// `size` is what stat said; the copy has the length reading gives. A
+/// The size is what stat said; the copy has the length reading gives. A
 /// file of a pseudo filesystem reporting 0 bytes (procfs) or one page
 /// (sysfs) is read to its end whatever its size says, and a source that
 /// ends early (it shrank) gives a copy of what was read, never one padded
@@ -90,10 +130,11 @@ fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errn
 pub(crate) fn copy_data(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
-    size: u64,
+    source: Source,
     mut offload: bool,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Outcome, Errno> {
+    let size = source.size;
     if size_untrusted(src, size) {
         let bytes = copy_to_eof(src, dst, cancelled)?;
         return Ok(Outcome {
@@ -101,9 +142,15 @@ pub(crate) fn copy_data(
             bytes,
         });
     }
-    let segs = data_segments(src, size)?;
+    let segs = match source.maybe_sparse {
+        true => data_segments(src, size)?,
+        false if size > 0 => vec![(0, size)],
+        false => Vec::new(),
+    };
     let dense = segs.len() == 1 && segs[0] == (0, size);
-    if dense && size >= PREALLOC_MIN {
+    let written_to = segs.last().map_or(0, |&(_, end)| end);
+    let preallocated = dense && size >= PREALLOC_MIN && prealloc_pays(dst);
+    if preallocated {
         preallocate(dst, size)?;
     }
     let mut method = if offload {
@@ -166,15 +213,22 @@ pub(crate) fn copy_data(
             pos += got as u64;
         }
     }
-    // A trailing hole, a shrunk source or a preallocation still needs the
-    // right length. Only then: XFS flushes a truncated file's data when it
-    // is closed (its guard for truncate-and-rewrite), which made every
+    // A trailing hole, or a shrunk source (preallocated or not), still
+    // needs the right length; a copy whose last write ended at `size`
+    // has it already. Only then: XFS flushes a truncated file's data when
+    // it is closed (its guard for truncate-and-rewrite), which made every
     // small-file copy there ~10× slower.
     let bytes = short.unwrap_or(size);
-    if fs::fstat(dst)?.st_size as u64 != bytes {
+    if (short.is_some() || written_to != size) && fs::fstat(dst)?.st_size as u64 != bytes {
         fs::ftruncate(dst, bytes)?;
     }
     Ok(Outcome { method, bytes })
+}
+
+/// Whether preallocating a streamed copy into `dst` pays (see the module
+/// essay): everywhere but ext2/3/4.
+fn prealloc_pays(dst: BorrowedFd<'_>) -> bool {
+    !fs::fstatfs(dst).is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Ext4)
 }
 
 /// Whether stat's size of `src` may not be its length: 0 (procfs) or one
@@ -224,7 +278,7 @@ fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(),
     Ok(())
 }
 
-/// Move the data of `sfd` (`size` bytes) into the empty file `dfd`:
+/// Move the data of `sfd` (`source`) into the empty file `dfd`:
 /// clone, or copy when `reflink` allows and cloning is not possible here.
 /// `before_copy` runs before a data copy (to refuse early instead of
 /// copying in vain); `failed` turns an errno into the caller's error;
@@ -232,7 +286,7 @@ fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(),
 pub(crate) fn transfer(
     sfd: BorrowedFd<'_>,
     dfd: BorrowedFd<'_>,
-    size: u64,
+    source: Source,
     reflink: Reflink,
     before_copy: &dyn Fn() -> Result<()>,
     failed: &dyn Fn(Errno) -> Error,
@@ -240,11 +294,11 @@ pub(crate) fn transfer(
 ) -> Result<Outcome> {
     let cloned = Outcome {
         method: Method::Reflink,
-        bytes: size,
+        bytes: source.size,
     };
     let copy = |offload: bool| -> Result<Outcome> {
         before_copy()?;
-        copy_data(sfd, dfd, size, offload, cancelled).map_err(failed)
+        copy_data(sfd, dfd, source, offload, cancelled).map_err(failed)
     };
     let mut step = reflink.first_step();
     loop {

@@ -20,7 +20,7 @@ use super::materialize::{merr, How, Want};
 use super::Store;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::prim::mode::{Method, Outcome, Reflink, Step};
-use crate::prim::transfer::transfer_error;
+use crate::prim::transfer::{transfer_error, Source};
 
 impl Store {
     /// Open generation `gen` of an object for placing, and make sure its
@@ -128,8 +128,14 @@ impl Store {
         let pending = self.temporary("generation")?;
         let err = |e| super::store_err(self.root.join(&rel), e);
         // Read/write only: copy_file_range could share blocks again.
-        crate::prim::transfer::copy_data(base.as_fd(), pending.fd(), size, false, &|| false)
-            .map_err(err)?;
+        crate::prim::transfer::copy_data(
+            base.as_fd(),
+            pending.fd(),
+            Source::of(&st),
+            false,
+            &|| false,
+        )
+        .map_err(err)?;
         fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
         layout::mark_unchanged(pending.fd());
         fs::fsync(pending.fd()).map_err(err)?;
@@ -193,8 +199,14 @@ impl Store {
                 )
             };
             let copy = |offload| {
-                crate::prim::transfer::copy_data(src.as_fd(), dfd, size, offload, &|| false)
-                    .map_err(failed)
+                crate::prim::transfer::copy_data(
+                    src.as_fd(),
+                    dfd,
+                    Source::sized(size),
+                    offload,
+                    &|| false,
+                )
+                .map_err(failed)
             };
             // `place` sends hardlinks elsewhere: here the mode is a data mode.
             let mode = how.link.reflink().unwrap_or(Reflink::Always);

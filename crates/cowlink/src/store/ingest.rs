@@ -16,7 +16,7 @@ use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::prim::files::open_source;
 use crate::prim::mode::{Method, Reflink};
 use crate::prim::place::Overwrite;
-use crate::prim::transfer::{transfer, transfer_error};
+use crate::prim::transfer::{transfer, transfer_error, Source};
 use crate::run::Phase;
 use crate::walk::{self, DirInfo, Entry, Visitor};
 
@@ -223,12 +223,11 @@ impl Store {
         let op = Operation::Store;
         let err = |e: Errno| store_err(path, e);
         let pending = self.temporary("object")?;
-        let size = st.st_size as u64;
         let failed = |e: Errno| transfer_error(op, path, &self.root, e, src, pending.fd());
         let done = transfer(
             src,
             pending.fd(),
-            size,
+            Source::of(st),
             Reflink::Auto,
             &|| Ok(()),
             &failed,

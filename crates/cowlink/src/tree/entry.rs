@@ -22,7 +22,7 @@ use crate::prim::mode::{Method, Outcome, Reflink};
 use crate::prim::place::{
     left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
 };
-use crate::prim::transfer::{transfer, transfer_error};
+use crate::prim::transfer::{transfer, transfer_error, Source};
 
 fn os(name: &CStr) -> &Path {
     Path::new(OsStr::from_bytes(name.to_bytes()))
@@ -330,12 +330,11 @@ impl Entry<'_, '_> {
             _ => Ok(()),
         };
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
-        let size = st.st_size as u64;
         let cancelled = || self.eng.cancelled();
         let done = transfer(
             sfd,
             dfd,
-            size,
+            Source::of(st),
             opts.reflink,
             &before_copy,
             &failed,
