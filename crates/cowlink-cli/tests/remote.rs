@@ -254,6 +254,55 @@ fn a_second_push_or_pull_moves_no_object_bytes() {
 }
 
 #[test]
+fn a_pull_under_a_low_limit_on_open_files_links_in_smaller_batches() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("low_nofile") else {
+        return;
+    };
+    let tree = generated(x.path(), "t", 600, 2000);
+    let st = x.path().join("st");
+    let m = add_tree(&st, &tree);
+    ok(&run(&s3, "lim", &st, &[&"push"]));
+    // 128 open files, soft and hard (so the command cannot raise it): a
+    // batch of 512 unnamed verified objects would fail with EMFILE.
+    let st2 = x.path().join("st2");
+    let mut c = Command::new("prlimit");
+    c.arg("--nofile=128:128")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .envs(s3.env())
+        .env_remove("COWLINK_REMOTE")
+        .args(["store", "--store"])
+        .arg(&st2)
+        .arg("--remote")
+        .arg(s3.url("lim"))
+        .args(["--json", "pull"])
+        .arg(&m);
+    let p = json(&c.output().unwrap());
+    assert_eq!(p["objects_downloaded"], 600, "{p}");
+    assert_eq!(objects_in(&st2), 600);
+    let v = bin()
+        .arg("store")
+        .arg("--store")
+        .arg(&st2)
+        .arg("verify")
+        .output()
+        .unwrap();
+    ok(&v);
+    let co = x.path().join("co");
+    ok(&bin()
+        .arg("store")
+        .arg("--store")
+        .arg(&st2)
+        .arg("checkout")
+        .arg(&m)
+        .arg(&co)
+        .output()
+        .unwrap());
+    assert_eq!(rsync_diff(&tree, &co), "");
+}
+
+#[test]
 fn a_tampered_object_is_rejected_by_digest_and_a_missing_one_fails_checkout_cleanly() {
     let Some(x) = testfs!(Xfs) else { return };
     let Some(s3) = S3Server::start("tamper") else {

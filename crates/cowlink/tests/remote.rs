@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use cowlink::store::remote::{Keys, Remote, RemoteConfig};
 use cowlink::store::{Digest, Store};
+use cowlink::{CancelToken, ErrorKind, Run};
 use cowlink_testfs::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
 use cowlink_testfs::testfs;
 
@@ -108,4 +109,41 @@ fn a_push_waits_while_a_remote_gc_holds_its_lock() {
     );
     assert_eq!(report.objects_uploaded, 3);
     assert!(pulls_whole(x.path(), &r, &m, "fresh"));
+}
+
+#[test]
+fn a_cancel_ends_the_wait_for_a_remote_gc_and_leaves_no_marker() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("push_cancel") else {
+        return;
+    };
+    let cancel = CancelToken::default();
+    let store = Store::open(x.path().join("st"))
+        .unwrap()
+        .with_run(Run::default().with_cancel(cancel.clone()));
+    let m = store.add_tree(tree(x.path(), "t", 5, 3)).unwrap().digest;
+    let r = remote(&s3, "c");
+    // A gc that never ends: its lock stays (and stays fresh) on the server.
+    let lock = s3.file("c/locks/gc.elsewhere");
+    fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    fs::write(&lock, b"").unwrap();
+    // The push runs on its own thread, so that a push deaf to the cancel
+    // fails this test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(store.push(&r, &[m]));
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    cancel.cancel();
+    let e = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the push did not stop within 5 s of the cancel")
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    // Nothing was uploaded, and the push's pending marker is gone again.
+    let left: Vec<_> = ["c/pending", "c/objects", "c/manifests"]
+        .iter()
+        .filter(|d| fs::read_dir(s3.file(d)).is_ok_and(|mut it| it.next().is_some()))
+        .collect();
+    assert!(left.is_empty(), "left on the server: {left:?}");
 }

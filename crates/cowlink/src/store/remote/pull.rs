@@ -6,7 +6,8 @@
 //! missing object is streamed into an unnamed temporary in the store,
 //! preallocated to the manifest's size, hashed as it arrives, and kept
 //! only if the size and digest match. Verified objects wait, unnamed, in
-//! a batch; one `syncfs` makes a batch durable and then each is linked
+//! a batch (of at most 512, fewer under a low limit on open files); one
+//! `syncfs` makes a batch durable and then each is linked
 //! under its name, so after a crash an object is whole or absent. The
 //! manifests are written last. Pulling holds the store's shared lock, as
 //! an add does, so a local gc never runs in between.
@@ -28,7 +29,8 @@ use crate::store::{store_err, Store};
 
 use super::{Remote, RequestCounts};
 
-/// Verified objects linked into the store per `syncfs`, at most.
+/// Verified objects linked into the store per `syncfs`, at most (fewer
+/// where the limit on open files is low: see [`batch_files`]).
 const BATCH_FILES: usize = 512;
 /// Verified bytes linked into the store per `syncfs`, at most.
 const BATCH_BYTES: u64 = 512 << 20;
@@ -52,6 +54,19 @@ pub struct PullReport {
     pub bytes_downloaded: u64,
     /// Requests made.
     pub requests: RequestCounts,
+}
+
+/// How many verified objects a batch may hold open: [`BATCH_FILES`], or
+/// what fits in half the soft limit on open files after `transfers`
+/// downloads in flight (each an open file and a connection), so that a
+/// process under `ulimit -n 256` pulls in smaller batches instead of
+/// failing with EMFILE. The other half stays the caller's.
+fn batch_files(transfers: usize) -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let room = (limit / 2).saturating_sub(2 * transfers as u64);
+    (room.min(BATCH_FILES as u64) as usize).max(1)
 }
 
 /// A verified object waiting for its batch's `syncfs`.
@@ -115,6 +130,7 @@ impl Store {
             let mut results = futures::stream::iter(missing.iter())
                 .map(|(d, s)| download(self, remote, *d, *s))
                 .buffer_unordered(remote.transfers());
+            let batch_max = batch_files(remote.transfers());
             let mut batch: Vec<Verified<'_>> = Vec::new();
             let mut batch_bytes = 0u64;
             let (mut n, mut bytes) = (0u64, 0u64);
@@ -127,7 +143,7 @@ impl Store {
                         bytes += v.2;
                         self.run.done(1, 0);
                         batch.push(v);
-                        if batch.len() >= BATCH_FILES || batch_bytes >= BATCH_BYTES {
+                        if batch.len() >= batch_max || batch_bytes >= BATCH_BYTES {
                             if let Err(e) = self.link_batch(&mut batch) {
                                 errors.push(e);
                                 break;

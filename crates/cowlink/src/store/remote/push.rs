@@ -189,7 +189,8 @@ impl Push<'_> {
         Ok(())
     }
 
-    /// Wait while a live remote gc lock exists; `true` when it waited.
+    /// Wait while a live remote gc lock exists; `true` when it waited. A
+    /// cancel ends the wait with [`ErrorKind::Cancelled`] within 0.1 s.
     async fn wait_for_gc(&self) -> Result<bool> {
         let op = Operation::Push;
         let remote = self.remote;
@@ -213,7 +214,17 @@ impl Push<'_> {
                 return Ok(waited);
             }
             waited = true;
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // A second between looks, cut short by a cancel (Ctrl-C).
+            for _ in 0..10 {
+                if self.store.run.cancelled() {
+                    return Err(Error::new(op, ErrorKind::Cancelled)
+                        .with_src(remote.url())
+                        .with_reason(
+                            "cancelled while waiting for the remote's gc; nothing was uploaded",
+                        ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             // Keep our marker fresh (and our clock reading new).
             self.put_markers().await?;
         }
