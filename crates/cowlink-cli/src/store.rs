@@ -75,7 +75,9 @@ pub struct StoreArgs {
     #[arg(long, global = true)]
     json: bool,
 
-    /// Worker threads [default: number of CPUs]
+    /// Worker threads, at most 64 [default: for checkout, chosen per
+    /// destination filesystem (1 when cloning into Btrfs, else one per
+    /// core); for everything else, one per core]
     #[arg(short = 'j', long, global = true, value_name = "N", value_parser = crate::threads_arg)]
     threads: Option<usize>,
 
