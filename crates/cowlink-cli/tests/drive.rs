@@ -235,6 +235,59 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
     assert_eq!(l.as_array().unwrap().len(), 1);
     assert_eq!(l[0]["image"], img.to_str().unwrap());
 
+    // status says what went wrong behind its back: the mount lost
+    // noatime, the loop device lost direct I/O. `drive mount` on the
+    // mounted drive switches direct I/O back on.
+    let remount = Command::new("mount")
+        .args(["-o", "remount,strictatime"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(remount.success());
+    let off = Command::new("losetup")
+        .arg("--direct-io=off")
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(off.success());
+    assert_eq!(dio(&source), "0");
+    let s: serde_json::Value =
+        serde_json::from_str(&ok(&w.drive(&[&"status", &mnt, &"--json"]))).unwrap();
+    let warnings: Vec<String> = s["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings[0].contains("lost its noatime"), "{warnings:?}");
+    assert!(
+        warnings[1].contains(&source) && warnings[1].contains("direct I/O"),
+        "{warnings:?}"
+    );
+    let plain = w.drive(&[&"status", &mnt]);
+    ok(&plain);
+    let said = text(&plain.stderr);
+    assert!(
+        said.contains("warning: ") && said.contains("noatime") && said.contains("direct I/O"),
+        "{said}"
+    );
+    assert!(ok(&w.drive(&[&"mount", &img, &mnt])).contains("already mounted"));
+    assert_eq!(
+        dio(&source),
+        "1",
+        "drive mount switched direct I/O on again"
+    );
+    let remount = Command::new("mount")
+        .args(["-o", "remount,noatime"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(remount.success());
+    let s: serde_json::Value =
+        serde_json::from_str(&ok(&w.drive(&[&"status", &mnt, &"--json"]))).unwrap();
+    assert_eq!(s["warnings"], serde_json::json!([]));
+
     // unmount → mount → unmount → remove, each twice (idempotent).
     ok(&w.drive(&[&"unmount", &mnt]));
     assert!(mount_of(&mnt).is_none());
@@ -348,6 +401,50 @@ fn a_failing_mkfs_leaves_no_image_loop_device_or_mount_point() {
         refused(&out, &[&format!("mkfs.{fs_name} failed")]);
         nothing_left(&w, &img);
         assert!(!mnt.exists(), "the mount point it made is gone");
+    }
+}
+
+#[test]
+fn a_missing_mkfs_is_refused_naming_its_package_and_nothing_is_made() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("x.img"), w.p("x"));
+    for (fs_name, package) in [("xfs", "xfsprogs"), ("btrfs", "btrfs-progs")] {
+        // In a mount namespace of its own, every mkfs.FS cowlink could
+        // find is covered by /dev/null (not a regular file): as if the
+        // package were not installed, without touching the system.
+        let mkfs = format!("mkfs.{fs_name}");
+        let covers: Vec<String> = ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .map(|d| format!("{d}/{mkfs}"))
+            .filter(|p| Path::new(p).is_file())
+            .map(|p| format!("mount --bind /dev/null {p} && "))
+            .collect();
+        assert!(!covers.is_empty(), "{mkfs} is not installed here");
+        let inner = w.command(&[
+            &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &fs_name,
+        ]);
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!("{}exec \"$@\"", covers.concat()))
+            .arg("sh")
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                c.env(k, v);
+            }
+        }
+        let out = c.output().unwrap();
+        // A missing program is a NotFound failure: exit 1, as for a
+        // missing path.
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        for w in [&format!("{mkfs} is not installed"), package, "x.img"] {
+            assert!(err.contains(w), "{w:?} not in: {err}");
+        }
+        nothing_left(&w, &img);
+        assert!(!mnt.exists(), "no mount point was made");
     }
 }
 
