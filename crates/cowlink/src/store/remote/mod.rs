@@ -69,7 +69,7 @@ pub use gc::{RemoteGcReport, RemoteManifest};
 pub use pull::PullReport;
 pub use push::{Push, PushReport};
 
-use super::manifest::Digest;
+use super::manifest::{Digest, EntryKind, Manifest};
 
 /// A gc lock older than this (by the server's clock) belongs to a gc that
 /// died; pushes stop waiting for it.
@@ -428,6 +428,24 @@ impl Remote {
 }
 
 /// The first line of a long client error, for messages.
+/// The distinct objects `manifests` name, with their sizes, in digest
+/// order (what a push offers and a pull asks for).
+pub(crate) fn objects_named<'m>(
+    manifests: impl IntoIterator<Item = &'m Manifest>,
+) -> Vec<(Digest, u64)> {
+    let mut named: std::collections::HashMap<Digest, u64> = std::collections::HashMap::new();
+    for m in manifests {
+        for e in &m.entries {
+            if let EntryKind::File { digest, size, .. } = e.kind {
+                named.insert(digest, size);
+            }
+        }
+    }
+    let mut named: Vec<(Digest, u64)> = named.into_iter().collect();
+    named.sort();
+    named
+}
+
 fn short(text: &str) -> String {
     let t = text.lines().next().unwrap_or(text);
     if t.chars().count() > 300 {

@@ -12,8 +12,6 @@
 //! manifests are written last. Pulling holds the store's shared lock, as
 //! an add does, so a local gc never runs in between.
 
-use std::collections::HashMap;
-
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use rustix::fd::AsFd;
@@ -24,7 +22,7 @@ use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::prim::place::PendingFile;
 use crate::run::Phase;
 use crate::store::layout::{mark_unchanged, write_all};
-use crate::store::manifest::{Digest, EntryKind, Manifest};
+use crate::store::manifest::{Digest, Manifest};
 use crate::store::{store_err, Store};
 
 use super::{Remote, RequestCounts};
@@ -108,20 +106,12 @@ impl Store {
                 Err(e) => return Err(e),
             }
         }
-        let mut wanted: HashMap<Digest, u64> = HashMap::new();
-        for m in &all {
-            for e in &m.entries {
-                if let EntryKind::File { digest, size, .. } = e.kind {
-                    wanted.insert(digest, size);
-                }
-            }
-        }
+        let wanted = super::objects_named(&all);
         report.objects = wanted.len() as u64;
-        let mut missing: Vec<(Digest, u64)> = wanted
+        let missing: Vec<(Digest, u64)> = wanted
             .into_iter()
             .filter(|(d, _)| !self.contains(d))
             .collect();
-        missing.sort();
         report.objects_present = report.objects - missing.len() as u64;
         let total: u64 = missing.iter().map(|(_, s)| s).sum();
         self.run.enter(Phase::Download, missing.len() as u64, total);

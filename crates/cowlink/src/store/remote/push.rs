@@ -255,17 +255,8 @@ impl Push<'_> {
         let op = Operation::Push;
         let remote = self.remote;
         let store = self.store;
-        let mut wanted: HashMap<Digest, u64> = HashMap::new();
-        for (_, m, _) in &self.todo {
-            for e in &m.entries {
-                if let EntryKind::File { digest, size, .. } = e.kind {
-                    wanted.insert(digest, size);
-                }
-            }
-        }
+        let wanted = super::objects_named(self.todo.iter().map(|(_, m, _)| m));
         self.report.objects = wanted.len() as u64;
-        let mut wanted: Vec<(Digest, u64)> = wanted.into_iter().collect();
-        wanted.sort();
         let missing: Vec<(Digest, u64)> = remote.block_on(async {
             if wanted.len() > LIST_ABOVE {
                 let there: HashMap<Digest, u64> = remote
