@@ -12,7 +12,7 @@
 //! a full filesystem fails with ENOSPC before any data is written. On ext4
 //! the price is too high: writing into its unwritten (preallocated) extents
 //! and converting them at writeback made a copy of the real `/usr` tree
-//! 1.8× slower there (docs/benchmarks.md), while its delayed allocation
+//! about 1.6× slower there (docs/benchmarks.md), while its delayed allocation
 //! already lays a streamed copy out in few extents; ENOSPC then comes
 //! mid-copy and the unfinished file is removed as on any error. Sparse
 //! files are not preallocated (that would fill their holes), and a clone

@@ -427,7 +427,6 @@ impl Remote {
     }
 }
 
-/// The first line of a long client error, for messages.
 /// The distinct objects `manifests` name, with their sizes, in digest
 /// order (what a push offers and a pull asks for).
 pub(crate) fn objects_named<'m>(
@@ -446,6 +445,7 @@ pub(crate) fn objects_named<'m>(
     named
 }
 
+/// The first line of a long client error, for messages.
 fn short(text: &str) -> String {
     let t = text.lines().next().unwrap_or(text);
     if t.chars().count() > 300 {
