@@ -50,6 +50,11 @@ impl World {
         c
     }
 
+    /// `drive status DIR --json`, which must succeed.
+    fn status(&self, dir: &Path) -> serde_json::Value {
+        serde_json::from_str(&ok(&self.drive(&[&"status", &dir, &"--json"]))).unwrap()
+    }
+
     /// Records left in the state directory.
     fn records(&self) -> Vec<String> {
         match self.p("etc/state").is_dir() {
@@ -84,16 +89,32 @@ fn ok(out: &Output) -> String {
 
 /// A refusal: exit 2 and an error naming `words`.
 fn refused(out: &Output, words: &[&str]) {
+    failed_with(out, 2, words);
+}
+
+/// The command exited with `code` and its stderr holds every one of `words`.
+fn failed_with(out: &Output, code: i32, words: &[&str]) {
     let err = text(&out.stderr);
     assert_eq!(
         out.status.code(),
-        Some(2),
+        Some(code),
         "stderr: {err}\nstdout: {}",
         text(&out.stdout)
     );
     for w in words {
         assert!(err.contains(w), "{w:?} not in: {err}");
     }
+}
+
+/// `mount -o remount,OPTION DIR`, which must succeed.
+fn remount(dir: &Path, option: &str) {
+    let st = Command::new("mount")
+        .arg("-o")
+        .arg(format!("remount,{option}"))
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "remount,{option} {}", dir.display());
 }
 
 /// Loop devices (per losetup) whose backing file is `image`.
@@ -222,8 +243,7 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
     assert_eq!(layout.shared_bytes, 1 << 20, "{layout:?}");
 
     // status and list agree with the kernel.
-    let s: serde_json::Value =
-        serde_json::from_str(&ok(&w.drive(&[&"status", &mnt, &"--json"]))).unwrap();
+    let s = w.status(&mnt);
     assert_eq!(s["mounted"], true);
     assert_eq!(s["fs"], fs_name);
     assert_eq!(s["reflink"], true);
@@ -238,12 +258,7 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
     // status says what went wrong behind its back: the mount lost
     // noatime, the loop device lost direct I/O. `drive mount` on the
     // mounted drive switches direct I/O back on.
-    let remount = Command::new("mount")
-        .args(["-o", "remount,strictatime"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(remount.success());
+    remount(&mnt, "strictatime");
     let off = Command::new("losetup")
         .arg("--direct-io=off")
         .arg(&source)
@@ -251,8 +266,7 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
         .unwrap();
     assert!(off.success());
     assert_eq!(dio(&source), "0");
-    let s: serde_json::Value =
-        serde_json::from_str(&ok(&w.drive(&[&"status", &mnt, &"--json"]))).unwrap();
+    let s = w.status(&mnt);
     let warnings: Vec<String> = s["warnings"]
         .as_array()
         .unwrap()
@@ -278,14 +292,8 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
         "1",
         "drive mount switched direct I/O on again"
     );
-    let remount = Command::new("mount")
-        .args(["-o", "remount,noatime"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(remount.success());
-    let s: serde_json::Value =
-        serde_json::from_str(&ok(&w.drive(&[&"status", &mnt, &"--json"]))).unwrap();
+    remount(&mnt, "noatime");
+    let s = w.status(&mnt);
     assert_eq!(s["warnings"], serde_json::json!([]));
 
     // unmount → mount → unmount → remove, each twice (idempotent).
@@ -438,11 +446,11 @@ fn a_missing_mkfs_is_refused_naming_its_package_and_nothing_is_made() {
         let out = c.output().unwrap();
         // A missing program is a NotFound failure: exit 1, as for a
         // missing path.
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{err}");
-        for w in [&format!("{mkfs} is not installed"), package, "x.img"] {
-            assert!(err.contains(w), "{w:?} not in: {err}");
-        }
+        failed_with(
+            &out,
+            1,
+            &[&format!("{mkfs} is not installed"), package, "x.img"],
+        );
         nothing_left(&w, &img);
         assert!(!mnt.exists(), "no mount point was made");
     }
