@@ -88,8 +88,14 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             .with_progress(Arc::clone(&progress)),
     };
     let bar = crate::progress::for_run(!args.json, &progress);
-    let plan = crate::interrupt::graceful(|| dedupe::plan(&args.paths, &opts));
-    let plan = match plan {
+    // A dry run only plans; otherwise planning and executing overlap (the
+    // small files' groups run while the larger files are still hashed).
+    let planned = match args.dry_run {
+        true => crate::interrupt::graceful(|| dedupe::plan(&args.paths, &opts)).map(|p| (p, None)),
+        false => crate::interrupt::graceful(|| dedupe::dedupe(&args.paths, &opts))
+            .map(|(p, r)| (p, Some(r))),
+    };
+    let (plan, report) = match planned {
         Ok(p) => p,
         Err(_) if crate::interrupt::interrupted() => {
             bar.finish();
@@ -102,10 +108,12 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             return Ok(Exit::Failed);
         }
     };
-    let report =
-        (!args.dry_run).then(|| crate::interrupt::graceful(|| dedupe::execute(&plan, &opts)));
     bar.finish();
-    if report.as_ref().is_some_and(|r| r.cancelled) {
+    if let Some(r) = report.as_ref().filter(|r| r.cancelled) {
+        if r.groups == 0 {
+            errln!("cowlink: interrupted before any group was started; nothing was changed");
+            return Ok(Exit::Interrupted);
+        }
         errln!(
             "cowlink: interrupted; groups already done share their blocks, the others were left as they were"
         );

@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use cowlink::dedupe::{execute, plan, DedupeOptions, Plan};
+use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, Plan};
 use cowlink::extents::extents;
 use cowlink_testfs::{data, testfs, write_file};
 
@@ -425,4 +425,133 @@ fn a_cancel_mid_execute_stops_between_groups_and_loses_nothing() {
         shared += same_blocks(a, b) as u64;
     }
     assert_eq!(shared, r.targets_deduped);
+}
+
+/// Small and large groups, and a near-duplicate of a large file whose ends
+/// match (only the full hash tells it apart), under `dir`.
+fn mixed(dir: &Path, sizes: &[usize]) -> Vec<Vec<PathBuf>> {
+    let mut groups = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let sub = dir.join(format!("s{size}"));
+        fs::create_dir(&sub).unwrap();
+        groups.push(copies(&sub, 3, size, 50 + i as u64));
+    }
+    let near = dir.join("near");
+    fs::create_dir(&near).unwrap();
+    let mut bytes = data(256 << 10, 99);
+    write_file(&near.join("a"), &bytes);
+    write_file(&near.join("b"), &bytes);
+    bytes[100 << 10] ^= 1;
+    write_file(&near.join("c"), &bytes);
+    sync(dir);
+    groups.push(vec![near.join("a"), near.join("b")]);
+    groups
+}
+
+/// `dedupe` (planning and executing overlapped: the small files' groups run
+/// while the larger files are hashed) returns the plan `plan` gives and
+/// shares every target of both kinds, with the space measured back.
+fn overlapped_dedupe_matches_plan_then_execute(dir: &Path, sizes: &[usize]) {
+    let groups = mixed(dir, sizes);
+    let planned = plan_of(&[dir]);
+    let (p, r) = dedupe(&[dir], &DedupeOptions::default()).unwrap();
+    assert_eq!(p.groups, planned.groups);
+    assert_eq!(p.groups.len(), groups.len(), "{p:?}");
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty() && r.changed.is_empty(),
+        "{r:?}"
+    );
+    assert!(!r.cancelled);
+    assert_eq!(r.targets_deduped, p.targets());
+    assert_eq!(r.groups, groups.len() as u64);
+    let expected: u64 = p.reclaimable();
+    assert!(
+        r.bytes_reclaimed >= expected * 9 / 10,
+        "reclaimed {} of {expected}",
+        r.bytes_reclaimed
+    );
+    for g in &groups {
+        let want = fs::read(&g[0]).unwrap();
+        for f in &g[1..] {
+            assert!(same_blocks(&g[0], f), "{} not shared", f.display());
+            assert_eq!(fs::read(f).unwrap(), want);
+        }
+    }
+    let near = dir.join("near");
+    assert!(!same_blocks(&near.join("a"), &near.join("c")));
+    assert_ne!(
+        fs::read(near.join("a")).unwrap(),
+        fs::read(near.join("c")).unwrap()
+    );
+}
+
+#[test]
+fn xfs_overlapped_dedupe_matches_plan_then_execute() {
+    let _serial = serial();
+    let Some(d) = testfs!(Xfs) else { return };
+    overlapped_dedupe_matches_plan_then_execute(d.path(), &[1, 4096, 8192, 8193, 3 << 20]);
+}
+
+#[test]
+fn btrfs_overlapped_dedupe_matches_plan_then_execute() {
+    let _serial = serial();
+    let Some(d) = testfs!(Btrfs) else { return };
+    // Above Btrfs's inline limit, so every group has blocks to share.
+    overlapped_dedupe_matches_plan_then_execute(d.path(), &[4096, 8192, 8193, 3 << 20]);
+}
+
+/// A cancel while the large files are still being hashed: the small files'
+/// groups handed over by then may be done (and share), the large ones were
+/// never handed over and stay apart, every byte stays as it was, and the
+/// report says cancelled rather than failing.
+#[test]
+fn a_cancel_while_hashing_leaves_the_large_groups_untouched() {
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let dir = x.path();
+    let small = copies(&dir.join("small").tap_mkdir(), 20, 2000, 70);
+    // Enough large bytes that one thread is still hashing when the
+    // watcher sees the phase change: 60 pairs of 2 MiB.
+    let mut large = Vec::new();
+    for i in 0..60 {
+        large.push(copies(
+            &dir.join(format!("l{i:02}")).tap_mkdir(),
+            2,
+            2 << 20,
+            200 + i,
+        ));
+    }
+    let progress = std::sync::Arc::new(cowlink::Progress::new());
+    let opts = DedupeOptions {
+        run: cowlink::Run::default()
+            .with_threads(1)
+            .with_progress(progress.clone()),
+        ..Default::default()
+    };
+    let cancel = opts.run.cancel.clone();
+    let watcher = std::thread::spawn(move || {
+        while progress.phase() != cowlink::Phase::Hash {
+            std::thread::yield_now();
+        }
+        cancel.cancel();
+    });
+    let (p, r) = dedupe(&[dir], &opts).unwrap();
+    watcher.join().unwrap();
+    assert!(r.cancelled);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    // Only the small group was handed over before the cancel.
+    assert!(p.groups.len() <= 1, "{:?}", p.groups);
+    assert!(p.groups.iter().all(|g| g.size == 2000));
+    for pair in &large {
+        assert!(!same_blocks(&pair[0], &pair[1]), "{}", pair[1].display());
+        assert_eq!(fs::read(&pair[0]).unwrap(), fs::read(&pair[1]).unwrap());
+    }
+    let shared = small[1..]
+        .iter()
+        .filter(|f| same_blocks(&small[0], f))
+        .count() as u64;
+    assert_eq!(shared, r.targets_deduped);
+    for f in &small {
+        assert_eq!(fs::read(f).unwrap(), data(2000, 70));
+    }
 }

@@ -2,8 +2,10 @@
 //! [`CHUNK`], groups in source-path order, space measured before and
 //! after (see the module notes in `mod.rs`).
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, OwnedFd};
@@ -11,6 +13,7 @@ use rustix::fs;
 
 use super::{open_read, DedupeOptions, Group, Plan, CHUNK};
 use crate::ground::error::{Error, Operation};
+use crate::ground::lock;
 use crate::run::{Phase, Run};
 
 /// What [`execute`] did.
@@ -41,78 +44,157 @@ pub struct DedupeReport {
 /// `opts.run`'s threads. Never fails as a whole: every problem is listed
 /// in the report and the run goes on (until cancelled).
 pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
-    let run = &opts.run;
-    let mut report = DedupeReport::default();
-    let total: u64 = plan
-        .groups
-        .iter()
-        .map(|g| g.size * g.targets.len() as u64)
-        .sum();
-    run.enter(Phase::Dedupe, plan.targets(), total);
-    // Free space per filesystem before, keyed by device.
-    let mut free_before: HashMap<u64, (OwnedFd, u64)> = HashMap::new();
-    let mut dev_of: HashMap<&std::path::Path, u64> = HashMap::new();
-    for g in &plan.groups {
-        if let Ok(fd) = open_read(&g.source) {
-            if let Ok(st) = fs::fstat(&fd) {
-                dev_of.insert(&g.source, st.st_dev);
-                if let std::collections::hash_map::Entry::Vacant(slot) =
-                    free_before.entry(st.st_dev)
-                {
-                    if let Some(free) = free_space(&fd) {
-                        slot.insert((fd, free));
+    let tally = Tally::new(&opts.run);
+    tally.show(&plan.groups);
+    let mut ex = Executor::new(&opts.run, &tally);
+    ex.start(&plan.groups);
+    ex.finish()
+}
+
+/// Dedupe progress that may begin before [`Phase::Dedupe`] is shown (while
+/// the plan still hashes): work done early is held back and handed over
+/// when the phase is entered, so the hashing's counters stay its own.
+pub(super) struct Tally<'a> {
+    run: &'a Run,
+    /// Shown yet, and files and bytes done before it was.
+    held: Mutex<(bool, u64, u64)>,
+}
+
+impl<'a> Tally<'a> {
+    pub(super) fn new(run: &'a Run) -> Self {
+        Tally {
+            run,
+            held: Mutex::new((false, 0, 0)),
+        }
+    }
+
+    /// Enter [`Phase::Dedupe`] for all of `groups`, with what was done so far.
+    pub(super) fn show(&self, groups: &[Group]) {
+        let files: u64 = groups.iter().map(|g| g.targets.len() as u64).sum();
+        let bytes: u64 = groups.iter().map(|g| g.size * g.targets.len() as u64).sum();
+        let mut held = lock(&self.held);
+        self.run.enter(Phase::Dedupe, files, bytes);
+        self.run.done(held.1, held.2);
+        held.0 = true;
+    }
+
+    fn done(&self, files: u64, bytes: u64) {
+        let mut held = lock(&self.held);
+        if held.0 {
+            self.run.done(files, bytes);
+        } else {
+            held.1 += files;
+            held.2 += bytes;
+        }
+    }
+}
+
+/// Carries out groups as they are handed over ([`Executor::start`], any
+/// number of times), then measures what came back ([`Executor::finish`]).
+/// The free space of a filesystem is read before its first group runs.
+pub(super) struct Executor<'a> {
+    run: &'a Run,
+    tally: &'a Tally<'a>,
+    pool: Option<rayon::ThreadPool>,
+    /// Free space per filesystem before anything ran there, keyed by device
+    /// (`None`: it could not be read).
+    free_before: FreeBefore,
+    /// Devices where something was shared: only their free space can have
+    /// grown because of us (elsewhere a change is someone else's).
+    shared_on: HashSet<u64>,
+    report: DedupeReport,
+}
+
+impl<'a> Executor<'a> {
+    pub(super) fn new(run: &'a Run, tally: &'a Tally<'a>) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(run.threads_or(crate::run::cores))
+            .build()
+            .ok();
+        Executor {
+            run,
+            tally,
+            pool,
+            free_before: Mutex::new(HashMap::new()),
+            shared_on: HashSet::new(),
+            report: DedupeReport::default(),
+        }
+    }
+
+    /// Carry out `groups` (in parallel) and wait for them.
+    pub(super) fn start(&mut self, groups: &[Group]) {
+        // Disk order (approximately: path order) rather than size order.
+        let mut order: Vec<&Group> = groups.iter().collect();
+        order.sort_by(|a, b| a.source.cmp(&b.source));
+        let (run, tally, free_before) = (self.run, self.tally, &self.free_before);
+        let work = || -> Vec<(Option<u64>, DedupeReport)> {
+            order
+                .par_iter()
+                .map(|g| {
+                    let mut r = DedupeReport::default();
+                    let mut dev = None;
+                    if !run.cancelled() {
+                        r.groups = 1;
+                        dev = dedupe_group(g, &mut r, run, tally, free_before);
                     }
-                }
+                    (dev, r)
+                })
+                .collect()
+        };
+        let parts = match &self.pool {
+            Some(pool) => pool.install(work),
+            None => work(),
+        };
+        let report = &mut self.report;
+        for (dev, r) in parts {
+            if let (Some(d), true) = (dev, r.targets_deduped > 0) {
+                self.shared_on.insert(d);
+            }
+            report.groups += r.groups;
+            report.targets_deduped += r.targets_deduped;
+            report.bytes_compared += r.bytes_compared;
+            report.changed.extend(r.changed);
+            report.errors.extend(r.errors);
+        }
+    }
+
+    /// Measure the space given back and close the run.
+    pub(super) fn finish(mut self) -> DedupeReport {
+        let free_before = self
+            .free_before
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        for (dev, (fd, before)) in free_before
+            .iter()
+            .filter_map(|(d, m)| Some((d, m.as_ref()?)))
+        {
+            if !self.shared_on.contains(dev) {
+                continue;
+            }
+            if let Some(after) = free_space(fd) {
+                self.report.bytes_reclaimed += after.saturating_sub(*before);
             }
         }
+        self.report.cancelled = self.run.cancelled();
+        self.run.finish();
+        self.report
     }
-    // Disk order (approximately: path order) rather than size order.
-    let mut order: Vec<&Group> = plan.groups.iter().collect();
-    order.sort_by(|a, b| a.source.cmp(&b.source));
-    let work = || -> Vec<(Option<u64>, DedupeReport)> {
-        order
-            .par_iter()
-            .map(|g| {
-                let mut r = DedupeReport::default();
-                if !run.cancelled() {
-                    r.groups = 1;
-                    dedupe_group(g, &mut r, run);
-                }
-                (dev_of.get(g.source.as_path()).copied(), r)
-            })
-            .collect()
-    };
-    let parts = match rayon::ThreadPoolBuilder::new()
-        .num_threads(run.threads_or(crate::run::cores))
-        .build()
-    {
-        Ok(pool) => pool.install(work),
-        Err(_) => work(),
-    };
-    // Devices where something was shared: only their free space can have
-    // grown because of us (elsewhere a change is someone else's).
-    let mut shared_on: std::collections::HashSet<u64> = Default::default();
-    for (dev, r) in parts {
-        if let (Some(d), true) = (dev, r.targets_deduped > 0) {
-            shared_on.insert(d);
-        }
-        report.groups += r.groups;
-        report.targets_deduped += r.targets_deduped;
-        report.bytes_compared += r.bytes_compared;
-        report.changed.extend(r.changed);
-        report.errors.extend(r.errors);
+}
+
+/// Free space per device before the first group there, with a descriptor
+/// to read it again after.
+type FreeBefore = Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>;
+
+/// Read the free space of `src`'s filesystem (device `dev`) unless it was
+/// read already. Called before a group's first `FIDEDUPERANGE`; a group on
+/// a new device waits here until its measure is taken, so no sharing there
+/// comes before it.
+fn measure_once(free_before: &FreeBefore, dev: u64, src: &OwnedFd) {
+    let mut map = lock(free_before);
+    if let Entry::Vacant(slot) = map.entry(dev) {
+        let fd = rustix::io::fcntl_dupfd_cloexec(src, 0).ok();
+        slot.insert(fd.and_then(|fd| free_space(&fd).map(|free| (fd, free))));
     }
-    for (dev, (fd, before)) in &free_before {
-        if !shared_on.contains(dev) {
-            continue;
-        }
-        if let Some(after) = free_space(fd) {
-            report.bytes_reclaimed += after.saturating_sub(*before);
-        }
-    }
-    report.cancelled = run.cancelled();
-    run.finish();
-    report
 }
 
 /// Free bytes (for unprivileged users) after committing pending work.
@@ -122,7 +204,14 @@ fn free_space(fd: &OwnedFd) -> Option<u64> {
     Some(s.f_bavail * s.f_frsize as u64)
 }
 
-fn dedupe_group(g: &Group, report: &mut DedupeReport, run: &Run) {
+/// Carry out one group; returns the source's device once it was opened.
+fn dedupe_group(
+    g: &Group,
+    report: &mut DedupeReport,
+    run: &Run,
+    tally: &Tally<'_>,
+    free_before: &FreeBefore,
+) -> Option<u64> {
     let op = Operation::Dedupe;
     let src = match open_read(&g.source) {
         Ok(fd) => fd,
@@ -130,22 +219,23 @@ fn dedupe_group(g: &Group, report: &mut DedupeReport, run: &Run) {
             report
                 .errors
                 .push(Error::from_errno(op, e).with_src(&g.source));
-            return;
+            return None;
         }
     };
-    match fs::fstat(&src) {
-        Ok(st) if st.st_size as u64 == g.size => {}
+    let dev = match fs::fstat(&src) {
+        Ok(st) if st.st_size as u64 == g.size => st.st_dev,
         Ok(_) => {
             report.changed.push(g.source.clone());
-            return;
+            return None;
         }
         Err(e) => {
             report
                 .errors
                 .push(Error::from_errno(op, e).with_src(&g.source));
-            return;
+            return None;
         }
-    }
+    };
+    measure_once(free_before, dev, &src);
     for batch in g.targets.chunks(cowlink_sys::DEDUPE_MAX_DESTS) {
         // Open every target of the batch; a size change means it changed.
         let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::new();
@@ -193,7 +283,7 @@ fn dedupe_group(g: &Group, report: &mut DedupeReport, run: &Run) {
             }
             live = keep;
             let finished = if off + len == g.size { live.len() } else { 0 };
-            run.done(finished as u64, len * live.len() as u64);
+            tally.done(finished as u64, len * live.len() as u64);
             off += len;
         }
         if off < g.size {
@@ -204,4 +294,5 @@ fn dedupe_group(g: &Group, report: &mut DedupeReport, run: &Run) {
         report.targets_deduped += live.len() as u64;
         report.bytes_compared += g.size * live.len() as u64;
     }
+    Some(dev)
 }

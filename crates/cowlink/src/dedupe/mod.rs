@@ -6,10 +6,19 @@
 //! blocks with each other (FIEMAP: same logical → physical runs, all
 //! flagged shared) are one *cluster* and are read once, not once per name;
 //! same BLAKE3 of the first and last 4 KiB; same BLAKE3 of everything. Hard
-//! links of one inode count once. The plan lists, per group of identical
+//! links of one inode count once. Small files (at most the two 4 KiB
+//! edges) are opened once, during the walk, relative to their directory:
+//! their layout is read and their bytes hashed whole there, so their
+//! groups are final as soon as the walk ends. The plan lists, per group of identical
 //! files, the source (a member of the largest cluster, so the fewest files
 //! change), the targets, and the bytes expected back. It is plain data
 //! (serde), so it can be shown, saved, reviewed.
+//!
+//! [`dedupe`] is [`plan`] and [`execute`] overlapped: the small files'
+//! groups are handed to the executor when the walk ends and run while the
+//! larger files are hashed; the rest follow. On three copies of a real
+//! `/usr/share` most groups are small, and their `FIDEDUPERANGE` calls,
+//! not the reading, set the pace (see docs/benchmarks.md).
 //!
 //! [`execute`] only ever calls `FIDEDUPERANGE`: the kernel locks both files,
 //! compares the bytes and shares blocks only if they are equal. A target
@@ -37,7 +46,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
-use rustix::fd::{AsFd, OwnedFd};
+use std::ffi::CStr;
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, FileType, OFlags};
 use rustix::io::Errno;
 
@@ -229,10 +240,18 @@ impl Collect {
             exclusive: 0,
             inline: false,
             small_hash: None,
+            mapped: false,
             may_change,
         };
         if size >= self.min_size.max(1) {
             c.exclusive = st.st_blocks as u64 * 512; // until the layout is read
+            if size <= 2 * EDGE {
+                // Small files are read now, while their directory is open
+                // (no path to walk again), in the walk's threads.
+                if let Ok(fd) = open_read_at(e.dirfd, e.name) {
+                    read_layout(fd.as_fd(), &mut c);
+                }
+            }
         } else {
             c.size = 0; // below min_size: counted as scanned, not a candidate
         }
@@ -260,6 +279,65 @@ impl Visitor for Collect {
 /// Only when no path could be walked at all; per-file problems and
 /// refused filesystems are listed in [`Plan::errors`].
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
+    find(paths, opts, &mut |_| {})
+}
+
+/// Plan and execute in one go, as [`plan`] then [`execute`] would, but with
+/// the two overlapping: the groups of small files (at most two edges, read
+/// whole with their layout) are final before the larger files are hashed,
+/// and are deduplicated while that hashing goes on. The returned plan is
+/// the one [`plan`] would give.
+///
+/// # Errors
+/// As [`plan`]. A cancel, even while planning, is not an error: the report
+/// says [`DedupeReport::cancelled`], and the plan holds the groups that
+/// were handed to the executor by then (groups already done share their
+/// blocks, the rest are untouched).
+pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan, DedupeReport)> {
+    let run = &opts.run;
+    let tally = execute::Tally::new(run);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Group>>();
+        let worker = s.spawn(|| {
+            let mut ex = execute::Executor::new(run, &tally);
+            for groups in rx {
+                ex.start(&groups);
+            }
+            ex
+        });
+        let mut handed: Vec<Group> = Vec::new();
+        let planned = find(paths, opts, &mut |groups| {
+            handed.extend_from_slice(groups);
+            let _ = tx.send(groups.to_vec());
+        });
+        if let Ok(plan) = &planned {
+            tally.show(&plan.groups);
+        }
+        drop(tx);
+        let ex = worker
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        match planned {
+            Ok(plan) => Ok((plan, ex.finish())),
+            Err(e) if e.kind() == ErrorKind::Cancelled => {
+                let plan = Plan {
+                    groups: handed,
+                    ..Plan::default()
+                };
+                Ok((plan, ex.finish()))
+            }
+            Err(e) => Err(e),
+        }
+    })
+}
+
+/// [`plan`], handing each batch of final groups to `ready` as soon as it is
+/// known (the small files' groups, then the rest).
+fn find<P: AsRef<Path>>(
+    paths: &[P],
+    opts: &DedupeOptions,
+    ready: &mut dyn FnMut(&[Group]),
+) -> Result<Plan> {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let run = &opts.run;
     let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
@@ -321,32 +399,18 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         .build()
         .map_err(|e| Error::new(Operation::Dedupe, ErrorKind::Io).with_reason(e.to_string()))?;
     // The layout tells already-shared files apart without reading them.
-    // Only files with a same-size partner are mapped; a failure here only
-    // costs the shortcut.
-    // Small files are hashed in full while open (their "edges" are all of
-    // them), so each is opened once for the whole plan.
+    // Only larger files with a same-size partner are mapped here (small
+    // ones were, in the walk); a failure only costs the shortcut.
     pool.install(|| {
         size_groups
             .par_iter_mut()
             .flat_map(|g| g.par_iter_mut())
             .for_each(|c| {
-                if run.cancelled() {
+                if run.cancelled() || c.mapped {
                     return;
                 }
                 if let Ok(fd) = open_read(&c.path) {
-                    if let Ok(list) = extents_fd(fd.as_fd(), false) {
-                        c.exclusive = 0;
-                        layout_facts(&list, c);
-                    }
-                    if c.size <= 2 * EDGE && !c.inline && c.shared_runs.is_none() {
-                        if let Ok((h, n)) =
-                            crate::ground::hash::hash_fd(fd.as_fd(), c.size, &|_| {})
-                        {
-                            if n == c.size {
-                                c.small_hash = Some(h);
-                            }
-                        }
-                    }
+                    read_layout(fd.as_fd(), c);
                 }
             })
     });
@@ -375,6 +439,21 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
         hashed.fetch_add(n, Ordering::Relaxed);
         run.done(0, n);
     };
+    // Groups of small files whose every cluster was read whole with its
+    // layout are final already: hand them over before hashing the rest.
+    let (small, cluster_groups): (Vec<Vec<usize>>, Vec<Vec<usize>>) = cluster_groups
+        .into_iter()
+        .partition(|ids| ids.iter().all(|&id| clusters[id][0].small_hash.is_some()));
+    let small_hashes: HashMap<usize, [u8; 32]> = small
+        .iter()
+        .flatten()
+        .filter_map(|&id| clusters[id][0].small_hash.map(|h| (id, h)))
+        .collect();
+    count(small.iter().flatten().map(|&id| clusters[id][0].size).sum());
+    let (mut groups, already, not_permitted) = stages::groups(&clusters, &small, &small_hashes);
+    plan.files_already_shared += already;
+    plan.not_permitted += not_permitted;
+    ready(&groups);
     let hash_errors = Mutex::new(Vec::new());
     // Partial hash (edges), then full hash, per cluster representative.
     let to_hash: Vec<usize> = cluster_groups.iter().flatten().copied().collect();
@@ -425,9 +504,12 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let (groups, already, not_permitted) = stages::groups(&clusters, &cluster_groups, &full);
+    let (rest, already, not_permitted) = stages::groups(&clusters, &cluster_groups, &full);
     plan.files_already_shared += already;
-    plan.not_permitted = not_permitted;
+    plan.not_permitted += not_permitted;
+    ready(&rest);
+    groups.extend(rest);
+    stages::order(&mut groups);
     plan.groups = groups;
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
@@ -437,10 +519,42 @@ pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
 /// Open for reading without touching the access time where allowed.
 /// Paths deeper than PATH_MAX are opened in pieces.
 pub(super) fn open_read(path: &Path) -> rustix::io::Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    match open_deep(path, flags | OFlags::NOATIME) {
-        Err(Errno::PERM) => open_deep(path, flags),
+    match open_deep(path, READ | OFlags::NOATIME) {
+        Err(Errno::PERM) => open_deep(path, READ),
         other => other,
+    }
+}
+
+/// How files are opened to be read: never through a symbolic link, never
+/// waiting on a FIFO swapped in.
+const READ: OFlags = OFlags::RDONLY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::CLOEXEC);
+
+/// [`open_read`] of `name` in the directory `dirfd`.
+fn open_read_at(dirfd: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
+    match fs::openat(dirfd, name, READ | OFlags::NOATIME, fs::Mode::empty()) {
+        Err(Errno::PERM) => fs::openat(dirfd, name, READ, fs::Mode::empty()),
+        other => other,
+    }
+}
+
+/// Read a candidate's layout (shared runs, exclusive bytes, inline) from
+/// its extents, and hash small files whole while they are open, so each is
+/// opened once for the whole plan. A failure only costs the shortcut.
+fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) {
+    c.mapped = true;
+    if let Ok(list) = extents_fd(fd, false) {
+        c.exclusive = 0;
+        layout_facts(&list, c);
+    }
+    if c.size <= 2 * EDGE && !c.inline && c.shared_runs.is_none() {
+        if let Ok((h, n)) = crate::ground::hash::hash_fd(fd, c.size, &|_| {}) {
+            if n == c.size {
+                c.small_hash = Some(h);
+            }
+        }
     }
 }
 

@@ -25,6 +25,8 @@ pub(super) struct Cand {
     /// For files of at most two edges: the hash of all their bytes, taken
     /// while the file was open for its layout (one open per small file).
     pub small_hash: Option<[u8; 32]>,
+    /// The layout was read (during the walk, for small files).
+    pub mapped: bool,
     /// The caller may make this file share another's blocks (root, its
     /// owner, or write permission); otherwise it can only be a source.
     pub may_change: bool,
@@ -205,12 +207,17 @@ pub(super) fn groups(
             already_shared: src[1..].iter().map(|c| c.path.clone()).collect(),
         });
     }
-    out.sort_by(|a, b| {
+    order(&mut out);
+    (out, already, not_permitted)
+}
+
+/// The plan's order: largest reclaimable first, ties by source path.
+pub(super) fn order(groups: &mut [Group]) {
+    groups.sort_by(|a, b| {
         b.reclaimable
             .cmp(&a.reclaimable)
             .then(a.source.cmp(&b.source))
     });
-    (out, already, not_permitted)
 }
 
 #[cfg(test)]
