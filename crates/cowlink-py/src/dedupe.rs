@@ -1,6 +1,6 @@
 //! `cowlink.dedupe`: find identical files (`plan`), inspect or save the
-//! plan as JSON, then share their blocks (`execute`), as
-//! `cowlink dedupe --plan` and `--apply` do.
+//! plan as JSON, then share their blocks (`execute`); or both at once,
+//! overlapped (`run`), as `cowlink dedupe` does.
 
 use std::path::PathBuf;
 
@@ -33,7 +33,7 @@ record!(
 
 /// What `execute` would do: groups of identical files and scan totals.
 /// `to_json()` and `Plan.from_json()` keep it between runs (the same format
-/// as `cowlink dedupe --plan FILE`).
+/// as the `plan` object of `cowlink dedupe --dry-run --json`).
 #[pyclass(module = "cowlink", frozen)]
 pub struct Plan(pub lib::Plan);
 
@@ -97,7 +97,8 @@ impl Plan {
         serde_json::to_string_pretty(&self.0).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
-    /// A plan from JSON text made by `to_json()` or `cowlink dedupe --plan`.
+    /// A plan from JSON text made by `to_json()` (or the `plan` object of
+    /// `cowlink dedupe --dry-run --json`).
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Plan> {
         serde_json::from_str(text)
@@ -178,6 +179,36 @@ pub fn execute(
     };
     let plan = plan.get();
     let r = control.drive(py, || lib::execute(&plan.0, &opts))?;
+    report(py, &r)
+}
+
+/// Plan and deduplicate in one call, the two overlapping as in `cowlink
+/// dedupe`: the groups of small files are deduplicated while the larger
+/// files are still being hashed. Returns the plan (the one `plan` would
+/// give) and what was done. A cancel, even while planning, is reported in
+/// `cancelled`; the plan then holds only the groups started by then.
+#[pyfunction]
+#[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None))]
+pub fn run(
+    py: Python<'_>,
+    paths: Vec<FsPath>,
+    min_size: u64,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<(Plan, DedupeReport)> {
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let opts = DedupeOptions {
+        min_size,
+        run: control.run(),
+    };
+    let (plan, r) = control
+        .drive(py, || lib::dedupe(&paths, &opts))?
+        .map_err(|e| to_py(py, &e))?;
+    Ok((Plan(plan), report(py, &r)?))
+}
+
+fn report(py: Python<'_>, r: &lib::DedupeReport) -> PyResult<DedupeReport> {
     Ok(DedupeReport {
         groups: r.groups,
         targets_deduped: r.targets_deduped,

@@ -31,6 +31,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::probe_tree, m)?)?;
     m.add_function(wrap_pyfunction!(dedupe::plan, m)?)?;
     m.add_function(wrap_pyfunction!(dedupe::execute, m)?)?;
+    m.add_function(wrap_pyfunction!(dedupe::run, m)?)?;
     m.add_class::<control::CancelToken>()?;
     m.add_class::<control::Progress>()?;
     m.add_class::<records::Outcome>()?;

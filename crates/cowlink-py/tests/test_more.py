@@ -44,6 +44,27 @@ def test_dedupe_plan_json_execute_reclaims_space(xfs: Path) -> None:
         cowlink.dedupe.Plan.from_json("{}")
 
 
+def test_dedupe_run_plans_and_executes_small_and_large_groups(xfs: Path) -> None:
+    small, large = data(3000, 11), data(1 << 20, 12)
+    for name in ("a", "b", "c"):
+        write(xfs / "r" / "small" / name, small)
+        write(xfs / "r" / "large" / name, large)
+    expected = cowlink.dedupe.plan([xfs / "r"])
+    before = free_bytes(xfs)
+    plan, report = cowlink.dedupe.run([xfs / "r"])
+    after = free_bytes(xfs)
+    assert plan.to_json() == expected.to_json()
+    assert sorted(g.size for g in plan.groups) == [3000, 1 << 20]
+    assert report.groups == 2 and report.targets_deduped == 4
+    assert not report.errors and not report.changed and not report.cancelled
+    assert after - before >= (2 << 20) * 9 // 10, (before, after)
+    for kind, content in (("small", small), ("large", large)):
+        for name in ("a", "b", "c"):
+            f = xfs / "r" / kind / name
+            assert f.read_bytes() == content
+            assert cowlink.extents(f).shared_bytes > 0
+
+
 def test_store_round_trip(xfs: Path) -> None:
     # Manifests hold UTF-8 names only, so not the rich fixture.
     for i in range(50):

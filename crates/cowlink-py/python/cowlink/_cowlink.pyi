@@ -326,6 +326,14 @@ def execute(
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
 ) -> DedupeReport: ...
+def run(
+    paths: Sequence[StrPath],
+    *,
+    min_size: int = 1,
+    threads: Optional[int] = None,
+    on_progress: OnProgress = None,
+    cancel: Optional[CancelToken] = None,
+) -> tuple[Plan, DedupeReport]: ...
 
 class Added:
     @property

@@ -9,10 +9,10 @@
 //! links of one inode count once. Small files (at most the two 4 KiB
 //! edges) are opened once, during the walk, relative to their directory:
 //! their layout is read and their bytes hashed whole there, so their
-//! groups are final as soon as the walk ends. The plan lists, per group of identical
-//! files, the source (a member of the largest cluster, so the fewest files
-//! change), the targets, and the bytes expected back. It is plain data
-//! (serde), so it can be shown, saved, reviewed.
+//! groups are final as soon as the walk ends. The plan lists, per group
+//! of identical files, the source (a member of the largest cluster, so
+//! the fewest files change), the targets, and the bytes expected back. It
+//! is plain data (serde), so it can be shown, saved, reviewed.
 //!
 //! [`dedupe`] is [`plan`] and [`execute`] overlapped: the small files'
 //! groups are handed to the executor when the walk ends and run while the
@@ -41,13 +41,12 @@
 //! and groups across filesystems (groups are per device).
 
 use std::collections::HashMap;
+use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
-use std::ffi::CStr;
-
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, FileType, OFlags};
 use rustix::io::Errno;
