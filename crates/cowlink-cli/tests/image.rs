@@ -215,6 +215,24 @@ fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
     let r = report(&d, &["convert", "comp.qcow2", "out.raw"]);
     identical(&d, "ref.raw", "raw", "out.raw", "raw");
     assert!(copied(&r, "compressed") > 0, "{r}");
+    // The same with zstd frames (compression_type=zstd).
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-c",
+            "-O",
+            "qcow2",
+            "-o",
+            "compression_type=zstd",
+            "ov.qcow2",
+            "zstd.qcow2",
+        ],
+        &d,
+    );
+    let r = report(&d, &["convert", "zstd.qcow2", "zstd.raw"]);
+    identical(&d, "ref.raw", "raw", "zstd.raw", "raw");
+    assert!(copied(&r, "compressed") > 0, "{r}");
     // No backing file: what the image does not allocate reads as zeros
     // (nothing of the image file itself may show through).
     run(

@@ -90,6 +90,8 @@ pub struct Qcow2 {
     pub backing: Option<(String, Option<String>)>,
     l1: Vec<u64>,
     l1_offset: u64,
+    /// Compressed clusters are zstd frames (else raw deflate, zlib's).
+    zstd: bool,
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -195,11 +197,18 @@ impl Qcow2 {
                 .with_src(path)
                 .with_reason(format!("unknown incompatible qcow2 features {unknown:#x}")));
         }
-        if incompat & INCOMPAT_COMPRESSION != 0 && compression != 0 {
-            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
-                .with_src(path)
-                .with_reason("compressed clusters use zstd; only the default (zlib) compression is supported"));
-        }
+        // The compression type counts only with its incompatible bit.
+        let zstd = match (incompat & INCOMPAT_COMPRESSION != 0, compression) {
+            (false, _) | (true, 0) => false,
+            (true, 1) => true,
+            (true, other) => {
+                return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                    .with_src(path)
+                    .with_reason(format!(
+                        "unknown compression type {other} (qcow2 knows 0, zlib, and 1, zstd)"
+                    )))
+            }
+        };
         let extended_l2 = incompat & INCOMPAT_EXTL2 != 0;
         if extended_l2 && cluster_bits < 14 {
             return Err(corrupt(
@@ -249,6 +258,7 @@ impl Qcow2 {
             backing,
             l1,
             l1_offset,
+            zstd,
         })
     }
 
@@ -462,10 +472,16 @@ impl Qcow2 {
         self.file
             .read_exact_at(&mut raw, host)
             .map_err(|e| Error::from_io(Operation::Image, &e).with_src(&self.path))?;
-        let mut d = flate2::Decompress::new(false);
-        match d.decompress(&raw, out, flate2::FlushDecompress::Finish) {
-            Ok(_) if d.total_out() as usize == out.len() => Ok(()),
-            _ => Err(Error::new(Operation::Image, ErrorKind::Corrupt)
+        let whole = if self.zstd {
+            unzstd(&raw, out)
+        } else {
+            let mut d = flate2::Decompress::new(false);
+            let r = d.decompress(&raw, out, flate2::FlushDecompress::Finish);
+            r.is_ok() && d.total_out() as usize == out.len()
+        };
+        match whole {
+            true => Ok(()),
+            false => Err(Error::new(Operation::Image, ErrorKind::Corrupt)
                 .with_src(&self.path)
                 .with_reason(format!(
                     "the compressed cluster at {host:#x} does not inflate to one cluster"
@@ -473,6 +489,44 @@ impl Qcow2 {
         }
     }
 }
+
+/// Fill `out` from the zstd frames at the start of `raw`, as QEMU writes a
+/// compressed cluster: one frame or more, then padding up to the sector
+/// (never read, since decoding stops when `out` is full). False when the
+/// frames are broken or end before `out` is full. A frame may not ask for
+/// a window above [`ZSTD_WINDOW_LIMIT`] (the input is untrusted; QEMU's
+/// frames need at most the 2 MiB of its largest cluster).
+fn unzstd(raw: &[u8], out: &mut [u8]) -> bool {
+    use std::io::Read;
+    let mut src = raw;
+    let mut got = 0;
+    while got < out.len() {
+        let Ok(mut frame) = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(
+            &mut src,
+            ZSTD_WINDOW_LIMIT,
+        ) else {
+            return false;
+        };
+        let before = got;
+        loop {
+            match frame.read(&mut out[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(_) => return false,
+            }
+            if got == out.len() {
+                return true;
+            }
+        }
+        if got == before {
+            return false; // an empty frame: no progress
+        }
+    }
+    true
+}
+
+/// The largest zstd window a compressed cluster may ask for.
+const ZSTD_WINDOW_LIMIT: u64 = 8 << 20;
 
 /// The backing format from the header extensions (type 0xE2792ACA), if
 /// any. Extensions start after the header and end at type 0.
