@@ -297,23 +297,25 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
     let tally = execute::Tally::new(run);
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Group>>();
+        // The executor keeps the groups it was handed: after a cancel
+        // while planning they are the plan.
         let worker = s.spawn(|| {
             let mut ex = execute::Executor::new(run, &tally);
+            let mut handed = Vec::new();
             for groups in rx {
                 ex.start(&groups);
+                handed.extend(groups);
             }
-            ex
+            (ex, handed)
         });
-        let mut handed: Vec<Group> = Vec::new();
         let planned = find(paths, opts, &mut |groups| {
-            handed.extend_from_slice(groups);
             let _ = tx.send(groups.to_vec());
         });
         if let Ok(plan) = &planned {
             tally.show(&plan.groups);
         }
         drop(tx);
-        let ex = worker
+        let (ex, handed) = worker
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         match planned {
