@@ -682,3 +682,68 @@ fn checkout_never_spreads_a_changed_object() {
         "marked unchanged again"
     );
 }
+
+/// A directory that cannot be made (no inode left on the destination) is
+/// one error that says how much below it was left out; the checkout goes
+/// on with the rest and reports each failure.
+#[test]
+fn a_directory_that_cannot_be_made_is_reported_with_what_it_left_out() {
+    let (Some(x), Some(t)) = (testfs!(Xfs), testfs!(TinyExt4)) else {
+        return;
+    };
+    write_file(&x.path().join("f"), &data(3000, 9));
+    let store = Store::open(x.path().join("store")).unwrap();
+    let digest = store.add(x.path().join("f")).unwrap();
+    let file = |path: &str| ManifestEntry {
+        path: path.into(),
+        kind: EntryKind::File {
+            digest,
+            size: 3000,
+            mode: 0o644,
+        },
+    };
+    let m = Manifest::new(vec![
+        file("d/a"),
+        file("d/b"),
+        file("d/e/c"),
+        ManifestEntry {
+            path: "d/l".into(),
+            kind: EntryKind::Symlink { target: "a".into() },
+        },
+        file("top"),
+    ]);
+    // The destination exists; then every inode left is taken.
+    let dest = t.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let fill = t.path().join("fill");
+    fs::create_dir(&fill).unwrap();
+    let mut taken = 0;
+    while fs::File::create(fill.join(taken.to_string())).is_ok() {
+        taken += 1;
+    }
+    assert!(taken > 100, "only {taken} inodes could be taken");
+    let opts = MaterializeOptions {
+        link: LinkMode::Copy,
+        ..Default::default()
+    };
+    let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+    fs::remove_dir_all(&fill).unwrap();
+    assert_eq!((r.files, r.dirs, r.symlinks), (0, 0, 0));
+    assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
+    let texts: Vec<String> = r.errors.iter().map(|e| e.to_string()).collect();
+    let d = texts
+        .iter()
+        .find(|t| t.contains("dest/d"))
+        .expect("d's error");
+    assert!(d.contains("the 5 entries below it were not placed"), "{d}");
+    assert!(r.errors.iter().all(|e| e.kind() == ErrorKind::NoSpace));
+    assert!(texts.iter().any(|t| t.contains("dest/top")), "{texts:?}");
+    assert_eq!(fs::read_dir(&dest).unwrap().count(), 0, "nothing partial");
+
+    // With inodes back, the same manifest is placed whole.
+    let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!((r.files, r.dirs, r.symlinks), (4, 2, 1));
+    assert_eq!(fs::read(dest.join("d/e/c")).unwrap(), data(3000, 9));
+    assert_eq!(fs::read_link(dest.join("d/l")).unwrap(), Path::new("a"));
+}

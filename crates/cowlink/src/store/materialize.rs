@@ -9,22 +9,23 @@
 //! temporaries). Before an object is placed its size and modification-time
 //! mark are checked, and it is rehashed when either says it changed.
 //!
-//! A tree: directories first (sequentially, so parents exist; each with its
-//! final mode when the umask allows), then files in parallel, a batch of
-//! one directory's files per task, then symbolic links in parallel, then
-//! the remaining directory modes deepest first (a read-only directory would
-//! refuse the files created in it). Parent
-//! directories are opened with `openat2(RESOLVE_BENEATH |
-//! RESOLVE_NO_SYMLINKS)`, so nothing is ever written through a symbolic
-//! link, whatever the manifest says or anyone does to the destination
-//! meanwhile.
+//! A tree is one parallel walk of its directories ([`Walk`]): a task per
+//! directory opens it once, makes its subdirectories (each with its final
+//! mode when the umask allows) and hands each to a new task, then places
+//! its files (64 per task) and makes its symbolic links. Files start as
+//! soon as their directory exists, not after every directory is made.
+//! Last, the remaining directory modes are set deepest first (a read-only
+//! directory would have refused the files created in it). Directories are
+//! opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the
+//! destination, so nothing is ever written through a symbolic link,
+//! whatever the manifest says or anyone does to the destination meanwhile;
+//! descriptors stay one per running task.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use rayon::prelude::*;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
@@ -85,14 +86,16 @@ pub struct MaterializeReport {
     pub generations_created: u64,
     /// Entries that failed (the others were placed).
     pub errors: Vec<Error>,
-    /// The run was cancelled: files not yet started were not placed (every
-    /// file placed is complete; one being written was removed), symbolic
-    /// links were not made, directories got their modes.
+    /// The run was cancelled: files, links and directories not yet started
+    /// were not placed (every file placed is complete; one being written
+    /// was removed); the directories made got their modes.
     pub cancelled: bool,
 }
 
 #[derive(Default)]
 struct Counters {
+    dirs: AtomicU64,
+    symlinks: AtomicU64,
     files: AtomicU64,
     bytes: AtomicU64,
     cloned: AtomicU64,
@@ -142,6 +145,187 @@ pub(super) struct How<'a> {
 
 /// Files handed to one task.
 const BATCH: usize = 64;
+
+/// A symbolic link to make: name in its directory, target, path.
+type LinkItem<'a> = (&'a str, &'a str, &'a str);
+
+/// One directory of the tree: what to make in it.
+struct Node<'a> {
+    /// Relative to the destination (`""` for the destination itself).
+    path: &'a str,
+    mode: u32,
+    /// Indexes of the subdirectories in [`Tree::nodes`].
+    subdirs: Vec<usize>,
+    files: Vec<FileItem<'a>>,
+    links: Vec<LinkItem<'a>>,
+    /// Created by this call (its final mode may still be due).
+    made: AtomicBool,
+}
+
+/// A manifest as directories, each with its entries; node 0 is the
+/// destination, and every parent comes before its children.
+struct Tree<'a> {
+    nodes: Vec<Node<'a>>,
+}
+
+impl<'a> Tree<'a> {
+    /// `dirs` holds every directory (with implied parents), in path order;
+    /// files and links are keyed by their parent's path.
+    fn new(
+        dirs: &BTreeMap<&'a str, u32>,
+        files: Vec<(&'a str, FileItem<'a>)>,
+        links: Vec<(&'a str, LinkItem<'a>)>,
+    ) -> Self {
+        let node = |path, mode| Node {
+            path,
+            mode,
+            subdirs: Vec::new(),
+            files: Vec::new(),
+            links: Vec::new(),
+            made: AtomicBool::new(false),
+        };
+        let mut nodes = vec![node("", 0)];
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(dirs.len() + 1);
+        index.insert("", 0);
+        for (&path, &mode) in dirs {
+            let i = nodes.len();
+            // Parents sort first, and every parent is listed.
+            let parent = index[split_rel(path).0];
+            nodes[parent].subdirs.push(i);
+            nodes.push(node(path, mode));
+            index.insert(path, i);
+        }
+        for (parent, f) in files {
+            nodes[index[parent]].files.push(f);
+        }
+        for (parent, l) in links {
+            nodes[index[parent]].links.push(l);
+        }
+        Tree { nodes }
+    }
+
+    /// Entries below node `i` (its directories, files and links, at any
+    /// depth): what a failure to make or open it leaves out.
+    fn below(&self, i: usize) -> usize {
+        let n = &self.nodes[i];
+        n.files.len() + n.links.len() + n.subdirs.iter().map(|&c| 1 + self.below(c)).sum::<usize>()
+    }
+}
+
+/// One checkout's walk of its [`Tree`]: a task per directory opens it
+/// once (beneath the destination, no symbolic link followed), makes its
+/// subdirectories and hands each to a new task, then places its files
+/// (a large directory's further batches as tasks of their own, each
+/// opening it again) and makes its symbolic links. Work starts as soon as
+/// the first directory exists: nothing waits for the whole tree of
+/// directories, and no path is resolved once per link.
+struct Walk<'w> {
+    store: &'w Store,
+    root: BorrowedFd<'w>,
+    dest: &'w Path,
+    tree: &'w Tree<'w>,
+    how: How<'w>,
+    counters: &'w Counters,
+    /// The mode a directory is made with.
+    first_mode: &'w (dyn Fn(u32) -> u32 + Sync),
+    fail: &'w (dyn Fn(Error) + Sync),
+}
+
+impl<'w> Walk<'w> {
+    /// Open node `i` (already made) and fill it.
+    fn dir<'s>(&'s self, s: &rayon::Scope<'s>, i: usize) {
+        if self.store.run.cancelled() {
+            return;
+        }
+        let node = &self.tree.nodes[i];
+        let Some(fd) = self.open(i) else { return };
+        for &c in &node.subdirs {
+            let sub = &self.tree.nodes[c];
+            let first = Mode::from_raw_mode((self.first_mode)(sub.mode));
+            match fs::mkdirat(&fd, split_rel(sub.path).1, first) {
+                Ok(()) => {
+                    sub.made.store(true, Ordering::Relaxed);
+                    self.counters.dirs.fetch_add(1, Ordering::Relaxed);
+                    s.spawn(move |s| self.dir(s, c));
+                }
+                Err(e) => (self.fail)(self.left_out(c, merr(self.dest.join(sub.path), e))),
+            }
+        }
+        let mut batches = node.files.chunks(BATCH);
+        let first = batches.next();
+        for batch in batches {
+            s.spawn(move |_| {
+                if let Some(fd) = self.open(i) {
+                    self.files(fd.as_fd(), node.path, batch);
+                }
+            });
+        }
+        if let Some(batch) = first {
+            self.files(fd.as_fd(), node.path, batch);
+        }
+        for (name, target, path) in &node.links {
+            if self.store.run.cancelled() {
+                return;
+            }
+            match fs::symlinkat(*target, &fd, *name) {
+                Ok(()) => {
+                    self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => (self.fail)(merr(self.dest.join(path), e)),
+            }
+        }
+    }
+
+    /// Node `i` opened beneath the destination; on failure the error is
+    /// reported with what it leaves out.
+    fn open(&self, i: usize) -> Option<OwnedFd> {
+        let path = self.tree.nodes[i].path;
+        open_beneath(self.root, path, OFlags::PATH)
+            .map_err(|e| {
+                let err = merr(self.dest.join(path), e);
+                let why = format!("cannot open the directory: {}", errno_text(e));
+                (self.fail)(self.left_out(i, err.with_reason(why)))
+            })
+            .ok()
+    }
+
+    /// `err` about node `i`, saying how many entries below it were not
+    /// placed because of it.
+    fn left_out(&self, i: usize, err: Error) -> Error {
+        match self.tree.below(i) {
+            0 => err,
+            n => {
+                let why = format!("{}; the {n} entries below it were not placed", err.reason());
+                err.with_reason(why)
+            }
+        }
+    }
+
+    /// Place `batch`, files of the directory `dir` (opened as `fd`).
+    fn files(&self, fd: BorrowedFd<'_>, dir: &str, batch: &[FileItem<'_>]) {
+        for (name, digest, mode, size) in batch {
+            if self.store.run.cancelled() {
+                return;
+            }
+            let shown = self.dest.join(dir).join(name);
+            let want = Want {
+                dir: fd,
+                name: Path::new(name),
+                shown: &shown,
+                digest,
+                mode: Some(*mode),
+                size: Some(*size),
+            };
+            match self.store.place(&want, &self.how) {
+                Ok(o) => {
+                    self.counters.count(o);
+                    self.store.tick(o.bytes);
+                }
+                Err(e) => (self.fail)(e),
+            }
+        }
+    }
+}
 
 pub(super) fn merr(dst: impl AsRef<Path>, e: Errno) -> Error {
     Error::from_errno(Operation::Materialize, e).with_dst(dst)
@@ -245,8 +429,8 @@ impl Store {
 
         // Directories: listed ones and implied parents, parents first.
         let mut dirs: BTreeMap<&str, u32> = BTreeMap::new();
-        let mut files: BTreeMap<&str, Vec<FileItem<'_>>> = BTreeMap::new();
-        let mut links = Vec::new();
+        let mut files: Vec<(&str, FileItem<'_>)> = Vec::new();
+        let mut links: Vec<(&str, LinkItem<'_>)> = Vec::new();
         for e in &manifest.entries {
             let (parent, name) = split_rel(&e.path);
             let mut p = parent;
@@ -265,16 +449,14 @@ impl Store {
                     } else {
                         *mode & !0o6000
                     };
-                    files
-                        .entry(parent)
-                        .or_default()
-                        .push((name, digest, mode, *size))
+                    files.push((parent, (name, digest, mode, *size)))
                 }
                 EntryKind::Symlink { target } => {
-                    links.push((parent, name, target.as_str(), &e.path))
+                    links.push((parent, (name, target.as_str(), &e.path)))
                 }
             }
         }
+        let tree = Tree::new(&dirs, files, links);
         let totals = manifest.file_totals();
         self.run
             .enter(crate::run::Phase::Copy, totals.files, totals.bytes);
@@ -284,94 +466,44 @@ impl Store {
         let umask = crate::prim::meta::umask();
         let final_now =
             |m: u32| m & 0o7000 == 0 && m & 0o700 == 0o700 && umask.is_some_and(|u| m & u == 0);
-        for (path, mode) in &dirs {
-            let (parent, name) = split_rel(path);
-            let first = if final_now(*mode) { *mode } else { 0o700 };
-            let made = open_beneath(root, parent, OFlags::PATH)
-                .and_then(|fd| fs::mkdirat(&fd, name, Mode::from_raw_mode(first)));
-            match made {
-                Ok(()) => report.dirs += 1,
-                Err(e) => fail(merr(dest.join(path), e)),
-            }
-        }
 
         let counters = Counters::default();
-        let how = How {
-            link: options.link,
-            // The destination is new or empty: nothing to protect there.
-            placement: Placement::choose(true, options.atomic),
-            verify: options.verify,
-            gens: &counters.generations,
+        let walk = Walk {
+            store: self,
+            root,
+            dest,
+            tree: &tree,
+            how: How {
+                link: options.link,
+                // The destination is new or empty: nothing to protect there.
+                placement: Placement::choose(true, options.atomic),
+                verify: options.verify,
+                gens: &counters.generations,
+            },
+            counters: &counters,
+            first_mode: &|m| if final_now(m) { m } else { 0o700 },
+            fail: &fail,
         };
-        let batches: Vec<(&str, &[FileItem<'_>])> = files
-            .iter()
-            .flat_map(|(dir, v)| v.chunks(BATCH).map(move |c| (*dir, c)))
-            .collect();
         let clone_bound = matches!(options.link, LinkMode::Clone | LinkMode::Auto);
         self.install_for(root, clone_bound, || {
-            batches.par_iter().for_each(|(dir, batch)| {
-                let fd = match open_beneath(root, dir, OFlags::PATH) {
-                    Ok(fd) => fd,
-                    Err(e) => {
-                        return fail(merr(dest.join(dir), e).with_reason(format!(
-                            "cannot open the directory for {} files: {}",
-                            batch.len(),
-                            errno_text(e)
-                        )))
-                    }
-                };
-                for (name, digest, mode, size) in batch.iter() {
-                    if self.run.cancelled() {
-                        return;
-                    }
-                    let shown = dest.join(dir).join(name);
-                    let want = Want {
-                        dir: fd.as_fd(),
-                        name: Path::new(name),
-                        shown: &shown,
-                        digest,
-                        mode: Some(*mode),
-                        size: Some(*size),
-                    };
-                    match self.place(&want, &how) {
-                        Ok(o) => {
-                            counters.count(o);
-                            self.tick(o.bytes);
-                        }
-                        Err(e) => fail(e),
-                    }
-                }
-            })
+            rayon::scope(|s| walk.dir(s, 0));
         });
-
-        // Symbolic links after the files (in parallel: every parent is
-        // opened without following links, and a file is never created
-        // through one, so the order is not what keeps us safe).
-        let symlinks = AtomicU64::new(0);
-        self.install_for(root, clone_bound, || {
-            links.par_iter().for_each(|(parent, name, target, path)| {
-                if self.run.cancelled() {
-                    return;
-                }
-                let made = open_beneath(root, parent, OFlags::PATH)
-                    .and_then(|fd| fs::symlinkat(*target, &fd, *name));
-                match made {
-                    Ok(()) => {
-                        symlinks.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => fail(merr(dest.join(path), e)),
-                }
-            })
-        });
-        report.symlinks = symlinks.into_inner();
-        for (path, mode) in dirs.iter().rev().filter(|(_, m)| !final_now(**m)) {
-            let set = open_beneath(root, path, OFlags::RDONLY)
-                .and_then(|fd| fs::fchmod(&fd, Mode::from_raw_mode(*mode)));
+        report.dirs = counters.dirs.load(Ordering::Relaxed);
+        report.symlinks = counters.symlinks.load(Ordering::Relaxed);
+        // Deepest first: a directory that loses its search bit would keep
+        // us from reaching the ones below it.
+        for node in tree.nodes.iter().skip(1).rev() {
+            if final_now(node.mode) || !node.made.load(Ordering::Relaxed) {
+                continue;
+            }
+            let set = open_beneath(root, node.path, OFlags::RDONLY)
+                .and_then(|fd| fs::fchmod(&fd, Mode::from_raw_mode(node.mode)));
             if let Err(e) = set {
-                fail(
-                    merr(dest.join(path), e)
-                        .with_reason(format!("cannot set mode {mode:o}: {}", errno_text(e))),
-                );
+                fail(merr(dest.join(node.path), e).with_reason(format!(
+                    "cannot set mode {:o}: {}",
+                    node.mode,
+                    errno_text(e)
+                )));
             }
         }
         report.files = counters.files.into_inner();
