@@ -142,8 +142,15 @@ fn print_report(r: &ImageReport, verb: &str) {
         "  left     {} unallocated (read from below)",
         human_bytes(r.skipped_bytes)
     );
+    for d in &r.data_files {
+        outln!("  data     read from the external data file {}", quoted(d));
+    }
     if let Some(why) = &r.no_clone_reason {
-        outln!("  note: no cloning here: {why}; everything allocated was copied");
+        let what = match r.cloned_bytes {
+            0 => "everything allocated was copied",
+            _ => "what came from there was copied",
+        };
+        outln!("  note: no cloning here: {why}; {what}");
     }
 }
 

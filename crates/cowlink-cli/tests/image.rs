@@ -442,3 +442,112 @@ fn sigint_during_a_large_commit_exits_130_and_keeps_the_base() {
     assert_eq!(sha(&d.join("base.raw")), sum);
     assert!(temporaries(&d).is_empty());
 }
+
+/// An overlay that keeps its data in an external data file (qemu-img's
+/// `data_file=`; a cluster at guest 0 is at offset 0 there) is cloned from
+/// that file by convert and commit; a missing or short data file is
+/// refused with nothing written.
+#[test]
+fn external_data_files_are_cloned_from() {
+    for fs_ in [testfs!(Xfs), testfs!(Btrfs)] {
+        let Some(t) = fs_ else { return };
+        let d = base_and_overlay(t.path(), "data-file", "64k", ",data_file=ov.data");
+        qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x66 0 64k"]);
+        fs::remove_file(d.join("ref.raw")).unwrap();
+        run(
+            "qemu-img",
+            &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+            &d,
+        );
+        let names_data = |r: &serde_json::Value| {
+            r["data_files"][0]
+                .as_str()
+                .is_some_and(|p| p.ends_with("ov.data"))
+        };
+        let r = report(&d, &["map", "ov.qcow2"]);
+        assert!(names_data(&r), "{r}");
+        let out = cowlink(&[&"image", &"map", &d.join("ov.qcow2")]);
+        assert!(
+            text(&out.stdout).contains("external data file"),
+            "{}",
+            text(&out.stdout)
+        );
+
+        let r = report(&d, &["convert", "ov.qcow2", "out.raw"]);
+        identical(&d, "ref.raw", "raw", "out.raw", "raw");
+        assert_eq!(r["clones"], true, "{r}");
+        assert_eq!(r["copied"].as_array().unwrap().len(), 0, "{r}");
+
+        // Refusals first, while the base is still the old one.
+        let base = sha(&d.join("base.raw"));
+        let refused = |why: &str| {
+            let out = cowlink(&[&"image", &"commit", &d.join("ov.qcow2")]);
+            assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+            let err = text(&out.stderr);
+            assert!(err.contains("ov.data") && err.contains(why), "{err}");
+            assert_eq!(sha(&d.join("base.raw")), base, "base changed");
+            assert!(temporaries(&d).is_empty());
+        };
+        fs::rename(d.join("ov.data"), d.join("away.data")).unwrap();
+        refused("No such file");
+        fs::copy(d.join("away.data"), d.join("ov.data")).unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(d.join("ov.data"))
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        refused("external data file");
+        fs::rename(d.join("away.data"), d.join("ov.data")).unwrap();
+
+        let before = free(&d);
+        let r = report(&d, &["commit", "ov.qcow2"]);
+        let after = free(&d);
+        identical(&d, "ref.raw", "raw", "base.raw", "raw");
+        assert_eq!(r["clones"], true, "{r}");
+        assert!(names_data(&r), "{r}");
+        let cloned = r["cloned_bytes"].as_u64().unwrap();
+        assert!(cloned >= 3_088_384 + 65_536, "cloned {cloned}");
+        assert_eq!(r["copied"].as_array().unwrap().len(), 0, "{r}");
+        let layouts = [
+            cowlink::extents::extents(d.join("base.raw")).unwrap(),
+            cowlink::extents::extents(d.join("ov.data")).unwrap(),
+        ];
+        let within = cowlink::extents::shared_within(&layouts);
+        let shared: u64 = within[0].per_file(0).iter().map(|s| s.bytes).sum();
+        assert!(shared >= cloned, "{shared} shared of {cloned} cloned");
+        assert!(
+            before.saturating_sub(after) < 1 << 20,
+            "{} bytes of space used",
+            before - after
+        );
+    }
+}
+
+/// An overlay on one filesystem committed into a base on another: the
+/// base is still cloned to start from, the overlay's clusters are copied
+/// and counted as such, and the result is qemu-img's.
+#[test]
+fn a_commit_across_filesystems_copies_the_overlay_and_says_so() {
+    let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
+        return;
+    };
+    let d = base_and_overlay(e.path(), "across", "64k", "");
+    let base = x.path().join("across-base.raw");
+    fs::copy(d.join("base.raw"), &base).unwrap();
+    let out = cowlink(&[
+        &"image",
+        &"commit",
+        &"--json",
+        &"-b",
+        &base,
+        &d.join("ov.qcow2"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["clones"], false, "{r}");
+    assert_eq!(r["cloned_bytes"], 0, "{r}");
+    assert!(copied(&r, "no_clone") >= 3 << 20, "{r}");
+    let b = base.to_str().unwrap();
+    identical(&d, "ref.raw", "raw", b, "raw");
+}

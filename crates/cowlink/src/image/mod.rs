@@ -9,7 +9,8 @@
 //! number of clusters, not their bytes. What cannot be cloned is copied
 //! and counted with its reason ([`CopyReason`]): compressed clusters,
 //! subclusters and clusters not aligned to the filesystem's block, or a
-//! filesystem that cannot clone at all. Zero clusters become holes
+//! filesystem that cannot clone at all. An image that keeps its data in an
+//! external data file is cloned from that file. Zero clusters become holes
 //! (`FALLOC_FL_PUNCH_HOLE`), never written zeros; unallocated ones are left
 //! alone (they read from below).
 //!
@@ -74,6 +75,8 @@ pub struct ImageReport {
     pub no_clone_reason: Option<String>,
     /// The images applied, bottom first (convert: the whole chain).
     pub layers: Vec<PathBuf>,
+    /// The external data files their clusters came from, if any.
+    pub data_files: Vec<PathBuf>,
 }
 
 impl ImageReport {
@@ -187,8 +190,10 @@ fn apply(
     run: &Run,
     report: &mut ImageReport,
 ) -> Result<(), Error> {
-    let src = layer.file().as_fd();
-    let e = err(layer.path());
+    // Data ranges come from the external data file when there is one.
+    let (data_path, data_file) = layer.data_file();
+    let src = data_file.as_fd();
+    let e = err(data_path);
     let mut inflated = vec![0u8; layer.cluster_size() as usize];
     for p in pieces {
         if run.cancel.is_cancelled() {
@@ -342,15 +347,21 @@ fn build(
         PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode)).map_err(&e)?;
     let out = pending.fd();
     let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
-    let from = start
-        .map(|(p, _)| p)
-        .or(layers.first().map(|(l, _)| l.path()));
-    let (clones, why) = match from {
-        Some(src) => clones_between(src, dst),
-        None => (false, Some("nothing to clone from".into())),
+    // Whether each source clones into dst's filesystem: the raw start and
+    // every layer's data file may each live elsewhere.
+    let starts = start.map(|(p, _)| clones_between(p, dst));
+    let per_layer: Vec<(bool, Option<String>)> = layers
+        .iter()
+        .map(|(l, _)| clones_between(l.data_file().0, dst))
+        .collect();
+    let all = starts.iter().chain(&per_layer);
+    report.clones = all.clone().all(|(c, _)| *c) && (start.is_some() || !layers.is_empty());
+    report.no_clone_reason = match all.clone().find(|(c, _)| !c) {
+        Some((_, why)) => why.clone(),
+        None if report.clones => None,
+        None => Some("nothing to clone from".into()),
     };
-    report.clones = clones;
-    report.no_clone_reason = why;
+    let clones = starts.is_some_and(|(c, _)| c);
     if let Some((_, base)) = start {
         let len = base
             .metadata()
@@ -376,8 +387,11 @@ fn build(
     } else {
         fs::ftruncate(out, size).map_err(&e)?;
     }
-    for (layer, pieces) in layers {
-        apply(layer, pieces, out, clones, block, run, report)?;
+    for ((layer, pieces), (clones, _)) in layers.iter().zip(&per_layer) {
+        apply(layer, pieces, out, *clones, block, run, report)?;
+        report
+            .data_files
+            .extend(layer.external_data().map(Path::to_path_buf));
     }
     if run.cancel.is_cancelled() {
         return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
@@ -403,6 +417,9 @@ fn build(
 fn open_layer(path: &Path) -> Result<(Qcow2, Vec<Piece>), Error> {
     let q = Qcow2::open(path)?;
     check_unlocked(path, q.file())?;
+    if let Some(data) = q.external_data() {
+        check_unlocked(data, q.data_file().1)?;
+    }
     let pieces = q.map()?;
     Ok((q, pieces))
 }
@@ -423,7 +440,10 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
         .backing_path()
         .filter(|b| b.exists())
         .unwrap_or_else(|| overlay.to_path_buf());
-    let (clones, why) = clones_between(overlay, &target);
+    let (clones, why) = clones_between(q.data_file().0, &target);
+    report
+        .data_files
+        .extend(q.external_data().map(Path::to_path_buf));
     let dir = parent_of(&target);
     let block = fs::statfs(dir).map_err(err(dir))?.f_bsize as u64;
     report.clones = clones;
@@ -457,8 +477,8 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
 ///
 /// # Errors
 /// `InUse` (QEMU holds either image), `Corrupt` (a damaged overlay),
-/// `NotSupported` (encryption, external data files, a base that is not
-/// raw), `NotFound` (no base), `Cancelled`, `NoSpace`, `Io`. After any of
+/// `NotSupported` (encryption, an external data file the image does not
+/// name, a base that is not raw), `NotFound` (no base), `Cancelled`, `NoSpace`, `Io`. After any of
 /// them the base is as it was.
 pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
     let (q, pieces) = open_layer(overlay)?;

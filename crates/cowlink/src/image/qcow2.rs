@@ -15,6 +15,10 @@
 //! marks a compressed cluster, whose descriptor packs host offset and
 //! length; with extended L2 entries (incompatible bit 4) each entry has a
 //! second word of two 32-bit subcluster bitmaps (allocated low, zero high).
+//! With an external data file (incompatible bit 2, its name in header
+//! extension `0x44415441`) data clusters live in that file, each at its
+//! guest offset; offset 0 is told from "unallocated" by bit 63 (`COPIED`),
+//! and compressed clusters cannot occur.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -25,6 +29,9 @@ use crate::ground::error::{Error, ErrorKind, Operation};
 const MAGIC: u32 = 0x5146_49fb;
 const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const COMPRESSED: u64 = 1 << 62;
+/// L2 bit 63: the cluster's refcount is 1 (with an external data file, it
+/// tells a cluster at host offset 0 from an unallocated one).
+const COPIED: u64 = 1 << 63;
 const L1_LIMIT: u64 = 32 << 20;
 /// Virtual sizes beyond this are refused (qcow2's own limit is 2^61;
 /// nothing real comes near 2^56, 64 PiB).
@@ -73,6 +80,14 @@ pub struct Piece {
     pub subcluster: bool,
 }
 
+/// An external data file: where an image's data clusters are.
+#[derive(Debug)]
+struct DataFile {
+    path: PathBuf,
+    file: File,
+    len: u64,
+}
+
 /// A parsed qcow2 image.
 #[derive(Debug)]
 pub struct Qcow2 {
@@ -92,6 +107,8 @@ pub struct Qcow2 {
     l1_offset: u64,
     /// Compressed clusters are zstd frames (else raw deflate, zlib's).
     zstd: bool,
+    /// The external data file, if the image has one.
+    data: Option<DataFile>,
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -179,13 +196,6 @@ impl Qcow2 {
         if incompat & INCOMPAT_CORRUPT != 0 {
             return Err(corrupt("the image is marked corrupt by QEMU".into()));
         }
-        if incompat & INCOMPAT_DATA_FILE != 0 {
-            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
-                .with_src(path)
-                .with_reason(
-                    "the image keeps its data in an external data file, which is not supported yet",
-                ));
-        }
         let unknown = incompat
             & !(INCOMPAT_DIRTY
                 | INCOMPAT_CORRUPT
@@ -232,6 +242,36 @@ impl Qcow2 {
         let mut raw = vec![0u8; (l1_size * 8) as usize];
         file.read_exact_at(&mut raw, l1_offset).map_err(io)?;
         let l1: Vec<u64> = raw.chunks_exact(8).map(|c| be64(c, 0)).collect();
+        let ext = extensions(&file, header_len, file_len, cluster).map_err(corrupt)?;
+        let data =
+            match (incompat & INCOMPAT_DATA_FILE != 0, ext.data_file) {
+                (false, _) => None,
+                (true, None) => return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                    .with_src(path)
+                    .with_reason(
+                        "the image keeps its data in an external data file but does not name it \
+                         (QEMU is told it with data-file= at run time); name it in the image with \
+                         qemu-img amend -o data_file=FILE",
+                    )),
+                (true, Some(name)) => {
+                    let dpath = beside(path, &name);
+                    let dio = |e: std::io::Error| {
+                        Error::from_io(Operation::Image, &e)
+                            .with_src(&dpath)
+                            .with_reason(format!(
+                                "the external data file of {}: {e}",
+                                crate::name::quoted(path)
+                            ))
+                    };
+                    let file = File::open(&dpath).map_err(dio)?;
+                    let len = file.metadata().map_err(dio)?.len();
+                    Some(DataFile {
+                        path: dpath,
+                        file,
+                        len,
+                    })
+                }
+            };
         // Backing file name and format.
         let backing = if backing_offset != 0 {
             if backing_len == 0 || backing_len > 1023 || backing_offset + backing_len > file_len {
@@ -241,10 +281,7 @@ impl Qcow2 {
             file.read_exact_at(&mut name, backing_offset).map_err(io)?;
             let name = String::from_utf8(name)
                 .map_err(|_| corrupt("backing file name is not UTF-8".into()))?;
-            Some((
-                name,
-                backing_format(&file, header_len, file_len, cluster).map_err(corrupt)?,
-            ))
+            Some((name, ext.backing_format))
         } else {
             None
         };
@@ -259,6 +296,7 @@ impl Qcow2 {
             l1,
             l1_offset,
             zstd,
+            data,
         })
     }
 
@@ -280,14 +318,23 @@ impl Qcow2 {
     /// The backing file's path (relative names resolved against the
     /// image's directory).
     pub fn backing_path(&self) -> Option<PathBuf> {
-        self.backing.as_ref().map(|(name, _)| {
-            let p = Path::new(name);
-            if p.is_absolute() {
-                p.to_path_buf()
-            } else {
-                self.path.parent().unwrap_or(Path::new(".")).join(p)
-            }
-        })
+        self.backing
+            .as_ref()
+            .map(|(name, _)| beside(&self.path, name))
+    }
+
+    /// Where [`Source::Data`] offsets point: the external data file, if
+    /// the image has one, else the image file itself.
+    pub fn data_file(&self) -> (&Path, &File) {
+        match &self.data {
+            Some(d) => (&d.path, &d.file),
+            None => (&self.path, &self.file),
+        }
+    }
+
+    /// The external data file's path, if the image has one.
+    pub fn external_data(&self) -> Option<&Path> {
+        self.data.as_ref().map(|d| d.path.as_path())
     }
 
     /// Every guest range of the image with where its bytes come from, in
@@ -366,6 +413,11 @@ impl Qcow2 {
                 } else {
                     0
                 };
+                if e & COMPRESSED != 0 && self.data.is_some() {
+                    return Err(corrupt(format!(
+                        "the cluster at guest {guest:#x} is compressed, which an image with an external data file cannot have"
+                    )));
+                }
                 if e & COMPRESSED != 0 {
                     let x = 62 - (self.cluster_bits - 8);
                     let host = e & ((1u64 << x) - 1);
@@ -389,19 +441,31 @@ impl Qcow2 {
                 }
                 let host = e & OFFSET_MASK;
                 let zero = e & 1 != 0;
-                if host != 0 {
-                    if host % cluster != 0 || host + len > self.file_len {
-                        return Err(corrupt(format!(
-                            "the cluster at guest {guest:#x} points to {host:#x}, misaligned or past the end of the file ({} bytes)",
-                            self.file_len
-                        )));
+                // In a data file offset 0 is a cluster like any other.
+                let has_host = host != 0 || (self.data.is_some() && e & COPIED != 0);
+                if has_host {
+                    match &self.data {
+                        None if host % cluster != 0 || host + len > self.file_len => {
+                            return Err(corrupt(format!(
+                                "the cluster at guest {guest:#x} points to {host:#x}, misaligned or past the end of the file ({} bytes)",
+                                self.file_len
+                            )));
+                        }
+                        None => used.push((host, cluster, "a data cluster")),
+                        Some(d) if host != guest || host + len > d.len => {
+                            return Err(corrupt(format!(
+                                "the cluster at guest {guest:#x} points to {host:#x} of the external data file {} ({} bytes); it must be the same offset, inside the file",
+                                crate::name::quoted(&d.path),
+                                d.len
+                            )));
+                        }
+                        Some(_) => {}
                     }
-                    used.push((host, cluster, "a data cluster"));
                 }
                 if !self.extended_l2 {
                     let source = if zero {
                         Source::Zero
-                    } else if host != 0 {
+                    } else if has_host {
                         Source::Data { host }
                     } else {
                         Source::Unallocated
@@ -422,7 +486,7 @@ impl Qcow2 {
                         "the cluster at guest {guest:#x} has subclusters both allocated and zero"
                     )));
                 }
-                if alloc != 0 && host == 0 {
+                if alloc != 0 && !has_host {
                     return Err(corrupt(format!(
                         "the cluster at guest {guest:#x} has allocated subclusters but no host cluster"
                     )));
@@ -528,14 +592,35 @@ fn unzstd(raw: &[u8], out: &mut [u8]) -> bool {
 /// The largest zstd window a compressed cluster may ask for.
 const ZSTD_WINDOW_LIMIT: u64 = 8 << 20;
 
-/// The backing format from the header extensions (type 0xE2792ACA), if
-/// any. Extensions start after the header and end at type 0.
-fn backing_format(
+/// `name` (a backing or data file as a header gives it) as a path:
+/// relative names are relative to the directory of the image `image`.
+fn beside(image: &Path, name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        image.parent().unwrap_or(Path::new(".")).join(p)
+    }
+}
+
+/// What the header extensions this reader uses say.
+#[derive(Default)]
+struct Extensions {
+    /// The backing file's format (type 0xE2792ACA).
+    backing_format: Option<String>,
+    /// The external data file's name (type 0x44415441).
+    data_file: Option<String>,
+}
+
+/// Read the header extensions: they start after the header and end at
+/// type 0, inside the first cluster.
+fn extensions(
     file: &File,
     header_len: u64,
     file_len: u64,
     cluster: u64,
-) -> Result<Option<String>, String> {
+) -> Result<Extensions, String> {
+    let mut ext = Extensions::default();
     let mut at = header_len;
     let end = cluster.min(file_len);
     while at + 8 <= end {
@@ -548,15 +633,23 @@ fn backing_format(
         if at + 8 + len > end {
             return Err("a header extension runs past the first cluster".into());
         }
-        if kind == 0xE279_2ACA {
+        let text = |what: &str| -> Result<Option<String>, String> {
             let mut name = vec![0u8; len as usize];
             file.read_exact_at(&mut name, at + 8)
                 .map_err(|e| e.to_string())?;
-            return String::from_utf8(name)
-                .map(Some)
-                .map_err(|_| "the backing format is not UTF-8".into());
+            match String::from_utf8(name) {
+                Ok(s) if !s.is_empty() && !s.contains('\0') => Ok(Some(s)),
+                _ => Err(format!(
+                    "the {what} is empty, not UTF-8 or holds a NUL byte"
+                )),
+            }
+        };
+        match kind {
+            0xE279_2ACA => ext.backing_format = text("backing format")?,
+            0x4441_5441 => ext.data_file = text("external data file name")?,
+            _ => {}
         }
         at += 8 + len.div_ceil(8) * 8;
     }
-    Ok(None)
+    Ok(ext)
 }
