@@ -13,6 +13,14 @@ use cowlink_testfs::{temporaries, testfs};
 mod common;
 use common::{cowlink, sigint, text};
 
+/// Free space is measured per filesystem, so the tests here, which all
+/// write to the same test filesystems, run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn run(cmd: &str, args: &[&str], dir: &Path) {
     let out = Command::new(cmd)
         .args(args)
@@ -91,7 +99,12 @@ fn copied(r: &serde_json::Value, reason: &str) -> u64 {
         .sum()
 }
 
+/// Free bytes on `dir`'s filesystem once what is pending there is settled
+/// (`syncfs`: delayed allocation written out, XFS's deferred freeing of
+/// unlinked inodes done), so that a difference measures the step between.
 fn free(dir: &Path) -> u64 {
+    let d = fs::File::open(dir).unwrap();
+    rustix::fs::syncfs(&d).unwrap();
     let s = rustix::fs::statfs(dir).unwrap();
     s.f_bavail * s.f_bsize as u64
 }
@@ -139,6 +152,7 @@ fn base_and_overlay(root: &Path, name: &str, cluster: &str, extra: &str) -> Path
 
 #[test]
 fn commit_clones_clusters_on_xfs_and_btrfs() {
+    let _serial = serial();
     for fs_ in [testfs!(Xfs), testfs!(Btrfs)] {
         let Some(t) = fs_ else { return };
         for cluster in ["4k", "64k", "2M"] {
@@ -182,6 +196,7 @@ fn commit_clones_clusters_on_xfs_and_btrfs() {
 
 #[test]
 fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     // 512-byte clusters: smaller than the block, copied.
     let d = base_and_overlay(x.path(), "c512", "512", "");
@@ -255,6 +270,7 @@ fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
 
 #[test]
 fn convert_follows_a_chain_of_three_overlays() {
+    let _serial = serial();
     let Some(b) = testfs!(Btrfs) else { return };
     let d = base_and_overlay(b.path(), "chain", "64k", "");
     for (i, (img, back)) in [("o2.qcow2", "ov.qcow2"), ("o3.qcow2", "o2.qcow2")]
@@ -306,6 +322,7 @@ fn convert_follows_a_chain_of_three_overlays() {
 
 #[test]
 fn ext4_commit_copies_and_says_so() {
+    let _serial = serial();
     let Some(e) = testfs!(Ext4) else { return };
     let d = base_and_overlay(e.path(), "ext4", "64k", "");
     let r = report(&d, &["commit", "ov.qcow2"]);
@@ -333,6 +350,7 @@ fn ext4_commit_copies_and_says_so() {
 
 #[test]
 fn locked_corrupt_and_interrupted_commits_leave_the_base_as_it_was() {
+    let _serial = serial();
     let Some(x) = testfs!(Xfs) else { return };
     let d = base_and_overlay(x.path(), "refuse", "64k", "");
     let sum = sha(&d.join("base.raw"));
@@ -403,6 +421,7 @@ fn locked_corrupt_and_interrupted_commits_leave_the_base_as_it_was() {
 
 #[test]
 fn sigint_during_a_large_commit_exits_130_and_keeps_the_base() {
+    let _serial = serial();
     // ext4 copies, so a commit of a few hundred MiB takes long enough to
     // be interrupted.
     let Some(e) = testfs!(Ext4) else { return };
@@ -449,6 +468,7 @@ fn sigint_during_a_large_commit_exits_130_and_keeps_the_base() {
 /// refused with nothing written.
 #[test]
 fn external_data_files_are_cloned_from() {
+    let _serial = serial();
     for fs_ in [testfs!(Xfs), testfs!(Btrfs)] {
         let Some(t) = fs_ else { return };
         let d = base_and_overlay(t.path(), "data-file", "64k", ",data_file=ov.data");
@@ -529,6 +549,7 @@ fn external_data_files_are_cloned_from() {
 /// and counted as such, and the result is qemu-img's.
 #[test]
 fn a_commit_across_filesystems_copies_the_overlay_and_says_so() {
+    let _serial = serial();
     let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
         return;
     };
