@@ -207,8 +207,14 @@ impl<'a> Tree<'a> {
     /// Entries below node `i` (its directories, files and links, at any
     /// depth): what a failure to make or open it leaves out.
     fn below(&self, i: usize) -> usize {
-        let n = &self.nodes[i];
-        n.files.len() + n.links.len() + n.subdirs.iter().map(|&c| 1 + self.below(c)).sum::<usize>()
+        // Without recursion: a manifest may nest thousands of levels.
+        let (mut count, mut todo) = (0, vec![i]);
+        while let Some(j) = todo.pop() {
+            let n = &self.nodes[j];
+            count += n.files.len() + n.links.len() + n.subdirs.len();
+            todo.extend(&n.subdirs);
+        }
+        count
     }
 }
 
