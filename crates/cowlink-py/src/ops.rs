@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use cowlink::tree::{TreeEvent, TreeOptions};
-use cowlink::{CloneOptions, Error, ErrorKind, Operation, Overwrite, Preserve, Reflink};
+use cowlink::{CloneOptions, Error, ErrorKind, Operation, Overwrite, Placement, Preserve, Reflink};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -103,10 +103,15 @@ fn preserve_names(names: &[String]) -> PyResult<Preserve> {
 /// Clone `src` to the new file `dst`, or copy it where cloning cannot work
 /// and `reflink` allows; returns how (`Outcome.method`) and how many bytes.
 ///
-/// The file appears under `dst` only when complete: after an error there is
-/// nothing at `dst` (or the old `dst` is untouched).
+/// After an error there is nothing at `dst` (or the old `dst` is
+/// untouched). With `atomic` (the default) the file appears under `dst`
+/// only when complete, even if the process is killed or the machine
+/// crashes. `atomic=False` creates it under `dst` at once (never over an
+/// existing file) with the sticky bit as the mark of an unfinished copy,
+/// cleared when done: cheaper per file, and only a kill or crash can leave
+/// a partial, marked file. Replacing an existing file is atomic either way.
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, reflink="auto", overwrite="refuse", preserve=None))]
+#[pyo3(signature = (src, dst, *, reflink="auto", overwrite="refuse", preserve=None, atomic=true))]
 pub fn clone_file(
     py: Python<'_>,
     src: FsPath,
@@ -114,11 +119,17 @@ pub fn clone_file(
     reflink: &str,
     overwrite: &str,
     preserve: Option<&Bound<'_, PyAny>>,
+    atomic: bool,
 ) -> PyResult<Outcome> {
     let options = CloneOptions {
         reflink: self::reflink(reflink)?,
         overwrite: self::overwrite(overwrite)?,
         preserve: self::preserve(preserve)?,
+        placement: if atomic {
+            Placement::Atomic
+        } else {
+            Placement::Direct
+        },
         ..CloneOptions::default()
     };
     py.detach(|| cowlink::clone_file(&src, &dst, &options))
@@ -150,12 +161,15 @@ pub fn clone_range(
 /// symbolic links copied as links. Without it, `cp -r`.
 ///
 /// `dst` must not exist unless `dirs_exist_ok` (then files already there
-/// are replaced, each atomically, as `shutil.copytree` does). Failed entries do not stop
+/// are replaced, each atomically, as `shutil.copytree` does). Files in
+/// directories the copy creates are created under their final name,
+/// marked unfinished (the sticky bit) until complete; with `atomic` every
+/// file appears complete or not at all even after a kill or crash. Failed entries do not stop
 /// the copy; at the end they are raised together as `TreeError` (with
 /// `errors` and `report`). Ctrl-C, or an exception from `on_progress`,
 /// stops the copy cleanly (no partial file is left) and propagates.
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, archive=true, threads=None, dirs_exist_ok=false, reflink="auto", on_progress=None, cancel=None))]
+#[pyo3(signature = (src, dst, *, archive=true, threads=None, dirs_exist_ok=false, reflink="auto", atomic=false, on_progress=None, cancel=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn copytree(
     py: Python<'_>,
@@ -165,6 +179,7 @@ pub fn copytree(
     threads: Option<usize>,
     dirs_exist_ok: bool,
     reflink: &str,
+    atomic: bool,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<TreeReport> {
@@ -174,6 +189,7 @@ pub fn copytree(
         TreeOptions::default()
     };
     options.file.reflink = self::reflink(reflink)?;
+    options.atomic = atomic;
     if dirs_exist_ok {
         // As shutil.copytree: files already there are replaced.
         options.file.overwrite = Overwrite::Replace;

@@ -38,6 +38,29 @@ def test_clone_file_shares_blocks_and_writes_stay_apart(cow: Path) -> None:
     assert (cow / "dst").read_bytes()[:4096] == b"x" * 4096
 
 
+def test_clone_file_not_atomic_creates_under_the_name_and_never_over_a_file(cow: Path) -> None:
+    src = write(cow / "src", data(300_000, 5))
+    src.chmod(0o750)
+    umask = os.umask(0)
+    os.umask(umask)
+    out = cowlink.clone_file(src, cow / "dst", reflink="always", atomic=False)
+    assert out.method == "reflink"
+    assert (cow / "dst").read_bytes() == src.read_bytes()
+    assert cowlink.extents(cow / "dst").shared_fraction == 1.0
+    # The source's mode less the umask; the unfinished mark is cleared.
+    assert (cow / "dst").stat().st_mode & 0o7777 == 0o750 & ~umask
+    with pytest.raises(FileExistsError) as e:
+        cowlink.clone_file(write(cow / "other", b"x"), cow / "dst", atomic=False)
+    assert e.value.filename2 == str(cow / "dst")
+    assert (cow / "dst").read_bytes() == src.read_bytes()
+    # A file a killed run left carries the sticky bit, and the error says so.
+    (cow / "dst").chmod(0o1640)
+    with pytest.raises(FileExistsError) as e:
+        cowlink.clone_file(cow / "other", cow / "dst", atomic=False)
+    assert "left unfinished" in str(e.value)
+    assert sorted(os.listdir(cow)) == ["dst", "other", "src"]
+
+
 def test_ext4_auto_copies_and_says_so(ext4: Path) -> None:
     src = write(ext4 / "src", data(100_000, 2))
     out = cowlink.clone_file(str(src), str(ext4 / "dst"))

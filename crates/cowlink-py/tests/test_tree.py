@@ -38,6 +38,10 @@ def test_copytree_equals_cp_a_on_the_rich_fixture(cow: Path) -> None:
     assert rsync_differences(cow / "by-cp", cow / "by-cowlink") == []
     assert rsync_differences(src, cow / "by-cowlink") == []
     assert seen and seen[-1].phase in ("copy", "done")
+    # Every file linked into place complete: the same result.
+    atomic = cowlink.copytree(src, cow / "atomic", atomic=True)
+    assert atomic.errors == 0 and atomic.cloned == report.cloned
+    assert rsync_differences(cow / "by-cp", cow / "atomic") == []
     # dirs_exist_ok=False refuses an existing destination, naming it.
     with pytest.raises(FileExistsError) as e:
         cowlink.copytree(src, cow / "by-cowlink")

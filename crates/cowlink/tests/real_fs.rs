@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use cowlink::extents::{extents, Extent};
 use cowlink::{
-    clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Preserve,
-    Reflink,
+    clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Placement,
+    Preserve, Reflink,
 };
 use cowlink_testfs::{data, names, testfs, write_file};
 
@@ -274,6 +274,88 @@ fn existing_destination_refused_unless_replace_and_never_written_through() {
     assert_eq!(names(d.path()), ["adir", "dst", "other-link", "src"]);
 }
 
+/// The process umask, as the kernel applies it to new files.
+fn umask() -> u32 {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .unwrap();
+    u32::from_str_radix(line.trim(), 8).unwrap()
+}
+
+#[test]
+fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
+    let (Some(x), Some(e4)) = (testfs!(Xfs), testfs!(Ext4)) else {
+        return;
+    };
+    let direct = |reflink, overwrite| CloneOptions {
+        reflink,
+        overwrite,
+        placement: Placement::Direct,
+        ..Default::default()
+    };
+    let p = x.path();
+    let (src, dst) = (p.join("src"), p.join("dst"));
+    let content = data(1 << 20, 11);
+    write_file(&src, &content);
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o750)).unwrap();
+    let o = clone_file(&src, &dst, &direct(Reflink::Always, Overwrite::Refuse)).unwrap();
+    assert_eq!(o.method, Method::Reflink);
+    assert_eq!(fs::read(&dst).unwrap(), content);
+    assert_eq!(
+        physical(&extents(&src).unwrap().extents),
+        physical(&extents(&dst).unwrap().extents)
+    );
+    // The final mode is the source's less the umask, the mark cleared.
+    let mode = fs::metadata(&dst).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o750 & !umask(), "{mode:o}");
+
+    // Never over an existing file: refused, the old content intact.
+    write_file(&src, b"newer");
+    let e = clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Refuse)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+    assert_eq!(fs::read(&dst).unwrap(), content);
+    let o = clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Skip)).unwrap();
+    assert_eq!(o.method, Method::Skipped);
+    // A file a killed run left (it carries the mark) is named as such.
+    fs::set_permissions(&dst, fs::Permissions::from_mode(0o1640)).unwrap();
+    let e = clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Refuse)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+    assert!(
+        e.to_string().contains("interrupted run left unfinished"),
+        "{e}"
+    );
+    // Replacing stays atomic: a hardlink of the old file keeps its content.
+    fs::hard_link(&dst, p.join("old-link")).unwrap();
+    clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Replace)).unwrap();
+    assert_eq!(fs::read(&dst).unwrap(), b"newer");
+    assert_eq!(fs::read(p.join("old-link")).unwrap(), content);
+    assert_eq!(names(p), ["dst", "old-link", "src"]);
+
+    // No reflink on ext4: Auto copies under the name, Always leaves nothing.
+    let e4 = e4.path();
+    let big = data(3 << 20 | 77, 12);
+    write_file(&e4.join("src"), &big);
+    let o = clone_file(
+        e4.join("src"),
+        e4.join("copy"),
+        &direct(Reflink::Auto, Overwrite::Refuse),
+    )
+    .unwrap();
+    assert_eq!(o.method, Method::CopyOffload);
+    assert_eq!(fs::read(e4.join("copy")).unwrap(), big);
+    assert_eq!(fs::metadata(e4.join("copy")).unwrap().mode() & 0o1000, 0);
+    let e = clone_file(
+        e4.join("src"),
+        e4.join("never"),
+        &direct(Reflink::Always, Overwrite::Refuse),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    assert_eq!(names(e4), ["copy", "src"]);
+}
+
 #[test]
 fn bad_sources_give_typed_errors_and_create_nothing() {
     let Some(d) = testfs!(Xfs) else { return };
@@ -351,8 +433,13 @@ fn enospc_on_tiny_ext4_fails_cleanly() {
     write_file(&src, &data(8 << 20, 6));
     let filler = fill(t.path(), 2 << 20);
     let before = free_bytes(t.path());
-    for mode in [Reflink::Auto, Reflink::Never] {
-        let e = clone_file(&src, t.path().join("big"), &opts(mode)).unwrap_err();
+    // Created under its name (direct) or unnamed, the file goes.
+    let direct = CloneOptions {
+        placement: Placement::Direct,
+        ..opts(Reflink::Auto)
+    };
+    for o in [opts(Reflink::Auto), opts(Reflink::Never), direct] {
+        let e = clone_file(&src, t.path().join("big"), &o).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
         assert_eq!(names(t.path()), ["filler"]);
     }

@@ -18,7 +18,8 @@ use clap::{Args, ValueEnum};
 use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, Tally, TreeEvent, TreeOptions};
 use cowlink::Run;
 use cowlink::{
-    clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Preserve, Reflink,
+    clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Placement, Preserve,
+    Reflink,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -827,6 +828,9 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         preserve,
         attributes_only: args.attributes_only,
         default_mode: no_mode && !preserve.mode,
+        // A single file named on the command line is complete or absent
+        // even after a crash; trees choose per directory (`--atomic`).
+        placement: Placement::Atomic,
     };
     let jobs = plan(&args, &|p| match std::fs::metadata(p) {
         Ok(m) => Ok(Some(m.is_dir())),

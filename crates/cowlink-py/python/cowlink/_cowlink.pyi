@@ -236,6 +236,7 @@ def clone_file(
     reflink: ReflinkMode = "auto",
     overwrite: OverwriteMode = "refuse",
     preserve: Preserve = None,
+    atomic: bool = True,
 ) -> Outcome: ...
 def clone_range(
     src: StrPath,
@@ -253,6 +254,7 @@ def copytree(
     threads: Optional[int] = None,
     dirs_exist_ok: bool = False,
     reflink: ReflinkMode = "auto",
+    atomic: bool = False,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
 ) -> TreeReport: ...
