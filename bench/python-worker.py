@@ -41,6 +41,10 @@ def main() -> None:
             import cowlink
 
             clone = lambda s, d: cowlink.clone_file(s, d, reflink="always")  # noqa: E731
+        elif mode == "call-cowlink-direct":
+            import cowlink
+
+            clone = lambda s, d: cowlink.clone_file(s, d, reflink="always", atomic=False)  # noqa: E731
         elif mode == "call-ioctl":
             clone = ficlone
         elif mode == "call-reflink-copy":
