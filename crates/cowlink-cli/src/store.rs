@@ -121,11 +121,13 @@ enum StoreCommand {
     },
     /// Recreate a stored tree in a new or empty directory
     ///
-    /// Directories first, then files in parallel (each appears complete or
-    /// not at all, with its mode), then symbolic links. Nothing is ever
-    /// written through a symbolic link or outside DEST; links whose
-    /// target leaves the tree are refused unless
-    /// --allow-external-symlinks.
+    /// One parallel walk down the tree: each directory is made, then its
+    /// files are placed (with their modes; a file an error or Ctrl-C
+    /// interrupts is removed, and with --atomic even a crash leaves none
+    /// partial) and its symbolic links made, while its subdirectories are
+    /// walked on other threads. Nothing is ever written through a symbolic
+    /// link or outside DEST; links whose target leaves the tree are
+    /// refused unless --allow-external-symlinks.
     Checkout {
         /// A manifest digest from add-tree, or a manifest JSON file
         #[arg(value_name = "MANIFEST")]
