@@ -18,12 +18,13 @@ use crate::{human_bytes, human_duration, Exit};
 /// Reclaim the space of identical files: make them share blocks.
 ///
 /// Finds files with identical content (same size, then BLAKE3 of both
-/// ends, then BLAKE3 of everything; hard links count once; files already
-/// sharing all their blocks are skipped without being read) and asks the
-/// kernel to deduplicate them with FIDEDUPERANGE. The kernel compares the
-/// bytes under lock and shares blocks only if they are still equal: a file
-/// written since the scan is reported as changed and keeps its new
-/// content. Nothing is ever copied over a file. Times, mode and owner stay
+/// ends; hard links count once; files already sharing all their blocks
+/// are skipped without being read) and asks the kernel to deduplicate
+/// them with FIDEDUPERANGE. The kernel compares every byte under lock and
+/// shares blocks only if they are equal, so files over 8 KiB are not read
+/// whole beforehand: one whose middle differs is then hashed whole and
+/// grouped again, and a file written since the scan keeps its new
+/// content. --dry-run hashes everything, so the plan it shows is exact. Nothing is ever copied over a file. Times, mode and owner stay
 /// as they were. The space reclaimed is measured (free space before and
 /// after), not estimated.
 ///
@@ -153,7 +154,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 "{} × {} ({}), {} expected back; source {}",
                 g.targets.len(),
                 human_bytes(g.size),
-                &g.blake3[..16],
+                g.blake3.as_deref().map_or("ends equal", |h| &h[..16]),
                 human_bytes(g.reclaimable),
                 shown(&g.source)
             )?;
@@ -209,7 +210,14 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 r.changed.len(),
                 r.errors.len() + plan.errors.len(),
                 human_duration(start.elapsed())
-            )?
+            )?;
+            if r.regrouped > 0 {
+                writeln!(
+                    out,
+                    "{} files matched their group's first and last 4 KiB but not every byte; they were hashed whole and grouped again",
+                    r.regrouped
+                )?;
+            }
         }
     }
     Ok(done(failed))

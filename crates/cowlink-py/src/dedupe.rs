@@ -18,8 +18,10 @@ record!(
     Group {
         /// Size of each file.
         size: u64,
-        /// BLAKE3 of the content, hex.
-        blake3: String,
+        /// BLAKE3 of the whole content, hex; None for a group that `run`
+        /// formed from the first and last 4 KiB (the kernel compared every
+        /// byte when it deduplicated).
+        blake3: Option<String>,
         /// The file whose blocks the others will share.
         source: PathBuf,
         /// The files to deduplicate against `source`.
@@ -130,6 +132,10 @@ record!(
         bytes_reclaimed: u64,
         /// Files left alone because they changed since the plan.
         changed: Vec<PathBuf>,
+        /// Targets of a group formed from the file edges alone (`blake3`
+        /// None) that the kernel found different from their source; they
+        /// were hashed whole and grouped again.
+        regrouped: u64,
         /// Failures (as OSError); the other groups were still done.
         errors: Vec<Py<PyAny>>,
         /// Stopped early by a CancelToken.
@@ -184,8 +190,10 @@ pub fn execute(
 
 /// Plan and deduplicate in one call, the two overlapping as in `cowlink
 /// dedupe`: the groups of small files are deduplicated while the larger
-/// files are still being hashed. Returns the plan (the one `plan` would
-/// give) and what was done. A cancel, even while planning, is reported in
+/// files are still being read. Larger files are grouped on their first
+/// and last 4 KiB (their `blake3` is None) and the kernel compares every
+/// byte before it shares. Returns the plan as carried out and what was
+/// done. A cancel, even while planning, is reported in
 /// `cancelled`; the plan then holds only the groups started by then.
 #[pyfunction]
 #[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None))]
@@ -215,6 +223,7 @@ fn report(py: Python<'_>, r: &lib::DedupeReport) -> PyResult<DedupeReport> {
         bytes_compared: r.bytes_compared,
         bytes_reclaimed: r.bytes_reclaimed,
         changed: r.changed.clone(),
+        regrouped: r.regrouped,
         errors: error_list(py, &r.errors)?,
         cancelled: r.cancelled,
     })

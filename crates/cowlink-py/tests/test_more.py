@@ -53,9 +53,16 @@ def test_dedupe_run_plans_and_executes_small_and_large_groups(xfs: Path) -> None
     before = free_bytes(xfs)
     plan, report = cowlink.dedupe.run([xfs / "r"])
     after = free_bytes(xfs)
-    assert plan.to_json() == expected.to_json()
-    assert sorted(g.size for g in plan.groups) == [3000, 1 << 20]
-    assert report.groups == 2 and report.targets_deduped == 4
+    # The same groups, but files over 8 KiB are grouped on their edges and
+    # the kernel compares every byte: no whole-file hash for them.
+    def shape(p: cowlink.dedupe.Plan) -> list[tuple[int, Path, list[Path]]]:
+        return [(g.size, g.source, g.targets) for g in p.groups]
+
+    assert shape(plan) == shape(expected)
+    hashes = {g.size: g.blake3 for g in plan.groups}
+    assert hashes[1 << 20] is None and hashes[3000] == {g.size: g.blake3 for g in expected.groups}[3000]
+    assert all(g.blake3 is not None for g in expected.groups)
+    assert report.groups == 2 and report.targets_deduped == 4 and report.regrouped == 0
     assert not report.errors and not report.changed and not report.cancelled
     assert after - before >= (2 << 20) * 9 // 10, (before, after)
     for kind, content in (("small", small), ("large", large)):

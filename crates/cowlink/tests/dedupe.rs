@@ -441,28 +441,53 @@ fn mixed(dir: &Path, sizes: &[usize]) -> Vec<Vec<PathBuf>> {
     let mut bytes = data(256 << 10, 99);
     write_file(&near.join("a"), &bytes);
     write_file(&near.join("b"), &bytes);
+    // c and d: the same size and the same first and last 4 KiB as a and
+    // b, one byte different in the middle.
     bytes[100 << 10] ^= 1;
     write_file(&near.join("c"), &bytes);
+    write_file(&near.join("d"), &bytes);
     sync(dir);
     groups.push(vec![near.join("a"), near.join("b")]);
+    groups.push(vec![near.join("c"), near.join("d")]);
     groups
 }
 
 /// `dedupe` (planning and executing overlapped: the small files' groups run
-/// while the larger files are hashed) returns the plan `plan` gives and
-/// shares every target of both kinds, with the space measured back.
+/// while the larger files are read) returns the groups `plan` gives and
+/// shares every target of both kinds, with the space measured back. Files
+/// over two edges are grouped on their edges and left to the kernel's
+/// comparison: the near duplicates (same edges, a different middle) are
+/// found different, hashed whole and grouped again, not reported changed.
 fn overlapped_dedupe_matches_plan_then_execute(dir: &Path, sizes: &[usize]) {
     let groups = mixed(dir, sizes);
     let planned = plan_of(&[dir]);
+    assert!(planned.groups.iter().all(|g| g.blake3.is_some()));
     let (p, r) = dedupe(&[dir], &DedupeOptions::default()).unwrap();
-    assert_eq!(p.groups, planned.groups);
+    let unhashed = |gs: &[cowlink::dedupe::Group]| -> Vec<cowlink::dedupe::Group> {
+        gs.iter()
+            .map(|g| cowlink::dedupe::Group {
+                blake3: None,
+                ..g.clone()
+            })
+            .collect()
+    };
+    assert_eq!(unhashed(&p.groups), unhashed(&planned.groups));
     assert_eq!(p.groups.len(), groups.len(), "{p:?}");
+    let near = dir.join("near");
+    for g in &p.groups {
+        // Small files were read whole anyway; larger ones only at their
+        // edges, except the near duplicates hashed whole once regrouped.
+        let whole = g.size <= 8192 || g.source == near.join("c");
+        assert_eq!(g.blake3.is_some(), whole, "{g:?}");
+    }
     assert!(
         p.errors.is_empty() && r.errors.is_empty() && r.changed.is_empty(),
         "{r:?}"
     );
+    assert_eq!(r.regrouped, 2, "c and d differ from a");
     assert!(!r.cancelled);
     assert_eq!(r.targets_deduped, p.targets());
+    // a, b, c and d ran as one group on their edges, then c and d again.
     assert_eq!(r.groups, groups.len() as u64);
     let expected: u64 = p.reclaimable();
     assert!(
@@ -477,7 +502,6 @@ fn overlapped_dedupe_matches_plan_then_execute(dir: &Path, sizes: &[usize]) {
             assert_eq!(fs::read(f).unwrap(), want);
         }
     }
-    let near = dir.join("near");
     assert!(!same_blocks(&near.join("a"), &near.join("c")));
     assert_ne!(
         fs::read(near.join("a")).unwrap(),
@@ -510,17 +534,21 @@ fn a_cancel_while_hashing_leaves_the_large_groups_untouched() {
     let Some(x) = testfs!(Xfs) else { return };
     let dir = x.path();
     let small = copies(&dir.join("small").tap_mkdir(), 20, 2000, 70);
-    // Enough large bytes that one thread is still hashing when the
-    // watcher sees the phase change: 60 pairs of 2 MiB.
-    let mut large = Vec::new();
-    for i in 0..60 {
-        large.push(copies(
-            &dir.join(format!("l{i:02}")).tap_mkdir(),
-            2,
-            2 << 20,
-            200 + i,
-        ));
-    }
+    // Enough larger files that one thread is still reading their edges
+    // when the watcher sees the phase change: 2,000 pairs of 12 KiB (over
+    // two edges, so grouped after the walk).
+    let ldir = dir.join("large").tap_mkdir();
+    let large: Vec<Vec<PathBuf>> = (0..2000u64)
+        .map(|i| {
+            let bytes = data(12 << 10, 200 + i);
+            let pair = vec![ldir.join(format!("{i}a")), ldir.join(format!("{i}b"))];
+            for p in &pair {
+                write_file(p, &bytes);
+            }
+            pair
+        })
+        .collect();
+    sync(dir);
     let progress = std::sync::Arc::new(cowlink::Progress::new());
     let opts = DedupeOptions {
         run: cowlink::Run::default()
@@ -553,5 +581,49 @@ fn a_cancel_while_hashing_leaves_the_large_groups_untouched() {
     assert_eq!(shared, r.targets_deduped);
     for f in &small {
         assert_eq!(fs::read(f).unwrap(), data(2000, 70));
+    }
+}
+
+/// A saved plan whose group was formed on the file edges alone (`blake3`
+/// absent, as `dedupe` reports it): `execute` lets the kernel confirm each
+/// target, and regroups by a whole-file hash those whose middle differs,
+/// instead of calling them changed.
+#[test]
+fn execute_regroups_targets_of_an_edge_only_group_that_differ() {
+    let _serial = serial();
+    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
+        return;
+    };
+    for d in [x.path(), b.path()] {
+        let mut bytes = data(256 << 10, 8);
+        for n in ["a", "b"] {
+            write_file(&d.join(n), &bytes);
+        }
+        bytes[128 << 10] ^= 1;
+        for n in ["c", "d"] {
+            write_file(&d.join(n), &bytes);
+        }
+        sync(d);
+        let text = format!(
+            r#"{{"groups": [{{"size": {}, "source": "{}", "targets": ["{}", "{}", "{}"], "reclaimable": 0}}],
+                "files_scanned": 4, "candidates": 4, "bytes_hashed": 0,
+                "groups_already_shared": 0, "files_already_shared": 0, "hardlinks_skipped": 0}}"#,
+            256 << 10,
+            d.join("a").display(),
+            d.join("b").display(),
+            d.join("c").display(),
+            d.join("d").display()
+        );
+        let p: Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(p.groups[0].blake3, None);
+        let r = execute(&p, &DedupeOptions::default());
+        assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
+        assert_eq!(r.regrouped, 2, "{r:?}");
+        assert_eq!(r.targets_deduped, 2, "b on a, then d on c");
+        assert!(same_blocks(&d.join("a"), &d.join("b")));
+        assert!(same_blocks(&d.join("c"), &d.join("d")));
+        assert!(!same_blocks(&d.join("a"), &d.join("c")));
+        assert_eq!(fs::read(d.join("d")).unwrap(), bytes);
+        assert_ne!(fs::read(d.join("a")).unwrap(), bytes);
     }
 }

@@ -32,6 +32,11 @@ pub struct DedupeReport {
     /// from the first differing chunk on.
     #[serde(flatten, serialize_with = "crate::name::json::changed")]
     pub changed: Vec<PathBuf>,
+    /// Targets of groups formed from the file edges alone
+    /// ([`Group::blake3`] `None`) that the kernel found different from
+    /// their source: not changed, just not identical after all. They were
+    /// hashed whole with their sources and grouped again.
+    pub regrouped: u64,
     /// Targets the kernel refused, and files that could not be opened.
     pub errors: Vec<Error>,
     /// The run was cancelled: groups not started were left as they were
@@ -43,11 +48,21 @@ pub struct DedupeReport {
 /// Carry out `plan` with `FIDEDUPERANGE` only, groups in parallel on
 /// `opts.run`'s threads. Never fails as a whole: every problem is listed
 /// in the report and the run goes on (until cancelled).
+///
+/// A group without a whole-file hash (from [`dedupe`](super::dedupe)'s
+/// plan) is confirmed by the kernel's comparison; a target found different
+/// is hashed whole with its source and grouped again, as `dedupe` does.
 pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
     let tally = Tally::new(&opts.run);
     tally.show(&plan.groups);
     let mut ex = Executor::new(&opts.run, &tally);
     ex.start(&plan.groups);
+    let unsettled = ex.take_unsettled();
+    if !unsettled.is_empty() && !opts.run.cancelled() {
+        if let Some(second) = super::regroup(&unsettled, opts) {
+            ex.start(&second.groups);
+        }
+    }
     ex.finish()
 }
 
@@ -102,6 +117,8 @@ pub(super) struct Executor<'a> {
     /// Devices where something was shared: only their free space can have
     /// grown because of us (elsewhere a change is someone else's).
     shared_on: HashSet<u64>,
+    /// (source, target) of edge-only groups whose bytes differ.
+    unsettled: Vec<(PathBuf, PathBuf)>,
     report: DedupeReport,
 }
 
@@ -117,6 +134,7 @@ impl<'a> Executor<'a> {
             pool,
             free_before: Mutex::new(HashMap::new()),
             shared_on: HashSet::new(),
+            unsettled: Vec::new(),
             report: DedupeReport::default(),
         }
     }
@@ -127,17 +145,19 @@ impl<'a> Executor<'a> {
         let mut order: Vec<&Group> = groups.iter().collect();
         order.sort_by(|a, b| a.source.cmp(&b.source));
         let (run, tally, free_before) = (self.run, self.tally, &self.free_before);
-        let work = || -> Vec<(Option<u64>, DedupeReport)> {
+        type Part = (Option<u64>, DedupeReport, Vec<(PathBuf, PathBuf)>);
+        let work = || -> Vec<Part> {
             order
                 .par_iter()
                 .map(|g| {
                     let mut r = DedupeReport::default();
+                    let mut differ = Vec::new();
                     let mut dev = None;
                     if !run.cancelled() {
                         r.groups = 1;
-                        dev = dedupe_group(g, &mut r, run, tally, free_before);
+                        dev = dedupe_group(g, &mut r, &mut differ, run, tally, free_before);
                     }
-                    (dev, r)
+                    (dev, r, differ)
                 })
                 .collect()
         };
@@ -146,7 +166,7 @@ impl<'a> Executor<'a> {
             None => work(),
         };
         let report = &mut self.report;
-        for (dev, r) in parts {
+        for (dev, r, differ) in parts {
             if let (Some(d), true) = (dev, r.targets_deduped > 0) {
                 self.shared_on.insert(d);
             }
@@ -155,7 +175,15 @@ impl<'a> Executor<'a> {
             report.bytes_compared += r.bytes_compared;
             report.changed.extend(r.changed);
             report.errors.extend(r.errors);
+            report.regrouped += differ.len() as u64;
+            self.unsettled.extend(differ);
         }
+    }
+
+    /// The (source, target) pairs of edge-only groups that the kernel
+    /// found different since the last call.
+    pub(super) fn take_unsettled(&mut self) -> Vec<(PathBuf, PathBuf)> {
+        std::mem::take(&mut self.unsettled)
     }
 
     /// Measure the space given back and close the run.
@@ -205,9 +233,12 @@ fn free_space(fd: &OwnedFd) -> Option<u64> {
 }
 
 /// Carry out one group; returns the source's device once it was opened.
+/// Targets of an edge-only group that differ from the source go to
+/// `differ` (source, target), not to the report's `changed`.
 fn dedupe_group(
     g: &Group,
     report: &mut DedupeReport,
+    differ: &mut Vec<(PathBuf, PathBuf)>,
     run: &Run,
     tally: &Tally<'_>,
     free_before: &FreeBefore,
@@ -266,6 +297,9 @@ fn dedupe_group(
                     for ((t, fd), r) in live.into_iter().zip(results) {
                         match r.status {
                             cowlink_sys::DedupeStatus::Same => keep.push((t, fd)),
+                            cowlink_sys::DedupeStatus::Differs if g.blake3.is_none() => {
+                                differ.push((g.source.clone(), t.clone()))
+                            }
                             cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
                             cowlink_sys::DedupeStatus::Error(e) => report
                                 .errors

@@ -16,9 +16,17 @@
 //!
 //! [`dedupe`] is [`plan`] and [`execute`] overlapped: the small files'
 //! groups are handed to the executor when the walk ends and run while the
-//! larger files are hashed; the rest follow. On three copies of a real
-//! `/usr/share` most groups are small, and their `FIDEDUPERANGE` calls,
-//! not the reading, set the pace (see docs/benchmarks.md).
+//! larger files are read; the rest follow. It also skips the whole-file
+//! hash of larger files: `FIDEDUPERANGE` compares every byte before it
+//! shares, so their groups come from the edges alone and the kernel's
+//! comparison is the proof. A target it finds different (the ends matched,
+//! the middle did not) is taken out of its group, and those targets and
+//! their sources are planned again with whole-file hashes (`settle`). The
+//! cost moves to the rare near-duplicate, which is read twice; the common
+//! case reads each large file once, in the kernel, instead of twice. On
+//! three copies of a real `/usr/share` the `FIDEDUPERANGE` calls, not the
+//! reading, set the pace (see docs/benchmarks.md). A plan meant to be
+//! shown or kept ([`plan`], `--dry-run`) is hashed whole.
 //!
 //! [`execute`] only ever calls `FIDEDUPERANGE`: the kernel locks both files,
 //! compares the bytes and shares blocks only if they are equal. A target
@@ -105,8 +113,14 @@ impl Default for DedupeOptions {
 pub struct Group {
     /// Size of every file in the group.
     pub size: u64,
-    /// BLAKE3 of the content, hex.
-    pub blake3: String,
+    /// BLAKE3 of the whole content, hex. `None` for a group that
+    /// [`dedupe`] formed from the first and last 4 KiB alone: the kernel
+    /// compares every byte before it shares, so a whole-file hash would
+    /// only read the same bytes once more. A target the kernel finds
+    /// different is taken out of the group and grouped again by a
+    /// whole-file hash (see [`DedupeReport::regrouped`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
     /// The file whose blocks the targets will share.
     #[serde(flatten, serialize_with = "crate::name::json::source")]
     pub source: PathBuf,
@@ -124,7 +138,8 @@ pub struct Group {
 #[derive(serde::Deserialize)]
 struct GroupWire {
     size: u64,
-    blake3: String,
+    #[serde(default)]
+    blake3: Option<String>,
     source: String,
     #[serde(default)]
     source_bytes: Option<Vec<u8>>,
@@ -278,14 +293,30 @@ impl Visitor for Collect {
 /// Only when no path could be walked at all; per-file problems and
 /// refused filesystems are listed in [`Plan::errors`].
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
-    find(paths, opts, &mut |_| {})
+    find(paths, opts, Compare::Hash, &mut |_| {}).map(|(plan, _)| plan)
+}
+
+/// Who confirms that the files of a group larger than two edges are
+/// identical.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compare {
+    /// A whole-file BLAKE3, before anything runs: a plan to show or keep.
+    Hash,
+    /// The kernel, byte for byte, when `FIDEDUPERANGE` runs: the groups
+    /// come from the edges alone and a whole-file read is saved. A target
+    /// found different is grouped again by hash (`settle`).
+    Kernel,
 }
 
 /// Plan and execute in one go, as [`plan`] then [`execute`] would, but with
 /// the two overlapping: the groups of small files (at most two edges, read
-/// whole with their layout) are final before the larger files are hashed,
-/// and are deduplicated while that hashing goes on. The returned plan is
-/// the one [`plan`] would give.
+/// whole with their layout) are final before the larger files are read,
+/// and are deduplicated while that goes on. Larger files are grouped on
+/// their edges alone ([`Group::blake3`] is `None`): the kernel's comparison
+/// confirms every byte, and a target it finds different is taken out of
+/// its group and grouped again with a whole-file hash
+/// ([`DedupeReport::regrouped`]). The returned plan is what was carried
+/// out: the groups [`plan`] would give, but for those hashes.
 ///
 /// # Errors
 /// As [`plan`]. A cancel, even while planning, is not an error: the report
@@ -308,18 +339,21 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
             }
             (ex, handed)
         });
-        let planned = find(paths, opts, &mut |groups| {
+        let planned = find(paths, opts, Compare::Kernel, &mut |groups| {
             let _ = tx.send(groups.to_vec());
         });
-        if let Ok(plan) = &planned {
+        if let Ok((plan, _)) = &planned {
             tally.show(&plan.groups);
         }
         drop(tx);
-        let (ex, handed) = worker
+        let (mut ex, handed) = worker
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         match planned {
-            Ok(plan) => Ok((plan, ex.finish())),
+            Ok((mut plan, exclusive)) => {
+                settle(&mut plan, &exclusive, opts, &mut ex);
+                Ok((plan, ex.finish()))
+            }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
                 let plan = Plan {
                     groups: handed,
@@ -332,13 +366,85 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
     })
 }
 
+/// Targets of edge-only groups that the kernel found different from their
+/// source: take them out of their groups in `plan` (with the bytes they
+/// were expected to give back, from `exclusive`), plan them again with
+/// their sources and whole-file hashes, and carry out what is identical
+/// after all. Nothing to do after a cancel.
+fn settle(
+    plan: &mut Plan,
+    exclusive: &HashMap<PathBuf, u64>,
+    opts: &DedupeOptions,
+    ex: &mut execute::Executor<'_>,
+) {
+    let unsettled = ex.take_unsettled();
+    if unsettled.is_empty() {
+        return;
+    }
+    let out: std::collections::HashSet<(&Path, &Path)> = unsettled
+        .iter()
+        .map(|(s, t)| (s.as_path(), t.as_path()))
+        .collect();
+    for g in plan.groups.iter_mut().filter(|g| g.blake3.is_none()) {
+        let Group {
+            source,
+            targets,
+            reclaimable,
+            ..
+        } = g;
+        targets.retain(|t| {
+            let gone = out.contains(&(source.as_path(), t.as_path()));
+            if gone {
+                *reclaimable = reclaimable.saturating_sub(exclusive.get(t).copied().unwrap_or(0));
+            }
+            !gone
+        });
+    }
+    plan.groups.retain(|g| !g.targets.is_empty());
+    if opts.run.cancelled() {
+        return;
+    }
+    if let Some(second) = regroup(&unsettled, opts) {
+        ex.start(&second.groups);
+        plan.bytes_hashed += second.bytes_hashed;
+        plan.groups.extend(second.groups);
+        stages::order(&mut plan.groups);
+        plan.errors.extend(second.errors);
+    }
+}
+
+/// The plan, with whole-file hashes, of the sources and targets of
+/// `unsettled` (pairs the kernel found different), planned quietly (no
+/// progress of its own). `None` when it could not be made (cancelled).
+fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<Plan> {
+    let mut paths: Vec<&Path> = unsettled
+        .iter()
+        .flat_map(|(s, t)| [s.as_path(), t.as_path()])
+        .collect();
+    paths.sort();
+    paths.dedup();
+    let quiet = DedupeOptions {
+        min_size: opts.min_size,
+        run: Run {
+            progress: None,
+            ..opts.run.clone()
+        },
+    };
+    find(&paths, &quiet, Compare::Hash, &mut |_| {})
+        .ok()
+        .map(|(plan, _)| plan)
+}
+
 /// [`plan`], handing each batch of final groups to `ready` as soon as it is
-/// known (the small files' groups, then the rest).
+/// known (the small files' groups, then the rest). With
+/// [`Compare::Kernel`], also the bytes each target of an edge-only group
+/// was expected to give back (for `settle`).
 fn find<P: AsRef<Path>>(
     paths: &[P],
     opts: &DedupeOptions,
+    compare: Compare,
     ready: &mut dyn FnMut(&[Group]),
-) -> Result<Plan> {
+) -> Result<(Plan, HashMap<PathBuf, u64>)> {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let run = &opts.run;
     let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
@@ -477,44 +583,65 @@ fn find<P: AsRef<Path>>(
             })
             .collect()
     });
-    let need_full: Vec<usize> = stages::split_by(&cluster_groups, &edges)
-        .into_iter()
-        .flatten()
-        .collect();
-    let full: HashMap<usize, [u8; 32]> = pool.install(|| {
-        need_full
-            .par_iter()
-            .filter_map(|&id| {
-                if run.cancelled() {
-                    return None;
-                }
-                let c = &clusters[id][0];
-                if c.size <= 2 * EDGE {
-                    return edges.get(&id).map(|h| (id, *h)); // the edges were everything
-                }
-                hash_file(&c.path, c.size, false, &count)
-                    .map_err(|e| lock(&hash_errors).push(e))
-                    .ok()
-                    .map(|h| (id, h))
-            })
-            .collect()
-    });
+    let need_full: Vec<usize> = match compare {
+        Compare::Hash => stages::split_by(&cluster_groups, &edges)
+            .into_iter()
+            .flatten()
+            .collect(),
+        Compare::Kernel => Vec::new(),
+    };
+    let full: HashMap<usize, [u8; 32]> = if compare == Compare::Kernel {
+        edges
+    } else {
+        pool.install(|| {
+            need_full
+                .par_iter()
+                .filter_map(|&id| {
+                    if run.cancelled() {
+                        return None;
+                    }
+                    let c = &clusters[id][0];
+                    if c.size <= 2 * EDGE {
+                        return edges.get(&id).map(|h| (id, *h)); // the edges were everything
+                    }
+                    hash_file(&c.path, c.size, false, &count)
+                        .map_err(|e| lock(&hash_errors).push(e))
+                        .ok()
+                        .map(|h| (id, h))
+                })
+                .collect()
+        })
+    };
     if run.cancelled() {
         return Err(cancelled());
     }
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let (rest, already, not_permitted) = stages::groups(&clusters, &cluster_groups, &full);
+    let (mut rest, already, not_permitted) = stages::groups(&clusters, &cluster_groups, &full);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
+    let mut exclusive = HashMap::new();
+    if compare == Compare::Kernel {
+        // Only edges were hashed for the larger files: the kernel compares.
+        for g in rest.iter_mut().filter(|g| g.size > 2 * EDGE) {
+            g.blake3 = None;
+        }
+        exclusive = cluster_groups
+            .iter()
+            .flatten()
+            .flat_map(|&id| &clusters[id])
+            .filter(|c| c.size > 2 * EDGE)
+            .map(|c| (c.path.clone(), c.exclusive))
+            .collect();
+    }
     ready(&rest);
     groups.extend(rest);
     stages::order(&mut groups);
     plan.groups = groups;
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
-    Ok(plan)
+    Ok((plan, exclusive))
 }
 
 /// Open for reading without touching the access time where allowed.
@@ -630,7 +757,7 @@ mod tests {
         let plan = Plan {
             groups: vec![Group {
                 size: 8192,
-                blake3: "ab".repeat(32),
+                blake3: Some("ab".repeat(32)),
                 source: odd(b"/d/caf\xe9"),
                 targets: vec![odd(b"/d/plain"), odd(b"/d/\xff\xfe")],
                 already_shared: vec![odd(b"/d/x")],

@@ -200,7 +200,7 @@ pub(super) fn groups(
         targets.sort_by(|a, b| a.path.cmp(&b.path));
         out.push(Group {
             size: src[0].size,
-            blake3: crate::ground::hash::hex(&hash),
+            blake3: Some(crate::ground::hash::hex(&hash)),
             source: src[0].path.clone(),
             reclaimable: targets.iter().map(|t| t.exclusive).sum(),
             targets: targets.iter().map(|t| t.path.clone()).collect(),
