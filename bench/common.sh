@@ -9,7 +9,7 @@ export BIN=$PWD/target/release/cowlink
 export FLOOR=$PWD/target/floor
 cc -O2 -pthread -o "$FLOOR" bench/floor.c
 export DEDUPE_FLOOR=$PWD/target/dedupe-floor
-cc -O2 -o "$DEDUPE_FLOOR" bench/dedupe-floor.c
+cc -O2 -pthread -o "$DEDUPE_FLOOR" bench/dedupe-floor.c
 if [ -z "$(scripts/testfs env)" ]; then
     trap 'scripts/testfs down' EXIT
     scripts/testfs up >/dev/null
