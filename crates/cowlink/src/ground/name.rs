@@ -94,7 +94,7 @@ pub fn quoted(p: &Path) -> String {
 
 /// Path fields in JSON: each function here is a field name, used as
 ///
-/// ```ignore
+/// ```text
 /// #[serde(flatten, serialize_with = "cowlink::name::json::path")]
 /// path: PathBuf,
 /// ```
