@@ -24,9 +24,10 @@ use crate::{human_bytes, human_duration, Exit};
 /// shares blocks only if they are equal, so files over 8 KiB are not read
 /// whole beforehand: one whose middle differs is then hashed whole and
 /// grouped again, and a file written since the scan keeps its new
-/// content. --dry-run hashes everything, so the plan it shows is exact. Nothing is ever copied over a file. Times, mode and owner stay
-/// as they were. The space reclaimed is measured (free space before and
-/// after), not estimated.
+/// content. --dry-run hashes everything, so the plan it shows is exact.
+/// Nothing is ever copied over a file. Times, mode and owner stay as they
+/// were. The space reclaimed is measured (free space before and after),
+/// not estimated.
 ///
 /// Works on XFS, Btrfs and other filesystems whose dedupe passes a trial;
 /// refuses ext4, tmpfs and ZFS (cannot), NFS and CIFS clients (unsafe:
