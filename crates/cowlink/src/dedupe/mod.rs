@@ -370,7 +370,7 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
 /// source: take them out of their groups in `plan` (with the bytes they
 /// were expected to give back, from `exclusive`), plan them again with
 /// their sources and whole-file hashes, and carry out what is identical
-/// after all. Nothing to do after a cancel.
+/// after all. After a cancel they are only taken out.
 fn settle(
     plan: &mut Plan,
     exclusive: &HashMap<PathBuf, u64>,
