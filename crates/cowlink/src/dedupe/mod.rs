@@ -583,34 +583,33 @@ fn find<P: AsRef<Path>>(
             })
             .collect()
     });
-    let need_full: Vec<usize> = match compare {
-        Compare::Hash => stages::split_by(&cluster_groups, &edges)
-            .into_iter()
-            .flatten()
-            .collect(),
-        Compare::Kernel => Vec::new(),
-    };
-    let full: HashMap<usize, [u8; 32]> = if compare == Compare::Kernel {
-        edges
-    } else {
-        pool.install(|| {
-            need_full
-                .par_iter()
-                .filter_map(|&id| {
-                    if run.cancelled() {
-                        return None;
-                    }
-                    let c = &clusters[id][0];
-                    if c.size <= 2 * EDGE {
-                        return edges.get(&id).map(|h| (id, *h)); // the edges were everything
-                    }
-                    hash_file(&c.path, c.size, false, &count)
-                        .map_err(|e| lock(&hash_errors).push(e))
-                        .ok()
-                        .map(|h| (id, h))
-                })
-                .collect()
-        })
+    let full: HashMap<usize, [u8; 32]> = match compare {
+        // The kernel compares every byte: the edges make the groups.
+        Compare::Kernel => edges,
+        Compare::Hash => {
+            let need_full: Vec<usize> = stages::split_by(&cluster_groups, &edges)
+                .into_iter()
+                .flatten()
+                .collect();
+            pool.install(|| {
+                need_full
+                    .par_iter()
+                    .filter_map(|&id| {
+                        if run.cancelled() {
+                            return None;
+                        }
+                        let c = &clusters[id][0];
+                        if c.size <= 2 * EDGE {
+                            return edges.get(&id).map(|h| (id, *h)); // the edges were everything
+                        }
+                        hash_file(&c.path, c.size, false, &count)
+                            .map_err(|e| lock(&hash_errors).push(e))
+                            .ok()
+                            .map(|h| (id, h))
+                    })
+                    .collect()
+            })
+        }
     };
     if run.cancelled() {
         return Err(cancelled());
