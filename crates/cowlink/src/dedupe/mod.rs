@@ -562,26 +562,35 @@ fn find<P: AsRef<Path>>(
     plan.not_permitted += not_permitted;
     ready(&groups);
     let hash_errors = Mutex::new(Vec::new());
-    // Partial hash (edges), then full hash, per cluster representative.
+    // Partial hash (edges), then full hash, per cluster representative:
+    // `known` gives a hash that needs no read, else the file is hashed
+    // (`edges`: its two ends only).
+    let hash_reps = |ids: &[usize],
+                     edges: bool,
+                     known: &(dyn Fn(usize, &Cand) -> Option<[u8; 32]> + Sync)|
+     -> HashMap<usize, [u8; 32]> {
+        pool.install(|| {
+            ids.par_iter()
+                .filter_map(|&id| {
+                    if run.cancelled() {
+                        return None;
+                    }
+                    let c = &clusters[id][0];
+                    if let Some(h) = known(id, c) {
+                        return Some((id, h));
+                    }
+                    hash_file(&c.path, c.size, edges, &count)
+                        .map_err(|e| lock(&hash_errors).push(e))
+                        .ok()
+                        .map(|h| (id, h))
+                })
+                .collect()
+        })
+    };
     let to_hash: Vec<usize> = cluster_groups.iter().flatten().copied().collect();
-    let edges: HashMap<usize, [u8; 32]> = pool.install(|| {
-        to_hash
-            .par_iter()
-            .filter_map(|&id| {
-                if run.cancelled() {
-                    return None;
-                }
-                let c = &clusters[id][0];
-                if let Some(h) = c.small_hash {
-                    count(c.size);
-                    return Some((id, h));
-                }
-                hash_file(&c.path, c.size, true, &count)
-                    .map_err(|e| lock(&hash_errors).push(e))
-                    .ok()
-                    .map(|h| (id, h))
-            })
-            .collect()
+    let edges = hash_reps(&to_hash, true, &|_, c| {
+        // Read whole during the walk: counted now.
+        c.small_hash.inspect(|_| count(c.size))
     });
     let full: HashMap<usize, [u8; 32]> = match compare {
         // The kernel compares every byte: the edges make the groups.
@@ -591,23 +600,10 @@ fn find<P: AsRef<Path>>(
                 .into_iter()
                 .flatten()
                 .collect();
-            pool.install(|| {
-                need_full
-                    .par_iter()
-                    .filter_map(|&id| {
-                        if run.cancelled() {
-                            return None;
-                        }
-                        let c = &clusters[id][0];
-                        if c.size <= 2 * EDGE {
-                            return edges.get(&id).map(|h| (id, *h)); // the edges were everything
-                        }
-                        hash_file(&c.path, c.size, false, &count)
-                            .map_err(|e| lock(&hash_errors).push(e))
-                            .ok()
-                            .map(|h| (id, h))
-                    })
-                    .collect()
+            // A file of two edges or less was read whole already.
+            hash_reps(&need_full, false, &|id, c| match c.size <= 2 * EDGE {
+                true => edges.get(&id).copied(),
+                false => None,
             })
         }
     };
