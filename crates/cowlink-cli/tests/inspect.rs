@@ -284,7 +284,9 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     let v = json(&out);
     assert_eq!(v["result"]["targets_deduped"], 2);
     assert_eq!(v["result"]["bytes_compared"], 2 << 20);
-    assert!(v["result"]["bytes_reclaimed"].as_u64().unwrap() >= (2 << 20) - (64 << 10));
+    // From the extent maps: the two targets' blocks, exactly.
+    assert_eq!(v["result"]["bytes_reclaimed"], 2 << 20);
+    assert_eq!(v["result"]["measured"], false);
     assert_eq!(
         v["plan"]["groups"][0]["targets"].as_array().unwrap().len(),
         2
@@ -301,6 +303,18 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
         "{s}"
     );
     assert!(s.contains("skipped: 2 already shared"), "{s}");
+
+    // --measure: the free space, read before and after.
+    let m = x.path().join("m");
+    fs::create_dir(&m).unwrap();
+    dup_files(&m, 2, 1 << 20);
+    let out = cowlink(&[&"dedupe", &"--measure", &m]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("1 files deduplicated, "), "{s}");
+    assert!(s.contains(" reclaimed (measured); "), "{s}");
+    let out = cowlink(&[&"dedupe", &"--measure", &"--dry-run", &m]);
+    assert_eq!(out.status.code(), Some(2), "a dry run measures nothing");
 }
 
 #[test]
@@ -352,6 +366,48 @@ fn as_nobody(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// Btrfs keeps small files inline in metadata. Root tells them apart with
+/// a tree search on the directory, anyone else by mapping each file's
+/// extents: the plans agree, and only the files in blocks are grouped.
+#[test]
+fn btrfs_inline_files_are_told_apart_with_and_without_root() {
+    use std::os::unix::fs::chown;
+    let _serial = serial();
+    let Some(b) = testfs!(Btrfs) else { return };
+    let top = b.path().join("inline-or-not");
+    fs::create_dir_all(&top).unwrap();
+    fs::set_permissions(b.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // 100 bytes: inline; 3000 (over the default max_inline of 2 KiB): in a
+    // block of its own.
+    for (size, n) in [(100, 5), (3000, 3)] {
+        let sub = top.join(format!("s{size}"));
+        fs::create_dir(&sub).unwrap();
+        for p in dup_files(&sub, n, size) {
+            chown(&p, Some(65534), Some(65534)).unwrap();
+        }
+        chown(&sub, Some(65534), Some(65534)).unwrap();
+    }
+    chown(&top, Some(65534), Some(65534)).unwrap();
+    let plans: Vec<serde_json::Value> = [
+        cowlink(&[&"dedupe", &"--dry-run", &"--json", &top]),
+        as_nobody(&[&"dedupe", &"--dry-run", &"--json", &top]),
+    ]
+    .iter()
+    .map(|out| {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        json(out)["plan"].clone()
+    })
+    .collect();
+    for p in &plans {
+        assert_eq!(p["inline_skipped"], 5, "{p}");
+        assert_eq!(p["groups"].as_array().unwrap().len(), 1, "{p}");
+        assert_eq!(p["groups"][0]["size"], 3000, "{p}");
+        assert_eq!(p["groups"][0]["targets"].as_array().unwrap().len(), 2);
+    }
+    assert_eq!(plans[0]["groups"], plans[1]["groups"]);
+    fs::remove_dir_all(&top).unwrap();
 }
 
 /// An unprivileged caller among root's files: the probe's scratch file

@@ -128,8 +128,13 @@ record!(
         targets_deduped: u64,
         /// Bytes the kernel compared.
         bytes_compared: u64,
-        /// Free space gained (statfs before and after).
+        /// Space given back: from the extent maps read while planning, or,
+        /// with `measure=True`, free space gained (statfs before and after,
+        /// each after a sync).
         bytes_reclaimed: u64,
+        /// `bytes_reclaimed` was measured rather than taken from the
+        /// extent maps.
+        measured: bool,
         /// Files left alone because they changed since the plan.
         changed: Vec<PathBuf>,
         /// Targets of a group formed from the file edges alone (`blake3`
@@ -159,6 +164,7 @@ pub fn plan(
     let opts = DedupeOptions {
         min_size,
         run: control.run(),
+        measure: false,
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -169,11 +175,16 @@ pub fn plan(
 /// Share blocks between the files of each group of `plan`, through the
 /// kernel's FIDEDUPERANGE (which compares the bytes itself, so a file that
 /// changed since the plan is never corrupted: it is reported in `changed`).
+///
+/// `measure=True` syncs the filesystem before and after and reports the free
+/// space actually gained (slower); otherwise `bytes_reclaimed` comes from the
+/// extent maps read while planning.
 #[pyfunction]
-#[pyo3(signature = (plan, *, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (plan, *, measure=false, threads=None, on_progress=None, cancel=None))]
 pub fn execute(
     py: Python<'_>,
     plan: Bound<'_, Plan>,
+    measure: bool,
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
@@ -181,6 +192,7 @@ pub fn execute(
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
     let opts = DedupeOptions {
         run: control.run(),
+        measure,
         ..DedupeOptions::default()
     };
     let plan = plan.get();
@@ -195,12 +207,14 @@ pub fn execute(
 /// byte before it shares. Returns the plan as carried out and what was
 /// done. A cancel, even while planning, is reported in
 /// `cancelled`; the plan then holds only the groups started by then.
+/// `measure` as in `execute`.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, measure=false, threads=None, on_progress=None, cancel=None))]
 pub fn run(
     py: Python<'_>,
     paths: Vec<FsPath>,
     min_size: u64,
+    measure: bool,
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
@@ -208,6 +222,7 @@ pub fn run(
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
     let opts = DedupeOptions {
         min_size,
+        measure,
         run: control.run(),
     };
     let (plan, r) = control
@@ -222,6 +237,7 @@ fn report(py: Python<'_>, r: &lib::DedupeReport) -> PyResult<DedupeReport> {
         targets_deduped: r.targets_deduped,
         bytes_compared: r.bytes_compared,
         bytes_reclaimed: r.bytes_reclaimed,
+        measured: r.measured,
         changed: r.changed.clone(),
         regrouped: r.regrouped,
         errors: error_list(py, &r.errors)?,

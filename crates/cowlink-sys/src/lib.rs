@@ -463,87 +463,118 @@ fn le64(b: &[u8], at: usize) -> u64 {
 ///
 /// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
 pub fn btrfs_file_extents(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<BtrfsFileExtent>, Errno> {
-    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
-    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
     let mut out = Vec::new();
     let mut from = 0u64;
     loop {
-        let mut arg = Box::new(btrfs_ioctl_search_args {
-            key: btrfs_ioctl_search_key {
-                tree_id: 0,
-                min_objectid: inode,
-                max_objectid: inode,
-                min_offset: from,
-                max_offset: u64::MAX,
-                min_transid: 0,
-                max_transid: u64::MAX,
-                min_type: BTRFS_EXTENT_DATA_KEY,
-                max_type: BTRFS_EXTENT_DATA_KEY,
-                nr_items: 4096,
-                unused: 0,
-                unused1: 0,
-                unused2: 0,
-                unused3: 0,
-                unused4: 0,
-            },
-            buf: [0; 3992],
-        });
-        // SAFETY: BTRFS_IOC_TREE_SEARCH is `_IOWR(0x94, 17, struct
-        // btrfs_ioctl_search_args)`; `arg` is exactly that struct (4096
-        // bytes, checked below) and lives for the duration of the call. The
-        // kernel writes at most `buf`'s length of results into `buf`.
-        unsafe {
-            ioctl(
-                fd,
-                Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
-            )?
-        };
-        let n = arg.key.nr_items as usize;
-        if n == 0 {
-            return Ok(out);
+        match search_file_extents(fd, inode, from, 4096, &mut out)? {
+            Some(last) if last < u64::MAX => from = last + 1,
+            _ => return Ok(out),
         }
-        let buf: Vec<u8> = arg.buf.iter().map(|&c| c as u8).collect();
-        let mut at = 0;
-        let mut last = from;
-        for _ in 0..n {
-            if at + HEADER > buf.len() {
-                break;
-            }
-            // btrfs_ioctl_search_header: transid, objectid, offset (u64),
-            // type, len (u32), in host order.
-            let h = &buf[at..at + HEADER];
-            let offset = u64::from_ne_bytes(bytes(h, 16));
-            let typ = u32::from_ne_bytes(bytes(h, 24));
-            let len = u32::from_ne_bytes(bytes(h, 28)) as usize;
-            let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
-            at += HEADER + len;
-            last = offset;
-            // struct btrfs_file_extent_item (little endian, packed):
-            // generation 0, ram_bytes 8, compression 16, encryption 17,
-            // other_encoding 18, type 20; then, for regular and
-            // preallocated extents, disk_bytenr 21, disk_num_bytes 29,
-            // offset 37, num_bytes 45 (53 bytes).
-            if typ != BTRFS_EXTENT_DATA_KEY || item.len() < 21 {
-                continue;
-            }
-            let kind = item[20];
-            let full = item.len() >= 53 && kind != 0;
-            out.push(BtrfsFileExtent {
-                file_offset: offset,
-                kind,
-                compression: item[16],
-                ram_bytes: le64(item, 8),
-                disk_bytenr: if full { le64(item, 21) } else { 0 },
-                disk_num_bytes: if full { le64(item, 29) } else { 0 },
-                offset: if full { le64(item, 37) } else { 0 },
-                num_bytes: if full { le64(item, 45) } else { le64(item, 8) },
-            });
-        }
-        if last == u64::MAX {
-            return Ok(out);
-        }
-        from = last + 1;
     }
+}
+
+/// The first file extent item of inode `inode` (the one at the lowest file
+/// offset), in one tree search: enough to tell a Btrfs file whose data is
+/// inline in its metadata (the only item, [`BtrfsFileExtent::kind`] 0)
+/// without opening it. `fd` is any descriptor in the same subvolume, such
+/// as the directory holding the file. `None` when the inode has no file
+/// extent items (empty, or only a hole).
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
+pub fn btrfs_first_file_extent(
+    fd: BorrowedFd<'_>,
+    inode: u64,
+) -> Result<Option<BtrfsFileExtent>, Errno> {
+    let mut out = Vec::with_capacity(1);
+    search_file_extents(fd, inode, 0, 1, &mut out)?;
+    Ok(out.into_iter().next())
+}
+
+/// One `BTRFS_IOC_TREE_SEARCH` call for at most `max_items` of inode
+/// `inode`'s file extent items from file offset `from`, appended to `out`.
+/// Returns the key offset of the last item the kernel returned, or `None`
+/// when it returned none (nothing more to read).
+fn search_file_extents(
+    fd: BorrowedFd<'_>,
+    inode: u64,
+    from: u64,
+    max_items: u32,
+    out: &mut Vec<BtrfsFileExtent>,
+) -> Result<Option<u64>, Errno> {
+    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
+    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
+    let mut arg = Box::new(btrfs_ioctl_search_args {
+        key: btrfs_ioctl_search_key {
+            tree_id: 0,
+            min_objectid: inode,
+            max_objectid: inode,
+            min_offset: from,
+            max_offset: u64::MAX,
+            min_transid: 0,
+            max_transid: u64::MAX,
+            min_type: BTRFS_EXTENT_DATA_KEY,
+            max_type: BTRFS_EXTENT_DATA_KEY,
+            nr_items: max_items,
+            unused: 0,
+            unused1: 0,
+            unused2: 0,
+            unused3: 0,
+            unused4: 0,
+        },
+        buf: [0; 3992],
+    });
+    // SAFETY: BTRFS_IOC_TREE_SEARCH is `_IOWR(0x94, 17, struct
+    // btrfs_ioctl_search_args)`; `arg` is exactly that struct (4096
+    // bytes, checked below) and lives for the duration of the call. The
+    // kernel writes at most `buf`'s length of results into `buf`.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
+        )?
+    };
+    let n = arg.key.nr_items as usize;
+    if n == 0 {
+        return Ok(None);
+    }
+    let buf: Vec<u8> = arg.buf.iter().map(|&c| c as u8).collect();
+    let mut at = 0;
+    let mut last = from;
+    for _ in 0..n {
+        if at + HEADER > buf.len() {
+            break;
+        }
+        // btrfs_ioctl_search_header: transid, objectid, offset (u64),
+        // type, len (u32), in host order.
+        let h = &buf[at..at + HEADER];
+        let offset = u64::from_ne_bytes(bytes(h, 16));
+        let typ = u32::from_ne_bytes(bytes(h, 24));
+        let len = u32::from_ne_bytes(bytes(h, 28)) as usize;
+        let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
+        at += HEADER + len;
+        last = offset;
+        // struct btrfs_file_extent_item (little endian, packed):
+        // generation 0, ram_bytes 8, compression 16, encryption 17,
+        // other_encoding 18, type 20; then, for regular and
+        // preallocated extents, disk_bytenr 21, disk_num_bytes 29,
+        // offset 37, num_bytes 45 (53 bytes).
+        if typ != BTRFS_EXTENT_DATA_KEY || item.len() < 21 {
+            continue;
+        }
+        let kind = item[20];
+        let full = item.len() >= 53 && kind != 0;
+        out.push(BtrfsFileExtent {
+            file_offset: offset,
+            kind,
+            compression: item[16],
+            ram_bytes: le64(item, 8),
+            disk_bytenr: if full { le64(item, 21) } else { 0 },
+            disk_num_bytes: if full { le64(item, 29) } else { 0 },
+            offset: if full { le64(item, 37) } else { 0 },
+            num_bytes: if full { le64(item, 45) } else { le64(item, 8) },
+        });
+    }
+    Ok(Some(last))
 }
 
 // Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).

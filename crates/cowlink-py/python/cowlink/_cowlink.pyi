@@ -307,6 +307,8 @@ class DedupeReport:
     @property
     def bytes_reclaimed(self) -> int: ...
     @property
+    def measured(self) -> bool: ...
+    @property
     def changed(self) -> list[Path]: ...
     @property
     def regrouped(self) -> int: ...
@@ -326,6 +328,7 @@ def plan(
 def execute(
     plan: Plan,
     *,
+    measure: bool = False,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
@@ -334,6 +337,7 @@ def run(
     paths: Sequence[StrPath],
     *,
     min_size: int = 1,
+    measure: bool = False,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,

@@ -1,6 +1,7 @@
 //! Carrying out a plan: `FIDEDUPERANGE` only, in chunks of at most
-//! [`CHUNK`], groups in source-path order, space measured before and
-//! after (see the module notes in `mod.rs`).
+//! [`CHUNK`], groups in source-path order, the space given back taken from
+//! the plan's extent maps or, on request, measured before and after (see
+//! the module notes in `mod.rs`).
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -25,9 +26,16 @@ pub struct DedupeReport {
     pub targets_deduped: u64,
     /// Sum of the sizes of those targets.
     pub bytes_compared: u64,
-    /// Free space gained, measured with `statfs` before and after (after a
-    /// `syncfs`), summed over the filesystems involved.
+    /// Space given back. Without [`DedupeOptions::measure`]: the bytes
+    /// the targets now sharing in full held alone, from their extent maps
+    /// when planned (a group's [`Group::reclaimable`], in proportion to
+    /// its targets done). With it: free space gained, from `statfs` before
+    /// and after, each after a `syncfs`, summed over the filesystems
+    /// involved.
     pub bytes_reclaimed: u64,
+    /// `bytes_reclaimed` was measured ([`DedupeOptions::measure`]) rather
+    /// than taken from the extent maps.
+    pub measured: bool,
     /// Targets (or sources) that changed since the plan: left untouched
     /// from the first differing chunk on.
     #[serde(flatten, serialize_with = "crate::name::json::changed")]
@@ -55,7 +63,7 @@ pub struct DedupeReport {
 pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
     let tally = Tally::new(&opts.run);
     tally.show(&plan.groups);
-    let mut ex = Executor::new(&opts.run, &tally);
+    let mut ex = Executor::new(&opts.run, &tally, opts.measure);
     ex.start(&plan.groups);
     let unsettled = ex.take_unsettled();
     if !unsettled.is_empty() && !opts.run.cancelled() {
@@ -112,8 +120,8 @@ pub(super) struct Executor<'a> {
     tally: &'a Tally<'a>,
     pool: Option<rayon::ThreadPool>,
     /// Free space per filesystem before anything ran there, keyed by device
-    /// (`None`: it could not be read).
-    free_before: FreeBefore,
+    /// (`None`: it could not be read); `None` when not measuring.
+    free_before: Option<FreeBefore>,
     /// Devices where something was shared: only their free space can have
     /// grown because of us (elsewhere a change is someone else's).
     shared_on: HashSet<u64>,
@@ -123,7 +131,9 @@ pub(super) struct Executor<'a> {
 }
 
 impl<'a> Executor<'a> {
-    pub(super) fn new(run: &'a Run, tally: &'a Tally<'a>) -> Self {
+    /// `measure`: read the free space (after a `syncfs`) before the first
+    /// group on each filesystem and at the end, for the report.
+    pub(super) fn new(run: &'a Run, tally: &'a Tally<'a>, measure: bool) -> Self {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(run.threads_or(crate::run::cores))
             .build()
@@ -132,7 +142,7 @@ impl<'a> Executor<'a> {
             run,
             tally,
             pool,
-            free_before: Mutex::new(HashMap::new()),
+            free_before: measure.then(|| Mutex::new(HashMap::new())),
             shared_on: HashSet::new(),
             unsettled: Vec::new(),
             report: DedupeReport::default(),
@@ -144,7 +154,7 @@ impl<'a> Executor<'a> {
         // Disk order (approximately: path order) rather than size order.
         let mut order: Vec<&Group> = groups.iter().collect();
         order.sort_by(|a, b| a.source.cmp(&b.source));
-        let (run, tally, free_before) = (self.run, self.tally, &self.free_before);
+        let (run, tally, free_before) = (self.run, self.tally, self.free_before.as_ref());
         type Part = (Option<u64>, DedupeReport, Vec<(PathBuf, PathBuf)>);
         let work = || -> Vec<Part> {
             order
@@ -173,6 +183,7 @@ impl<'a> Executor<'a> {
             report.groups += r.groups;
             report.targets_deduped += r.targets_deduped;
             report.bytes_compared += r.bytes_compared;
+            report.bytes_reclaimed += r.bytes_reclaimed;
             report.changed.extend(r.changed);
             report.errors.extend(r.errors);
             report.regrouped += differ.len() as u64;
@@ -186,12 +197,16 @@ impl<'a> Executor<'a> {
         std::mem::take(&mut self.unsettled)
     }
 
-    /// Measure the space given back and close the run.
+    /// Measure the space given back (when asked to) and close the run.
     pub(super) fn finish(mut self) -> DedupeReport {
-        let free_before = self
-            .free_before
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner());
+        self.report.cancelled = self.run.cancelled();
+        let Some(free_before) = self.free_before else {
+            self.run.finish();
+            return self.report;
+        };
+        let free_before = free_before.into_inner().unwrap_or_else(|e| e.into_inner());
+        self.report.measured = true;
+        self.report.bytes_reclaimed = 0;
         for (dev, (fd, before)) in free_before
             .iter()
             .filter_map(|(d, m)| Some((d, m.as_ref()?)))
@@ -203,7 +218,6 @@ impl<'a> Executor<'a> {
                 self.report.bytes_reclaimed += after.saturating_sub(*before);
             }
         }
-        self.report.cancelled = self.run.cancelled();
         self.run.finish();
         self.report
     }
@@ -234,14 +248,15 @@ fn free_space(fd: &OwnedFd) -> Option<u64> {
 
 /// Carry out one group; returns the source's device once it was opened.
 /// Targets of an edge-only group that differ from the source go to
-/// `differ` (source, target), not to the report's `changed`.
+/// `differ` (source, target), not to the report's `changed`. The free
+/// space is read first when `free_before` is given (measuring).
 fn dedupe_group(
     g: &Group,
     report: &mut DedupeReport,
     differ: &mut Vec<(PathBuf, PathBuf)>,
     run: &Run,
     tally: &Tally<'_>,
-    free_before: &FreeBefore,
+    free_before: Option<&FreeBefore>,
 ) -> Option<u64> {
     let op = Operation::Dedupe;
     let src = match open_read(&g.source) {
@@ -266,7 +281,10 @@ fn dedupe_group(
             return None;
         }
     };
-    measure_once(free_before, dev, &src);
+    if let Some(free_before) = free_before {
+        measure_once(free_before, dev, &src);
+    }
+    let mut done = 0u64;
     for batch in g.targets.chunks(cowlink_sys::DEDUPE_MAX_DESTS) {
         // Open every target of the batch; a size change means it changed.
         let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::new();
@@ -325,8 +343,14 @@ fn dedupe_group(
             // the rest is untouched; not counted as deduplicated.
             live.clear();
         }
-        report.targets_deduped += live.len() as u64;
-        report.bytes_compared += g.size * live.len() as u64;
+        done += live.len() as u64;
+    }
+    report.targets_deduped += done;
+    report.bytes_compared += g.size * done;
+    // The group's expected bytes, for the targets now sharing in full.
+    if !g.targets.is_empty() {
+        report.bytes_reclaimed +=
+            (u128::from(g.reclaimable) * u128::from(done) / g.targets.len() as u128) as u64;
     }
     Some(dev)
 }
