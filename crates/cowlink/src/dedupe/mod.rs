@@ -43,12 +43,12 @@
 //! and after, per filesystem, after a `syncfs`). Not by default: the
 //! final `syncfs` waits for the filesystem to commit (on Btrfs, 0.18–0.23
 //! s of a 1.8 s run over three copies of /usr/share), and for other
-//! programs' pending writes too. Groups run in the order of their source paths, not of
-//! their size: neighbours on disk share allocation-group locks and btree
-//! blocks (`bench/dedupe-floor` over one /usr/share plan: 2.13 s in path
-//! order, 2.34 s in size order, one run each). Sharing is not re-read with
-//! FIEMAP afterwards (one more ioctl per target, on the hot path): the
-//! kernel answers for each target.
+//! programs' pending writes too. Groups run in the order of their source
+//! paths, not of their size: neighbours on disk share allocation-group
+//! locks and btree blocks (`bench/dedupe-floor` over one /usr/share plan:
+//! 2.13 s in path order, 2.34 s in size order, one run each). Sharing is
+//! not re-read with FIEMAP afterwards (one more ioctl per target, on the
+//! hot path): the kernel answers for each target.
 //!
 //! Refused: NFS and CIFS/SMB clients (their dedupe cloned without
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
