@@ -503,7 +503,8 @@ fn search_file_extents(
 ) -> Result<Option<u64>, Errno> {
     use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
     const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
-    let mut arg = Box::new(btrfs_ioctl_search_args {
+    // On the stack: the walk makes one call per small Btrfs file.
+    let mut arg = btrfs_ioctl_search_args {
         key: btrfs_ioctl_search_key {
             tree_id: 0,
             min_objectid: inode,
@@ -522,7 +523,7 @@ fn search_file_extents(
             unused4: 0,
         },
         buf: [0; 3992],
-    });
+    };
     // SAFETY: BTRFS_IOC_TREE_SEARCH is `_IOWR(0x94, 17, struct
     // btrfs_ioctl_search_args)`; `arg` is exactly that struct (4096
     // bytes, checked below) and lives for the duration of the call. The
@@ -537,7 +538,7 @@ fn search_file_extents(
     if n == 0 {
         return Ok(None);
     }
-    let buf: Vec<u8> = arg.buf.iter().map(|&c| c as u8).collect();
+    let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
     let mut at = 0;
     let mut last = from;
     for _ in 0..n {

@@ -41,14 +41,15 @@
 //! kernel's `bytes_deduped`, which counts bytes compared, not freed. With
 //! [`DedupeOptions::measure`] it is measured instead (free space before
 //! and after, per filesystem, after a `syncfs`). Not by default: the
-//! final `syncfs` waits for the filesystem to commit (on Btrfs, 0.18–0.23
-//! s of a 1.8 s run over three copies of /usr/share), and for other
-//! programs' pending writes too. Groups run in the order of their source
-//! paths, not of their size: neighbours on disk share allocation-group
-//! locks and btree blocks (`bench/dedupe-floor` over one /usr/share plan:
-//! 2.13 s in path order, 2.34 s in size order, one run each). Sharing is
-//! not re-read with FIEMAP afterwards (one more ioctl per target, on the
-//! hot path): the kernel answers for each target.
+//! final `syncfs` waits for the filesystem to commit (on Btrfs, three
+//! copies of /usr/share: 1.76 s with `--measure` against 1.58 s without,
+//! paired, in docs/benchmarks.md), and for other programs' pending writes
+//! too. Groups run in the order of their source paths, not of their
+//! size: neighbours on disk share allocation-group locks and btree blocks
+//! (`bench/dedupe-floor` over one /usr/share plan: 2.13 s in path order,
+//! 2.34 s in size order, one run each). Sharing is not re-read with
+//! FIEMAP afterwards (one more ioctl per target, on the hot path): the
+//! kernel answers for each target.
 //!
 //! Refused: NFS and CIFS/SMB clients (their dedupe cloned without
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
@@ -236,8 +237,9 @@ struct Collect {
     min_size: u64,
     /// The caller's effective user id.
     euid: u32,
-    /// Per device: whether a small file's layout can be learnt from a
-    /// Btrfs tree search on its directory (Btrfs, and the right to search).
+    /// Per device: whether a small file's layout may be learnt from a
+    /// Btrfs tree search on its directory (Btrfs, until a search is
+    /// refused).
     searchable: RwLock<HashMap<u64, bool>>,
 }
 
@@ -295,11 +297,11 @@ impl Collect {
     }
 
     /// Whether file `ino`'s data is inline in Btrfs metadata, from one tree
-    /// search on its directory `dirfd` (device `dev`): about a third of the
-    /// cost of opening the file and mapping its extents, and most small
-    /// files on Btrfs are inline. `None` where the search is not available
-    /// (another filesystem, or no `CAP_SYS_ADMIN`) or failed: the caller
-    /// maps the file instead.
+    /// search on its directory `dirfd` (device `dev`): about a quarter of the
+    /// cost of opening the file and mapping its extents
+    /// (`bench/inline-probe`), and most small files on Btrfs are inline.
+    /// `None` where the search is not available (another filesystem, or no
+    /// `CAP_SYS_ADMIN`) or failed: the caller maps the file instead.
     fn inline_by_search(&self, dirfd: BorrowedFd<'_>, dev: u64, ino: u64) -> Option<bool> {
         let known = self
             .searchable
@@ -313,25 +315,18 @@ impl Collect {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(dev, ok);
         };
-        match known {
-            Some(false) => return None,
-            Some(true) => {}
-            None => {
-                let btrfs = fs::fstatfs(dirfd)
-                    .is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Btrfs);
-                if !btrfs {
-                    remember(false);
-                    return None;
-                }
-            }
+        let btrfs = known.unwrap_or_else(|| {
+            let btrfs = fs::fstatfs(dirfd)
+                .is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Btrfs);
+            remember(btrfs);
+            btrfs
+        });
+        if !btrfs {
+            return None;
         }
         match cowlink_sys::btrfs_first_file_extent(dirfd, ino) {
-            Ok(first) => {
-                if known.is_none() {
-                    remember(true);
-                }
-                Some(first.is_some_and(|x| x.kind == 0))
-            }
+            Ok(first) => Some(first.is_some_and(|x| x.kind == 0)),
+            // Not allowed (no CAP_SYS_ADMIN), or not answered here.
             Err(Errno::PERM | Errno::NOTTY | Errno::OPNOTSUPP | Errno::INVAL) => {
                 remember(false);
                 None
