@@ -444,11 +444,10 @@ fn a_missing_mkfs_is_refused_naming_its_package_and_nothing_is_made() {
             }
         }
         let out = c.output().unwrap();
-        // A missing program is a NotFound failure: exit 1, as for a
-        // missing path.
-        failed_with(
+        // Refused like every other precondition: exit 2 (not 1, which
+        // is for a path given that does not exist).
+        refused(
             &out,
-            1,
             &[&format!("{mkfs} is not installed"), package, "x.img"],
         );
         nothing_left(&w, &img);

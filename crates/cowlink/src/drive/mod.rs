@@ -324,8 +324,9 @@ fn block_size_for(sector: u32) -> u32 {
 /// Refusals, before anything is made: not root (`PermissionDenied`),
 /// `image` exists (`AlreadyExists`), the mount point is not an empty
 /// directory or is a mount point already (`AlreadyExists`/`InUse`/
-/// `NotADirectory`), the `mkfs` program is missing (`NotFound`, naming the
-/// package), the size exceeds the free space (`NoSpace`, unless
+/// `NotADirectory`), the `mkfs` program is missing (`NotSupported`: this
+/// machine cannot make the filesystem yet; the reason names the package),
+/// the size exceeds the free space (`NoSpace`, unless
 /// `sparse_ok`), the boot entry's unit exists (`AlreadyExists`). A failing
 /// step (`mkfs`, loop setup, mount, writing the record or entry) fails the
 /// whole and undoes every earlier step.
@@ -358,8 +359,11 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             )));
     }
     let mount_exists = check_mount_point(op, &mount)?;
+    // Not `NotFound`: that kind means a path given that does not exist (a
+    // failed operation, exit 1); a missing tool means the command cannot
+    // start here, like every other refusal (exit 2).
     let Some(mkfs) = find_program(fs_.mkfs()) else {
-        return Err(Error::new(op, ErrorKind::NotFound)
+        return Err(Error::new(op, ErrorKind::NotSupported)
             .with_src(&image)
             .with_reason(format!(
                 "{} is not installed: install the {} package (apt install {} / dnf install {})",
