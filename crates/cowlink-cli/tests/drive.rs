@@ -484,6 +484,9 @@ fn persist_dry_run_prints_a_valid_unit_and_changes_nothing() {
         "noatime".into(),
         "direct I/O".into(),
         "WantedBy=local-fs.target".into(),
+        // After the root is remounted read-write (an image on it must be
+        // opened for writing; scripts/boot-check boots a real system).
+        "\nAfter=local-fs-pre.target\n".into(),
     ] {
         assert!(unit.contains(&must), "{must:?} not in:\n{unit}");
     }

@@ -9,7 +9,13 @@
 //! loop device with direct I/O and mounts with `noatime`, exactly as
 //! `drive create` did, and `cowlink drive unmount` when stopped.
 //! `RequiresMountsFor=` orders it after the mounts holding the image and
-//! the mount point.
+//! the mount point, and `After=local-fs-pre.target` after
+//! `systemd-remount-fs.service`: a machine booted with `ro` on its kernel
+//! command line (Debian's and Ubuntu's default) has its root read-only
+//! until then, and an image on it cannot be opened for writing. Without
+//! that line the unit raced the remount and lost it ("cannot open the
+//! image: read-only file system"), so the drive did not come back; found
+//! by `scripts/boot-check`, which boots a real Debian twice.
 //!
 //! Without systemd the drive persists as an `/etc/fstab` line (`loop,
 //! noatime,nofail`) under a comment naming cowlink. mount(8) then attaches
@@ -156,6 +162,7 @@ pub(crate) fn unit_text(program: &Path, image: &Path, mount: &Path, fs: DriveFs)
          Description={describe}\n\
          DefaultDependencies=no\n\
          RequiresMountsFor={}\n\
+         After=local-fs-pre.target\n\
          Conflicts=umount.target\n\
          Before=local-fs.target umount.target\n\
          \n\
