@@ -499,20 +499,19 @@ pub fn copy_tree(
     });
     copier.ctx.count(Count::Dirs, 1);
 
-    let threads = options.run.threads_or(|| {
-        let fs = copier
-            .ctx
-            .root_dst
-            .as_ref()
-            .map_or(crate::ground::fskind::FsKind::Other, |d| {
-                crate::prim::files::kind_of(d.as_fd())
-            });
-        crate::run::default_threads(
-            fs,
-            options.file.reflink != crate::prim::mode::Reflink::Never,
-        )
-    });
+    let fs = copier
+        .ctx
+        .root_dst
+        .as_ref()
+        .map_or(crate::ground::fskind::FsKind::Other, |d| {
+            crate::prim::files::kind_of(d.as_fd())
+        });
+    let clone_bound = options.file.reflink != crate::prim::mode::Reflink::Never;
+    let threads = match options.run.threads {
+        0 => crate::run::default_workers(fs, clone_bound),
+        _ => pool::Threads::Fixed(options.run.threads_or(|| 1)),
+    };
     options.run.enter(crate::run::Phase::Copy, 0, 0);
-    pool::run(&copier, vec![root], threads);
+    pool::run_with(&copier, vec![root], threads);
     Ok(copier.ctx.report())
 }

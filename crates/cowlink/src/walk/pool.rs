@@ -19,11 +19,18 @@
 //!
 //! Idle workers park on a condition variable instead of spinning (a
 //! spinning thread takes the core the filesystem needs); a push wakes one.
+//!
+//! With [`Threads::Adaptive`] only some workers take jobs at a time, and
+//! the calling thread measures which number handles more entries per
+//! second ([`Tuner`]): where the best count differs from machine to machine
+//! (cloning into Btrfs: one thread was faster on one machine, two on
+//! another; docs/ARCHITECTURE.md, concurrency), the walk finds out for
+//! itself instead of trusting one measurement.
 
 use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use rustix::fs::{Dir, FileType};
@@ -78,9 +85,107 @@ enum Job<D: Driver> {
     Read(Arc<D::Dir>),
 }
 
+/// How many of a pool's workers take jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Threads {
+    /// This many, throughout.
+    Fixed(usize),
+    /// `low` or `high`, whichever hands more entries per second to the
+    /// driver, tried in turns while the walk runs ([`Tuner`]).
+    Adaptive {
+        /// The fewer workers.
+        low: usize,
+        /// The more workers (also the number of threads started).
+        high: usize,
+    },
+}
+
+/// Chooses between two worker counts by measuring both, again and again:
+/// a trial of `high` then one of `low` (each [`Tuner::TRIAL`] long), then
+/// the faster of the two for [`Tuner::KEEP`], then trials again. A tree's
+/// parts differ (a directory of large files, one of tiny ones), so one
+/// early verdict is not trusted for the whole walk; the price is the time
+/// spent on trials of the slower count, about a tenth of the walk.
+#[derive(Debug)]
+pub(crate) struct Tuner {
+    low: usize,
+    high: usize,
+    stage: Stage,
+    /// When the current stage began, and the entries done by then.
+    since: Instant,
+    at: u64,
+    /// Entries per second of the trial of `high`.
+    high_rate: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    TryHigh,
+    TryLow,
+    Keep,
+}
+
+impl Tuner {
+    /// How long each count is tried.
+    pub(crate) const TRIAL: Duration = Duration::from_millis(200);
+    /// How long the winner runs before the next trials.
+    pub(crate) const KEEP: Duration = Duration::from_millis(3000);
+
+    /// A tuner starting (at `now`) with a trial of `high`.
+    pub(crate) fn new(low: usize, high: usize, now: Instant) -> Tuner {
+        Tuner {
+            low,
+            high,
+            stage: Stage::TryHigh,
+            since: now,
+            at: 0,
+            high_rate: 0.0,
+        }
+    }
+
+    /// The worker count to start with.
+    pub(crate) fn first(&self) -> usize {
+        self.high
+    }
+
+    /// Given the time and the entries done so far, the worker count to
+    /// switch to, if it changes.
+    pub(crate) fn tick(&mut self, now: Instant, done: u64) -> Option<usize> {
+        let spent = now.saturating_duration_since(self.since);
+        let long = match self.stage {
+            Stage::TryHigh | Stage::TryLow => Self::TRIAL,
+            Stage::Keep => Self::KEEP,
+        };
+        if spent < long {
+            return None;
+        }
+        let rate = done.saturating_sub(self.at) as f64 / spent.as_secs_f64();
+        let (stage, count) = match self.stage {
+            Stage::TryHigh => {
+                self.high_rate = rate;
+                (Stage::TryLow, self.low)
+            }
+            // More threads unless fewer were faster.
+            Stage::TryLow if rate > self.high_rate => (Stage::Keep, self.low),
+            Stage::TryLow => (Stage::Keep, self.high),
+            Stage::Keep => (Stage::TryHigh, self.high),
+        };
+        self.stage = stage;
+        self.since = now;
+        self.at = done;
+        Some(count)
+    }
+}
+
 /// The scheduler around one driver.
 struct Pool<'d, D: Driver> {
     driver: &'d D,
+    /// Workers allowed to take jobs (the first `limit` of them).
+    limit: AtomicUsize,
+    /// Entries handed to the driver so far (what the tuner measures).
+    entries: AtomicU64,
+    /// Set for [`Threads::Adaptive`]; only the calling thread uses it.
+    tuner: Option<Mutex<Tuner>>,
     /// Jobs queued or running; the pool stops when it reaches zero.
     pending: AtomicUsize,
     injector: Injector<Job<D>>,
@@ -106,8 +211,24 @@ impl<D: Driver> Drop for JobDone<'_, '_, D> {
 /// them), until every job is done. If a thread cannot be started the walk
 /// goes on with fewer.
 pub(crate) fn run<D: Driver>(driver: &D, roots: Vec<D::Root>, threads: usize) {
+    run_with(driver, roots, Threads::Fixed(threads))
+}
+
+/// [`run`] with a fixed or an adaptive number of workers.
+pub(crate) fn run_with<D: Driver>(driver: &D, roots: Vec<D::Root>, threads: Threads) {
+    let (started, tuner) = match threads {
+        Threads::Fixed(n) => (n.max(1), None),
+        Threads::Adaptive { low, high } => {
+            let (low, high) = (low.max(1), high.max(1));
+            let t = Tuner::new(low.min(high), high.max(low), Instant::now());
+            (high.max(low), Some(t))
+        }
+    };
     let pool = Pool {
         driver,
+        limit: AtomicUsize::new(tuner.as_ref().map_or(started, Tuner::first)),
+        entries: AtomicU64::new(0),
+        tuner: tuner.map(Mutex::new),
         pending: AtomicUsize::new(roots.len()),
         injector: Injector::new(),
         sleepers: AtomicUsize::new(0),
@@ -120,7 +241,7 @@ pub(crate) fn run<D: Driver>(driver: &D, roots: Vec<D::Root>, threads: usize) {
     for r in roots {
         pool.injector.push(Job::Root(r));
     }
-    let workers: Vec<Worker<Job<D>>> = (0..threads.max(1)).map(|_| Worker::new_lifo()).collect();
+    let workers: Vec<Worker<Job<D>>> = (0..started).map(|_| Worker::new_lifo()).collect();
     let stealers: Vec<Stealer<Job<D>>> = workers.iter().map(Worker::stealer).collect();
     let (pool, stealers) = (&pool, &stealers);
     std::thread::scope(|s| {
@@ -129,9 +250,9 @@ pub(crate) fn run<D: Driver>(driver: &D, roots: Vec<D::Root>, threads: usize) {
         for (i, w) in workers.enumerate() {
             let _ = std::thread::Builder::new()
                 .name(format!("cowlink-walk-{}", i + 1))
-                .spawn_scoped(s, move || pool.work(w, stealers));
+                .spawn_scoped(s, move || pool.work(i + 1, w, stealers));
         }
-        pool.work(mine, stealers);
+        pool.work(0, mine, stealers);
     });
 }
 
@@ -156,8 +277,24 @@ impl<D: Driver> Pool<'_, D> {
         }
     }
 
-    fn work(&self, local: Worker<Job<D>>, stealers: &[Stealer<Job<D>>]) {
+    /// Worker number `me` (0: the calling thread, which also tunes).
+    fn work(&self, me: usize, local: Worker<Job<D>>, stealers: &[Stealer<Job<D>>]) {
         loop {
+            if me == 0 {
+                self.tune();
+            }
+            if me >= self.limit.load(Ordering::Relaxed) {
+                // Not wanted for now: the others steal what is queued here.
+                if self.pending.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                let guard = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = self
+                    .wakeup
+                    .wait_timeout(guard, Duration::from_millis(20))
+                    .unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
             if let Some(job) = local.pop().or_else(|| self.steal(&local, stealers)) {
                 // Counted down even if the job panics (a driver bug), so
                 // the other workers stop and the panic reaches the caller.
@@ -183,6 +320,23 @@ impl<D: Driver> Pool<'_, D> {
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
             if done {
                 return;
+            }
+        }
+    }
+
+    /// Let the tuner (if any) change the number of working workers.
+    fn tune(&self) {
+        let Some(tuner) = &self.tuner else { return };
+        let done = self.entries.load(Ordering::Relaxed);
+        let change = tuner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tick(Instant::now(), done);
+        if let Some(n) = change {
+            let before = self.limit.swap(n, Ordering::Relaxed);
+            if n > before {
+                drop(self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+                self.wakeup.notify_all();
             }
         }
     }
@@ -268,6 +422,7 @@ impl<D: Driver> Pool<'_, D> {
         if let Some(e) = read_error {
             self.driver.read_failed(&dir, e);
         }
+        let handed = batch.len() as u64;
         for (name, t) in batch {
             if self.driver.stopped() {
                 break;
@@ -277,6 +432,7 @@ impl<D: Driver> Pool<'_, D> {
                 self.push(local, Job::Open { parent, name });
             }
         }
+        self.entries.fetch_add(handed, Ordering::Relaxed);
         self.release(dir);
     }
 
@@ -361,6 +517,42 @@ mod tests {
         // many parents, which must all be finished without a deep stack.
         run(&c, vec![0, 3, 100_000], 2);
         assert_eq!(c.finished.load(Ordering::SeqCst), 3 + 3 + 100_000);
+    }
+
+    #[test]
+    fn an_adaptive_pool_finishes_every_root_too() {
+        let c = Counter {
+            finished: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        };
+        run_with(
+            &c,
+            vec![0, 3, 100_000],
+            Threads::Adaptive { low: 1, high: 3 },
+        );
+        assert_eq!(c.finished.load(Ordering::SeqCst), 3 + 3 + 100_000);
+    }
+
+    #[test]
+    fn the_tuner_keeps_the_faster_count_and_tries_again_later() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut t = Tuner::new(1, 2, t0);
+        assert_eq!(t.first(), 2);
+        // Nothing changes before a trial has run its length.
+        assert_eq!(t.tick(ms(100), 1_000), None);
+        // high: 4,000 entries in 200 ms; then low: 5,000 in 200 ms.
+        assert_eq!(t.tick(ms(200), 4_000), Some(1));
+        assert_eq!(t.tick(ms(400), 9_000), Some(1), "low was faster: kept");
+        assert_eq!(t.tick(ms(3000), 50_000), None);
+        assert_eq!(t.tick(ms(3400), 60_000), Some(2), "trials again");
+        // high: 6,000 in 200 ms; low: 2,000 in 200 ms: high is kept.
+        assert_eq!(t.tick(ms(3600), 66_000), Some(1));
+        assert_eq!(t.tick(ms(3800), 68_000), Some(2));
+        // A tie keeps the larger count.
+        let mut t = Tuner::new(1, 2, t0);
+        assert_eq!(t.tick(ms(200), 1_000), Some(1));
+        assert_eq!(t.tick(ms(400), 2_000), Some(2));
     }
 
     #[test]
