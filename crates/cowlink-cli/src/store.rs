@@ -76,8 +76,9 @@ pub struct StoreArgs {
     json: bool,
 
     /// Worker threads, at most 64 [default: for checkout, chosen per
-    /// destination filesystem (1 when cloning into Btrfs, else one per
-    /// core); for everything else, one per core]
+    /// destination filesystem (cloning into Btrfs: 1 or one per core,
+    /// whichever measures faster while it runs; else one per core); for
+    /// everything else, one per core]
     #[arg(short = 'j', long, global = true, value_name = "N", value_parser = crate::threads_arg)]
     threads: Option<usize>,
 

@@ -20,6 +20,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::ground::fskind::FsKind;
 
@@ -28,8 +29,8 @@ use crate::ground::fskind::FsKind;
 pub const MAX_THREADS: usize = 64;
 
 /// The default number of worker threads for work whose destination
-/// filesystem sets the pace (store checkouts, and tree copies but for
-/// clone-bound ones into Btrfs, which measure: `default_workers`).
+/// filesystem sets the pace (tree copies and store checkouts), but for
+/// clone-bound work into Btrfs, which measures: `default_workers`.
 ///
 /// Measured on a real system tree (see docs/ARCHITECTURE.md
 /// "Concurrency"): cloning into Btrfs is slower with two threads than with
@@ -49,12 +50,157 @@ pub fn default_threads(fs: FsKind, clone_bound: bool) -> usize {
 /// thread was the faster there on one machine (2.50 s against 2.94 s for
 /// the bare floor loop over a real /usr, 2026-11-23) and two on another
 /// (4.90 s against 3.98 s, 2026-11-24): the answer is the machine's, so it
-/// is measured on it. Store checkouts keep [`default_threads`].
+/// is measured on it. Store checkouts follow the same policy (their rayon
+/// pool keeps every thread; a [`Gate`] holds back those not wanted).
 pub(crate) fn default_workers(fs: FsKind, clone_bound: bool) -> crate::walk::pool::Threads {
     use crate::walk::pool::Threads;
     match (fs, clone_bound, cores()) {
         (FsKind::Btrfs, true, high) if high > 1 => Threads::Adaptive { low: 1, high },
         _ => Threads::Fixed(default_threads(fs, clone_bound)),
+    }
+}
+
+/// Chooses between two worker counts by measuring both, again and again:
+/// a trial of `high` then one of `low` (each [`Tuner::TRIAL`] long), then
+/// the faster of the two for [`Tuner::KEEP`], then trials again. A tree's
+/// parts differ (a directory of large files, one of tiny ones), so one
+/// early verdict is not trusted for the whole walk; the price is the time
+/// spent on trials of the slower count, about a tenth of the walk.
+#[derive(Debug)]
+pub(crate) struct Tuner {
+    low: usize,
+    high: usize,
+    stage: Stage,
+    /// When the current stage began, and the entries done by then.
+    since: Instant,
+    at: u64,
+    /// Entries per second of the trial of `high`.
+    high_rate: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    TryHigh,
+    TryLow,
+    Keep,
+}
+
+impl Tuner {
+    /// How long each count is tried.
+    pub(crate) const TRIAL: Duration = Duration::from_millis(200);
+    /// How long the winner runs before the next trials.
+    pub(crate) const KEEP: Duration = Duration::from_millis(3000);
+
+    /// A tuner starting (at `now`) with a trial of `high`.
+    pub(crate) fn new(low: usize, high: usize, now: Instant) -> Tuner {
+        Tuner {
+            low,
+            high,
+            stage: Stage::TryHigh,
+            since: now,
+            at: 0,
+            high_rate: 0.0,
+        }
+    }
+
+    /// The worker count to start with.
+    pub(crate) fn first(&self) -> usize {
+        self.high
+    }
+
+    /// Given the time and the entries done so far, the worker count to
+    /// switch to, if it changes.
+    pub(crate) fn tick(&mut self, now: Instant, done: u64) -> Option<usize> {
+        let spent = now.saturating_duration_since(self.since);
+        let long = match self.stage {
+            Stage::TryHigh | Stage::TryLow => Self::TRIAL,
+            Stage::Keep => Self::KEEP,
+        };
+        if spent < long {
+            return None;
+        }
+        let rate = done.saturating_sub(self.at) as f64 / spent.as_secs_f64();
+        let (stage, count) = match self.stage {
+            Stage::TryHigh => {
+                self.high_rate = rate;
+                (Stage::TryLow, self.low)
+            }
+            // More threads unless fewer were faster.
+            Stage::TryLow if rate > self.high_rate => (Stage::Keep, self.low),
+            Stage::TryLow => (Stage::Keep, self.high),
+            Stage::Keep => (Stage::TryHigh, self.high),
+        };
+        self.stage = stage;
+        self.since = now;
+        self.at = done;
+        Some(count)
+    }
+}
+
+/// Lets at most a [`Tuner`]'s current count of threads through at once,
+/// for work spread over a thread pool that cannot shrink (rayon): the
+/// pool keeps every thread, and those over the count wait here. Each pass
+/// counts `items` done, which is what the tuner measures.
+pub(crate) struct Gate {
+    state: std::sync::Mutex<GateState>,
+    freed: std::sync::Condvar,
+}
+
+struct GateState {
+    inside: usize,
+    limit: usize,
+    done: u64,
+    tuner: Tuner,
+}
+
+impl Gate {
+    /// A gate choosing between `low` and `high` threads.
+    pub(crate) fn new(low: usize, high: usize) -> Gate {
+        let tuner = Tuner::new(low.max(1), high.max(low).max(1), Instant::now());
+        Gate {
+            state: std::sync::Mutex::new(GateState {
+                inside: 0,
+                limit: tuner.first(),
+                done: 0,
+                tuner,
+            }),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Run `f` (which does `items` units of work) once fewer than the
+    /// current count of threads are inside.
+    pub(crate) fn pass<R>(&self, items: u64, f: impl FnOnce() -> R) -> R {
+        {
+            let mut st = crate::ground::lock(&self.state);
+            loop {
+                let (now, done) = (Instant::now(), st.done);
+                if let Some(n) = st.tuner.tick(now, done) {
+                    st.limit = n;
+                    self.freed.notify_all();
+                }
+                if st.inside < st.limit {
+                    break;
+                }
+                st = self
+                    .freed
+                    .wait_timeout(st, Duration::from_millis(20))
+                    .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+            }
+            st.inside += 1;
+        }
+        // Leaves even if `f` panics, so no thread waits for ever.
+        struct Leave<'a>(&'a Gate, u64);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                let mut st = crate::ground::lock(&self.0.state);
+                st.inside -= 1;
+                st.done += self.1;
+                self.0.freed.notify_one();
+            }
+        }
+        let _leave = Leave(self, items);
+        f()
     }
 }
 
@@ -325,5 +471,54 @@ mod tests {
         assert!(!other.cancelled());
         run.cancel.cancel();
         assert!(other.cancelled());
+    }
+
+    #[test]
+    fn the_tuner_keeps_the_faster_count_and_tries_again_later() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut t = Tuner::new(1, 2, t0);
+        assert_eq!(t.first(), 2);
+        // Nothing changes before a trial has run its length.
+        assert_eq!(t.tick(ms(100), 1_000), None);
+        // high: 4,000 entries in 200 ms; then low: 5,000 in 200 ms.
+        assert_eq!(t.tick(ms(200), 4_000), Some(1));
+        assert_eq!(t.tick(ms(400), 9_000), Some(1), "low was faster: kept");
+        assert_eq!(t.tick(ms(3000), 50_000), None);
+        assert_eq!(t.tick(ms(3400), 60_000), Some(2), "trials again");
+        // high: 6,000 in 200 ms; low: 2,000 in 200 ms: high is kept.
+        assert_eq!(t.tick(ms(3600), 66_000), Some(1));
+        assert_eq!(t.tick(ms(3800), 68_000), Some(2));
+        // A tie keeps the larger count.
+        let mut t = Tuner::new(1, 2, t0);
+        assert_eq!(t.tick(ms(200), 1_000), Some(1));
+        assert_eq!(t.tick(ms(400), 2_000), Some(2));
+    }
+
+    #[test]
+    fn a_gate_lets_every_pass_through_never_more_than_high_at_once() {
+        let gate = Gate::new(1, 2);
+        let inside = AtomicU64::new(0);
+        let most = AtomicU64::new(0);
+        let passed = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        gate.pass(1, || {
+                            let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(n, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_micros(200));
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                        });
+                        passed.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        assert_eq!(passed.load(Ordering::SeqCst), 600);
+        assert!(most.load(Ordering::SeqCst) <= 2, "at most `high` inside");
+        let st = crate::ground::lock(&gate.state);
+        assert_eq!((st.inside, st.done), (0, 600));
     }
 }

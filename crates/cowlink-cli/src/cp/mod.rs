@@ -232,7 +232,8 @@ pub struct CpArgs {
     no_deref_preserve_links: bool,
 
     /// Copy with N threads, at most 64 (default: chosen per destination
-    /// filesystem: 1 when cloning into Btrfs, else one per core)
+    /// filesystem: when cloning into Btrfs, 1 or one per core, whichever
+    /// measures faster while copying; else one per core)
     #[arg(short = 'j', long, value_name = "N", value_parser = crate::threads_arg)]
     jobs: Option<usize>,
 

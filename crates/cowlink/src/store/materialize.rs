@@ -232,6 +232,9 @@ struct Walk<'w> {
     tree: &'w Tree<'w>,
     how: How<'w>,
     counters: &'w Counters,
+    /// Where the number of threads placing files is measured and held
+    /// (cloning into Btrfs, when no count was asked for).
+    gate: Option<&'w crate::run::Gate>,
     /// The mode a directory is made with.
     first_mode: &'w (dyn Fn(u32) -> u32 + Sync),
     fail: &'w (dyn Fn(Error) + Sync),
@@ -309,6 +312,13 @@ impl<'w> Walk<'w> {
 
     /// Place `batch`, files of the directory `dir` (opened as `fd`).
     fn files(&self, fd: BorrowedFd<'_>, dir: &str, batch: &[FileItem<'_>]) {
+        match self.gate {
+            Some(g) => g.pass(batch.len() as u64, || self.place_all(fd, dir, batch)),
+            None => self.place_all(fd, dir, batch),
+        }
+    }
+
+    fn place_all(&self, fd: BorrowedFd<'_>, dir: &str, batch: &[FileItem<'_>]) {
         for (name, digest, mode, size) in batch {
             if self.store.run.cancelled() {
                 return;
@@ -474,6 +484,8 @@ impl Store {
             |m: u32| m & 0o7000 == 0 && m & 0o700 == 0o700 && umask.is_some_and(|u| m & u == 0);
 
         let counters = Counters::default();
+        let clone_bound = matches!(options.link, LinkMode::Clone | LinkMode::Auto);
+        let (threads, gate) = self.threads_for(root, clone_bound);
         let walk = Walk {
             store: self,
             root,
@@ -487,11 +499,11 @@ impl Store {
                 gens: &counters.generations,
             },
             counters: &counters,
+            gate: gate.as_ref(),
             first_mode: &|m| if final_now(m) { m } else { 0o700 },
             fail: &fail,
         };
-        let clone_bound = matches!(options.link, LinkMode::Clone | LinkMode::Auto);
-        self.install_for(root, clone_bound, || {
+        Store::install_n(threads, || {
             rayon::scope(|s| walk.dir(s, 0));
         });
         report.dirs = counters.dirs.load(Ordering::Relaxed);

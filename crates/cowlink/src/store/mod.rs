@@ -172,7 +172,7 @@ impl Store {
     }
 
     /// Run `f` on a pool of `n` threads.
-    fn install_n<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
+    pub(super) fn install_n<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
         match rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .thread_name(|i| format!("cowlink-store-{i}"))
@@ -188,19 +188,24 @@ impl Store {
         Self::install_n(self.run.threads_or(crate::run::cores), f)
     }
 
-    /// Run `f` on a pool of the threads asked for, or, when none were,
-    /// of [`crate::run::default_threads`] for the destination `dst` and
-    /// the work (the same policy as tree copies).
-    fn install_for<R: Send>(
+    /// The threads for work placing files into `dst`: those asked for, or,
+    /// when none were, the policy of tree copies
+    /// ([`crate::run::default_workers`]): cloning into Btrfs, one per core
+    /// behind a [`Gate`](crate::run::Gate) that measures one thread
+    /// against all of them and lets through the faster count.
+    fn threads_for(
         &self,
         dst: BorrowedFd<'_>,
         clone_bound: bool,
-        f: impl FnOnce() -> R + Send,
-    ) -> R {
-        let n = self.run.threads_or(|| {
-            crate::run::default_threads(crate::prim::files::kind_of(dst), clone_bound)
-        });
-        Self::install_n(n, f)
+    ) -> (usize, Option<crate::run::Gate>) {
+        use crate::walk::pool::Threads;
+        if self.run.threads != 0 {
+            return (self.run.threads_or(|| 1), None);
+        }
+        match crate::run::default_workers(crate::prim::files::kind_of(dst), clone_bound) {
+            Threads::Fixed(n) => (n, None),
+            Threads::Adaptive { low, high } => (high, Some(crate::run::Gate::new(low, high))),
+        }
     }
 
     fn tick(&self, bytes: u64) {

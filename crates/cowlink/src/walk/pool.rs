@@ -32,6 +32,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::run::Tuner;
+
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use rustix::fs::{Dir, FileType};
 use rustix::io::Errno;
@@ -98,83 +100,6 @@ pub(crate) enum Threads {
         /// The more workers (also the number of threads started).
         high: usize,
     },
-}
-
-/// Chooses between two worker counts by measuring both, again and again:
-/// a trial of `high` then one of `low` (each [`Tuner::TRIAL`] long), then
-/// the faster of the two for [`Tuner::KEEP`], then trials again. A tree's
-/// parts differ (a directory of large files, one of tiny ones), so one
-/// early verdict is not trusted for the whole walk; the price is the time
-/// spent on trials of the slower count, about a tenth of the walk.
-#[derive(Debug)]
-pub(crate) struct Tuner {
-    low: usize,
-    high: usize,
-    stage: Stage,
-    /// When the current stage began, and the entries done by then.
-    since: Instant,
-    at: u64,
-    /// Entries per second of the trial of `high`.
-    high_rate: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Stage {
-    TryHigh,
-    TryLow,
-    Keep,
-}
-
-impl Tuner {
-    /// How long each count is tried.
-    pub(crate) const TRIAL: Duration = Duration::from_millis(200);
-    /// How long the winner runs before the next trials.
-    pub(crate) const KEEP: Duration = Duration::from_millis(3000);
-
-    /// A tuner starting (at `now`) with a trial of `high`.
-    pub(crate) fn new(low: usize, high: usize, now: Instant) -> Tuner {
-        Tuner {
-            low,
-            high,
-            stage: Stage::TryHigh,
-            since: now,
-            at: 0,
-            high_rate: 0.0,
-        }
-    }
-
-    /// The worker count to start with.
-    pub(crate) fn first(&self) -> usize {
-        self.high
-    }
-
-    /// Given the time and the entries done so far, the worker count to
-    /// switch to, if it changes.
-    pub(crate) fn tick(&mut self, now: Instant, done: u64) -> Option<usize> {
-        let spent = now.saturating_duration_since(self.since);
-        let long = match self.stage {
-            Stage::TryHigh | Stage::TryLow => Self::TRIAL,
-            Stage::Keep => Self::KEEP,
-        };
-        if spent < long {
-            return None;
-        }
-        let rate = done.saturating_sub(self.at) as f64 / spent.as_secs_f64();
-        let (stage, count) = match self.stage {
-            Stage::TryHigh => {
-                self.high_rate = rate;
-                (Stage::TryLow, self.low)
-            }
-            // More threads unless fewer were faster.
-            Stage::TryLow if rate > self.high_rate => (Stage::Keep, self.low),
-            Stage::TryLow => (Stage::Keep, self.high),
-            Stage::Keep => (Stage::TryHigh, self.high),
-        };
-        self.stage = stage;
-        self.since = now;
-        self.at = done;
-        Some(count)
-    }
 }
 
 /// The scheduler around one driver.
@@ -531,28 +456,6 @@ mod tests {
             Threads::Adaptive { low: 1, high: 3 },
         );
         assert_eq!(c.finished.load(Ordering::SeqCst), 3 + 3 + 100_000);
-    }
-
-    #[test]
-    fn the_tuner_keeps_the_faster_count_and_tries_again_later() {
-        let t0 = Instant::now();
-        let ms = |n: u64| t0 + Duration::from_millis(n);
-        let mut t = Tuner::new(1, 2, t0);
-        assert_eq!(t.first(), 2);
-        // Nothing changes before a trial has run its length.
-        assert_eq!(t.tick(ms(100), 1_000), None);
-        // high: 4,000 entries in 200 ms; then low: 5,000 in 200 ms.
-        assert_eq!(t.tick(ms(200), 4_000), Some(1));
-        assert_eq!(t.tick(ms(400), 9_000), Some(1), "low was faster: kept");
-        assert_eq!(t.tick(ms(3000), 50_000), None);
-        assert_eq!(t.tick(ms(3400), 60_000), Some(2), "trials again");
-        // high: 6,000 in 200 ms; low: 2,000 in 200 ms: high is kept.
-        assert_eq!(t.tick(ms(3600), 66_000), Some(1));
-        assert_eq!(t.tick(ms(3800), 68_000), Some(2));
-        // A tie keeps the larger count.
-        let mut t = Tuner::new(1, 2, t0);
-        assert_eq!(t.tick(ms(200), 1_000), Some(1));
-        assert_eq!(t.tick(ms(400), 2_000), Some(2));
     }
 
     #[test]
