@@ -116,8 +116,7 @@ pub fn run(args: BenchArgs) -> Result<Exit> {
         v["verdict"]["why"] = why(&report.verdict).into();
         v["verdict"]["writers_why"] = report.verdict.writers.map(writers_why).into();
         let mut out = crate::out::stdout();
-        serde_json::to_writer_pretty(&mut out, &v)?;
-        writeln!(out)?;
+        crate::out::json(&mut out, &v)?;
     } else {
         print_text(&report)?;
     }
@@ -174,8 +173,7 @@ fn run_compare(args: BenchArgs) -> Result<Exit> {
         }
         v["verdicts"] = verdicts.into();
         let mut out = crate::out::stdout();
-        serde_json::to_writer_pretty(&mut out, &v)?;
-        writeln!(out)?;
+        crate::out::json(&mut out, &v)?;
         return Ok(Exit::Ok);
     }
     let mut out = crate::out::stdout();

@@ -146,7 +146,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     let failed = !plan.errors.is_empty() || report.as_ref().is_some_and(|r| !r.errors.is_empty());
     if args.json {
         let result = report.as_ref();
-        serde_json::to_writer_pretty(
+        crate::out::json(
             &mut out,
             &JsonOut {
                 plan: &plan,
@@ -154,7 +154,6 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 elapsed_ms: start.elapsed().as_millis(),
             },
         )?;
-        writeln!(out)?;
         return Ok(done(failed));
     }
 

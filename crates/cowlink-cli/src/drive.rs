@@ -5,7 +5,6 @@
 //! renders the reports.
 
 use std::ffi::OsString;
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Result};
@@ -408,9 +407,7 @@ fn warn(d: &DriveInfo) {
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
-    let mut out = crate::out::stdout();
-    serde_json::to_writer_pretty(&mut out, v)?;
-    writeln!(out)?;
+    crate::out::json(&mut crate::out::stdout(), v)?;
     Ok(())
 }
 

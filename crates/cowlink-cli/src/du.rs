@@ -89,7 +89,7 @@ pub fn run(args: DuArgs) -> Result<Exit> {
     }
     let mut out = crate::out::stdout();
     if args.json {
-        serde_json::to_writer_pretty(
+        crate::out::json(
             &mut out,
             &JsonOut {
                 total: &report.total,
@@ -98,7 +98,6 @@ pub fn run(args: DuArgs) -> Result<Exit> {
                 errors: &report.errors,
             },
         )?;
-        writeln!(out)?;
     } else {
         let size = |n: u64| {
             if args.bytes {

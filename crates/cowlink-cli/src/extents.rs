@@ -119,11 +119,10 @@ pub fn run(args: ExtentsArgs) -> Result<Exit> {
             })
             .collect();
 
-        serde_json::to_writer_pretty(
+        crate::out::json(
             &mut out,
             &serde_json::json!({"files": files, "errors": errors}),
         )?;
-        writeln!(out)?;
     } else {
         for (i, (p, l)) in ok.iter().enumerate() {
             if !args.summary {

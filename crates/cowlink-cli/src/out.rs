@@ -47,6 +47,13 @@ pub fn stdout() -> Out<io::StdoutLock<'static>> {
     Out::new(io::stdout().lock())
 }
 
+/// `v` as pretty JSON and a newline: how every `--json` report is
+/// printed.
+pub fn json(out: &mut impl Write, v: &impl serde::Serialize) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v)?;
+    writeln!(out)
+}
+
 /// `println!` that never panics on a closed stdout.
 macro_rules! outln {
     ($($t:tt)*) => {{

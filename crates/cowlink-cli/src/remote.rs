@@ -11,7 +11,6 @@ use cowlink::store::remote::{RemoteConfig, RequestCounts, RetryPolicy};
 use cowlink::store::{Digest, Store};
 
 use crate::out::errln;
-use crate::store::json_out;
 use crate::{human_bytes, human_duration, Exit};
 
 /// The options that name and reach a remote (global to `cowlink store`).
@@ -166,7 +165,7 @@ pub fn push(
     let r = r?;
     let mut out = crate::out::stdout();
     if json {
-        json_out(&mut out, &r)?;
+        crate::out::json(&mut out, &r)?;
     } else {
         writeln!(
             out,
@@ -233,7 +232,7 @@ pub fn pull(
             errln!("{line}");
         }
     } else if json {
-        json_out(&mut crate::out::stdout(), &r)?;
+        crate::out::json(&mut crate::out::stdout(), &r)?;
     } else {
         writeln!(crate::out::stdout(), "{line}")?;
     }
@@ -260,7 +259,7 @@ pub fn remote(remote_args: &RemoteArgs, command: RemoteCommand, json: bool) -> R
         RemoteCommand::Ls => {
             let rows = remote.manifests()?;
             if json {
-                json_out(&mut out, &rows)?;
+                crate::out::json(&mut out, &rows)?;
             } else if rows.is_empty() {
                 errln!(
                     "no manifests on {} (push some with `cowlink store push`)",
@@ -284,7 +283,7 @@ pub fn remote(remote_args: &RemoteArgs, command: RemoteCommand, json: bool) -> R
             let start = Instant::now();
             let r = remote.gc((!keep.is_empty()).then_some(keep.as_slice()), grace)?;
             if json {
-                json_out(&mut out, &r)?;
+                crate::out::json(&mut out, &r)?;
             } else {
                 writeln!(
                     out,

@@ -282,7 +282,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 }
             }
             if json {
-                json_out(&mut out, &results)?;
+                crate::out::json(&mut out, &results)?;
             }
             Ok(if failed { Exit::Failed } else { Exit::Ok })
         }
@@ -305,7 +305,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             }
             let r = r?;
             if json {
-                json_out(&mut out, &r)?;
+                crate::out::json(&mut out, &r)?;
             } else {
                 writeln!(out, "{}", r.digest)?;
                 errln!(
@@ -329,7 +329,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         } => {
             let o = store.materialize(&digest(&d)?, &dest, mode)?;
             if json {
-                json_out(&mut out, &o)?;
+                crate::out::json(&mut out, &o)?;
             } else {
                 writeln!(
                     out,
@@ -402,7 +402,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 ));
             }
             if json {
-                json_out(&mut out, &r)?;
+                crate::out::json(&mut out, &r)?;
             } else {
                 writeln!(
                     out,
@@ -428,7 +428,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         StoreCommand::Ls { manifest: None } => {
             let rows = store.list()?;
             if json {
-                json_out(&mut out, &rows)?;
+                crate::out::json(&mut out, &rows)?;
             } else if rows.is_empty() {
                 errln!(
                     "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
@@ -458,7 +458,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         StoreCommand::Ls { manifest: Some(m) } => {
             let m = load_manifest(&store, &m)?;
             if json {
-                json_out(&mut out, &m)?;
+                crate::out::json(&mut out, &m)?;
             } else {
                 for e in &m.entries {
                     match &e.kind {
@@ -487,7 +487,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             }
             let r = r?;
             if json {
-                json_out(&mut out, &r)?;
+                crate::out::json(&mut out, &r)?;
             } else {
                 for c in &r.corrupt {
                     let to = c.quarantined.as_ref().map_or_else(
@@ -519,7 +519,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             let keep = keep.iter().map(|k| digest(k)).collect::<Result<Vec<_>>>()?;
             let r = store.gc((!keep.is_empty()).then_some(keep.as_slice()))?;
             if json {
-                json_out(&mut out, &r)?;
+                crate::out::json(&mut out, &r)?;
             } else {
                 writeln!(
                     out,
@@ -543,7 +543,7 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         StoreCommand::Stats => {
             let s = store.stats()?;
             if json {
-                json_out(&mut out, &s)?;
+                crate::out::json(&mut out, &s)?;
             } else {
                 writeln!(out, "store:        {}", shown(&dir))?;
                 writeln!(
@@ -585,13 +585,6 @@ fn mode_hint(e: &cowlink::Error, mode: LinkMode) -> &'static str {
         }
         _ => "",
     }
-}
-
-/// Pretty JSON and a newline on `out`.
-pub(crate) fn json_out(out: &mut impl Write, v: &impl Serialize) -> Result<()> {
-    serde_json::to_writer_pretty(&mut *out, v)?;
-    writeln!(out)?;
-    Ok(())
 }
 
 /// A manifest named by digest (from the store) or by file (validated the

@@ -52,12 +52,27 @@ pub fn default_threads(fs: FsKind, clone_bound: bool) -> usize {
 /// (4.90 s against 3.98 s, 2026-11-24): the answer is the machine's, so it
 /// is measured on it. Store checkouts follow the same policy (their rayon
 /// pool keeps every thread; a [`Gate`] holds back those not wanted).
-pub(crate) fn default_workers(fs: FsKind, clone_bound: bool) -> crate::walk::pool::Threads {
-    use crate::walk::pool::Threads;
+pub(crate) fn default_workers(fs: FsKind, clone_bound: bool) -> Threads {
     match (fs, clone_bound, cores()) {
         (FsKind::Btrfs, true, high) if high > 1 => Threads::Adaptive { low: 1, high },
         _ => Threads::Fixed(default_threads(fs, clone_bound)),
     }
+}
+
+/// How many of a pool's workers take jobs (the walker's, `walk::pool`;
+/// a checkout's pool keeps every thread and a [`Gate`] holds the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Threads {
+    /// This many, throughout.
+    Fixed(usize),
+    /// `low` or `high`, whichever hands more entries per second to the
+    /// driver, tried in turns while the work runs ([`Tuner`]).
+    Adaptive {
+        /// The fewer workers.
+        low: usize,
+        /// The more workers (also the number of threads started).
+        high: usize,
+    },
 }
 
 /// Chooses between two worker counts by measuring both, again and again:
@@ -389,6 +404,15 @@ impl Run {
     /// The thread count for this run, `auto()` when none was asked.
     pub(crate) fn threads_or(&self, auto: impl FnOnce() -> usize) -> usize {
         resolve_threads(self.threads, auto)
+    }
+
+    /// The workers for work that places files on a filesystem of kind
+    /// `fs`: the count asked for, or, when none was, [`default_workers`].
+    pub(crate) fn workers_for(&self, fs: FsKind, clone_bound: bool) -> Threads {
+        match self.threads {
+            0 => default_workers(fs, clone_bound),
+            _ => Threads::Fixed(self.threads_or(|| 1)),
+        }
     }
 
     /// Whether the run was cancelled.

@@ -12,7 +12,7 @@
 //!    writes, with and without preallocation: throughput, fragments per
 //!    file (FIEMAP) and read-back speed with the cache dropped.
 //!
-//! Then [`verdict`] (pure: numbers in, a decision and the numbers behind
+//! Then [`verdict()`] (pure: numbers in, a decision and the numbers behind
 //! it out) says which method to use and why. Rendering (tables, JSON, the
 //! SVG chart, the words of the verdict) is the front end's.
 //!

@@ -14,7 +14,7 @@
 //! the fewest files change), the targets, and the bytes expected back. It
 //! is plain data (serde), so it can be shown, saved, reviewed.
 //!
-//! [`dedupe`] is [`plan`] and [`execute`] overlapped: the small files'
+//! [`dedupe`] is [`plan`] and [`execute()`] overlapped: the small files'
 //! groups are handed to the executor when the walk ends and run while the
 //! larger files are read; the rest follow. It also skips the whole-file
 //! hash of larger files: `FIDEDUPERANGE` compares every byte before it
@@ -28,7 +28,7 @@
 //! reading, set the pace (see docs/benchmarks.md). A plan meant to be
 //! shown or kept ([`plan`], `--dry-run`) is hashed whole.
 //!
-//! [`execute`] only ever calls `FIDEDUPERANGE`: the kernel locks both files,
+//! [`execute()`] only ever calls `FIDEDUPERANGE`: the kernel locks both files,
 //! compares the bytes and shares blocks only if they are equal. A target
 //! written since the plan is reported as changed and keeps its new data —
 //! never FICLONE over a file hashed earlier. Ranges go in block-aligned
@@ -371,7 +371,7 @@ enum Compare {
     Kernel,
 }
 
-/// Plan and execute in one go, as [`plan`] then [`execute`] would, but with
+/// Plan and execute in one go, as [`plan`] then [`execute()`] would, but with
 /// the two overlapping: the groups of small files (at most two edges, read
 /// whole with their layout) are final before the larger files are read,
 /// and are deduplicated while that goes on. Larger files are grouped on

@@ -188,21 +188,21 @@ impl Store {
         Self::install_n(self.run.threads_or(crate::run::cores), f)
     }
 
-    /// The threads for work placing files into `dst`: those asked for, or,
-    /// when none were, the policy of tree copies
-    /// ([`crate::run::default_workers`]): cloning into Btrfs, one per core
-    /// behind a [`Gate`](crate::run::Gate) that measures one thread
-    /// against all of them and lets through the faster count.
+    /// The threads for work placing files into `dst`
+    /// ([`Run::workers_for`](crate::run::Run), the policy of tree copies):
+    /// cloning into Btrfs with no count asked for, one per core behind a
+    /// [`Gate`](crate::run::Gate) that measures one thread against all of
+    /// them and lets through the faster count.
     fn threads_for(
         &self,
         dst: BorrowedFd<'_>,
         clone_bound: bool,
     ) -> (usize, Option<crate::run::Gate>) {
-        use crate::walk::pool::Threads;
-        if self.run.threads != 0 {
-            return (self.run.threads_or(|| 1), None);
-        }
-        match crate::run::default_workers(crate::prim::files::kind_of(dst), clone_bound) {
+        use crate::run::Threads;
+        match self
+            .run
+            .workers_for(crate::prim::files::kind_of(dst), clone_bound)
+        {
             Threads::Fixed(n) => (n, None),
             Threads::Adaptive { low, high } => (high, Some(crate::run::Gate::new(low, high))),
         }

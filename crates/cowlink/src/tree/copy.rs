@@ -507,10 +507,7 @@ pub fn copy_tree(
             crate::prim::files::kind_of(d.as_fd())
         });
     let clone_bound = options.file.reflink != crate::prim::mode::Reflink::Never;
-    let threads = match options.run.threads {
-        0 => crate::run::default_workers(fs, clone_bound),
-        _ => pool::Threads::Fixed(options.run.threads_or(|| 1)),
-    };
+    let threads = options.run.workers_for(fs, clone_bound);
     options.run.enter(crate::run::Phase::Copy, 0, 0);
     pool::run_with(&copier, vec![root], threads);
     Ok(copier.ctx.report())

@@ -377,7 +377,7 @@ impl Entry<'_, '_> {
         Ok(done)
     }
 
-    /// With [`TreeOptions::update_older`]: whether an existing destination
+    /// With [`TreeOptions::update_older`](super::TreeOptions::update_older): whether an existing destination
     /// is at least as new as the source (by modification time).
     fn not_older(&self, st: &Stat) -> bool {
         fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|d| {
@@ -386,7 +386,7 @@ impl Entry<'_, '_> {
         })
     }
 
-    /// With [`TreeOptions::link`]: a hardlink to the source, or a symbolic
+    /// With [`TreeOptions::link`](super::TreeOptions::link): a hardlink to the source, or a symbolic
     /// link naming it, in place of a copy.
     fn link_to_source(&self, kind: super::LinkKind) -> Result<(), Error> {
         match kind {

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::run::Tuner;
+use crate::run::{Threads, Tuner};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use rustix::fs::{Dir, FileType};
@@ -85,21 +85,6 @@ enum Job<D: Driver> {
     },
     /// Read and hand out the next batch of entries.
     Read(Arc<D::Dir>),
-}
-
-/// How many of a pool's workers take jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Threads {
-    /// This many, throughout.
-    Fixed(usize),
-    /// `low` or `high`, whichever hands more entries per second to the
-    /// driver, tried in turns while the walk runs ([`Tuner`]).
-    Adaptive {
-        /// The fewer workers.
-        low: usize,
-        /// The more workers (also the number of threads started).
-        high: usize,
-    },
 }
 
 /// The scheduler around one driver.
