@@ -12,7 +12,7 @@ use cowlink::dedupe::{self, DedupeOptions, Plan};
 use cowlink::{Progress, Run};
 use serde::Serialize;
 
-use crate::out::errln;
+use crate::out::{count, errln};
 use crate::{human_bytes, human_duration, Exit};
 
 /// Reclaim the space of identical files: make them share blocks.
@@ -177,8 +177,10 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         errln!("cowlink: {e}");
     }
     let mut skipped = format!(
-        "skipped: {} already shared, {} hard links, {} inline (not shareable)",
-        plan.files_already_shared, plan.hardlinks_skipped, plan.inline_skipped
+        "skipped: {} already shared, {}, {} inline (not shareable)",
+        plan.files_already_shared,
+        count(plan.hardlinks_skipped, "hard link", "hard links"),
+        plan.inline_skipped
     );
     if plan.not_permitted > 0 {
         skipped += &format!(
@@ -189,10 +191,14 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     match &report {
         None => writeln!(
             out,
-            "dry run: {} files scanned, {} duplicate groups, {} targets, {} expected back, {} hashed; {}; {}",
-            plan.files_scanned,
-            plan.groups.len(),
-            plan.targets(),
+            "dry run: {} scanned, {}, {}, {} expected back, {} hashed; {}; {}",
+            count(plan.files_scanned, "file", "files"),
+            count(
+                plan.groups.len() as u64,
+                "duplicate group",
+                "duplicate groups"
+            ),
+            count(plan.targets(), "target", "targets"),
             human_bytes(plan.reclaimable()),
             human_bytes(plan.bytes_hashed),
             skipped,
@@ -210,11 +216,11 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             }
             writeln!(
                 out,
-                "{} files scanned, {} duplicate groups, {} hashed; {} files deduplicated, {} reclaimed ({}); {}, {} changed, {} errors; {}",
-                plan.files_scanned,
-                plan.groups.len(),
+                "{} scanned, {}, {} hashed; {} deduplicated, {} reclaimed ({}); {}, {} changed, {}; {}",
+                count(plan.files_scanned, "file", "files"),
+                count(plan.groups.len() as u64, "duplicate group", "duplicate groups"),
                 human_bytes(plan.bytes_hashed),
-                r.targets_deduped,
+                count(r.targets_deduped, "file", "files"),
                 human_bytes(r.bytes_reclaimed),
                 match r.measured {
                     true => "measured",
@@ -222,14 +228,18 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 },
                 skipped,
                 r.changed.len(),
-                r.errors.len() + plan.errors.len(),
+                count((r.errors.len() + plan.errors.len()) as u64, "error", "errors"),
                 human_duration(start.elapsed())
             )?;
             if r.regrouped > 0 {
                 writeln!(
                     out,
-                    "{} files matched their group's first and last 4 KiB but not every byte; they were hashed whole and grouped again",
-                    r.regrouped
+                    "{} their group's first and last 4 KiB but not every byte; {} hashed whole and grouped again",
+                    match r.regrouped {
+                        1 => "1 file matched".to_string(),
+                        n => format!("{n} files matched"),
+                    },
+                    if r.regrouped == 1 { "it was" } else { "they were" }
                 )?;
             }
         }

@@ -54,6 +54,12 @@ pub fn json(out: &mut impl Write, v: &impl serde::Serialize) -> io::Result<()> {
     writeln!(out)
 }
 
+/// `n` and its noun, singular for one: `count(1, "file", "files")` is
+/// "1 file", `count(0, ...)` "0 files". Every summary line counts with it.
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// `println!` that never panics on a closed stdout.
 macro_rules! outln {
     ($($t:tt)*) => {{
@@ -129,4 +135,16 @@ static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// that fail with EBADF, so a writer that must fail asks this.
 pub fn stdout_closed() -> bool {
     STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(count(1, "file", "files"), "1 file");
+        assert_eq!(count(0, "file", "files"), "0 files");
+        assert_eq!(count(2, "directory", "directories"), "2 directories");
+    }
 }

@@ -131,7 +131,11 @@ pub fn requests_line(r: &RequestCounts) -> String {
     .collect();
     match parts.is_empty() {
         true => "0 requests".to_string(),
-        false => format!("{} requests ({})", r.total(), parts.join(", ")),
+        false => format!(
+            "{} ({})",
+            crate::out::count(r.total(), "request", "requests"),
+            parts.join(", ")
+        ),
     }
 }
 
@@ -169,13 +173,13 @@ pub fn push(
     } else {
         writeln!(
             out,
-            "pushed {} manifests to {} ({} already there): {} of {} objects uploaded ({}), \
+            "pushed {} to {} ({} already there): {} of {} uploaded ({}), \
              {} already there; {} in {}",
-            r.manifests_uploaded,
+            crate::out::count(r.manifests_uploaded, "manifest", "manifests"),
             remote.url(),
             r.manifests_present,
             r.objects_uploaded,
-            r.objects,
+            crate::out::count(r.objects, "object", "objects"),
             human_bytes(r.bytes_uploaded),
             r.objects_present,
             requests_line(&r.requests),
@@ -215,13 +219,13 @@ pub fn pull(
     }
     let r = r?;
     let line = format!(
-        "pulled {} manifests from {} ({} already here): {} of {} objects downloaded ({}), \
+        "pulled {} from {} ({} already here): {} of {} downloaded ({}), \
          {} already here; {} in {}",
-        r.manifests,
+        crate::out::count(r.manifests, "manifest", "manifests"),
         remote.url(),
         r.manifests_local,
         r.objects_downloaded,
-        r.objects,
+        crate::out::count(r.objects, "object", "objects"),
         human_bytes(r.bytes_downloaded),
         r.objects_present,
         requests_line(&r.requests),
@@ -287,12 +291,12 @@ pub fn remote(remote_args: &RemoteArgs, command: RemoteCommand, json: bool) -> R
             } else {
                 writeln!(
                     out,
-                    "kept {} manifests and {} objects; removed {} manifests, {} objects ({}), \
+                    "kept {} and {}; removed {}, {} ({}), \
                      {} markers of dead pushes; protected {} pushes in progress; {} in {}",
-                    r.manifests_kept,
-                    r.objects_kept,
-                    r.manifests_removed,
-                    r.objects_removed,
+                    crate::out::count(r.manifests_kept, "manifest", "manifests"),
+                    crate::out::count(r.objects_kept, "object", "objects"),
+                    crate::out::count(r.manifests_removed, "manifest", "manifests"),
+                    crate::out::count(r.objects_removed, "object", "objects"),
                     human_bytes(r.bytes_removed),
                     r.markers_removed,
                     r.pushes_protected,

@@ -13,7 +13,7 @@ use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, 
 use cowlink::{Progress, Run};
 use serde::Serialize;
 
-use crate::out::errln;
+use crate::out::{count, errln};
 use crate::{human_bytes, human_duration, Exit};
 
 /// Keep each file once and clone it into many places.
@@ -309,14 +309,14 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             } else {
                 writeln!(out, "{}", r.digest)?;
                 errln!(
-                    "stored {} files ({}; {} new objects, {} cloned, {} copied), {} directories, {} symbolic links in {}",
-                    r.files,
+                    "stored {} ({}; {}, {} cloned, {} copied), {}, {} in {}",
+                    count(r.files, "file", "files"),
                     human_bytes(r.bytes),
-                    r.new_objects,
+                    count(r.new_objects, "new object", "new objects"),
                     r.cloned,
                     r.files - r.cloned,
-                    r.dirs,
-                    r.symlinks,
+                    count(r.dirs, "directory", "directories"),
+                    count(r.symlinks, "symbolic link", "symbolic links"),
                     human_duration(start.elapsed())
                 );
             }
@@ -396,8 +396,11 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             }
             if r.cancelled {
                 return interrupted(&format!(
-                    "{} files were placed whole in {}, the rest were not started",
-                    r.files,
+                    "{} placed whole in {}, the rest were not started",
+                    match r.files {
+                        1 => "1 file was".to_string(),
+                        n => format!("{n} files were"),
+                    },
                     quoted(&dest)
                 ));
             }
@@ -406,16 +409,31 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             } else {
                 writeln!(
                     out,
-                    "checked out {} files ({}): {} cloned, {} copied, {} hardlinked; {} directories, {} symbolic links{}{} in {}",
-                    r.files,
+                    "checked out {} ({}): {} cloned, {} copied, {} hardlinked; {}, {}{}{} in {}",
+                    count(r.files, "file", "files"),
                     human_bytes(r.bytes),
                     r.cloned,
                     r.copied,
                     r.hardlinked,
-                    r.dirs,
-                    r.symlinks,
-                    if r.generations_created > 0 { format!("; {} new object generations (reference limit)", r.generations_created) } else { String::new() },
-                    if r.errors.is_empty() { String::new() } else { format!("; {} errors", r.errors.len()) },
+                    count(r.dirs, "directory", "directories"),
+                    count(r.symlinks, "symbolic link", "symbolic links"),
+                    if r.generations_created > 0 {
+                        format!(
+                            "; {} (reference limit)",
+                            count(
+                                r.generations_created,
+                                "new object generation",
+                                "new object generations"
+                            )
+                        )
+                    } else {
+                        String::new()
+                    },
+                    if r.errors.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {}", count(r.errors.len() as u64, "error", "errors"))
+                    },
                     human_duration(start.elapsed())
                 )?;
             }
@@ -501,10 +519,10 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 }
                 writeln!(
                     out,
-                    "checked {} objects ({}) and {} manifests in {}: {}",
-                    r.objects,
+                    "checked {} ({}) and {} in {}: {}",
+                    count(r.objects, "object", "objects"),
                     human_bytes(r.bytes),
-                    r.manifests,
+                    count(r.manifests, "manifest", "manifests"),
                     human_duration(start.elapsed()),
                     if r.is_clean() {
                         "all good".to_string()
@@ -523,10 +541,10 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             } else {
                 writeln!(
                     out,
-                    "kept {} manifests; removed {} manifests, {} objects ({}), {} leftover temporaries",
-                    r.manifests_kept,
-                    r.manifests_removed,
-                    r.objects_removed,
+                    "kept {}; removed {}, {} ({}), {} leftover temporaries",
+                    count(r.manifests_kept, "manifest", "manifests"),
+                    count(r.manifests_removed, "manifest", "manifests"),
+                    count(r.objects_removed, "object", "objects"),
                     human_bytes(r.bytes_removed),
                     r.temporaries_removed
                 )?;
@@ -560,9 +578,9 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 writeln!(out, "allocated:    {}", human_bytes(s.allocated_bytes))?;
                 writeln!(
                     out,
-                    "manifests:    {} listing {} files ({})",
+                    "manifests:    {} listing {} ({})",
                     s.manifests,
-                    s.manifest_files,
+                    count(s.manifest_files, "file", "files"),
                     human_bytes(s.manifest_bytes)
                 )?;
                 writeln!(

@@ -271,9 +271,7 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
         "{s}"
     );
     assert!(
-        s.contains(
-            "dry run: 3 files scanned, 1 duplicate groups, 2 targets, 2.0 MiB expected back"
-        ),
+        s.contains("dry run: 3 files scanned, 1 duplicate group, 2 targets, 2.0 MiB expected back"),
         "{s}"
     );
     let l = cowlink::extents::extents(&files[1]).unwrap();
@@ -311,7 +309,7 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     let out = cowlink(&[&"dedupe", &"--measure", &m]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let s = text(&out.stdout);
-    assert!(s.contains("1 files deduplicated, "), "{s}");
+    assert!(s.contains("1 file deduplicated, "), "{s}");
     assert!(s.contains(" reclaimed (measured); "), "{s}");
     let out = cowlink(&[&"dedupe", &"--measure", &"--dry-run", &m]);
     assert_eq!(out.status.code(), Some(2), "a dry run measures nothing");
@@ -439,7 +437,7 @@ fn unprivileged_dedupe_changes_only_its_own_files_and_claims_only_what_it_freed(
         !se.contains("reflink=1") && !se.contains("cannot deduplicate"),
         "{se}"
     );
-    assert!(so.contains("1 duplicate groups, 1 targets"), "{so}");
+    assert!(so.contains("1 duplicate group, 1 target,"), "{so}");
     assert!(so.contains("1 not yours to change"), "{so}");
 
     let out = as_nobody(&[&"dedupe", &"--json", &top]);

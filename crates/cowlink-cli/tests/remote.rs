@@ -157,7 +157,7 @@ fn a_real_tree_round_trips_through_the_server_and_checks_out_as_clones_on_xfs() 
     let o = run(&s3, "rt", &st2, &[&"checkout", &m, &dst]);
     ok(&o);
     assert!(
-        text(&o.stderr).contains("pulled 1 manifests"),
+        text(&o.stderr).contains("pulled 1 manifest from"),
         "{}",
         text(&o.stderr)
     );

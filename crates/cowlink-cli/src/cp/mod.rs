@@ -708,22 +708,22 @@ impl Reporter {
 fn summary_line(s: &Summary) -> String {
     let verb = if s.dry_run { "would copy" } else { "copied" };
     let mut line = format!(
-        "{verb} {} files, {} dirs, {} ({} cloned, {} copied)",
-        s.files,
-        s.dirs,
+        "{verb} {}, {}, {} ({} cloned, {} copied)",
+        crate::out::count(s.files, "file", "files"),
+        crate::out::count(s.dirs, "dir", "dirs"),
         human_bytes(s.bytes),
         s.cloned,
         s.copied
     );
-    for (n, what) in [
-        (s.symlinks, "symlinks"),
-        (s.hardlinks, "hardlinks"),
-        (s.specials, "special files"),
-        (s.skipped, "skipped"),
-        (s.failed, "failed"),
+    for (n, one, many) in [
+        (s.symlinks, "symlink", "symlinks"),
+        (s.hardlinks, "hardlink", "hardlinks"),
+        (s.specials, "special file", "special files"),
+        (s.skipped, "skipped", "skipped"),
+        (s.failed, "failed", "failed"),
     ] {
         if n > 0 {
-            line.push_str(&format!(", {n} {what}"));
+            line.push_str(&format!(", {}", crate::out::count(n, one, many)));
         }
     }
     line.push_str(&format!(" in {}", human_duration(s.elapsed)));
