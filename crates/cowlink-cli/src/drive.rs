@@ -34,6 +34,8 @@ use crate::{human_bytes, Exit};
 /// where systemd runs (`/etc/systemd/system/cowlink-drive-*.service`,
 /// enabled for local-fs.target), else an /etc/fstab line (`loop,noatime,
 /// nofail`; mount(8) cannot ask for direct I/O, `drive status` says so).
+/// `drive mount IMAGE DIR --persist` writes a drive's entry again, e.g.
+/// when `drive status` says its unit is from an older cowlink.
 ///
 /// State: one record per drive in /var/lib/cowlink/drives. For tests and
 /// packaging, COWLINK_DRIVE_STATE_DIR, COWLINK_SYSTEMD_UNIT_DIR and
@@ -88,6 +90,11 @@ enum DriveCommand {
         /// Refuse unless the image holds this filesystem
         #[arg(long, value_enum)]
         fs: Option<DriveFs>,
+        /// Also write its boot entry, as `create --persist` does, replacing
+        /// the one written before for this drive (e.g. by an older cowlink;
+        /// without HOW, of the kind already there)
+        #[arg(long, value_enum, value_name = "HOW", num_args = 0..=1, default_missing_value = "auto")]
+        persist: Option<PersistWith>,
     },
     /// Unmount a drive (its loop device detaches with it); names the
     /// processes holding files open on it when it is busy
@@ -255,9 +262,14 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
             }
             Ok(Exit::Ok)
         }
-        DriveCommand::Mount { image, dir, fs } => {
+        DriveCommand::Mount {
+            image,
+            dir,
+            fs,
+            persist,
+        } => {
             need_root("cowlink drive mount")?;
-            let (change, d) = drive::mount(&image, &dir, fs, &places)?;
+            let (change, mut d) = drive::mount(&image, &dir, fs, &places)?;
             let lp = d.loop_device.as_ref();
             match change {
                 Change::Done => outln!(
@@ -274,6 +286,11 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
                     quoted(&d.mount_point),
                     lp.map(|l| dio_words(l.direct_io)).unwrap_or_default()
                 ),
+            }
+            if let Some(with) = persist {
+                let p = drive::persist(&d.image, &d.mount_point, with, &places)?;
+                outln!("boot entry written: {}", quoted(&p.file));
+                d = drive::status(&d.mount_point, &places)?;
             }
             warn(&d);
             Ok(Exit::Ok)

@@ -605,6 +605,71 @@ fn persist_writes_the_boot_entry_and_remove_takes_it_away() {
 }
 
 #[test]
+fn an_old_boot_unit_is_flagged_and_mount_persist_writes_it_again() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let fstab = w.p("etc/fstab");
+    fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
+    let (img, mnt) = (w.p("a.img"), w.p("a"));
+    ok(&w.drive(&[
+        &"create",
+        &img,
+        &"--size",
+        &"1G",
+        &"--mount",
+        &mnt,
+        &"--persist=systemd",
+    ]));
+    let warnings = |w: &World| w.status(&mnt)["warnings"].to_string();
+    assert!(!warnings(&w).contains("boot unit"), "{}", warnings(&w));
+    let units = w.p("etc/units");
+    let name = names(&units)
+        .into_iter()
+        .find(|n| n.ends_with(".service"))
+        .unwrap();
+    let unit = units.join(&name);
+    let current = fs::read_to_string(&unit).unwrap();
+    // The unit as versions before 2026-11-24 wrote it.
+    let old = current.replace("After=local-fs-pre.target\n", "");
+    assert_ne!(old, current);
+    fs::write(&unit, &old).unwrap();
+    assert!(
+        warnings(&w).contains("was written by an older cowlink"),
+        "{}",
+        warnings(&w)
+    );
+
+    // Mounted already: --persist only writes the unit again.
+    let out = ok(&w.drive(&[&"mount", &img, &mnt, &"--persist"]));
+    assert!(out.contains("boot entry written"), "{out}");
+    assert_eq!(fs::read_to_string(&unit).unwrap(), current);
+    assert!(!warnings(&w).contains("boot unit"), "{}", warnings(&w));
+
+    // Another kind replaces the first: one entry, never none, never two.
+    ok(&w.drive(&[&"mount", &img, &mnt, &"--persist=fstab"]));
+    assert!(!unit.exists());
+    let wants = units.join("local-fs.target.wants").join(&name);
+    assert!(fs::symlink_metadata(&wants).is_err());
+    let tab = fs::read_to_string(&fstab).unwrap();
+    assert_eq!(tab.matches(" loop,noatime,nofail ").count(), 1, "{tab}");
+    ok(&w.drive(&[&"mount", &img, &mnt, &"--persist=fstab"]));
+    let again = fs::read_to_string(&fstab).unwrap();
+    assert_eq!(again, tab, "written again, not added twice");
+    ok(&w.drive(&[&"mount", &img, &mnt, &"--persist=systemd"]));
+    assert_eq!(fs::read_to_string(&unit).unwrap(), current);
+    assert_eq!(fs::read_link(&wants).unwrap(), unit, "enabled");
+    assert_eq!(
+        fs::read_to_string(&fstab).unwrap(),
+        "UUID=x / ext4 defaults 0 1\n"
+    );
+
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+    assert!(!unit.exists());
+}
+
+#[test]
 fn remove_and_unmount_are_refused_while_a_process_holds_a_file_on_the_drive() {
     let Some(d) = testfs!(Ext4) else { return };
     let w = World::new(d);

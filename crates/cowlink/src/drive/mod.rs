@@ -624,6 +624,19 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
         }
     }
     d.warnings = warnings(&d);
+    if let (Some(PersistKind::Systemd), Some(file)) = (d.persist, &d.persist_file) {
+        let stale = fs::read_to_string(file)
+            .is_ok_and(|t| persist::unit_is_stale(&t, &r.image, &r.mount, r.fs));
+        if stale {
+            d.warnings.push(format!(
+                "its boot unit {} was written by an older cowlink and may fail at boot \
+                 (`sudo cowlink drive mount {} {} --persist` writes it again)",
+                quoted(file),
+                quoted(&r.image),
+                quoted(&r.mount)
+            ));
+        }
+    }
     d
 }
 
@@ -750,6 +763,47 @@ pub fn mount(
     attached.keep();
     undo.done();
     Ok((Change::Done, info(&record, places)))
+}
+
+/// Write (or write again) the boot entry of the drive `image`, mounted or
+/// recorded on `mount_point`: the systemd unit or fstab line that
+/// [`create`] writes with `--persist`, replacing the one written before
+/// for this drive, of either kind (a unit from an older version, or an
+/// fstab line where a unit is now wanted). [`PersistWith::Auto`] keeps
+/// the kind already written, if any. Returns what was written.
+///
+/// # Errors
+/// Not root; `image` holding no drive's filesystem; the files not
+/// writable.
+pub fn persist(
+    image: &Path,
+    mount_point: &Path,
+    with: PersistWith,
+    places: &Places,
+) -> Result<PersistPlan, Error> {
+    let op = Operation::DriveMount;
+    let image = absolute(op, image)?;
+    let mount = absolute(op, mount_point)?;
+    require_root(op, &image)?;
+    let fs_ = match device::detect(&image) {
+        Ok(Some((fs_, _))) => fs_,
+        Ok(None) => {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason("it holds neither an XFS nor a Btrfs filesystem"))
+        }
+        Err(e) => return Err(Error::from_io(op, &e).with_src(&image)),
+    };
+    // Asked for no kind in particular: keep the kind already there.
+    let with = match (with, persist::find(places, &image, &mount)) {
+        (PersistWith::Auto, Some((PersistKind::Systemd, _))) => PersistWith::Systemd,
+        (PersistWith::Auto, Some((PersistKind::Fstab, _))) => PersistWith::Fstab,
+        (w, _) => w,
+    };
+    let plan = persist::plan(with, places, &image, &mount, fs_);
+    persist::rewrite(&plan, places, &image, &mount)
+        .map_err(|e| Error::from_io(op, &e).with_src(&plan.file))?;
+    Ok(plan)
 }
 
 /// Unmount the drive mounted on `mount_point`; its loop device detaches

@@ -155,7 +155,8 @@ pub(crate) fn unit_text(program: &Path, image: &Path, mount: &Path, fs: DriveFs)
     }
     let describe = format!("cowlink drive {img} on {dir}").replace('%', "%%");
     format!(
-        "# Written by `cowlink drive create --persist`; removed by `cowlink drive remove`.\n\
+        "# Written by `cowlink drive create --persist` or `drive mount --persist`;\n\
+         # removed by `cowlink drive remove`.\n\
          # Mounts the image {img} ({fs}) on {dir} with options noatime,\n\
          # through a loop device with direct I/O.\n\
          [Unit]\n\
@@ -302,6 +303,78 @@ pub(crate) fn apply(plan: &PersistPlan, places: &Places) -> io::Result<()> {
     }
 }
 
+/// Write the boot entry of `plan` for `image` on `mount`, replacing the
+/// one cowlink wrote before for them, of either kind: a unit is
+/// overwritten in one rename, an fstab entry replaced in one rewrite of
+/// the file, and the entry of the other kind (if any) removed only after
+/// the new one is in place, so the drive always has a boot entry.
+pub(crate) fn rewrite(
+    plan: &PersistPlan,
+    places: &Places,
+    image: &Path,
+    mount: &Path,
+) -> io::Result<()> {
+    match plan.kind {
+        PersistKind::Systemd => {
+            apply(plan, places)?;
+            remove_fstab_entry(places, image)
+        }
+        PersistKind::Fstab => {
+            use std::os::unix::fs::PermissionsExt;
+            let (old, mode) = match fs::read_to_string(&plan.file) {
+                Ok(t) => (t, fs::metadata(&plan.file)?.permissions().mode() & 0o7777),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), 0o644),
+                Err(e) => return Err(e),
+            };
+            let kept = without_fstab_entry(&old, image);
+            let sep = if kept.is_empty() || kept.ends_with('\n') {
+                ""
+            } else {
+                "\n"
+            };
+            write_atomic(&plan.file, &format!("{kept}{sep}{}", plan.text), mode)?;
+            remove_unit(places, mount)
+        }
+    }
+}
+
+/// Whether the unit `text` differs from the one this version writes for
+/// `image` on `mount`, comments and the program it runs aside (a unit written by an
+/// older cowlink: before 2026-11-24 units lacked `After=local-fs-pre.target`
+/// and failed at boot on a root mounted read-only until then).
+pub(crate) fn unit_is_stale(text: &str, image: &Path, mount: &Path, fs: DriveFs) -> bool {
+    // `ExecStart=PROGRAM drive mount ...` → `ExecStart= drive mount ...`;
+    // PROGRAM is one word, quoted by `unit_word` if it needs to be.
+    let without_program = |l: &str| -> String {
+        let Some((key, rest)) = l.split_once('=') else {
+            return l.to_owned();
+        };
+        if key != "ExecStart" && key != "ExecStop" {
+            return l.to_owned();
+        }
+        let after = match rest.strip_prefix('"') {
+            Some(q) => {
+                let mut escaped = false;
+                let end = q.char_indices().find(|&(_, c)| {
+                    let close = c == '"' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    close
+                });
+                end.map_or("", |(i, _)| &q[i + 1..])
+            }
+            None => rest.find(' ').map_or("", |i| &rest[i..]),
+        };
+        format!("{key}={after}")
+    };
+    let body = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(without_program)
+            .collect()
+    };
+    body(text) != body(&unit_text(Path::new("cowlink"), image, mount, fs))
+}
+
 /// Tell a running systemd to read the units again (best effort).
 fn reload(places: &Places) {
     if places.systemd {
@@ -314,16 +387,30 @@ fn reload(places: &Places) {
 /// Remove what [`apply`] wrote for `image` on `mount`, whichever kind it
 /// was; a missing file or line is not an error.
 pub(crate) fn remove(places: &Places, image: &Path, mount: &Path) -> io::Result<()> {
+    remove_unit(places, mount)?;
+    remove_fstab_entry(places, image)
+}
+
+/// Remove the unit for `mount` and its `wants` link, if there.
+fn remove_unit(places: &Places, mount: &Path) -> io::Result<()> {
     let name = unit_name(mount);
     let gone = |r: io::Result<()>| match r {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     };
-    gone(fs::remove_file(
-        places.unit_dir.join("local-fs.target.wants").join(&name),
-    ))?;
-    gone(fs::remove_file(places.unit_dir.join(&name)))?;
-    reload(places);
+    let wants = places.unit_dir.join("local-fs.target.wants").join(&name);
+    let unit = places.unit_dir.join(&name);
+    let had = unit.exists() || wants.symlink_metadata().is_ok();
+    gone(fs::remove_file(wants))?;
+    gone(fs::remove_file(unit))?;
+    if had {
+        reload(places);
+    }
+    Ok(())
+}
+
+/// Remove cowlink's fstab entry for `image`, if there.
+fn remove_fstab_entry(places: &Places, image: &Path) -> io::Result<()> {
     let text = match fs::read_to_string(&places.fstab) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -404,5 +491,20 @@ mod tests {
     fn unit_words_are_quoted_for_systemd() {
         assert_eq!(unit_word("/a b/100%"), "\"/a b/100%%\"");
         assert_eq!(unit_word("x\"$y"), "\"x\\\"$$y\"");
+    }
+
+    #[test]
+    fn a_unit_is_stale_when_it_differs_but_for_comments_and_the_program() {
+        let (img, dir) = (Path::new("/var/dev.img"), Path::new("/srv/dev"));
+        let now = unit_text(Path::new("/usr/local/bin/cowlink"), img, dir, DriveFs::Xfs);
+        assert!(!unit_is_stale(&now, img, dir, DriveFs::Xfs));
+        let moved = unit_text(Path::new("/opt/my tools/cowlink"), img, dir, DriveFs::Xfs);
+        assert!(moved.contains("ExecStart=\"/opt/my tools/cowlink\" drive mount"));
+        assert!(!unit_is_stale(&moved, img, dir, DriveFs::Xfs));
+        let commented = now.replace("# Written by", "# Once written by");
+        assert!(!unit_is_stale(&commented, img, dir, DriveFs::Xfs));
+        let old = now.replace("After=local-fs-pre.target\n", "");
+        assert!(unit_is_stale(&old, img, dir, DriveFs::Xfs));
+        assert!(unit_is_stale(&now, img, dir, DriveFs::Btrfs));
     }
 }
