@@ -699,15 +699,7 @@ pub fn mount(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
-    let (fs_, sector) = match device::detect(&image) {
-        Ok(Some(found)) => found,
-        Ok(None) => {
-            return Err(Error::new(op, ErrorKind::InvalidInput)
-                .with_src(&image)
-                .with_reason("it holds neither an XFS nor a Btrfs filesystem"))
-        }
-        Err(e) => return Err(Error::from_io(op, &e).with_src(&image)),
-    };
+    let (fs_, sector) = detect(op, &image)?;
     if let Some(asked) = fs_asked.filter(|a| *a != fs_) {
         return Err(Error::new(op, ErrorKind::InvalidInput)
             .with_src(&image)
@@ -765,6 +757,18 @@ pub fn mount(
     Ok((Change::Done, info(&record, places)))
 }
 
+/// The filesystem in `image` and its sector size; neither XFS nor Btrfs
+/// is `InvalidInput`.
+fn detect(op: Operation, image: &Path) -> Result<(DriveFs, u32), Error> {
+    match device::detect(image) {
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(image)
+            .with_reason("it holds neither an XFS nor a Btrfs filesystem")),
+        Err(e) => Err(Error::from_io(op, &e).with_src(image)),
+    }
+}
+
 /// Write (or write again) the boot entry of the drive `image`, mounted or
 /// recorded on `mount_point`: the systemd unit or fstab line that
 /// [`create`] writes with `--persist`, replacing the one written before
@@ -785,15 +789,7 @@ pub fn persist(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
-    let fs_ = match device::detect(&image) {
-        Ok(Some((fs_, _))) => fs_,
-        Ok(None) => {
-            return Err(Error::new(op, ErrorKind::InvalidInput)
-                .with_src(&image)
-                .with_reason("it holds neither an XFS nor a Btrfs filesystem"))
-        }
-        Err(e) => return Err(Error::from_io(op, &e).with_src(&image)),
-    };
+    let (fs_, _) = detect(op, &image)?;
     // Asked for no kind in particular: keep the kind already there.
     let with = match (with, persist::find(places, &image, &mount)) {
         (PersistWith::Auto, Some((PersistKind::Systemd, _))) => PersistWith::Systemd,
