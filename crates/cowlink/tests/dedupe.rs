@@ -377,8 +377,16 @@ fn btrfs_inline_files_are_reported_not_claimed() {
         .extents
         .iter()
         .any(|x| x.is_inline()));
+    // Inline files are counted apart from the candidates: a second name
+    // of one is a hard link, and one of a size no other file has is not
+    // counted as a shareless duplicate.
+    fs::hard_link(&small[0], dir.join("x/link")).unwrap();
+    write_file(&dir.join("x/lone"), &data(77, 33));
     let p = plan_of(&[dir]);
     assert_eq!(p.inline_skipped, 5, "{p:?}");
+    assert_eq!(p.hardlinks_skipped, 1, "{p:?}");
+    assert_eq!(p.files_scanned, 5 + 1 + 1 + 3 + 3, "{p:?}");
+    assert_eq!(p.candidates, 5 + 1 + 3 + 3, "{p:?}");
     let sizes: Vec<(u64, usize)> = p.groups.iter().map(|g| (g.size, g.targets.len())).collect();
     assert_eq!(sizes, [(65536, 2), (3000, 2)], "{p:?}");
     let r = execute(&p, &DedupeOptions::default());

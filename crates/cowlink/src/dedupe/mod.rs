@@ -241,6 +241,18 @@ struct Collect {
     /// Btrfs tree search on its directory (Btrfs, until a search is
     /// refused).
     searchable: RwLock<HashMap<u64, bool>>,
+    /// Inline files, kept apart from `files` without their names.
+    inline: Mutex<SetAside>,
+    /// Regular files below `min_size`: counted as scanned, nothing more.
+    below_min: AtomicU64,
+}
+
+/// The inline files the walk met, and per device the shortest of their
+/// names (the one a device with nothing but inline files is probed by).
+#[derive(Default)]
+struct SetAside {
+    files: Vec<stages::Inline>,
+    shortest: HashMap<u64, PathBuf>,
 }
 
 impl Collect {
@@ -259,6 +271,10 @@ impl Collect {
             return;
         }
         let size = st.st_size as u64;
+        if size < self.min_size.max(1) {
+            self.below_min.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         // What the kernel asks of a dedupe target: root, the owner, or
         // write permission (checked only when the first two fail).
         let euid = self.euid;
@@ -271,29 +287,45 @@ impl Collect {
             ino: st.st_ino,
             size,
             shared_runs: None,
-            exclusive: 0,
+            // Until the layout is read.
+            exclusive: st.st_blocks as u64 * 512,
             inline: false,
             small_hash: None,
             mapped: false,
             may_change,
         };
-        if size >= self.min_size.max(1) {
-            c.exclusive = st.st_blocks as u64 * 512; // until the layout is read
-            if size <= 2 * EDGE {
-                // Small files are read now, while their directory is open
-                // (no path to walk again), in the walk's threads. Inline
-                // ones (Btrfs) need not be opened at all.
-                if self.inline_by_search(e.dirfd, st.st_dev, st.st_ino) == Some(true) {
-                    c.inline = true;
-                    c.mapped = true;
-                } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
-                    read_layout(fd.as_fd(), &mut c);
-                }
+        if size <= 2 * EDGE {
+            // Small files are read now, while their directory is open
+            // (no path to walk again), in the walk's threads. Inline
+            // ones (Btrfs) need not be opened at all.
+            if self.inline_by_search(e.dirfd, st.st_dev, st.st_ino) == Some(true) {
+                c.inline = true;
+            } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
+                read_layout(fd.as_fd(), &mut c);
             }
-        } else {
-            c.size = 0; // below min_size: counted as scanned, not a candidate
+            if c.inline {
+                return self.set_aside(c);
+            }
         }
         lock(&self.files).push(c);
+    }
+
+    /// Keep an inline file apart, without its name (unless it is its
+    /// device's shortest yet).
+    fn set_aside(&self, c: Cand) {
+        let mut aside = lock(&self.inline);
+        aside.files.push(stages::Inline {
+            dev: c.dev,
+            ino: c.ino,
+            size: c.size,
+        });
+        match aside.shortest.get_mut(&c.dev) {
+            Some(p) if p.as_os_str().len() <= c.path.as_os_str().len() => {}
+            Some(p) => *p = c.path,
+            None => {
+                aside.shortest.insert(c.dev, c.path);
+            }
+        }
     }
 
     /// Whether file `ino`'s data is inline in Btrfs metadata, from one tree
@@ -523,29 +555,34 @@ fn find<P: AsRef<Path>>(
         return Err(cancelled());
     }
     let files = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
+    let SetAside {
+        files: mut inline,
+        shortest: inline_names,
+    } = c.inline.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut errors = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
-    if files.is_empty() && !errors.is_empty() && errors.len() >= roots.len() {
+    let files_scanned = (files.len() + inline.len()) as u64 + c.below_min.into_inner();
+    if files_scanned == 0 && !errors.is_empty() && errors.len() >= roots.len() {
         // Nothing could be walked: the (first) path's own error.
         return Err(errors.swap_remove(0));
     }
     let mut plan = Plan {
-        files_scanned: files.len() as u64,
+        files_scanned,
         ..Default::default()
     };
 
     // One inode is one file: keep the name that sorts first.
-    let (files, hardlinks) =
-        stages::one_per_inode(files.into_iter().filter(|c| c.size > 0).collect());
+    let (files, hardlinks) = stages::one_per_inode(files);
     plan.hardlinks_skipped = hardlinks;
 
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
     // PATH_MAX, which the probe needs).
     let mut shortest: HashMap<u64, &Path> = HashMap::new();
-    for c in &files {
-        let p = shortest.entry(c.dev).or_insert(&c.path);
-        if c.path.as_os_str().len() < p.as_os_str().len() {
-            *p = &c.path;
+    let names = files.iter().map(|c| (c.dev, &c.path));
+    for (dev, path) in names.chain(inline_names.iter().map(|(d, p)| (*d, p))) {
+        let p = shortest.entry(dev).or_insert(path);
+        if path.as_os_str().len() < p.as_os_str().len() {
+            *p = path;
         }
     }
     let mut allowed: HashMap<u64, bool> = HashMap::new();
@@ -563,7 +600,10 @@ fn find<P: AsRef<Path>>(
     }
     let mut files = files;
     files.retain(|c| allowed[&c.dev]);
-    plan.candidates = files.len() as u64;
+    inline.retain(|i| allowed[&i.dev]);
+    let inline = stages::count_inline(inline, &files);
+    plan.hardlinks_skipped += inline.hardlinks;
+    plan.candidates = files.len() as u64 + inline.inodes;
     let mut size_groups = stages::by_size(files);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(run.threads_or(crate::run::cores))
@@ -586,7 +626,7 @@ fn find<P: AsRef<Path>>(
             })
     });
     // Inline data has no blocks to share: report, never claim.
-    plan.inline_skipped = stages::drop_inline(&mut size_groups);
+    plan.inline_skipped = inline.partnered + stages::drop_inline(&mut size_groups);
     let stages::Clusters {
         clusters,
         groups: cluster_groups,
