@@ -291,6 +291,7 @@ impl Collect {
             exclusive: st.st_blocks as u64 * 512,
             inline: false,
             small_hash: None,
+            edge_hash: None,
             mapped: false,
             may_change,
         };
@@ -693,8 +694,13 @@ fn find<P: AsRef<Path>>(
     };
     let to_hash: Vec<usize> = cluster_groups.iter().flatten().copied().collect();
     let edges = hash_reps(&to_hash, true, &|_, c| {
-        // Read whole during the walk: counted now.
-        c.small_hash.inspect(|_| count(c.size))
+        // Read whole during the walk, or the edges with the layout:
+        // counted now.
+        match (c.small_hash, c.edge_hash) {
+            (Some(h), _) => Some(h).inspect(|_| count(c.size)),
+            (None, Some(h)) => Some(h).inspect(|_| count(2 * EDGE)),
+            (None, None) => None,
+        }
     });
     let full: HashMap<usize, [u8; 32]> = match compare {
         // The kernel compares every byte: the edges make the groups.
@@ -768,21 +774,47 @@ fn open_read_at(dirfd: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedF
 }
 
 /// Read a candidate's layout (shared runs, exclusive bytes, inline) from
-/// its extents, and hash small files whole while they are open, so each is
-/// opened once for the whole plan. A failure only costs the shortcut.
+/// its extents, and, while the file is open, hash what the plan will need
+/// of it: a small file whole, a larger one not sharing all its blocks at
+/// its edges (a file that does may be skipped unread). So each small file
+/// is opened once for the whole plan, and each larger one once less. A
+/// failure only costs the shortcut.
 fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) {
     c.mapped = true;
     if let Ok(list) = extents_fd(fd, false) {
         c.exclusive = 0;
         layout_facts(&list, c);
     }
-    if c.size <= 2 * EDGE && !c.inline && c.shared_runs.is_none() {
+    if c.inline || c.shared_runs.is_some() {
+        return;
+    }
+    if c.size <= 2 * EDGE {
         if let Ok((h, n)) = crate::ground::hash::hash_fd(fd, c.size, &|_| {}) {
             if n == c.size {
                 c.small_hash = Some(h);
             }
         }
+    } else {
+        c.edge_hash = hash_edges(fd, c.size).ok().flatten();
     }
+}
+
+/// BLAKE3 of the first and last [`EDGE`] bytes of a file of `size` (more
+/// than both edges); `None` if it ends sooner.
+fn hash_edges(fd: BorrowedFd<'_>, size: u64) -> rustix::io::Result<Option<[u8; 32]>> {
+    let mut h = blake3::Hasher::new();
+    let mut buf = [0u8; EDGE as usize];
+    for off in [0, size - EDGE] {
+        let mut got = 0;
+        while got < buf.len() {
+            match rustix::io::pread(fd, &mut buf[got..], off + got as u64)? {
+                0 => return Ok(None),
+                n => got += n,
+            }
+        }
+        h.update(&buf);
+    }
+    Ok(Some(*h.finalize().as_bytes()))
 }
 
 /// BLAKE3 of the first and last [`EDGE`] bytes (`edges`, for files larger
@@ -791,21 +823,12 @@ fn hash_file(path: &Path, size: u64, edges: bool, count: &dyn Fn(u64)) -> Result
     let op = Operation::Dedupe;
     let err = |e: Errno| Error::from_errno(op, e).with_src(path);
     let fd = open_read(path).map_err(err)?;
-    let mut h = blake3::Hasher::new();
     if edges && size > 2 * EDGE {
-        let mut buf = [0u8; EDGE as usize];
-        for off in [0, size - EDGE] {
-            let mut got = 0;
-            while got < buf.len() {
-                match rustix::io::pread(&fd, &mut buf[got..], off + got as u64).map_err(err)? {
-                    0 => return Err(changed(path)),
-                    n => got += n,
-                }
-            }
-            h.update(&buf);
-        }
+        let h = hash_edges(fd.as_fd(), size)
+            .map_err(err)?
+            .ok_or_else(|| changed(path))?;
         count(2 * EDGE);
-        return Ok(*h.finalize().as_bytes());
+        return Ok(h);
     }
     let (hash, total) = crate::ground::hash::hash_fd(fd.as_fd(), size, count).map_err(err)?;
     if total != size {

@@ -25,6 +25,11 @@ pub(super) struct Cand {
     /// For files of at most two edges: the hash of all their bytes, taken
     /// while the file was open for its layout (one open per small file).
     pub small_hash: Option<[u8; 32]>,
+    /// For larger files not sharing all their blocks: the hash of their
+    /// two edges, taken while the file was open for its layout. Such a file
+    /// is a cluster of its own in a group of two or more, so its edges are
+    /// needed whatever the others hold.
+    pub edge_hash: Option<[u8; 32]>,
     /// The layout was read (during the walk, for small files).
     pub mapped: bool,
     /// The caller may make this file share another's blocks (root, its
