@@ -9,7 +9,11 @@
 //! links of one inode count once. Small files (at most the two 4 KiB
 //! edges) are opened once, during the walk, relative to their directory:
 //! their layout is read and their bytes hashed whole there, so their
-//! groups are final as soon as the walk ends. The plan lists, per group
+//! groups are final as soon as the walk ends. Inline ones (Btrfs) are
+//! only counted: no name kept, no candidate (most small files on Btrfs are
+//! inline, and their candidates were most of the plan's memory). A larger
+//! file is opened for its layout and, unless all its blocks are shared
+//! (then it may be skipped unread), its edges are hashed in that open. The plan lists, per group
 //! of identical files, the source (a member of the largest cluster, so
 //! the fewest files change), the targets, and the bytes expected back. It
 //! is plain data (serde), so it can be shown, saved, reviewed.
