@@ -79,13 +79,31 @@ pub(super) fn one_per_inode(mut files: Vec<Cand>) -> (Vec<Cand>, u64) {
     (files, dropped)
 }
 
-/// Groups of two or more files on the same device with the same size.
-pub(super) fn by_size(files: Vec<Cand>) -> Vec<Vec<Cand>> {
-    let mut by: HashMap<(u64, u64), Vec<Cand>> = HashMap::new();
-    for c in files {
-        by.entry((c.dev, c.size)).or_default().push(c);
+/// Groups of two or more files on the same device with the same size,
+/// each in inode order.
+///
+/// Grouped in place: sorted by device, size and inode (no scratch
+/// buffer), then each group split off the end into a vector of its own
+/// length while the list left shrinks as it empties. Moving every
+/// candidate into a map of growing vectors kept two copies of the list
+/// at the peak: 143 MB peak RSS for 223,547 files of a real /usr (and two
+/// more copies of its share/) on XFS, where every file is a candidate.
+pub(super) fn by_size(mut files: Vec<Cand>) -> Vec<Vec<Cand>> {
+    files.sort_unstable_by_key(|c| (c.dev, c.size, c.ino));
+    let mut groups = Vec::new();
+    while let Some(last) = files.last() {
+        let key = (last.dev, last.size);
+        let start = files.partition_point(|c| (c.dev, c.size) < key);
+        if files.len() - start > 1 {
+            groups.push(files.split_off(start));
+        } else {
+            files.truncate(start);
+        }
+        if files.capacity() > 2 * files.len() + 1024 {
+            files.shrink_to_fit();
+        }
     }
-    by.into_values().filter(|g| g.len() > 1).collect()
+    groups
 }
 
 /// Take out files whose data is inline (no blocks to share), then groups
@@ -363,6 +381,31 @@ mod tests {
         g[0].sort_by(|a, b| a.path.cmp(&b.path));
         assert_eq!(g[0][0].path, PathBuf::from("a"));
         assert_eq!(g[0][1].path, PathBuf::from("b"));
+    }
+
+    #[test]
+    fn size_groups_hold_every_partnered_file_once_in_inode_order() {
+        // Many sizes, singles among them, two devices, unsorted input:
+        // enough files for the list to shrink while groups are split off.
+        let mut files = Vec::new();
+        for i in 0..5000u64 {
+            let size = if i % 7 == 0 { 100_000 + i } else { i % 300 };
+            let dev = 1 + i % 2;
+            files.push(cand(&format!("f{i}"), dev, 10_000 - i, size));
+        }
+        let mut want: HashMap<(u64, u64), Vec<u64>> = HashMap::new();
+        for c in &files {
+            want.entry((c.dev, c.size)).or_default().push(c.ino);
+        }
+        want.retain(|_, inos| inos.len() > 1);
+        for inos in want.values_mut() {
+            inos.sort_unstable();
+        }
+        let got: HashMap<(u64, u64), Vec<u64>> = by_size(files)
+            .into_iter()
+            .map(|g| ((g[0].dev, g[0].size), g.iter().map(|c| c.ino).collect()))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
