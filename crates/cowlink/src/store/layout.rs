@@ -424,7 +424,7 @@ impl Store {
                     "the manifest's bytes do not match its digest (corrupt store: run verify)",
                 ));
         }
-        Manifest::from_bytes(&bytes, &digest.to_hex())
+        Manifest::from_vec(bytes, &digest.to_hex())
     }
 
     /// The manifests in the store, sorted.

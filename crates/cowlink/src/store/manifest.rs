@@ -301,6 +301,24 @@ impl Manifest {
     /// Parse and [validate](Self::validate) manifest bytes; `origin` names
     /// them in errors (a digest or a file name).
     pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Self> {
+        let m = Self::parse(bytes, origin)?;
+        m.validate(origin, true)?;
+        Ok(m)
+    }
+
+    /// [`from_bytes`](Self::from_bytes) of bytes the caller gives up: they
+    /// are freed once parsed, before the validation builds its own tables,
+    /// so the three are never held at once (for a manifest of 223,547
+    /// files, 44 MB of bytes, 41 MB of entries and 22 MB of tables).
+    pub fn from_vec(bytes: Vec<u8>, origin: &str) -> Result<Self> {
+        let m = Self::parse(&bytes, origin)?;
+        drop(bytes);
+        m.validate(origin, true)?;
+        Ok(m)
+    }
+
+    /// Parse, and check the format and version only.
+    fn parse(bytes: &[u8], origin: &str) -> Result<Self> {
         let m: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| invalid(origin, format!("not a cowlink manifest: {e}")))?;
         if m.format != MANIFEST_FORMAT {
@@ -318,7 +336,6 @@ impl Manifest {
                 ),
             ));
         }
-        m.validate(origin, true)?;
         Ok(m)
     }
 
@@ -610,6 +627,23 @@ mod tests {
         assert_eq!(a.digest(), b.digest());
         let back = Manifest::from_bytes(&a.to_bytes(), "m").unwrap();
         assert_eq!(back, a);
+        assert_eq!(Manifest::from_vec(a.to_bytes(), "m").unwrap(), a);
+    }
+
+    #[test]
+    fn from_vec_refuses_what_from_bytes_refuses() {
+        // A bad version (the parse) and a file below a file (validation).
+        let v2 = format!(r#"{{"format":"{MANIFEST_FORMAT}","version":2,"entries":[]}}"#);
+        let below = Manifest::new(vec![file("f"), file("f/x")]).to_bytes();
+        for bytes in [v2.into_bytes(), below] {
+            let a = Manifest::from_bytes(&bytes, "m").unwrap_err().to_string();
+            let b = Manifest::from_vec(bytes, "m").unwrap_err().to_string();
+            assert_eq!(a, b);
+            assert!(
+                a.contains("version 2") || a.contains("not a directory"),
+                "{a}"
+            );
+        }
     }
 
     #[test]
