@@ -53,6 +53,14 @@ pub struct DedupeReport {
     pub cancelled: bool,
 }
 
+/// What the Dedupe phase counts for `groups`: their targets, and the
+/// targets' bytes.
+pub(super) fn totals(groups: &[Group]) -> (u64, u64) {
+    let files = groups.iter().map(|g| g.targets.len() as u64).sum();
+    let bytes = groups.iter().map(|g| g.size * g.targets.len() as u64).sum();
+    (files, bytes)
+}
+
 /// Carry out `plan` with `FIDEDUPERANGE` only, groups in parallel on
 /// `opts.run`'s threads. Never fails as a whole: every problem is listed
 /// in the report and the run goes on (until cancelled).
@@ -62,7 +70,8 @@ pub struct DedupeReport {
 /// is hashed whole with its source and grouped again, as `dedupe` does.
 pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
     let tally = Tally::new(&opts.run);
-    tally.show(&plan.groups);
+    let (files, bytes) = totals(&plan.groups);
+    tally.show(files, bytes);
     let mut ex = Executor::new(&opts.run, &tally, opts.measure);
     ex.start(&plan.groups);
     let unsettled = ex.take_unsettled();
@@ -91,10 +100,9 @@ impl<'a> Tally<'a> {
         }
     }
 
-    /// Enter [`Phase::Dedupe`] for all of `groups`, with what was done so far.
-    pub(super) fn show(&self, groups: &[Group]) {
-        let files: u64 = groups.iter().map(|g| g.targets.len() as u64).sum();
-        let bytes: u64 = groups.iter().map(|g| g.size * g.targets.len() as u64).sum();
+    /// Enter [`Phase::Dedupe`] for all the groups (`files` targets of
+    /// `bytes` in all), with what was done so far.
+    pub(super) fn show(&self, files: u64, bytes: u64) {
         let mut held = lock(&self.held);
         self.run.enter(Phase::Dedupe, files, bytes);
         self.run.done(held.1, held.2);

@@ -403,7 +403,7 @@ impl Visitor for Collect {
 /// Only when no path could be walked at all; per-file problems and
 /// refused filesystems are listed in [`Plan::errors`].
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
-    find(paths, opts, Compare::Hash, &mut |_| {}).map(|(plan, _)| plan)
+    find(paths, opts, Compare::Hash, None).map(|(plan, _)| plan)
 }
 
 /// Who confirms that the files of a group larger than two edges are
@@ -449,11 +449,21 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
             }
             (ex, handed)
         });
-        let planned = find(paths, opts, Compare::Kernel, &mut |groups| {
-            let _ = tx.send(groups.to_vec());
-        });
-        if let Ok((plan, _)) = &planned {
-            tally.show(&plan.groups);
+        // The groups go to the executor, not copied: what the Dedupe
+        // phase will count is added up on the way.
+        let (mut files, mut bytes) = (0, 0);
+        let planned = find(
+            paths,
+            opts,
+            Compare::Kernel,
+            Some(&mut |groups: Vec<Group>| {
+                let (f, b) = execute::totals(&groups);
+                (files, bytes) = (files + f, bytes + b);
+                let _ = tx.send(groups);
+            }),
+        );
+        if planned.is_ok() {
+            tally.show(files, bytes);
         }
         drop(tx);
         let (mut ex, handed) = worker
@@ -461,6 +471,8 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         match planned {
             Ok((mut plan, exclusive)) => {
+                plan.groups = handed;
+                stages::order(&mut plan.groups);
                 settle(&mut plan, &exclusive, opts, &mut ex);
                 Ok((plan, ex.finish()))
             }
@@ -541,20 +553,22 @@ fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<Pla
             ..opts.run.clone()
         },
     };
-    find(&paths, &quiet, Compare::Hash, &mut |_| {})
+    find(&paths, &quiet, Compare::Hash, None)
         .ok()
         .map(|(plan, _)| plan)
 }
 
-/// [`plan`], handing each batch of final groups to `ready` as soon as it is
-/// known (the small files' groups, then the rest). With
-/// [`Compare::Kernel`], also the bytes each target of an edge-only group
-/// was expected to give back (for `settle`).
+/// [`plan`]; with `hand_over`, each batch of final groups is given to it
+/// as soon as it is known (the small files' groups, then the rest) and
+/// not kept: the plan returned has no groups, and the receiver holds the
+/// only copy (over 223,547 files, a second copy of every group's paths was
+/// some 20 MB of the peak). With [`Compare::Kernel`], also the bytes each
+/// target of an edge-only group was expected to give back (for `settle`).
 fn find<P: AsRef<Path>>(
     paths: &[P],
     opts: &DedupeOptions,
     compare: Compare,
-    ready: &mut dyn FnMut(&[Group]),
+    mut hand_over: Option<&mut dyn FnMut(Vec<Group>)>,
 ) -> Result<(Plan, HashMap<PathBuf, u64>)> {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let run = &opts.run;
@@ -679,7 +693,9 @@ fn find<P: AsRef<Path>>(
     let (mut groups, already, not_permitted) = stages::groups(&clusters, &small, &small_hashes);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
-    ready(&groups);
+    if let Some(give) = hand_over.as_mut() {
+        give(std::mem::take(&mut groups));
+    }
     let hash_errors = Mutex::new(Vec::new());
     // Partial hash (edges), then full hash, per cluster representative:
     // `known` gives a hash that needs no read, else the file is hashed
@@ -754,8 +770,10 @@ fn find<P: AsRef<Path>>(
             .map(|c| (c.path.clone(), c.exclusive))
             .collect();
     }
-    ready(&rest);
-    groups.extend(rest);
+    match hand_over {
+        Some(give) => give(rest),
+        None => groups.extend(rest),
+    }
     stages::order(&mut groups);
     plan.groups = groups;
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
