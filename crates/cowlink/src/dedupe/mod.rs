@@ -13,10 +13,11 @@
 //! only counted: no name kept, no candidate (most small files on Btrfs are
 //! inline, and their candidates were most of the plan's memory). A larger
 //! file is opened for its layout and, unless all its blocks are shared
-//! (then it may be skipped unread), its edges are hashed in that open. The plan lists, per group
-//! of identical files, the source (a member of the largest cluster, so
-//! the fewest files change), the targets, and the bytes expected back. It
-//! is plain data (serde), so it can be shown, saved, reviewed.
+//! (then it may be skipped unread), its edges are hashed in that open.
+//! The plan lists, per group of identical files, the source (a member of
+//! the largest cluster, so the fewest files change), the targets, and the
+//! bytes expected back. It is plain data (serde), so it can be shown,
+//! saved, reviewed.
 //!
 //! [`dedupe`] is [`plan`] and [`execute()`] overlapped: the small files'
 //! groups are handed to the executor when the walk ends and run while the
@@ -903,6 +904,7 @@ fn can_dedupe(path: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
 
     #[test]
     fn a_walked_path_is_kept_without_spare_room() {
@@ -913,7 +915,6 @@ mod tests {
         assert_eq!(kept, p);
         assert_eq!(kept.capacity(), len);
     }
-    use std::os::unix::ffi::OsStrExt;
 
     #[test]
     fn a_plan_reads_back_from_its_json_with_exact_names() {
