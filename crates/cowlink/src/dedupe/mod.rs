@@ -658,7 +658,7 @@ fn find<P: AsRef<Path>>(
     // Inline data has no blocks to share: report, never claim.
     plan.inline_skipped = inline.partnered + stages::drop_inline(&mut size_groups);
     let stages::Clusters {
-        clusters,
+        mut clusters,
         groups: cluster_groups,
         groups_already_shared,
         files_already_shared,
@@ -691,7 +691,7 @@ fn find<P: AsRef<Path>>(
         .filter_map(|&id| clusters[id][0].small_hash.map(|h| (id, h)))
         .collect();
     count(small.iter().flatten().map(|&id| clusters[id][0].size).sum());
-    let (mut groups, already, not_permitted) = stages::groups(&clusters, &small, &small_hashes);
+    let (mut groups, already, not_permitted) = stages::groups(&mut clusters, &small, &small_hashes);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
     if let Some(give) = hand_over.as_mut() {
@@ -754,15 +754,9 @@ fn find<P: AsRef<Path>>(
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let (mut rest, already, not_permitted) = stages::groups(&clusters, &cluster_groups, &full);
-    plan.files_already_shared += already;
-    plan.not_permitted += not_permitted;
     let mut exclusive = HashMap::new();
     if compare == Compare::Kernel {
-        // Only edges were hashed for the larger files: the kernel compares.
-        for g in rest.iter_mut().filter(|g| g.size > 2 * EDGE) {
-            g.blake3 = None;
-        }
+        // Read before the groups take the paths.
         exclusive = cluster_groups
             .iter()
             .flatten()
@@ -770,6 +764,16 @@ fn find<P: AsRef<Path>>(
             .filter(|c| c.size > 2 * EDGE)
             .map(|c| (c.path.clone(), c.exclusive))
             .collect();
+    }
+    let (mut rest, already, not_permitted) = stages::groups(&mut clusters, &cluster_groups, &full);
+    drop(clusters);
+    plan.files_already_shared += already;
+    plan.not_permitted += not_permitted;
+    if compare == Compare::Kernel {
+        // Only edges were hashed for the larger files: the kernel compares.
+        for g in rest.iter_mut().filter(|g| g.size > 2 * EDGE) {
+            g.blake3 = None;
+        }
     }
     match hand_over {
         Some(give) => give(rest),

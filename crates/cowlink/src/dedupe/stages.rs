@@ -246,41 +246,51 @@ pub(super) fn split_by(
 /// path), how many files were already shared with their source, and how
 /// many duplicates were left alone because the caller may not change them.
 pub(super) fn groups(
-    clusters: &[Vec<Cand>],
+    clusters: &mut [Vec<Cand>],
     cluster_groups: &[Vec<usize>],
     full: &HashMap<usize, [u8; 32]>,
 ) -> (Vec<Group>, u64, u64) {
     let mut out = Vec::new();
     let (mut already, mut not_permitted) = (0, 0);
-    let fixed = |id: usize| clusters[id].iter().filter(|c| !c.may_change).count();
     for mut members in split_by(cluster_groups, full) {
         let hash = full[&members[0]];
-        members.sort_by(|&a, &b| {
-            fixed(b)
-                .cmp(&fixed(a))
-                .then(clusters[b].len().cmp(&clusters[a].len()))
-                .then(clusters[a][0].path.cmp(&clusters[b][0].path))
-        });
-        let src = &clusters[members[0]];
-        let mut targets: Vec<&Cand> = Vec::new();
-        for c in members[1..].iter().flat_map(|&m| &clusters[m]) {
-            match c.may_change {
-                true => targets.push(c),
-                false => not_permitted += 1,
+        {
+            let clusters = &*clusters;
+            let fixed = |id: usize| clusters[id].iter().filter(|c| !c.may_change).count();
+            members.sort_by(|&a, &b| {
+                fixed(b)
+                    .cmp(&fixed(a))
+                    .then(clusters[b].len().cmp(&clusters[a].len()))
+                    .then(clusters[a][0].path.cmp(&clusters[b][0].path))
+            });
+        }
+        // The paths move from the clusters into the group (a cluster is in
+        // one group at most): no second copy of every name.
+        let mut targets: Vec<(PathBuf, u64)> = Vec::new();
+        for &m in &members[1..] {
+            for c in clusters[m].iter_mut() {
+                match c.may_change {
+                    true => targets.push((std::mem::take(&mut c.path), c.exclusive)),
+                    false => not_permitted += 1,
+                }
             }
         }
+        let src = &mut clusters[members[0]];
         already += src.len() as u64 - 1;
         if targets.is_empty() {
             continue;
         }
-        targets.sort_by(|a, b| a.path.cmp(&b.path));
+        targets.sort_by(|a, b| a.0.cmp(&b.0));
         out.push(Group {
             size: src[0].size,
             blake3: Some(crate::ground::hash::hex(&hash)),
-            source: src[0].path.clone(),
-            reclaimable: targets.iter().map(|t| t.exclusive).sum(),
-            targets: targets.iter().map(|t| t.path.clone()).collect(),
-            already_shared: src[1..].iter().map(|c| c.path.clone()).collect(),
+            source: std::mem::take(&mut src[0].path),
+            reclaimable: targets.iter().map(|t| t.1).sum(),
+            targets: targets.into_iter().map(|t| t.0).collect(),
+            already_shared: src[1..]
+                .iter_mut()
+                .map(|c| std::mem::take(&mut c.path))
+                .collect(),
         });
     }
     order(&mut out);
@@ -289,7 +299,9 @@ pub(super) fn groups(
 
 /// The plan's order: largest reclaimable first, ties by source path.
 pub(super) fn order(groups: &mut [Group]) {
-    groups.sort_by(|a, b| {
+    // Sources are distinct (a file is in one group at most), so the order
+    // is total and an unstable sort, which needs no scratch copy, gives it.
+    groups.sort_unstable_by(|a, b| {
         b.reclaimable
             .cmp(&a.reclaimable)
             .then(a.source.cmp(&b.source))
@@ -470,7 +482,7 @@ mod tests {
 
     #[test]
     fn hashes_split_groups_and_the_largest_cluster_is_the_source() {
-        let c = clusters(vec![vec![
+        let mut c = clusters(vec![vec![
             shared(cand("x2", 1, 2, 10), 100),
             cand("y", 1, 3, 10),
             shared(cand("x1", 1, 1, 10), 100),
@@ -494,7 +506,7 @@ mod tests {
         assert_eq!(split.len(), 1);
         assert_eq!(split[0].len(), 3);
 
-        let (groups, already, _) = groups(&c.clusters, &c.groups, &full);
+        let (groups, already, _) = groups(&mut c.clusters, &c.groups, &full);
         assert_eq!(groups.len(), 1);
         let g = &groups[0];
         assert_eq!(g.source, PathBuf::from("x1"), "largest cluster, first path");
@@ -507,7 +519,7 @@ mod tests {
     #[test]
     fn groups_come_largest_first_then_by_source() {
         let mut full = HashMap::new();
-        let c = clusters(vec![
+        let mut c = clusters(vec![
             vec![cand("s1", 1, 1, 10), cand("t1", 1, 2, 10)],
             vec![cand("s2", 1, 3, 50), cand("t2", 1, 4, 50)],
             vec![cand("a3", 1, 5, 10), cand("b3", 1, 6, 10)],
@@ -517,7 +529,7 @@ mod tests {
                 full.insert(id, [n as u8; 32]);
             }
         }
-        let (g, _, _) = groups(&c.clusters, &c.groups, &full);
+        let (g, _, _) = groups(&mut c.clusters, &c.groups, &full);
         let src: Vec<_> = g.iter().map(|g| g.source.to_str().unwrap()).collect();
         assert_eq!(src, ["s2", "a3", "s1"]);
     }
@@ -530,9 +542,9 @@ mod tests {
         r1.may_change = false;
         let mut r2 = cand("r2", 1, 2, 10);
         r2.may_change = false;
-        let c = clusters(vec![vec![cand("m", 1, 3, 10), r2, r1]]);
+        let mut c = clusters(vec![vec![cand("m", 1, 3, 10), r2, r1]]);
         let full: HashMap<usize, [u8; 32]> = c.groups[0].iter().map(|&i| (i, [7u8; 32])).collect();
-        let (g, _, not_permitted) = groups(&c.clusters, &c.groups, &full);
+        let (g, _, not_permitted) = groups(&mut c.clusters, &c.groups, &full);
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].source, PathBuf::from("r1"));
         assert_eq!(g[0].targets, [PathBuf::from("m")]);
@@ -543,9 +555,9 @@ mod tests {
         a.may_change = false;
         let mut b = cand("b", 1, 5, 10);
         b.may_change = false;
-        let c = clusters(vec![vec![a, b]]);
+        let mut c = clusters(vec![vec![a, b]]);
         let full: HashMap<usize, [u8; 32]> = c.groups[0].iter().map(|&i| (i, [7u8; 32])).collect();
-        let (g, _, not_permitted) = groups(&c.clusters, &c.groups, &full);
+        let (g, _, not_permitted) = groups(&mut c.clusters, &c.groups, &full);
         assert!(g.is_empty());
         assert_eq!(not_permitted, 1);
     }
