@@ -85,9 +85,9 @@ pub(super) fn one_per_inode(mut files: Vec<Cand>) -> (Vec<Cand>, u64) {
 /// Grouped in place: sorted by device, size and inode (no scratch
 /// buffer), then each group split off the end into a vector of its own
 /// length while the list left shrinks as it empties. Moving every
-/// candidate into a map of growing vectors kept two copies of the list
-/// at the peak: 143 MB peak RSS for 223,547 files of a real /usr (and two
-/// more copies of its share/) on XFS, where every file is a candidate.
+/// candidate into a map of growing vectors held the list twice while
+/// grouping (a few MB of a plan's peak over 223,547 real files on XFS:
+/// docs/benchmarks.md, "Peak memory").
 pub(super) fn by_size(mut files: Vec<Cand>) -> Vec<Vec<Cand>> {
     files.sort_unstable_by_key(|c| (c.dev, c.size, c.ino));
     let mut groups = Vec::new();
@@ -245,6 +245,9 @@ pub(super) fn split_by(
 /// change. Returns the groups, largest reclaimable first (ties by source
 /// path), how many files were already shared with their source, and how
 /// many duplicates were left alone because the caller may not change them.
+///
+/// The groups take their paths out of `clusters` (each cluster is in one
+/// group at most): read anything else of a cluster's paths before.
 pub(super) fn groups(
     clusters: &mut [Vec<Cand>],
     cluster_groups: &[Vec<usize>],
