@@ -84,7 +84,7 @@ mod execute;
 mod stages;
 
 pub use execute::{execute, DedupeReport};
-use stages::{layout_facts, Cand};
+use stages::{layout_facts, Cand, Span};
 
 /// Bytes hashed from each end of a file for the partial hash.
 const EDGE: u64 = 4096;
@@ -305,8 +305,7 @@ impl Collect {
             // Until the layout is read.
             exclusive: st.st_blocks as u64 * 512,
             inline: false,
-            small_hash: None,
-            edge_hash: None,
+            hash: None,
             mapped: false,
             may_change,
         };
@@ -404,7 +403,7 @@ impl Visitor for Collect {
 /// Only when no path could be walked at all; per-file problems and
 /// refused filesystems are listed in [`Plan::errors`].
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
-    find(paths, opts, Compare::Hash, None).map(|(plan, _)| plan)
+    find(paths, opts, Compare::Hash, None)
 }
 
 /// Who confirms that the files of a group larger than two edges are
@@ -471,10 +470,10 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         match planned {
-            Ok((mut plan, exclusive)) => {
+            Ok(mut plan) => {
                 plan.groups = handed;
                 stages::order(&mut plan.groups);
-                settle(&mut plan, &exclusive, opts, &mut ex);
+                settle(&mut plan, opts, &mut ex);
                 Ok((plan, ex.finish()))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
@@ -491,15 +490,17 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
 
 /// Targets of edge-only groups that the kernel found different from their
 /// source: take them out of their groups in `plan` (with the bytes they
-/// were expected to give back, from `exclusive`), plan them again with
-/// their sources and whole-file hashes, and carry out what is identical
-/// after all. After a cancel they are only taken out.
-fn settle(
-    plan: &mut Plan,
-    exclusive: &HashMap<PathBuf, u64>,
-    opts: &DedupeOptions,
-    ex: &mut execute::Executor<'_>,
-) {
+/// were expected to give back), plan them again with their sources and
+/// whole-file hashes, and carry out what is identical after all. After a
+/// cancel they are only taken out.
+///
+/// The bytes a target was expected to give back are read again from its
+/// extent map: the kernel shared nothing of it, and a target is in one
+/// group only, so the map is the one the plan read (unless something else
+/// wrote to it since). Such targets are rare; keeping every larger
+/// target's path and bytes in a map for them held a copy of those paths
+/// through the whole run.
+fn settle(plan: &mut Plan, opts: &DedupeOptions, ex: &mut execute::Executor<'_>) {
     let unsettled = ex.take_unsettled();
     if unsettled.is_empty() {
         return;
@@ -518,7 +519,7 @@ fn settle(
         targets.retain(|t| {
             let gone = out.contains(&(source.as_path(), t.as_path()));
             if gone {
-                *reclaimable = reclaimable.saturating_sub(exclusive.get(t).copied().unwrap_or(0));
+                *reclaimable = reclaimable.saturating_sub(exclusive_bytes(t));
             }
             !gone
         });
@@ -554,23 +555,32 @@ fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<Pla
             ..opts.run.clone()
         },
     };
-    find(&paths, &quiet, Compare::Hash, None)
-        .ok()
-        .map(|(plan, _)| plan)
+    find(&paths, &quiet, Compare::Hash, None).ok()
+}
+
+/// The bytes of `path` in extents no other file shares (0 if its map
+/// cannot be read).
+fn exclusive_bytes(path: &Path) -> u64 {
+    let Ok(fd) = open_read(path) else { return 0 };
+    let Ok(list) = extents_fd(fd.as_fd(), false) else {
+        return 0;
+    };
+    let mut c = Cand::default();
+    layout_facts(&list, &mut c);
+    c.exclusive
 }
 
 /// [`plan`]; with `hand_over`, each batch of final groups is given to it
 /// as soon as it is known (the small files' groups, then the rest) and
 /// not kept: the plan returned has no groups, and the receiver holds the
 /// only copy (over 223,547 files, the copy the executor was sent took a
-/// whole run's peak from 175 to 143 MB). With [`Compare::Kernel`], also the bytes each
-/// target of an edge-only group was expected to give back (for `settle`).
+/// whole run's peak from 175 to 143 MB).
 fn find<P: AsRef<Path>>(
     paths: &[P],
     opts: &DedupeOptions,
     compare: Compare,
     mut hand_over: Option<&mut dyn FnMut(Vec<Group>)>,
-) -> Result<(Plan, HashMap<PathBuf, u64>)> {
+) -> Result<Plan> {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let run = &opts.run;
     let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
@@ -601,8 +611,8 @@ fn find<P: AsRef<Path>>(
     };
 
     // One inode is one file: keep the name that sorts first.
-    let (files, hardlinks) = stages::one_per_inode(files);
-    plan.hardlinks_skipped = hardlinks;
+    let mut files = files;
+    plan.hardlinks_skipped = stages::one_per_inode(&mut files);
 
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
@@ -628,13 +638,12 @@ fn find<P: AsRef<Path>>(
         };
         allowed.insert(dev, ok);
     }
-    let mut files = files;
     files.retain(|c| allowed[&c.dev]);
     inline.retain(|i| allowed[&i.dev]);
     let inline = stages::count_inline(inline, &files);
     plan.hardlinks_skipped += inline.hardlinks;
     plan.candidates = files.len() as u64 + inline.inodes;
-    let mut size_groups = stages::by_size(files);
+    stages::by_size(&mut files);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(run.threads_or(crate::run::cores))
         .build()
@@ -643,37 +652,32 @@ fn find<P: AsRef<Path>>(
     // Only larger files with a same-size partner are mapped here (small
     // ones were, in the walk); a failure only costs the shortcut.
     pool.install(|| {
-        size_groups
-            .par_iter_mut()
-            .flat_map(|g| g.par_iter_mut())
-            .for_each(|c| {
-                if run.cancelled() || c.mapped {
-                    return;
-                }
-                if let Ok(fd) = open_read(&c.path) {
-                    read_layout(fd.as_fd(), c);
-                }
-            })
+        files.par_iter_mut().for_each(|c| {
+            if run.cancelled() || c.mapped {
+                return;
+            }
+            if let Ok(fd) = open_read(&c.path) {
+                read_layout(fd.as_fd(), c);
+            }
+        })
     });
     // Inline data has no blocks to share: report, never claim.
-    plan.inline_skipped = inline.partnered + stages::drop_inline(&mut size_groups);
-    let stages::Clusters {
-        mut clusters,
-        groups: cluster_groups,
-        groups_already_shared,
-        files_already_shared,
-    } = stages::clusters(size_groups);
-    plan.groups_already_shared = groups_already_shared;
-    plan.files_already_shared = files_already_shared;
+    let (inline_dropped, size_groups) = stages::drop_inline(&mut files);
+    plan.inline_skipped = inline.partnered + inline_dropped;
+    let mut cl = stages::clusters(files, &size_groups);
+    drop(size_groups);
+    plan.groups_already_shared = cl.groups_already_shared;
+    plan.files_already_shared = cl.files_already_shared;
 
     if run.cancelled() {
         return Err(cancelled());
     }
     let hashed = AtomicU64::new(0);
-    let total: u64 = cluster_groups
+    let total: u64 = cl
+        .groups
         .iter()
-        .flatten()
-        .map(|&id| clusters[id][0].size)
+        .flat_map(|g| g.range())
+        .map(|id| cl.rep(id).size)
         .sum();
     run.enter(Phase::Hash, 0, total);
     let count = |n: u64| {
@@ -682,91 +686,78 @@ fn find<P: AsRef<Path>>(
     };
     // Groups of small files whose every cluster was read whole with its
     // layout are final already: hand them over before hashing the rest.
-    let (small, cluster_groups): (Vec<Vec<usize>>, Vec<Vec<usize>>) = cluster_groups
-        .into_iter()
-        .partition(|ids| ids.iter().all(|&id| clusters[id][0].small_hash.is_some()));
-    let small_hashes: HashMap<usize, [u8; 32]> = small
-        .iter()
-        .flatten()
-        .filter_map(|&id| clusters[id][0].small_hash.map(|h| (id, h)))
-        .collect();
-    count(small.iter().flatten().map(|&id| clusters[id][0].size).sum());
-    let (mut groups, already, not_permitted) = stages::groups(&mut clusters, &small, &small_hashes);
+    let (small, rest): (Vec<Span>, Vec<Span>) =
+        std::mem::take(&mut cl.groups).into_iter().partition(|g| {
+            g.range().all(|id| {
+                let c = cl.rep(id);
+                c.size <= 2 * EDGE && c.hash.is_some()
+            })
+        });
+    count(
+        small
+            .iter()
+            .flat_map(|g| g.range())
+            .map(|id| cl.rep(id).size)
+            .sum(),
+    );
+    let sets = stages::split_by(&mut cl, &small);
+    let (mut groups, already, not_permitted) = stages::groups(&mut cl, &sets);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
     if let Some(give) = hand_over.as_mut() {
         give(std::mem::take(&mut groups));
     }
     let hash_errors = Mutex::new(Vec::new());
-    // Partial hash (edges), then full hash, per cluster representative:
-    // `known` gives a hash that needs no read, else the file is hashed
-    // (`edges`: its two ends only).
-    let hash_reps = |ids: &[usize],
-                     edges: bool,
-                     known: &(dyn Fn(usize, &Cand) -> Option<[u8; 32]> + Sync)|
-     -> HashMap<usize, [u8; 32]> {
-        pool.install(|| {
+    // Hash the representatives of clusters `ids` (`edges`: a larger file's
+    // two ends only) and record it on them; a failure leaves no hash. With
+    // `edges`, one hashed already (whole during the walk, or its edges with
+    // its layout) is counted, not read.
+    let hash_reps = |cl: &mut stages::Clusters, ids: &[usize], edges: bool| {
+        let got: Vec<(usize, Option<[u8; 32]>)> = pool.install(|| {
             ids.par_iter()
                 .filter_map(|&id| {
                     if run.cancelled() {
                         return None;
                     }
-                    let c = &clusters[id][0];
-                    if let Some(h) = known(id, c) {
-                        return Some((id, h));
+                    let c = cl.rep(id);
+                    if edges && c.hash.is_some() {
+                        count(c.size.min(2 * EDGE));
+                        return None;
                     }
-                    hash_file(&c.path, c.size, edges, &count)
+                    let h = hash_file(&c.path, c.size, edges, &count)
                         .map_err(|e| lock(&hash_errors).push(e))
-                        .ok()
-                        .map(|h| (id, h))
+                        .ok();
+                    Some((id, h))
                 })
                 .collect()
-        })
-    };
-    let to_hash: Vec<usize> = cluster_groups.iter().flatten().copied().collect();
-    let edges = hash_reps(&to_hash, true, &|_, c| {
-        // Read whole during the walk, or the edges with the layout:
-        // counted now.
-        match (c.small_hash, c.edge_hash) {
-            (Some(h), _) => Some(h).inspect(|_| count(c.size)),
-            (None, Some(h)) => Some(h).inspect(|_| count(2 * EDGE)),
-            (None, None) => None,
-        }
-    });
-    let full: HashMap<usize, [u8; 32]> = match compare {
-        // The kernel compares every byte: the edges make the groups.
-        Compare::Kernel => edges,
-        Compare::Hash => {
-            let need_full: Vec<usize> = stages::split_by(&cluster_groups, &edges)
-                .into_iter()
-                .flatten()
-                .collect();
-            // A file of two edges or less was read whole already.
-            hash_reps(&need_full, false, &|id, c| match c.size <= 2 * EDGE {
-                true => edges.get(&id).copied(),
-                false => None,
-            })
+        });
+        for (id, h) in got {
+            cl.rep_mut(id).hash = h;
         }
     };
+    let ids: Vec<usize> = rest.iter().flat_map(|g| g.range()).collect();
+    hash_reps(&mut cl, &ids, true);
+    let mut sets = stages::split_by(&mut cl, &rest);
+    drop((ids, rest));
+    if compare == Compare::Hash {
+        // Whole-file hashes where the edges matched (a file of two edges
+        // or less was read whole already).
+        let ids: Vec<usize> = sets
+            .iter()
+            .flat_map(|s| s.range())
+            .filter(|&id| cl.rep(id).size > 2 * EDGE)
+            .collect();
+        hash_reps(&mut cl, &ids, false);
+        sets = stages::split_by(&mut cl, &sets);
+    }
     if run.cancelled() {
         return Err(cancelled());
     }
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let mut exclusive = HashMap::new();
-    if compare == Compare::Kernel {
-        // Read before the groups take the paths.
-        exclusive = cluster_groups
-            .iter()
-            .flatten()
-            .flat_map(|&id| &clusters[id])
-            .filter(|c| c.size > 2 * EDGE)
-            .map(|c| (c.path.clone(), c.exclusive))
-            .collect();
-    }
-    let (mut rest, already, not_permitted) = stages::groups(&mut clusters, &cluster_groups, &full);
-    drop(clusters);
+    let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets);
+    drop(cl);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
     if compare == Compare::Kernel {
@@ -783,7 +774,7 @@ fn find<P: AsRef<Path>>(
     plan.groups = groups;
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
-    Ok((plan, exclusive))
+    Ok(plan)
 }
 
 /// Open for reading without touching the access time where allowed.
@@ -828,11 +819,11 @@ fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) {
     if c.size <= 2 * EDGE {
         if let Ok((h, n)) = crate::ground::hash::hash_fd(fd, c.size, &|_| {}) {
             if n == c.size {
-                c.small_hash = Some(h);
+                c.hash = Some(h);
             }
         }
     } else {
-        c.edge_hash = hash_edges(fd, c.size).ok().flatten();
+        c.hash = hash_edges(fd, c.size).ok().flatten();
     }
 }
 

@@ -2,8 +2,18 @@
 //! what the last one left and narrows it, without touching a filesystem
 //! (the walk, the layouts and the hashes are read by `plan`, which calls
 //! these in order). Unit-tested on made-up candidates.
+//!
+//! Every candidate lives in one dense array for the whole plan, sorted in
+//! place so that each size group, and each cluster within it, is a
+//! contiguous [`Span`]; the stages pass spans, never copies or vectors of
+//! their own per group. A vector per group and per cluster, with the
+//! candidates moved between them, cost a heap block (and its bookkeeping)
+//! per file and held the list one and a half times while grouping by size:
+//! over 223,547 real files on XFS the plan's peak went from 112 to NN MiB
+//! (docs/benchmarks.md, "Peak memory").
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::PathBuf;
 
 use super::Group;
@@ -17,19 +27,19 @@ pub(super) struct Cand {
     pub ino: u64,
     pub size: u64,
     /// Logical→physical runs when every extent is shared (else `None`).
-    pub shared_runs: Option<Vec<Run>>,
+    pub shared_runs: Option<Box<[Run]>>,
     /// Bytes in extents not flagged shared.
     pub exclusive: u64,
+    /// BLAKE3 of the whole file for files of at most two edges; for larger
+    /// ones, of their two edges, then (for a plan that is hashed whole) of
+    /// the whole file. Taken while the file was open for its layout where
+    /// possible (one open per small file); a larger file not sharing all
+    /// its blocks is a cluster of its own in a group of two or more, so
+    /// its edges are needed whatever the others hold. `None` until read,
+    /// or when reading failed.
+    pub hash: Option<[u8; 32]>,
     /// The data is inline in metadata (no extent to share).
     pub inline: bool,
-    /// For files of at most two edges: the hash of all their bytes, taken
-    /// while the file was open for its layout (one open per small file).
-    pub small_hash: Option<[u8; 32]>,
-    /// For larger files not sharing all their blocks: the hash of their
-    /// two edges, taken while the file was open for its layout. Such a file
-    /// is a cluster of its own in a group of two or more, so its edges are
-    /// needed whatever the others hold.
-    pub edge_hash: Option<[u8; 32]>,
     /// The layout was read (during the walk, for small files).
     pub mapped: bool,
     /// The caller may make this file share another's blocks (root, its
@@ -38,11 +48,46 @@ pub(super) struct Cand {
 }
 
 /// A contiguous logical → physical run of a file's extents.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(super) struct Run {
     pub logical: u64,
     pub physical: u64,
     pub length: u64,
+}
+
+/// A run of consecutive indices: candidates of one size group or one
+/// cluster in [`Clusters::files`], or clusters of one group in
+/// [`Clusters::clusters`]. Half the size of a `Range<usize>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Span {
+    start: u32,
+    end: u32,
+}
+
+impl Span {
+    /// The indices `start..end`.
+    pub fn new(start: usize, end: usize) -> Span {
+        let idx = |i: usize| u32::try_from(i).expect("fewer than 2^32 candidates");
+        Span {
+            start: idx(start),
+            end: idx(end),
+        }
+    }
+
+    /// The indices, to slice with.
+    pub fn range(self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+
+    /// The first index.
+    pub fn first(self) -> usize {
+        self.start as usize
+    }
+
+    /// How many indices.
+    pub fn len(self) -> usize {
+        (self.end - self.start) as usize
+    }
 }
 
 /// Fill `shared_runs`, `exclusive` and `inline` from a file's extents.
@@ -66,57 +111,62 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
             }),
         }
     }
-    c.shared_runs = all_shared.then_some(runs);
+    c.shared_runs = all_shared.then(|| runs.into_boxed_slice());
 }
 
-/// One inode is one file: keep the name that sorts first. Returns the
-/// files left and how many names were dropped.
-pub(super) fn one_per_inode(mut files: Vec<Cand>) -> (Vec<Cand>, u64) {
-    files.sort_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+/// One inode is one file: keep the name that sorts first. Returns how
+/// many names were dropped.
+pub(super) fn one_per_inode(files: &mut Vec<Cand>) -> u64 {
+    // (device, inode, path) is distinct per entry, so an unstable sort
+    // (no scratch copy) gives the one order.
+    files.sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
     let before = files.len();
     files.dedup_by(|b, a| (a.dev, a.ino) == (b.dev, b.ino));
-    let dropped = (before - files.len()) as u64;
-    (files, dropped)
+    (before - files.len()) as u64
 }
 
-/// Groups of two or more files on the same device with the same size,
-/// each in inode order.
-///
-/// Grouped in place: sorted by device, size and inode (no scratch
-/// buffer), then each group split off the end into a vector of its own
-/// length while the list left shrinks as it empties. Moving every
-/// candidate into a map of growing vectors held the list twice while
-/// grouping (a few MB of a plan's peak over 223,547 real files on XFS:
-/// docs/benchmarks.md, "Peak memory").
-pub(super) fn by_size(mut files: Vec<Cand>) -> Vec<Vec<Cand>> {
+/// Keep the files with a partner of the same device and size, in place:
+/// sorted by device, size and inode, lone files dropped. Returns the size
+/// groups (two or more files each, in inode order) as spans of `files`.
+pub(super) fn by_size(files: &mut Vec<Cand>) -> Vec<Span> {
     files.sort_unstable_by_key(|c| (c.dev, c.size, c.ino));
-    let mut groups = Vec::new();
-    while let Some(last) = files.last() {
-        let key = (last.dev, last.size);
-        let start = files.partition_point(|c| (c.dev, c.size) < key);
-        if files.len() - start > 1 {
-            groups.push(files.split_off(start));
-        } else {
-            files.truncate(start);
-        }
-        if files.capacity() > 2 * files.len() + 1024 {
-            files.shrink_to_fit();
-        }
-    }
-    groups
+    partnered(files)
 }
 
-/// Take out files whose data is inline (no blocks to share), then groups
-/// left with fewer than two. Returns how many files were taken out.
-pub(super) fn drop_inline(groups: &mut Vec<Vec<Cand>>) -> u64 {
-    let mut dropped = 0;
-    for g in groups.iter_mut() {
-        let before = g.len();
-        g.retain(|c| !c.inline);
-        dropped += (before - g.len()) as u64;
+/// With `files` sorted by device and size: drop the lone ones, return the
+/// spans of the rest.
+fn partnered(files: &mut Vec<Cand>) -> Vec<Span> {
+    let key = |c: &Cand| (c.dev, c.size);
+    let mut keep = vec![false; files.len()];
+    let mut start = 0;
+    while start < files.len() {
+        let end = start + files[start..].partition_point(|c| key(c) == key(&files[start]));
+        if end - start > 1 {
+            keep[start..end].fill(true);
+        }
+        start = end;
     }
-    groups.retain(|g| g.len() > 1);
-    dropped
+    let mut flags = keep.into_iter();
+    files.retain(|_| flags.next().unwrap_or(false));
+    files.shrink_to_fit();
+    let mut spans = Vec::new();
+    let mut start = 0;
+    while start < files.len() {
+        let end = start + files[start..].partition_point(|c| key(c) == key(&files[start]));
+        spans.push(Span::new(start, end));
+        start = end;
+    }
+    spans
+}
+
+/// Take out files whose data is inline (no blocks to share), then the
+/// files left without a partner. Returns how many inline files were taken
+/// out, and the size groups left. `files` is as [`by_size`] left it.
+pub(super) fn drop_inline(files: &mut Vec<Cand>) -> (u64, Vec<Span>) {
+    let before = files.len();
+    files.retain(|c| !c.inline);
+    let dropped = (before - files.len()) as u64;
+    (dropped, partnered(files))
 }
 
 /// A file the walk found inline (Btrfs): nothing to share, so no name is
@@ -176,109 +226,135 @@ pub(super) fn count_inline(mut inline: Vec<Inline>, files: &[Cand]) -> InlineCou
 /// the same runs, hold the same bytes by construction and are read once.
 #[derive(Debug, Default)]
 pub(super) struct Clusters {
-    /// Each cluster's members, sorted by path (the first is the one read).
-    pub clusters: Vec<Vec<Cand>>,
-    /// Per size group with more than one cluster: its cluster ids.
-    pub groups: Vec<Vec<usize>>,
+    /// Every candidate, each cluster's members together and sorted by path
+    /// (the first is the one read: its *representative*).
+    pub files: Vec<Cand>,
+    /// Each cluster's span of `files`.
+    pub clusters: Vec<Span>,
+    /// Per size group with more than one cluster: its span of `clusters`.
+    pub groups: Vec<Span>,
     /// Size groups that were one cluster (nothing to do).
     pub groups_already_shared: u64,
     /// Files in those groups beyond the first of each.
     pub files_already_shared: u64,
 }
 
-/// Split each size group into [`Clusters`].
-pub(super) fn clusters(size_groups: Vec<Vec<Cand>>) -> Clusters {
+impl Clusters {
+    /// The representative of cluster `id`: the member read for all.
+    pub fn rep(&self, id: usize) -> &Cand {
+        &self.files[self.clusters[id].first()]
+    }
+
+    /// [`Clusters::rep`], to record its hash.
+    pub fn rep_mut(&mut self, id: usize) -> &mut Cand {
+        &mut self.files[self.clusters[id].first()]
+    }
+}
+
+/// Split each size group (spans of `files`, as [`by_size`] left it) into
+/// [`Clusters`], in place: a group's files are sorted by their shared
+/// runs, then path, so each cluster is a span.
+pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span]) -> Clusters {
     let mut out = Clusters::default();
     for g in size_groups {
+        let members = &mut files[g.range()];
+        // Files not sharing every block (no runs) sort first; each is a
+        // cluster of its own.
+        members.sort_unstable_by(|a, b| (&a.shared_runs, &a.path).cmp(&(&b.shared_runs, &b.path)));
         let first = out.clusters.len();
-        let mut ids = Vec::new();
-        let mut by_runs: HashMap<Vec<Run>, usize> = HashMap::new();
-        for c in g {
-            let known = c.shared_runs.as_ref().and_then(|r| by_runs.get(r)).copied();
-            match known {
-                Some(id) => out.clusters[id].push(c),
-                None => {
-                    if let Some(runs) = &c.shared_runs {
-                        by_runs.insert(runs.clone(), out.clusters.len());
-                    }
-                    ids.push(out.clusters.len());
-                    out.clusters.push(vec![c]);
+        let mut start = 0;
+        while start < members.len() {
+            let mut end = start + 1;
+            if let Some(runs) = &members[start].shared_runs {
+                while end < members.len() && members[end].shared_runs.as_ref() == Some(runs) {
+                    end += 1;
                 }
             }
+            out.clusters
+                .push(Span::new(g.first() + start, g.first() + end));
+            start = end;
         }
-        for cl in &mut out.clusters[first..] {
-            cl.sort_by(|a, b| a.path.cmp(&b.path));
-        }
-        if ids.len() == 1 {
+        if out.clusters.len() - first == 1 {
             out.groups_already_shared += 1;
-            out.files_already_shared += out.clusters[ids[0]].len() as u64 - 1;
+            out.files_already_shared += g.len() as u64 - 1;
             continue;
         }
-        out.groups.push(ids);
+        out.groups.push(Span::new(first, out.clusters.len()));
     }
+    out.files = files;
     out
 }
 
-/// Within each group of cluster ids, the sets of two or more that have
-/// the same hash (ids without a hash are left out: reading them failed).
-pub(super) fn split_by(
-    groups: &[Vec<usize>],
-    hashes: &HashMap<usize, [u8; 32]>,
-) -> Vec<Vec<usize>> {
+/// Within each group (a span of clusters), the sets of two or more clusters
+/// whose representatives have the same hash, as spans of clusters (the
+/// group's clusters are reordered by hash to make them so). Clusters
+/// without a hash are left out: reading them failed.
+pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
+    let Clusters {
+        files, clusters, ..
+    } = cl;
+    let hash = |s: &Span| files[s.first()].hash;
     let mut out = Vec::new();
-    for ids in groups {
-        let mut by: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
-        for &id in ids {
-            if let Some(h) = hashes.get(&id) {
-                by.entry(*h).or_default().push(id);
+    for g in groups {
+        let ids = &mut clusters[g.range()];
+        ids.sort_unstable_by_key(hash);
+        let mut start = 0;
+        while start < ids.len() {
+            let h = hash(&ids[start]);
+            let end = start + ids[start..].partition_point(|s| hash(s) == h);
+            if h.is_some() && end - start > 1 {
+                out.push(Span::new(g.first() + start, g.first() + end));
             }
+            start = end;
         }
-        out.extend(by.into_values().filter(|v| v.len() > 1));
     }
     out
 }
 
-/// The plan's groups from clusters with equal full hashes. The source is
-/// the first path of a cluster holding files the caller may not change
-/// (they can only be a source), else of the largest cluster (fewest files
-/// change); targets are the files of the other clusters the caller may
-/// change. Returns the groups, largest reclaimable first (ties by source
-/// path), how many files were already shared with their source, and how
-/// many duplicates were left alone because the caller may not change them.
+/// The plan's groups from sets of clusters with equal hashes (from
+/// [`split_by`]). The source is the first path of a cluster holding files
+/// the caller may not change (they can only be a source), else of the
+/// largest cluster (fewest files change); targets are the files of the
+/// other clusters the caller may change. Returns the groups, largest
+/// reclaimable first (ties by source path), how many files were already
+/// shared with their source, and how many duplicates were left alone
+/// because the caller may not change them.
 ///
-/// The groups take their paths out of `clusters` (each cluster is in one
-/// group at most): read anything else of a cluster's paths before.
-pub(super) fn groups(
-    clusters: &mut [Vec<Cand>],
-    cluster_groups: &[Vec<usize>],
-    full: &HashMap<usize, [u8; 32]>,
-) -> (Vec<Group>, u64, u64) {
-    let mut out = Vec::new();
+/// The groups take their paths out of `cl` (each cluster is in one set at
+/// most): read anything else of a cluster's paths before.
+pub(super) fn groups(cl: &mut Clusters, sets: &[Span]) -> (Vec<Group>, u64, u64) {
+    let Clusters {
+        files, clusters, ..
+    } = cl;
+    let mut out = Vec::with_capacity(sets.len());
     let (mut already, mut not_permitted) = (0, 0);
-    for mut members in split_by(cluster_groups, full) {
-        let hash = full[&members[0]];
+    for set in sets {
         {
-            let clusters = &*clusters;
-            let fixed = |id: usize| clusters[id].iter().filter(|c| !c.may_change).count();
-            members.sort_by(|&a, &b| {
+            let files = &*files;
+            let fixed = |s: &Span| files[s.range()].iter().filter(|c| !c.may_change).count();
+            clusters[set.range()].sort_by(|a, b| {
                 fixed(b)
                     .cmp(&fixed(a))
-                    .then(clusters[b].len().cmp(&clusters[a].len()))
-                    .then(clusters[a][0].path.cmp(&clusters[b][0].path))
+                    .then(b.len().cmp(&a.len()))
+                    .then(files[a.first()].path.cmp(&files[b.first()].path))
             });
         }
+        let members = &clusters[set.range()];
+        let hash = files[members[0].first()]
+            .hash
+            .expect("a set is of clusters with a hash");
         // The paths move from the clusters into the group (a cluster is in
-        // one group at most): no second copy of every name.
+        // one set at most): no second copy of every name.
         let mut targets: Vec<(PathBuf, u64)> = Vec::new();
-        for &m in &members[1..] {
-            for c in clusters[m].iter_mut() {
+        for m in &members[1..] {
+            for c in &mut files[m.range()] {
                 match c.may_change {
                     true => targets.push((std::mem::take(&mut c.path), c.exclusive)),
                     false => not_permitted += 1,
                 }
             }
         }
-        let src = &mut clusters[members[0]];
+        let src = &mut files[members[0].range()];
         already += src.len() as u64 - 1;
         if targets.is_empty() {
             continue;
@@ -328,13 +404,35 @@ mod tests {
     }
 
     fn shared(mut c: Cand, physical: u64) -> Cand {
-        c.shared_runs = Some(vec![Run {
-            logical: 0,
-            physical,
-            length: c.size,
-        }]);
+        c.shared_runs = Some(
+            vec![Run {
+                logical: 0,
+                physical,
+                length: c.size,
+            }]
+            .into(),
+        );
         c.exclusive = 0;
         c
+    }
+
+    /// [`clusters`] of size groups given as lists.
+    fn clustered(size_groups: Vec<Vec<Cand>>) -> Clusters {
+        let mut files = Vec::new();
+        let mut spans = Vec::new();
+        for g in size_groups {
+            spans.push(Span::new(files.len(), files.len() + g.len()));
+            files.extend(g);
+        }
+        clusters(files, &spans)
+    }
+
+    /// Paths of a cluster's members.
+    fn paths(cl: &Clusters, id: usize) -> Vec<&str> {
+        cl.files[cl.clusters[id].range()]
+            .iter()
+            .map(|c| c.path.to_str().unwrap())
+            .collect()
     }
 
     #[test]
@@ -351,11 +449,14 @@ mod tests {
         );
         assert_eq!(
             c.shared_runs,
-            Some(vec![Run {
-                logical: 0,
-                physical: 4096,
-                length: 8192
-            }])
+            Some(
+                vec![Run {
+                    logical: 0,
+                    physical: 4096,
+                    length: 8192
+                }]
+                .into()
+            )
         );
         assert_eq!(c.exclusive, 0);
 
@@ -374,11 +475,12 @@ mod tests {
 
     #[test]
     fn hard_links_count_once_under_the_first_name() {
-        let (files, dropped) = one_per_inode(vec![
+        let mut files = vec![
             cand("z", 1, 7, 10),
             cand("a", 1, 7, 10),
             cand("m", 2, 7, 10), // same inode number, other device
-        ]);
+        ];
+        let dropped = one_per_inode(&mut files);
         assert_eq!(dropped, 1);
         let names: Vec<_> = files.iter().map(|c| c.path.to_str().unwrap()).collect();
         assert_eq!(names, ["a", "m"]);
@@ -386,16 +488,17 @@ mod tests {
 
     #[test]
     fn size_groups_are_per_device_and_need_two() {
-        let mut g = by_size(vec![
-            cand("a", 1, 1, 10),
+        let mut files = vec![
             cand("b", 1, 2, 10),
+            cand("a", 1, 1, 10),
             cand("c", 2, 3, 10),
             cand("d", 1, 4, 11),
-        ]);
-        assert_eq!(g.len(), 1);
-        g[0].sort_by(|a, b| a.path.cmp(&b.path));
-        assert_eq!(g[0][0].path, PathBuf::from("a"));
-        assert_eq!(g[0][1].path, PathBuf::from("b"));
+        ];
+        let g = by_size(&mut files);
+        assert_eq!(g, [Span::new(0, 2)]);
+        assert_eq!(files.len(), 2, "the lone files are dropped");
+        assert_eq!(files[0].path, PathBuf::from("a"), "inode order");
+        assert_eq!(files[1].path, PathBuf::from("b"));
     }
 
     #[test]
@@ -416,24 +519,38 @@ mod tests {
         for inos in want.values_mut() {
             inos.sort_unstable();
         }
-        let got: HashMap<(u64, u64), Vec<u64>> = by_size(files)
-            .into_iter()
-            .map(|g| ((g[0].dev, g[0].size), g.iter().map(|c| c.ino).collect()))
+        let spans = by_size(&mut files);
+        let got: HashMap<(u64, u64), Vec<u64>> = spans
+            .iter()
+            .map(|s| {
+                let g = &files[s.range()];
+                ((g[0].dev, g[0].size), g.iter().map(|c| c.ino).collect())
+            })
             .collect();
         assert_eq!(got, want);
+        assert_eq!(got.len(), spans.len(), "one span per size");
+        assert_eq!(
+            spans.iter().map(|s| s.len()).sum::<usize>(),
+            files.len(),
+            "nothing else is kept"
+        );
     }
 
     #[test]
     fn inline_files_are_counted_out_and_lone_files_dropped() {
         let mut i = cand("i", 1, 3, 10);
         i.inline = true;
-        let mut groups = vec![
-            vec![cand("a", 1, 1, 10), i],
-            vec![cand("b", 1, 4, 20), cand("c", 1, 5, 20)],
+        let mut files = vec![
+            cand("a", 1, 1, 10),
+            i,
+            cand("b", 1, 4, 20),
+            cand("c", 1, 5, 20),
         ];
-        assert_eq!(drop_inline(&mut groups), 1);
-        assert_eq!(groups.len(), 1);
-        assert_eq!(groups[0][0].path, PathBuf::from("b"));
+        let (dropped, groups) = drop_inline(&mut files);
+        assert_eq!(dropped, 1);
+        assert_eq!(groups, [Span::new(0, 2)]);
+        let names: Vec<_> = files.iter().map(|c| c.path.to_str().unwrap()).collect();
+        assert_eq!(names, ["b", "c"], "a lost its partner");
     }
 
     #[test]
@@ -464,7 +581,7 @@ mod tests {
     fn files_on_the_same_shared_blocks_are_one_cluster() {
         // a and b share every block (same runs); c is separate; d and e
         // share with each other in a group of their own: nothing to do.
-        let c = clusters(vec![
+        let c = clustered(vec![
             vec![
                 shared(cand("b", 1, 2, 10), 100),
                 cand("c", 1, 3, 10),
@@ -477,62 +594,92 @@ mod tests {
         ]);
         assert_eq!(c.groups.len(), 1);
         assert_eq!(c.groups[0].len(), 2);
-        let first = &c.clusters[c.groups[0][0]];
-        let paths: Vec<_> = first.iter().map(|f| f.path.to_str().unwrap()).collect();
-        assert_eq!(paths, ["a", "b"], "members sorted by path");
+        let mut found: Vec<Vec<&str>> = c.groups[0].range().map(|id| paths(&c, id)).collect();
+        found.sort();
+        assert_eq!(found, [vec!["a", "b"], vec!["c"]], "members sorted by path");
         assert_eq!((c.groups_already_shared, c.files_already_shared), (1, 1));
+    }
+
+    /// Give every cluster whose representative is one of `paths` the hash
+    /// `h`.
+    fn hash(c: &mut Clusters, paths: &[&str], h: u8) {
+        for id in 0..c.clusters.len() {
+            if paths.contains(&c.rep(id).path.to_str().unwrap()) {
+                c.rep_mut(id).hash = Some([h; 32]);
+            }
+        }
     }
 
     #[test]
     fn hashes_split_groups_and_the_largest_cluster_is_the_source() {
-        let mut c = clusters(vec![vec![
+        let mut c = clustered(vec![vec![
             shared(cand("x2", 1, 2, 10), 100),
             cand("y", 1, 3, 10),
             shared(cand("x1", 1, 1, 10), 100),
             cand("z", 1, 4, 10),
             cand("other", 1, 5, 10),
+            cand("unread", 1, 6, 10),
         ]]);
-        let ids = &c.groups[0];
-        let id_of = |p: &str| {
-            *ids.iter()
-                .find(|&&i| c.clusters[i][0].path == std::path::Path::new(p))
-                .unwrap()
-        };
         // x-cluster, y and z hash equal; "other" differs; nothing for a
         // cluster whose read failed (no hash).
-        let mut full = HashMap::new();
-        for p in ["x1", "y", "z"] {
-            full.insert(id_of(p), [1u8; 32]);
-        }
-        full.insert(id_of("other"), [2u8; 32]);
-        let split = split_by(&c.groups, &full);
+        hash(&mut c, &["x1", "y", "z"], 1);
+        hash(&mut c, &["other"], 2);
+        let groups_of_size = c.groups.clone();
+        let split = split_by(&mut c, &groups_of_size);
         assert_eq!(split.len(), 1);
         assert_eq!(split[0].len(), 3);
+        let mut reps: Vec<_> = split[0]
+            .range()
+            .map(|id| c.rep(id).path.to_str().unwrap())
+            .collect();
+        reps.sort();
+        assert_eq!(reps, ["x1", "y", "z"]);
 
-        let (groups, already, _) = groups(&mut c.clusters, &c.groups, &full);
+        let (groups, already, _) = groups(&mut c, &split);
         assert_eq!(groups.len(), 1);
         let g = &groups[0];
         assert_eq!(g.source, PathBuf::from("x1"), "largest cluster, first path");
         assert_eq!(g.already_shared, [PathBuf::from("x2")]);
         assert_eq!(g.targets, [PathBuf::from("y"), PathBuf::from("z")]);
         assert_eq!(g.reclaimable, 20, "the targets' exclusive bytes");
+        assert_eq!(g.blake3, Some(crate::ground::hash::hex(&[1; 32])));
         assert_eq!(already, 1);
     }
 
     #[test]
+    fn a_split_splits_again_on_new_hashes() {
+        // Equal edges (1) for a, b, c; then whole-file hashes set a apart.
+        let mut c = clustered(vec![vec![
+            cand("a", 1, 1, 10),
+            cand("b", 1, 2, 10),
+            cand("c", 1, 3, 10),
+        ]]);
+        hash(&mut c, &["a", "b", "c"], 1);
+        let size_groups = c.groups.clone();
+        let edges = split_by(&mut c, &size_groups);
+        assert_eq!(edges.len(), 1);
+        hash(&mut c, &["a"], 3);
+        hash(&mut c, &["b", "c"], 4);
+        let whole = split_by(&mut c, &edges);
+        assert_eq!(whole.len(), 1);
+        let (g, _, _) = groups(&mut c, &whole);
+        assert_eq!(g[0].source, PathBuf::from("b"));
+        assert_eq!(g[0].targets, [PathBuf::from("c")]);
+    }
+
+    #[test]
     fn groups_come_largest_first_then_by_source() {
-        let mut full = HashMap::new();
-        let mut c = clusters(vec![
+        let mut c = clustered(vec![
             vec![cand("s1", 1, 1, 10), cand("t1", 1, 2, 10)],
             vec![cand("s2", 1, 3, 50), cand("t2", 1, 4, 50)],
             vec![cand("a3", 1, 5, 10), cand("b3", 1, 6, 10)],
         ]);
-        for (n, ids) in c.groups.iter().enumerate() {
-            for &id in ids {
-                full.insert(id, [n as u8; 32]);
-            }
-        }
-        let (g, _, _) = groups(&mut c.clusters, &c.groups, &full);
+        hash(&mut c, &["s1", "t1"], 0);
+        hash(&mut c, &["s2", "t2"], 1);
+        hash(&mut c, &["a3", "b3"], 2);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, _) = groups(&mut c, &sets);
         let src: Vec<_> = g.iter().map(|g| g.source.to_str().unwrap()).collect();
         assert_eq!(src, ["s2", "a3", "s1"]);
     }
@@ -545,9 +692,11 @@ mod tests {
         r1.may_change = false;
         let mut r2 = cand("r2", 1, 2, 10);
         r2.may_change = false;
-        let mut c = clusters(vec![vec![cand("m", 1, 3, 10), r2, r1]]);
-        let full: HashMap<usize, [u8; 32]> = c.groups[0].iter().map(|&i| (i, [7u8; 32])).collect();
-        let (g, _, not_permitted) = groups(&mut c.clusters, &c.groups, &full);
+        let mut c = clustered(vec![vec![cand("m", 1, 3, 10), r2, r1]]);
+        hash(&mut c, &["m", "r1", "r2"], 7);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, not_permitted) = groups(&mut c, &sets);
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].source, PathBuf::from("r1"));
         assert_eq!(g[0].targets, [PathBuf::from("m")]);
@@ -558,9 +707,11 @@ mod tests {
         a.may_change = false;
         let mut b = cand("b", 1, 5, 10);
         b.may_change = false;
-        let mut c = clusters(vec![vec![a, b]]);
-        let full: HashMap<usize, [u8; 32]> = c.groups[0].iter().map(|&i| (i, [7u8; 32])).collect();
-        let (g, _, not_permitted) = groups(&mut c.clusters, &c.groups, &full);
+        let mut c = clustered(vec![vec![a, b]]);
+        hash(&mut c, &["a", "b"], 7);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, not_permitted) = groups(&mut c, &sets);
         assert!(g.is_empty());
         assert_eq!(not_permitted, 1);
     }
