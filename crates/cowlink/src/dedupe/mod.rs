@@ -61,7 +61,8 @@
 //! and groups across filesystems (groups are per device).
 
 use std::collections::HashMap;
-use std::ffi::CStr;
+use std::ffi::{CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
@@ -84,7 +85,7 @@ mod execute;
 mod stages;
 
 pub use execute::{execute, DedupeReport};
-use stages::{layout_facts, Cand, Span};
+use stages::{layout_facts, Cand, Name, Names, Span};
 
 /// Bytes hashed from each end of a file for the partial hash.
 const EDGE: u64 = 4096;
@@ -235,7 +236,8 @@ impl Plan {
 
 #[derive(Default)]
 struct Collect {
-    files: Mutex<Vec<Cand>>,
+    /// The candidates and their names.
+    files: Mutex<(Vec<Cand>, Names)>,
     /// In the order met (the first is returned when nothing could be
     /// walked).
     errors: Mutex<Vec<Error>>,
@@ -258,16 +260,6 @@ struct Collect {
 struct SetAside {
     files: Vec<stages::Inline>,
     shortest: HashMap<u64, PathBuf>,
-}
-
-/// A walked path with no spare capacity. The walk builds each by joining
-/// a name to its directory's path, which leaves room to grow (up to
-/// twice the length); a candidate keeps its path through the whole plan,
-/// and over 223,547 files with absolute paths the spare room was about 6
-/// MB of the plan's peak (paired with the binary before).
-fn shrunk(mut p: PathBuf) -> PathBuf {
-    p.shrink_to_fit();
-    p
 }
 
 impl Collect {
@@ -297,7 +289,7 @@ impl Collect {
             || st.st_uid == euid
             || fs::accessat(e.dirfd, e.name, fs::Access::WRITE_OK, fs::AtFlags::EACCESS).is_ok();
         let mut c = Cand {
-            path: shrunk(e.path),
+            name: Name::default(),
             dev: st.st_dev,
             ino: st.st_ino,
             size,
@@ -319,15 +311,21 @@ impl Collect {
                 read_layout(fd.as_fd(), &mut c);
             }
             if c.inline {
-                return self.set_aside(c);
+                return self.set_aside(c, e.path);
             }
         }
-        lock(&self.files).push(c);
+        let mut files = lock(&self.files);
+        let (files, names) = &mut *files;
+        c.name = match e.dir {
+            Some(d) => names.push(Some(d.id), OsStr::from_bytes(e.name.to_bytes())),
+            None => names.push(None, e.path.as_os_str()),
+        };
+        files.push(c);
     }
 
-    /// Keep an inline file apart, without its name (unless it is its
+    /// Keep an inline file apart, without its name (unless `path` is its
     /// device's shortest yet).
-    fn set_aside(&self, c: Cand) {
+    fn set_aside(&self, c: Cand, path: PathBuf) {
         let mut aside = lock(&self.inline);
         aside.files.push(stages::Inline {
             dev: c.dev,
@@ -335,10 +333,10 @@ impl Collect {
             size: c.size,
         });
         match aside.shortest.get_mut(&c.dev) {
-            Some(p) if p.as_os_str().len() <= c.path.as_os_str().len() => {}
-            Some(p) => *p = c.path,
+            Some(p) if p.as_os_str().len() <= path.as_os_str().len() => {}
+            Some(p) => *p = path,
             None => {
-                aside.shortest.insert(c.dev, c.path);
+                aside.shortest.insert(c.dev, path);
             }
         }
     }
@@ -384,7 +382,9 @@ impl Collect {
 }
 
 impl Visitor for Collect {
-    fn dir(&self, _dir: &DirInfo, _st: &fs::Stat) {}
+    fn dir(&self, dir: &DirInfo, _st: &fs::Stat) {
+        lock(&self.files).1.dir(dir.id, &dir.path);
+    }
 
     fn entry(&self, e: Entry<'_>) -> std::ops::ControlFlow<()> {
         self.take(e);
@@ -594,7 +594,8 @@ fn find<P: AsRef<Path>>(
     if run.cancelled() {
         return Err(cancelled());
     }
-    let files = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
+    let (files, mut names) = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
+    names.shrink();
     let SetAside {
         files: mut inline,
         shortest: inline_names,
@@ -612,24 +613,34 @@ fn find<P: AsRef<Path>>(
 
     // One inode is one file: keep the name that sorts first.
     let mut files = files;
-    plan.hardlinks_skipped = stages::one_per_inode(&mut files);
+    plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
 
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
     // PATH_MAX, which the probe needs).
-    let mut shortest: HashMap<u64, &Path> = HashMap::new();
-    let names = files.iter().map(|c| (c.dev, &c.path));
-    for (dev, path) in names.chain(inline_names.iter().map(|(d, p)| (*d, p))) {
-        let p = shortest.entry(dev).or_insert(path);
+    let mut shortest: HashMap<u64, (usize, Name)> = HashMap::new();
+    for c in &files {
+        let len = names.path_len(c.name);
+        let p = shortest.entry(c.dev).or_insert((len, c.name));
+        if len < p.0 {
+            *p = (len, c.name);
+        }
+    }
+    let mut devices: HashMap<u64, PathBuf> = shortest
+        .into_iter()
+        .map(|(dev, (_, name))| (dev, names.path(name)))
+        .collect();
+    for (dev, path) in inline_names {
+        let p = devices.entry(dev).or_insert_with(|| path.clone());
         if path.as_os_str().len() < p.as_os_str().len() {
             *p = path;
         }
     }
     let mut allowed: HashMap<u64, bool> = HashMap::new();
-    let mut devices: Vec<(u64, &Path)> = shortest.into_iter().collect();
+    let mut devices: Vec<(u64, PathBuf)> = devices.into_iter().collect();
     devices.sort();
     for (dev, path) in devices {
-        let ok = match can_dedupe(path) {
+        let ok = match can_dedupe(&path) {
             Ok(()) => true,
             Err(e) => {
                 errors.push(e);
@@ -656,7 +667,7 @@ fn find<P: AsRef<Path>>(
             if run.cancelled() || c.mapped {
                 return;
             }
-            if let Ok(fd) = open_read(&c.path) {
+            if let Ok(fd) = open_read(&names.path(c.name)) {
                 read_layout(fd.as_fd(), c);
             }
         })
@@ -664,7 +675,7 @@ fn find<P: AsRef<Path>>(
     // Inline data has no blocks to share: report, never claim.
     let (inline_dropped, size_groups) = stages::drop_inline(&mut files);
     plan.inline_skipped = inline.partnered + inline_dropped;
-    let mut cl = stages::clusters(files, &size_groups);
+    let mut cl = stages::clusters(files, &size_groups, &names);
     drop(size_groups);
     plan.groups_already_shared = cl.groups_already_shared;
     plan.files_already_shared = cl.files_already_shared;
@@ -701,7 +712,7 @@ fn find<P: AsRef<Path>>(
             .sum(),
     );
     let sets = stages::split_by(&mut cl, &small);
-    let (mut groups, already, not_permitted) = stages::groups(&mut cl, &sets);
+    let (mut groups, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
     if let Some(give) = hand_over.as_mut() {
@@ -724,7 +735,7 @@ fn find<P: AsRef<Path>>(
                         count(c.size.min(2 * EDGE));
                         return None;
                     }
-                    let h = hash_file(&c.path, c.size, edges, &count)
+                    let h = hash_file(&names.path(c.name), c.size, edges, &count)
                         .map_err(|e| lock(&hash_errors).push(e))
                         .ok();
                     Some((id, h))
@@ -756,8 +767,8 @@ fn find<P: AsRef<Path>>(
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets);
-    drop(cl);
+    let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
+    drop((cl, names));
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
     if compare == Compare::Kernel {
@@ -900,17 +911,6 @@ mod tests {
     use super::*;
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-
-    #[test]
-    fn a_walked_path_is_kept_without_spare_room() {
-        // Room to grow, as a joined path has.
-        let mut p = PathBuf::with_capacity(256);
-        p.push("/srv/data/some/deep/directory/file.txt");
-        let len = p.as_os_str().len();
-        let kept = shrunk(p.clone());
-        assert_eq!(kept, p);
-        assert_eq!(kept.capacity(), len);
-    }
 
     #[test]
     fn a_plan_reads_back_from_its_json_with_exact_names() {

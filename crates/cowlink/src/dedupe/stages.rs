@@ -12,17 +12,122 @@
 //! over 223,547 real files on XFS the plan's peak went from 112 to NN MiB
 //! (docs/benchmarks.md, "Peak memory").
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
 
 use super::Group;
 use crate::extents::Extent;
 
+/// Where the candidates' names are kept: each directory's path once, by
+/// the walk's directory id, and each candidate's own name in one byte
+/// arena. A path per candidate (its directory's path again in each, and a
+/// heap block each) was 19 MB of a plan over 223,547 real files with
+/// absolute paths; the names alone, back to back, are a fifth of that.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Names {
+    dirs: Vec<Option<Box<Path>>>,
+    bytes: Vec<u8>,
+}
+
+/// A candidate's name in [`Names`]: its directory and its own name, or,
+/// for a file given as a walk root, its whole path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Name {
+    at: u64,
+    len: u32,
+    /// The directory's id, or [`Name::ROOT`].
+    dir: u32,
+}
+
+impl Name {
+    /// No directory: the name is the whole path (a file given as a root).
+    const ROOT: u32 = u32::MAX;
+}
+
+impl Names {
+    /// Record directory `id`'s path (the walk's dense id).
+    pub fn dir(&mut self, id: usize, path: &Path) {
+        if self.dirs.len() <= id {
+            self.dirs.resize(id + 1, None);
+        }
+        self.dirs[id] = Some(path.into());
+    }
+
+    /// Keep `name`, found in directory `dir` (`None`: `name` is a whole
+    /// path, given as a root).
+    pub fn push(&mut self, dir: Option<usize>, name: &OsStr) -> Name {
+        let at = self.bytes.len() as u64;
+        self.bytes.extend_from_slice(name.as_bytes());
+        let dir = dir.map_or(Name::ROOT, |d| {
+            u32::try_from(d).expect("fewer than 2^32 directories")
+        });
+        Name {
+            at,
+            len: u32::try_from(name.len()).expect("a name under 4 GiB"),
+            dir,
+        }
+    }
+
+    /// Drop the spare room the arena grew with.
+    pub fn shrink(&mut self) {
+        self.bytes.shrink_to_fit();
+    }
+
+    fn own(&self, n: Name) -> &Path {
+        Path::new(OsStr::from_bytes(
+            &self.bytes[n.at as usize..n.at as usize + n.len as usize],
+        ))
+    }
+
+    fn dir_of(&self, n: Name) -> Option<&Path> {
+        match n.dir {
+            Name::ROOT => None,
+            d => self.dirs[d as usize].as_deref(),
+        }
+    }
+
+    /// The whole path, without spare room (a plan's groups keep every
+    /// path they are given; a join left up to as much again unused).
+    pub fn path(&self, n: Name) -> PathBuf {
+        let mut p = PathBuf::with_capacity(self.path_len(n));
+        if let Some(d) = self.dir_of(n) {
+            p.push(d);
+        }
+        p.push(self.own(n));
+        p
+    }
+
+    /// The length in bytes of the whole path.
+    pub fn path_len(&self, n: Name) -> usize {
+        match self.dir_of(n) {
+            Some(d) => d.as_os_str().len() + 1 + n.len as usize,
+            None => n.len as usize,
+        }
+    }
+
+    fn components(&self, n: Name) -> impl Iterator<Item = Component<'_>> {
+        let dir = self.dir_of(n).map(Path::components).into_iter().flatten();
+        dir.chain(self.own(n).components())
+    }
+
+    /// The order of the whole paths (as `Path`s compare), without
+    /// building them.
+    pub fn cmp(&self, a: Name, b: Name) -> Ordering {
+        match a.dir == b.dir {
+            true => self.own(a).cmp(self.own(b)),
+            false => self.components(a).cmp(self.components(b)),
+        }
+    }
+}
+
 /// A candidate file during planning.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Cand {
-    pub path: PathBuf,
+    pub name: Name,
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
@@ -116,10 +221,14 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
 
 /// One inode is one file: keep the name that sorts first. Returns how
 /// many names were dropped.
-pub(super) fn one_per_inode(files: &mut Vec<Cand>) -> u64 {
+pub(super) fn one_per_inode(files: &mut Vec<Cand>, names: &Names) -> u64 {
     // (device, inode, path) is distinct per entry, so an unstable sort
     // (no scratch copy) gives the one order.
-    files.sort_unstable_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+    files.sort_unstable_by(|a, b| {
+        (a.dev, a.ino)
+            .cmp(&(b.dev, b.ino))
+            .then_with(|| names.cmp(a.name, b.name))
+    });
     let before = files.len();
     files.dedup_by(|b, a| (a.dev, a.ino) == (b.dev, b.ino));
     (before - files.len()) as u64
@@ -222,13 +331,37 @@ pub(super) fn count_inline(mut inline: Vec<Inline>, files: &[Cand]) -> InlineCou
     }
 }
 
+/// What the stages after clustering need of a candidate: 72 bytes of its
+/// 104. Over 223,547 real files the plan's end (the candidates and the
+/// groups' paths at once) was its peak.
+#[derive(Debug, Clone)]
+pub(super) struct Member {
+    pub name: Name,
+    pub size: u64,
+    pub exclusive: u64,
+    pub hash: Option<[u8; 32]>,
+    pub may_change: bool,
+}
+
+impl From<Cand> for Member {
+    fn from(c: Cand) -> Member {
+        Member {
+            name: c.name,
+            size: c.size,
+            exclusive: c.exclusive,
+            hash: c.hash,
+            may_change: c.may_change,
+        }
+    }
+}
+
 /// Size groups split into clusters: files whose every block is shared, on
 /// the same runs, hold the same bytes by construction and are read once.
 #[derive(Debug, Default)]
 pub(super) struct Clusters {
-    /// Every candidate, each cluster's members together and sorted by path
+    /// Every candidate, as a [`Member`], each cluster's members together and sorted by path
     /// (the first is the one read: its *representative*).
-    pub files: Vec<Cand>,
+    pub files: Vec<Member>,
     /// Each cluster's span of `files`.
     pub clusters: Vec<Span>,
     /// Per size group with more than one cluster: its span of `clusters`.
@@ -241,12 +374,12 @@ pub(super) struct Clusters {
 
 impl Clusters {
     /// The representative of cluster `id`: the member read for all.
-    pub fn rep(&self, id: usize) -> &Cand {
+    pub fn rep(&self, id: usize) -> &Member {
         &self.files[self.clusters[id].first()]
     }
 
     /// [`Clusters::rep`], to record its hash.
-    pub fn rep_mut(&mut self, id: usize) -> &mut Cand {
+    pub fn rep_mut(&mut self, id: usize) -> &mut Member {
         &mut self.files[self.clusters[id].first()]
     }
 }
@@ -254,13 +387,17 @@ impl Clusters {
 /// Split each size group (spans of `files`, as [`by_size`] left it) into
 /// [`Clusters`], in place: a group's files are sorted by their shared
 /// runs, then path, so each cluster is a span.
-pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span]) -> Clusters {
+pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names) -> Clusters {
     let mut out = Clusters::default();
     for g in size_groups {
         let members = &mut files[g.range()];
         // Files not sharing every block (no runs) sort first; each is a
         // cluster of its own.
-        members.sort_unstable_by(|a, b| (&a.shared_runs, &a.path).cmp(&(&b.shared_runs, &b.path)));
+        members.sort_unstable_by(|a, b| {
+            a.shared_runs
+                .cmp(&b.shared_runs)
+                .then_with(|| names.cmp(a.name, b.name))
+        });
         let first = out.clusters.len();
         let mut start = 0;
         while start < members.len() {
@@ -281,7 +418,10 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span]) -> Clusters {
         }
         out.groups.push(Span::new(first, out.clusters.len()));
     }
-    out.files = files;
+    // The same buffer, each record shortened (in place: a collect into
+    // smaller items of the same alignment reuses it), then cut to size.
+    out.files = files.into_iter().map(Member::from).collect();
+    out.files.shrink_to_fit();
     out
 }
 
@@ -320,41 +460,38 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
 /// shared with their source, and how many duplicates were left alone
 /// because the caller may not change them.
 ///
-/// The groups take their paths out of `cl` (each cluster is in one set at
-/// most): read anything else of a cluster's paths before.
-pub(super) fn groups(cl: &mut Clusters, sets: &[Span]) -> (Vec<Group>, u64, u64) {
+/// The groups' paths are built from `names`.
+pub(super) fn groups(cl: &mut Clusters, sets: &[Span], names: &Names) -> (Vec<Group>, u64, u64) {
     let Clusters {
         files, clusters, ..
     } = cl;
+    let files = &*files;
     let mut out = Vec::with_capacity(sets.len());
     let (mut already, mut not_permitted) = (0, 0);
     for set in sets {
         {
-            let files = &*files;
             let fixed = |s: &Span| files[s.range()].iter().filter(|c| !c.may_change).count();
             clusters[set.range()].sort_by(|a, b| {
                 fixed(b)
                     .cmp(&fixed(a))
                     .then(b.len().cmp(&a.len()))
-                    .then(files[a.first()].path.cmp(&files[b.first()].path))
+                    .then_with(|| names.cmp(files[a.first()].name, files[b.first()].name))
             });
         }
         let members = &clusters[set.range()];
         let hash = files[members[0].first()]
             .hash
             .expect("a set is of clusters with a hash");
-        // The paths move from the clusters into the group (a cluster is in
-        // one set at most): no second copy of every name.
         let mut targets: Vec<(PathBuf, u64)> = Vec::new();
         for m in &members[1..] {
-            for c in &mut files[m.range()] {
+            for c in &files[m.range()] {
                 match c.may_change {
-                    true => targets.push((std::mem::take(&mut c.path), c.exclusive)),
+                    true => targets.push((names.path(c.name), c.exclusive)),
                     false => not_permitted += 1,
                 }
             }
         }
-        let src = &mut files[members[0].range()];
+        let src = &files[members[0].range()];
         already += src.len() as u64 - 1;
         if targets.is_empty() {
             continue;
@@ -363,13 +500,10 @@ pub(super) fn groups(cl: &mut Clusters, sets: &[Span]) -> (Vec<Group>, u64, u64)
         out.push(Group {
             size: src[0].size,
             blake3: Some(crate::ground::hash::hex(&hash)),
-            source: std::mem::take(&mut src[0].path),
+            source: names.path(src[0].name),
             reclaimable: targets.iter().map(|t| t.1).sum(),
             targets: targets.into_iter().map(|t| t.0).collect(),
-            already_shared: src[1..]
-                .iter_mut()
-                .map(|c| std::mem::take(&mut c.path))
-                .collect(),
+            already_shared: src[1..].iter().map(|c| names.path(c.name)).collect(),
         });
     }
     order(&mut out);
@@ -391,9 +525,25 @@ pub(super) fn order(groups: &mut [Group]) {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// The names of the test's candidates (each test runs on a thread
+        /// of its own).
+        static NAMES: std::cell::RefCell<Names> = Default::default();
+    }
+
+    /// The names of every candidate made so far by this test.
+    fn names() -> Names {
+        NAMES.with(|n| n.borrow().clone())
+    }
+
+    /// A candidate's whole path.
+    fn path(name: Name) -> String {
+        names().path(name).to_str().unwrap().to_string()
+    }
+
     fn cand(path: &str, dev: u64, ino: u64, size: u64) -> Cand {
         Cand {
-            path: path.into(),
+            name: NAMES.with(|n| n.borrow_mut().push(None, OsStr::new(path))),
             dev,
             ino,
             size,
@@ -424,15 +574,46 @@ mod tests {
             spans.push(Span::new(files.len(), files.len() + g.len()));
             files.extend(g);
         }
-        clusters(files, &spans)
+        clusters(files, &spans, &names())
     }
 
     /// Paths of a cluster's members.
-    fn paths(cl: &Clusters, id: usize) -> Vec<&str> {
+    fn paths(cl: &Clusters, id: usize) -> Vec<String> {
         cl.files[cl.clusters[id].range()]
             .iter()
-            .map(|c| c.path.to_str().unwrap())
+            .map(|c| path(c.name))
             .collect()
+    }
+
+    #[test]
+    fn names_give_and_order_whole_paths() {
+        let mut n = Names::default();
+        n.dir(0, Path::new("/a/b"));
+        n.dir(1, Path::new("/a/b/c"));
+        n.dir(3, Path::new("/a/b-c"));
+        n.dir(2, Path::new("./x"));
+        let os = OsStr::new;
+        let list = [
+            n.push(Some(0), os("z")),
+            n.push(Some(1), os("a")),
+            n.push(Some(3), os("a")),
+            n.push(Some(0), os("c")),
+            n.push(None, os("/a/b/c/b")),
+            n.push(Some(2), os("y")),
+            n.push(None, os("x/y")),
+            n.push(Some(0), os("c.d")),
+        ];
+        assert_eq!(n.path(list[1]), Path::new("/a/b/c/a"));
+        assert_eq!(n.path(list[4]), Path::new("/a/b/c/b"));
+        assert_eq!(n.path(list[5]), Path::new("./x/y"));
+        for &a in &list {
+            assert_eq!(n.path_len(a), n.path(a).as_os_str().len());
+            assert_eq!(n.path(a).capacity(), n.path_len(a), "no spare room");
+            for &b in &list {
+                let (pa, pb) = (n.path(a), n.path(b));
+                assert_eq!(n.cmp(a, b), pa.cmp(&pb), "{pa:?} vs {pb:?}");
+            }
+        }
     }
 
     #[test]
@@ -480,9 +661,9 @@ mod tests {
             cand("a", 1, 7, 10),
             cand("m", 2, 7, 10), // same inode number, other device
         ];
-        let dropped = one_per_inode(&mut files);
+        let dropped = one_per_inode(&mut files, &names());
         assert_eq!(dropped, 1);
-        let names: Vec<_> = files.iter().map(|c| c.path.to_str().unwrap()).collect();
+        let names: Vec<_> = files.iter().map(|c| path(c.name)).collect();
         assert_eq!(names, ["a", "m"]);
     }
 
@@ -497,8 +678,8 @@ mod tests {
         let g = by_size(&mut files);
         assert_eq!(g, [Span::new(0, 2)]);
         assert_eq!(files.len(), 2, "the lone files are dropped");
-        assert_eq!(files[0].path, PathBuf::from("a"), "inode order");
-        assert_eq!(files[1].path, PathBuf::from("b"));
+        assert_eq!(path(files[0].name), "a", "inode order");
+        assert_eq!(path(files[1].name), "b");
     }
 
     #[test]
@@ -549,7 +730,7 @@ mod tests {
         let (dropped, groups) = drop_inline(&mut files);
         assert_eq!(dropped, 1);
         assert_eq!(groups, [Span::new(0, 2)]);
-        let names: Vec<_> = files.iter().map(|c| c.path.to_str().unwrap()).collect();
+        let names: Vec<_> = files.iter().map(|c| path(c.name)).collect();
         assert_eq!(names, ["b", "c"], "a lost its partner");
     }
 
@@ -594,7 +775,7 @@ mod tests {
         ]);
         assert_eq!(c.groups.len(), 1);
         assert_eq!(c.groups[0].len(), 2);
-        let mut found: Vec<Vec<&str>> = c.groups[0].range().map(|id| paths(&c, id)).collect();
+        let mut found: Vec<Vec<String>> = c.groups[0].range().map(|id| paths(&c, id)).collect();
         found.sort();
         assert_eq!(found, [vec!["a", "b"], vec!["c"]], "members sorted by path");
         assert_eq!((c.groups_already_shared, c.files_already_shared), (1, 1));
@@ -604,7 +785,7 @@ mod tests {
     /// `h`.
     fn hash(c: &mut Clusters, paths: &[&str], h: u8) {
         for id in 0..c.clusters.len() {
-            if paths.contains(&c.rep(id).path.to_str().unwrap()) {
+            if paths.contains(&path(c.rep(id).name).as_str()) {
                 c.rep_mut(id).hash = Some([h; 32]);
             }
         }
@@ -628,14 +809,11 @@ mod tests {
         let split = split_by(&mut c, &groups_of_size);
         assert_eq!(split.len(), 1);
         assert_eq!(split[0].len(), 3);
-        let mut reps: Vec<_> = split[0]
-            .range()
-            .map(|id| c.rep(id).path.to_str().unwrap())
-            .collect();
+        let mut reps: Vec<_> = split[0].range().map(|id| path(c.rep(id).name)).collect();
         reps.sort();
         assert_eq!(reps, ["x1", "y", "z"]);
 
-        let (groups, already, _) = groups(&mut c, &split);
+        let (groups, already, _) = groups(&mut c, &split, &names());
         assert_eq!(groups.len(), 1);
         let g = &groups[0];
         assert_eq!(g.source, PathBuf::from("x1"), "largest cluster, first path");
@@ -662,7 +840,7 @@ mod tests {
         hash(&mut c, &["b", "c"], 4);
         let whole = split_by(&mut c, &edges);
         assert_eq!(whole.len(), 1);
-        let (g, _, _) = groups(&mut c, &whole);
+        let (g, _, _) = groups(&mut c, &whole, &names());
         assert_eq!(g[0].source, PathBuf::from("b"));
         assert_eq!(g[0].targets, [PathBuf::from("c")]);
     }
@@ -679,7 +857,7 @@ mod tests {
         hash(&mut c, &["a3", "b3"], 2);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, _) = groups(&mut c, &sets);
+        let (g, _, _) = groups(&mut c, &sets, &names());
         let src: Vec<_> = g.iter().map(|g| g.source.to_str().unwrap()).collect();
         assert_eq!(src, ["s2", "a3", "s1"]);
     }
@@ -696,7 +874,7 @@ mod tests {
         hash(&mut c, &["m", "r1", "r2"], 7);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, not_permitted) = groups(&mut c, &sets);
+        let (g, _, not_permitted) = groups(&mut c, &sets, &names());
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].source, PathBuf::from("r1"));
         assert_eq!(g[0].targets, [PathBuf::from("m")]);
@@ -711,7 +889,7 @@ mod tests {
         hash(&mut c, &["a", "b"], 7);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, not_permitted) = groups(&mut c, &sets);
+        let (g, _, not_permitted) = groups(&mut c, &sets, &names());
         assert!(g.is_empty());
         assert_eq!(not_permitted, 1);
     }
