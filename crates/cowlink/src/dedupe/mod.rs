@@ -761,6 +761,10 @@ fn find<P: AsRef<Path>>(
         hash_reps(&mut cl, &ids, false);
         sets = stages::split_by(&mut cl, &sets);
     }
+    // The reading is over: the pool's read buffers go before the groups'
+    // paths are built.
+    pool.broadcast(|_| crate::ground::hash::release_buffer());
+    drop(pool);
     if run.cancelled() {
         return Err(cancelled());
     }

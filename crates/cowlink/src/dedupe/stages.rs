@@ -6,11 +6,13 @@
 //! Every candidate lives in one dense array for the whole plan, sorted in
 //! place so that each size group, and each cluster within it, is a
 //! contiguous [`Span`]; the stages pass spans, never copies or vectors of
-//! their own per group. A vector per group and per cluster, with the
-//! candidates moved between them, cost a heap block (and its bookkeeping)
-//! per file and held the list one and a half times while grouping by size:
-//! over 223,547 real files on XFS the plan's peak went from 112 to NN MiB
-//! (docs/benchmarks.md, "Peak memory").
+//! their own per group. Names are kept apart ([`Names`]): each directory's
+//! path once, each file's own name in one arena. After clustering each
+//! candidate is cut to what the later stages read ([`Member`]). A vector
+//! per group and per cluster, with a whole path per candidate, cost heap
+//! blocks per file and held the list one and a half times while grouping
+//! by size: over 223,547 real files on XFS the plan's peak RSS went from
+//! 112 to 62 MiB, the same plan byte for byte (docs/benchmarks.md, "Peak memory").
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -392,12 +394,10 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
     for g in size_groups {
         let members = &mut files[g.range()];
         // Files not sharing every block (no runs) sort first; each is a
-        // cluster of its own.
-        members.sort_unstable_by(|a, b| {
-            a.shared_runs
-                .cmp(&b.shared_runs)
-                .then_with(|| names.cmp(a.name, b.name))
-        });
+        // cluster of its own. Only a cluster of several needs its members
+        // in path order (the order of clusters does not matter), so paths
+        // are compared there alone.
+        members.sort_unstable_by(|a, b| a.shared_runs.cmp(&b.shared_runs));
         let first = out.clusters.len();
         let mut start = 0;
         while start < members.len() {
@@ -406,6 +406,7 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
                 while end < members.len() && members[end].shared_runs.as_ref() == Some(runs) {
                     end += 1;
                 }
+                members[start..end].sort_unstable_by(|a, b| names.cmp(a.name, b.name));
             }
             out.clusters
                 .push(Span::new(g.first() + start, g.first() + end));
@@ -482,11 +483,14 @@ pub(super) fn groups(cl: &mut Clusters, sets: &[Span], names: &Names) -> (Vec<Gr
         let hash = files[members[0].first()]
             .hash
             .expect("a set is of clusters with a hash");
-        let mut targets: Vec<(PathBuf, u64)> = Vec::new();
+        let (mut targets, mut reclaimable) = (Vec::new(), 0);
         for m in &members[1..] {
             for c in &files[m.range()] {
                 match c.may_change {
-                    true => targets.push((names.path(c.name), c.exclusive)),
+                    true => {
+                        targets.push(names.path(c.name));
+                        reclaimable += c.exclusive;
+                    }
                     false => not_permitted += 1,
                 }
             }
@@ -496,13 +500,14 @@ pub(super) fn groups(cl: &mut Clusters, sets: &[Span], names: &Names) -> (Vec<Gr
         if targets.is_empty() {
             continue;
         }
-        targets.sort_by(|a, b| a.0.cmp(&b.0));
+        targets.sort_unstable();
+        targets.shrink_to_fit();
         out.push(Group {
             size: src[0].size,
             blake3: Some(crate::ground::hash::hex(&hash)),
             source: names.path(src[0].name),
-            reclaimable: targets.iter().map(|t| t.1).sum(),
-            targets: targets.into_iter().map(|t| t.0).collect(),
+            reclaimable,
+            targets,
             already_shared: src[1..].iter().map(|c| names.path(c.name)).collect(),
         });
     }

@@ -13,6 +13,13 @@ thread_local! {
     static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Free this thread's read buffer (up to [`READ_BUF`]): a pool done
+/// hashing calls it on each of its threads, so the buffers do not outlive
+/// the reading while the rest of a plan is built.
+pub(crate) fn release_buffer() {
+    BUF.take();
+}
+
 /// Hash everything `fd` yields from its current position to end of file.
 /// `size_hint` (the expected size) only sizes the buffer. Returns the hash
 /// and the number of bytes read; `count` hears every chunk.
