@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::prim::place::{Overwrite, PendingFile};
 
-use super::manifest::{Digest, FileTotals, Manifest};
+use super::manifest::{Digest, FileTotals, Manifest, Streamed};
 use super::{store_err, Store};
 
 /// First line of the marker file.
@@ -403,28 +403,64 @@ impl Store {
     /// `InvalidInput` when it is not a valid manifest.
     pub fn manifest(&self, digest: &Digest) -> Result<Manifest> {
         let path = self.root.join(manifest_rel(digest));
-        let read = || -> std::io::Result<Vec<u8>> {
-            let fd = self.open_in_layout(&manifest_rel(digest))?;
-            let mut v = Vec::new();
-            std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut v)?;
-            Ok(v)
-        };
-        let bytes = read().map_err(|e| {
+        let failed = |e: std::io::Error| {
             let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
             let err = Error::from_errno(Operation::Manifest, errno).with_src(digest.to_hex());
             match errno {
                 Errno::NOENT => err.with_reason("the store has no manifest with this digest"),
                 _ => err,
             }
-        })?;
-        if Digest::of(&bytes) != *digest {
-            return Err(Error::new(Operation::Manifest, ErrorKind::ContentChanged)
+        };
+        let mismatch = || {
+            Error::new(Operation::Manifest, ErrorKind::ContentChanged)
                 .with_src(&path)
                 .with_reason(
                     "the manifest's bytes do not match its digest (corrupt store: run verify)",
-                ));
+                )
+        };
+        let open = || -> std::io::Result<std::fs::File> {
+            Ok(std::fs::File::from(
+                self.open_in_layout(&manifest_rel(digest))?,
+            ))
+        };
+        // Read in chunks, hashed and parsed as they come: the whole text is
+        // never held (see `Streamed`).
+        let mut file = open().map_err(failed)?;
+        let mut hasher = blake3::Hasher::new();
+        let mut streamed = Streamed::default();
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            let n = match std::io::Read::read(&mut file, &mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(failed(e)),
+            };
+            hasher.update(&chunk[..n]);
+            streamed.feed(&chunk[..n]);
         }
-        Manifest::from_vec(bytes, &digest.to_hex())
+        drop(chunk);
+        if Digest(*hasher.finalize().as_bytes()) != *digest {
+            return Err(mismatch());
+        }
+        let origin = digest.to_hex();
+        if let Some(m) = streamed.finish() {
+            m.validate(&origin, true)?;
+            return Ok(m);
+        }
+        // Not in canonical form, or not a manifest: read whole, for the
+        // general reader and its errors (checked against the digest again,
+        // in case it changed since).
+        let bytes = open()
+            .and_then(|mut f| {
+                let mut v = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut v).map(|_| v)
+            })
+            .map_err(failed)?;
+        if Digest::of(&bytes) != *digest {
+            return Err(mismatch());
+        }
+        Manifest::from_vec(bytes, &origin)
     }
 
     /// The manifests in the store, sorted.

@@ -31,7 +31,7 @@ use rustix::fs::{self, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
 use super::layout::{self, object_rel};
-use super::manifest::{Digest, EntryKind, Manifest};
+use super::manifest::{Digest, EntryKind, Manifest, ManifestEntry};
 use super::Store;
 use crate::ground::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
 use crate::prim::files::split_dest;
@@ -170,12 +170,14 @@ struct Tree<'a> {
 
 impl<'a> Tree<'a> {
     /// `dirs` holds every directory (with implied parents), in path order;
-    /// files and links are keyed by their parent's path.
-    fn new(
-        dirs: &BTreeMap<&'a str, u32>,
-        files: Vec<(&'a str, FileItem<'a>)>,
-        links: Vec<(&'a str, LinkItem<'a>)>,
-    ) -> Self {
+    /// the files and links come from `entries` (set-id bits kept only
+    /// with `setid`).
+    ///
+    /// Each directory's lists are made at their final length, straight
+    /// from the manifest: a list of every file first, then moved into
+    /// lists grown by doubling, held both at once (26 MB for 223,547 files,
+    /// the largest part of a checkout's peak after the manifest itself).
+    fn new(dirs: &BTreeMap<&'a str, u32>, entries: &'a [ManifestEntry], setid: bool) -> Self {
         let node = |path, mode| Node {
             path,
             mode,
@@ -195,11 +197,36 @@ impl<'a> Tree<'a> {
             nodes.push(node(path, mode));
             index.insert(path, i);
         }
-        for (parent, f) in files {
-            nodes[index[parent]].files.push(f);
+        // Each entry's directory, found once; then how many files and
+        // links each directory holds.
+        let at: Vec<u32> = entries
+            .iter()
+            .map(|e| index[split_rel(&e.path).0] as u32)
+            .collect();
+        let mut counts = vec![(0usize, 0usize); nodes.len()];
+        for (e, &i) in entries.iter().zip(&at) {
+            match e.kind {
+                EntryKind::File { .. } => counts[i as usize].0 += 1,
+                EntryKind::Symlink { .. } => counts[i as usize].1 += 1,
+                EntryKind::Dir { .. } => {}
+            }
         }
-        for (parent, l) in links {
-            nodes[index[parent]].links.push(l);
+        for (n, (files, links)) in nodes.iter_mut().zip(counts) {
+            n.files.reserve_exact(files);
+            n.links.reserve_exact(links);
+        }
+        for (e, &i) in entries.iter().zip(&at) {
+            let name = split_rel(&e.path).1;
+            let node = &mut nodes[i as usize];
+            match &e.kind {
+                EntryKind::File { digest, mode, size } => {
+                    // Set-id bits from an untrusted manifest only on request.
+                    let mode = if setid { *mode } else { *mode & !0o6000 };
+                    node.files.push((name, digest, mode, *size))
+                }
+                EntryKind::Symlink { target } => node.links.push((name, target.as_str(), &e.path)),
+                EntryKind::Dir { .. } => {}
+            }
         }
         Tree { nodes }
     }
@@ -445,34 +472,17 @@ impl Store {
 
         // Directories: listed ones and implied parents, parents first.
         let mut dirs: BTreeMap<&str, u32> = BTreeMap::new();
-        let mut files: Vec<(&str, FileItem<'_>)> = Vec::new();
-        let mut links: Vec<(&str, LinkItem<'_>)> = Vec::new();
         for e in &manifest.entries {
-            let (parent, name) = split_rel(&e.path);
-            let mut p = parent;
+            let mut p = split_rel(&e.path).0;
             while !p.is_empty() && !dirs.contains_key(p) {
                 dirs.insert(p, 0o755);
                 p = split_rel(p).0;
             }
-            match &e.kind {
-                EntryKind::Dir { mode } => {
-                    dirs.insert(&e.path, *mode);
-                }
-                EntryKind::File { digest, mode, size } => {
-                    // Set-id bits from an untrusted manifest only on request.
-                    let mode = if options.setid {
-                        *mode
-                    } else {
-                        *mode & !0o6000
-                    };
-                    files.push((parent, (name, digest, mode, *size)))
-                }
-                EntryKind::Symlink { target } => {
-                    links.push((parent, (name, target.as_str(), &e.path)))
-                }
+            if let EntryKind::Dir { mode } = &e.kind {
+                dirs.insert(&e.path, *mode);
             }
         }
-        let tree = Tree::new(&dirs, files, links);
+        let tree = Tree::new(&dirs, &manifest.entries, options.setid);
         let totals = manifest.file_totals();
         self.run
             .enter(crate::run::Phase::Copy, totals.files, totals.bytes);
