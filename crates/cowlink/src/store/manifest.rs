@@ -18,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 
+use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
@@ -293,9 +294,21 @@ impl Manifest {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// This manifest's digest.
+    /// This manifest's digest: the BLAKE3 of [`to_bytes`](Self::to_bytes),
+    /// hashed as they are made (never held whole).
     pub fn digest(&self) -> Digest {
-        Digest::of(&self.to_bytes())
+        let mut h = blake3::Hasher::new();
+        // Hashing cannot fail, nor can serializing plain data.
+        let _ = self.write_to(&mut h);
+        Digest(*h.finalize().as_bytes())
+    }
+
+    /// Write the canonical bytes to `out`, as they are made.
+    ///
+    /// # Errors
+    /// `EIO` when `out` fails (a writer that keeps its own errno has it).
+    pub(crate) fn write_to(&self, out: &mut impl std::io::Write) -> std::result::Result<(), Errno> {
+        serde_json::to_writer(out, self).map_err(|_| Errno::IO)
     }
 
     /// Parse and [validate](Self::validate) manifest bytes; `origin` names
@@ -815,6 +828,15 @@ mod tests {
         assert!(r.contains("not a directory in the manifest"), "{r}");
         let r = reason(&Manifest::new(vec![file("f"), file("f/g")]));
         assert!(r.contains("not a directory"), "{r}");
+    }
+
+    #[test]
+    fn the_digest_is_of_the_canonical_bytes() {
+        let m = Manifest::new(vec![file("a"), link("l", "a")]);
+        assert_eq!(m.digest(), Digest::of(&m.to_bytes()));
+        let mut written = Vec::new();
+        m.write_to(&mut written).unwrap();
+        assert_eq!(written, m.to_bytes());
     }
 
     /// [`Streamed`] fed `bytes` in chunks of `n`.
