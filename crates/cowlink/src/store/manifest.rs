@@ -298,8 +298,12 @@ impl Manifest {
     /// hashed as they are made (never held whole).
     pub fn digest(&self) -> Digest {
         let mut h = blake3::Hasher::new();
-        // Hashing cannot fail, nor can serializing plain data.
-        let _ = self.write_to(&mut h);
+        // Hashing cannot fail, nor can serializing plain data. The buffer
+        // hands the hasher large pieces, not each token as written.
+        let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut h);
+        let _ = self.write_to(&mut buffered);
+        let _ = std::io::Write::flush(&mut buffered);
+        drop(buffered);
         Digest(*h.finalize().as_bytes())
     }
 
