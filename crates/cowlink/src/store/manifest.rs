@@ -531,6 +531,13 @@ impl Streamed {
         format!(r#"{{"format":"{MANIFEST_FORMAT}","version":{MANIFEST_VERSION},"entries":["#)
     }
 
+    /// The most bytes held waiting for an entry to end. An entry cut by a
+    /// chunk's end is parsed again from its start with the next chunk, so
+    /// one huge entry (a symbolic link's target has no limit) would be
+    /// parsed over and over; past this the text goes to the general
+    /// reader instead.
+    const MAX_PENDING: usize = 4 << 20;
+
     /// Take the next bytes of the text.
     pub fn feed(&mut self, chunk: &[u8]) {
         if !self.ok {
@@ -538,8 +545,12 @@ impl Streamed {
         }
         self.buf.extend_from_slice(chunk);
         let mut pos = 0;
-        self.ok = self.advance(&mut pos);
+        self.ok = self.advance(&mut pos) && self.buf.len() - pos <= Self::MAX_PENDING;
         self.buf.drain(..pos);
+        if !self.ok {
+            self.buf = Vec::new();
+            self.entries = Vec::new();
+        }
     }
 
     /// Consume what can be from `buf[*pos..]`; false when the text is not
@@ -869,6 +880,21 @@ mod tests {
         }
         let empty = Manifest::new(Vec::new());
         assert_eq!(streamed(&empty.to_bytes(), 3), Some(empty));
+    }
+
+    #[test]
+    fn a_huge_entry_is_left_to_the_general_reader() {
+        // (Checked after each chunk: an entry this much longer cannot end
+        // in time.)
+        let target = "t".repeat(2 * Streamed::MAX_PENDING);
+        let m = Manifest::new(vec![file("a"), link("l", &target)]);
+        let bytes = m.to_bytes();
+        assert!(streamed(&bytes, 1 << 20).is_none());
+        assert!(Manifest::parse(&bytes, "m").unwrap() == m);
+        // Under the bound it streams.
+        let target = "t".repeat(Streamed::MAX_PENDING - (1 << 20));
+        let m = Manifest::new(vec![link("l", &target)]);
+        assert!(streamed(&m.to_bytes(), 1 << 20) == Some(m));
     }
 
     #[test]
