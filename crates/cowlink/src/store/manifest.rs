@@ -717,20 +717,20 @@ mod tests {
         }
     }
 
+    fn dir(path: &str) -> ManifestEntry {
+        ManifestEntry {
+            path: path.into(),
+            kind: EntryKind::Dir { mode: 0o755 },
+        }
+    }
+
     fn reason(m: &Manifest) -> String {
         m.validate("m", false).unwrap_err().to_string()
     }
 
     #[test]
     fn entries_read_back_as_written_in_any_field_order() {
-        let m = Manifest::new(vec![
-            ManifestEntry {
-                path: "d".into(),
-                kind: EntryKind::Dir { mode: 0o755 },
-            },
-            file("d/f"),
-            link("d/l", "f"),
-        ]);
+        let m = Manifest::new(vec![dir("d"), file("d/f"), link("d/l", "f")]);
         let bytes = m.to_bytes();
         assert_eq!(Manifest::from_bytes(&bytes, "m").unwrap(), m);
         // Field order and unknown fields do not matter to the reader.
@@ -866,10 +866,7 @@ mod tests {
     #[test]
     fn a_canonical_manifest_reads_the_same_in_chunks_of_any_size() {
         let m = Manifest::new(vec![
-            ManifestEntry {
-                path: "d".into(),
-                kind: EntryKind::Dir { mode: 0o755 },
-            },
+            dir("d"),
             file("d/a \"quoted\" {brace}, [x]"),
             link("d/l", "a},{"),
             file("z"),
@@ -931,10 +928,6 @@ mod tests {
     fn the_order_of_entries_does_not_change_what_is_refused() {
         // A manifest in canonical order is checked by binary search, one
         // in any other order with a table: the same rules either way.
-        let dir = |p: &str| ManifestEntry {
-            path: p.into(),
-            kind: EntryKind::Dir { mode: 0o755 },
-        };
         for entries in [
             vec![file("f"), file("f/g")],
             vec![link("out", "sub"), file("out/x")],
