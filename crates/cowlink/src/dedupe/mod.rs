@@ -618,22 +618,19 @@ fn find<P: AsRef<Path>>(
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
     // PATH_MAX, which the probe needs).
-    let mut shortest: HashMap<u64, (usize, Name)> = HashMap::new();
+    // (A candidate's path is built only when it is shorter than the one
+    // kept; the walk's candidates first, as they win a tie.)
+    let mut devices: HashMap<u64, PathBuf> = HashMap::new();
+    let shorter =
+        |kept: Option<&PathBuf>, len: usize| kept.is_none_or(|p| len < p.as_os_str().len());
     for c in &files {
-        let len = names.path_len(c.name);
-        let p = shortest.entry(c.dev).or_insert((len, c.name));
-        if len < p.0 {
-            *p = (len, c.name);
+        if shorter(devices.get(&c.dev), names.path_len(c.name)) {
+            devices.insert(c.dev, names.path(c.name));
         }
     }
-    let mut devices: HashMap<u64, PathBuf> = shortest
-        .into_iter()
-        .map(|(dev, (_, name))| (dev, names.path(name)))
-        .collect();
     for (dev, path) in inline_names {
-        let p = devices.entry(dev).or_insert_with(|| path.clone());
-        if path.as_os_str().len() < p.as_os_str().len() {
-            *p = path;
+        if shorter(devices.get(&dev), path.as_os_str().len()) {
+            devices.insert(dev, path);
         }
     }
     let mut allowed: HashMap<u64, bool> = HashMap::new();

@@ -103,10 +103,14 @@ impl Names {
         p
     }
 
-    /// The length in bytes of the whole path.
+    /// The length in bytes of the whole path (a separator is added only
+    /// where the directory's path does not end in one, as `push` does).
     pub fn path_len(&self, n: Name) -> usize {
         match self.dir_of(n) {
-            Some(d) => d.as_os_str().len() + 1 + n.len as usize,
+            Some(d) => {
+                let d = d.as_os_str().as_bytes();
+                d.len() + usize::from(!d.ends_with(b"/")) + n.len as usize
+            }
             None => n.len as usize,
         }
     }
@@ -597,6 +601,7 @@ mod tests {
         n.dir(1, Path::new("/a/b/c"));
         n.dir(3, Path::new("/a/b-c"));
         n.dir(2, Path::new("./x"));
+        n.dir(4, Path::new("/r/"));
         let os = OsStr::new;
         let list = [
             n.push(Some(0), os("z")),
@@ -607,7 +612,9 @@ mod tests {
             n.push(Some(2), os("y")),
             n.push(None, os("x/y")),
             n.push(Some(0), os("c.d")),
+            n.push(Some(4), os("f")),
         ];
+        assert_eq!(n.path(list[8]), Path::new("/r/f"));
         assert_eq!(n.path(list[1]), Path::new("/a/b/c/a"));
         assert_eq!(n.path(list[4]), Path::new("/a/b/c/b"));
         assert_eq!(n.path(list[5]), Path::new("./x/y"));
