@@ -174,9 +174,11 @@ impl<'a> Tree<'a> {
     /// with `setid`).
     ///
     /// Each directory's lists are made at their final length, straight
-    /// from the manifest: a list of every file first, then moved into
-    /// lists grown by doubling, held both at once (26 MB for 223,547 files,
-    /// the largest part of a checkout's peak after the manifest itself).
+    /// from the manifest (each entry's directory looked up once, then the
+    /// entries counted, then placed). Building a list of every file first
+    /// and moving it into lists grown by doubling held both at once: 26 MB
+    /// for 223,547 files, the largest part of a checkout's peak after the
+    /// manifest itself.
     fn new(dirs: &BTreeMap<&'a str, u32>, entries: &'a [ManifestEntry], setid: bool) -> Self {
         let node = |path, mode| Node {
             path,
