@@ -5,19 +5,31 @@
 //!
 //! Requests for one gc: 1 PUT and 1 HEAD (the lock and the server's
 //! clock), one LIST page per 1000 keys of `pending/`, `manifests/` and
-//! `objects/`, one GET per kept manifest and live pending push, one
-//! DELETE per key removed, and 1 DELETE for the lock.
+//! `objects/` and per 1000 incomplete multipart uploads, one GET per kept
+//! manifest and live pending push, one DELETE per key removed or upload
+//! aborted, and 1 DELETE for the lock.
+//!
+//! gc touches only keys of cowlink's exact layout (`layout.rs`): any
+//! other key below the prefix, however much it looks like one, is left
+//! alone and named in the report.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+
+use object_store::path::Path as Key;
 
 use bytes::Bytes;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::store::manifest::{Digest, Manifest};
 
+use super::layout::Layout;
 use super::push::objects_of;
-use super::{marker_id, Area, Remote, RequestCounts, MARKER_REFRESH};
+use super::{marker_id, server_age, Area, Remote, RequestCounts, MARKER_REFRESH, MAX_GRACE};
+
+/// At most this many keys left alone are named in a report (all are
+/// counted).
+pub const LEFT_ALONE_SHOWN: usize = 100;
 
 /// A manifest on the remote.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -48,6 +60,20 @@ pub struct RemoteGcReport {
     pub objects_removed: u64,
     /// Bytes of the objects removed.
     pub bytes_removed: u64,
+    /// Incomplete multipart uploads (of a push that died mid-object)
+    /// older than the grace period, aborted.
+    pub uploads_aborted: u64,
+    /// Incomplete multipart uploads kept: younger than the grace period,
+    /// or of an object a live push names.
+    pub uploads_kept: u64,
+    /// Why incomplete uploads could not be listed (the rest of the gc was
+    /// done), e.g. a server without `ListMultipartUploads`.
+    pub uploads_not_listed: Option<String>,
+    /// Keys below the prefix (and uploads) that are not exactly of
+    /// cowlink's layout: never removed, never trusted.
+    pub keys_left_alone: u64,
+    /// The first [`LEFT_ALONE_SHOWN`] of them, as `s3://BUCKET/KEY`.
+    pub left_alone: Vec<String>,
     /// Requests made.
     pub requests: RequestCounts,
 }
@@ -63,8 +89,11 @@ impl Remote {
             .block_on(self.list(Operation::Remote, Area::Manifests))?
             .into_iter()
             .filter_map(|m| {
+                let Some(Layout::Manifest(digest)) = self.layout_of(&m.location) else {
+                    return None; // not cowlink's: not a manifest
+                };
                 Some(RemoteManifest {
-                    digest: Remote::digest_of(&m.location)?,
+                    digest,
                     bytes: m.size,
                     uploaded: m.last_modified.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
                 })
@@ -80,14 +109,25 @@ impl Remote {
     /// `grace` (by the server's clock) is taken for dead: its marker is
     /// removed and its objects are kept only if a manifest names them.
     ///
+    /// Only keys of cowlink's exact layout are removed; anything else
+    /// below the prefix is counted and named in
+    /// [`RemoteGcReport::left_alone`]. Incomplete multipart uploads of
+    /// objects older than `grace` are aborted, unless a live push names
+    /// their object.
+    ///
     /// # Errors
-    /// `NotFound` when a manifest in `keep` is not on the remote (nothing
-    /// is removed then), `Corrupt` when a kept manifest or a live marker
-    /// does not match its digest (nothing is removed), and the request
-    /// errors.
+    /// `InvalidInput` for a `grace` over [`MAX_GRACE`] (nothing is
+    /// done), `NotFound` when a manifest in `keep` is not on the remote
+    /// (nothing is removed then), `Corrupt` when a kept manifest or a live
+    /// marker does not match its digest (nothing is removed), and the
+    /// request errors.
     pub fn gc(&self, keep: Option<&[Digest]>, grace: Duration) -> Result<RemoteGcReport> {
+        check_grace(grace)?;
         let before = self.requests();
-        let lock = self.key(Area::Locks, &format!("gc.{}", marker_id()));
+        let lock = Key::from(super::layout::key_of(
+            &self.config.prefix,
+            &Layout::Lock(marker_id()),
+        ));
         let r = self.block_on(self.gc_locked(&lock, keep, grace));
         // The lock goes whatever happened (a failed gc removed nothing it
         // should not have; a stale lock only delays pushes).
@@ -120,25 +160,28 @@ impl Remote {
         // Pushes in progress, read after our lock is visible.
         let mut stale = Vec::new();
         for m in self.list(op, Area::Pending).await? {
-            let age = now.signed_duration_since(m.last_modified);
-            if age.num_milliseconds() >= grace.as_millis() as i64 {
+            let Some(Layout::Pending(d, _)) = self.layout_of(&m.location) else {
+                report.leave_alone(self.shown(&m.location));
+                continue;
+            };
+            if server_age(now, m.last_modified) >= grace {
                 stale.push(m.location);
                 continue;
             }
-            let Some(d) = Remote::digest_of(&m.location) else {
-                continue;
-            };
             let manifest = self.checked_manifest(&m.location, &d).await?;
             used.extend(objects_of(std::iter::once(&manifest)));
             report.pushes_protected += 1;
         }
+        // What live pushes name: their multipart uploads are kept too.
+        let live = used.clone();
         // Then the manifests.
-        let listed: Vec<Digest> = self
-            .list(op, Area::Manifests)
-            .await?
-            .iter()
-            .filter_map(|m| Remote::digest_of(&m.location))
-            .collect();
+        let mut listed: Vec<Digest> = Vec::new();
+        for m in self.list(op, Area::Manifests).await? {
+            match self.layout_of(&m.location) {
+                Some(Layout::Manifest(d)) => listed.push(d),
+                _ => report.leave_alone(self.shown(&m.location)),
+            }
+        }
         let kept: HashSet<Digest> = match keep {
             None => listed.iter().copied().collect(),
             Some(k) => {
@@ -166,13 +209,13 @@ impl Remote {
         }
         report.manifests_kept = kept.len() as u64;
         for m in self.list(op, Area::Objects).await? {
-            let known = Remote::digest_of(&m.location);
-            if known.is_some_and(|d| used.contains(&d)) {
+            let Some(Layout::Object(d)) = self.layout_of(&m.location) else {
+                report.leave_alone(self.shown(&m.location));
+                continue;
+            };
+            if used.contains(&d) {
                 report.objects_kept += 1;
                 continue;
-            }
-            if known.is_none() {
-                continue; // not ours: left alone
             }
             self.delete(op, &m.location).await?;
             report.objects_removed += 1;
@@ -185,6 +228,36 @@ impl Remote {
         for key in stale {
             self.delete(op, &key).await?;
             report.markers_removed += 1;
+        }
+        // Incomplete multipart uploads. A server that cannot list them
+        // does not stop the gc: the report says so.
+        match self.list_uploads(op).await {
+            Err(e) => report.uploads_not_listed = Some(e.to_string()),
+            Ok(uploads) => {
+                for u in uploads {
+                    let key = Key::from(u.key.as_str());
+                    let ours = match self.layout_of(&key) {
+                        // Only a key that is exactly what was asked for:
+                        // `Key::from` may re-encode an odd one.
+                        Some(Layout::Object(d)) if key.as_ref() == u.key => Some(d),
+                        _ => None,
+                    };
+                    let Some(d) = ours else {
+                        report.leave_alone(format!(
+                            "{} (incomplete upload {})",
+                            self.shown(&key),
+                            u.id
+                        ));
+                        continue;
+                    };
+                    if live.contains(&d) || server_age(now, u.initiated) < grace {
+                        report.uploads_kept += 1;
+                        continue;
+                    }
+                    self.abort_upload(op, &u).await?;
+                    report.uploads_aborted += 1;
+                }
+            }
         }
         Ok(report)
     }
@@ -209,4 +282,28 @@ impl Remote {
         }
         Manifest::from_bytes(&bytes, &self.shown(key))
     }
+}
+
+impl RemoteGcReport {
+    /// Count (and name the first few of) a key that is not cowlink's.
+    fn leave_alone(&mut self, shown: String) {
+        self.keys_left_alone += 1;
+        if self.left_alone.len() < LEFT_ALONE_SHOWN {
+            self.left_alone.push(shown);
+        }
+    }
+}
+
+/// Refuse a grace period beyond [`MAX_GRACE`], naming it.
+pub(crate) fn check_grace(grace: Duration) -> Result<()> {
+    if grace > MAX_GRACE {
+        return Err(
+            Error::new(Operation::Remote, ErrorKind::InvalidInput).with_reason(format!(
+                "a grace period of {} s is longer than the longest accepted, {} days (10 years)",
+                grace.as_secs(),
+                MAX_GRACE.as_secs() / 86400
+            )),
+        );
+    }
+    Ok(())
 }

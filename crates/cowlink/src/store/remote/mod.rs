@@ -51,8 +51,10 @@
 
 mod config;
 mod gc;
+mod layout;
 mod pull;
 mod push;
+mod uploads;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,6 +80,21 @@ pub const LOCK_STALE: Duration = Duration::from_secs(10 * 60);
 /// How often a long push rewrites its pending marker (and a long gc its
 /// lock), so that neither looks abandoned while it runs.
 pub const MARKER_REFRESH: Duration = Duration::from_secs(60);
+
+/// The longest grace period a remote gc accepts (ten years): longer is
+/// surely a mistake, and every age below it fits every clock type used.
+pub const MAX_GRACE: Duration = Duration::from_secs(3653 * 86400);
+
+/// How long before `now` the server's clock says `then` was, saturating:
+/// a `then` after `now` is age zero, and no difference overflows.
+pub(crate) fn server_age(
+    now: chrono::DateTime<chrono::Utc>,
+    then: chrono::DateTime<chrono::Utc>,
+) -> Duration {
+    now.signed_duration_since(then)
+        .to_std()
+        .unwrap_or(Duration::ZERO)
+}
 
 /// Requests made and bytes moved, as counted by the client.
 #[derive(Debug, Default)]
@@ -144,6 +161,8 @@ pub struct Remote {
     client: Arc<AmazonS3>,
     runtime: tokio::runtime::Runtime,
     requests: Requests,
+    /// How often a push rewrites its pending markers.
+    marker_refresh: Duration,
 }
 
 /// What kind of key of the remote's layout.
@@ -221,6 +240,7 @@ impl Remote {
             client: Arc::new(client),
             runtime,
             requests: Requests::default(),
+            marker_refresh: MARKER_REFRESH,
         })
     }
 
@@ -244,26 +264,20 @@ impl Remote {
         }
     }
 
-    /// The key of `name` in `area`.
-    pub(crate) fn key(&self, area: Area, name: &str) -> Key {
-        let rel = match area {
-            Area::Objects => format!("objects/{}/{name}", &name[..2.min(name.len())]),
-            _ => format!("{}/{name}", area.dir()),
-        };
-        match self.config.prefix.as_str() {
-            "" => Key::from(rel),
-            p => Key::from(format!("{p}/{rel}")),
-        }
-    }
-
     /// The key of the object `d`.
     pub(crate) fn object_key(&self, d: &Digest) -> Key {
-        self.key(Area::Objects, &d.to_hex())
+        Key::from(layout::key_of(
+            &self.config.prefix,
+            &layout::Layout::Object(*d),
+        ))
     }
 
     /// The key of the manifest `d`.
     pub(crate) fn manifest_key(&self, d: &Digest) -> Key {
-        self.key(Area::Manifests, &d.to_hex())
+        Key::from(layout::key_of(
+            &self.config.prefix,
+            &layout::Layout::Manifest(*d),
+        ))
     }
 
     /// `s3://BUCKET/KEY`, for messages.
@@ -444,10 +458,21 @@ impl Remote {
         self.config.transfers.max(1)
     }
 
-    /// The digest a key of `area` names (its last part, up to a `.`).
-    pub(crate) fn digest_of(key: &Key) -> Option<Digest> {
-        let name = key.filename()?;
-        name.split('.').next()?.parse().ok()
+    /// What `key` is in cowlink's layout under this remote's prefix, or
+    /// `None` when it is not exactly a key cowlink writes (see
+    /// `layout.rs`): the one test every step that deletes or trusts a
+    /// listed key passes through.
+    pub(crate) fn layout_of(&self, key: &Key) -> Option<layout::Layout> {
+        layout::classify(&self.config.prefix, key.as_ref())
+    }
+
+    /// Rewrite a push's pending markers every `every` instead of every
+    /// [`MARKER_REFRESH`] (for a fleet whose gc runs with a short grace
+    /// period, and for tests). A push's markers are rewritten on this
+    /// timer whatever its transfers do.
+    pub fn with_marker_refresh(mut self, every: Duration) -> Remote {
+        self.marker_refresh = every.max(Duration::from_millis(10));
+        self
     }
 }
 
@@ -482,12 +507,13 @@ fn short(text: &str) -> String {
 /// A unique id for this process's markers and locks: host, PID and the
 /// time in nanoseconds.
 pub(crate) fn marker_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap_or_default()
-        .trim()
-        .replace(['/', '.', ' '], "-");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = layout::to_id(host.trim());
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("{host}-{}-{nanos}", std::process::id())
+    // Cut the host, never the part that makes the id unique.
+    let tail = format!("-{}-{nanos}", std::process::id());
+    let host = &host[..host.len().min(200)];
+    layout::to_id(&format!("{host}{tail}"))
 }

@@ -11,10 +11,19 @@
 //!    a request), then upload them, `transfers` at a time; objects over
 //!    [`MULTIPART_ABOVE`] go in 8 MiB parts. Each object's bytes are hashed
 //!    as they are read: a damaged local object is never sent.
-//! 3. **publish**: upload the manifests, then remove the markers.
+//! 3. **publish**: check again that every object the manifests name is
+//!    on the remote (exact key, exact size) and upload any that vanished
+//!    (a gc that took this push for dead); upload the manifests, then
+//!    remove the markers.
+//!
+//! From its start to its end a push rewrites its pending markers every
+//! [`MARKER_REFRESH`] on a timer of its own (a task on the remote's
+//! runtime), whatever its transfers do: one object that takes hours does
+//! not make the push look dead.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -28,7 +37,10 @@ use crate::store::layout::object_rel;
 use crate::store::manifest::{Digest, EntryKind, Manifest};
 use crate::store::Store;
 
-use super::{marker_id, Area, Remote, RequestCounts, LOCK_STALE, MARKER_REFRESH};
+use super::layout::Layout;
+#[cfg(doc)]
+use super::MARKER_REFRESH;
+use super::{marker_id, server_age, Area, Remote, RequestCounts, LOCK_STALE};
 
 /// Objects larger than this are uploaded in parts.
 pub const MULTIPART_ABOVE: u64 = 16 << 20;
@@ -55,6 +67,10 @@ pub struct PushReport {
     pub objects_uploaded: u64,
     /// Object bytes uploaded.
     pub bytes_uploaded: u64,
+    /// Objects found missing just before the manifests were published
+    /// (removed by a gc that took this push for dead) and uploaded again;
+    /// also counted in `objects_uploaded`.
+    pub objects_reuploaded: u64,
     /// Time spent waiting for a remote gc to finish.
     pub waited_for_gc_ms: u64,
     /// Requests made.
@@ -72,9 +88,86 @@ pub struct Push<'a> {
     todo: Vec<(Digest, Manifest, Key)>,
     report: PushReport,
     before: RequestCounts,
-    refreshed: Instant,
+    /// The timer that keeps the markers fresh, from their first write
+    /// until the push publishes or gives up.
+    refresher: Option<Refresher>,
     /// The store's shared lock: a local gc waits until the push is done.
     _lock: rustix::fd::OwnedFd,
+}
+
+impl Drop for Push<'_> {
+    /// A push dropped between its stages stops rewriting its markers, so
+    /// that they age and a gc may take it for dead.
+    fn drop(&mut self) {
+        if let Some(r) = self.refresher.take() {
+            let _ = r.stop.send(true);
+            r.task.abort();
+        }
+    }
+}
+
+/// A task on the remote's runtime that rewrites a push's pending markers
+/// every `Remote::marker_refresh`, independent of its transfers.
+#[derive(Debug)]
+struct Refresher {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    /// PUTs made and bytes sent, added to the remote's counts at the end.
+    puts: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl Refresher {
+    fn start(remote: &Remote, markers: Vec<(Key, Bytes)>) -> Refresher {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let client = Arc::clone(&remote.client);
+        let every = remote.marker_refresh;
+        let puts = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let (p, b) = (Arc::clone(&puts), Arc::clone(&bytes));
+        let task = remote.runtime.spawn(async move {
+            loop {
+                if tokio::time::timeout(every, stopped.changed()).await.is_ok() {
+                    return; // stop asked, or the push is gone
+                }
+                for (key, body) in &markers {
+                    if *stopped.borrow() {
+                        return;
+                    }
+                    p.fetch_add(1, Ordering::Relaxed);
+                    // A failed rewrite is tried again at the next tick; if
+                    // the push is taken for dead meanwhile, publish finds
+                    // and re-uploads what a gc removed.
+                    if client.put(key, body.clone().into()).await.is_ok() {
+                        b.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        Refresher {
+            stop,
+            task,
+            puts,
+            bytes,
+        }
+    }
+
+    /// Stop the timer and wait (up to 10 s) for a rewrite in flight, so
+    /// that no marker is written again after the push removes it.
+    async fn stop(mut self, remote: &Remote) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        let r = &remote.requests;
+        r.put
+            .fetch_add(self.puts.load(Ordering::Relaxed), Ordering::Relaxed);
+        r.bytes_up
+            .fetch_add(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 fn op_err(e: Error, what: &str) -> Error {
@@ -138,7 +231,10 @@ impl Store {
             if there {
                 report.manifests_present += 1;
             } else {
-                let marker = remote.key(Area::Pending, &format!("{}.{id}", d.to_hex()));
+                let marker = Key::from(super::layout::key_of(
+                    &remote.config.prefix,
+                    &Layout::Pending(d, id.clone()),
+                ));
                 todo.push((d, m, marker));
             }
         }
@@ -148,12 +244,15 @@ impl Store {
             todo,
             report,
             before,
-            refreshed: Instant::now(),
+            refresher: None,
             _lock: lock,
         };
         if !push.todo.is_empty() {
             let started = Instant::now();
-            push.write_markers()?;
+            if let Err(e) = push.write_markers() {
+                push.abandon();
+                return Err(e);
+            }
             match remote.block_on(push.wait_for_gc()) {
                 Ok(true) => push.report.waited_for_gc_ms = started.elapsed().as_millis() as u64,
                 Ok(false) => {}
@@ -173,20 +272,31 @@ impl Push<'_> {
         self.todo.iter().map(|(d, _, _)| *d).collect()
     }
 
+    /// Write every pending marker, then start the timer that rewrites
+    /// them.
     fn write_markers(&mut self) -> Result<()> {
-        let r = self.remote.block_on(self.put_markers());
-        self.refreshed = Instant::now();
-        r
+        let markers: Vec<(Key, Bytes)> = self
+            .todo
+            .iter()
+            .map(|(_, m, key)| (key.clone(), Bytes::from(m.to_bytes())))
+            .collect();
+        let remote = self.remote;
+        remote.block_on(async {
+            for (key, body) in &markers {
+                remote.put(Operation::Push, key, body.clone()).await?;
+            }
+            Ok::<_, Error>(())
+        })?;
+        self.refresher = Some(Refresher::start(remote, markers));
+        Ok(())
     }
 
-    /// Write (or rewrite, as a sign of life) every pending marker.
-    async fn put_markers(&self) -> Result<()> {
-        for (_, m, key) in &self.todo {
-            self.remote
-                .put(Operation::Push, key, Bytes::from(m.to_bytes()))
-                .await?;
-        }
-        Ok(())
+    /// Rewrite the first marker: its upload time is the server's clock.
+    async fn touch_first_marker(&self) -> Result<()> {
+        let (_, m, key) = &self.todo[0];
+        self.remote
+            .put(Operation::Push, key, Bytes::from(m.to_bytes()))
+            .await
     }
 
     /// Wait while a live remote gc lock exists; `true` when it waited. A
@@ -206,9 +316,10 @@ impl Push<'_> {
                 Some(m) => m.last_modified,
                 None => return Ok(waited),
             };
+            // Only a key of the layout is a gc's lock.
             let live = locks.iter().any(|l| {
-                let age = now.signed_duration_since(l.last_modified);
-                age.num_milliseconds() < LOCK_STALE.as_millis() as i64
+                matches!(remote.layout_of(&l.location), Some(Layout::Lock(_)))
+                    && server_age(now, l.last_modified) < LOCK_STALE
             });
             if !live {
                 return Ok(waited);
@@ -225,8 +336,8 @@ impl Push<'_> {
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            // Keep our marker fresh (and our clock reading new).
-            self.put_markers().await?;
+            // A new reading of the server's clock.
+            self.touch_first_marker().await?;
         }
     }
 
@@ -234,7 +345,11 @@ impl Push<'_> {
     fn abandon(&mut self) {
         let remote = self.remote;
         let todo = std::mem::take(&mut self.todo);
+        let refresher = self.refresher.take();
         remote.block_on(async {
+            if let Some(r) = refresher {
+                r.stop(remote).await;
+            }
             for (_, _, key) in &todo {
                 let _ = remote.delete(Operation::Push, key).await;
             }
@@ -252,75 +367,47 @@ impl Push<'_> {
     }
 
     fn upload_inner(&mut self) -> Result<()> {
-        let op = Operation::Push;
         let remote = self.remote;
         let store = self.store;
         let wanted = super::objects_named(self.todo.iter().map(|(_, m, _)| m));
         self.report.objects = wanted.len() as u64;
-        let missing: Vec<(Digest, u64)> = remote.block_on(async {
-            if wanted.len() > LIST_ABOVE {
-                let there: HashMap<Digest, u64> = remote
-                    .list(op, Area::Objects)
-                    .await?
-                    .into_iter()
-                    .filter_map(|m| Some((Remote::digest_of(&m.location)?, m.size)))
-                    .collect();
-                Ok(wanted
-                    .iter()
-                    .filter(|(d, s)| there.get(d) != Some(s))
-                    .copied()
-                    .collect())
-            } else {
-                let heads = futures::stream::iter(wanted.iter())
-                    .map(|(d, s)| async move {
-                        let m = remote.head(op, &remote.object_key(d)).await?;
-                        Ok::<_, Error>((m.map(|m| m.size) != Some(*s)).then_some((*d, *s)))
-                    })
-                    .buffer_unordered(remote.transfers())
-                    .collect::<Vec<_>>()
-                    .await;
-                heads
-                    .into_iter()
-                    .filter_map(|r| r.transpose())
-                    .collect::<Result<Vec<_>>>()
-            }
-        })?;
+        let missing = remote.block_on(missing(remote, &wanted))?;
         self.report.objects_present = self.report.objects - missing.len() as u64;
-        let total: u64 = missing.iter().map(|(_, s)| s).sum();
-        store.run.enter(Phase::Upload, missing.len() as u64, total);
-        let uploaded = remote.block_on(async {
-            let mut results = futures::stream::iter(missing.iter())
-                .map(|(d, s)| async move {
-                    if store.run.cancelled() {
-                        return Err(Error::new(op, ErrorKind::Cancelled));
-                    }
-                    upload_object(store, remote, d, *s).await
-                })
-                .buffer_unordered(remote.transfers());
-            let (mut n, mut bytes) = (0u64, 0u64);
-            while let Some(r) = results.next().await {
-                let size = r?;
-                n += 1;
-                bytes += size;
-                store.run.done(1, size);
-                if self.refreshed.elapsed() > MARKER_REFRESH {
-                    self.put_markers().await?;
-                    self.refreshed = Instant::now();
-                }
-            }
-            Ok::<_, Error>((n, bytes))
-        });
-        let (n, bytes) = uploaded.map_err(|e| {
-            if e.kind() == ErrorKind::Cancelled {
-                Error::new(op, ErrorKind::Cancelled)
-                    .with_src(remote.url())
-                    .with_reason("cancelled: no manifest was uploaded; objects already sent stay")
-            } else {
-                e
-            }
-        })?;
+        let (n, bytes) = upload_all(store, remote, &missing)?;
         self.report.objects_uploaded = n;
         self.report.bytes_uploaded = bytes;
+        Ok(())
+    }
+
+    /// Just before publishing: every object the manifests name must still
+    /// be on the remote (exact key, exact size). One that is not (a gc
+    /// took this push for dead: its markers went stale, or the gc ran with
+    /// a grace shorter than the markers' refresh) is uploaded again and
+    /// checked once more; still missing, the push fails and publishes
+    /// nothing.
+    fn recheck(&mut self, todo: &[(Digest, Manifest, Key)]) -> Result<()> {
+        let remote = self.remote;
+        let wanted = super::objects_named(todo.iter().map(|(_, m, _)| m));
+        let gone = remote.block_on(missing(remote, &wanted))?;
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let (n, bytes) = upload_all(self.store, remote, &gone)?;
+        self.report.objects_reuploaded += n;
+        self.report.objects_uploaded += n;
+        self.report.bytes_uploaded += bytes;
+        let still = remote.block_on(missing(remote, &gone))?;
+        if let Some((d, _)) = still.first() {
+            return Err(Error::new(Operation::Push, ErrorKind::Io)
+                .with_src(remote.shown(&remote.object_key(d)))
+                .with_reason(format!(
+                    "{} of the objects the manifests name vanished from the remote while the \
+                     push ran, and again after being uploaded once more (is a remote gc running \
+                     with a grace period shorter than the push's marker refresh?); no manifest \
+                     was uploaded",
+                    still.len()
+                )));
+        }
         Ok(())
     }
 
@@ -330,14 +417,24 @@ impl Push<'_> {
         let op = Operation::Push;
         let remote = self.remote;
         let todo = std::mem::take(&mut self.todo);
-        let r = remote.block_on(async {
-            for (d, m, marker) in &todo {
-                remote
-                    .put(op, &remote.manifest_key(d), Bytes::from(m.to_bytes()))
-                    .await?;
-                remote.delete(op, marker).await?;
-            }
-            Ok::<_, Error>(())
+        let r = self.recheck(&todo).and_then(|()| {
+            let refresher = self.refresher.take();
+            remote.block_on(async {
+                for (d, m, _) in &todo {
+                    remote
+                        .put(op, &remote.manifest_key(d), Bytes::from(m.to_bytes()))
+                        .await?;
+                }
+                // The manifests protect their objects now; the markers
+                // may go (and are not written again after this).
+                if let Some(r) = refresher {
+                    r.stop(remote).await;
+                }
+                for (_, _, marker) in &todo {
+                    remote.delete(op, marker).await?;
+                }
+                Ok::<_, Error>(())
+            })
         });
         if let Err(e) = r {
             self.todo = todo;
@@ -349,6 +446,80 @@ impl Push<'_> {
         self.report.requests = remote.requests().since(&self.before);
         Ok(self.report.clone())
     }
+}
+
+/// Which of `wanted` (digest, size) the remote lacks. The one presence
+/// test of a push: an object is there only under its exact key of the
+/// layout with its exact size (a HEAD each for up to [`LIST_ABOVE`],
+/// else one listing of `objects/` in which only keys of the layout
+/// count); `objects/<hex>.partial` and other near misses never do.
+async fn missing(remote: &Remote, wanted: &[(Digest, u64)]) -> Result<Vec<(Digest, u64)>> {
+    let op = Operation::Push;
+    if wanted.len() > LIST_ABOVE {
+        let there: HashMap<Digest, u64> = remote
+            .list(op, Area::Objects)
+            .await?
+            .into_iter()
+            .filter_map(|m| match remote.layout_of(&m.location) {
+                Some(Layout::Object(d)) => Some((d, m.size)),
+                _ => None,
+            })
+            .collect();
+        return Ok(wanted
+            .iter()
+            .filter(|(d, s)| there.get(d) != Some(s))
+            .copied()
+            .collect());
+    }
+    let heads = futures::stream::iter(wanted.iter())
+        .map(|(d, s)| async move {
+            let m = remote.head(op, &remote.object_key(d)).await?;
+            Ok::<_, Error>((m.map(|m| m.size) != Some(*s)).then_some((*d, *s)))
+        })
+        .buffer_unordered(remote.transfers())
+        .collect::<Vec<_>>()
+        .await;
+    let mut v = heads
+        .into_iter()
+        .filter_map(|r| r.transpose())
+        .collect::<Result<Vec<_>>>()?;
+    v.sort();
+    Ok(v)
+}
+
+/// Upload `objects`, `transfers` at a time, with progress; the count and
+/// bytes sent.
+fn upload_all(store: &Store, remote: &Remote, objects: &[(Digest, u64)]) -> Result<(u64, u64)> {
+    let op = Operation::Push;
+    let total: u64 = objects.iter().map(|(_, s)| s).sum();
+    store.run.enter(Phase::Upload, objects.len() as u64, total);
+    let uploaded = remote.block_on(async {
+        let mut results = futures::stream::iter(objects.iter())
+            .map(|(d, s)| async move {
+                if store.run.cancelled() {
+                    return Err(Error::new(op, ErrorKind::Cancelled));
+                }
+                upload_object(store, remote, d, *s).await
+            })
+            .buffer_unordered(remote.transfers());
+        let (mut n, mut bytes) = (0u64, 0u64);
+        while let Some(r) = results.next().await {
+            let size = r?;
+            n += 1;
+            bytes += size;
+            store.run.done(1, size);
+        }
+        Ok::<_, Error>((n, bytes))
+    });
+    uploaded.map_err(|e| {
+        if e.kind() == ErrorKind::Cancelled {
+            Error::new(op, ErrorKind::Cancelled)
+                .with_src(remote.url())
+                .with_reason("cancelled: no manifest was uploaded; objects already sent stay")
+        } else {
+            e
+        }
+    })
 }
 
 /// Upload one local object, hashing what is read; return its size.
