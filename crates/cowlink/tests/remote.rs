@@ -147,3 +147,376 @@ fn a_cancel_ends_the_wait_for_a_remote_gc_and_leaves_no_marker() {
         .collect();
     assert!(left.is_empty(), "left on the server: {left:?}");
 }
+
+/// A remote at another endpoint (a relay in front of the server).
+fn remote_at(endpoint: &str, prefix: &str) -> Remote {
+    let mut c =
+        RemoteConfig::parse(&format!("s3://{}/{prefix}", cowlink_testfs::s3::BUCKET)).unwrap();
+    c.endpoint = Some(endpoint.to_string());
+    c.region = Some("us-east-1".into());
+    c.keys = Some(Keys {
+        access_key: ACCESS_KEY.into(),
+        secret_key: SECRET_KEY.into(),
+    });
+    Remote::open(c).unwrap()
+}
+
+/// A TCP relay on 127.0.0.1 in front of `upstream` that lets at most
+/// `rate` bytes a second of each connection's requests through (the
+/// answers are not slowed): a slow uplink. Its threads end with the test
+/// process.
+fn slow_uplink(upstream: &str, rate: usize) -> String {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let up: std::net::SocketAddr = upstream.trim_start_matches("http://").parse().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    fn relay(mut from: TcpStream, mut to: TcpStream, rate: Option<usize>) {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            if let Some(r) = rate {
+                std::thread::sleep(Duration::from_secs_f64(n as f64 / r as f64));
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    }
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let Ok(u) = TcpStream::connect(up) else {
+                continue;
+            };
+            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+            std::thread::spawn(move || relay(c, u, Some(rate)));
+            std::thread::spawn(move || relay(u2, c2, None));
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The digests of the objects of `tree(…, seed, n)`.
+fn tree_digests(seed: u64, n: usize) -> Vec<Digest> {
+    (0..n)
+        .map(|i| Digest::of(&cowlink_testfs::data(3000, seed * 1000 + i as u64)))
+        .collect()
+}
+
+/// The server's file of the object `d` under `prefix`.
+fn object_file(s3: &S3Server, prefix: &str, d: &Digest) -> std::path::PathBuf {
+    let h = d.to_hex();
+    s3.file(&format!("{prefix}/objects/{}/{h}", &h[..2]))
+}
+
+/// Issue 44, item 7: a push busy with one object for longer than the
+/// grace period (a slow uplink) stays alive for gc: its markers are
+/// rewritten on a timer, not when an object finishes. The test takes
+/// about 9 s: the upload must outlast the grace period by more than the
+/// servers' one-second clock. (With the timer off, the first gc takes the
+/// push for dead and removes its 5 small objects.)
+#[test]
+fn a_push_busy_with_one_object_longer_than_the_grace_period_keeps_its_objects() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("push_outlives_grace") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let root = tree(x.path(), "t", 6, 5);
+    // One large object: 16 MiB (one PUT) at 2 MiB/s takes 8 s.
+    fs::write(root.join("large"), cowlink_testfs::data(16 << 20, 66)).unwrap();
+    let m = store.add_tree(&root).unwrap().digest;
+    let slow = slow_uplink(&s3.endpoint(), 2 << 20);
+    let pusher = remote_at(&slow, "g").with_marker_refresh(Duration::from_millis(300));
+    let gc = remote(&s3, "g");
+    let grace = Duration::from_secs(3);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let report = std::thread::scope(|sc| {
+        let push = sc.spawn(|| {
+            let r = store.push(&pusher, &[m]);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        for wait in [4500, 1500] {
+            std::thread::sleep(Duration::from_millis(wait));
+            let g = gc.gc(None, grace).unwrap();
+            assert!(
+                !done.load(std::sync::atomic::Ordering::SeqCst),
+                "the push ended before gc ran: the uplink is not slow enough to test anything"
+            );
+            assert_eq!(
+                g.pushes_protected, 1,
+                "the live push was taken for dead: {g:?}"
+            );
+            assert_eq!(g.objects_removed, 0, "{g:?}");
+            assert_eq!(g.markers_removed, 0, "{g:?}");
+        }
+        push.join().unwrap().unwrap()
+    });
+    assert_eq!(report.objects_uploaded, 6);
+    assert_eq!(report.objects_reuploaded, 0, "{report:?}");
+    for d in tree_digests(6, 5) {
+        assert!(object_file(&s3, "g", &d).is_file(), "{d} is gone");
+    }
+    assert!(pulls_whole(x.path(), &gc, &m, "fresh"));
+    assert!(
+        fs::read_dir(s3.file("g/pending")).map_or(true, |mut d| d.next().is_none()),
+        "a marker was left (written again after the push removed it)"
+    );
+}
+
+/// Issue 44, item 7: before it publishes, a push checks again that
+/// every object is there, and uploads again one a gc removed meanwhile.
+#[test]
+fn publish_uploads_again_an_object_that_vanished_after_the_upload() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("publish_recheck") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 7, 4)).unwrap().digest;
+    let r = remote(&s3, "q");
+    let mut p = store.start_push(&r, &[m]).unwrap();
+    p.upload().unwrap();
+    let gone = tree_digests(7, 4);
+    fs::remove_file(object_file(&s3, "q", &gone[1])).unwrap();
+    // And one replaced by a truncated copy: the size tells.
+    fs::write(object_file(&s3, "q", &gone[2]), b"short").unwrap();
+    let report = p.publish().unwrap();
+    assert_eq!(report.objects_reuploaded, 2, "{report:?}");
+    assert_eq!(report.objects_uploaded, 6, "{report:?}");
+    assert!(pulls_whole(x.path(), &r, &m, "fresh"));
+}
+
+/// Near misses of cowlink's keys for the digest `h` (hex), relative to
+/// the prefix: each must be left alone by gc and never count as present.
+fn near_misses(h: &str) -> Vec<String> {
+    let f = &h[..2];
+    let wrong = if f == "00" { "01" } else { "00" };
+    vec![
+        format!("objects/{f}/{f}/{h}"),
+        format!("objects/{h}"),
+        format!("objects/{f}/{h}.meta"),
+        format!("objects/{f}/{h}.partial"),
+        format!("objects/{wrong}/{h}"),
+        format!("objects/{}/{}", f.to_uppercase(), h.to_uppercase()),
+        format!("objects/{f}/{}", &h[..63]),
+        format!("objects/{f}/{h}0"),
+        format!("objects/{f}/x{h}"),
+        format!("manifests/{h}.partial"),
+        format!("manifests/{f}/{h}"),
+        format!("manifests/{}", h.to_uppercase()),
+        format!("pending/{h}"),
+        format!("pending/{h}.a.b"),
+        format!("pending/{f}/{h}.id"),
+        format!("locks/{h}"),
+        "locks/gc".to_string(),
+        "locks/gc.a.b".to_string(),
+    ]
+}
+
+/// Issue 44, items 8 and 9: gc removes only keys of cowlink's exact
+/// layout. A table of near misses (for several digests, among them those
+/// of real objects and of the manifest) is left whole and named in the
+/// report; a grace over ten years is refused, naming it.
+#[test]
+fn gc_leaves_every_near_miss_of_its_layout_alone() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_near_misses") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 8, 3)).unwrap().digest;
+    let r = remote(&s3, "n");
+    store.push(&r, &[m]).unwrap();
+    let mut hexes: Vec<String> = tree_digests(8, 3).iter().map(|d| d.to_hex()).collect();
+    hexes.push(m.to_hex());
+    hexes.push(Digest::of(b"on no list").to_hex());
+    let mut planted = Vec::new();
+    for h in &hexes {
+        for k in near_misses(h) {
+            let p = s3.file(&format!("n/{k}"));
+            if p.exists() {
+                continue; // the same key from two digests' tables
+            }
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, b"not cowlink's").unwrap();
+            planted.push(p);
+        }
+    }
+    // Keys beside the prefix are not even listed.
+    let h = &hexes[4];
+    let beside = s3.file(&format!("nn/objects/{}/{h}", &h[..2]));
+    fs::create_dir_all(beside.parent().unwrap()).unwrap();
+    fs::write(&beside, b"x").unwrap();
+
+    let e = r
+        .gc(None, Duration::from_secs(10_000_000_000_000_000))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("10000000000000000 s"), "{e}");
+    assert!(r.gc(None, Duration::MAX).is_err());
+
+    let g = r.gc(None, Duration::ZERO).unwrap();
+    assert_eq!(
+        g.objects_removed + g.manifests_removed + g.markers_removed,
+        0,
+        "{g:?}"
+    );
+    assert_eq!(g.objects_kept, 3);
+    // gc never lists `locks/` (it removes only its own lock).
+    let listed = planted
+        .iter()
+        .filter(|p| !p.starts_with(s3.file("n/locks")));
+    assert_eq!(g.keys_left_alone, listed.clone().count() as u64, "{g:?}");
+    assert!(g.left_alone.len() < 100, "raise the cap or plant fewer");
+    for p in &planted {
+        assert!(p.is_file(), "gc removed {}", p.display());
+    }
+    for p in listed {
+        let key = p.strip_prefix(s3.file("")).unwrap().to_str().unwrap();
+        assert!(
+            g.left_alone.iter().any(|s| s.ends_with(key)),
+            "{key} is not named as left alone"
+        );
+    }
+    assert!(beside.is_file());
+    // `remote ls` shows only the real manifest.
+    let listed: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+    assert_eq!(listed, vec![m]);
+    assert!(pulls_whole(x.path(), &r, &m, "fresh"));
+}
+
+/// Issue 44, item 10: with more than 1000 objects (a push lists
+/// `objects/`, over two pages, instead of a HEAD each) an object is
+/// present only under its exact key with its exact size; a near miss
+/// never stands in for it.
+#[test]
+fn a_near_miss_key_never_counts_as_present_when_a_push_lists_objects() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("push_near_misses") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let n = 1001;
+    let a = tree(x.path(), "a", 9, n);
+    let ma = store.add_tree(&a).unwrap().digest;
+    let r = remote(&s3, "l");
+    let first = store.push(&r, &[ma]).unwrap();
+    assert_eq!(first.objects_uploaded, n as u64);
+    assert_eq!(first.requests.head, 1, "the push did not list: {first:?}");
+    // Some objects vanish, each leaving a near miss of its key behind;
+    // one is left truncated under its own key.
+    let ds = tree_digests(9, n);
+    let mut planted = Vec::new();
+    for (i, d) in ds.iter().enumerate().take(9) {
+        fs::remove_file(object_file(&s3, "l", d)).unwrap();
+        let k = near_misses(&d.to_hex())
+            .into_iter()
+            .filter(|k| k.starts_with("objects/"))
+            .nth(i)
+            .unwrap();
+        let p = s3.file(&format!("l/{k}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, cowlink_testfs::data(3000, 9000 + i as u64)).unwrap();
+        planted.push(p);
+    }
+    fs::write(object_file(&s3, "l", &ds[9]), b"short").unwrap();
+    // A new manifest naming them all (and one more object).
+    fs::write(a.join("extra"), b"one more").unwrap();
+    let mb = store.add_tree(&a).unwrap().digest;
+    let second = store.push(&r, &[mb]).unwrap();
+    assert_eq!(second.objects, n as u64 + 1);
+    assert_eq!(second.objects_uploaded, 9 + 1 + 1, "{second:?}");
+    // The lock check, then `objects/` twice (before the upload and before
+    // publishing), over two pages each.
+    assert!(second.requests.list >= 5, "one page only: {second:?}");
+    for p in &planted {
+        assert!(p.is_file(), "the push removed {}", p.display());
+    }
+    assert!(pulls_whole(x.path(), &r, &mb, "fresh"));
+}
+
+/// Issue 44, item 14: gc aborts the incomplete multipart uploads (of a
+/// push killed mid-object) older than the grace period, under its prefix
+/// and of its layout only; a younger one, and an old one of an object a
+/// live push names, stay. About 5 s: ages are whole seconds of the
+/// server's clock.
+#[test]
+fn gc_aborts_old_incomplete_uploads_and_keeps_young_ones() {
+    use object_store::multipart::MultipartStore;
+    use object_store::path::Path as Key;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_uploads") else {
+        return;
+    };
+    let client = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(cowlink_testfs::s3::BUCKET)
+        .with_region("us-east-1")
+        .with_access_key_id(ACCESS_KEY)
+        .with_secret_access_key(SECRET_KEY)
+        .with_endpoint(s3.endpoint())
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = |key: String| -> (Key, String) {
+        rt.block_on(async {
+            let k = Key::from(key);
+            let id = client.create_multipart(&k).await.unwrap();
+            client
+                .put_part(&k, &id, 0, bytes::Bytes::from(vec![7u8; 1000]).into())
+                .await
+                .unwrap();
+            (k, id)
+        })
+    };
+    let obj = |prefix: &str, seed: &[u8], tail: &str| {
+        let h = Digest::of(seed).to_hex();
+        format!("{prefix}/objects/{}/{h}{tail}", &h[..2])
+    };
+    // A push in progress (its marker kept fresh) whose object is uploading.
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 10, 2)).unwrap().digest;
+    let pusher = remote(&s3, "u").with_marker_refresh(Duration::from_millis(300));
+    let live = store.start_push(&pusher, &[m]).unwrap();
+    let live_object = tree_digests(10, 2)[0].to_hex();
+    let live_up = start(format!("u/objects/{}/{live_object}", &live_object[..2]));
+    let old = start(obj("u", b"old", ""));
+    let near = start(obj("u", b"near", ".partial"));
+    let beside = start(obj("v", b"beside", ""));
+    std::thread::sleep(Duration::from_millis(4500));
+    let young = start(obj("u", b"young", ""));
+
+    let g = remote(&s3, "u").gc(None, Duration::from_secs(3)).unwrap();
+    assert_eq!(g.uploads_not_listed, None);
+    assert_eq!((g.uploads_aborted, g.uploads_kept), (1, 2), "{g:?}");
+    assert_eq!(g.pushes_protected, 1);
+    assert!(
+        g.left_alone.iter().any(|k| k.contains(&near.1)),
+        "the near miss is not named: {g:?}"
+    );
+    // An aborted upload takes no more parts; the others do.
+    let alive = |(k, id): &(Key, String)| {
+        rt.block_on(client.put_part(k, id, 1, bytes::Bytes::from_static(b"x").into()))
+            .is_ok()
+    };
+    assert!(!alive(&old), "the old upload was not aborted");
+    for (what, u) in [
+        ("young", &young),
+        ("live", &live_up),
+        ("near miss", &near),
+        ("beside", &beside),
+    ] {
+        assert!(alive(u), "the {what} upload was aborted");
+    }
+    drop(live);
+}
