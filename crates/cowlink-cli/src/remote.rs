@@ -59,33 +59,57 @@ pub enum RemoteCommand {
     /// names go (left by a push that died). With --keep, the manifests not
     /// named are removed too, before their objects. Objects of pushes
     /// still running are never removed: each push marks itself on the
-    /// remote first and waits while a gc runs; a push silent for longer
-    /// than --grace is taken for dead.
+    /// remote first, rewrites its mark every minute, and waits while a gc
+    /// runs; a push silent for longer than --grace is taken for dead.
+    /// Incomplete multipart uploads older than --grace are aborted. Only
+    /// keys of cowlink's exact layout are touched: anything else under
+    /// the prefix is left alone and listed.
     Gc {
         /// Keep this manifest (repeatable); the others are removed
         #[arg(long, value_name = "MANIFEST")]
         keep: Vec<String>,
         /// How long a push may go without a sign of life before its
-        /// marker is removed (30s, 15m, 24h, 7d)
+        /// marker is removed, and an incomplete upload before it is
+        /// aborted (30s, 15m, 24h, 7d; at most 3653d). Under 2m a live push
+        /// may be taken for dead
         #[arg(long, value_name = "AGE", default_value = "24h", value_parser = age_arg)]
         grace: Duration,
     },
 }
 
-/// `30s`, `15m`, `24h`, `7d`.
+/// `30s`, `15m`, `24h`, `7d`, up to the library's `MAX_GRACE`; checked
+/// arithmetic, so no value wraps into a short one.
 fn age_arg(s: &str) -> std::result::Result<Duration, String> {
+    let shown = cowlink::name::quoted(std::path::Path::new(s));
+    let bad = || format!("{shown} is not an age such as 30s, 15m, 24h or 7d");
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("'{s}' is not an age such as 30s, 15m, 24h or 7d"))?;
-    let secs = match unit {
+    let secs: u64 = match unit {
         "s" | "" => 1,
         "m" => 60,
         "h" => 3600,
         "d" => 86400,
-        _ => return Err(format!("'{s}' is not an age such as 30s, 15m, 24h or 7d")),
+        _ => return Err(bad()),
     };
-    Ok(Duration::from_secs(n * secs))
+    let max = cowlink::store::remote::MAX_GRACE;
+    let too_long = || {
+        format!(
+            "{shown} is longer than the longest grace period accepted, {}d (10 years)",
+            max.as_secs() / 86400
+        )
+    };
+    if n.is_empty() {
+        return Err(bad());
+    }
+    // All digits: a parse error is only an overflow.
+    let n: u64 = n.parse().map_err(|_| too_long())?;
+    let d = n
+        .checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(too_long)?;
+    if d > max {
+        return Err(too_long());
+    }
+    Ok(d)
 }
 
 impl RemoteArgs {
@@ -303,6 +327,34 @@ pub fn remote(remote_args: &RemoteArgs, command: RemoteCommand, json: bool) -> R
                     requests_line(&r.requests),
                     human_duration(start.elapsed())
                 )?;
+                if r.uploads_aborted + r.uploads_kept > 0 {
+                    writeln!(
+                        out,
+                        "incomplete uploads: aborted {} older than the grace period, kept {}",
+                        r.uploads_aborted, r.uploads_kept
+                    )?;
+                }
+                if r.keys_left_alone > 0 {
+                    writeln!(
+                        out,
+                        "left alone {} that {} not cowlink's:",
+                        crate::out::count(r.keys_left_alone, "key", "keys"),
+                        if r.keys_left_alone == 1 { "is" } else { "are" }
+                    )?;
+                    for k in &r.left_alone {
+                        writeln!(out, "  {}", cowlink::name::shown(std::path::Path::new(k)))?;
+                    }
+                    if r.keys_left_alone > r.left_alone.len() as u64 {
+                        writeln!(
+                            out,
+                            "  … and {} more (all are in --json's count)",
+                            r.keys_left_alone - r.left_alone.len() as u64
+                        )?;
+                    }
+                }
+            }
+            if let Some(why) = &r.uploads_not_listed {
+                errln!("cowlink: incomplete uploads were not cleaned: {why}");
             }
         }
     }
@@ -319,5 +371,31 @@ mod tests {
         assert_eq!(age_arg("15m").unwrap(), Duration::from_secs(900));
         assert_eq!(age_arg("7d").unwrap(), Duration::from_secs(7 * 86400));
         assert!(age_arg("1w").is_err() && age_arg("h").is_err());
+        assert_eq!(age_arg("3653d").unwrap(), cowlink::store::remote::MAX_GRACE);
+    }
+
+    /// Issue 44, item 8: no age wraps or saturates into a short one;
+    /// every value past ten years is refused, naming it.
+    #[test]
+    fn ages_past_ten_years_are_refused_never_wrapped() {
+        let max = cowlink::store::remote::MAX_GRACE.as_secs();
+        for (unit, secs) in [("s", 1u64), ("m", 60), ("h", 3600), ("d", 86400), ("", 1)] {
+            let limit = max / secs;
+            for n in [
+                limit + 1,
+                limit * 2,
+                (u64::MAX / secs).saturating_add(1),
+                u64::MAX,
+                10_000_000_000_000_000,
+            ] {
+                let arg = format!("{n}{unit}");
+                let e = age_arg(&arg).unwrap_err();
+                assert!(e.contains(&arg) && e.contains("longest"), "{arg}: {e}");
+            }
+            assert!(age_arg(&format!("{limit}{unit}")).is_ok());
+        }
+        let e = age_arg("99999999999999999999999s").unwrap_err();
+        assert!(e.contains("longest"), "{e}");
+        assert!(age_arg("\x1b[2J").unwrap_err().contains("$'"));
     }
 }

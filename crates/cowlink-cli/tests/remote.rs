@@ -669,3 +669,54 @@ fn remote_gc_keeps_what_kept_manifests_use_and_drops_the_rest() {
         "the gc lock was left"
     );
 }
+
+/// Issue 44, items 8 and 9 through the command: a grace past ten years
+/// is a usage error naming it (it once wrapped into a short one and
+/// removed a live push's objects), and keys that are not exactly
+/// cowlink's are left alone and listed.
+#[test]
+fn remote_gc_refuses_a_grace_past_ten_years_and_lists_what_it_leaves_alone() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("remote_gc_alone") else {
+        return;
+    };
+    let a = generated(x.path(), "a", 3, 1000);
+    let st = x.path().join("st");
+    add_tree(&st, &a);
+    ok(&run(&s3, "g", &st, &[&"push"]));
+    let h = "5f".repeat(32);
+    let planted = [
+        format!("g/objects/5f/5f/{h}"),
+        format!("g/objects/{h}"),
+        format!("g/objects/5f/{h}.meta"),
+    ];
+    for k in &planted {
+        let p = s3.file(k);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"not cowlink's").unwrap();
+    }
+    for grace in ["10000000000000000s", "3654d", "99999999999999999999h"] {
+        let o = run(&s3, "g", &st, &[&"remote", &"gc", &"--grace", &grace]);
+        assert_eq!(o.status.code(), Some(2), "{grace}: {}", text(&o.stderr));
+        let e = text(&o.stderr);
+        assert!(e.contains(grace) && e.contains("10 years"), "{e}");
+    }
+    let out = ok(&run(&s3, "g", &st, &[&"remote", &"gc", &"--grace", &"0s"]));
+    assert!(
+        out.contains("left alone 3 keys that are not cowlink's:"),
+        "{out}"
+    );
+    for k in &planted {
+        assert!(s3.file(k).is_file(), "gc removed {k}");
+        assert!(out.contains(k.as_str()), "{k} not listed: {out}");
+    }
+    let r = json(&run(
+        &s3,
+        "g",
+        &st,
+        &[&"--json", &"remote", &"gc", &"--grace", &"3653d"],
+    ));
+    assert_eq!(r["keys_left_alone"], 3, "{r}");
+    assert_eq!(r["objects_removed"], 0, "{r}");
+    assert_eq!(r["objects_kept"], 3, "{r}");
+}
