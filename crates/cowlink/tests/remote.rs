@@ -520,3 +520,32 @@ fn gc_aborts_old_incomplete_uploads_and_keeps_young_ones() {
     }
     drop(live);
 }
+
+/// Compatibility: a pending marker whose id an older version spelled
+/// otherwise (here with dots and non-ASCII) still protects its push's
+/// objects while young, and gc never removes it, young or old.
+#[test]
+fn an_older_versions_marker_protects_while_young_and_is_never_removed() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_old_marker") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 11, 4)).unwrap().digest;
+    let r = remote(&s3, "o");
+    store.push(&r, &[m]).unwrap();
+    // The manifest is not published yet: only the marker names the objects.
+    let manifest = s3.file(&format!("o/manifests/{m}"));
+    let marker = s3.file(&format!("o/pending/{m}.büild.host-12-34"));
+    fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    fs::copy(&manifest, &marker).unwrap();
+    fs::remove_file(&manifest).unwrap();
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!((g.pushes_protected, g.objects_removed), (1, 0), "{g:?}");
+    assert_eq!(g.keys_left_alone, 1, "{g:?}");
+    // Old: it protects nothing any more, and is still left alone.
+    let g = r.gc(None, Duration::ZERO).unwrap();
+    assert_eq!((g.pushes_protected, g.objects_removed), (0, 4), "{g:?}");
+    assert_eq!(g.markers_removed, 0);
+    assert!(marker.is_file());
+}

@@ -14,7 +14,7 @@
 //! alone and named in the report.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use object_store::path::Path as Key;
 
@@ -23,9 +23,9 @@ use bytes::Bytes;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::store::manifest::{Digest, Manifest};
 
-use super::layout::Layout;
-use super::push::objects_of;
-use super::{marker_id, server_age, Area, Remote, RequestCounts, MARKER_REFRESH, MAX_GRACE};
+use super::layout::{loose_marker, Layout};
+use super::push::{objects_of, Refresher};
+use super::{marker_id, server_age, Area, Remote, RequestCounts, MAX_GRACE};
 
 /// At most this many keys left alone are named in a report (all are
 /// counted).
@@ -128,7 +128,12 @@ impl Remote {
             &self.config.prefix,
             &Layout::Lock(marker_id()),
         ));
+        self.block_on(self.put(Operation::Remote, &lock, Bytes::new()))?;
+        // Rewritten on a timer while gc runs, however long one listing or
+        // one batch of deletes takes: pushes wait for it while it lives.
+        let refresher = Refresher::start(self, vec![(lock.clone(), Bytes::new())]);
         let r = self.block_on(self.gc_locked(&lock, keep, grace));
+        self.block_on(refresher.stop(self));
         // The lock goes whatever happened (a failed gc removed nothing it
         // should not have; a stale lock only delays pushes).
         let _ = self.block_on(self.delete(Operation::Remote, &lock));
@@ -145,8 +150,6 @@ impl Remote {
     ) -> Result<RemoteGcReport> {
         let op = Operation::Remote;
         let mut report = RemoteGcReport::default();
-        self.put(op, lock, Bytes::new()).await?;
-        let mut refreshed = Instant::now();
         let now = self
             .head(op, lock)
             .await?
@@ -160,11 +163,23 @@ impl Remote {
         // Pushes in progress, read after our lock is visible.
         let mut stale = Vec::new();
         for m in self.list(op, Area::Pending).await? {
+            let young = server_age(now, m.last_modified) < grace;
             let Some(Layout::Pending(d, _)) = self.layout_of(&m.location) else {
                 report.leave_alone(self.shown(&m.location));
+                // A marker spelled otherwise (an older version's id) still
+                // protects its objects while young, if it holds the
+                // manifest it names; it is never removed.
+                if let Some(d) = loose_marker(&self.config.prefix, m.location.as_ref()) {
+                    if young {
+                        if let Ok(manifest) = self.checked_manifest(&m.location, &d).await {
+                            used.extend(objects_of(std::iter::once(&manifest)));
+                            report.pushes_protected += 1;
+                        }
+                    }
+                }
                 continue;
             };
-            if server_age(now, m.last_modified) >= grace {
+            if !young {
                 stale.push(m.location);
                 continue;
             }
@@ -220,10 +235,6 @@ impl Remote {
             self.delete(op, &m.location).await?;
             report.objects_removed += 1;
             report.bytes_removed += m.size;
-            if refreshed.elapsed() > MARKER_REFRESH {
-                self.put(op, lock, Bytes::new()).await?;
-                refreshed = Instant::now();
-            }
         }
         for key in stale {
             self.delete(op, &key).await?;

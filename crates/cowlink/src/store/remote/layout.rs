@@ -98,6 +98,37 @@ pub(crate) fn classify(prefix: &str, key: &str) -> Option<Layout> {
     }
 }
 
+/// The relative name of `key` directly in `area` under `prefix`.
+fn name_in<'k>(prefix: &str, area: &str, key: &'k str) -> Option<&'k str> {
+    let rel = if prefix.is_empty() {
+        key
+    } else {
+        key.strip_prefix(prefix)?.strip_prefix('/')?
+    };
+    let name = rel.strip_prefix(area)?.strip_prefix('/')?;
+    (!name.contains('/')).then_some(name)
+}
+
+/// The manifest a pending marker of *another spelling* names:
+/// `pending/<64 hex>.<anything>`, such as one an older version wrote with
+/// an id outside today's alphabet. gc never deletes such a key, but lets a
+/// young one whose body is that manifest protect its objects: on this
+/// side, leniency only keeps more.
+pub(crate) fn loose_marker(prefix: &str, key: &str) -> Option<Digest> {
+    let (hex, rest) = name_in(prefix, "pending", key)?.split_once('.')?;
+    if rest.is_empty() {
+        return None;
+    }
+    digest(hex)
+}
+
+/// Whether a push must take `key` for a gc's lock: any `locks/gc.…`.
+/// A push only waits for a lock, so it is lenient: a lock an older
+/// version spelled differently still makes it wait.
+pub(crate) fn loose_lock(prefix: &str, key: &str) -> bool {
+    name_in(prefix, "locks", key).is_some_and(|n| n.starts_with("gc."))
+}
+
 /// The key of `l` under `prefix`: the inverse of [`classify`].
 pub(crate) fn key_of(prefix: &str, l: &Layout) -> String {
     let rel = match l {
@@ -252,6 +283,30 @@ mod tests {
         }
         // The generator must mostly produce misses, or it tests nothing.
         assert!(rejected > 15_000, "only {rejected} near misses generated");
+    }
+
+    #[test]
+    fn loose_markers_and_locks_are_recognised_only_in_place() {
+        let h = d(3).to_hex();
+        for prefix in ["", "p/q"] {
+            let k =
+                |rel: &str| key_of(prefix, &Layout::Lock("x".into())).replace("locks/gc.x", rel);
+            assert_eq!(
+                loose_marker(prefix, &k(&format!("pending/{h}.héllo wörld"))),
+                Some(d(3))
+            );
+            assert_eq!(
+                loose_marker(prefix, &k(&format!("pending/{h}.a.b"))),
+                Some(d(3))
+            );
+            assert_eq!(loose_marker(prefix, &k(&format!("pending/{h}."))), None);
+            assert_eq!(loose_marker(prefix, &k(&format!("pending/{h}"))), None);
+            assert_eq!(loose_marker(prefix, &k(&format!("pending/x/{h}.id"))), None);
+            assert_eq!(loose_marker(prefix, &k(&format!("objects/{h}.id"))), None);
+            assert!(loose_lock(prefix, &k("locks/gc.old host.1")));
+            assert!(!loose_lock(prefix, &k("locks/other")));
+            assert!(!loose_lock(prefix, &k("locks/x/gc.1")));
+        }
     }
 
     #[test]

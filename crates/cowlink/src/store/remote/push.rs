@@ -106,10 +106,11 @@ impl Drop for Push<'_> {
     }
 }
 
-/// A task on the remote's runtime that rewrites a push's pending markers
-/// every `Remote::marker_refresh`, independent of its transfers.
+/// A task on the remote's runtime that rewrites keys (a push's pending
+/// markers, a gc's lock) every `Remote::marker_refresh` as a sign of
+/// life, independent of what the push or gc is busy with.
 #[derive(Debug)]
-struct Refresher {
+pub(super) struct Refresher {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     /// PUTs made and bytes sent, added to the remote's counts at the end.
@@ -118,7 +119,8 @@ struct Refresher {
 }
 
 impl Refresher {
-    fn start(remote: &Remote, markers: Vec<(Key, Bytes)>) -> Refresher {
+    /// Start rewriting `markers` (each key with its body).
+    pub(super) fn start(remote: &Remote, markers: Vec<(Key, Bytes)>) -> Refresher {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let client = Arc::clone(&remote.client);
         let every = remote.marker_refresh;
@@ -154,7 +156,7 @@ impl Refresher {
 
     /// Stop the timer and wait (up to 10 s) for a rewrite in flight, so
     /// that no marker is written again after the push removes it.
-    async fn stop(mut self, remote: &Remote) {
+    pub(super) async fn stop(mut self, remote: &Remote) {
         let _ = self.stop.send(true);
         if tokio::time::timeout(Duration::from_secs(10), &mut self.task)
             .await
@@ -316,9 +318,11 @@ impl Push<'_> {
                 Some(m) => m.last_modified,
                 None => return Ok(waited),
             };
-            // Only a key of the layout is a gc's lock.
+            // Any `locks/gc.…` is a gc's lock (leniently: waiting is
+            // the safe side, and an older version may spell ids
+            // differently).
             let live = locks.iter().any(|l| {
-                matches!(remote.layout_of(&l.location), Some(Layout::Lock(_)))
+                super::layout::loose_lock(&remote.config.prefix, l.location.as_ref())
                     && server_age(now, l.last_modified) < LOCK_STALE
             });
             if !live {
@@ -420,16 +424,22 @@ impl Push<'_> {
         let r = self.recheck(&todo).and_then(|()| {
             let refresher = self.refresher.take();
             remote.block_on(async {
-                for (d, m, _) in &todo {
-                    remote
-                        .put(op, &remote.manifest_key(d), Bytes::from(m.to_bytes()))
-                        .await?;
+                let put = async {
+                    for (d, m, _) in &todo {
+                        remote
+                            .put(op, &remote.manifest_key(d), Bytes::from(m.to_bytes()))
+                            .await?;
+                    }
+                    Ok::<_, Error>(())
                 }
-                // The manifests protect their objects now; the markers
-                // may go (and are not written again after this).
+                .await;
+                // The manifests protect their objects now (or the push
+                // failed): the markers may go, and are not written again
+                // after this.
                 if let Some(r) = refresher {
                     r.stop(remote).await;
                 }
+                put?;
                 for (_, _, marker) in &todo {
                     remote.delete(op, marker).await?;
                 }
