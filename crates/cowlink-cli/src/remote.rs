@@ -209,6 +209,18 @@ pub fn push(
             requests_line(&r.requests),
             human_duration(start.elapsed())
         )?;
+        if r.objects_reuploaded > 0 {
+            errln!(
+                "cowlink: {} vanished from the remote during the push (a remote gc took it \
+                 for dead?) and {} uploaded again before the manifests",
+                crate::out::count(r.objects_reuploaded, "object", "objects"),
+                if r.objects_reuploaded == 1 {
+                    "was"
+                } else {
+                    "were"
+                }
+            );
+        }
         if r.waited_for_gc_ms > 0 {
             errln!(
                 "cowlink: waited {} for a remote gc to finish",

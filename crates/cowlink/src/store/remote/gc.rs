@@ -29,7 +29,7 @@ use super::{marker_id, server_age, Area, Remote, RequestCounts, MAX_GRACE};
 
 /// At most this many keys left alone are named in a report (all are
 /// counted).
-pub const LEFT_ALONE_SHOWN: usize = 100;
+const LEFT_ALONE_SHOWN: usize = 100;
 
 /// A manifest on the remote.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -72,7 +72,7 @@ pub struct RemoteGcReport {
     /// Keys below the prefix (and uploads) that are not exactly of
     /// cowlink's layout: never removed, never trusted.
     pub keys_left_alone: u64,
-    /// The first [`LEFT_ALONE_SHOWN`] of them, as `s3://BUCKET/KEY`.
+    /// The first 100 of them, as `s3://BUCKET/KEY`.
     pub left_alone: Vec<String>,
     /// Requests made.
     pub requests: RequestCounts,

@@ -41,10 +41,19 @@
 //! Either a push's marker is written before gc reads the markers (so gc
 //! keeps its objects), or after gc's lock exists (so the push sees the
 //! lock and waits until gc is done before it relies on any object).
-//! Ages are differences of the server's own `Last-Modified` times, never
-//! of a client's clock. A push refreshes its marker every
-//! [`MARKER_REFRESH`], so only a push dead for longer than the grace
-//! period loses its protection.
+//! Ages are saturating differences of the server's own `Last-Modified`
+//! times, never of a client's clock, and a grace period is at most
+//! [`MAX_GRACE`]. A push rewrites its markers, and a gc its lock, every
+//! [`MARKER_REFRESH`] on a timer task of their own, whatever their
+//! transfers do, so only a push dead for longer than the grace period
+//! loses its protection; and before publishing, a push checks again that
+//! every object is there (exact key, exact size) and uploads any that
+//! went. gc also aborts incomplete multipart uploads older than the grace
+//! period, unless a live push names their object.
+//!
+//! **Only cowlink's keys.** One function (`layout.rs`) says whether a
+//! key is exactly one cowlink writes; gc deletes nothing else (it names
+//! what it leaves alone) and a push counts nothing else as present.
 //!
 //! Everything is counted ([`Requests`]): how many GET, PUT, HEAD, LIST
 //! and DELETE requests an operation made, and the bytes each way.
