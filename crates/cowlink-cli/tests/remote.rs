@@ -720,3 +720,51 @@ fn remote_gc_refuses_a_grace_past_ten_years_and_lists_what_it_leaves_alone() {
     assert_eq!(r["objects_removed"], 0, "{r}");
     assert_eq!(r["objects_kept"], 3, "{r}");
 }
+
+/// Issue 44, item 14: a push killed (SIGKILL) in the middle of a
+/// multipart upload leaves an incomplete upload on the server; a remote
+/// gc aborts it once it is older than --grace. About 6 s: the push runs
+/// through a slow relay so that it is surely mid-object when killed.
+#[test]
+fn remote_gc_aborts_the_upload_of_a_push_killed_mid_object() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("remote_gc_uploads") else {
+        return;
+    };
+    let a = x.path().join("a");
+    fs::create_dir_all(&a).unwrap();
+    fs::write(a.join("big"), cowlink_testfs::data(40 << 20, 14)).unwrap();
+    let st = x.path().join("st");
+    add_tree(&st, &a);
+    // 40 MiB at 4 MiB/s: 10 s; the upload starts within the first second.
+    let relay = cowlink_testfs::relay::slow_uplink(&s3.endpoint(), 4 << 20);
+    let mut push = cmd(&s3, "k", &st, &[&"--endpoint", &relay, &"push"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        push.try_wait().unwrap().is_none(),
+        "the push ended too soon"
+    );
+    push.kill().unwrap();
+    push.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let r = json(&run(
+        &s3,
+        "k",
+        &st,
+        &[&"--json", &"remote", &"gc", &"--grace", &"1s"],
+    ));
+    assert_eq!(r["uploads_not_listed"], serde_json::Value::Null, "{r}");
+    assert_eq!(r["uploads_aborted"], 1, "{r}");
+    let r = json(&run(&s3, "k", &st, &[&"--json", &"remote", &"gc"]));
+    assert_eq!(
+        (r["uploads_aborted"].as_u64(), r["uploads_kept"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    // And the push, run again, completes.
+    ok(&run(&s3, "k", &st, &[&"push"]));
+}

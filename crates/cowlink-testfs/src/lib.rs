@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub mod relay;
 pub mod s3;
 
 /// The test filesystems.

@@ -161,46 +161,6 @@ fn remote_at(endpoint: &str, prefix: &str) -> Remote {
     Remote::open(c).unwrap()
 }
 
-/// A TCP relay on 127.0.0.1 in front of `upstream` that lets at most
-/// `rate` bytes a second of each connection's requests through (the
-/// answers are not slowed): a slow uplink. Its threads end with the test
-/// process.
-fn slow_uplink(upstream: &str, rate: usize) -> String {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    let up: std::net::SocketAddr = upstream.trim_start_matches("http://").parse().unwrap();
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    fn relay(mut from: TcpStream, mut to: TcpStream, rate: Option<usize>) {
-        let mut buf = vec![0u8; 16 << 10];
-        loop {
-            let n = match from.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if to.write_all(&buf[..n]).is_err() {
-                break;
-            }
-            if let Some(r) = rate {
-                std::thread::sleep(Duration::from_secs_f64(n as f64 / r as f64));
-            }
-        }
-        let _ = to.shutdown(Shutdown::Write);
-    }
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { return };
-            let Ok(u) = TcpStream::connect(up) else {
-                continue;
-            };
-            let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
-            std::thread::spawn(move || relay(c, u, Some(rate)));
-            std::thread::spawn(move || relay(u2, c2, None));
-        }
-    });
-    format!("http://{addr}")
-}
-
 /// The digests of the objects of `tree(…, seed, n)`.
 fn tree_digests(seed: u64, n: usize) -> Vec<Digest> {
     (0..n)
@@ -231,7 +191,7 @@ fn a_push_busy_with_one_object_longer_than_the_grace_period_keeps_its_objects() 
     // One large object: 16 MiB (one PUT) at 2 MiB/s takes 8 s.
     fs::write(root.join("large"), cowlink_testfs::data(16 << 20, 66)).unwrap();
     let m = store.add_tree(&root).unwrap().digest;
-    let slow = slow_uplink(&s3.endpoint(), 2 << 20);
+    let slow = cowlink_testfs::relay::slow_uplink(&s3.endpoint(), 2 << 20);
     let pusher = remote_at(&slow, "g").with_marker_refresh(Duration::from_millis(300));
     let gc = remote(&s3, "g");
     let grace = Duration::from_secs(3);
