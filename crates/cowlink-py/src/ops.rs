@@ -221,12 +221,24 @@ pub fn copytree(
     if failed.is_empty() {
         return Ok(report);
     }
-    let first = failed[0].to_string();
-    let err = TreeError::new_err(format!(
-        "{} of the entries could not be copied; the first: {first}",
-        failed.len()
+    let first = &failed[0];
+    // An OSError as the entries' are: the first failure's errno, and the
+    // trees as filename and filename2.
+    let errno = first
+        .raw_os_error()
+        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
+    let err = TreeError::new_err((
+        errno,
+        format!(
+            "{} of the entries could not be copied; the first: {first}",
+            failed.len()
+        ),
     ));
     let value = err.value(py);
+    value.setattr("filename", src.0.as_os_str())?;
+    value.setattr("filename2", dst.0.as_os_str())?;
+    value.setattr("message", value.getattr("strerror")?)?;
+    value.setattr("kind", "tree")?;
     value.setattr("errors", error_list(py, &failed)?)?;
     value.setattr("report", Py::new(py, report)?)?;
     Err(err)
