@@ -459,7 +459,9 @@ impl Store {
         })
     }
 
-    fn __repr__(&self) -> String {
-        format!("Store({:?})", self.root)
+    /// `Store('/the/path')`, the path as `repr(str(store.path))`.
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let path = self.root.as_path().into_pyobject(py)?;
+        Ok(format!("Store({})", path.str()?.repr()?))
     }
 }

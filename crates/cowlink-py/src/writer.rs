@@ -51,6 +51,19 @@ fn mode_bits(mode: &Bound<'_, PyAny>) -> PyResult<u32> {
     }
 }
 
+/// `size` as a byte count: an int in 0..2**64, else ValueError naming it
+/// (TypeError for what is not an int).
+fn size_bytes(size: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if !size.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "size must be an int, not {}",
+            size.get_type().name()?
+        )));
+    }
+    size.extract::<u64>()
+        .map_err(|_| PyValueError::new_err(format!("size {size} is out of range (0..2**64)")))
+}
+
 fn oct(n: &Bound<'_, PyAny>) -> PyResult<String> {
     let builtins = PyModule::import(n.py(), "builtins")?;
     builtins.getattr("oct")?.call1((n,))?.extract()
@@ -104,12 +117,13 @@ impl PreallocWriter {
     fn new(
         py: Python<'_>,
         path: FsPath,
-        size: u64,
+        size: &Bound<'_, PyAny>,
         mode: Option<&Bound<'_, PyAny>>,
         overwrite: &str,
         fsync: bool,
     ) -> PyResult<Self> {
         let path = path.0;
+        let size = size_bytes(size)?;
         let options = PreallocOptions {
             fsync,
             mode: mode.map_or(Ok(0o666), mode_bits)?,
@@ -226,11 +240,13 @@ impl PreallocWriter {
         Ok(false)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "PreallocWriter({:?}, {})",
-            self.path,
-            if !self.closed(py) { "open" } else { "closed" }
-        )
+    /// `PreallocWriter('/the/path', open)` (or `closed`).
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let path = self.path.as_path().into_pyobject(py)?;
+        Ok(format!(
+            "PreallocWriter({}, {})",
+            path.str()?.repr()?,
+            if self.closed(py) { "closed" } else { "open" }
+        ))
     }
 }

@@ -188,7 +188,7 @@ def _tree_error(xfs: Path, ext4: Path, btrfs: Path) -> Case:
     with pytest.raises(cowlink.TreeError) as e:
         cowlink.copytree(xfs / "src", ext4 / "dst", dirs_exist_ok=True)
     assert (ext4 / "dst" / "ok").read_bytes() == b"fine"
-    first = e.value.errors[0]  # type: ignore[attr-defined]
+    first = e.value.errors[0]
     assert isinstance(first, OSError) and first.errno
     return e.value, first.errno, xfs / "src", ext4 / "dst"
 

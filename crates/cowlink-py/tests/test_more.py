@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import array
+import io
 import json
+import mmap
 import os
+import random
+import re
+import signal
+import stat
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -168,3 +177,299 @@ def test_keyboard_interrupt_stops_a_checkout_and_a_dedupe_cleanly(xfs: Path) -> 
         cowlink.dedupe.execute(plan, on_progress=interrupt)
     for i in range(0, n, 997):
         assert (xfs / "tree" / f"d{i % 16}" / f"f{i}").read_bytes() == data(600, i % 5000)
+
+
+# Hostile writes: everything io refuses, the writer refuses, and writes
+# nothing. (io.BytesIO().write(x) raises TypeError for each of these.)
+NOT_BYTES: list[object] = [
+    5,
+    0,
+    -1,
+    True,
+    1.5,
+    None,
+    "text",
+    [1, 2, 3],
+    (1, 2),
+    range(3),
+    iter(b"ab"),
+    {1: 2},
+    {1},
+    object(),
+    2**70,
+]
+
+
+@pytest.mark.parametrize("value", NOT_BYTES, ids=lambda v: type(v).__name__ + "-" + repr(v)[:12])
+def test_prealloc_writer_refuses_what_is_not_bytes_like(value: object, xfs: Path) -> None:
+    with pytest.raises(TypeError):
+        io.BytesIO().write(value)  # type: ignore[arg-type]
+    with cowlink.PreallocWriter(xfs / "f", 16) as w:
+        w.write(b"ok")
+        with pytest.raises(TypeError, match="bytes-like object is required"):
+            w.write(value)  # type: ignore[arg-type]
+        assert w.tell() == 2
+    assert (xfs / "f").read_bytes() == b"ok"
+
+
+def test_prealloc_writer_takes_every_bytes_like(xfs: Path) -> None:
+    values: list[object] = [
+        b"bytes",
+        bytearray(b"bytearray"),
+        memoryview(b"view"),
+        memoryview(b"a-b-c-d-")[::2],  # not contiguous
+        array.array("i", [1, -2, 3]),
+        array.array("d", [0.5]),
+        mmap.mmap(-1, 7),
+        b"",
+    ]
+    expected = b"".join(bytes(memoryview(v)) for v in values)  # type: ignore[arg-type]
+    with cowlink.PreallocWriter(xfs / "f", len(expected)) as w:
+        for v in values:
+            assert w.write(v) == memoryview(v).nbytes  # type: ignore[arg-type]
+    assert (xfs / "f").read_bytes() == expected
+
+
+@pytest.mark.parametrize("mode", [0, 0o600, 0o644, 0o755, 0o1777, 0o4755, 0o7777])
+def test_prealloc_writer_gives_the_mode(mode: int, xfs: Path) -> None:
+    old = os.umask(0)
+    try:
+        with cowlink.PreallocWriter(xfs / "f", 1, mode=mode) as w:
+            w.write(b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(xfs / "f").st_mode) == mode
+
+
+@pytest.mark.parametrize("mode", [-1, 0o10000, 0o7777777, 2**32 + 0o644, 2**64, -(2**70)])
+def test_prealloc_writer_refuses_a_mode_out_of_range(mode: int, xfs: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape(oct(mode))):
+        cowlink.PreallocWriter(xfs / "f", 1, mode=mode)
+    assert os.listdir(xfs) == []
+
+
+@pytest.mark.parametrize("bad", ["0o644", 1.0, b"\x01"])
+def test_prealloc_writer_refuses_a_mode_not_an_int(bad: object, xfs: Path) -> None:
+    with pytest.raises(TypeError, match="mode must be an int"):
+        cowlink.PreallocWriter(xfs / "f", 1, mode=bad)  # type: ignore[arg-type]
+    assert os.listdir(xfs) == []
+
+
+@pytest.mark.parametrize("size", [-1, 2**64, -(2**70)])
+def test_prealloc_writer_refuses_a_size_out_of_range(size: int, xfs: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape(str(size))):
+        cowlink.PreallocWriter(xfs / "f", size)
+    assert os.listdir(xfs) == []
+
+
+def test_prealloc_writer_from_many_threads(xfs: Path) -> None:
+    # Each write is applied whole: 4 threads write 64 distinct 4 KiB
+    # blocks each, and the file holds every block once, none torn.
+    threads, per, block = 4, 64, 4096
+    blocks = {(t, i): data(block, t * 1000 + i) for t in range(threads) for i in range(per)}
+    w = cowlink.PreallocWriter(xfs / "f", threads * per * block)
+    start = threading.Barrier(threads)
+    failures: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            for i in range(per):
+                assert w.write(blocks[(t, i)]) == block
+                w.tell()
+                assert not w.closed
+                assert repr(w) == f"PreallocWriter({str(xfs / 'f')!r}, open)"
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for p in pool:
+        p.start()
+    for p in pool:
+        p.join()
+    assert failures == []
+    assert w.tell() == threads * per * block
+    # Closed from a thread other than the one that opened it.
+    closer = threading.Thread(target=w.close)
+    closer.start()
+    closer.join()
+    assert w.closed
+    content = (xfs / "f").read_bytes()
+    got = sorted(content[i : i + block] for i in range(0, len(content), block))
+    assert got == sorted(blocks.values())
+
+
+def test_prealloc_writer_closed_by_another_thread_while_writing(xfs: Path) -> None:
+    w = cowlink.PreallocWriter(xfs / "f", 1 << 20)
+    errors: list[BaseException] = []
+    written = 0
+    started = threading.Event()
+
+    def writer() -> None:
+        nonlocal written
+        try:
+            while True:
+                written += w.write(b"z" * 4096)
+                started.set()
+        except BaseException as e:  # noqa: BLE001 - checked below
+            errors.append(e)
+            started.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    started.wait(30)
+    w.discard()
+    t.join(30)
+    assert not t.is_alive()
+    assert len(errors) == 1 and type(errors[0]) is ValueError, errors
+    assert "closed file" in str(errors[0])
+    assert written > 0
+    assert os.listdir(xfs) == []
+
+
+def test_store_is_shared_with_threads_while_a_checkout_runs(xfs: Path) -> None:
+    # While one thread is inside checkout (held there by its on_progress),
+    # another uses the same Store for everything: the checkout is
+    # certainly running when each of these calls is made.
+    for i in range(300):
+        write(xfs / "tree" / f"d{i % 7}" / f"f{i}", data(3000, i))
+    write(xfs / "other" / "g", b"other tree")
+    store = cowlink.Store(xfs / "store")
+    added = store.add_tree(xfs / "tree")
+    inside = threading.Event()
+    finished = threading.Event()
+    seen: dict[str, object] = {}
+    failures: list[BaseException] = []
+
+    def hold(p: cowlink.Progress) -> None:
+        inside.set()
+        assert finished.wait(60), "the other thread did not finish"
+
+    def other() -> None:
+        try:
+            assert inside.wait(60)
+            seen["path"] = store.path
+            seen["repr"] = repr(store)
+            seen["stats"] = store.stats().manifests
+            seen["add"] = store.add(write(xfs / "lone", b"lone")).bytes
+            seen["tree"] = store.add_tree(xfs / "other").files
+            seen["out2"] = store.checkout(added.digest, xfs / "out2").files
+            seen["verify"] = store.verify().clean
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+        finally:
+            finished.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    r = store.checkout(added.digest, xfs / "out", on_progress=hold)
+    t.join()
+    assert failures == []
+    assert seen == {
+        "path": xfs / "store",
+        "repr": f"Store({str(xfs / 'store')!r})",
+        "stats": 1,
+        "add": 4,
+        "tree": 1,
+        "out2": 300,
+        "verify": True,
+    }
+    assert r.files == 300 and not r.errors
+    for out in ("out", "out2"):
+        for i in range(300):
+            assert (xfs / out / f"d{i % 7}" / f"f{i}").read_bytes() == data(3000, i)
+
+
+def test_store_threaded_stress(xfs: Path) -> None:
+    # Six threads, each a random sequence of every Store call on one
+    # shared Store; every checkout must equal its tree.
+    store = cowlink.Store(xfs / "store")
+    trees = 6
+    for t in range(trees):
+        for i in range(40):
+            write(xfs / f"src{t}" / f"f{i}", data(2000 + i, t * 100 + i % 13))
+    failures: list[BaseException] = []
+    start = threading.Barrier(trees)
+
+    def work(t: int) -> None:
+        rng = random.Random(t)
+        try:
+            start.wait()
+            digest = store.add_tree(xfs / f"src{t}").digest
+            for step in range(12):
+                op = rng.choice(["checkout", "add", "stats", "verify", "path", "tree"])
+                if op == "checkout":
+                    out = xfs / f"out{t}-{step}"
+                    store.checkout(digest, out, threads=rng.choice([None, 1, 2]))
+                    for i in range(40):
+                        got = (out / f"f{i}").read_bytes()
+                        assert got == data(2000 + i, t * 100 + i % 13), out
+                elif op == "add":
+                    assert store.add(xfs / f"src{t}" / "f0").bytes == 2000
+                elif op == "stats":
+                    assert store.stats().manifests >= 1
+                elif op == "verify":
+                    assert store.verify(threads=1).clean
+                elif op == "path":
+                    assert store.path == xfs / "store"
+                    assert repr(store).startswith("Store(")
+                else:
+                    assert store.add_tree(xfs / f"src{t}").digest == digest
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(trees)]
+    for p in pool:
+        p.start()
+    for p in pool:
+        p.join()
+    assert failures == []
+    assert store.stats().manifests == trees
+    assert store.verify().clean
+
+
+def test_sigint_stops_a_verify_in_another_process(xfs: Path) -> None:
+    # A store of 4096 sparse 256 MiB objects: 1 TiB to hash, minutes of
+    # work on any machine, made in a moment. (Their names are not their digests, so each
+    # object verify reads is quarantined: a count of how far it got.)
+    objects = 4096
+    store = cowlink.Store(xfs / "store")
+    for i in range(objects):
+        name = f"{i:064x}"
+        d = xfs / "store" / "objects" / name[:2]
+        d.mkdir(exist_ok=True)
+        with open(d / name, "wb") as f:
+            f.truncate(256 << 20)
+    del store
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, cowlink\n"
+            "store = cowlink.Store(sys.argv[1])\n"
+            "def started(p):\n"
+            "    if p.phase == 'verify' and p.files_done:\n"
+            "        print('started', flush=True)\n"
+            "try:\n"
+            "    store.verify(on_progress=started)\n"
+            "    print('finished', flush=True)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n",
+            str(xfs / "store"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline() == "started\n"
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 0, err
+    assert out.split() == ["interrupted"] or set(out.split()) == {"started", "interrupted"}, out
+    done = len(os.listdir(xfs / "store" / "quarantine"))
+    assert 0 < done < objects, done
