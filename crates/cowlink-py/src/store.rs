@@ -307,7 +307,7 @@ impl Store {
         on_progress: Option<Bound<'_, PyAny>>,
         cancel: Option<Bound<'_, CancelToken>>,
     ) -> PyResult<AddedTree> {
-        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
         let store = self.lease(py, control.run())?;
         let t = control
             .drive(py, || store.add_tree(&path))?
@@ -355,7 +355,7 @@ impl Store {
             verify,
             ..MaterializeOptions::default()
         };
-        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
         let store = self.lease(py, control.run())?;
         let r = control
             .drive(py, || {
@@ -389,7 +389,7 @@ impl Store {
         on_progress: Option<Bound<'_, PyAny>>,
         cancel: Option<Bound<'_, CancelToken>>,
     ) -> PyResult<VerifyReport> {
-        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
         let store = self.lease(py, control.run())?;
         let r = control
             .drive(py, || store.verify())?
@@ -429,7 +429,7 @@ impl Store {
             .map(|k| k.iter().map(|s| digest(s)).collect::<PyResult<_>>())
             .transpose()?;
         let store = self.lease(py, Run::default())?;
-        let r = Control::new(None, None, None)
+        let r = Control::new(None, None, None)?
             .drive(py, || store.gc(keep.as_deref()))?
             .map_err(|e| self.fail(py, &e))?;
         Ok(GcReport {
@@ -444,7 +444,7 @@ impl Store {
     /// Counts and sizes of objects and manifests.
     fn stats(&self, py: Python<'_>) -> PyResult<StoreStats> {
         let store = self.lease(py, Run::default())?;
-        let s = Control::new(None, None, None)
+        let s = Control::new(None, None, None)?
             .drive(py, || store.stats())?
             .map_err(|e| self.fail(py, &e))?;
         Ok(StoreStats {
