@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import write
@@ -245,3 +247,83 @@ def test_every_exception_carries_errno_and_filename(
     assert exc.strerror and exc.message and exc.kind  # type: ignore[attr-defined]
     # It pickles and compares as OSError does (errno, strerror, filename).
     assert isinstance(exc.args[0], int) and exc.args[0] == code
+
+
+# Hostile path arguments: what os refuses (a NUL byte: ValueError; not a
+# path: TypeError) every cowlink call refuses the same way, before it
+# touches the filesystem, and never with a PanicException.
+HOSTILE_PATHS: list[tuple[object, type[Exception]]] = [
+    ("a\0b", ValueError),
+    (b"a\0b", ValueError),
+    ("\0", ValueError),
+    (b"dir/\0/x", ValueError),
+    (5, TypeError),
+    (None, TypeError),
+    (1.5, TypeError),
+    (["a"], TypeError),
+]
+
+
+def _calls(d: Path, store: cowlink.Store, h: object) -> dict[str, Callable[[], object]]:
+    f = d / "f"
+    bad: Any = h
+    return {
+        "clone_file src": lambda: cowlink.clone_file(bad, d / "n1"),
+        "clone_file dst": lambda: cowlink.clone_file(f, bad),
+        "clone_range src": lambda: cowlink.clone_range(bad, f, length=0),
+        "clone_range dst": lambda: cowlink.clone_range(f, bad, length=0),
+        "copytree src": lambda: cowlink.copytree(bad, d / "n2"),
+        "copytree dst": lambda: cowlink.copytree(d / "tree", bad),
+        "extents": lambda: cowlink.extents(bad),
+        "usage": lambda: cowlink.usage([f, bad]),
+        "probe.filesystem": lambda: cowlink.probe.filesystem(bad),
+        "probe.between src": lambda: cowlink.probe.between(bad, d),
+        "probe.between dst": lambda: cowlink.probe.between(f, bad),
+        "probe.tree": lambda: cowlink.probe.tree(bad),
+        "dedupe.plan": lambda: cowlink.dedupe.plan([d / "tree", bad]),
+        "dedupe.run": lambda: cowlink.dedupe.run([bad]),
+        "Store": lambda: cowlink.Store(bad),
+        "Store.add": lambda: store.add(bad),
+        "Store.add_tree": lambda: store.add_tree(bad),
+        "Store.checkout": lambda: store.checkout("0" * 64, bad),
+        "PreallocWriter": lambda: cowlink.PreallocWriter(bad, 1),
+    }
+
+
+@pytest.mark.parametrize("hostile,expected", HOSTILE_PATHS, ids=lambda v: repr(v)[:12])
+def test_hostile_paths_are_refused_as_os_refuses_them(
+    hostile: object, expected: type[Exception], xfs: Path
+) -> None:
+    with pytest.raises(expected):
+        os.lstat(hostile)  # type: ignore[arg-type]
+    write(xfs / "f", b"file")
+    write(xfs / "tree" / "g", b"in a tree")
+    store = cowlink.Store(xfs / "store")
+    before = sorted(str(p) for p in xfs.rglob("*"))
+    for name, call in _calls(xfs, store, hostile).items():
+        with pytest.raises(expected) as e:
+            call()
+        assert not isinstance(e.value, OSError), (name, e.value)
+    assert sorted(str(p) for p in xfs.rglob("*")) == before
+
+
+@pytest.mark.parametrize("hostile", [5, "not callable", b"", object()], ids=repr)
+def test_on_progress_must_be_callable_before_any_work(hostile: object, xfs: Path) -> None:
+    write(xfs / "tree" / "g", b"in a tree")
+    store = cowlink.Store(xfs / "store")
+    digest = store.add_tree(xfs / "tree").digest
+    cb: Any = hostile
+    calls: dict[str, Callable[[], object]] = {
+        "copytree": lambda: cowlink.copytree(xfs / "tree", xfs / "copy", on_progress=cb),
+        "usage": lambda: cowlink.usage([xfs / "tree"], on_progress=cb),
+        "dedupe.plan": lambda: cowlink.dedupe.plan([xfs / "tree"], on_progress=cb),
+        "dedupe.run": lambda: cowlink.dedupe.run([xfs / "tree"], on_progress=cb),
+        "Store.add_tree": lambda: store.add_tree(xfs / "tree", on_progress=cb),
+        "Store.checkout": lambda: store.checkout(digest, xfs / "out", on_progress=cb),
+        "Store.verify": lambda: store.verify(on_progress=cb),
+    }
+    before = sorted(str(p) for p in xfs.rglob("*"))
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match="on_progress must be callable"):
+            call()
+    assert sorted(str(p) for p in xfs.rglob("*")) == before

@@ -14,7 +14,9 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import data, write
@@ -473,3 +475,115 @@ def test_sigint_stops_a_verify_in_another_process(xfs: Path) -> None:
     assert out.split() == ["interrupted"] or set(out.split()) == {"started", "interrupted"}, out
     done = len(os.listdir(xfs / "store" / "quarantine"))
     assert 0 < done < objects, done
+
+
+def test_store_opened_again_must_be_the_same_directory(xfs: Path) -> None:
+    # A call made while another runs opens the store again by its path; if
+    # the directory there is no longer the one this Store opened, that call
+    # fails with the path named, and the running one finishes in the old.
+    write(xfs / "tree" / "f", b"content")
+    store = cowlink.Store(xfs / "store")
+    digest = store.add_tree(xfs / "tree").digest
+    seen: list[BaseException] = []
+
+    def swap(p: cowlink.Progress) -> None:
+        if not seen:
+            os.rename(xfs / "store", xfs / "moved")
+            cowlink.Store(xfs / "store")
+            try:
+                store.stats()
+            except OSError as e:
+                seen.append(e)
+            else:
+                seen.append(AssertionError("a replaced store was used"))
+
+    store.checkout(digest, xfs / "out", on_progress=swap)
+    assert (xfs / "out" / "f").read_bytes() == b"content"
+    assert len(seen) == 1 and isinstance(seen[0], cowlink.ContentChangedError), seen
+    assert seen[0].filename == str(xfs / "store")
+    assert "replaced" in str(seen[0])
+
+
+def test_usage_is_cancellable(xfs: Path) -> None:
+    for i in range(50):
+        write(xfs / "tree" / f"f{i}", data(5000, i))
+    u = cowlink.usage([xfs / "tree"])
+    assert u.files == 50 and u.apparent == 50 * 5000
+    token = cowlink.CancelToken()
+    token.cancel()
+    with pytest.raises(cowlink.CancelledError):
+        cowlink.usage([xfs / "tree"], cancel=token)
+
+    def interrupt(p: cowlink.Progress) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cowlink.usage([xfs / "tree"], on_progress=interrupt)
+
+
+def _plan_mutations(d: Path) -> list[tuple[str, Callable[[dict[str, Any]], None]]]:
+    def group(p: dict[str, Any]) -> dict[str, Any]:
+        g: dict[str, Any] = p["groups"][0]
+        return g
+
+    def set_(key: str, value: object) -> Callable[[dict[str, Any]], None]:
+        return lambda p: group(p).__setitem__(key, value)
+
+    def target(path: Path) -> Callable[[dict[str, Any]], None]:
+        return lambda p: group(p).__setitem__("targets", [str(path)])
+
+    return [
+        ("size max", set_("size", 2**64 - 1)),
+        ("size zero", set_("size", 0)),
+        ("size small", set_("size", 5)),
+        ("size negative", set_("size", -1)),
+        ("size too big", set_("size", 2**64)),
+        ("reclaimable max", set_("reclaimable", 2**64 - 1)),
+        ("reclaimable over", set_("reclaimable", 3 << 20)),
+        ("source missing", set_("source", str(d / "missing"))),
+        ("source is a target", set_("source", str(d / "b"))),
+        ("target is the source", target(d / "a")),
+        ("target differs", target(d / "different")),
+        ("target fifo", target(d / "fifo")),
+        ("target dir", target(d)),
+        ("target link", target(d / "link")),
+        ("target missing", target(d / "missing")),
+        ("target nul", lambda p: group(p).__setitem__("targets", ["a\u0000b"])),
+        ("two groups", lambda p: p["groups"].append(dict(group(p)))),
+        ("groups not a list", lambda p: p.__setitem__("groups", {"a": 1})),
+    ]
+
+
+def test_dedupe_plan_from_hostile_json(xfs: Path) -> None:
+    # Each mutation of a real plan is refused by from_json, or executed
+    # without harm: no PanicException, and no file's bytes change.
+    content = data(1 << 20, 3)
+    for name in ("a", "b"):
+        write(xfs / name, content)
+    different = write(xfs / "different", data(1 << 20, 4))
+    os.mkfifo(xfs / "fifo")
+    os.symlink(xfs / "different", xfs / "link")
+    good = json.loads(cowlink.dedupe.plan([xfs / "a", xfs / "b"]).to_json())
+    assert len(good["groups"]) == 1
+    outcomes: dict[str, str] = {}
+    for name, mutate in _plan_mutations(xfs):
+        p = json.loads(json.dumps(good))
+        mutate(p)
+        try:
+            plan = cowlink.dedupe.Plan.from_json(json.dumps(p))
+        except ValueError as e:
+            assert "not a cowlink dedupe plan" in str(e)
+            outcomes[name] = "refused"
+            continue
+        repr(plan)
+        assert plan.reclaimable < 2**64
+        report = cowlink.dedupe.execute(plan)
+        outcomes[name] = f"deduped={report.targets_deduped}"
+        for f in ("a", "b"):
+            assert (xfs / f).read_bytes() == content, name
+        assert different.read_bytes() == data(1 << 20, 4), name
+    assert outcomes["size negative"] == outcomes["size too big"] == "refused"
+    assert outcomes["reclaimable max"] == outcomes["reclaimable over"] == "refused"
+    assert outcomes["groups not a list"] == "refused"
+    for name in ("target differs", "target fifo", "target dir", "target link", "target missing"):
+        assert outcomes[name] == "deduped=0", (name, outcomes[name])
