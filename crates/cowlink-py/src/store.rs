@@ -253,6 +253,9 @@ impl Store {
 impl Store {
     #[new]
     fn new(py: Python<'_>, path: FsPath) -> PyResult<Self> {
+        // Made absolute (not resolved) now: a store opened again for a
+        // concurrent call after os.chdir() is still this one.
+        let path = std::path::absolute(&path).unwrap_or(path.0);
         let (inner, id) = py
             .detach(|| {
                 let s = LibStore::open(&path)?;
