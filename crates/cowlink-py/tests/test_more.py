@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import gc
 import io
 import json
 import mmap
@@ -587,3 +588,44 @@ def test_dedupe_plan_from_hostile_json(xfs: Path) -> None:
     assert outcomes["groups not a list"] == "refused"
     for name in ("target differs", "target fifo", "target dir", "target link", "target missing"):
         assert outcomes[name] == "deduped=0", (name, outcomes[name])
+
+
+def test_store_of_a_relative_path_survives_chdir(xfs: Path) -> None:
+    write(xfs / "tree" / "f", b"content")
+    old = os.getcwd()
+    os.chdir(xfs)
+    try:
+        store = cowlink.Store("store")
+        digest = store.add_tree("tree").digest
+        os.chdir("/")
+        assert store.path == xfs / "store"
+        assert repr(store) == f"Store({str(xfs / 'store')!r})"
+        seen: list[object] = []
+
+        def other(p: cowlink.Progress) -> None:
+            if not seen:  # a second store value, opened now
+                seen.append(store.stats().manifests)
+
+        store.checkout(digest, xfs / "out", on_progress=other)
+    finally:
+        os.chdir(old)
+    assert seen == [1]
+    assert (xfs / "out" / "f").read_bytes() == b"content"
+
+
+def test_prealloc_writer_dropped_unclosed_leaves_nothing(xfs: Path) -> None:
+    w = cowlink.PreallocWriter(xfs / "f", 1 << 20)
+    w.write(b"x" * 4096)
+    del w
+    gc.collect()
+    assert os.listdir(xfs) == []
+
+    def in_a_thread() -> None:
+        t = cowlink.PreallocWriter(xfs / "g", 10)
+        t.write(b"y")
+
+    th = threading.Thread(target=in_a_thread)
+    th.start()
+    th.join()
+    gc.collect()
+    assert os.listdir(xfs) == []
