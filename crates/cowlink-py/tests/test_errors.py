@@ -163,6 +163,27 @@ def _corrupt(xfs: Path, ext4: Path, btrfs: Path) -> Case:
     return e.value, errno.EUCLEAN, xfs / "store" / "objects", None
 
 
+def _corrupt_object(xfs: Path, ext4: Path, btrfs: Path) -> Case:
+    # An object whose bytes were changed in the store: the checkout places
+    # everything else and lists this entry's error.
+    write(xfs / "tree" / "f", b"stored bytes")
+    write(xfs / "tree" / "g", b"other bytes")
+    store = cowlink.Store(xfs / "store")
+    added = store.add_tree(xfs / "tree")
+    f_digest = store.add(xfs / "tree" / "f").digest
+    obj = xfs / "store" / "objects" / f_digest[:2] / f_digest
+    os.chmod(obj, 0o644)
+    with open(obj, "r+b") as f:
+        f.write(b"S")
+    report = store.checkout(added.digest, xfs / "out")
+    assert (xfs / "out" / "g").read_bytes() == b"other bytes"
+    assert not (xfs / "out" / "f").exists()
+    assert len(report.errors) == 1
+    exc = report.errors[0]
+    assert isinstance(exc, OSError)
+    return exc, errno.EUCLEAN, obj, xfs / "out" / "f"
+
+
 def _cancelled(xfs: Path, ext4: Path, btrfs: Path) -> Case:
     write(xfs / "tree" / "f", b"x")
     store = cowlink.Store(xfs / "store")
@@ -205,6 +226,7 @@ CASES = {
     "not_regular": (cowlink.NotRegularFileError, _not_regular),
     "content_changed": (cowlink.ContentChangedError, _content_changed),
     "corrupt": (cowlink.CorruptError, _corrupt),
+    "corrupt_object": (cowlink.CorruptError, _corrupt_object),
     "cancelled": (cowlink.CancelledError, _cancelled),
     "cancelled_plan": (cowlink.CancelledError, _cancelled_without_a_path),
     "tree": (cowlink.TreeError, _tree_error),
