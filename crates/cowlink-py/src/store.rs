@@ -160,7 +160,7 @@ fn digest(s: &str) -> PyResult<Digest> {
 /// the immutable root.
 #[pyclass(module = "cowlink", frozen)]
 pub struct Store {
-    /// The directory, as given.
+    /// The directory, made absolute (symbolic links are not resolved).
     root: PathBuf,
     /// `(st_dev, st_ino)` of that directory when it was first opened: a
     /// value opened later for a concurrent call must be the same store.
@@ -227,18 +227,25 @@ impl Store {
             Some(s) => s,
             None => py
                 .detach(|| {
-                    let s = LibStore::open(&self.root)?;
-                    match identity(&self.root) {
-                        Ok(id) if id == self.identity => Ok(s),
-                        _ => Err(cowlink::Error::new(
+                    // Checked before (open would create a store where
+                    // none is) and after (the directory opened).
+                    let same = || matches!(identity(&self.root), Ok(id) if id == self.identity);
+                    let replaced = || {
+                        cowlink::Error::new(
                             cowlink::Operation::Store,
                             cowlink::ErrorKind::ContentChanged,
                         )
                         .with_src(&self.root)
-                        .with_reason(
-                            "the store directory was replaced since this Store was opened",
-                        )),
+                        .with_reason("the store directory was replaced since this Store was opened")
+                    };
+                    if !same() {
+                        return Err(replaced());
                     }
+                    let s = LibStore::open(&self.root)?;
+                    if !same() {
+                        return Err(replaced());
+                    }
+                    Ok(s)
                 })
                 .map_err(|e| self.fail(py, &e))?,
         };
