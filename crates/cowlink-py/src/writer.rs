@@ -51,8 +51,8 @@ fn mode_bits(mode: &Bound<'_, PyAny>) -> PyResult<u32> {
     }
 }
 
-/// `size` as a byte count: an int in 0..2**64, else ValueError naming it
-/// (TypeError for what is not an int).
+/// `size` as a byte count: an int a file can have (0..2**63, off_t), else
+/// ValueError naming it (TypeError for what is not an int).
 fn size_bytes(size: &Bound<'_, PyAny>) -> PyResult<u64> {
     if !size.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
@@ -60,8 +60,12 @@ fn size_bytes(size: &Bound<'_, PyAny>) -> PyResult<u64> {
             size.get_type().name()?
         )));
     }
-    size.extract::<u64>()
-        .map_err(|_| PyValueError::new_err(format!("size {size} is out of range (0..2**64)")))
+    match size.extract::<i64>() {
+        Ok(n) if n >= 0 => Ok(n as u64),
+        _ => Err(PyValueError::new_err(format!(
+            "size {size} is out of range (0..2**63)"
+        ))),
+    }
 }
 
 fn oct(n: &Bound<'_, PyAny>) -> PyResult<String> {

@@ -258,7 +258,7 @@ def test_prealloc_writer_refuses_a_mode_not_an_int(bad: object, xfs: Path) -> No
     assert os.listdir(xfs) == []
 
 
-@pytest.mark.parametrize("size", [-1, 2**64, -(2**70)])
+@pytest.mark.parametrize("size", [-1, 2**63, 2**64 - 1, 2**64, -(2**70)])
 def test_prealloc_writer_refuses_a_size_out_of_range(size: int, xfs: Path) -> None:
     with pytest.raises(ValueError, match=re.escape(str(size))):
         cowlink.PreallocWriter(xfs / "f", size)
