@@ -384,8 +384,8 @@ def test_store_is_shared_with_threads_while_a_checkout_runs(xfs: Path) -> None:
 
 
 def test_store_threaded_stress(xfs: Path) -> None:
-    # Six threads, each a random sequence of every Store call on one
-    # shared Store; every checkout must equal its tree.
+    # Six threads, each a random sequence of every Store call (gc too) on
+    # one shared Store; every checkout must equal its tree.
     store = cowlink.Store(xfs / "store")
     trees = 6
     for t in range(trees):
@@ -400,7 +400,7 @@ def test_store_threaded_stress(xfs: Path) -> None:
             start.wait()
             digest = store.add_tree(xfs / f"src{t}").digest
             for step in range(12):
-                op = rng.choice(["checkout", "add", "stats", "verify", "path", "tree"])
+                op = rng.choice(["checkout", "add", "stats", "verify", "path", "tree", "gc"])
                 if op == "checkout":
                     out = xfs / f"out{t}-{step}"
                     store.checkout(digest, out, threads=rng.choice([None, 1, 2]))
@@ -413,6 +413,9 @@ def test_store_threaded_stress(xfs: Path) -> None:
                     assert store.stats().manifests >= 1
                 elif op == "verify":
                     assert store.verify(threads=1).clean
+                elif op == "gc":
+                    # Every manifest is kept, so nothing a checkout needs goes.
+                    assert store.gc().manifests_removed == 0
                 elif op == "path":
                     assert store.path == xfs / "store"
                     assert repr(store).startswith("Store(")
