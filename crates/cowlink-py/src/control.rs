@@ -91,12 +91,21 @@ pub struct Control<'py> {
 }
 
 impl<'py> Control<'py> {
-    /// From the `threads`, `on_progress` and `cancel` arguments.
+    /// From the `threads`, `on_progress` and `cancel` arguments;
+    /// `TypeError` when `on_progress` is not callable (before any work).
     pub fn new(
         threads: Option<usize>,
         on_progress: Option<Bound<'py, PyAny>>,
         cancel: Option<&CancelToken>,
-    ) -> Self {
+    ) -> PyResult<Self> {
+        if let Some(cb) = &on_progress {
+            if !cb.is_callable() {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "on_progress must be callable, not {}",
+                    cb.get_type().name()?
+                )));
+            }
+        }
         let mut run = Run::default().with_threads(threads.unwrap_or(0));
         if let Some(c) = cancel {
             run = run.with_cancel(c.0.clone());
@@ -104,7 +113,7 @@ impl<'py> Control<'py> {
         if on_progress.is_some() {
             run = run.with_progress(Arc::new(LibProgress::new()));
         }
-        Control { run, on_progress }
+        Ok(Control { run, on_progress })
     }
 
     /// The library's run control to hand to the operation.

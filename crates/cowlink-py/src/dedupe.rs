@@ -102,10 +102,29 @@ impl Plan {
     /// A plan from JSON text made by `to_json()` (or the `plan` object of
     /// `cowlink dedupe --dry-run --json`).
     #[staticmethod]
+    ///
+    /// The text is untrusted: besides its form, every group's
+    /// `reclaimable` must fit in what its targets hold (size × targets),
+    /// so the totals cannot overflow.
     fn from_json(text: &str) -> PyResult<Plan> {
-        serde_json::from_str(text)
-            .map(Plan)
-            .map_err(|e| PyValueError::new_err(format!("not a cowlink dedupe plan: {e}")))
+        let bad = |why: String| PyValueError::new_err(format!("not a cowlink dedupe plan: {why}"));
+        let plan: lib::Plan = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let mut total = 0u64;
+        for (i, g) in plan.groups.iter().enumerate() {
+            let most = g.size.checked_mul(g.targets.len() as u64);
+            if most.is_none_or(|m| g.reclaimable > m) {
+                return Err(bad(format!(
+                    "group {i} claims {} reclaimable bytes from {} targets of {} bytes",
+                    g.reclaimable,
+                    g.targets.len(),
+                    g.size
+                )));
+            }
+            total = total
+                .checked_add(g.reclaimable)
+                .ok_or_else(|| bad("the groups' reclaimable bytes overflow".into()))?;
+        }
+        Ok(Plan(plan))
     }
 
     fn __repr__(&self) -> String {
@@ -160,7 +179,7 @@ pub fn plan(
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<Plan> {
-    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         min_size,
         run: control.run(),
@@ -189,7 +208,7 @@ pub fn execute(
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<DedupeReport> {
-    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         run: control.run(),
         measure,
@@ -219,7 +238,7 @@ pub fn run(
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<(Plan, DedupeReport)> {
-    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         min_size,
         measure,

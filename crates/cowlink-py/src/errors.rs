@@ -4,8 +4,8 @@
 //! for become that class (built from the errno, so `FileNotFoundError`,
 //! `PermissionError`, `FileExistsError`, `IsADirectoryError`, …), and
 //! cowlink's own kinds become subclasses of `OSError` declared here. The
-//! text is the library's reason, `errno` is the kernel's (or the kind's usual
-//! one), `filename` and `filename2` are the source and destination (as
+//! text is the library's reason, `errno` is the kernel's (or the kind's, see
+//! [`errno_for`]: never None), `filename` and `filename2` are the source and destination (as
 //! `str`, with surrogate escapes for names that are not UTF-8, as `os`
 //! gives them), `message` is the library's whole sentence and `kind` its
 //! kind word (`"not_found"`, `"cross_device"`, …).
@@ -99,6 +99,23 @@ pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
     }
 }
 
+/// The errno an error of `kind` reports when the kernel gave none: the
+/// kind's usual one, and for the kinds no errno names the nearest the
+/// kernel itself uses (the rule: every exception has an errno, so
+/// `e.errno` is never None).
+pub fn errno_for(kind: ErrorKind) -> i32 {
+    let errno = kind.usual_errno().unwrap_or(match kind {
+        // What FICLONE and copy_file_range answer for both.
+        ErrorKind::SameFile | ErrorKind::NotRegularFile => Errno::INVAL,
+        // Try again: the content settles, or the caller retries.
+        ErrorKind::ContentChanged => Errno::AGAIN,
+        // EFSCORRUPTED, as the kernel's filesystems report damage.
+        ErrorKind::Corrupt => Errno::UCLEAN,
+        _ => Errno::IO,
+    });
+    errno.raw_os_error()
+}
+
 /// The exception object for `e` (see the module notes).
 pub fn exception<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyAny>> {
     let kind = e.kind();
@@ -116,28 +133,17 @@ pub fn exception<'py>(py: Python<'py>, e: &Error) -> PyResult<Bound<'py, PyAny>>
         // OSError(errno, text) picks the built-in subclass for the errno.
         _ => py.get_type::<PyOSError>(),
     };
-    let errno = e
-        .raw_os_error()
-        .or_else(|| kind.usual_errno().map(Errno::raw_os_error));
+    let errno = e.raw_os_error().unwrap_or_else(|| errno_for(kind));
     // As Python's own: strerror is the reason, and str() adds the names
     // from filename and filename2 ("[Errno 2] source does not exist:
     // 'a' -> 'b'"); `message` is the library's whole sentence.
-    let value = match errno {
-        Some(n) => class.call1((n, e.reason()))?,
-        None => class.call1((e.to_string(),))?,
-    };
-    let names: Vec<&std::ffi::OsStr> = [e.src(), e.dst()]
-        .into_iter()
-        .flatten()
-        .map(|p| p.as_os_str())
-        .collect();
-    if errno.is_some() {
-        if let Some(first) = names.first() {
-            value.setattr("filename", first)?;
-        }
-        if let Some(second) = names.get(1) {
-            value.setattr("filename2", second)?;
-        }
+    let value = class.call1((errno, e.reason()))?;
+    let mut names = [e.src(), e.dst()].into_iter().flatten();
+    if let Some(first) = names.next() {
+        value.setattr("filename", first.as_os_str())?;
+    }
+    if let Some(second) = names.next() {
+        value.setattr("filename2", second.as_os_str())?;
     }
     value.setattr("message", e.to_string())?;
     value.setattr("kind", kind_word(kind))?;

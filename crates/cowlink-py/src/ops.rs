@@ -201,7 +201,7 @@ pub fn copytree(
             .with_reason("destination exists (pass dirs_exist_ok=True to merge into it)");
         return Err(to_py(py, &e));
     }
-    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     options.run = control.run();
     let failed: Mutex<Vec<Error>> = Mutex::new(Vec::new());
     let observe = |ev: &TreeEvent<'_>| {
@@ -221,12 +221,24 @@ pub fn copytree(
     if failed.is_empty() {
         return Ok(report);
     }
-    let first = failed[0].to_string();
-    let err = TreeError::new_err(format!(
-        "{} of the entries could not be copied; the first: {first}",
-        failed.len()
+    let first = &failed[0];
+    // An OSError as the entries' are: the first failure's errno, and the
+    // trees as filename and filename2.
+    let errno = first
+        .raw_os_error()
+        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
+    let err = TreeError::new_err((
+        errno,
+        format!(
+            "{} of the entries could not be copied; the first: {first}",
+            failed.len()
+        ),
     ));
     let value = err.value(py);
+    value.setattr("filename", src.0.as_os_str())?;
+    value.setattr("filename2", dst.0.as_os_str())?;
+    value.setattr("message", value.getattr("strerror")?)?;
+    value.setattr("kind", "tree")?;
     value.setattr("errors", error_list(py, &failed)?)?;
     value.setattr("report", Py::new(py, report)?)?;
     Err(err)
@@ -243,12 +255,35 @@ pub fn extents(py: Python<'_>, path: FsPath) -> PyResult<FileLayout> {
 }
 
 /// True disk usage of the files under `paths`, each file counted once:
-/// what is exclusive, what is shared inside the set and outside it.
+/// what is exclusive, what is shared inside the set and outside it. A long
+/// walk: Ctrl-C, an exception from `on_progress` or `cancel` stop it
+/// (`CancelledError` for `cancel`).
 #[pyfunction]
-pub fn usage(py: Python<'_>, paths: Vec<FsPath>) -> PyResult<Usage> {
-    py.detach(|| cowlink::usage(&paths))
-        .map(|u| Usage::from(&u))
-        .map_err(|e| to_py(py, &e))
+#[pyo3(signature = (paths, *, threads=None, on_progress=None, cancel=None))]
+pub fn usage(
+    py: Python<'_>,
+    paths: Vec<FsPath>,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<Usage> {
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+    let options = cowlink::usage::UsageOptions {
+        run: control.run(),
+        ..Default::default()
+    };
+    let mut report = control.drive(py, || cowlink::usage::usage_report(&paths, &options))?;
+    if !report.errors.is_empty() {
+        return Err(to_py(py, &report.errors.swap_remove(0)));
+    }
+    if report.cancelled {
+        return Err(to_py(
+            py,
+            &Error::new(Operation::Usage, ErrorKind::Cancelled)
+                .with_reason("usage cancelled before every file was mapped"),
+        ));
+    }
+    Ok(Usage::from(&report.total))
 }
 
 /// What the filesystem holding `path` can do.

@@ -1,11 +1,13 @@
 //! Paths from Python: `str`, `bytes` or any `os.PathLike`, as `os` takes
 //! them. `str` names with surrogate escapes give back their original
-//! bytes; `bytes` are taken as they are.
+//! bytes; `bytes` are taken as they are. A name with a NUL byte is a
+//! `ValueError`, as in `os`.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
@@ -20,12 +22,16 @@ impl FromPyObject<'_, '_> for FsPath {
         static FSPATH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let py = ob.py();
         let name = FSPATH.import(py, "os", "fspath")?.call1((ob,))?;
-        if let Ok(b) = name.cast::<PyBytes>() {
-            return Ok(FsPath(PathBuf::from(OsString::from_vec(
-                b.as_bytes().to_vec(),
-            ))));
+        let bytes = if let Ok(b) = name.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else {
+            name.extract::<OsString>()?.into_vec()
+        };
+        // As `os` does: no call reaches the kernel with a name it would cut.
+        if bytes.contains(&0) {
+            return Err(PyValueError::new_err("embedded null byte"));
         }
-        Ok(FsPath(PathBuf::from(name.extract::<OsString>()?)))
+        Ok(FsPath(PathBuf::from(OsString::from_vec(bytes))))
     }
 }
 

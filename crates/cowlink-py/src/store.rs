@@ -1,11 +1,13 @@
 //! `cowlink.Store`: the content-addressed store (`cowlink store`): add
 //! files and trees, check trees out as clones, verify, collect garbage.
 
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use cowlink::store::{Digest, LinkMode, MaterializeOptions, Store as LibStore};
 use cowlink::Run;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::control::{CancelToken, Control};
@@ -150,28 +152,107 @@ fn digest(s: &str) -> PyResult<Digest> {
 /// A content-addressed store at `path` (created if missing). Objects are
 /// kept once; checkouts are clones of them, so a write to a checked-out
 /// file never changes the store.
-#[pyclass(module = "cowlink")]
+///
+/// Shareable between threads: the class is frozen, every method takes
+/// `&self`, and each call works on a library store value of its own,
+/// leased from `idle` (see [`Store::lease`]), so a call in one thread never
+/// sees another's run control, and `.path` and `repr()` need nothing but
+/// the immutable root.
+#[pyclass(module = "cowlink", frozen)]
 pub struct Store {
-    inner: Option<LibStore>,
+    /// The directory, made absolute (symbolic links are not resolved).
+    root: PathBuf,
+    /// `(st_dev, st_ino)` of that directory when it was first opened: a
+    /// value opened later for a concurrent call must be the same store.
+    identity: (u64, u64),
+    /// Library store values no call is using (at most [`MAX_IDLE`]).
+    idle: Mutex<Vec<LibStore>>,
+}
+
+/// Idle store values kept for later calls; more concurrent calls than
+/// this open a value of their own and close it when they return.
+const MAX_IDLE: usize = 4;
+
+/// A library store value lent to one call, with that call's run control;
+/// given back (with the default run control) when dropped.
+struct Lease<'a> {
+    owner: &'a Store,
+    store: Option<LibStore>,
+}
+
+impl std::ops::Deref for Lease<'_> {
+    type Target = LibStore;
+    fn deref(&self) -> &LibStore {
+        self.store
+            .as_ref()
+            .expect("a lease holds its store until dropped")
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.store.take() {
+            let mut idle = self.owner.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < MAX_IDLE {
+                idle.push(s.with_run(Run::default()));
+            }
+        }
+    }
+}
+
+fn identity(root: &Path) -> std::io::Result<(u64, u64)> {
+    let m = std::fs::metadata(root)?;
+    Ok((m.dev(), m.ino()))
 }
 
 impl Store {
-    /// Run `f` on the store with `run` as its run control.
-    fn with_run<T>(&mut self, run: Run, f: impl FnOnce(&LibStore) -> T) -> PyResult<T> {
-        let store = self
-            .inner
-            .take()
-            .ok_or_else(|| PyRuntimeError::new_err("the store is busy in another call"))?;
-        let store = store.with_run(run);
-        let value = f(&store);
-        self.inner = Some(store.with_run(Run::default()));
-        Ok(value)
+    /// The Python exception for `e`, which names the store's directory
+    /// when the library named no path.
+    fn fail(&self, py: Python<'_>, e: &cowlink::Error) -> PyErr {
+        if e.src().is_none() && e.dst().is_none() {
+            to_py(py, &e.clone().with_src(&self.root))
+        } else {
+            to_py(py, e)
+        }
     }
 
-    fn get(&self) -> PyResult<&LibStore> {
-        self.inner
-            .as_ref()
-            .ok_or_else(|| PyRuntimeError::new_err("the store is busy in another call"))
+    /// The one way a method gets at the library store: a value of its own
+    /// for the length of the call, running under `run`. An idle value is
+    /// reused; when every value is busy in another thread, the store is
+    /// opened again (with the GIL released) and must still be the
+    /// directory this `Store` first opened.
+    fn lease(&self, py: Python<'_>, run: Run) -> PyResult<Lease<'_>> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let store = match idle {
+            Some(s) => s,
+            None => py
+                .detach(|| {
+                    // Checked before (open would create a store where
+                    // none is) and after (the directory opened).
+                    let same = || matches!(identity(&self.root), Ok(id) if id == self.identity);
+                    let replaced = || {
+                        cowlink::Error::new(
+                            cowlink::Operation::Store,
+                            cowlink::ErrorKind::ContentChanged,
+                        )
+                        .with_src(&self.root)
+                        .with_reason("the store directory was replaced since this Store was opened")
+                    };
+                    if !same() {
+                        return Err(replaced());
+                    }
+                    let s = LibStore::open(&self.root)?;
+                    if !same() {
+                        return Err(replaced());
+                    }
+                    Ok(s)
+                })
+                .map_err(|e| self.fail(py, &e))?,
+        };
+        Ok(Lease {
+            owner: self,
+            store: Some(store.with_run(run)),
+        })
     }
 }
 
@@ -179,24 +260,44 @@ impl Store {
 impl Store {
     #[new]
     fn new(py: Python<'_>, path: FsPath) -> PyResult<Self> {
-        let inner = py
-            .detach(|| LibStore::open(&path))
-            .map_err(|e| to_py(py, &e))?;
-        Ok(Store { inner: Some(inner) })
+        // Made absolute (not resolved) now: a store opened again for a
+        // concurrent call after os.chdir() is still this one.
+        let path = std::path::absolute(&path).unwrap_or(path.0);
+        let (inner, id) = py
+            .detach(|| {
+                let s = LibStore::open(&path)?;
+                let id = identity(s.root()).map_err(|e| {
+                    cowlink::Error::from_io(cowlink::Operation::Store, &e).with_src(s.root())
+                })?;
+                Ok::<_, cowlink::Error>((s, id))
+            })
+            .map_err(|e| {
+                let e = if e.src().is_none() {
+                    e.with_src(&path)
+                } else {
+                    e
+                };
+                to_py(py, &e)
+            })?;
+        Ok(Store {
+            root: inner.root().to_path_buf(),
+            identity: id,
+            idle: Mutex::new(vec![inner]),
+        })
     }
 
     /// The store's directory.
     #[getter]
-    fn path(&self) -> PyResult<PathBuf> {
-        Ok(self.get()?.root().to_path_buf())
+    fn path(&self) -> PathBuf {
+        self.root.clone()
     }
 
     /// Add one file's content (cloned in where the filesystem can).
     fn add(&self, py: Python<'_>, path: FsPath) -> PyResult<Added> {
-        let store = self.get()?;
+        let store = self.lease(py, Run::default())?;
         let a = py
             .detach(|| store.add_file(&path))
-            .map_err(|e| to_py(py, &e))?;
+            .map_err(|e| self.fail(py, &e))?;
         Ok(Added {
             digest: a.digest.to_hex(),
             bytes: a.bytes,
@@ -209,19 +310,18 @@ impl Store {
     /// tree whose digest `checkout` takes.
     #[pyo3(signature = (path, *, threads=None, on_progress=None, cancel=None))]
     fn add_tree(
-        &mut self,
+        &self,
         py: Python<'_>,
         path: FsPath,
         threads: Option<usize>,
         on_progress: Option<Bound<'_, PyAny>>,
         cancel: Option<Bound<'_, CancelToken>>,
     ) -> PyResult<AddedTree> {
-        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
-        let t = self
-            .with_run(control.run(), |store| {
-                control.drive(py, || store.add_tree(&path))
-            })??
-            .map_err(|e| to_py(py, &e))?;
+        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+        let store = self.lease(py, control.run())?;
+        let t = control
+            .drive(py, || store.add_tree(&path))?
+            .map_err(|e| self.fail(py, &e))?;
         Ok(AddedTree {
             digest: t.digest.to_hex(),
             files: t.files,
@@ -240,7 +340,7 @@ impl Store {
     #[pyo3(signature = (digest, dest, *, link="clone", verify=false, threads=None, on_progress=None, cancel=None))]
     #[allow(clippy::too_many_arguments)]
     fn checkout(
-        &mut self,
+        &self,
         py: Python<'_>,
         digest: &str,
         dest: FsPath,
@@ -265,16 +365,15 @@ impl Store {
             verify,
             ..MaterializeOptions::default()
         };
-        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get));
-        let r = self
-            .with_run(control.run(), |store| {
-                control.drive(py, || {
-                    store
-                        .manifest(&d)
-                        .and_then(|m| store.materialize_tree(&m, &dest, &options))
-                })
-            })??
-            .map_err(|e| to_py(py, &e))?;
+        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+        let store = self.lease(py, control.run())?;
+        let r = control
+            .drive(py, || {
+                store
+                    .manifest(&d)
+                    .and_then(|m| store.materialize_tree(&m, &dest, &options))
+            })?
+            .map_err(|e| self.fail(py, &e))?;
         Ok(CheckoutReport {
             files: r.files,
             dirs: r.dirs,
@@ -290,10 +389,21 @@ impl Store {
     }
 
     /// Rehash every object and check every manifest's objects are there;
-    /// damaged objects are moved aside.
-    fn verify(&self, py: Python<'_>) -> PyResult<VerifyReport> {
-        let store = self.get()?;
-        let r = py.detach(|| store.verify()).map_err(|e| to_py(py, &e))?;
+    /// damaged objects are moved aside. Ctrl-C, an exception from
+    /// `on_progress` or `cancel` stop it between objects.
+    #[pyo3(signature = (*, threads=None, on_progress=None, cancel=None))]
+    fn verify(
+        &self,
+        py: Python<'_>,
+        threads: Option<usize>,
+        on_progress: Option<Bound<'_, PyAny>>,
+        cancel: Option<Bound<'_, CancelToken>>,
+    ) -> PyResult<VerifyReport> {
+        let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+        let store = self.lease(py, control.run())?;
+        let r = control
+            .drive(py, || store.verify())?
+            .map_err(|e| self.fail(py, &e))?;
         Ok(VerifyReport {
             objects: r.objects,
             bytes: r.bytes,
@@ -328,10 +438,10 @@ impl Store {
         let keep: Option<Vec<Digest>> = keep
             .map(|k| k.iter().map(|s| digest(s)).collect::<PyResult<_>>())
             .transpose()?;
-        let store = self.get()?;
-        let r = py
-            .detach(|| store.gc(keep.as_deref()))
-            .map_err(|e| to_py(py, &e))?;
+        let store = self.lease(py, Run::default())?;
+        let r = Control::new(None, None, None)?
+            .drive(py, || store.gc(keep.as_deref()))?
+            .map_err(|e| self.fail(py, &e))?;
         Ok(GcReport {
             manifests_kept: r.manifests_kept,
             manifests_removed: r.manifests_removed,
@@ -343,8 +453,10 @@ impl Store {
 
     /// Counts and sizes of objects and manifests.
     fn stats(&self, py: Python<'_>) -> PyResult<StoreStats> {
-        let store = self.get()?;
-        let s = py.detach(|| store.stats()).map_err(|e| to_py(py, &e))?;
+        let store = self.lease(py, Run::default())?;
+        let s = Control::new(None, None, None)?
+            .drive(py, || store.stats())?
+            .map_err(|e| self.fail(py, &e))?;
         Ok(StoreStats {
             objects: s.objects,
             generations: s.generations,
@@ -357,10 +469,9 @@ impl Store {
         })
     }
 
-    fn __repr__(&self) -> String {
-        match &self.inner {
-            Some(s) => format!("Store({:?})", s.root()),
-            None => "Store(<busy>)".into(),
-        }
+    /// `Store('/the/path')`, the path as `repr(str(store.path))`.
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let path = self.root.as_path().into_pyobject(py)?;
+        Ok(format!("Store({})", path.str()?.repr()?))
     }
 }

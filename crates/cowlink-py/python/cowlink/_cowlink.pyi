@@ -16,6 +16,9 @@ OnProgress = Optional[Callable[["Progress"], object]]
 
 __version__: str
 
+# Every exception below has an int errno (for the kinds no errno names:
+# SameFileError and NotRegularFileError EINVAL, ContentChangedError EAGAIN,
+# CorruptError EUCLEAN) and filename/filename2 where a path is involved.
 class NotSupportedError(OSError):
     kind: str
     message: str
@@ -47,6 +50,8 @@ class CancelledError(OSError):
     kind: str
     message: str
 class TreeError(OSError):
+    kind: str
+    message: str
     errors: list[OSError]
     report: TreeReport
 
@@ -259,7 +264,13 @@ def copytree(
     cancel: Optional[CancelToken] = None,
 ) -> TreeReport: ...
 def extents(path: StrPath) -> FileLayout: ...
-def usage(paths: Sequence[StrPath]) -> Usage: ...
+def usage(
+    paths: Sequence[StrPath],
+    *,
+    threads: Optional[int] = None,
+    on_progress: OnProgress = None,
+    cancel: Optional[CancelToken] = None,
+) -> Usage: ...
 def probe_filesystem(path: StrPath) -> FsFacts: ...
 def probe_between(src: StrPath, dst: StrPath) -> Support: ...
 def probe_tree(root: StrPath) -> list[MountSupport]: ...
@@ -467,7 +478,13 @@ class Store:
         on_progress: OnProgress = None,
         cancel: Optional[CancelToken] = None,
     ) -> CheckoutReport: ...
-    def verify(self) -> VerifyReport: ...
+    def verify(
+        self,
+        *,
+        threads: Optional[int] = None,
+        on_progress: OnProgress = None,
+        cancel: Optional[CancelToken] = None,
+    ) -> VerifyReport: ...
     def gc(self, keep: Optional[Sequence[str]] = None) -> GcReport: ...
     def stats(self) -> StoreStats: ...
 
