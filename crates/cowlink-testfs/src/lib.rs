@@ -12,7 +12,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub mod hostile;
 pub mod s3;
+pub mod toxiproxy;
 
 /// The test filesystems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,11 +5,14 @@
 //! (a control character, an empty or `..` part), and follows
 //! continuation tokens for ever. Here a listing is checked as it goes:
 //!
-//! - keys must come in strictly increasing order across pages (S3 lists
-//!   in UTF-8 binary order), so a server that repeats a page is caught;
-//! - a continuation token may not come back, at most
-//!   [`MAX_EMPTY_PAGES`] pages in a row may be empty, and a listing has at
-//!   most `max_pages` pages (a bound on time and memory);
+//! - a continuation token may not come back;
+//! - a key listed again is dropped, and at most [`MAX_EMPTY_PAGES`] pages
+//!   in a row may bring no new key (a server that repeats its pages, or
+//!   sends empty ones for ever, is caught). Order is not checked: real
+//!   servers mangle keys XML cannot carry (versitygw writes U+FFFD for a
+//!   control character), which breaks the order of what they send;
+//! - a listing has at most `max_pages` pages (a bound on time and
+//!   memory);
 //! - a key object_store cannot name is not cowlink's (every key cowlink
 //!   writes is hex and dots): it is skipped and counted, never fatal.
 
@@ -25,8 +28,9 @@ use quick_xml::events::Event;
 
 use super::fault::shown;
 
-/// Empty pages in a row a listing accepts before it stops (S3 may answer
-/// an empty page that is truncated, rarely more than a few times).
+/// Pages in a row without a new key a listing accepts before it stops
+/// (S3 may answer an empty page that is truncated, rarely more than a few
+/// times).
 pub const MAX_EMPTY_PAGES: usize = 100;
 
 /// Pages of one listing, at most (10 million keys at 1000 a page).
@@ -220,32 +224,21 @@ impl Lister<'_> {
         let mut out = Listing::default();
         let mut token: Option<String> = None;
         let mut tokens: HashSet<String> = HashSet::new();
-        let mut last: Option<String> = None;
+        let mut seen: HashSet<String> = HashSet::new();
         let mut empty = 0usize;
         for _ in 0..self.max_pages {
             let page = self.page(prefix, token.as_deref()).await?;
-            empty = if page.keys.is_empty() { empty + 1 } else { 0 };
-            if empty > MAX_EMPTY_PAGES {
-                return Err(ListError::Bad(format!(
-                    "the server sent {MAX_EMPTY_PAGES} empty pages in a row and still said \
-                     there was more"
-                )));
-            }
+            let mut new = false;
             for (raw, size, modified, etag) in page.keys {
                 let key = match page.url_encoded {
                     true => url_decode(&raw)
                         .ok_or_else(|| ListError::Bad(format!("a bad key {}", shown(&raw))))?,
                     false => raw,
                 };
-                if last.as_ref().is_some_and(|l| key.as_str() <= l.as_str()) {
-                    return Err(ListError::Bad(format!(
-                        "the server listed {} after {}: keys out of order or repeated (a \
-                         broken or hostile server)",
-                        shown(&key),
-                        shown(last.as_deref().unwrap_or_default())
-                    )));
+                if !seen.insert(key.clone()) {
+                    continue;
                 }
-                last = Some(key.clone());
+                new = true;
                 if !key.starts_with(prefix) {
                     out.skipped.push(shown(&key));
                     continue;
@@ -260,6 +253,13 @@ impl Lister<'_> {
                     }),
                     Err(_) => out.skipped.push(shown(&key)),
                 }
+            }
+            empty = if new { 0 } else { empty + 1 };
+            if page.truncated && empty > MAX_EMPTY_PAGES {
+                return Err(ListError::Bad(format!(
+                    "the server sent {empty} pages in a row without a new key and still said \
+                     there was more (a listing that would never end)"
+                )));
             }
             match (page.truncated, page.next) {
                 (false, _) => return Ok(out),

@@ -458,18 +458,19 @@ impl Remote {
         match self.client.head(key).await {
             Ok(m) => Ok(Some(m)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(
-                e @ (object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }),
-            ) => Err(self.explain_denial(op, key, e).await),
+            // A HEAD's answer has no body to say why; one GET can.
+            Err(e) if fault::Fault::parse(&error_chain(&e)).code.is_none() => {
+                Err(self.explain_denial(op, key, e).await)
+            }
             Err(e) => Err(self.error(op, key, e)),
         }
     }
 
     /// The error for a HEAD of `key` the server refused. The answer to a
     /// HEAD has no body, so it cannot say whether the access key is
-    /// unknown or the secret wrong (MinIO, AWS); one GET of the key's
-    /// first byte, refused the same way, can.
+    /// unknown, the secret wrong, the clock off or the region wrong
+    /// (MinIO, AWS); one GET of the key's first byte, refused the same
+    /// way, can.
     async fn explain_denial(&self, op: Operation, key: &Key, head: object_store::Error) -> Error {
         use object_store::{GetOptions, GetRange};
         self.requests.get.fetch_add(1, Ordering::Relaxed);
@@ -478,10 +479,9 @@ impl Remote {
             ..GetOptions::default()
         };
         match self.client.get_opts(key, opts).await {
-            Err(
-                e @ (object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }),
-            ) => self.error(op, key, e),
+            Err(e) if fault::Fault::parse(&error_chain(&e)).code.is_some() => {
+                self.error(op, key, e)
+            }
             _ => self.error(op, key, head),
         }
     }

@@ -263,6 +263,7 @@ async fn download<'s>(
     // again from where it stopped, while the last byte arrived less than
     // the retry timeout ago: a long download survives a flaky network.
     let mut last_byte = std::time::Instant::now();
+    let mut broke: Option<Error> = None;
     'get: loop {
         remote
             .requests
@@ -277,6 +278,14 @@ async fn download<'s>(
             .get_opts(&key, opts)
             .await
             .map_err(|e| remote.error(op, &key, e))
+            .map_err(|e| match broke.take() {
+                // Asking for the rest failed: the break is the news.
+                Some(b) => {
+                    let why = format!("{}; asking for the rest failed: {}", b.reason(), e.reason());
+                    b.with_reason(why)
+                }
+                None => e,
+            })
             .map_err(|e| {
                 if e.kind() == ErrorKind::NotFound && !e.reason().contains("bucket") {
                     e.with_reason(format!(
@@ -305,6 +314,7 @@ async fn download<'s>(
                         && last_byte.elapsed() < remote.config.retry.timeout
                         && !store.run.cancelled()
                     {
+                        broke = Some(e);
                         continue 'get;
                     }
                     return Err(e);
