@@ -29,6 +29,8 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// When it arrived.
     pub at: Instant,
+    /// The body of a POST (other bodies are read and dropped).
+    pub body: Vec<u8>,
 }
 
 impl Request {
@@ -325,6 +327,7 @@ fn serve(conn: TcpStream, script: &Script, log: &Mutex<Vec<Request>>, stop: &Ato
                 Err(_) => return,
             }
         }
+        let method_is_post = method == "POST";
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let query = query
             .split('&')
@@ -338,6 +341,7 @@ fn serve(conn: TcpStream, script: &Script, log: &Mutex<Vec<Request>>, stop: &Ato
             method,
             path: decode(path),
             query,
+            body: if method_is_post { body } else { Vec::new() },
             headers,
             at: Instant::now(),
         };

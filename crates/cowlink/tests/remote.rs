@@ -650,18 +650,29 @@ fn a_pull_through_latency_a_slow_link_and_resets_gets_every_byte() {
     let o: Digest = blake3::hash(&data).to_hex().parse().unwrap();
     assert_eq!(fs::read(fresh.object_path(&o)).unwrap(), data);
 
-    // Every connection reset at once for half a second: a listing rides
-    // it out by retrying.
+    // Every connection reset at once for half a second: a listing, a
+    // pull and a push ride it out by retrying, each retry signed afresh
+    // (versitygw checks every signature: GET, HEAD, PUT and LIST).
     proxy.remove("cut");
+    proxy.remove("slow");
+    let m2 = store.add_tree(tree(x.path(), "more", 8, 4)).unwrap().digest;
     proxy.add("reset", "reset_peer", "upstream", "{\"timeout\":0}");
     let r = remote_at(&proxy.endpoint(), quick(10_000, 2000));
+    let again = Store::open(x.path().join("again")).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(700));
             proxy.remove("reset");
         });
-        assert_eq!(r.manifests().unwrap().len(), 1);
+        let ls = s.spawn(|| r.manifests().unwrap().len());
+        let pull = s.spawn(|| again.pull(&r, &[m]).unwrap());
+        let push = s.spawn(|| store.push(&r, &[m2]).unwrap());
+        assert_eq!(ls.join().unwrap(), 1);
+        pull.join().unwrap();
+        push.join().unwrap();
     });
+    assert!(again.verify().unwrap().is_clean());
+    assert!(pulls_whole(x.path(), &remote(&s3, "c"), &m2, "pushed"));
 }
 
 #[test]
@@ -684,4 +695,74 @@ fn a_stalled_connection_fails_on_idleness_within_the_retry_timeout() {
     assert!(start.elapsed() < Duration::from_secs(20));
     proxy.remove("stall");
     assert!(fresh.pull(&r, &[m]).is_ok());
+}
+
+#[test]
+fn a_multipart_completion_answered_200_with_an_error_is_retried() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("big");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), cowlink_testfs::data(17 << 20, 3)).unwrap();
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(&src).unwrap().digest;
+    let completions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = completions.clone();
+    // Just enough of S3 for a push: nothing there, every PUT taken, one
+    // multipart upload whose first completion fails inside a 200.
+    let put = std::sync::Mutex::new(std::collections::HashSet::new());
+    let h = Hostile::start(move |r| match r.method.as_str() {
+        "HEAD" if put.lock().unwrap().contains(&r.path) => Reply::bytes(Vec::new()),
+        "HEAD" => Reply::s3_error(404, "NoSuchKey", "none"),
+        "GET" if r.is_list() => list_page(&[], None),
+        "PUT" => {
+            put.lock().unwrap().insert(r.path.clone());
+            Reply::bytes(Vec::new()).with_header("ETag", "\"e\"")
+        }
+        "DELETE" => Reply::Full {
+            status: 204,
+            headers: vec![],
+            body: vec![],
+        },
+        "POST" if r.q("delete").is_some() => {
+            let body = String::from_utf8_lossy(&r.body).into_owned();
+            let deleted: String = body
+                .split("<Key>")
+                .skip(1)
+                .filter_map(|k| k.split("</Key>").next())
+                .map(|k| format!("<Deleted><Key>{k}</Key></Deleted>"))
+                .collect();
+            Reply::xml(200, format!("<DeleteResult>{deleted}</DeleteResult>"))
+        }
+        "POST" if r.q("uploads").is_some() => Reply::xml(
+            200,
+            "<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key>\
+             <UploadId>u1</UploadId></InitiateMultipartUploadResult>",
+        ),
+        "POST" if r.q("uploadId").is_some() => {
+            match c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+                0 => Reply::xml(
+                    200,
+                    "<Error><Code>InternalError</Code><Message>later</Message></Error>",
+                ),
+                _ => Reply::xml(
+                    200,
+                    "<CompleteMultipartUploadResult><ETag>\"e\"</ETag>\
+                     </CompleteMultipartUploadResult>",
+                ),
+            }
+        }
+        _ => Reply::s3_error(400, "Unexpected", &format!("{} {}", r.method, r.path)),
+    });
+    store
+        .push(&remote_at(&h.endpoint(), quick(5000, 2000)), &[m])
+        .unwrap();
+    assert_eq!(
+        completions.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "{:?}",
+        h.log()
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect::<Vec<_>>()
+    );
 }

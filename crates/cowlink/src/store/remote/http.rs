@@ -28,6 +28,12 @@
 //!   No buffer is ever sized by what `Content-Length` claims: answers'
 //!   size hints are not passed on.
 //!
+//! - **Each try is signed afresh** (as the AWS SDKs do): a retry after a
+//!   long `Retry-After` would otherwise carry a signature older than the
+//!   15 minutes S3 accepts, and be refused as clock skew.
+//! - **A multipart completion answered `200` with an error in its body**
+//!   (an S3 quirk) is retried like a `5xx`.
+//!
 //! A request gives up with its last answer (an error body gets a
 //! `[retry: …]` line saying how many tries over how long and why it
 //! stopped, which [`super::fault`] reads back for the message).
@@ -40,6 +46,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use object_store::aws::{AwsAuthorizer, AwsCredential};
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
     HttpResponseBody, HttpService,
@@ -69,9 +76,19 @@ pub(super) struct GuardConnector(pub HttpClient);
 impl GuardConnector {
     /// The guarded client for `options` (whose own total timeout must be
     /// off: the guard times out on idleness).
-    pub fn new(options: &ClientOptions, policy: RetryPolicy) -> object_store::Result<Self> {
+    pub fn new(
+        options: &ClientOptions,
+        policy: RetryPolicy,
+        credential: AwsCredential,
+        region: String,
+    ) -> object_store::Result<Self> {
         let inner = object_store::client::ReqwestConnector::default().connect(options)?;
-        Ok(GuardConnector(HttpClient::new(Guard { inner, policy })))
+        Ok(GuardConnector(HttpClient::new(Guard {
+            inner,
+            policy,
+            credential,
+            region,
+        })))
     }
 }
 
@@ -86,6 +103,9 @@ impl HttpConnector for GuardConnector {
 pub(super) struct Guard {
     inner: HttpClient,
     policy: RetryPolicy,
+    /// The keys and region, to sign each retry afresh.
+    credential: AwsCredential,
+    region: String,
 }
 
 /// Why the guard failed a request or a body.
@@ -150,6 +170,50 @@ async fn read_some(body: HttpResponseBody, max: usize, idle: Duration) -> Vec<u8
     out
 }
 
+/// `r` signed again with the time of now: the old signature's headers
+/// dropped, the payload's digest (or its absence) kept as the first
+/// signature had it. A request that was not signed is left as it is.
+fn resign(r: HttpRequest, credential: &AwsCredential, region: &str) -> HttpRequest {
+    if !r.headers().contains_key(http::header::AUTHORIZATION) {
+        return r;
+    }
+    let mut again = copy_request(&r);
+    let h = again.headers_mut();
+    h.remove(http::header::AUTHORIZATION);
+    h.remove("x-amz-date");
+    h.remove("x-amz-security-token");
+    let digest = r
+        .headers()
+        .get("x-amz-content-sha256")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let auth = AwsAuthorizer::new(credential, "s3", region);
+    let hex: Option<Vec<u8>> = (digest.len() == 64)
+        .then(|| {
+            (0..32)
+                .map(|i| u8::from_str_radix(&digest[2 * i..2 * i + 2], 16).ok())
+                .collect()
+        })
+        .flatten();
+    let signed = match (digest, hex) {
+        ("UNSIGNED-PAYLOAD", _) => auth
+            .with_sign_payload(false)
+            .try_authorize(&mut again, None),
+        (_, Some(d)) => auth.try_authorize(&mut again, Some(&d)),
+        _ => auth.try_authorize(&mut again, None),
+    };
+    match signed {
+        Ok(()) => again,
+        Err(_) => r,
+    }
+}
+
+/// Whether a `200` answer must be read before it can be trusted: a
+/// multipart completion, which S3 may answer `200` with an `<Error>`.
+fn completes_multipart(r: &HttpRequest) -> bool {
+    r.method() == Method::POST && r.uri().query().is_some_and(|q| q.contains("uploadId"))
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
@@ -168,9 +232,26 @@ impl Guard {
             tries += 1;
             let left = p.timeout.saturating_sub(start.elapsed());
             let out_of_tries = tries > p.max_retries;
-            let attempt =
-                tokio::time::timeout(answer_within, self.inner.execute(copy_request(&req)));
-            let e = match attempt.await {
+            let this_try = match tries {
+                1 => copy_request(&req),
+                _ => resign(copy_request(&req), &self.credential, &self.region),
+            };
+            let attempt = tokio::time::timeout(answer_within, self.inner.execute(this_try));
+            let attempt = match attempt.await {
+                Ok(Ok(r)) if r.status().is_success() && completes_multipart(&req) => {
+                    let (parts, body) = r.into_parts();
+                    let text = read_some(body, SMALL_BODY_MAX as usize, p.idle).await;
+                    let failed = String::from_utf8_lossy(&text).contains("<Error>");
+                    let mut r = HttpResponse::from_parts(parts, Bytes::from(text).into());
+                    if failed {
+                        // Retried below as the 5xx it is.
+                        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    Ok(Ok(r))
+                }
+                other => other,
+            };
+            let e = match attempt {
                 Ok(Ok(r)) if r.status().is_success() || r.status().is_redirection() => {
                     let cap = if object_get { u64::MAX } else { SMALL_BODY_MAX };
                     return Ok(r.map(|b| HttpResponseBody::new(Watched::new(b, p.idle, cap))));
@@ -364,5 +445,63 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::ZERO));
         h.insert(http::header::RETRY_AFTER, "soon".parse().unwrap());
         assert_eq!(retry_after(&h), None);
+    }
+
+    /// A retry carries a new date and signature, the same signed headers
+    /// and the first signature's payload digest.
+    #[test]
+    fn retries_are_signed_afresh() {
+        let cred = AwsCredential {
+            key_id: "k".into(),
+            secret_key: "s".into(),
+            token: Some("t".into()),
+        };
+        for digest in [
+            "UNSIGNED-PAYLOAD",
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        ] {
+            let mut r: HttpRequest = http::Request::new(Bytes::from_static(b"abc").into());
+            *r.method_mut() = Method::PUT;
+            *r.uri_mut() = "http://127.0.0.1:9/b/k?x=1".parse().unwrap();
+            let h = r.headers_mut();
+            h.insert("x-amz-date", "20000101T000000Z".parse().unwrap());
+            h.insert("x-amz-content-sha256", digest.parse().unwrap());
+            h.insert("content-type", "text/plain".parse().unwrap());
+            h.insert(
+                http::header::AUTHORIZATION,
+                "AWS4-HMAC-SHA256 Credential=k/20000101/r/s3/aws4_request, SignedHeaders=\
+                 content-type;host;x-amz-content-sha256;x-amz-date;x-amz-security-token, \
+                 Signature=00"
+                    .parse()
+                    .unwrap(),
+            );
+            let again = resign(copy_request(&r), &cred, "r");
+            let get = |k: &str| {
+                again
+                    .headers()
+                    .get(k)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            };
+            assert_ne!(get("x-amz-date"), "20000101T000000Z");
+            assert_eq!(get("x-amz-content-sha256"), digest);
+            assert_eq!(get("x-amz-security-token"), "t");
+            let auth = get("authorization");
+            assert!(!auth.contains("Signature=00,") && !auth.ends_with("Signature=00"));
+            assert!(
+                auth.contains(
+                    "SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date;\
+                     x-amz-security-token"
+                ),
+                "{auth}"
+            );
+        }
+        // Not signed: left alone.
+        let r: HttpRequest = http::Request::new(Bytes::new().into());
+        assert!(!resign(r, &cred, "r")
+            .headers()
+            .contains_key("authorization"));
     }
 }

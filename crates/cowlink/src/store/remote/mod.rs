@@ -214,7 +214,14 @@ impl Remote {
                     .is_some_and(|e| e.starts_with("http://")),
             )
             .with_pool_max_idle_per_host(config.transfers.max(1));
-        let connector = http::GuardConnector::new(&options, config.retry).map_err(|e| setup(&e))?;
+        let credential = || object_store::aws::AwsCredential {
+            key_id: r.access_key.clone(),
+            secret_key: r.secret_key.clone(),
+            token: r.token.clone(),
+        };
+        let connector =
+            http::GuardConnector::new(&options, config.retry, credential(), r.region.clone())
+                .map_err(|e| setup(&e))?;
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(&config.bucket)
             .with_region(&r.region)
@@ -259,12 +266,8 @@ impl Remote {
             runtime,
             requests: Requests::default(),
             http: connector.0,
-            credential: object_store::aws::AwsCredential {
-                key_id: r.access_key,
-                secret_key: r.secret_key,
-                token: r.token,
-            },
-            region: r.region,
+            credential: credential(),
+            region: r.region.clone(),
             bucket_url,
             max_pages: MAX_PAGES,
         })
