@@ -748,4 +748,117 @@ mod tests {
         assert!(e.to_string().contains("line 3"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// Random profile files, read by this reader and by Python's own
+    /// `configparser.RawConfigParser` (what botocore uses): the same
+    /// sections, keys and values, or both refuse the file.
+    #[test]
+    fn random_profile_files_read_as_python_configparser_reads_them() {
+        use std::collections::BTreeMap;
+        use std::io::Write;
+        let python = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import configparser,json,sys\n\
+                 out=[]\n\
+                 for t in json.load(sys.stdin):\n\
+                 \x20 cp=configparser.RawConfigParser()\n\
+                 \x20 try:\n\
+                 \x20   cp.read_string(t)\n\
+                 \x20   out.append({s:{o:cp.get(s,o) for o in cp.options(s)} for s in cp.sections()})\n\
+                 \x20 except configparser.Error:\n\
+                 \x20   out.append(None)\n\
+                 json.dump(out,sys.stdout)\n",
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut python) = python else {
+            assert!(
+                std::env::var("COWLINK_REQUIRE_TESTFS").as_deref() != Ok("1"),
+                "python3 is needed to compare with configparser"
+            );
+            eprintln!("SKIPPED: no python3 to compare with configparser");
+            return;
+        };
+        // A small xorshift generator: the same files every run.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let sections = [
+            "[default]",
+            "[ci]",
+            "[DEFAULT]",
+            "[ a b ]",
+            "[profile x]",
+            "[x]]",
+            "[]",
+            "[y",
+        ];
+        let keys = ["k", "K", "aws_secret_access_key", "j", "", " k2"];
+        let delims = ["=", ":", " = ", " : ", "\t=\t", "="];
+        let pieces = [
+            "a", "\\", "\"", "'", "#", " # ", ";", " ; ", "=", ":", "%", "%(k)s", " ", "\t", "[s]",
+            "é",
+        ];
+        let mut texts = Vec::new();
+        for _ in 0..400 {
+            let mut t = String::new();
+            for _ in 0..next(10) + 1 {
+                let indent = ["", "", "", " ", "  ", "\t"][next(6)];
+                let line = match next(10) {
+                    0 | 1 => sections[next(sections.len())].to_string(),
+                    2 => ["# c", "; c", "  # c = 1", ""][next(4)].to_string(),
+                    3 => (0..next(4)).map(|_| pieces[next(pieces.len())]).collect(),
+                    _ => {
+                        let value: String =
+                            (0..next(6)).map(|_| pieces[next(pieces.len())]).collect();
+                        format!(
+                            "{}{}{value}",
+                            keys[next(keys.len())],
+                            delims[next(delims.len())]
+                        )
+                    }
+                };
+                t += indent;
+                t += &line;
+                t += ["\n", "\n", "\r\n"][next(3)];
+            }
+            texts.push(t);
+        }
+        let input = serde_json::to_vec(&texts).unwrap();
+        python.stdin.take().unwrap().write_all(&input).unwrap();
+        let out = python.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs: Vec<Option<BTreeMap<String, BTreeMap<String, String>>>> =
+            serde_json::from_slice(&out.stdout).unwrap();
+        let mut refused = 0;
+        for (t, want) in texts.iter().zip(theirs) {
+            let ours = Ini::parse(t).ok().map(|ini| {
+                ini.sections
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, keys))| {
+                        let all = keys.iter().chain(ini.defaults.iter());
+                        let values = all
+                            .map(|(k, _)| (k.clone(), ini.value(i, k).unwrap_or_default()))
+                            .collect();
+                        (name.clone(), values)
+                    })
+                    .collect::<BTreeMap<String, BTreeMap<String, String>>>()
+            });
+            refused += usize::from(ours.is_none());
+            assert_eq!(ours, want, "{t:?}");
+        }
+        // Both outcomes were exercised.
+        assert!(refused > 20 && refused < 380, "{refused} of 400 refused");
+    }
 }
