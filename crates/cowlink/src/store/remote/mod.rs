@@ -48,6 +48,20 @@
 //!
 //! Everything is counted ([`Requests`]): how many GET, PUT, HEAD, LIST
 //! and DELETE requests an operation made, and the bytes each way.
+//!
+//! **Everything a server says is untrusted and bounded.** Every request
+//! passes one guarded HTTP client (`http.rs`): retries end on time
+//! ([`RetryPolicy::timeout`]) and honour `Retry-After`, each retry signed
+//! afresh; a request fails when the server is silent for
+//! [`RetryPolicy::idle`], never because a flowing transfer is long; no
+//! buffer is sized by a `Content-Length`, error bodies are read up to
+//! [`ERROR_BODY_MAX`] and other non-object bodies up to
+//! [`SMALL_BODY_MAX`]; manifests and markers up to [`MAX_MANIFEST_BYTES`],
+//! objects up to their manifest's size. Listings (`list.rs`) refuse a
+//! repeated continuation token, stop after [`MAX_EMPTY_PAGES`] pages
+//! without a new key or [`MAX_PAGES`] pages, and leave out keys no
+//! cowlink key could be. A refusal's S3 code becomes plain words, and
+//! any server text in a message is quoted like a file name (`fault.rs`).
 
 mod config;
 mod fault;
