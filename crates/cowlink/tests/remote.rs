@@ -766,3 +766,100 @@ fn a_multipart_completion_answered_200_with_an_error_is_retried() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Random listings (pages of new, repeated and hostile keys; new and
+/// repeated continuation tokens; any length) against a model of the
+/// rules: the listing ends after exactly the pages the model reads, with
+/// exactly the valid keys served, or as `Corrupt` where the model says.
+#[test]
+fn random_listings_end_where_the_rules_say() {
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let key = |i: usize| match i {
+        0..50 => format!("c/manifests/{i:064x}"),
+        50..55 => format!("c/manifests/\u{1b}[{i}m"),
+        _ => format!("c/manifests/a\nb{i}"),
+    };
+    let max_pages = 25;
+    // One endpoint and one remote for every round (opening a remote
+    // loads the TLS roots: a third of a second).
+    type Pages = Vec<(Vec<String>, Option<String>)>;
+    let current: std::sync::Arc<std::sync::Mutex<Pages>> = Default::default();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (c, s) = (current.clone(), served.clone());
+    let h = Hostile::start(move |_| {
+        let i = s.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pages = c.lock().unwrap();
+        let (keys, token) = &pages[i.min(pages.len() - 1)];
+        let keys: Vec<(&str, u64)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+        list_page(&keys, token.as_deref())
+    });
+    let r = remote_at(&h.endpoint(), quick(2000, 2000)).with_max_pages(max_pages);
+    for round in 0..300 {
+        // The plan: each page's keys and token (None: the last page).
+        let n = next(35) + 1;
+        let mut plan: Vec<(Vec<usize>, Option<String>)> = Vec::new();
+        for p in 0..n {
+            let keys = (0..next(5)).map(|_| next(60)).collect();
+            let token = match (p + 1 == n, next(12)) {
+                (true, _) => None,
+                (false, 0) if p > 0 => plan[next(p)].1.clone(),
+                _ => Some(format!("t{p}")),
+            };
+            plan.push((keys, token));
+        }
+        // The model.
+        let mut tokens = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut want: Result<std::collections::BTreeSet<String>, ()> = Err(());
+        let mut reads = 0;
+        for (p, (keys, token)) in plan.iter().enumerate() {
+            if p == max_pages {
+                break;
+            }
+            reads += 1;
+            seen.extend(keys.iter().copied());
+            match token {
+                None => {
+                    want = Ok(seen
+                        .iter()
+                        .filter(|&&i| i < 50)
+                        .map(|&i| format!("{i:064x}"))
+                        .collect());
+                    break;
+                }
+                Some(t) if !tokens.insert(t.clone()) => break,
+                Some(_) => {}
+            }
+        }
+        *current.lock().unwrap() = plan
+            .iter()
+            .map(|(k, t)| {
+                let mut keys: Vec<String> = k.iter().map(|&i| key(i)).collect();
+                keys.sort();
+                (keys, t.clone())
+            })
+            .collect();
+        served.store(0, std::sync::atomic::Ordering::Relaxed);
+        let got = r.manifests();
+        let count = served.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(count, reads, "round {round}: {plan:?}");
+        match (got, want) {
+            (Ok(ls), Ok(want)) => {
+                let ls: std::collections::BTreeSet<String> =
+                    ls.iter().map(|m| m.digest.to_hex()).collect();
+                assert_eq!(ls, want, "round {round}");
+            }
+            (Err(e), Err(())) => {
+                assert_eq!(e.kind(), ErrorKind::Corrupt, "round {round}: {e}");
+                assert_clean(&e.to_string());
+            }
+            (got, want) => panic!("round {round}: got {got:?}, the model says {want:?}"),
+        }
+    }
+}
