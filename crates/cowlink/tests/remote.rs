@@ -591,6 +591,25 @@ fn a_dripping_body_succeeds_and_a_stalled_one_fails_on_idleness() {
     assert!(start.elapsed() > Duration::from_millis(2400));
     assert_eq!(fs::read(fresh.object_path(&o)).unwrap(), data);
 
+    // A listing dripped a byte at a time never goes idle, but is far
+    // slower than any listing: stopped once the idle time has passed.
+    let h = Hostile::start(|_| {
+        let Reply::Full { body, .. } = list_page(&[], None) else {
+            unreachable!()
+        };
+        Reply::Drip {
+            status: 200,
+            body,
+            chunk: 1,
+            every: Duration::from_millis(50),
+        }
+    });
+    let e = remote_at(&h.endpoint(), quick(1000, 500))
+        .manifests()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("slower than"), "{e}");
+
     // Half the body, then silence; and no answer at all.
     let half = data[..data.len() / 2].to_vec();
     let len = data.len() as u64;

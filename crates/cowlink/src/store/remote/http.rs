@@ -55,9 +55,10 @@ use object_store::ClientOptions;
 
 use super::config::RetryPolicy;
 
-/// The slowest upload taken for progress: a request body is given
+/// The slowest transfer taken for progress: a request body is given
 /// `len / MIN_UPLOAD_RATE` seconds on top of the idle timeout before its
-/// answer must start.
+/// answer must start, and an answer that is not an object's bytes (a
+/// listing) must average this rate once the idle timeout has passed.
 pub const MIN_UPLOAD_RATE: u64 = 16 << 10;
 /// Bytes of an error answer's body that are read (the rest is dropped).
 pub const ERROR_BODY_MAX: usize = 64 << 10;
@@ -155,14 +156,16 @@ fn transient(status: StatusCode, body: &str) -> bool {
         || body.contains("<Code>RequestTimeout</Code>")
 }
 
-/// Read at most `max` bytes of `body`, each chunk within `idle`; what
-/// arrived when the body ends, stalls or fails.
-async fn read_some(body: HttpResponseBody, max: usize, idle: Duration) -> Vec<u8> {
+/// Read at most `max` bytes of `body`, all of it within `within`; what
+/// arrived when the body ends, the time is up or it fails (a body
+/// dripping a byte at a time cannot hold a retry up).
+async fn read_some(body: HttpResponseBody, max: usize, within: Duration) -> Vec<u8> {
     use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + within;
     let mut s = body.bytes_stream();
     let mut out = Vec::new();
     while out.len() < max {
-        match tokio::time::timeout(idle, s.next()).await {
+        match tokio::time::timeout_at(deadline, s.next()).await {
             Ok(Some(Ok(b))) => out.extend_from_slice(&b[..b.len().min(max - out.len())]),
             _ => break,
         }
@@ -253,8 +256,13 @@ impl Guard {
             };
             let e = match attempt {
                 Ok(Ok(r)) if r.status().is_success() || r.status().is_redirection() => {
-                    let cap = if object_get { u64::MAX } else { SMALL_BODY_MAX };
-                    return Ok(r.map(|b| HttpResponseBody::new(Watched::new(b, p.idle, cap))));
+                    let watched = |b| match object_get {
+                        // An object's bytes: bounded by the caller, may
+                        // flow as slowly as they like.
+                        true => Watched::new(b, p.idle, u64::MAX, None),
+                        false => Watched::new(b, p.idle, SMALL_BODY_MAX, Some(MIN_UPLOAD_RATE)),
+                    };
+                    return Ok(r.map(|b| HttpResponseBody::new(watched(b))));
                 }
                 Ok(Ok(r)) => {
                     let after = retry_after(r.headers());
@@ -359,25 +367,40 @@ impl HttpService for Guard {
 }
 
 /// An answer's body under watch: each chunk within `idle` of the last, at
-/// most `cap` bytes in all, and no size hint passed on (so nobody sizes a
-/// buffer by the server's `Content-Length`).
+/// most `cap` bytes in all, after the first `idle` at least `min_rate`
+/// bytes a second on average (for small answers: a listing dripped a
+/// byte at a time would otherwise take days), and no size hint passed on
+/// (so nobody sizes a buffer by the server's `Content-Length`).
 struct Watched {
     inner: HttpResponseBody,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
     cap: u64,
     seen: u64,
+    min_rate: Option<u64>,
+    start: Instant,
 }
 
 impl Watched {
-    fn new(inner: HttpResponseBody, idle: Duration, cap: u64) -> Self {
+    fn new(inner: HttpResponseBody, idle: Duration, cap: u64, min_rate: Option<u64>) -> Self {
         Watched {
             inner,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
             cap,
             seen: 0,
+            min_rate,
+            start: Instant::now(),
         }
+    }
+
+    /// Whether the body has fallen below its minimum rate.
+    fn too_slow(&self) -> bool {
+        let Some(rate) = self.min_rate else {
+            return false;
+        };
+        let late = self.start.elapsed().saturating_sub(self.idle);
+        late > Duration::ZERO && (self.seen as f64) < late.as_secs_f64() * rate as f64
     }
 }
 
@@ -398,6 +421,17 @@ impl Body for Watched {
                         return Poll::Ready(Some(Err(HttpError::new(
                             HttpErrorKind::Decode,
                             Stalled(format!("the answer is longer than {} bytes", this.cap)),
+                        ))));
+                    }
+                    if this.too_slow() {
+                        return Poll::Ready(Some(Err(HttpError::new(
+                            HttpErrorKind::Timeout,
+                            Stalled(format!(
+                                "the server sent {} bytes in {}, slower than {} bytes a second",
+                                this.seen,
+                                secs(this.start.elapsed()),
+                                this.min_rate.unwrap_or(0)
+                            )),
                         ))));
                     }
                 }
