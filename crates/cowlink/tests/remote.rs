@@ -882,3 +882,35 @@ fn random_listings_end_where_the_rules_say() {
         }
     }
 }
+
+#[test]
+fn a_head_that_failed_after_its_retries_is_not_asked_again_as_a_get() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 6, 2)).unwrap().digest;
+    // Connections closed unanswered: HEAD is retried until the timeout,
+    // and then not explained by a GET that would wait as long again.
+    let h = Hostile::start(|_| Reply::Close);
+    let e = store
+        .push(&remote_at(&h.endpoint(), quick(500, 500)), &[m])
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("gave up after"), "{e}");
+    let log = h.log();
+    assert!(log.len() > 1 && log.iter().all(|r| r.method == "HEAD"));
+    // A refusal without a body is explained by one GET of a byte.
+    let h = Hostile::start(|r| match r.method.as_str() {
+        "HEAD" => Reply::Full {
+            status: 403,
+            headers: vec![],
+            body: vec![],
+        },
+        _ => Reply::s3_error(403, "RequestTimeTooSkewed", "skew"),
+    });
+    let e = store
+        .push(&remote_at(&h.endpoint(), quick(500, 500)), &[m])
+        .unwrap_err();
+    assert!(e.to_string().contains("clock"), "{e}");
+    let methods: Vec<String> = h.log().iter().map(|r| r.method.clone()).collect();
+    assert_eq!(methods, ["HEAD", "GET"]);
+}

@@ -183,6 +183,20 @@ impl Fault {
         if parts.is_empty() && self.message.is_none() {
             return None;
         }
+        if self.code.is_none() {
+            // No body (a HEAD): the status alone, in words.
+            let words = match self.status {
+                Some(500) => Some("an internal error of the server"),
+                Some(502) => Some("bad gateway"),
+                Some(503) => Some("service unavailable: the server is busy or asks to slow down"),
+                Some(504) => Some("gateway timeout"),
+                Some(429) => Some("too many requests: the server asks to slow down"),
+                _ => None,
+            };
+            if let Some(w) = words {
+                parts.push(format!("({w})"));
+            }
+        }
         let mut s = format!("the server answered {}", parts.join(" "));
         if let Some(m) = &self.message {
             s += &format!(": {}", shown(m));

@@ -475,10 +475,10 @@ impl Remote {
         match self.client.head(key).await {
             Ok(m) => Ok(Some(m)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            // A HEAD's answer has no body to say why; one GET can.
-            Err(e) if fault::Fault::parse(&error_chain(&e)).code.is_none() => {
-                Err(self.explain_denial(op, key, e).await)
-            }
+            // A HEAD's refusal has no body to say why; one GET can. (Not
+            // after a failure that was retried: the GET would wait as
+            // long again.)
+            Err(e) if refused_without_words(&e) => Err(self.explain_denial(op, key, e).await),
             Err(e) => Err(self.error(op, key, e)),
         }
     }
@@ -607,6 +607,16 @@ pub(crate) fn objects_named<'m>(
     let mut named: Vec<(Digest, u64)> = named.into_iter().collect();
     named.sort();
     named
+}
+
+/// Whether `e` is a refusal (a 4xx answer) whose body did not say why.
+fn refused_without_words(e: &object_store::Error) -> bool {
+    let f = fault::Fault::parse(&error_chain(e));
+    let refused = matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) || f.status.is_some_and(|s| (400..500).contains(&s));
+    refused && f.code.is_none()
 }
 
 /// A client error and its sources, as one text (the server's answer is
