@@ -43,9 +43,17 @@ pub struct RemoteArgs {
     pub transfers: u16,
 
     /// Give up on a request the server keeps failing (connection refused,
-    /// 5xx, timeouts) after this many seconds of retries with backoff
-    #[arg(long, global = true, value_name = "SECS", default_value_t = 60)]
+    /// 5xx, 429, timeouts) after this many seconds of retries with backoff;
+    /// a server's Retry-After is honoured when it fits
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=7 * 86400))]
     pub retry_timeout: u64,
+
+    /// Fail a request when the server sends nothing for this many seconds
+    /// (a transfer that keeps flowing never times out)
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub idle_timeout: u64,
 }
 
 /// `cowlink store remote …`.
@@ -134,6 +142,7 @@ impl RemoteArgs {
         c.transfers = usize::from(self.transfers);
         c.retry = RetryPolicy {
             timeout: Duration::from_secs(self.retry_timeout),
+            idle: Duration::from_secs(self.idle_timeout),
             ..RetryPolicy::default()
         };
         Ok(cowlink::store::remote::Remote::open(c)?)

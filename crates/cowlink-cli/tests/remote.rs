@@ -768,3 +768,190 @@ fn remote_gc_aborts_the_upload_of_a_push_killed_mid_object() {
     // And the push, run again, completes.
     ok(&run(&s3, "k", &st, &[&"push"]));
 }
+
+/// `cowlink store --store ST --remote s3://cowlink-test/c ARGS…` against
+/// the endpoint `endpoint`, with test keys.
+fn at(endpoint: &str, st: &Path, args: &[&str]) -> Output {
+    bin()
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("COWLINK_REMOTE")
+        .env_remove("AWS_PROFILE")
+        .args(["store", "--store"])
+        .arg(st)
+        .args(["--remote", "s3://cowlink-test/c"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn server_errors_read_in_plain_words_and_never_write_escapes_to_the_terminal() {
+    use cowlink_testfs::hostile::{Hostile, Reply};
+    let Some(e) = testfs!(Ext4) else { return };
+    let st = e.path().join("st");
+    let tree = generated(e.path(), "t", 2, 100);
+    let m = add_tree(&st, &tree);
+    let evil = "\u{1b}[2J\u{1b}]0;owned\u{7}\nfake: line";
+    // (status, code, what stderr must say, what it must not)
+    let table: &[(u16, &str, &str, &str)] = &[
+        (403, "RequestTimeTooSkewed", "clock", "keys from"),
+        (
+            403,
+            "SignatureDoesNotMatch",
+            "the secret key is wrong",
+            "clock",
+        ),
+        (403, "AccessDenied", "policy", "secret key is wrong"),
+        (
+            400,
+            "AuthorizationHeaderMalformed",
+            "eu-north-1",
+            "keys from",
+        ),
+        (503, "SlowDown", "slow down", "keys from"),
+        (500, "Bogus\u{1b}[31m", "500", "keys from"),
+    ];
+    for &(status, code, says, never) in table {
+        let h = Hostile::start(move |_| Reply::s3_error(status, code, evil));
+        // A pull into an empty store (a full one asks nothing).
+        let empty = e.path().join("empty");
+        for (store, args) in [
+            (&st, &["--retry-timeout", "1", "remote", "ls"][..]),
+            (&st, &["--retry-timeout", "1", "push"][..]),
+            (&empty, &["--retry-timeout", "1", "pull", &m][..]),
+        ] {
+            let o = at(&h.endpoint(), store, args);
+            let err = text(&o.stderr);
+            assert!(!o.status.success(), "{code} {args:?}");
+            assert!(err.contains(says), "{code} {args:?}: {err}");
+            assert!(!err.contains(never), "{code} {args:?}: {err}");
+            assert!(
+                !err.trim_end().contains(['\u{1b}', '\u{7}', '\n']),
+                "{code} {args:?}: server text reached the terminal raw: {err:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn retry_after_and_the_timeouts_are_honoured_from_the_command_line() {
+    use cowlink_testfs::hostile::{list_page, Hostile, Reply};
+    let Some(e) = testfs!(Ext4) else { return };
+    let st = e.path().join("st");
+    // Retry-After beyond --retry-timeout: one request, and why.
+    let h = Hostile::start(|_| {
+        Reply::s3_error(503, "SlowDown", "later").with_header("Retry-After", "3600")
+    });
+    let start = Instant::now();
+    let o = at(
+        &h.endpoint(),
+        &st,
+        &["--retry-timeout", "5", "remote", "ls"],
+    );
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("retry after 3600"), "{err}");
+    assert_eq!(h.count(), 1);
+    assert!(start.elapsed() < Duration::from_secs(30));
+
+    // Retry-After within it: waited for, and the listing is printed.
+    let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t = tries.clone();
+    let h = Hostile::start(
+        move |_| match t.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            0 => Reply::s3_error(503, "SlowDown", "later").with_header("Retry-After", "1"),
+            _ => list_page(&[], None),
+        },
+    );
+    let o = at(
+        &h.endpoint(),
+        &st,
+        &["--retry-timeout", "5", "remote", "ls"],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let log = h.log();
+    assert_eq!(log.len(), 2);
+    assert!(log[1].at.duration_since(log[0].at) >= Duration::from_millis(950));
+
+    // A server that never answers: --idle-timeout ends each try, and
+    // --retry-timeout the retries.
+    let h = Hostile::start(|_| Reply::Silent);
+    let o = at(
+        &h.endpoint(),
+        &st,
+        &[
+            "--retry-timeout",
+            "2",
+            "--idle-timeout",
+            "1",
+            "remote",
+            "ls",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("no answer within"), "{err}");
+}
+
+#[test]
+fn profile_keys_are_read_as_the_aws_cli_reads_them() {
+    let Some(e) = testfs!(Ext4) else { return };
+    // A secret with every character the old reader unquoted, unescaped
+    // or cut: a backslash, quotes, '=', ' # ', ';' and '%'.
+    let secret = r#"a\b"c'd=e # f ; g%h"#;
+    let Some(s3) = S3Server::start_keyed("profile_keys", "ci-key", secret) else {
+        return;
+    };
+    let tree = generated(e.path(), "t", 4, 100);
+    let st = e.path().join("st");
+    let m = add_tree(&st, &tree);
+    let aws = e.path().join("aws");
+    fs::create_dir_all(&aws).unwrap();
+    fs::write(
+        aws.join("credentials"),
+        format!(
+            "# comment\n[DEFAULT]\nregion = nowhere\n[ci]\nAWS_ACCESS_KEY_ID : ci-key\n\
+             aws_secret_access_key = {secret}   \n"
+        ),
+    )
+    .unwrap();
+    fs::write(
+        aws.join("config"),
+        format!(
+            "[profile   ci]\nregion = us-east-1\nendpoint_url = {}\n\
+             [profile sso]\nsso_session = corp\n",
+            s3.endpoint()
+        ),
+    )
+    .unwrap();
+    let with_profile = |profile: &str, args: &[&str]| {
+        bin()
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_REGION")
+            .env_remove("COWLINK_REMOTE")
+            .env("AWS_SHARED_CREDENTIALS_FILE", aws.join("credentials"))
+            .env("AWS_CONFIG_FILE", aws.join("config"))
+            .env("AWS_PROFILE", profile)
+            .args(["store", "--store"])
+            .arg(&st)
+            .args(["--remote", "s3://cowlink-test/p"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    ok(&with_profile("ci", &["push"]));
+    let ls = ok(&with_profile("ci", &["remote", "ls"]));
+    assert!(ls.contains(&m), "{ls}");
+    let o = with_profile("sso", &["remote", "ls"]);
+    let err = text(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("sso_session") && err.contains("export-credentials"),
+        "{err}"
+    );
+}

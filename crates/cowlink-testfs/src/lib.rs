@@ -12,8 +12,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub mod hostile;
 pub mod relay;
 pub mod s3;
+pub mod toxiproxy;
 
 /// The test filesystems.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

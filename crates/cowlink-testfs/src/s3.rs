@@ -27,6 +27,8 @@ pub struct S3Server {
     data: tempfile::TempDir,
     port: u16,
     child: Option<Child>,
+    access: String,
+    secret: String,
 }
 
 /// Where versitygw is: `$COWLINK_VERSITYGW`, `PATH`, `$GOPATH/bin`,
@@ -57,6 +59,15 @@ impl S3Server {
     /// # Panics
     /// When versitygw is missing and required, or does not come up.
     pub fn start(test: &str) -> Option<S3Server> {
+        S3Server::start_keyed(test, ACCESS_KEY, SECRET_KEY)
+    }
+
+    /// [`start`](Self::start) with other keys (a secret with the
+    /// characters profile files treat specially, say).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_keyed(test: &str, access: &str, secret: &str) -> Option<S3Server> {
         let Some(bin) = find_bin() else {
             if std::env::var("COWLINK_REQUIRE_TESTFS").as_deref() == Ok("1") {
                 panic!(
@@ -84,6 +95,8 @@ impl S3Server {
             data,
             port,
             child: None,
+            access: access.to_string(),
+            secret: secret.to_string(),
         };
         s.start_again();
         Some(s)
@@ -94,7 +107,13 @@ impl S3Server {
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "the server is running");
         let child = Command::new(&self.bin)
-            .args(["--access", ACCESS_KEY, "--secret", SECRET_KEY, "--quiet"])
+            .args([
+                "--access",
+                &self.access,
+                "--secret",
+                &self.secret,
+                "--quiet",
+            ])
             .arg("--port")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("posix")
@@ -143,8 +162,8 @@ impl S3Server {
     /// The environment a client needs: keys, endpoint, region.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_string()),
-            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_string()),
+            ("AWS_ACCESS_KEY_ID", self.access.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret.clone()),
             ("AWS_ENDPOINT_URL", self.endpoint()),
             ("AWS_REGION", "us-east-1".to_string()),
         ]

@@ -149,7 +149,7 @@ fn a_cancel_ends_the_wait_for_a_remote_gc_and_leaves_no_marker() {
 }
 
 /// A remote at another endpoint (a relay in front of the server).
-fn remote_at(endpoint: &str, prefix: &str) -> Remote {
+fn remote_via(endpoint: &str, prefix: &str) -> Remote {
     let mut c =
         RemoteConfig::parse(&format!("s3://{}/{prefix}", cowlink_testfs::s3::BUCKET)).unwrap();
     c.endpoint = Some(endpoint.to_string());
@@ -192,7 +192,7 @@ fn a_push_busy_with_one_object_longer_than_the_grace_period_keeps_its_objects() 
     fs::write(root.join("large"), cowlink_testfs::data(16 << 20, 66)).unwrap();
     let m = store.add_tree(&root).unwrap().digest;
     let slow = cowlink_testfs::relay::slow_uplink(&s3.endpoint(), 2 << 20);
-    let pusher = remote_at(&slow, "g").with_marker_refresh(Duration::from_millis(300));
+    let pusher = remote_via(&slow, "g").with_marker_refresh(Duration::from_millis(300));
     let gc = remote(&s3, "g");
     let grace = Duration::from_secs(3);
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -508,4 +508,784 @@ fn an_older_versions_marker_protects_while_young_and_is_never_removed() {
     assert_eq!((g.pushes_protected, g.objects_removed), (0, 4), "{g:?}");
     assert_eq!(g.markers_removed, 0);
     assert!(marker.is_file());
+}
+
+// ---------------------------------------------------------------------
+// A hostile endpoint and a faulty network: bounded reads, retries on
+// time, idleness, S3 errors in plain words, hostile server text.
+
+use std::time::Instant;
+
+use cowlink::store::remote::{RetryPolicy, MAX_EMPTY_PAGES};
+use cowlink_testfs::hostile::{list_page, Hostile, Reply, Request};
+use cowlink_testfs::toxiproxy::Toxiproxy;
+
+/// A remote at `endpoint` (prefix `c`) with this retry policy.
+fn remote_at(endpoint: &str, retry: RetryPolicy) -> Remote {
+    let mut c = RemoteConfig::parse("s3://cowlink-test/c").unwrap();
+    c.endpoint = Some(endpoint.to_string());
+    c.region = Some("us-east-1".into());
+    c.keys = Some(Keys {
+        access_key: ACCESS_KEY.into(),
+        secret_key: SECRET_KEY.into(),
+    });
+    c.retry = retry;
+    Remote::open(c).unwrap()
+}
+
+/// Short timeouts, so that fault tests take seconds.
+fn quick(timeout_ms: u64, idle_ms: u64) -> RetryPolicy {
+    RetryPolicy {
+        max_backoff: Duration::from_millis(50),
+        timeout: Duration::from_millis(timeout_ms),
+        idle: Duration::from_millis(idle_ms),
+        ..RetryPolicy::default()
+    }
+}
+
+/// No control character (ESC, newline, BEL…) and no bidirectional
+/// override reaches a message.
+fn assert_clean(text: &str) {
+    assert!(
+        !text
+            .chars()
+            .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+        "server text reached the message raw: {text:?}"
+    );
+}
+
+/// A store on XFS with one manifest naming one file of `size` bytes: the
+/// manifest's digest and bytes, the object's digest and bytes.
+fn one_file_store(dir: &Path, size: usize) -> (Digest, Vec<u8>, Digest, Vec<u8>) {
+    let src = dir.join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(size, 7);
+    fs::write(src.join("f"), &data).unwrap();
+    let store = Store::open(dir.join("origin")).unwrap();
+    let m = store.add_tree(&src).unwrap().digest;
+    let mbytes = fs::read(dir.join("origin/manifests").join(m.to_hex())).unwrap();
+    let o: Digest = blake3::hash(&data).to_hex().parse().unwrap();
+    (m, mbytes, o, data)
+}
+
+/// The endpoint serving `manifest` and `object` (by key suffix), with
+/// `object_reply` deciding how the object's bytes go out.
+fn serving(
+    m: Digest,
+    mbytes: Vec<u8>,
+    o: Digest,
+    object_reply: impl Fn(&Request) -> Reply + Send + Sync + 'static,
+) -> Hostile {
+    Hostile::start(move |r| {
+        if r.path.ends_with(&format!("manifests/{}", m.to_hex())) {
+            Reply::bytes(mbytes.clone())
+        } else if r
+            .path
+            .ends_with(&format!("objects/{}/{}", &o.to_hex()[..2], o.to_hex()))
+        {
+            object_reply(r)
+        } else {
+            Reply::s3_error(404, "NoSuchKey", "no")
+        }
+    })
+}
+
+#[test]
+fn what_a_server_claims_never_sizes_a_buffer() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), 5000);
+    let tib = "1099511627776";
+    // A manifest said to be a terabyte: refused unread (the old client
+    // allocated it and aborted).
+    let h = Hostile::start(move |_| Reply::Full {
+        status: 200,
+        headers: vec![("Content-Length".into(), tib.into())],
+        body: b"{}".to_vec(),
+    });
+    let fresh = Store::open(x.path().join("a")).unwrap();
+    let e = fresh
+        .pull(&remote_at(&h.endpoint(), quick(2000, 2000)), &[m])
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains(tib), "{e}");
+    assert!(fresh.manifests().unwrap().is_empty());
+
+    // An object whose answer claims another size than its manifest's, a
+    // shorter body, a longer one: each refused by digest, nothing kept.
+    let n = data.len();
+    for (what, reply) in [
+        (
+            "a terabyte",
+            Reply::bytes(data.clone()).with_header("Content-Length", tib),
+        ),
+        ("one byte short", Reply::bytes(data[..n - 1].to_vec())),
+        ("one byte long", {
+            let mut d = data.clone();
+            d.push(0);
+            Reply::bytes(d)
+        }),
+    ] {
+        let h = serving(m, mbytes.clone(), o, move |_| reply.clone());
+        let fresh = Store::open(x.path().join(format!("b{}", what.len()))).unwrap();
+        let e = fresh
+            .pull(&remote_at(&h.endpoint(), quick(2000, 2000)), &[m])
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{what}: {e}");
+        assert!(!fresh.contains(&o), "{what}");
+        assert!(fresh.manifests().unwrap().is_empty(), "{what}");
+    }
+}
+
+#[test]
+fn endless_or_broken_listings_stop_with_a_clear_error() {
+    let key = |i: usize| format!("c/manifests/{:064x}", i);
+    type Script = Box<dyn Fn(&Request, usize) -> Reply + Send + Sync>;
+    let cases: Vec<(&str, Script, &str, usize)> = vec![
+        (
+            "the same token again",
+            Box::new(|_, _| list_page(&[], Some("again"))),
+            "twice",
+            3,
+        ),
+        (
+            "new tokens, the same key on every page",
+            Box::new(move |_, n| list_page(&[(&key(1), 1)], Some(&format!("t{n}")))),
+            "without a new key",
+            MAX_EMPTY_PAGES + 2,
+        ),
+        (
+            "new tokens, the same two pages in turn",
+            Box::new(move |_, n| list_page(&[(&key(n % 2), 1)], Some(&format!("t{n}")))),
+            "without a new key",
+            MAX_EMPTY_PAGES + 3,
+        ),
+        (
+            "new tokens, empty pages for ever",
+            Box::new(|_, n| list_page(&[], Some(&format!("t{n}")))),
+            "without a new key",
+            MAX_EMPTY_PAGES + 2,
+        ),
+        (
+            "new tokens, new keys for ever",
+            Box::new(move |_, n| list_page(&[(&key(n), 1)], Some(&format!("t{n}")))),
+            "more than 20 pages",
+            20,
+        ),
+        (
+            "truncated without a token",
+            Box::new(|_, _| {
+                Reply::xml(
+                    200,
+                    "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+                )
+            }),
+            "no continuation token",
+            1,
+        ),
+        (
+            "not a listing",
+            Box::new(|_, _| Reply::xml(200, "<Whatever/>")),
+            "not a listing",
+            1,
+        ),
+        (
+            "escapes in a token",
+            Box::new(|_, _| list_page(&[], Some("\u{1b}[2J"))),
+            "twice",
+            3,
+        ),
+    ];
+    for (what, script, says, most) in cases {
+        let pages = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let p = pages.clone();
+        let h = Hostile::start(move |r| {
+            let n = p.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            script(r, n)
+        });
+        let r = remote_at(&h.endpoint(), quick(2000, 2000)).with_max_pages(match most {
+            20 => 20,
+            _ => 1000,
+        });
+        let e = r.manifests().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+        assert_clean(&e.to_string());
+        assert!(h.count() <= most, "{what}: {} LISTs", h.count());
+        assert_eq!(r.requests().list as usize, h.count(), "{what}");
+    }
+}
+
+#[test]
+fn hostile_keys_in_a_listing_are_left_out_not_fatal() {
+    let good = format!("c/manifests/{:064x}", 7);
+    let hostile = [
+        "c/manifests/\u{1b}[2J\u{1b}[Hcleared",
+        "c/manifests/a\nb",
+        "c/manifests/..",
+        "c/manifests/x//y",
+        "c/manifests/\u{7}bell",
+        "c/manifests/\u{202e}txt.exe",
+    ];
+    // Sent raw, and sent URL-encoded (as a server answering
+    // encoding-type=url does).
+    for encoded in [false, true] {
+        let mut keys: Vec<String> = hostile.iter().map(|k| k.to_string()).collect();
+        keys.push(good.clone());
+        keys.sort();
+        let shown: Vec<String> = keys
+            .iter()
+            .map(|k| match encoded {
+                true => k
+                    .bytes()
+                    .map(|b| match b {
+                        b'a'..=b'z' | b'0'..=b'9' | b'/' | b'.' => (b as char).to_string(),
+                        _ => format!("%{b:02X}"),
+                    })
+                    .collect(),
+                false => k.clone(),
+            })
+            .collect();
+        let h = Hostile::start(move |_| {
+            let page: Vec<(&str, u64)> = shown.iter().map(|k| (k.as_str(), 3)).collect();
+            let Reply::Full { status, body, .. } = list_page(&page, None) else {
+                unreachable!()
+            };
+            let body = String::from_utf8(body).unwrap();
+            let body = match encoded {
+                true => body.replace("<Name>", "<EncodingType>url</EncodingType><Name>"),
+                false => body,
+            };
+            Reply::xml(status, body)
+        });
+        let r = remote_at(&h.endpoint(), quick(2000, 2000));
+        let ls = r.manifests().unwrap();
+        assert_eq!(ls.len(), 1, "encoded {encoded}: {ls:?}");
+        assert_eq!(ls[0].digest.to_hex(), format!("{:064x}", 7));
+    }
+}
+
+#[test]
+fn hostile_keys_on_a_real_server_break_neither_ls_nor_gc() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("hostile_keys") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 9, 3)).unwrap().digest;
+    let r = remote(&s3, "c");
+    store.push(&r, &[m]).unwrap();
+    // Keys no client library can write, put behind the server's back.
+    let names = ["\u{1b}[2Jclear", "new\nline", "bell\u{7}", "\u{202e}rtl"];
+    for area in ["manifests", "objects/ab", "pending", "locks"] {
+        for n in names {
+            let f = s3.file(&format!("c/{area}/{n}"));
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(&f, b"x").unwrap();
+        }
+    }
+    let ls = r.manifests().unwrap();
+    assert_eq!(ls.iter().map(|l| l.digest).collect::<Vec<_>>(), vec![m]);
+    r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert!(pulls_whole(x.path(), &r, &m, "after"));
+    for n in names {
+        assert!(s3.file(&format!("c/manifests/{n}")).exists(), "{n:?}");
+    }
+}
+
+#[test]
+fn every_s3_error_reads_in_plain_words_and_no_server_text_reaches_the_terminal() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let hostile = [
+        "\u{1b}[2J\u{1b}[Hyour keys were stolen",
+        "line one\nline two",
+        "&#27;]0;title&#7;",
+        "\u{202e}reversed",
+        "plain",
+    ];
+    // (status, code, kind, words the reason must hold, words it must not)
+    let table: &[(u16, &str, ErrorKind, &str, &str)] = &[
+        (
+            403,
+            "AccessDenied",
+            ErrorKind::PermissionDenied,
+            "policy",
+            "secret key is wrong",
+        ),
+        (
+            403,
+            "SignatureDoesNotMatch",
+            ErrorKind::PermissionDenied,
+            "secret key is wrong",
+            "clock",
+        ),
+        (
+            403,
+            "InvalidAccessKeyId",
+            ErrorKind::PermissionDenied,
+            "does not know this access key",
+            "clock",
+        ),
+        (
+            403,
+            "RequestTimeTooSkewed",
+            ErrorKind::InvalidInput,
+            "clock",
+            "keys from",
+        ),
+        (
+            404,
+            "NoSuchBucket",
+            ErrorKind::NotFound,
+            "does not exist",
+            "keys from",
+        ),
+        (
+            400,
+            "AuthorizationHeaderMalformed",
+            ErrorKind::InvalidInput,
+            "eu-north-1",
+            "keys from",
+        ),
+        (
+            400,
+            "ExpiredToken",
+            ErrorKind::PermissionDenied,
+            "session token",
+            "clock",
+        ),
+        (503, "SlowDown", ErrorKind::Io, "slow down", "keys from"),
+        (
+            500,
+            "InternalError",
+            ErrorKind::Io,
+            "internal error",
+            "keys from",
+        ),
+        (418, "Teapot\u{1b}", ErrorKind::Io, "418", "keys from"),
+    ];
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 4, 2)).unwrap().digest;
+    for &(status, code, kind, says, never) in table {
+        for msg in hostile {
+            let h = Hostile::start(move |_| Reply::s3_error(status, code, msg));
+            let r = remote_at(&h.endpoint(), quick(300, 1000));
+            // A listing (read here), a GET (through object_store) and a
+            // push (HEAD first: no body; the message comes from a GET).
+            let fresh = Store::open(x.path().join("fresh")).unwrap();
+            let errors = [
+                r.manifests().unwrap_err(),
+                fresh.pull(&r, &[m]).unwrap_err(),
+                store.push(&r, &[m]).unwrap_err(),
+            ];
+            for e in errors {
+                let text = e.to_string();
+                assert_eq!(e.kind(), kind, "{code} {msg:?}: {text}");
+                assert!(text.contains(says), "{code} {msg:?}: {text}");
+                assert!(!text.contains(never), "{code} {msg:?}: {text}");
+                assert_clean(&text);
+                assert_clean(&serde_json::to_string(&e).unwrap().replace("\\u", "u"));
+            }
+        }
+    }
+}
+
+#[test]
+fn retries_end_on_time_not_on_a_count_and_honour_retry_after() {
+    // 503 for ever: tried until the retry timeout, far more than the
+    // client library's ten tries.
+    let h = Hostile::start(|_| Reply::s3_error(503, "ServiceUnavailable", "busy"));
+    let e = remote_at(&h.endpoint(), quick(1500, 1000))
+        .manifests()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("gave up after"), "{e}");
+    assert!(h.count() > 10, "only {} tries", h.count());
+
+    // Retry-After beyond the retry timeout: one try, and the message
+    // says why it stopped.
+    let h = Hostile::start(|_| {
+        Reply::s3_error(503, "SlowDown", "later").with_header("Retry-After", "3600")
+    });
+    let e = remote_at(&h.endpoint(), quick(2000, 1000))
+        .manifests()
+        .unwrap_err();
+    assert!(e.to_string().contains("retry after 3600"), "{e}");
+    assert_eq!(h.count(), 1);
+
+    // Retry-After within it: waited for, then the listing succeeds.
+    let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t = tries.clone();
+    let h = Hostile::start(
+        move |_| match t.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            0 | 1 => Reply::s3_error(503, "SlowDown", "later").with_header("Retry-After", "1"),
+            _ => list_page(&[], None),
+        },
+    );
+    remote_at(&h.endpoint(), quick(10_000, 1000))
+        .manifests()
+        .unwrap();
+    let log = h.log();
+    assert_eq!(log.len(), 3);
+    for w in log.windows(2) {
+        let gap = w[1].at.duration_since(w[0].at);
+        assert!(gap >= Duration::from_millis(950), "waited only {gap:?}");
+    }
+}
+
+#[test]
+fn a_dripping_body_succeeds_and_a_stalled_one_fails_on_idleness() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), 4000);
+    // 2.4 s of bytes, never 0.8 s without one: flowing, so it succeeds
+    // however long it takes.
+    let d = data.clone();
+    let h = serving(m, mbytes.clone(), o, move |_| Reply::Drip {
+        status: 200,
+        body: d.clone(),
+        chunk: 500,
+        every: Duration::from_millis(300),
+    });
+    let fresh = Store::open(x.path().join("drip")).unwrap();
+    let start = Instant::now();
+    fresh
+        .pull(&remote_at(&h.endpoint(), quick(1000, 800)), &[m])
+        .unwrap();
+    assert!(start.elapsed() > Duration::from_millis(2400));
+    assert_eq!(fs::read(fresh.object_path(&o)).unwrap(), data);
+
+    // A listing dripped a byte at a time never goes idle, but is far
+    // slower than any listing: stopped once the idle time has passed.
+    let h = Hostile::start(|_| {
+        let Reply::Full { body, .. } = list_page(&[], None) else {
+            unreachable!()
+        };
+        Reply::Drip {
+            status: 200,
+            body,
+            chunk: 1,
+            every: Duration::from_millis(50),
+        }
+    });
+    let e = remote_at(&h.endpoint(), quick(1000, 500))
+        .manifests()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("slower than"), "{e}");
+
+    // Half the body, then silence; and no answer at all.
+    let half = data[..data.len() / 2].to_vec();
+    let len = data.len() as u64;
+    for (what, reply, says) in [
+        (
+            "a stalled body",
+            Reply::Stall { len, sent: half },
+            "sent nothing for",
+        ),
+        ("no answer", Reply::Silent, "no answer within"),
+    ] {
+        let h = serving(m, mbytes.clone(), o, move |_| reply.clone());
+        let fresh = Store::open(x.path().join(what.replace(' ', "-"))).unwrap();
+        let e = fresh
+            .pull(&remote_at(&h.endpoint(), quick(1000, 500)), &[m])
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+        assert!(!fresh.contains(&o), "{what}");
+    }
+}
+
+/// versitygw behind Toxiproxy, and a remote through the proxy.
+fn proxied(test: &str) -> Option<(S3Server, Toxiproxy)> {
+    let s3 = S3Server::start(test)?;
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let t = Toxiproxy::start(test, &upstream)?;
+    Some((s3, t))
+}
+
+#[test]
+fn a_pull_through_latency_a_slow_link_and_resets_gets_every_byte() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some((s3, proxy)) = proxied("toxic_pull") else {
+        return;
+    };
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(3 << 20, 11);
+    fs::write(src.join("big"), &data).unwrap();
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(&src).unwrap().digest;
+    store.push(&remote(&s3, "c"), &[m]).unwrap();
+
+    // 50 ms of latency, 4 MB/s, and every connection cut after 1 MiB:
+    // the 3 MiB object needs several connections, each resuming where
+    // the last broke off.
+    proxy.add("lag", "latency", "downstream", "{\"latency\":50}");
+    proxy.add("slow", "bandwidth", "downstream", "{\"rate\":4096}");
+    proxy.add("cut", "limit_data", "downstream", "{\"bytes\":1048576}");
+    let r = remote_at(&proxy.endpoint(), quick(5000, 2000));
+    let fresh = Store::open(x.path().join("fresh")).unwrap();
+    let rep = fresh.pull(&r, &[m]).unwrap();
+    // One GET for the manifest, then one per piece of the object.
+    assert!(rep.requests.get >= 4, "{:?}", rep.requests);
+    assert!(fresh.verify().unwrap().is_clean());
+    let o: Digest = blake3::hash(&data).to_hex().parse().unwrap();
+    assert_eq!(fs::read(fresh.object_path(&o)).unwrap(), data);
+
+    // Every connection reset at once for half a second: a listing, a
+    // pull and a push ride it out by retrying, each retry signed afresh
+    // (versitygw checks every signature: GET, HEAD, PUT and LIST).
+    proxy.remove("cut");
+    proxy.remove("slow");
+    let m2 = store.add_tree(tree(x.path(), "more", 8, 4)).unwrap().digest;
+    proxy.add("reset", "reset_peer", "upstream", "{\"timeout\":0}");
+    let r = remote_at(&proxy.endpoint(), quick(10_000, 2000));
+    let again = Store::open(x.path().join("again")).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(700));
+            proxy.remove("reset");
+        });
+        let ls = s.spawn(|| r.manifests().unwrap().len());
+        let pull = s.spawn(|| again.pull(&r, &[m]).unwrap());
+        let push = s.spawn(|| store.push(&r, &[m2]).unwrap());
+        assert_eq!(ls.join().unwrap(), 1);
+        pull.join().unwrap();
+        push.join().unwrap();
+    });
+    assert!(again.verify().unwrap().is_clean());
+    assert!(pulls_whole(x.path(), &remote(&s3, "c"), &m2, "pushed"));
+}
+
+#[test]
+fn a_stalled_connection_fails_on_idleness_within_the_retry_timeout() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some((s3, proxy)) = proxied("toxic_stall") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 5, 3)).unwrap().digest;
+    store.push(&remote(&s3, "c"), &[m]).unwrap();
+    // Requests stop reaching the server; the connection stays open.
+    proxy.add("stall", "timeout", "upstream", "{\"timeout\":0}");
+    let r = remote_at(&proxy.endpoint(), quick(1500, 500));
+    let fresh = Store::open(x.path().join("fresh")).unwrap();
+    let start = Instant::now();
+    let e = fresh.pull(&r, &[m]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("no answer within"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(20));
+    proxy.remove("stall");
+    assert!(fresh.pull(&r, &[m]).is_ok());
+}
+
+#[test]
+fn a_multipart_completion_answered_200_with_an_error_is_retried() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let src = x.path().join("big");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), cowlink_testfs::data(17 << 20, 3)).unwrap();
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(&src).unwrap().digest;
+    let completions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = completions.clone();
+    // Just enough of S3 for a push: nothing there, every PUT taken, one
+    // multipart upload whose first completion fails inside a 200.
+    // What was stored, by path, with its size: a push checks again, by
+    // exact key and size, that every object is there before it publishes.
+    let put = std::sync::Mutex::new(std::collections::HashMap::<String, u64>::new());
+    let h = Hostile::start(move |r| match r.method.as_str() {
+        "HEAD" => match put.lock().unwrap().get(&r.path) {
+            Some(n) => Reply::bytes(Vec::new()).with_header("Content-Length", &n.to_string()),
+            None => Reply::s3_error(404, "NoSuchKey", "none"),
+        },
+        "GET" if r.is_list() => list_page(&[], None),
+        "PUT" => {
+            let n = r
+                .headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            put.lock().unwrap().insert(r.path.clone(), n);
+            Reply::bytes(Vec::new()).with_header("ETag", "\"e\"")
+        }
+        "DELETE" => Reply::Full {
+            status: 204,
+            headers: vec![],
+            body: vec![],
+        },
+        "POST" if r.q("delete").is_some() => {
+            let body = String::from_utf8_lossy(&r.body).into_owned();
+            let deleted: String = body
+                .split("<Key>")
+                .skip(1)
+                .filter_map(|k| k.split("</Key>").next())
+                .map(|k| format!("<Deleted><Key>{k}</Key></Deleted>"))
+                .collect();
+            Reply::xml(200, format!("<DeleteResult>{deleted}</DeleteResult>"))
+        }
+        "POST" if r.q("uploads").is_some() => Reply::xml(
+            200,
+            "<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key>\
+             <UploadId>u1</UploadId></InitiateMultipartUploadResult>",
+        ),
+        "POST" if r.q("uploadId").is_some() => {
+            match c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+                0 => Reply::xml(
+                    200,
+                    "<Error><Code>InternalError</Code><Message>later</Message></Error>",
+                ),
+                _ => {
+                    put.lock().unwrap().insert(r.path.clone(), 17 << 20);
+                    Reply::xml(
+                        200,
+                        "<CompleteMultipartUploadResult><ETag>\"e\"</ETag>\
+                     </CompleteMultipartUploadResult>",
+                    )
+                }
+            }
+        }
+        _ => Reply::s3_error(400, "Unexpected", &format!("{} {}", r.method, r.path)),
+    });
+    store
+        .push(&remote_at(&h.endpoint(), quick(5000, 2000)), &[m])
+        .unwrap();
+    assert_eq!(
+        completions.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "{:?}",
+        h.log()
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Random listings (pages of new, repeated and hostile keys; new and
+/// repeated continuation tokens; any length) against a model of the
+/// rules: the listing ends after exactly the pages the model reads, with
+/// exactly the valid keys served, or as `Corrupt` where the model says.
+#[test]
+fn random_listings_end_where_the_rules_say() {
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let key = |i: usize| match i {
+        0..50 => format!("c/manifests/{i:064x}"),
+        50..55 => format!("c/manifests/\u{1b}[{i}m"),
+        _ => format!("c/manifests/a\nb{i}"),
+    };
+    let max_pages = 25;
+    // One endpoint and one remote for every round (opening a remote
+    // loads the TLS roots: a third of a second).
+    type Pages = Vec<(Vec<String>, Option<String>)>;
+    let current: std::sync::Arc<std::sync::Mutex<Pages>> = Default::default();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (c, s) = (current.clone(), served.clone());
+    let h = Hostile::start(move |_| {
+        let i = s.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pages = c.lock().unwrap();
+        let (keys, token) = &pages[i.min(pages.len() - 1)];
+        let keys: Vec<(&str, u64)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+        list_page(&keys, token.as_deref())
+    });
+    let r = remote_at(&h.endpoint(), quick(2000, 2000)).with_max_pages(max_pages);
+    for round in 0..300 {
+        // The plan: each page's keys and token (None: the last page).
+        let n = next(35) + 1;
+        let mut plan: Vec<(Vec<usize>, Option<String>)> = Vec::new();
+        for p in 0..n {
+            let keys = (0..next(5)).map(|_| next(60)).collect();
+            let token = match (p + 1 == n, next(12)) {
+                (true, _) => None,
+                (false, 0) if p > 0 => plan[next(p)].1.clone(),
+                _ => Some(format!("t{p}")),
+            };
+            plan.push((keys, token));
+        }
+        // The model.
+        let mut tokens = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut want: Result<std::collections::BTreeSet<String>, ()> = Err(());
+        let mut reads = 0;
+        for (p, (keys, token)) in plan.iter().enumerate() {
+            if p == max_pages {
+                break;
+            }
+            reads += 1;
+            seen.extend(keys.iter().copied());
+            match token {
+                None => {
+                    want = Ok(seen
+                        .iter()
+                        .filter(|&&i| i < 50)
+                        .map(|&i| format!("{i:064x}"))
+                        .collect());
+                    break;
+                }
+                Some(t) if !tokens.insert(t.clone()) => break,
+                Some(_) => {}
+            }
+        }
+        *current.lock().unwrap() = plan
+            .iter()
+            .map(|(k, t)| {
+                let mut keys: Vec<String> = k.iter().map(|&i| key(i)).collect();
+                keys.sort();
+                (keys, t.clone())
+            })
+            .collect();
+        served.store(0, std::sync::atomic::Ordering::Relaxed);
+        let got = r.manifests();
+        let count = served.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(count, reads, "round {round}: {plan:?}");
+        match (got, want) {
+            (Ok(ls), Ok(want)) => {
+                let ls: std::collections::BTreeSet<String> =
+                    ls.iter().map(|m| m.digest.to_hex()).collect();
+                assert_eq!(ls, want, "round {round}");
+            }
+            (Err(e), Err(())) => {
+                assert_eq!(e.kind(), ErrorKind::Corrupt, "round {round}: {e}");
+                assert_clean(&e.to_string());
+            }
+            (got, want) => panic!("round {round}: got {got:?}, the model says {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_head_that_failed_after_its_retries_is_not_asked_again_as_a_get() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 6, 2)).unwrap().digest;
+    // Connections closed unanswered: HEAD is retried until the timeout,
+    // and then not explained by a GET that would wait as long again.
+    let h = Hostile::start(|_| Reply::Close);
+    let e = store
+        .push(&remote_at(&h.endpoint(), quick(500, 500)), &[m])
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.to_string().contains("gave up after"), "{e}");
+    let log = h.log();
+    assert!(log.len() > 1 && log.iter().all(|r| r.method == "HEAD"));
+    // A refusal without a body is explained by one GET of a byte.
+    let h = Hostile::start(|r| match r.method.as_str() {
+        "HEAD" => Reply::Full {
+            status: 403,
+            headers: vec![],
+            body: vec![],
+        },
+        _ => Reply::s3_error(403, "RequestTimeTooSkewed", "skew"),
+    });
+    let e = store
+        .push(&remote_at(&h.endpoint(), quick(500, 500)), &[m])
+        .unwrap_err();
+    assert!(e.to_string().contains("clock"), "{e}");
+    let methods: Vec<String> = h.log().iter().map(|r| r.method.clone()).collect();
+    assert_eq!(methods, ["HEAD", "GET"]);
 }

@@ -57,10 +57,27 @@
 //!
 //! Everything is counted ([`Requests`]): how many GET, PUT, HEAD, LIST
 //! and DELETE requests an operation made, and the bytes each way.
+//!
+//! **Everything a server says is untrusted and bounded.** Every request
+//! passes one guarded HTTP client (`http.rs`): retries end on time
+//! ([`RetryPolicy::timeout`]) and honour `Retry-After`, each retry signed
+//! afresh; a request fails when the server is silent for
+//! [`RetryPolicy::idle`], never because a flowing transfer is long; no
+//! buffer is sized by a `Content-Length`, error bodies are read up to
+//! [`ERROR_BODY_MAX`] and other non-object bodies up to
+//! [`SMALL_BODY_MAX`]; manifests and markers up to [`MAX_MANIFEST_BYTES`],
+//! objects up to their manifest's size. Listings (`list.rs`) refuse a
+//! repeated continuation token, stop after [`MAX_EMPTY_PAGES`] pages
+//! without a new key or [`MAX_PAGES`] pages, and leave out keys no
+//! cowlink key could be. A refusal's S3 code becomes plain words, and
+//! any server text in a message is quoted like a file name (`fault.rs`).
 
 mod config;
+mod fault;
 mod gc;
+mod http;
 mod layout;
+mod list;
 mod pull;
 mod push;
 mod uploads;
@@ -72,6 +89,9 @@ use std::time::Duration;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
 use object_store::{BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, RetryConfig};
+
+pub use self::http::{ERROR_BODY_MAX, MIN_UPLOAD_RATE, SMALL_BODY_MAX};
+pub use list::{MAX_EMPTY_PAGES, MAX_PAGES};
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
@@ -85,6 +105,10 @@ use super::manifest::{Digest, EntryKind, Manifest};
 /// A gc lock older than this (by the server's clock) belongs to a gc that
 /// died; pushes stop waiting for it.
 pub const LOCK_STALE: Duration = Duration::from_secs(10 * 60);
+
+/// The most bytes a manifest or pending marker fetched from the remote may
+/// have (about two million entries); a larger one is refused unread.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
 /// How often a long push rewrites its pending marker (and a long gc its
 /// lock), so that neither looks abandoned while it runs.
@@ -172,6 +196,18 @@ pub struct Remote {
     requests: Requests,
     /// How often a push rewrites its pending markers.
     marker_refresh: Duration,
+    /// The same guarded HTTP client object_store uses, for the requests
+    /// signed here (listings).
+    http: object_store::client::HttpClient,
+    /// The keys, for signing those requests.
+    credential: object_store::aws::AwsCredential,
+    /// The region in use, for signing and messages.
+    region: String,
+    /// The bucket's URL (path style at an endpoint, else AWS's virtual
+    /// host).
+    bucket_url: String,
+    /// Pages of one listing, at most ([`MAX_PAGES`]).
+    max_pages: usize,
 }
 
 /// What kind of key of the remote's layout.
@@ -202,6 +238,32 @@ impl Remote {
     /// a bad endpoint or an unreadable profile file.
     pub fn open(config: RemoteConfig) -> Result<Remote> {
         let r = config.resolve()?;
+        let setup = |e: &dyn std::fmt::Display| {
+            Error::new(Operation::Remote, ErrorKind::InvalidInput)
+                .with_src(config.url())
+                .with_reason(format!("cannot set up the S3 client: {e}"))
+        };
+        // Every request goes through one guarded client (http.rs): it
+        // retries on time and Retry-After, times out on idleness, and
+        // bounds the bodies; object_store's own retries and whole-request
+        // timeout are off.
+        let options = ClientOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout_disabled()
+            .with_allow_http(
+                r.endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            )
+            .with_pool_max_idle_per_host(config.transfers.max(1));
+        let credential = || object_store::aws::AwsCredential {
+            key_id: r.access_key.clone(),
+            secret_key: r.secret_key.clone(),
+            token: r.token.clone(),
+        };
+        let connector =
+            http::GuardConnector::new(&options, config.retry, credential(), r.region.clone())
+                .map_err(|e| setup(&e))?;
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(&config.bucket)
             .with_region(&r.region)
@@ -213,15 +275,11 @@ impl Remote {
                     max_backoff: config.retry.max_backoff,
                     base: 2.0,
                 },
-                max_retries: config.retry.max_retries,
-                retry_timeout: config.retry.timeout,
+                max_retries: 0,
+                retry_timeout: Duration::ZERO,
             })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_connect_timeout(Duration::from_secs(5))
-                    .with_timeout(Duration::from_secs(120))
-                    .with_pool_max_idle_per_host(config.transfers.max(1)),
-            );
+            .with_client_options(options)
+            .with_http_connector(connector.clone());
         if let Some(t) = &r.token {
             b = b.with_token(t);
         }
@@ -231,11 +289,11 @@ impl Remote {
                 .with_allow_http(e.starts_with("http://"))
                 .with_virtual_hosted_style_request(false);
         }
-        let client = b.build().map_err(|e| {
-            Error::new(Operation::Remote, ErrorKind::InvalidInput)
-                .with_src(config.url())
-                .with_reason(format!("cannot set up the S3 client: {e}"))
-        })?;
+        let client = b.build().map_err(|e| setup(&e))?;
+        let bucket_url = match &r.endpoint {
+            Some(e) => format!("{}/{}", e.trim_end_matches('/'), config.bucket),
+            None => format!("https://{}.s3.{}.amazonaws.com", config.bucket, r.region),
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(crate::run::cores().clamp(1, 4))
             .thread_name("cowlink-remote")
@@ -250,7 +308,19 @@ impl Remote {
             runtime,
             requests: Requests::default(),
             marker_refresh: MARKER_REFRESH,
+            http: connector.0,
+            credential: credential(),
+            region: r.region.clone(),
+            bucket_url,
+            max_pages: MAX_PAGES,
         })
+    }
+
+    /// Bound the pages of one listing to `n` instead of [`MAX_PAGES`] (a
+    /// smaller bound for a remote known to be small, and for tests).
+    pub fn with_max_pages(mut self, n: usize) -> Remote {
+        self.max_pages = n.max(1);
+        self
     }
 
     /// The remote's `s3://BUCKET/PREFIX`.
@@ -305,60 +375,73 @@ impl Remote {
     /// Turn a client error on `key` into ours, with a reason a user can act
     /// on.
     pub(crate) fn error(&self, op: Operation, key: &Key, e: object_store::Error) -> Error {
-        let text = e.to_string();
-        let at = self.shown(key);
-        let (kind, reason) = match &e {
-            // AWS says 403 InvalidAccessKeyId; versitygw 404
-            // XAdminUserNotFound: either way a refusal, never retried.
-            _ if text.contains("InvalidAccessKeyId") || text.contains("XAdminUserNotFound") => (
-                ErrorKind::PermissionDenied,
-                format!(
-                    "the server does not know this access key (keys from {})",
-                    self.keys_from
-                ),
-            ),
-            object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => (
+        let not_found = matches!(e, object_store::Error::NotFound { .. });
+        let denied = matches!(
+            e,
+            object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+        );
+        self.fault_error(op, &self.shown(key), &error_chain(&e), not_found, denied)
+    }
+
+    /// The one place a failed request becomes an [`Error`]: the server's
+    /// code in plain words (`fault.rs`), every piece of its text quoted.
+    /// `text` is the failure as the client saw it (with the answer's body
+    /// when there was one), `at` the key or prefix shown.
+    fn fault_error(
+        &self,
+        op: Operation,
+        at: &str,
+        text: &str,
+        not_found: bool,
+        denied: bool,
+    ) -> Error {
+        let f = fault::Fault::parse(text);
+        let no_bucket = || {
+            (
                 ErrorKind::NotFound,
                 format!(
                     "the bucket '{}' does not exist at {} (create it first)",
                     self.config.bucket,
                     self.endpoint_shown()
                 ),
-            ),
-            object_store::Error::NotFound { .. } => (
+            )
+        };
+        let (kind, reason) = if f.code.as_deref() == Some("NoSuchBucket") {
+            no_bucket()
+        } else if let Some(words) = f.words(&self.keys_from, &self.region) {
+            words
+        } else if not_found || f.status == Some(404) {
+            (
                 ErrorKind::NotFound,
                 "the remote has no such key".to_string(),
-            ),
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => {
-                let why = if text.contains("SignatureDoesNotMatch") {
-                    "the secret key is wrong (the signature does not match)"
-                } else {
-                    // A HEAD's answer has no body to say which.
-                    "access denied (403): the access key is unknown, the secret key is wrong, \
-                     or the bucket's policy forbids this"
-                };
-                (
-                    ErrorKind::PermissionDenied,
-                    format!("{why} (keys from {})", self.keys_from),
-                )
-            }
-            _ if text.contains("NoSuchBucket") => (
-                ErrorKind::NotFound,
+            )
+        } else if denied || f.status == Some(403) {
+            // A HEAD's answer has no body to say which.
+            (
+                ErrorKind::PermissionDenied,
                 format!(
-                    "the bucket '{}' does not exist at {} (create it first)",
-                    self.config.bucket,
-                    self.endpoint_shown()
+                    "access denied (403): the access key is unknown, the secret key is wrong, \
+                     or the bucket's policy forbids this (keys from {})",
+                    self.keys_from
                 ),
-            ),
-            _ => (
+            )
+        } else {
+            let what = match f.summary() {
+                Some(s) => s,
+                None => {
+                    let first = text.split("[retry:").next().unwrap_or(text);
+                    fault::shown(first.trim())
+                }
+            };
+            (
                 ErrorKind::Io,
                 format!(
-                    "the server at {} failed or could not be reached, after retries: {}",
+                    "the server at {} failed or could not be reached: {what}{}",
                     self.endpoint_shown(),
-                    short(&text)
+                    f.retry_shown()
                 ),
-            ),
+            )
         };
         Error::new(op, kind).with_src(at).with_reason(reason)
     }
@@ -368,19 +451,44 @@ impl Remote {
     }
 
     /// Every key below `area`, with sizes and upload times; one LIST
-    /// request per 1000 keys.
+    /// request per 1000 keys. Keys object_store cannot name (control
+    /// characters, empty or `..` parts: never cowlink's) are left out;
+    /// [`Remote::list_all`] names them.
     pub(crate) async fn list(&self, op: Operation, area: Area) -> Result<Vec<ObjectMeta>> {
-        use futures::TryStreamExt;
+        Ok(self.list_all(op, area).await?.keys)
+    }
+
+    /// Every key below `area`, and the keys that cannot be named (quoted
+    /// for messages). A listing the server breaks (a repeated
+    /// continuation token, keys out of order or repeated, endless empty
+    /// pages, more than the page bound) is `Corrupt`.
+    pub(crate) async fn list_all(&self, op: Operation, area: Area) -> Result<list::Listing> {
         let prefix = self.area_prefix(area);
-        let v: Vec<ObjectMeta> = self
-            .client
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| self.error(op, &prefix, e))?;
-        let pages = (v.len() as u64).div_ceil(1000).max(1);
-        self.requests.list.fetch_add(pages, Ordering::Relaxed);
-        Ok(v)
+        let count = || {
+            self.requests.list.fetch_add(1, Ordering::Relaxed);
+        };
+        let lister = list::Lister {
+            http: &self.http,
+            credential: &self.credential,
+            region: &self.region,
+            bucket_url: &self.bucket_url,
+            max_pages: self.max_pages,
+            on_page: &count,
+        };
+        let at = format!("{}/", self.shown(&prefix));
+        match lister.list(&format!("{prefix}/")).await {
+            Ok(l) => Ok(l),
+            Err(list::ListError::Request(t)) => {
+                let not_found = t.contains("status code: 404");
+                let denied = t.contains("status code: 403");
+                Err(self.fault_error(op, &at, &t, not_found, denied))
+            }
+            Err(list::ListError::Bad(why)) => Err(Error::new(op, ErrorKind::Corrupt)
+                .with_src(at)
+                .with_reason(format!(
+                    "the server's listing cannot be used: {why}; nothing was changed"
+                ))),
+        }
     }
 
     /// HEAD `key`: its metadata, or `None` when the remote has no such key.
@@ -390,18 +498,19 @@ impl Remote {
         match self.client.head(key).await {
             Ok(m) => Ok(Some(m)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(
-                e @ (object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }),
-            ) => Err(self.explain_denial(op, key, e).await),
+            // A HEAD's refusal has no body to say why; one GET can. (Not
+            // after a failure that was retried: the GET would wait as
+            // long again.)
+            Err(e) if refused_without_words(&e) => Err(self.explain_denial(op, key, e).await),
             Err(e) => Err(self.error(op, key, e)),
         }
     }
 
     /// The error for a HEAD of `key` the server refused. The answer to a
     /// HEAD has no body, so it cannot say whether the access key is
-    /// unknown or the secret wrong (MinIO, AWS); one GET of the key's
-    /// first byte, refused the same way, can.
+    /// unknown, the secret wrong, the clock off or the region wrong
+    /// (MinIO, AWS); one GET of the key's first byte, refused the same
+    /// way, can.
     async fn explain_denial(&self, op: Operation, key: &Key, head: object_store::Error) -> Error {
         use object_store::{GetOptions, GetRange};
         self.requests.get.fetch_add(1, Ordering::Relaxed);
@@ -410,10 +519,9 @@ impl Remote {
             ..GetOptions::default()
         };
         match self.client.get_opts(key, opts).await {
-            Err(
-                e @ (object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }),
-            ) => self.error(op, key, e),
+            Err(e) if fault::Fault::parse(&error_chain(&e)).code.is_some() => {
+                self.error(op, key, e)
+            }
             _ => self.error(op, key, head),
         }
     }
@@ -431,20 +539,52 @@ impl Remote {
         Ok(())
     }
 
-    /// GET `key` whole (manifests and markers: small).
+    /// GET `key` whole (manifests and markers), at most
+    /// [`MAX_MANIFEST_BYTES`]: read as it comes, never sized by what the
+    /// server claims.
     pub(crate) async fn get_all(&self, op: Operation, key: &Key) -> Result<bytes::Bytes> {
+        self.get_capped(op, key, MAX_MANIFEST_BYTES).await
+    }
+
+    /// GET `key` whole, refusing more than `max` bytes (claimed or sent).
+    pub(crate) async fn get_capped(
+        &self,
+        op: Operation,
+        key: &Key,
+        max: u64,
+    ) -> Result<bytes::Bytes> {
+        use futures::StreamExt;
         use object_store::ObjectStoreExt;
         self.requests.get.fetch_add(1, Ordering::Relaxed);
+        let too_big = |n: String| {
+            Error::new(op, ErrorKind::Corrupt)
+                .with_src(self.shown(key))
+                .with_reason(format!(
+                    "the server {n}, more than the {max} bytes a manifest or marker may have: \
+                     refused unread"
+                ))
+        };
         let r = self
             .client
             .get(key)
             .await
             .map_err(|e| self.error(op, key, e))?;
-        let b = r.bytes().await.map_err(|e| self.error(op, key, e))?;
-        self.requests
-            .bytes_down
-            .fetch_add(b.len() as u64, Ordering::Relaxed);
-        Ok(b)
+        if r.meta.size > max {
+            return Err(too_big(format!("says it has {} bytes", r.meta.size)));
+        }
+        let mut stream = r.into_stream();
+        let mut out: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.error(op, key, e))?;
+            self.requests
+                .bytes_down
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(too_big("sent more".to_string()));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.into())
     }
 
     /// DELETE `key` (absent already counts as done).
@@ -503,14 +643,29 @@ pub(crate) fn objects_named<'m>(
     named
 }
 
-/// The first line of a long client error, for messages.
-fn short(text: &str) -> String {
-    let t = text.lines().next().unwrap_or(text);
-    if t.chars().count() > 300 {
-        format!("{}…", t.chars().take(300).collect::<String>())
-    } else {
-        t.to_string()
+/// Whether `e` is a refusal (a 4xx answer) whose body did not say why.
+fn refused_without_words(e: &object_store::Error) -> bool {
+    let f = fault::Fault::parse(&error_chain(e));
+    let refused = matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) || f.status.is_some_and(|s| (400..500).contains(&s));
+    refused && f.code.is_none()
+}
+
+/// A client error and its sources, as one text (the server's answer is
+/// in there somewhere).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s = format!("{s}: {t}");
+        }
+        cur = c.source();
     }
+    s
 }
 
 /// A unique id for this process's markers and locks: host, PID and the

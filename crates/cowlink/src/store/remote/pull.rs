@@ -13,7 +13,7 @@
 //! an add does, so a local gc never runs in between.
 
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
+use object_store::ObjectStore;
 use rustix::fd::AsFd;
 use rustix::fs::{self, Mode};
 use rustix::io::Errno;
@@ -249,26 +249,6 @@ async fn download<'s>(
     let pending = store.temporary("object")?;
     let local = |e: Errno| store_err(store.root().join("tmp"), e).with_src(&shown);
     crate::prim::transfer::preallocate(pending.fd(), size).map_err(local)?;
-    remote
-        .requests
-        .get
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let got = remote
-        .client
-        .get(&key)
-        .await
-        .map_err(|e| remote.error(op, &key, e))
-        .map_err(|e| {
-            if e.kind() == ErrorKind::NotFound && !e.reason().contains("bucket") {
-                e.with_reason(format!(
-                    "the remote lacks object {d}, which the manifest names (was it collected \
-                     by a remote gc?)"
-                ))
-            } else {
-                e
-            }
-        })?;
-    let mut stream = got.into_stream();
     let mut hasher = blake3::Hasher::new();
     let mut n = 0u64;
     let wrong = |why: String| {
@@ -279,21 +259,83 @@ async fn download<'s>(
              with, and nothing of it was stored"
             ))
     };
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| remote.error(op, &key, e))?;
-        n += chunk.len() as u64;
+    // A body that breaks off (a reset, the idle timeout) is asked for
+    // again from where it stopped, while the last byte arrived less than
+    // the retry timeout ago: a long download survives a flaky network.
+    let mut last_byte = std::time::Instant::now();
+    let mut broke: Option<Error> = None;
+    'get: loop {
         remote
             .requests
-            .bytes_down
-            .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        if n > size {
+            .get
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let opts = object_store::GetOptions {
+            range: (n > 0).then_some(object_store::GetRange::Offset(n)),
+            ..object_store::GetOptions::default()
+        };
+        let got = remote
+            .client
+            .get_opts(&key, opts)
+            .await
+            .map_err(|e| remote.error(op, &key, e))
+            .map_err(|e| match broke.take() {
+                // Asking for the rest failed: the break is the news.
+                Some(b) => {
+                    let why = format!("{}; asking for the rest failed: {}", b.reason(), e.reason());
+                    b.with_reason(why)
+                }
+                None => e,
+            })
+            .map_err(|e| {
+                if e.kind() == ErrorKind::NotFound && !e.reason().contains("bucket") {
+                    e.with_reason(format!(
+                        "the remote lacks object {d}, which the manifest names (was it \
+                         collected by a remote gc?)"
+                    ))
+                } else {
+                    e
+                }
+            })?;
+        // What the server claims is checked, never used to size a buffer.
+        if got.meta.size != size {
             return Err(wrong(format!(
-                "is longer than the {size} bytes its manifest says"
+                "is {} bytes long, not the {size} its manifest says",
+                got.meta.size
             )));
         }
-        hasher.update(&chunk);
-        write_all(pending.fd(), &chunk).map_err(local)?;
-        store.run.done(0, chunk.len() as u64);
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    let e = remote.error(op, &key, e);
+                    if e.kind() == ErrorKind::Io
+                        && n < size
+                        && last_byte.elapsed() < remote.config.retry.timeout
+                        && !store.run.cancelled()
+                    {
+                        broke = Some(e);
+                        continue 'get;
+                    }
+                    return Err(e);
+                }
+            };
+            n += chunk.len() as u64;
+            last_byte = std::time::Instant::now();
+            remote
+                .requests
+                .bytes_down
+                .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            if n > size {
+                return Err(wrong(format!(
+                    "is longer than the {size} bytes its manifest says"
+                )));
+            }
+            hasher.update(&chunk);
+            write_all(pending.fd(), &chunk).map_err(local)?;
+            store.run.done(0, chunk.len() as u64);
+        }
+        break;
     }
     let h = hasher.finalize();
     if n != size {

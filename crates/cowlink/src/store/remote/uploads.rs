@@ -5,20 +5,18 @@
 //! object_store 0.14 can create, complete and abort a multipart upload
 //! but not list them (`ListMultipartUploads`). That one request is built
 //! here, signed with object_store's own SigV4 signer
-//! ([`AwsAuthorizer`]) and sent with its own HTTP client, so it carries
+//! ([`AwsAuthorizer`]) and sent through the remote's guarded HTTP client, so it carries
 //! the same keys, region and endpoint as every other request. The answer
 //! is untrusted: its body is read up to [`BODY_MAX`], its pages are
 //! bounded by [`PAGES_MAX`] and a page that does not move the listing on
 //! ends it with an error.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use object_store::aws::{AwsAuthorizer, AwsCredential};
-use object_store::client::{HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector};
-use object_store::ClientOptions;
+use object_store::aws::AwsAuthorizer;
+use object_store::client::{HttpRequest, HttpRequestBody};
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
@@ -111,22 +109,12 @@ impl Remote {
     /// `PermissionDenied` (403), `Io` for any other refusal, an answer
     /// that cannot be read, or a listing that does not end.
     pub(crate) async fn list_uploads(&self, op: Operation) -> Result<Vec<Upload>> {
-        let r = self.config.resolve()?;
-        let base = match &r.endpoint {
-            Some(e) => format!("{}/{}", e.trim_end_matches('/'), self.config.bucket),
-            None => format!(
-                "https://s3.{}.amazonaws.com/{}",
-                r.region, self.config.bucket
-            ),
-        };
+        // Through the remote's one guarded HTTP client (http.rs): its
+        // retries, idle time-out and re-signing apply here too.
+        let base = &self.bucket_url;
         let prefix = match self.config.prefix.as_str() {
             "" => String::new(),
             p => format!("{p}/"),
-        };
-        let credential = AwsCredential {
-            key_id: r.access_key.clone(),
-            secret_key: r.secret_key.clone(),
-            token: r.token.clone(),
         };
         let where_ = || format!("s3://{}/{prefix}", self.config.bucket);
         let fail = |kind: ErrorKind, why: String| {
@@ -134,14 +122,6 @@ impl Remote {
                 .with_src(where_())
                 .with_reason(format!("cannot list incomplete multipart uploads: {why}"))
         };
-        let client = ReqwestConnector::default()
-            .connect(
-                &ClientOptions::new()
-                    .with_allow_http(base.starts_with("http://"))
-                    .with_connect_timeout(Duration::from_secs(5))
-                    .with_timeout(Duration::from_secs(60)),
-            )
-            .map_err(|e| fail(ErrorKind::InvalidInput, e.to_string()))?;
         let mut out = Vec::new();
         let mut marker: Option<Marker> = None;
         for _ in 0..PAGES_MAX {
@@ -160,11 +140,12 @@ impl Remote {
                 .uri(&url)
                 .body(HttpRequestBody::empty())
                 .map_err(|e| fail(ErrorKind::InvalidInput, e.to_string()))?;
-            AwsAuthorizer::new(&credential, "s3", &r.region)
+            AwsAuthorizer::new(&self.credential, "s3", &self.region)
                 .try_authorize(&mut req, None)
                 .map_err(|e| fail(ErrorKind::InvalidInput, e.to_string()))?;
             self.requests.list.fetch_add(1, Ordering::Relaxed);
-            let resp = client
+            let resp = self
+                .http
                 .execute(req)
                 .await
                 .map_err(|e| fail(ErrorKind::Io, format!("{e}")))?;
