@@ -297,7 +297,7 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
         }
         DriveCommand::Unmount { dir } => {
             need_root("cowlink drive unmount")?;
-            match drive::unmount(&dir)? {
+            match drive::unmount(&dir, &places)? {
                 Change::Done => outln!("unmounted {}", quoted(&dir)),
                 Change::Already => outln!("{} is not mounted: nothing to do", quoted(&dir)),
             }
@@ -346,8 +346,23 @@ fn create(a: CreateArgs, places: &Places) -> Result<Exit> {
         persist: a.persist,
         sparse_ok: a.sparse_ok,
         dry_run: a.dry_run,
+        cancel: crate::interrupt::token(),
+        // Tests of the undo only: wait after step N until a signal.
+        pause_after_step: std::env::var("COWLINK_DRIVE_TEST_PAUSE_AFTER_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok()),
     };
-    let c = drive::create(&a.image, &opts, places)?;
+    let c = match crate::interrupt::steadfast(|| drive::create(&a.image, &opts, places)) {
+        Err(e) if e.kind() == cowlink::ErrorKind::Cancelled => {
+            errln!(
+                "cowlink: interrupted: {} was not made; every step taken was undone \
+                 (no image, mount, loop device, record or boot entry is left)",
+                quoted(&a.image)
+            );
+            return Ok(Exit::Interrupted);
+        }
+        r => r?,
+    };
     if a.json {
         print_json(&c)?;
         return Ok(Exit::Ok);
@@ -413,7 +428,8 @@ fn reflink_words(d: &DriveInfo) -> String {
     match (d.reflink, &d.reflink_reason) {
         (Some(true), _) => "reflink: yes (cowlink probe: a trial clone worked)".into(),
         (Some(false), r) => format!("reflink: NO: {}", r.as_deref().unwrap_or("unknown")),
-        (None, _) => "reflink: unknown (not mounted)".into(),
+        (None, _) if !d.mounted => "reflink: unknown (not mounted)".into(),
+        (None, r) => format!("reflink: unknown: {}", r.as_deref().unwrap_or("no trial")),
     }
 }
 
@@ -482,6 +498,7 @@ fn print_table(drives: &[DriveInfo]) {
             match d.reflink {
                 Some(true) => "yes".into(),
                 Some(false) => "NO".into(),
+                None if d.mounted => "unknown".into(),
                 None => "-".into(),
             },
             boot_words(d).into(),
