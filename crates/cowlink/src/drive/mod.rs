@@ -119,8 +119,9 @@ pub struct CreateOptions {
     /// Cancelled (Ctrl-C, SIGTERM): the step under way finishes, every
     /// step made is undone, and [`create`] fails with `Cancelled`.
     pub cancel: crate::CancelToken,
-    /// For tests of the undo: after this step (1 = mount point made … 8 =
-    /// boot entry written) wait, saying so on stderr, until cancelled.
+    /// For tests of the undo: after this step (0 = before any, 1 = mount
+    /// point made … 8 = boot entry written) wait, saying so on stderr,
+    /// until cancelled.
     #[doc(hidden)]
     pub pause_after_step: Option<u32>,
 }
@@ -147,7 +148,10 @@ fn checkpoint(
     step: u32,
 ) -> Result<(), Error> {
     if options.pause_after_step == Some(step) {
-        let name = CREATE_STEPS.get(step as usize - 1).copied().unwrap_or("?");
+        let name = match step {
+            0 => "nothing made yet",
+            n => CREATE_STEPS.get(n as usize - 1).copied().unwrap_or("?"),
+        };
         eprintln!("cowlink: paused after step {step} ({name})");
         while !options.cancel.is_cancelled() {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -499,8 +503,8 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 quoted(&image_dir)
             )));
     }
-    let mount_exists = check_mount_point(op, &mount)?;
     refuse_mount_over_image(op, &image, &mount)?;
+    let mount_exists = check_mount_point(op, &mount)?;
     // Not `NotFound`: that kind means a path given that does not exist (a
     // failed operation, exit 1); a missing tool means the command cannot
     // start here, like every other refusal (exit 2).
@@ -1040,8 +1044,8 @@ pub fn mount(
                 quoted(&m.mount_point)
             )));
     }
-    let exists = check_mount_point(op, &mount)?;
     refuse_mount_over_image(op, &image, &mount)?;
+    let exists = check_mount_point(op, &mount)?;
     let mut undo = Undo::default();
     if !exists {
         fs::create_dir(&mount).map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
@@ -1308,6 +1312,15 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
             return Err(Error::new(op, ErrorKind::InUse)
                 .with_src(&image)
                 .with_reason(format!("it is open: {}", describe_holders(&holders))));
+        }
+        if let Some(r) = record.as_ref().filter(|r| r.image != image) {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is another name (a hard link, or its directory reached another way) \
+                     for the drive image {}: remove the drive by that name",
+                    quoted(&r.image)
+                )));
         }
         if !yes {
             return Err(Error::new(op, ErrorKind::InvalidInput)

@@ -549,6 +549,192 @@ mod tests {
         assert_eq!(systemd_escape_path(Path::new("/a/../b")), None);
     }
 
+    /// A small deterministic generator (xorshift64*), for generated cases
+    /// without a dependency.
+    struct Gen(u64);
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn pick<'a, T>(&mut self, from: &'a [T]) -> &'a T {
+            &from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+
+    /// Hostile path components: newlines, spaces, unicode, `-`, `\`, `:`,
+    /// dots, quotes, specifiers, control characters.
+    fn hostile_names(seed: u64, n: usize) -> Vec<String> {
+        let pieces = [
+            "a",
+            "Z",
+            "0",
+            "-",
+            "\\",
+            ":",
+            ".",
+            "_",
+            " ",
+            "\n",
+            "\t",
+            "é",
+            "日本",
+            "🦀",
+            "%",
+            "$",
+            "\"",
+            "'",
+            "[Service]",
+            "=",
+            "#",
+            ";",
+            "\u{7f}",
+            "\u{1}",
+            "..",
+            "x-y",
+            "\\x2d",
+        ];
+        let mut g = Gen(seed);
+        (0..n)
+            .map(|_| {
+                let len = 1 + g.next() % 6;
+                let mut name: String = (0..len).map(|_| *g.pick(&pieces)).collect();
+                if name == "." || name == ".." {
+                    name.push('x');
+                }
+                name
+            })
+            .collect()
+    }
+
+    /// The real `systemd-escape --path` on each path, one run.
+    fn systemd_escape(paths: &[String]) -> Option<Vec<String>> {
+        let out = std::process::Command::new("systemd-escape")
+            .arg("--path")
+            .arg("--")
+            .args(paths)
+            .output()
+            .ok()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        Some(text.split_whitespace().map(str::to_owned).collect())
+    }
+
+    #[test]
+    fn escapes_match_the_real_systemd_escape_over_generated_paths() {
+        let mut paths: Vec<String> = Vec::new();
+        for (i, names) in [hostile_names(7, 300), hostile_names(91, 300)]
+            .iter()
+            .enumerate()
+        {
+            for (k, n) in names.iter().enumerate() {
+                paths.push(match (i + k) % 3 {
+                    0 => format!("/{n}"),
+                    1 => format!("/srv/{n}/d"),
+                    _ => format!("//{n}/./x:{n}/"),
+                });
+            }
+        }
+        paths.retain(|p| !p.split('/').any(|c| c == ".."));
+        let Some(theirs) = systemd_escape(&paths) else {
+            assert!(
+                std::env::var_os("COWLINK_REQUIRE_TESTFS").is_none(),
+                "systemd-escape is not installed"
+            );
+            eprintln!("systemd-escape not installed: the comparison is not run");
+            return;
+        };
+        assert_eq!(theirs.len(), paths.len());
+        for (p, t) in paths.iter().zip(&theirs) {
+            assert_eq!(&systemd_escape_path(Path::new(p)).unwrap(), t, "path {p:?}");
+        }
+    }
+
+    /// The settings of a unit's text: (section, key) in order.
+    fn settings(text: &str) -> Vec<(String, String)> {
+        let mut section = String::new();
+        let mut out = Vec::new();
+        for l in text.lines() {
+            if l.starts_with('#') || l.trim().is_empty() {
+                continue;
+            }
+            if l.starts_with('[') {
+                section = l.to_owned();
+                continue;
+            }
+            let key = l.split_once('=').map(|(k, _)| k).unwrap_or(l);
+            out.push((section.clone(), key.to_owned()));
+        }
+        out
+    }
+
+    #[test]
+    fn no_generated_path_changes_a_unit_s_settings_or_gets_in_unescaped() {
+        let places = Places {
+            state_dir: "/s".into(),
+            unit_dir: "/u".into(),
+            fstab: "/f".into(),
+            systemd: true,
+            program: "/usr/bin/cowlink".into(),
+        };
+        let plain = unit_text(
+            &places.program,
+            Path::new("/i.img"),
+            Path::new("/m"),
+            DriveFs::Xfs,
+        );
+        let want = settings(&plain);
+        let (mut refused, mut written) = (0, 0);
+        for n in hostile_names(1234, 400) {
+            let (img, dir) = (
+                PathBuf::from(format!("/img/{n}.img")),
+                PathBuf::from(format!("/mnt/{n}")),
+            );
+            match plan(PersistWith::Systemd, &places, &img, &dir, DriveFs::Xfs) {
+                Err((p, why)) => {
+                    refused += 1;
+                    assert!(n.chars().any(char::is_control), "{n:?} refused: {why}");
+                    assert!(p == img || p == dir);
+                    assert!(why.contains("control character"), "{why}");
+                }
+                Ok(pl) => {
+                    written += 1;
+                    assert!(!n.chars().any(char::is_control), "{n:?} was written");
+                    assert_eq!(settings(&pl.text), want, "{n:?}:\n{}", pl.text);
+                    for l in pl.text.lines() {
+                        assert!(!l.ends_with('\\'), "a line ends in a backslash: {l:?}");
+                    }
+                    // The name is a single file name systemd accepts.
+                    let name = pl.file.file_name().unwrap().to_str().unwrap();
+                    assert!(name.len() <= UNIT_NAME_MAX && !name.contains('/'));
+                }
+            }
+            // fstab fields never hold a raw space, tab, newline or `#`.
+            let line = fstab_lines(&img, &dir, DriveFs::Xfs);
+            assert_eq!(line.lines().count(), 2, "{line:?}");
+            let entry = line.lines().nth(1).unwrap();
+            assert_eq!(entry.split_whitespace().count(), 6, "{entry:?}");
+        }
+        assert!(
+            refused > 20 && written > 20,
+            "{refused} refused, {written} written"
+        );
+    }
+
+    #[test]
+    fn a_unit_name_beyond_systemd_s_limit_is_refused() {
+        let long = PathBuf::from(format!("/{}", "d".repeat(240)));
+        let why = unit_name(&long).unwrap_err();
+        assert!(why.contains("255"), "{why}");
+        assert!(unit_name(Path::new("/srv/dev")).is_ok());
+    }
+
     #[test]
     fn fstab_entries_round_trip() {
         let img = Path::new("/var/img/dev drive.img");
