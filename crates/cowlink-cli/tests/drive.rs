@@ -767,6 +767,7 @@ fn make_records_legacy(w: &World) {
         let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
         let o = v.as_object_mut().unwrap();
         assert!(o.remove("image_id").is_some() && o.remove("mount_id").is_some());
+        assert!(o.remove("image_uuid").is_some());
         fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     }
 }
@@ -776,7 +777,9 @@ fn records_have_ids(w: &World) -> bool {
     w.records().iter().all(|n| {
         let v: serde_json::Value =
             serde_json::from_slice(&fs::read(w.p("etc/state").join(n)).unwrap()).unwrap();
-        v["image_id"]["ino"].is_u64() && v["mount_id"]["ino"].is_u64()
+        v["image_id"]["ino"].is_u64()
+            && v["mount_id"]["ino"].is_u64()
+            && v["image_uuid"].as_str().is_some_and(|u| u.len() == 32)
     })
 }
 
@@ -884,7 +887,7 @@ fn remove_refuses_every_file_drive_create_did_not_make() {
             "{name}"
         );
         if let Some(b) = bytes {
-            assert_eq!(fs::read(&p).unwrap(), b, "{name} changed");
+            assert!(fs::read(&p).unwrap() == b, "{name} changed");
         }
     }
     assert!(img.exists(), "the drive itself is untouched");
@@ -974,7 +977,7 @@ fn legacy_records_keep_working_and_are_migrated_only_for_what_create_made() {
             &w.drive(&[&"remove", &p, &"--yes"]),
             &["older cowlink", "not what drive create made"],
         );
-        assert_eq!(fs::read(&p).unwrap(), before, "{name} untouched");
+        assert!(fs::read(&p).unwrap() == before, "{name} changed");
         let m = w.p("m");
         let out = w.drive(&[&"mount", &p, &m]);
         assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
@@ -1374,4 +1377,47 @@ fn list_without_root_says_unknown_not_no_when_no_trial_can_run() {
     ok(&w.drive(&[&"unmount", &mnt]));
     ok(&w.drive(&[&"remove", &img, &"--yes"]));
     nothing_left(&w, &img);
+}
+
+#[test]
+fn a_file_that_takes_a_drive_s_inode_is_not_the_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("gone.img"), w.p("gone"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    // The drive's image is deleted behind cowlink's back and a user's own
+    // image gets its device and inode (made certain here by writing the
+    // new file's identity into the record, as inode reuse would).
+    fs::remove_file(&img).unwrap();
+    let mine = w.p("mine.xfs");
+    user_image(&mine, "mkfs.xfs", &["-q", "-L", "cowlink"], 300 << 20);
+    let m = fs::metadata(&mine).unwrap();
+    let rec = w.p("etc/state").join(&w.records()[0]);
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
+    v["image_id"] = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
+    fs::write(&rec, v.to_string()).unwrap();
+    let before = fs::read(&mine).unwrap();
+    refused(
+        &w.drive(&[&"remove", &mine, &"--yes"]),
+        &["not the drive a record names", "filesystem"],
+    );
+    refused(&w.drive(&[&"mount", &mine, &w.p("m2")]), &["not the drive"]);
+    assert!(mount_of(&w.p("m2")).is_none());
+    assert!(
+        fs::read(&mine).unwrap() == before,
+        "the user's image changed"
+    );
+    // Mounted by hand on the drive's own mount point: unmount refuses.
+    let lp = TestLoop::attach(&mine);
+    let tm = TestMount::new(&[&lp.dev], &mnt);
+    refused(&w.drive(&[&"unmount", &mnt]), &["not a cowlink drive"]);
+    assert!(mount_of(&mnt).is_some());
+    drop(tm);
+    drop(lp);
+    assert!(mine.exists());
+    // The drive's leftovers (record, mount point) go with remove of the
+    // name whose file is gone.
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    assert!(w.records().is_empty() && !mnt.exists());
 }

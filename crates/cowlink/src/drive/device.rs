@@ -65,28 +65,50 @@ fn libc_flags() -> i32 {
     (OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32
 }
 
-/// What a superblock says: the filesystem, its sector size and its label.
+/// What a superblock says: the filesystem, its sector size, its label
+/// and its UUID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Superblock {
     pub fs: DriveFs,
     pub sector: u32,
     pub label: Vec<u8>,
+    /// XFS `sb_uuid`, Btrfs `fsid`: set by mkfs, so a file that merely
+    /// got the same inode number later does not carry it.
+    pub uuid: [u8; 16],
 }
 
-/// The filesystem an image holds, its sector size and label, from the
-/// superblock: XFS ("XFSB" at 0, `sb_sectsize` at 102, big-endian,
-/// `sb_fname[12]` at 108) or Btrfs ("_BHRfS_M" at 64 KiB + 64, `sectorsize`
-/// at 64 KiB + 144, `label[256]` at 64 KiB + 299). Reads at most 64 KiB +
-/// 555 bytes; `image` must be a regular file.
+impl Superblock {
+    /// The UUID as 32 hex digits.
+    pub(crate) fn uuid_hex(&self) -> String {
+        self.uuid.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The superblock of `image` (a regular file): see [`superblock_in`].
 pub(crate) fn superblock(image: &Path) -> io::Result<Option<Superblock>> {
-    let mut f = open_image(image)?;
+    superblock_in(&mut open_image(image)?)
+}
+
+/// The filesystem `f` holds, its sector size, label and UUID, from the
+/// superblock: XFS ("XFSB" at 0, `sb_uuid` at 32, `sb_sectsize` at 102,
+/// big-endian, `sb_fname[12]` at 108) or Btrfs (at 64 KiB: `fsid` at 32,
+/// "_BHRfS_M" at 64, `sectorsize` at 144, `label[256]` at 299). Reads at
+/// most 64 KiB + 555 bytes.
+pub(crate) fn superblock_in(f: &mut File) -> io::Result<Option<Superblock>> {
     let label = |b: &[u8]| b.iter().take_while(|&&c| c != 0).copied().collect();
+    let uuid = |b: &[u8]| {
+        let mut u = [0u8; 16];
+        u.copy_from_slice(&b[..16]);
+        u
+    };
     let mut head = [0u8; 120];
+    f.seek(SeekFrom::Start(0))?;
     if f.read_exact(&mut head).is_ok() && &head[..4] == b"XFSB" {
         return Ok(Some(Superblock {
             fs: DriveFs::Xfs,
             sector: u32::from(u16::from_be_bytes([head[102], head[103]])),
             label: label(&head[108..120]),
+            uuid: uuid(&head[32..48]),
         }));
     }
     let mut sb = [0u8; 555];
@@ -97,6 +119,7 @@ pub(crate) fn superblock(image: &Path) -> io::Result<Option<Superblock>> {
             fs: DriveFs::Btrfs,
             sector,
             label: label(&sb[299..555]),
+            uuid: uuid(&sb[32..48]),
         }));
     }
     Ok(None)

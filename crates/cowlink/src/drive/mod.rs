@@ -252,6 +252,30 @@ struct Record {
     /// beneath any mount), taken when the drive was mounted on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mount_id: Option<FileId>,
+    /// The UUID mkfs gave the image's filesystem (hex): with `image_id`,
+    /// it tells the drive from a file that later got the same inode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image_uuid: Option<String>,
+}
+
+/// Whether the superblock `sb` is the one the record `r` was made with
+/// (a record without a UUID: any); the reason when not.
+fn same_filesystem(r: &Record, sb: Option<&device::Superblock>) -> Result<(), String> {
+    let Some(want) = &r.image_uuid else {
+        return Ok(());
+    };
+    match sb {
+        Some(sb) if &sb.uuid_hex() == want => Ok(()),
+        Some(sb) => Err(format!(
+            "it holds the {} filesystem {}, not the drive's {want} (the drive's file is gone \
+             and another took its inode, or it was formatted again)",
+            sb.fs,
+            sb.uuid_hex()
+        )),
+        None => Err(format!(
+            "it holds no XFS or Btrfs filesystem, not the drive's {want}"
+        )),
+    }
 }
 
 fn record_path(places: &Places, image: &Path) -> PathBuf {
@@ -336,7 +360,14 @@ fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Res
     let id = FileId::of(meta);
     let all = records(places);
     if let Some(r) = all.iter().find(|r| r.image_id == Some(id)) {
-        return Ok(r.clone());
+        let sb = device::superblock(image).ok().flatten();
+        return match same_filesystem(r, sb.as_ref()) {
+            Ok(()) => Ok(r.clone()),
+            Err(why) => Err(not_ours(format!(
+                "it is not the drive a record names, though it has that drive's {id}: {why}; \
+                 nothing was done"
+            ))),
+        };
     }
     if let Some(r) = all.iter().find(|r| r.image == image) {
         return match r.image_id {
@@ -348,6 +379,10 @@ fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Res
                 Ok(()) => {
                     let mut r = r.clone();
                     r.image_id = Some(id);
+                    r.image_uuid = device::superblock(image)
+                        .ok()
+                        .flatten()
+                        .map(|sb| sb.uuid_hex());
                     if rustix::process::geteuid().is_root() {
                         let _ = write_record(places, &r);
                     }
@@ -627,6 +662,10 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             .with_src(&image)
             .with_reason(format!("{} failed ({}): {said}", fs_.mkfs(), out.status)));
     }
+    let image_uuid = device::superblock(&image)
+        .ok()
+        .flatten()
+        .map(|sb| sb.uuid_hex());
     let attached = attach(op, &image, image_id, 4096)?;
     step(4)?;
     mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
@@ -642,6 +681,7 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
         fs: fs_,
         image_id: Some(image_id),
         mount_id: Some(mount_id),
+        image_uuid,
     };
     write_record(places, &record)
         .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
@@ -1015,6 +1055,7 @@ pub fn mount(
         fs: fs_,
         image_id: Some(id),
         mount_id: None,
+        image_uuid: Some(sb.uuid_hex()),
     };
     let save = |r: &Record| {
         write_record(places, r).map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))
@@ -1129,7 +1170,9 @@ fn drive_mounted_at(
             m.fstype, m.source
         ));
     };
-    drop(fd);
+    let sb = device::superblock_in(&mut fs::File::from(fd))
+        .ok()
+        .flatten();
     let Some(backing) = backing else {
         return refuse(format!(
             "{} is mounted there, and the kernel does not say which file it holds",
@@ -1162,6 +1205,12 @@ fn drive_mounted_at(
             m.source
         ));
     };
+    if let Err(why) = same_filesystem(&record, sb.as_ref()) {
+        return refuse(format!(
+            "it is not a cowlink drive: {} over {name} is mounted there: {why} (use umount)",
+            m.source
+        ));
+    }
     let here = device::dir_id_beneath_mounts(mount).ok().flatten();
     let same_dir = match record.mount_id {
         Some(id) => here == Some(id),
@@ -1179,6 +1228,7 @@ fn drive_mounted_at(
         // Migrate a legacy record.
         record.image_id = Some(backing);
         record.mount_id = here;
+        record.image_uuid = sb.as_ref().map(|sb| sb.uuid_hex());
         let _ = write_record(places, &record);
     }
     Ok(Some((record, n)))
