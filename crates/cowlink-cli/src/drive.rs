@@ -26,9 +26,15 @@ use crate::{human_bytes, Exit};
 /// it gives builds, caches and checkouts constant-time clones.
 ///
 /// `create` checks everything before it makes anything, and undoes every
-/// step if a later one fails: a refusal or an error leaves no image, loop
-/// device, mount or boot entry behind. `mount`, `unmount` and `remove`
-/// may be run again safely. All but `list` and `status` need root.
+/// step if a later one fails or Ctrl-C/SIGTERM arrives: a refusal, an
+/// error or an interruption leaves no image, loop device, mount, record or
+/// boot entry behind. `mount`, `unmount` and `remove` may be run again
+/// safely. All but `list` and `status` need root.
+///
+/// A drive is recognised by its record, which holds the image's device and
+/// inode and its filesystem's UUID: `remove` deletes only an image
+/// `create` made, and `unmount` unmounts only a drive cowlink mounted on
+/// its own mount point; anything else is refused with the reason.
 ///
 /// Boot entries (--persist): a systemd unit running `cowlink drive mount`
 /// where systemd runs (`/etc/systemd/system/cowlink-drive-*.service`,
@@ -104,7 +110,8 @@ enum DriveCommand {
         dir: PathBuf,
     },
     /// Delete a drive: its boot entry, its record and the image with all
-    /// its data (refused while mounted or open; needs --yes)
+    /// its data (only an image `create` made; refused while mounted,
+    /// attached or open; needs --yes)
     Remove {
         /// The image file
         #[arg(value_name = "IMAGE", value_parser = crate::PathArg)]

@@ -13,8 +13,25 @@
 //!
 //! What makes an image "a cowlink drive" is its record: one small JSON
 //! file per drive in [`Places::state_dir`] (image, mount point,
-//! filesystem). Everything else (mounted or not, loop state, use, whether
-//! it persists) is read live from the kernel each time.
+//! filesystem, and the identities taken when `create` made them: the
+//! image's device and inode, its filesystem's UUID, the mount point
+//! directory's device and inode). A drive is recognised by those
+//! identities, never by a path string: `remove`, `unmount`, `mount` and
+//! `persist` all pass through `own` (a file) or `drive_mounted_at` (a
+//! mount: a loop device whose backing device and inode, from
+//! `LOOP_GET_STATUS64`, are a record's image, holding the recorded UUID,
+//! mounted on the recorded directory) and refuse anything else with the
+//! reason. Loop devices are matched to images the same way, so a name
+//! reached through a bind mount, or one sysfs trims, is still the same
+//! file. Records written before the identities existed are accepted only
+//! when the image is what `create` makes (the recorded filesystem,
+//! labelled `cowlink`), and are then migrated. Everything else (mounted or
+//! not, loop state, use, whether it persists) is read live from the kernel
+//! each time.
+//!
+//! [`create`] checks for cancellation ([`CreateOptions::cancel`]: Ctrl-C,
+//! SIGTERM) between its steps; every step made is undone, last first, on a
+//! cancel as on an error.
 //!
 //! Layout: this file has the operations and their reports; `device` the
 //! kernel side (superblocks, loop devices, mounts, processes holding
@@ -239,7 +256,7 @@ pub enum Change {
 /// the mount point's identity (device and inode), so that a drive is
 /// recognised as cowlink's own by what the file is, never by a name.
 /// Records written before the identities existed (`image_id` absent) are
-/// "legacy": see [`own`].
+/// "legacy": see `own`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
     image: PathBuf,
@@ -995,7 +1012,7 @@ fn warnings(d: &DriveInfo) -> Vec<String> {
 /// mounted there: switches direct I/O on if it was off, and answers
 /// [`Change::Already`].
 ///
-/// An image with a record must be the recorded file ([`own`]); an image
+/// An image with a record must be the recorded file (`own`); an image
 /// without one is taken as a drive only when it is what `create` makes (an
 /// XFS or Btrfs filesystem labelled `cowlink`: a drive whose record was
 /// lost), and is recorded.
@@ -1118,7 +1135,7 @@ pub fn mount(
 /// the kind already written, if any. Returns what was written.
 ///
 /// # Errors
-/// Not root; `image` not a drive ([`own`]); a path a unit cannot hold;
+/// Not root; `image` not a drive (`own`); a path a unit cannot hold;
 /// the files not writable.
 pub fn persist(
     image: &Path,
@@ -1147,7 +1164,7 @@ pub fn persist(
 
 /// The drive mounted on `mount` (absolute), by identity: the mount there
 /// must be a loop device whose backing file (device and inode, from the
-/// kernel) is an image a record holds ([`own`]), on the directory the
+/// kernel) is an image a record holds (`own`), on the directory the
 /// record holds. Returns the record, the loop device's number and whether
 /// it detaches itself (`AUTOCLEAR`); `Ok(None)` when nothing is mounted
 /// there; a refusal naming what is mounted when it is not cowlink's.
@@ -1312,7 +1329,7 @@ pub struct Removed {
 }
 
 /// Delete the drive `image`: its boot entry, its record and the image
-/// file. Only a drive [`create`] made is deleted ([`own`]: its record holds
+/// file. Only a drive [`create`] made is deleted (`own`: its record holds
 /// the file's device and inode); a name with a record but no file left
 /// loses its record and boot entry; nothing at all is not an error.
 ///
