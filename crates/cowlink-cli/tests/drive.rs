@@ -891,6 +891,13 @@ fn remove_refuses_every_file_drive_create_did_not_make() {
         }
     }
     assert!(img.exists(), "the drive itself is untouched");
+    // Nor is it mounted under the other name (one record, one name).
+    refused(
+        &w.drive(&[&"mount", &w.p("hardlink.img"), &mnt]),
+        &["another name", "own.img"],
+    );
+    assert!(mount_of(&mnt).is_none());
+    assert_eq!(w.records().len(), 1);
 
     // The drive's name now holds another file (the image was replaced):
     // refused, the file kept.

@@ -419,6 +419,29 @@ fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Res
     ))
 }
 
+/// `own`, and `image` must be the name the record holds: a drive is
+/// mounted and persisted under one name only (another name, a hard link or
+/// the directory reached another way, would make a second record and a
+/// second boot entry for one image).
+fn own_by_this_name(
+    op: Operation,
+    places: &Places,
+    image: &Path,
+    meta: &fs::Metadata,
+) -> Result<Record, Error> {
+    let r = own(op, places, image, meta)?;
+    if r.image != image {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(image)
+            .with_reason(format!(
+                "it is another name (a hard link, or its directory reached another way) for \
+                 the drive image {}: use that name",
+                quoted(&r.image)
+            )));
+    }
+    Ok(r)
+}
+
 /// Steps to undo, last first, unless [`Undo::done`].
 #[derive(Default)]
 struct Undo(Vec<Box<dyn FnOnce()>>);
@@ -1053,7 +1076,7 @@ pub fn mount(
         .into_iter()
         .any(|r| r.image_id == Some(id) || r.image == image);
     let old = match known {
-        true => Some(own(op, places, &image, &meta)?),
+        true => Some(own_by_this_name(op, places, &image, &meta)?),
         false if sb.label == b"cowlink" => None,
         false => {
             return Err(Error::new(op, ErrorKind::InvalidInput)
@@ -1148,7 +1171,7 @@ pub fn persist(
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
     let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
-    let r = own(op, places, &image, &meta)?;
+    let r = own_by_this_name(op, places, &image, &meta)?;
     // Asked for no kind in particular: keep the kind already there.
     let with = match (with, persist::find(places, &image, &mount)) {
         (PersistWith::Auto, Some((PersistKind::Systemd, _))) => PersistWith::Systemd,
