@@ -1428,3 +1428,54 @@ fn a_file_that_takes_a_drive_s_inode_is_not_the_drive() {
     ok(&w.drive(&[&"remove", &img, &"--yes"]));
     assert!(w.records().is_empty() && !mnt.exists());
 }
+
+#[test]
+fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A mkfs that says it started and then waits: the terminal's Ctrl-C
+    // reaches it and cowlink together (the whole foreground group).
+    let bin_dir = w.p("fakebin");
+    fs::create_dir(&bin_dir).unwrap();
+    let started = w.p("mkfs-started");
+    let fake = bin_dir.join("mkfs.xfs");
+    fs::write(
+        &fake,
+        format!("#!/bin/sh\ntouch '{}'\nexec sleep 60\n", started.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    let (img, mnt) = (w.p("g.img"), w.p("g"));
+    let mut c = w.command(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]);
+    c.env(
+        "PATH",
+        format!(
+            "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            bin_dir.display()
+        ),
+    );
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    c.stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    for _ in 0..500 {
+        if started.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(started.exists(), "the fake mkfs never ran");
+    assert!(img.exists() && mnt.is_dir(), "steps 1 and 2 were made");
+    let st = Command::new("kill")
+        .args(["-INT", "--"])
+        .arg(format!("-{}", child.id()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    nothing_left(&w, &img);
+    assert!(!mnt.exists());
+}
