@@ -85,7 +85,9 @@ enum DriveCommand {
         json: bool,
     },
     /// Mount a drive's image (again); switches direct I/O on if it is
-    /// already mounted without
+    /// already mounted without. An image with no record is taken only when
+    /// it is what create makes (XFS or Btrfs labelled "cowlink": a drive
+    /// whose record was lost)
     Mount {
         /// The image file
         #[arg(value_name = "IMAGE", value_parser = crate::PathArg)]
