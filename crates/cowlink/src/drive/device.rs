@@ -153,6 +153,10 @@ pub(crate) fn mount_rooted_at(dir: &Path) -> Option<MountEntry> {
     if known && !sx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT) {
         return None;
     }
+    if !StatxFlags::from_bits_retain(sx.stx_mask).contains(StatxFlags::MNT_ID) {
+        // Kernels before 5.8: the mount table's path is all there is.
+        return mounts().into_iter().rev().find(|m| m.mount_point == dir);
+    }
     let m = mounts()
         .into_iter()
         .find(|m| u64::from(m.id) == sx.stx_mnt_id)?;
