@@ -26,9 +26,15 @@ use crate::{human_bytes, Exit};
 /// it gives builds, caches and checkouts constant-time clones.
 ///
 /// `create` checks everything before it makes anything, and undoes every
-/// step if a later one fails: a refusal or an error leaves no image, loop
-/// device, mount or boot entry behind. `mount`, `unmount` and `remove`
-/// may be run again safely. All but `list` and `status` need root.
+/// step if a later one fails or Ctrl-C/SIGTERM arrives: a refusal, an
+/// error or an interruption leaves no image, loop device, mount, record or
+/// boot entry behind. `mount`, `unmount` and `remove` may be run again
+/// safely. All but `list` and `status` need root.
+///
+/// A drive is recognised by its record, which holds the image's device and
+/// inode and its filesystem's UUID: `remove` deletes only an image
+/// `create` made, and `unmount` unmounts only a drive cowlink mounted on
+/// its own mount point; anything else is refused with the reason.
 ///
 /// Boot entries (--persist): a systemd unit running `cowlink drive mount`
 /// where systemd runs (`/etc/systemd/system/cowlink-drive-*.service`,
@@ -79,7 +85,9 @@ enum DriveCommand {
         json: bool,
     },
     /// Mount a drive's image (again); switches direct I/O on if it is
-    /// already mounted without
+    /// already mounted without. An image with no record is taken only when
+    /// it is what create makes (XFS or Btrfs labelled "cowlink": a drive
+    /// whose record was lost)
     Mount {
         /// The image file
         #[arg(value_name = "IMAGE", value_parser = crate::PathArg)]
@@ -104,7 +112,8 @@ enum DriveCommand {
         dir: PathBuf,
     },
     /// Delete a drive: its boot entry, its record and the image with all
-    /// its data (refused while mounted or open; needs --yes)
+    /// its data (only an image `create` made; refused while mounted,
+    /// attached or open; needs --yes)
     Remove {
         /// The image file
         #[arg(value_name = "IMAGE", value_parser = crate::PathArg)]
@@ -297,7 +306,7 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
         }
         DriveCommand::Unmount { dir } => {
             need_root("cowlink drive unmount")?;
-            match drive::unmount(&dir)? {
+            match drive::unmount(&dir, &places)? {
                 Change::Done => outln!("unmounted {}", quoted(&dir)),
                 Change::Already => outln!("{} is not mounted: nothing to do", quoted(&dir)),
             }
@@ -346,8 +355,23 @@ fn create(a: CreateArgs, places: &Places) -> Result<Exit> {
         persist: a.persist,
         sparse_ok: a.sparse_ok,
         dry_run: a.dry_run,
+        cancel: crate::interrupt::token(),
+        // Tests of the undo only: wait after step N until a signal.
+        pause_after_step: std::env::var("COWLINK_DRIVE_TEST_PAUSE_AFTER_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok()),
     };
-    let c = drive::create(&a.image, &opts, places)?;
+    let c = match crate::interrupt::steadfast(|| drive::create(&a.image, &opts, places)) {
+        Err(e) if e.kind() == cowlink::ErrorKind::Cancelled => {
+            errln!(
+                "cowlink: interrupted: {} was not made; every step taken was undone \
+                 (no image, mount, loop device, record or boot entry is left)",
+                quoted(&a.image)
+            );
+            return Ok(Exit::Interrupted);
+        }
+        r => r?,
+    };
     if a.json {
         print_json(&c)?;
         return Ok(Exit::Ok);
@@ -413,7 +437,8 @@ fn reflink_words(d: &DriveInfo) -> String {
     match (d.reflink, &d.reflink_reason) {
         (Some(true), _) => "reflink: yes (cowlink probe: a trial clone worked)".into(),
         (Some(false), r) => format!("reflink: NO: {}", r.as_deref().unwrap_or("unknown")),
-        (None, _) => "reflink: unknown (not mounted)".into(),
+        (None, _) if !d.mounted => "reflink: unknown (not mounted)".into(),
+        (None, r) => format!("reflink: unknown: {}", r.as_deref().unwrap_or("no trial")),
     }
 }
 
@@ -482,6 +507,7 @@ fn print_table(drives: &[DriveInfo]) {
             match d.reflink {
                 Some(true) => "yes".into(),
                 Some(false) => "NO".into(),
+                None if d.mounted => "unknown".into(),
                 None => "-".into(),
             },
             boot_words(d).into(),

@@ -17,6 +17,10 @@ use cowlink::CancelToken;
 /// Whether a cancellable operation is running.
 static GRACEFUL: AtomicBool = AtomicBool::new(false);
 
+/// Whether an operation that must undo its steps is running: every signal
+/// only cancels it, never exits (`drive create`).
+static STEADFAST: AtomicBool = AtomicBool::new(false);
+
 /// The process's cancel token, with the signal handler installed on first
 /// use.
 pub fn token() -> CancelToken {
@@ -26,6 +30,10 @@ pub fn token() -> CancelToken {
             let token = CancelToken::new();
             let handler_token = token.clone();
             let _ = ctrlc::set_handler(move || {
+                if STEADFAST.load(Ordering::SeqCst) {
+                    handler_token.cancel();
+                    return;
+                }
                 if handler_token.is_cancelled() || !GRACEFUL.load(Ordering::SeqCst) {
                     cowlink::remove_unfinished();
                     std::process::exit(130);
@@ -44,6 +52,17 @@ pub fn graceful<R>(f: impl FnOnce() -> R) -> R {
     GRACEFUL.store(true, Ordering::SeqCst);
     let r = f();
     GRACEFUL.store(false, Ordering::SeqCst);
+    r
+}
+
+/// Run `f`, which undoes its own steps when [`token`] is cancelled: every
+/// signal during it (a second Ctrl-C too) only cancels, so the undo always
+/// runs to its end.
+pub fn steadfast<R>(f: impl FnOnce() -> R) -> R {
+    let _ = token();
+    STEADFAST.store(true, Ordering::SeqCst);
+    let r = f();
+    STEADFAST.store(false, Ordering::SeqCst);
     r
 }
 

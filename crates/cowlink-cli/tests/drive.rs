@@ -694,3 +694,788 @@ fn remove_and_unmount_are_refused_while_a_process_holds_a_file_on_the_drive() {
     ok(&w.drive(&[&"remove", &img, &"--yes"]));
     nothing_left(&w, &img);
 }
+
+/// A loop device this test attached (through the kernel's loop control:
+/// `losetup -f` asks `/dev/loop-control` for a free device), detached on
+/// drop only while it still holds the file it was given.
+struct TestLoop {
+    dev: String,
+    file: PathBuf,
+}
+
+impl TestLoop {
+    fn attach(file: &Path) -> TestLoop {
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .unwrap();
+        let dev = ok(&out).trim().to_owned();
+        assert!(dev.starts_with("/dev/loop"), "{dev}");
+        TestLoop {
+            dev,
+            file: file.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for TestLoop {
+    fn drop(&mut self) {
+        if loops_of(&self.file).contains(&self.dev) {
+            let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+        }
+    }
+}
+
+/// A mount this test made (`mount ARGS... DIR`), unmounted on drop.
+struct TestMount(PathBuf);
+
+impl TestMount {
+    fn new(args: &[&dyn AsRef<std::ffi::OsStr>], dir: &Path) -> TestMount {
+        fs::create_dir_all(dir).unwrap();
+        let mut c = Command::new("mount");
+        for a in args {
+            c.arg(a.as_ref());
+        }
+        let st = c.arg(dir).status().unwrap();
+        assert!(st.success(), "mount {}", dir.display());
+        TestMount(dir.to_path_buf())
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if mount_of(&self.0).is_some() {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+}
+
+/// Make a filesystem image the user owns: `mkfs.FS ARGS FILE` on a sparse
+/// file of `size` bytes.
+fn user_image(file: &Path, mkfs: &str, args: &[&str], size: u64) {
+    fs::File::create(file).unwrap().set_len(size).unwrap();
+    let out = Command::new(mkfs).args(args).arg(file).output().unwrap();
+    ok(&out);
+}
+
+/// Rewrite every record in `w` as the release before identities wrote
+/// it (image, mount, fs only).
+fn make_records_legacy(w: &World) {
+    for n in w.records() {
+        let p = w.p("etc/state").join(n);
+        let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
+        let o = v.as_object_mut().unwrap();
+        assert!(o.remove("image_id").is_some() && o.remove("mount_id").is_some());
+        assert!(o.remove("image_uuid").is_some());
+        fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    }
+}
+
+/// Whether the records of `w` all hold identities.
+fn records_have_ids(w: &World) -> bool {
+    w.records().iter().all(|n| {
+        let v: serde_json::Value =
+            serde_json::from_slice(&fs::read(w.p("etc/state").join(n)).unwrap()).unwrap();
+        v["image_id"]["ino"].is_u64()
+            && v["mount_id"]["ino"].is_u64()
+            && v["image_uuid"].as_str().is_some_and(|u| u.len() == 32)
+    })
+}
+
+#[test]
+fn remove_refuses_every_file_drive_create_did_not_make() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A drive of our own, so that records exist beside the foreign files.
+    let (img, mnt) = (w.p("own.img"), w.p("own"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+
+    // The table of foreign files: (name, how it is made, words of the
+    // refusal). Each must survive `remove --yes` byte for byte.
+    type Make = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Make, &[&str])> = vec![
+        (
+            "notes.txt",
+            Box::new(|p| fs::write(p, b"my notes\n").unwrap()),
+            &["not a cowlink drive", "no drive record"],
+        ),
+        (
+            "ext4.img",
+            Box::new(|p| user_image(p, "mkfs.ext4", &["-q", "-F"], 64 << 20)),
+            &["not a cowlink drive"],
+        ),
+        (
+            "mine.xfs",
+            Box::new(|p| user_image(p, "mkfs.xfs", &["-q", "-L", "mine"], 300 << 20)),
+            &["not a cowlink drive"],
+        ),
+        (
+            // Even labelled as create labels: no record, not ours.
+            "labelled.xfs",
+            Box::new(|p| user_image(p, "mkfs.xfs", &["-q", "-L", "cowlink"], 300 << 20)),
+            &["not a cowlink drive", "no drive record"],
+        ),
+        (
+            "mine.btrfs",
+            Box::new(|p| user_image(p, "mkfs.btrfs", &["-q", "-L", "cowlink"], 128 << 20)),
+            &["not a cowlink drive"],
+        ),
+        (
+            "fifo",
+            Box::new(|p| {
+                rustix::fs::mknodat(
+                    rustix::fs::CWD,
+                    p,
+                    rustix::fs::FileType::Fifo,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                    0,
+                )
+                .unwrap()
+            }),
+            &["not a cowlink drive", "FIFO"],
+        ),
+        (
+            // A device node in the test's own directory (never /dev).
+            "null-dev",
+            Box::new(|p| {
+                rustix::fs::mknodat(
+                    rustix::fs::CWD,
+                    p,
+                    rustix::fs::FileType::CharacterDevice,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                    rustix::fs::makedev(1, 3),
+                )
+                .unwrap()
+            }),
+            &["not a cowlink drive"],
+        ),
+        (
+            "a-dir",
+            Box::new(|p| fs::create_dir(p).unwrap()),
+            &["not a cowlink drive", "directory"],
+        ),
+        (
+            // Another name of the drive's image (a hard link): not
+            // deleted under that name, the drive is named instead.
+            "hardlink.img",
+            Box::new(|p| fs::hard_link(w_img(p), p).unwrap()),
+            &["another name", "own.img"],
+        ),
+        (
+            "ends-in-space.img ",
+            Box::new(|p| fs::write(p, b"x").unwrap()),
+            &["not a cowlink drive"],
+        ),
+    ];
+    fn w_img(p: &Path) -> PathBuf {
+        p.with_file_name("own.img")
+    }
+    for (name, make, words) in &cases {
+        let p = w.p(name);
+        make(&p);
+        let before = fs::symlink_metadata(&p).unwrap();
+        let bytes = before.is_file().then(|| fs::read(&p).unwrap());
+        let mut c = w.command(&[&"remove", &p, &"--yes"]);
+        let out = run_bounded(&mut c, 20);
+        refused(&out, words);
+        let after = fs::symlink_metadata(&p).unwrap_or_else(|_| panic!("{name} was deleted"));
+        assert_eq!(
+            (after.dev(), after.ino()),
+            (before.dev(), before.ino()),
+            "{name}"
+        );
+        if let Some(b) = bytes {
+            assert!(fs::read(&p).unwrap() == b, "{name} changed");
+        }
+    }
+    assert!(img.exists(), "the drive itself is untouched");
+    // Nor is it mounted under the other name (one record, one name).
+    refused(
+        &w.drive(&[&"mount", &w.p("hardlink.img"), &mnt]),
+        &["another name", "own.img"],
+    );
+    assert!(mount_of(&mnt).is_none());
+    assert_eq!(w.records().len(), 1);
+
+    // The drive's name now holds another file (the image was replaced):
+    // refused, the file kept.
+    fs::rename(&img, w.p("moved.img")).unwrap();
+    fs::write(&img, b"not the drive").unwrap();
+    refused(
+        &w.drive(&[&"remove", &img, &"--yes"]),
+        &["not the image cowlink made", "replaced"],
+    );
+    assert_eq!(fs::read(&img).unwrap(), b"not the drive");
+    // The image under another name is still the drive (by identity), but
+    // is deleted only under its own name.
+    refused(
+        &w.drive(&[&"remove", &w.p("moved.img"), &"--yes"]),
+        &["another name", "own.img"],
+    );
+    fs::remove_file(&img).unwrap();
+    fs::rename(w.p("moved.img"), &img).unwrap();
+    fs::remove_file(w.p("hardlink.img")).unwrap();
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+/// Run `c`, killing it after `secs` seconds (a FIFO must never hang a
+/// command): the test fails then.
+fn run_bounded(c: &mut Command, secs: u64) -> Output {
+    use std::process::Stdio;
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out,
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("the command hung for {secs} s");
+        }
+    }
+}
+
+#[test]
+fn legacy_records_keep_working_and_are_migrated_only_for_what_create_made() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("old.img"), w.p("old"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    make_records_legacy(&w);
+    assert!(!records_have_ids(&w));
+    // status, unmount, mount, remove all work on the legacy record, and
+    // the first of them that may write migrates it.
+    assert_eq!(w.status(&mnt)["mounted"], true);
+    ok(&w.drive(&[&"unmount", &mnt]));
+    assert!(records_have_ids(&w), "migrated by unmount");
+    make_records_legacy(&w);
+    ok(&w.drive(&[&"mount", &img, &mnt]));
+    assert!(records_have_ids(&w), "migrated by mount");
+    ok(&w.drive(&[&"unmount", &mnt]));
+    make_records_legacy(&w);
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+
+    // A legacy record naming a user's own image (what create never makes:
+    // another label, another filesystem): remove and mount refuse it.
+    for (name, mkfs, args, size) in [
+        (
+            "mine.xfs",
+            "mkfs.xfs",
+            &["-q", "-L", "mine"][..],
+            300u64 << 20,
+        ),
+        ("mine.ext4", "mkfs.ext4", &["-q", "-F"][..], 64 << 20),
+    ] {
+        let p = w.p(name);
+        user_image(&p, mkfs, args, size);
+        let before = fs::read(&p).unwrap();
+        fs::create_dir_all(w.p("etc/state")).unwrap();
+        let rec = serde_json::json!({"image": p, "mount": w.p("m"), "fs": "xfs"});
+        fs::write(w.p("etc/state/legacy.json"), rec.to_string()).unwrap();
+        refused(
+            &w.drive(&[&"remove", &p, &"--yes"]),
+            &["older cowlink", "not what drive create made"],
+        );
+        assert!(fs::read(&p).unwrap() == before, "{name} changed");
+        let m = w.p("m");
+        let out = w.drive(&[&"mount", &p, &m]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(mount_of(&m).is_none());
+        fs::remove_file(w.p("etc/state/legacy.json")).unwrap();
+        fs::remove_file(&p).unwrap();
+    }
+}
+
+#[test]
+fn a_mounted_image_is_found_by_identity_through_any_name() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // Names sysfs mangles or that look like its markers.
+    for name in [
+        "dev.img ",
+        "dev.img (deleted)",
+        "sp ace\\x.img",
+        "é 日本.img",
+    ] {
+        fs::create_dir_all(w.p("sd")).unwrap();
+        let (img, mnt) = (w.p("sd").join(name), w.p("mnt"));
+        ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+        refused(
+            &w.drive(&[&"remove", &img, &"--yes"]),
+            &["mounted on", "mnt"],
+        );
+        // The same directory through a bind mount: still the mounted
+        // image.
+        let bind = TestMount::new(&[&"--bind", &w.p("sd")], &w.p("bind"));
+        let other = bind.0.join(name);
+        refused(
+            &w.drive(&[&"remove", &other, &"--yes"]),
+            &["mounted on", "mnt"],
+        );
+        assert!(img.exists(), "{name:?} kept");
+        // Attached but not mounted (a loop device of the test's own).
+        ok(&w.drive(&[&"unmount", &mnt]));
+        let lp = TestLoop::attach(&img);
+        refused(
+            &w.drive(&[&"remove", &other, &"--yes"]),
+            &["attached to", &lp.dev],
+        );
+        drop(lp);
+        // Unmounted, through the other name: refused, naming the drive.
+        refused(&w.drive(&[&"remove", &other, &"--yes"]), &["another name"]);
+        drop(bind);
+        ok(&w.drive(&[&"remove", &img, &"--yes"]));
+        nothing_left(&w, &img);
+    }
+}
+
+#[test]
+fn unmount_refuses_every_mount_cowlink_did_not_make() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("own.img"), w.p("own"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+
+    // A tmpfs.
+    let t = TestMount::new(&[&"-t", &"tmpfs", &"none"], &w.p("tmp"));
+    refused(&w.drive(&[&"unmount", &t.0]), &["not a drive", "tmpfs"]);
+    assert!(mount_of(&t.0).is_some());
+    drop(t);
+
+    // The user's own XFS image, loop-mounted by hand (even labelled as
+    // create labels).
+    for label in ["mine", "cowlink"] {
+        let mine = w.p(&format!("{label}.xfs"));
+        user_image(&mine, "mkfs.xfs", &["-q", "-L", label], 300 << 20);
+        let lp = TestLoop::attach(&mine);
+        let m = TestMount::new(&[&lp.dev], &w.p(&format!("{label}-mnt")));
+        refused(
+            &w.drive(&[&"unmount", &m.0]),
+            &["not a cowlink drive", "no drive record"],
+        );
+        assert!(mount_of(&m.0).is_some(), "still mounted");
+        assert_eq!(
+            loops_of(&mine),
+            std::slice::from_ref(&lp.dev),
+            "still attached"
+        );
+        drop(m);
+        drop(lp);
+    }
+
+    // cowlink's own drive image, mounted by hand elsewhere: the image is
+    // a drive, the mount is not cowlink's.
+    let lp = TestLoop::attach(&img);
+    let m = TestMount::new(&[&lp.dev], &w.p("by-hand"));
+    refused(
+        &w.drive(&[&"unmount", &m.0]),
+        &["mounted there, but not by cowlink", "own"],
+    );
+    assert!(mount_of(&m.0).is_some());
+    assert_eq!(loops_of(&img), std::slice::from_ref(&lp.dev));
+    drop(m);
+    drop(lp);
+
+    // Nothing mounted: nothing to do.
+    assert!(ok(&w.drive(&[&"unmount", &mnt])).contains("nothing to do"));
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn a_mount_point_holding_the_image_is_refused() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    fs::create_dir_all(w.p("d/sd")).unwrap();
+    let img = w.p("d/sd/x.img");
+    let bind = TestMount::new(&[&"--bind", &w.p("d/sd")], &w.p("b"));
+    // The image's directory, an ancestor, the directory through a bind
+    // mount, and through `..`.
+    let ancestors = [w.p("d/sd"), w.p("d"), bind.0.clone(), w.p("d/sd/../sd")];
+    for m in &ancestors {
+        let before = names(&w.p("d/sd"));
+        refused(
+            &w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", m]),
+            &["over its own image"],
+        );
+        assert_eq!(names(&w.p("d/sd")), before);
+        assert!(!img.exists() && loops_of_dir(&w.root).is_empty() && w.records().is_empty());
+        assert_eq!(
+            mounts_under(&w.root),
+            std::slice::from_ref(&bind.0),
+            "only the test's bind mount"
+        );
+    }
+    // `drive mount` of an existing drive: the same rule.
+    let mnt = w.p("ok");
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    for m in &ancestors {
+        refused(&w.drive(&[&"mount", &img, m]), &["over its own image"]);
+        assert_eq!(
+            mounts_under(&w.root),
+            std::slice::from_ref(&bind.0),
+            "only the test's bind mount"
+        );
+        assert!(loops_of(&img).is_empty());
+    }
+    drop(bind);
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn a_signal_at_each_step_of_create_undoes_every_step() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let fstab = w.p("etc/fstab");
+    fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
+    let steps = 8;
+    // Steps 0 (before anything) to 8 (boot entry written), with SIGINT
+    // and SIGTERM, and a second signal during the undo; both boot entry
+    // kinds.
+    for step in 0..=steps {
+        for (sig, twice) in [("INT", false), ("TERM", step % 3 == 0)] {
+            let (img, mnt) = (w.p("c.img"), w.p("c"));
+            let persist = if step % 2 == 0 {
+                "--persist=systemd"
+            } else {
+                "--persist=fstab"
+            };
+            let mut c = w.command(&[
+                &"create",
+                &img,
+                &"--size",
+                &"1G",
+                &"--mount",
+                &mnt,
+                &"--fs",
+                &(if step % 4 == 1 { "btrfs" } else { "xfs" }),
+                &persist,
+            ]);
+            c.env("COWLINK_DRIVE_TEST_PAUSE_AFTER_STEP", step.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let mut child = c.spawn().unwrap();
+            // Wait for the pause line on stderr.
+            let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+            assert!(
+                line.contains(&format!("paused after step {step}")),
+                "step {step}: {line}"
+            );
+            let kill = |s: &str| {
+                Command::new("kill")
+                    .arg(format!("-{s}"))
+                    .arg(child.id().to_string())
+                    .status()
+                    .unwrap()
+            };
+            kill(sig);
+            if twice {
+                kill(sig);
+            }
+            let mut rest = String::new();
+            std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+            let st = child.wait().unwrap();
+            assert_eq!(st.code(), Some(130), "step {step} SIG{sig}: {rest}");
+            assert!(
+                rest.contains("interrupted") && rest.contains("undone"),
+                "{rest}"
+            );
+            nothing_left(&w, &img);
+            assert!(
+                !mnt.exists(),
+                "step {step}: the mount point it made is left"
+            );
+            let units = w.p("etc/units");
+            let unit_files: Vec<String> = match units.is_dir() {
+                true => names(&units)
+                    .into_iter()
+                    .filter(|n| n.ends_with(".service"))
+                    .collect(),
+                false => Vec::new(),
+            };
+            assert_eq!(unit_files, Vec::<String>::new(), "step {step}: unit left");
+            if units.join("local-fs.target.wants").is_dir() {
+                assert_eq!(
+                    names(&units.join("local-fs.target.wants")),
+                    Vec::<String>::new()
+                );
+            }
+            assert_eq!(
+                fs::read_to_string(&fstab).unwrap(),
+                "UUID=x / ext4 defaults 0 1\n",
+                "step {step}: fstab entry left"
+            );
+        }
+    }
+    // An existing empty mount point is kept (not made by create).
+    fs::create_dir(w.p("kept")).unwrap();
+    let img = w.p("k.img");
+    let mut c = w.command(&[&"create", &img, &"--size", &"1G", &"--mount", &w.p("kept")]);
+    c.env("COWLINK_DRIVE_TEST_PAUSE_AFTER_STEP", "5")
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+    common::sigint(&child);
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    nothing_left(&w, &img);
+    assert!(w.p("kept").is_dir(), "a mount point it did not make stays");
+}
+
+#[test]
+fn unit_file_paths_are_escaped_quoted_or_refused() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // An injection attempt: refused before anything is made.
+    let evil = w.p("x\n[Service]\nExecStartPre=touch cowlink-pwned\n");
+    let img = w.p("e.img");
+    for with in ["--persist=systemd", "--persist=systemd --dry-run"] {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
+            vec![&"create", &img, &"--size", &"1G", &"--mount", &evil];
+        let words: Vec<&str> = with.split(' ').collect();
+        for a in &words {
+            args.push(a);
+        }
+        refused(&w.drive(&args), &["control character", "boot entry"]);
+        nothing_left(&w, &img);
+        assert!(!evil.exists() && !w.p("etc/units").exists());
+    }
+    // Expressible hostile names: the dry run's unit passes systemd's own
+    // check, and its name is what systemd-escape says.
+    for name in [
+        "a b\\c",
+        "-x:y",
+        "%h$USER",
+        "q\"uote'",
+        ".dot",
+        "é 日本",
+        "tail\\",
+    ] {
+        let (img, mnt) = (w.p(&format!("{name}.img")), w.p(name));
+        let out = ok(&w.drive(&[
+            &"create",
+            &img,
+            &"--size",
+            &"1G",
+            &"--mount",
+            &mnt,
+            &"--persist=systemd",
+            &"--dry-run",
+            &"--json",
+        ]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let file = PathBuf::from(v["persist"]["file"].as_str().unwrap());
+        let unit_text = v["persist"]["text"].as_str().unwrap();
+        let esc = Command::new("systemd-escape")
+            .args(["--path", "--"])
+            .arg(&mnt)
+            .output()
+            .unwrap();
+        let want = format!("cowlink-drive-{}.service", text(&esc.stdout).trim());
+        assert_eq!(
+            file.file_name().unwrap().to_str().unwrap(),
+            want,
+            "{name:?}"
+        );
+        // Verified under a name without `:` (systemd-analyze verify takes
+        // `:` in a file name as a separator; systemd itself loads such
+        // units: device units are full of them).
+        let f = w.p("verify").join(want.replace(':', "_"));
+        fs::create_dir_all(f.parent().unwrap()).unwrap();
+        fs::write(&f, unit_text).unwrap();
+        if let Ok(v) = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&f)
+            .output()
+        {
+            assert!(
+                v.status.success() && !text(&v.stderr).contains(".service:"),
+                "{name:?}: {}",
+                text(&v.stderr)
+            );
+        }
+        nothing_left(&w, &img);
+    }
+}
+
+#[test]
+fn sizes_beyond_any_file_are_refused_in_words() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("big.img"), w.p("big"));
+    for extra in [
+        &[][..],
+        &["--sparse-ok"][..],
+        &["--sparse-ok", "--dry-run"][..],
+    ] {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
+            &"create",
+            &img,
+            &"--size",
+            &"18446744073709551615",
+            &"--mount",
+            &mnt,
+        ];
+        for a in extra {
+            args.push(a);
+        }
+        let out = w.drive(&args);
+        let err = text(&out.stderr);
+        assert!(!err.contains("out of range integral"), "{err}");
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("big.img"), "{err}");
+        nothing_left(&w, &img);
+        assert!(!mnt.exists());
+    }
+}
+
+#[test]
+fn list_without_root_says_unknown_not_no_when_no_trial_can_run() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&w.root, fs::Permissions::from_mode(0o755)).unwrap();
+    let (img, mnt) = (w.p("l.img"), w.p("l"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    for dir in ["etc", "etc/state"] {
+        fs::set_permissions(w.p(dir), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let nobody = |json: bool| {
+        let inner = w.command(&[&"list"]);
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        if json {
+            c.arg("--json");
+        }
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                c.env(k, v);
+            }
+        }
+        ok(&c.output().unwrap())
+    };
+    let v: serde_json::Value = serde_json::from_str(&nobody(true)).unwrap();
+    assert_eq!(v[0]["mounted"], true, "{v}");
+    assert_eq!(v[0]["reflink"], serde_json::Value::Null, "{v}");
+    assert!(v[0]["reflink_reason"].is_string(), "{v}");
+    let table = nobody(false);
+    assert!(
+        table.contains("unknown") && !table.contains(" NO "),
+        "{table}"
+    );
+    // As root the trial runs: yes.
+    assert_eq!(w.status(&mnt)["reflink"], true);
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn a_file_that_takes_a_drive_s_inode_is_not_the_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("gone.img"), w.p("gone"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    // The drive's image is deleted behind cowlink's back and a user's own
+    // image gets its device and inode (made certain here by writing the
+    // new file's identity into the record, as inode reuse would).
+    fs::remove_file(&img).unwrap();
+    let mine = w.p("mine.xfs");
+    user_image(&mine, "mkfs.xfs", &["-q", "-L", "cowlink"], 300 << 20);
+    let m = fs::metadata(&mine).unwrap();
+    let rec = w.p("etc/state").join(&w.records()[0]);
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
+    v["image_id"] = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
+    fs::write(&rec, v.to_string()).unwrap();
+    let before = fs::read(&mine).unwrap();
+    refused(
+        &w.drive(&[&"remove", &mine, &"--yes"]),
+        &["not the drive a record names", "filesystem"],
+    );
+    refused(&w.drive(&[&"mount", &mine, &w.p("m2")]), &["not the drive"]);
+    assert!(mount_of(&w.p("m2")).is_none());
+    assert!(
+        fs::read(&mine).unwrap() == before,
+        "the user's image changed"
+    );
+    // Mounted by hand on the drive's own mount point: unmount refuses.
+    let lp = TestLoop::attach(&mine);
+    let tm = TestMount::new(&[&lp.dev], &mnt);
+    refused(&w.drive(&[&"unmount", &mnt]), &["not a cowlink drive"]);
+    assert!(mount_of(&mnt).is_some());
+    drop(tm);
+    drop(lp);
+    assert!(mine.exists());
+    // The drive's leftovers (record, mount point) go with remove of the
+    // name whose file is gone.
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    assert!(w.records().is_empty() && !mnt.exists());
+}
+
+#[test]
+fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A mkfs that says it started and then waits: the terminal's Ctrl-C
+    // reaches it and cowlink together (the whole foreground group).
+    let bin_dir = w.p("fakebin");
+    fs::create_dir(&bin_dir).unwrap();
+    let started = w.p("mkfs-started");
+    let fake = bin_dir.join("mkfs.xfs");
+    fs::write(
+        &fake,
+        format!("#!/bin/sh\ntouch '{}'\nexec sleep 60\n", started.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    let (img, mnt) = (w.p("g.img"), w.p("g"));
+    let mut c = w.command(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]);
+    c.env(
+        "PATH",
+        format!(
+            "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            bin_dir.display()
+        ),
+    );
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    c.stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    for _ in 0..500 {
+        if started.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(started.exists(), "the fake mkfs never ran");
+    assert!(img.exists() && mnt.is_dir(), "steps 1 and 2 were made");
+    let st = Command::new("kill")
+        .args(["-INT", "--"])
+        .arg(format!("-{}", child.id()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    nothing_left(&w, &img);
+    assert!(!mnt.exists());
+}

@@ -630,6 +630,7 @@ const LOOP_CTL_GET_FREE: libc::c_ulong = linux_raw_sys::loop_device::LOOP_CTL_GE
 const LOOP_CONFIGURE: Opcode = linux_raw_sys::loop_device::LOOP_CONFIGURE as Opcode;
 const LOOP_CLR_FD: Opcode = linux_raw_sys::loop_device::LOOP_CLR_FD as Opcode;
 const LOOP_SET_DIRECT_IO: Opcode = linux_raw_sys::loop_device::LOOP_SET_DIRECT_IO as Opcode;
+const LOOP_GET_STATUS64: Opcode = linux_raw_sys::loop_device::LOOP_GET_STATUS64 as Opcode;
 
 /// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
 /// (a mount, an open descriptor) goes away.
@@ -704,4 +705,39 @@ pub fn loop_set_direct_io(device: BorrowedFd<'_>, on: bool) -> Result<(), Errno>
     }
 }
 
+/// What `LOOP_GET_STATUS64` says of an attached loop device: the backing
+/// file's identity as the kernel holds it (not a path, which may have been
+/// renamed, deleted or trimmed), and the device's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopStatus {
+    /// `st_dev` of the backing file (`lo_device`).
+    pub backing_dev: u64,
+    /// `st_ino` of the backing file (`lo_inode`).
+    pub backing_ino: u64,
+    /// The device's flags (`LOOP_FLAG_*`, `lo_flags`).
+    pub flags: u32,
+    /// Where the data starts in the backing file (`lo_offset`).
+    pub offset: u64,
+}
+
+/// `ioctl(device, LOOP_GET_STATUS64)`: the backing file's device and inode
+/// and the device's flags. `ENXIO`: the device is not attached.
+pub fn loop_get_status64(device: BorrowedFd<'_>) -> Result<LoopStatus, Errno> {
+    // SAFETY: LOOP_GET_STATUS64 writes exactly one `struct loop_info64`
+    // (plain old data: integers and byte arrays) into the getter's buffer.
+    let info = unsafe {
+        ioctl(
+            device,
+            rustix::ioctl::Getter::<LOOP_GET_STATUS64, linux_raw_sys::loop_device::loop_info64>::new(),
+        )
+    }?;
+    Ok(LoopStatus {
+        backing_dev: info.lo_device,
+        backing_ino: info.lo_inode,
+        flags: info.lo_flags,
+        offset: info.lo_offset,
+    })
+}
+
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_config>() == 304);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_info64>() == 232);

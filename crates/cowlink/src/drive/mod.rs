@@ -13,8 +13,25 @@
 //!
 //! What makes an image "a cowlink drive" is its record: one small JSON
 //! file per drive in [`Places::state_dir`] (image, mount point,
-//! filesystem). Everything else (mounted or not, loop state, use, whether
-//! it persists) is read live from the kernel each time.
+//! filesystem, and the identities taken when `create` made them: the
+//! image's device and inode, its filesystem's UUID, the mount point
+//! directory's device and inode). A drive is recognised by those
+//! identities, never by a path string: `remove`, `unmount`, `mount` and
+//! `persist` all pass through `own` (a file) or `drive_mounted_at` (a
+//! mount: a loop device whose backing device and inode, from
+//! `LOOP_GET_STATUS64`, are a record's image, holding the recorded UUID,
+//! mounted on the recorded directory) and refuse anything else with the
+//! reason. Loop devices are matched to images the same way, so a name
+//! reached through a bind mount, or one sysfs trims, is still the same
+//! file. Records written before the identities existed are accepted only
+//! when the image is what `create` makes (the recorded filesystem,
+//! labelled `cowlink`), and are then migrated. Everything else (mounted or
+//! not, loop state, use, whether it persists) is read live from the kernel
+//! each time.
+//!
+//! [`create`] checks for cancellation ([`CreateOptions::cancel`]: Ctrl-C,
+//! SIGTERM) between its steps; every step made is undone, last first, on a
+//! cancel as on an error.
 //!
 //! Layout: this file has the operations and their reports; `device` the
 //! kernel side (superblocks, loop devices, mounts, processes holding
@@ -34,6 +51,7 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+use device::FileId;
 pub use device::{Holder, LoopState};
 pub use persist::{PersistKind, PersistPlan, PersistWith, Places};
 
@@ -98,7 +116,7 @@ impl std::fmt::Display for DriveFs {
 }
 
 /// Options for [`create`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct CreateOptions {
     /// The image's size in bytes (the filesystem's size; the file is
     /// sparse and fills as data is written).
@@ -115,6 +133,53 @@ pub struct CreateOptions {
     pub sparse_ok: bool,
     /// Check everything and say what would be written, but change nothing.
     pub dry_run: bool,
+    /// Cancelled (Ctrl-C, SIGTERM): the step under way finishes, every
+    /// step made is undone, and [`create`] fails with `Cancelled`.
+    pub cancel: crate::CancelToken,
+    /// For tests of the undo: after this step (0 = before any, 1 = mount
+    /// point made … 8 = boot entry written) wait, saying so on stderr,
+    /// until cancelled.
+    #[doc(hidden)]
+    pub pause_after_step: Option<u32>,
+}
+
+/// The steps of [`create`], in order: each is undone if a later one fails
+/// or the run is cancelled.
+const CREATE_STEPS: [&str; 8] = [
+    "mount point made",
+    "image made",
+    "filesystem made",
+    "loop device attached",
+    "mounted",
+    "owner set",
+    "record written",
+    "boot entry written",
+];
+
+/// Between two steps of [`create`]: the test pause, then the cancel check
+/// (`Cancelled` unwinds every step made so far).
+fn checkpoint(
+    op: Operation,
+    image: &Path,
+    options: &CreateOptions,
+    step: u32,
+) -> Result<(), Error> {
+    if options.pause_after_step == Some(step) {
+        let name = match step {
+            0 => "nothing made yet",
+            n => CREATE_STEPS.get(n as usize - 1).copied().unwrap_or("?"),
+        };
+        eprintln!("cowlink: paused after step {step} ({name})");
+        while !options.cancel.is_cancelled() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    match options.cancel.is_cancelled() {
+        true => Err(Error::new(op, ErrorKind::Cancelled)
+            .with_src(image)
+            .with_reason("interrupted: every step made was undone")),
+        false => Ok(()),
+    }
 }
 
 /// What [`create`] did (or, on a dry run, would do).
@@ -187,12 +252,47 @@ pub enum Change {
     Already,
 }
 
-/// The record that makes an image a cowlink drive.
+/// The record that makes an image a cowlink drive: with the image's and
+/// the mount point's identity (device and inode), so that a drive is
+/// recognised as cowlink's own by what the file is, never by a name.
+/// Records written before the identities existed (`image_id` absent) are
+/// "legacy": see `own`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
     image: PathBuf,
     mount: PathBuf,
     fs: DriveFs,
+    /// The image file's device and inode, taken when it was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image_id: Option<FileId>,
+    /// The mount point directory's device and inode (the directory itself,
+    /// beneath any mount), taken when the drive was mounted on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mount_id: Option<FileId>,
+    /// The UUID mkfs gave the image's filesystem (hex): with `image_id`,
+    /// it tells the drive from a file that later got the same inode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image_uuid: Option<String>,
+}
+
+/// Whether the superblock `sb` is the one the record `r` was made with
+/// (a record without a UUID: any); the reason when not.
+fn same_filesystem(r: &Record, sb: Option<&device::Superblock>) -> Result<(), String> {
+    let Some(want) = &r.image_uuid else {
+        return Ok(());
+    };
+    match sb {
+        Some(sb) if &sb.uuid_hex() == want => Ok(()),
+        Some(sb) => Err(format!(
+            "it holds the {} filesystem {}, not the drive's {want} (the drive's file is gone \
+             and another took its inode, or it was formatted again)",
+            sb.fs,
+            sb.uuid_hex()
+        )),
+        None => Err(format!(
+            "it holds no XFS or Btrfs filesystem, not the drive's {want}"
+        )),
+    }
 }
 
 fn record_path(places: &Places, image: &Path) -> PathBuf {
@@ -200,8 +300,15 @@ fn record_path(places: &Places, image: &Path) -> PathBuf {
     places.state_dir.join(format!("{}.json", &h[..16]))
 }
 
-fn read_record(places: &Places, image: &Path) -> Option<Record> {
-    let text = fs::read(record_path(places, image)).ok()?;
+/// The largest record read (a record is a few hundred bytes; anything
+/// bigger in the state directory is not one).
+const RECORD_MAX: u64 = 64 << 10;
+
+fn read_record_file(p: &Path) -> Option<Record> {
+    use std::io::Read;
+    let f = device::open_image(p).ok()?;
+    let mut text = Vec::new();
+    f.take(RECORD_MAX).read_to_end(&mut text).ok()?;
     serde_json::from_slice(&text).ok()
 }
 
@@ -212,7 +319,7 @@ fn records(places: &Places) -> Vec<Record> {
     let mut v: Vec<Record> = dir
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
-        .filter_map(|e| serde_json::from_slice(&fs::read(e.path()).ok()?).ok())
+        .filter_map(|e| read_record_file(&e.path()))
         .collect();
     v.sort_by(|a, b| a.image.cmp(&b.image));
     v
@@ -229,6 +336,110 @@ fn remove_record(places: &Places, image: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Whether the image behind a legacy record (one without identities) is
+/// what [`create`] made: the filesystem the record names, labelled
+/// `cowlink`. The reason when not.
+fn legacy_image_matches(r: &Record) -> Result<(), String> {
+    match device::superblock(&r.image) {
+        Ok(Some(sb)) if sb.fs == r.fs && sb.label == b"cowlink" => Ok(()),
+        Ok(Some(sb)) if sb.fs != r.fs => Err(format!("it holds {}, not {}", sb.fs, r.fs)),
+        Ok(Some(sb)) => Err(format!(
+            "its filesystem label is {:?}, not the \"cowlink\" that drive create gives",
+            String::from_utf8_lossy(&sb.label)
+        )),
+        Ok(None) => Err("it holds neither an XFS nor a Btrfs filesystem".into()),
+        Err(e) => Err(format!("cannot read it: {e}")),
+    }
+}
+
+/// **The one rule for "is this cowlink's drive?"**, used by every
+/// operation that could destroy or detach something (`remove`, `unmount`,
+/// `mount` over a recorded image): the file `image` (a regular file whose
+/// metadata is `meta`) is a drive when a record holds its device and
+/// inode. A legacy record (written before records held them) for the same
+/// path is accepted when the image is what `create` made (the record's
+/// filesystem, label `cowlink`), and is then migrated: the identities are
+/// written into it. Anything else is refused with the reason.
+fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Result<Record, Error> {
+    let not_ours = |why: String| {
+        Error::new(op, ErrorKind::InvalidInput)
+            .with_src(image)
+            .with_reason(why)
+    };
+    if !meta.is_file() {
+        return Err(not_ours(format!(
+            "it is not a cowlink drive: a drive's image is a regular file, this is {}",
+            crate::prim::files::file_type_name(meta.mode())
+        )));
+    }
+    let id = FileId::of(meta);
+    let all = records(places);
+    if let Some(r) = all.iter().find(|r| r.image_id == Some(id)) {
+        let sb = device::superblock(image).ok().flatten();
+        return match same_filesystem(r, sb.as_ref()) {
+            Ok(()) => Ok(r.clone()),
+            Err(why) => Err(not_ours(format!(
+                "it is not the drive a record names, though it has that drive's {id}: {why}; \
+                 nothing was done"
+            ))),
+        };
+    }
+    if let Some(r) = all.iter().find(|r| r.image == image) {
+        return match r.image_id {
+            Some(was) => Err(not_ours(format!(
+                "it is not the image cowlink made under this name: the drive record names \
+                 the file with {was}, this one has {id} (was it replaced?); nothing was done"
+            ))),
+            None => match legacy_image_matches(r) {
+                Ok(()) => {
+                    let mut r = r.clone();
+                    r.image_id = Some(id);
+                    r.image_uuid = device::superblock(image)
+                        .ok()
+                        .flatten()
+                        .map(|sb| sb.uuid_hex());
+                    if rustix::process::geteuid().is_root() {
+                        let _ = write_record(places, &r);
+                    }
+                    Ok(r)
+                }
+                Err(why) => Err(not_ours(format!(
+                    "its drive record was written by an older cowlink, and the image is not \
+                     what drive create made ({why}); nothing was done"
+                ))),
+            },
+        };
+    }
+    Err(not_ours(
+        "it is not a cowlink drive: no drive record names this file (cowlink changes only \
+         the drives `drive create` made; see `cowlink drive list`)"
+            .into(),
+    ))
+}
+
+/// `own`, and `image` must be the name the record holds: a drive is
+/// mounted and persisted under one name only (another name, a hard link or
+/// the directory reached another way, would make a second record and a
+/// second boot entry for one image).
+fn own_by_this_name(
+    op: Operation,
+    places: &Places,
+    image: &Path,
+    meta: &fs::Metadata,
+) -> Result<Record, Error> {
+    let r = own(op, places, image, meta)?;
+    if r.image != image {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(image)
+            .with_reason(format!(
+                "it is another name (a hard link, or its directory reached another way) for \
+                 the drive image {}: use that name",
+                quoted(&r.image)
+            )));
+    }
+    Ok(r)
 }
 
 /// Steps to undo, last first, unless [`Undo::done`].
@@ -340,6 +551,15 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             .with_src(&image)
             .with_reason("the size must be more than 0"));
     }
+    if options.size > i64::MAX as u64 {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(&image)
+            .with_reason(format!(
+                "the size {} is more than the largest file Linux can make ({} bytes, 8 EiB)",
+                options.size,
+                i64::MAX
+            )));
+    }
     if !options.dry_run {
         require_root(op, &image)?;
     }
@@ -358,6 +578,7 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 quoted(&image_dir)
             )));
     }
+    refuse_mount_over_image(op, &image, &mount)?;
     let mount_exists = check_mount_point(op, &mount)?;
     // Not `NotFound`: that kind means a path given that does not exist (a
     // failed operation, exit 1); a missing tool means the command cannot
@@ -389,7 +610,9 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
     }
     let plan = options
         .persist
-        .map(|with| persist::plan(with, places, &image, &mount, fs_));
+        .map(|with| persist::plan(with, places, &image, &mount, fs_))
+        .transpose()
+        .map_err(|(p, why)| unexpressible(op, &p, why))?;
     if let Some(p) = &plan {
         if p.kind == PersistKind::Systemd && p.file.exists() {
             return Err(Error::new(op, ErrorKind::AlreadyExists)
@@ -415,18 +638,37 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
     }
 
     let mut undo = Undo::default();
+    let step = |n: u32| checkpoint(op, &image, options, n);
+    step(0)?;
     if !mount_exists {
         fs::create_dir(&mount).map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
         let m = mount.clone();
         undo.push(move || drop(fs::remove_dir(m)));
     }
+    let mount_id = device::dir_id_beneath_mounts(&mount)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            Error::new(op, ErrorKind::NotFound)
+                .with_src(&mount)
+                .with_reason("the mount point vanished while the drive was being made")
+        })?;
+    step(1)?;
     let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&image)
         .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
-    let i = image.clone();
-    undo.push(move || drop(fs::remove_file(i)));
+    let image_id = file
+        .metadata()
+        .map(|m| FileId::of(&m))
+        .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+    {
+        // Undone by identity: only the file made here is removed, even if
+        // the name was replaced meanwhile.
+        let i = image.clone();
+        undo.push(move || remove_if_same(&i, image_id));
+    }
     {
         use std::os::unix::fs::PermissionsExt;
         file.set_len(options.size)
@@ -434,6 +676,7 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
         drop(file);
     }
+    step(2)?;
     let out = Command::new(&mkfs)
         .args(fs_.mkfs_args(&image))
         .output()
@@ -442,6 +685,9 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 .with_src(&image)
                 .with_reason(format!("cannot run {}: {e}", quoted(&mkfs)))
         })?;
+    // A Ctrl-C from the terminal also reaches mkfs: the cancel is what
+    // happened, not mkfs's failure.
+    step(3)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         // What it said before any usage text, at most 3 lines.
@@ -456,44 +702,80 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             .with_src(&image)
             .with_reason(format!("{} failed ({}): {said}", fs_.mkfs(), out.status)));
     }
-    let attached = attach_and_mount(op, &image, &mount, fs_, 4096, &mut undo)?;
+    let image_uuid = device::superblock(&image)
+        .ok()
+        .flatten()
+        .map(|sb| sb.uuid_hex());
+    let attached = attach(op, &image, image_id, 4096)?;
+    step(4)?;
+    mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
+    step(5)?;
     if let Some((uid, gid)) = options.owner {
         std::os::unix::fs::chown(&mount, Some(uid), Some(gid))
             .map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
     }
+    step(6)?;
     let record = Record {
         image: image.clone(),
         mount: mount.clone(),
         fs: fs_,
+        image_id: Some(image_id),
+        mount_id: Some(mount_id),
+        image_uuid,
     };
     write_record(places, &record)
         .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
     let (p2, i2) = (places.clone(), image.clone());
     undo.push(move || drop(remove_record(&p2, &i2)));
+    step(7)?;
     if let Some(p) = &plan {
         persist::apply(p, places).map_err(|e| Error::from_io(op, &e).with_src(&p.file))?;
+        let (p2, i2, m2) = (places.clone(), image.clone(), mount.clone());
+        undo.push(move || drop(persist::remove(&p2, &i2, &m2)));
     }
+    step(8)?;
     attached.keep();
     undo.done();
     Ok(created(Some(info(&record, places))))
 }
 
-/// Attach `image` to a loop device (logical block size `block`) and mount
-/// it on `mount`; the unmount goes on `undo`. The device is detached again
-/// if the mount fails.
-fn attach_and_mount(
-    op: Operation,
-    image: &Path,
-    mount: &Path,
-    fs_: DriveFs,
-    block: u32,
-    undo: &mut Undo,
-) -> Result<device::Attached, Error> {
+/// Remove `path` if it is still the file `id` (an undo removes only what
+/// it made).
+fn remove_if_same(path: &Path, id: FileId) {
+    if fs::symlink_metadata(path).is_ok_and(|m| FileId::of(&m) == id) {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// Attach `image` (the file `id`) to a loop device with logical block size
+/// `block`; detached again when dropped unless kept.
+fn attach(op: Operation, image: &Path, id: FileId, block: u32) -> Result<device::Attached, Error> {
     let attached = device::attach(image, block).map_err(|(e, what)| {
         Error::from_errno(op, e)
             .with_src(image)
             .with_reason(format!("cannot {what}: {}", errno_text(e)))
     })?;
+    // The name may have been replaced between the checks and the open:
+    // the device must hold the very file checked.
+    if attached.backing() != Some(id) {
+        return Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(image)
+            .with_reason(
+                "the image was replaced while it was being attached; nothing was mounted",
+            ));
+    }
+    Ok(attached)
+}
+
+/// Mount the attached device on `mount`; the unmount goes on `undo`.
+fn mount_attached(
+    op: Operation,
+    attached: &device::Attached,
+    image: &Path,
+    mount: &Path,
+    fs_: DriveFs,
+    undo: &mut Undo,
+) -> Result<(), Error> {
     device::mount(&attached.path(), mount, fs_).map_err(|e| {
         Error::from_errno(op, e)
             .with_src(image)
@@ -501,10 +783,49 @@ fn attach_and_mount(
             .with_reason(format!("mount failed: {}", errno_text(e)))
     })?;
     let m = mount.to_path_buf();
-    undo.push(move || {
-        let _ = device::unmount(&m);
-    });
-    Ok(attached)
+    undo.push(move || device::unmount_for_undo(&m));
+    Ok(())
+}
+
+/// A path a boot entry cannot hold, as an error.
+fn unexpressible(op: Operation, p: &Path, why: String) -> Error {
+    Error::new(op, ErrorKind::InvalidInput)
+        .with_src(p)
+        .with_reason(format!("cannot write it into a boot entry: {why}"))
+}
+
+/// Refuse a mount point that is the image's directory or one of its
+/// ancestors (compared by device and inode, so a bind mount or another
+/// name for the same directory is caught): the drive would hide its own
+/// image. `image` is absolute with its existing part resolved.
+fn refuse_mount_over_image(op: Operation, image: &Path, mount: &Path) -> Result<(), Error> {
+    let Ok(m) = fs::metadata(mount) else {
+        return Ok(()); // made empty by us: it cannot hold the image
+    };
+    let mid = FileId::of(&m);
+    for dir in image.ancestors().skip(1) {
+        if fs::metadata(dir).is_ok_and(|d| FileId::of(&d) == mid) {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(mount)
+                .with_dst(image)
+                .with_reason(format!(
+                    "the mount point is {} the image's own directory{}: the drive would be \
+                     mounted over its own image (choose a mount point outside {})",
+                    if dir == image.parent().unwrap_or(dir) {
+                        ""
+                    } else {
+                        "an ancestor of"
+                    },
+                    if dir == mount {
+                        String::new()
+                    } else {
+                        format!(" ({})", quoted(dir))
+                    },
+                    quoted(dir)
+                )));
+        }
+    }
+    Ok(())
 }
 
 /// Check a mount point for [`create`] and [`mount`]: an empty directory
@@ -516,7 +837,7 @@ fn check_mount_point(op: Operation, mount: &Path) -> Result<bool, Error> {
             .with_src(mount)
             .with_reason("the mount point is not a directory")),
         Ok(_) => {
-            if let Some(m) = device::mounted_at(mount) {
+            if let Some(m) = device::mount_rooted_at(mount) {
                 return Err(Error::new(op, ErrorKind::InUse)
                     .with_src(mount)
                     .with_reason(format!(
@@ -551,16 +872,24 @@ pub fn list(places: &Places) -> Vec<DriveInfo> {
     records(places).iter().map(|r| info(r, places)).collect()
 }
 
-/// The drive whose mount point or image is `path`.
+/// The drive whose mount point or image is `path` (by name, or by device
+/// and inode for the image).
 ///
 /// # Errors
 /// `NotFound` when no drive has that mount point or image.
 pub fn status(path: &Path, places: &Places) -> Result<DriveInfo, Error> {
     let op = Operation::DriveStatus;
     let p = absolute(op, path)?;
+    let id = fs::metadata(&p).ok().map(|m| FileId::of(&m));
+    let rooted = device::mount_rooted_at(&p).map(|m| m.id);
     records(places)
         .into_iter()
-        .find(|r| r.mount == p || r.image == p)
+        .find(|r| {
+            r.mount == p
+                || r.image == p
+                || (id.is_some() && r.image_id == id)
+                || (rooted.is_some() && device::mount_rooted_at(&r.mount).map(|m| m.id) == rooted)
+        })
         .map(|r| info(&r, places))
         .ok_or_else(|| {
             Error::new(op, ErrorKind::NotFound)
@@ -571,21 +900,30 @@ pub fn status(path: &Path, places: &Places) -> Result<DriveInfo, Error> {
         })
 }
 
+/// The identity of a record's image: the recorded one, or for a legacy
+/// record the file now under its name.
+fn image_id(r: &Record) -> Option<FileId> {
+    r.image_id
+        .or_else(|| fs::metadata(&r.image).ok().map(|m| FileId::of(&m)))
+}
+
 fn info(r: &Record, places: &Places) -> DriveInfo {
-    let meta = fs::metadata(&r.image).ok();
-    let mounts = device::mounts_of(&r.image);
-    let here = mounts.iter().find(|(m, _)| m.mount_point == r.mount);
+    let meta = fs::metadata(&r.image)
+        .ok()
+        .filter(|m| r.image_id.is_none_or(|id| id == FileId::of(m)));
+    let mounts = image_id(r).map(device::mounts_of).unwrap_or_default();
+    let at_mount = device::mount_rooted_at(&r.mount).map(|m| m.id);
+    let here = mounts.iter().find(|(m, _)| Some(m.id) == at_mount);
     let elsewhere = mounts
         .iter()
-        .find(|(m, _)| m.mount_point != r.mount)
+        .find(|(m, _)| Some(m.id) != at_mount)
         .map(|(m, _)| m.mount_point.clone());
     let loop_device = here
         .map(|(_, l)| l.clone())
         .or_else(|| mounts.first().map(|(_, l)| l.clone()))
         .or_else(|| {
-            device::loops_of(&r.image)
-                .into_iter()
-                .next()
+            image_id(r)
+                .and_then(|id| device::loops_of(id).into_iter().next())
                 .map(|(_, l)| l)
         });
     let mut d = DriveInfo {
@@ -619,11 +957,23 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
         }
         d.owner_uid = fs::metadata(&r.mount).ok().map(|m| m.uid());
         if let Ok(f) = crate::probe::filesystem(&r.mount) {
-            d.reflink = Some(f.reflink.is_yes());
+            // Unknown (without root: no scratch file could be made) is
+            // not "no".
+            d.reflink = match &f.reflink {
+                crate::probe::Answer::Yes => Some(true),
+                crate::probe::Answer::No(_) => Some(false),
+                crate::probe::Answer::Unknown(_) => None,
+            };
             d.reflink_reason = f.reflink.reason().map(str::to_owned);
         }
     }
     d.warnings = warnings(&d);
+    if !d.image_exists && fs::symlink_metadata(&r.image).is_ok() {
+        d.warnings.push(format!(
+            "the file now named {} is not the drive's image (it was replaced)",
+            quoted(&r.image)
+        ));
+    }
     if let (Some(PersistKind::Systemd), Some(file)) = (d.persist, &d.persist_file) {
         let stale = fs::read_to_string(file)
             .is_ok_and(|t| persist::unit_is_stale(&t, &r.image, &r.mount, r.fs));
@@ -685,10 +1035,16 @@ fn warnings(d: &DriveInfo) -> Vec<String> {
 /// mounted there: switches direct I/O on if it was off, and answers
 /// [`Change::Already`].
 ///
+/// An image with a record must be the recorded file (`own`); an image
+/// without one is taken as a drive only when it is what `create` makes (an
+/// XFS or Btrfs filesystem labelled `cowlink`: a drive whose record was
+/// lost), and is recorded.
+///
 /// # Errors
 /// Not root, `image` missing or holding neither XFS nor Btrfs (or not the
-/// `fs` asked for), `image` mounted elsewhere, the mount point not an
-/// empty directory, loop setup or mount failing (everything undone).
+/// `fs` asked for), not a drive, `image` mounted elsewhere, the mount
+/// point not an empty directory or the image's own directory, loop setup
+/// or mount failing (everything undone).
 pub fn mount(
     image: &Path,
     mount_point: &Path,
@@ -699,22 +1055,54 @@ pub fn mount(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
-    let (fs_, sector) = detect(op, &image)?;
+    let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+    let sb = match device::superblock(&image) {
+        Ok(Some(sb)) => sb,
+        Ok(None) => {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason("it holds neither an XFS nor a Btrfs filesystem"))
+        }
+        Err(e) => return Err(Error::from_io(op, &e).with_src(&image)),
+    };
+    let (fs_, sector) = (sb.fs, sb.sector);
     if let Some(asked) = fs_asked.filter(|a| *a != fs_) {
         return Err(Error::new(op, ErrorKind::InvalidInput)
             .with_src(&image)
             .with_reason(format!("it holds {fs_}, not {asked}")));
     }
-    let record = Record {
+    let id = FileId::of(&meta);
+    let known = records(places)
+        .into_iter()
+        .any(|r| r.image_id == Some(id) || r.image == image);
+    let old = match known {
+        true => Some(own_by_this_name(op, places, &image, &meta)?),
+        false if sb.label == b"cowlink" => None,
+        false => {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is not a cowlink drive: no drive record names it, and its filesystem \
+                     label is {:?}, not the \"cowlink\" drive create gives (mount it with \
+                     mount -o loop)",
+                    String::from_utf8_lossy(&sb.label)
+                )))
+        }
+    };
+    let mut record = Record {
         image: image.clone(),
         mount: mount.clone(),
         fs: fs_,
+        image_id: Some(id),
+        mount_id: None,
+        image_uuid: Some(sb.uuid_hex()),
     };
     let save = |r: &Record| {
         write_record(places, r).map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))
     };
-    let mounted = device::mounts_of(&image);
-    if let Some((m, l)) = mounted.iter().find(|(m, _)| m.mount_point == mount) {
+    let mounted = device::mounts_of(id);
+    let here = device::mount_rooted_at(&mount).map(|m| m.id);
+    if let Some((m, l)) = mounted.iter().find(|(m, _)| Some(m.id) == here) {
         let n = device::loop_number(&m.source).unwrap_or(u32::MAX);
         if !l.direct_io {
             device::set_direct_io(n).map_err(|e| {
@@ -723,7 +1111,8 @@ pub fn mount(
                     .with_reason(format!("cannot switch direct I/O on: {}", errno_text(e)))
             })?;
         }
-        if read_record(places, &image).as_ref() != Some(&record) {
+        record.mount_id = device::dir_id_beneath_mounts(&mount).ok().flatten();
+        if old.as_ref() != Some(&record) {
             save(&record)?;
         }
         return Ok((Change::Already, info(&record, places)));
@@ -736,6 +1125,7 @@ pub fn mount(
                 quoted(&m.mount_point)
             )));
     }
+    refuse_mount_over_image(op, &image, &mount)?;
     let exists = check_mount_point(op, &mount)?;
     let mut undo = Undo::default();
     if !exists {
@@ -743,30 +1133,21 @@ pub fn mount(
         let m = mount.clone();
         undo.push(move || drop(fs::remove_dir(m)));
     }
-    // A device left attached but unmounted (a crash between the steps) is
-    // detached first: two devices over one image would corrupt it.
-    for (n, _) in device::loops_of(&image) {
+    record.mount_id = device::dir_id_beneath_mounts(&mount).ok().flatten();
+    // A device left attached over this very file but unmounted (a crash
+    // between the steps) is detached first: two devices over one image
+    // would corrupt it.
+    for (n, _) in device::loops_of(id) {
         let _ = device::detach(n);
     }
-    let attached = attach_and_mount(op, &image, &mount, fs_, block_size_for(sector), &mut undo)?;
-    if read_record(places, &image).as_ref() != Some(&record) {
+    let attached = attach(op, &image, id, block_size_for(sector))?;
+    mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
+    if old.as_ref() != Some(&record) {
         save(&record)?;
     }
     attached.keep();
     undo.done();
     Ok((Change::Done, info(&record, places)))
-}
-
-/// The filesystem in `image` and its sector size; neither XFS nor Btrfs
-/// is `InvalidInput`.
-fn detect(op: Operation, image: &Path) -> Result<(DriveFs, u32), Error> {
-    match device::detect(image) {
-        Ok(Some(found)) => Ok(found),
-        Ok(None) => Err(Error::new(op, ErrorKind::InvalidInput)
-            .with_src(image)
-            .with_reason("it holds neither an XFS nor a Btrfs filesystem")),
-        Err(e) => Err(Error::from_io(op, &e).with_src(image)),
-    }
 }
 
 /// Write (or write again) the boot entry of the drive `image`, mounted or
@@ -777,8 +1158,8 @@ fn detect(op: Operation, image: &Path) -> Result<(DriveFs, u32), Error> {
 /// the kind already written, if any. Returns what was written.
 ///
 /// # Errors
-/// Not root; `image` holding no drive's filesystem; the files not
-/// writable.
+/// Not root; `image` not a drive (`own`); a path a unit cannot hold;
+/// the files not writable.
 pub fn persist(
     image: &Path,
     mount_point: &Path,
@@ -789,42 +1170,126 @@ pub fn persist(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
-    let (fs_, _) = detect(op, &image)?;
+    let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+    let r = own_by_this_name(op, places, &image, &meta)?;
     // Asked for no kind in particular: keep the kind already there.
     let with = match (with, persist::find(places, &image, &mount)) {
         (PersistWith::Auto, Some((PersistKind::Systemd, _))) => PersistWith::Systemd,
         (PersistWith::Auto, Some((PersistKind::Fstab, _))) => PersistWith::Fstab,
         (w, _) => w,
     };
-    let plan = persist::plan(with, places, &image, &mount, fs_);
+    let plan = persist::plan(with, places, &image, &mount, r.fs)
+        .map_err(|(p, why)| unexpressible(op, &p, why))?;
     persist::rewrite(&plan, places, &image, &mount)
         .map_err(|e| Error::from_io(op, &e).with_src(&plan.file))?;
     Ok(plan)
+}
+
+/// The drive mounted on `mount` (absolute), by identity: the mount there
+/// must be a loop device whose backing file (device and inode, from the
+/// kernel) is an image a record holds (`own`), on the directory the
+/// record holds. Returns the record, the loop device's number and whether
+/// it detaches itself (`AUTOCLEAR`); `Ok(None)` when nothing is mounted
+/// there; a refusal naming what is mounted when it is not cowlink's.
+fn drive_mounted_at(
+    op: Operation,
+    places: &Places,
+    mount: &Path,
+) -> Result<Option<(Record, u32)>, Error> {
+    let Some(m) = device::mount_rooted_at(mount) else {
+        return Ok(None);
+    };
+    let refuse = |why: String| {
+        Err(Error::new(op, ErrorKind::InvalidInput)
+            .with_src(mount)
+            .with_reason(why))
+    };
+    let Some((n, fd, backing)) = device::loop_of_mount(&m) else {
+        return refuse(format!(
+            "it is not a drive: {} from {} is mounted there (use umount)",
+            m.fstype, m.source
+        ));
+    };
+    let sb = device::superblock_in(&mut fs::File::from(fd))
+        .ok()
+        .flatten();
+    let Some(backing) = backing else {
+        return refuse(format!(
+            "{} is mounted there, and the kernel does not say which file it holds",
+            m.source
+        ));
+    };
+    let name = device::loop_state(n)
+        .map(|s| quoted(&s.backing_file).to_string())
+        .unwrap_or_else(|| "?".into());
+    let all = records(places);
+    let record = all
+        .iter()
+        .find(|r| r.image_id == Some(backing))
+        .cloned()
+        .or_else(|| {
+            // A legacy record: the file now under its name, if it is what
+            // create made.
+            all.iter()
+                .filter(|r| r.image_id.is_none())
+                .find(|r| {
+                    fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == backing)
+                        && legacy_image_matches(r).is_ok()
+                })
+                .cloned()
+        });
+    let Some(mut record) = record else {
+        return refuse(format!(
+            "it is not a cowlink drive: {} over {name} ({backing}) is mounted there, and no \
+             drive record holds that file (cowlink unmounts only the drives it mounted; use umount)",
+            m.source
+        ));
+    };
+    if let Err(why) = same_filesystem(&record, sb.as_ref()) {
+        return refuse(format!(
+            "it is not a cowlink drive: {} over {name} is mounted there: {why} (use umount)",
+            m.source
+        ));
+    }
+    let here = device::dir_id_beneath_mounts(mount).ok().flatten();
+    let same_dir = match record.mount_id {
+        Some(id) => here == Some(id),
+        None => record.mount == mount,
+    };
+    if !same_dir {
+        return refuse(format!(
+            "the drive {} is mounted there, but not by cowlink: cowlink mounts it on {} \
+             (use umount)",
+            quoted(&record.image),
+            quoted(&record.mount)
+        ));
+    }
+    if record.image_id.is_none() || record.mount_id.is_none() {
+        // Migrate a legacy record.
+        record.image_id = Some(backing);
+        record.mount_id = here;
+        record.image_uuid = sb.as_ref().map(|sb| sb.uuid_hex());
+        let _ = write_record(places, &record);
+    }
+    Ok(Some((record, n)))
 }
 
 /// Unmount the drive mounted on `mount_point`; its loop device detaches
 /// with it. Not mounted: [`Change::Already`].
 ///
 /// # Errors
-/// Not root; something other than a loop device is mounted there
-/// (`InvalidInput`: not a drive); files are open on it (`InUse`, naming
-/// the processes).
-pub fn unmount(mount_point: &Path) -> Result<Change, Error> {
+/// Not root; what is mounted there is not a cowlink drive
+/// (`InvalidInput`: not a loop device, or one over a file no record
+/// holds, or a drive mounted there by hand); files are open on it
+/// (`InUse`, naming the processes).
+pub fn unmount(mount_point: &Path, places: &Places) -> Result<Change, Error> {
     let op = Operation::DriveUnmount;
     let mount = absolute(op, mount_point)?;
     require_root(op, &mount)?;
-    let Some(m) = device::mounted_at(&mount) else {
+    let Some((record, n)) = drive_mounted_at(op, places, &mount)? else {
         return Ok(Change::Already);
     };
-    let Some(n) = device::loop_number(&m.source) else {
-        return Err(Error::new(op, ErrorKind::InvalidInput)
-            .with_src(&mount)
-            .with_reason(format!(
-                "it is not a drive: {} from {} is mounted there (use umount)",
-                m.fstype, m.source
-            )));
-    };
-    let backing = device::loop_state(n).map(|s| s.backing_file);
+    let image = record.image_id;
     if let Err(e) = device::unmount(&mount) {
         let mut err = Error::from_errno(op, e).with_src(&mount);
         if e == rustix::io::Errno::BUSY {
@@ -838,19 +1303,17 @@ pub fn unmount(mount_point: &Path) -> Result<Change, Error> {
     }
     // AUTOCLEAR detaches the device once the mount lets go; a device
     // attached without it (a mount(8) of an older util-linux) is detached
-    // here. The kernel does it asynchronously: wait up to a second.
-    if let Some(image) = backing {
-        for _ in 0..100 {
-            if device::loops_of(&image).is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+    // here: only that device, and only while it still holds the drive's
+    // image. The kernel does it asynchronously: wait up to a second.
+    let ours = |k: u32| device::loop_state(k).filter(|s| s.backing == image);
+    for _ in 0..100 {
+        if ours(n).is_none_or(|s| !s.autoclear) {
+            break;
         }
-        for (k, s) in device::loops_of(&image) {
-            if !s.autoclear || k == n {
-                let _ = device::detach(k);
-            }
-        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if ours(n).is_some() {
+        let _ = device::detach(n);
     }
     Ok(Change::Done)
 }
@@ -889,49 +1352,65 @@ pub struct Removed {
 }
 
 /// Delete the drive `image`: its boot entry, its record and the image
-/// file. Nothing to remove is not an error.
+/// file. Only a drive [`create`] made is deleted (`own`: its record holds
+/// the file's device and inode); a name with a record but no file left
+/// loses its record and boot entry; nothing at all is not an error.
 ///
 /// # Errors
-/// Not root; the drive is mounted or its image attached to a loop device
-/// or open in a process (`InUse`, naming where and who); `yes` not given
-/// while the image exists (`InvalidInput`: the message says what would be
-/// deleted).
+/// Not root; the file is not a drive (`InvalidInput`, with the reason);
+/// the drive is mounted or its image attached to a loop device or open in
+/// a process (`InUse`, naming where and who, found by device and inode);
+/// `yes` not given while the image exists (`InvalidInput`: the message
+/// says what would be deleted).
 pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error> {
     let op = Operation::DriveRemove;
     let image = absolute(op, image)?;
     require_root(op, &image)?;
-    let record = read_record(places, &image);
-    let meta = fs::metadata(&image).ok();
-    if let Some((m, _)) = device::mounts_of(&image).into_iter().next() {
-        let dev = fs::metadata(&m.mount_point).map(|x| x.dev()).unwrap_or(0);
-        let holders = device::holders(dev, None);
-        let open = match holders.is_empty() {
-            true => String::new(),
-            false => format!("; files are open on it: {}", describe_holders(&holders)),
-        };
-        return Err(Error::new(op, ErrorKind::InUse)
-            .with_src(&image)
-            .with_reason(format!(
-                "it is mounted on {}{open}: unmount it first (cowlink drive unmount {})",
-                quoted(&m.mount_point),
-                quoted(&m.mount_point)
-            )));
-    }
-    if let Some((_, l)) = device::loops_of(&image).into_iter().next() {
-        return Err(Error::new(op, ErrorKind::InUse)
-            .with_src(&image)
-            .with_reason(format!(
-                "it is attached to {} (losetup -d {} detaches it)",
-                l.device.display(),
-                l.device.display()
-            )));
-    }
+    let meta = fs::symlink_metadata(&image).ok();
+    let record = match &meta {
+        Some(m) => Some(own(op, places, &image, m)?),
+        None => records(places).into_iter().find(|r| r.image == image),
+    };
     if let Some(m) = &meta {
+        let id = FileId::of(m);
+        if let Some((mt, _)) = device::mounts_of(id).into_iter().next() {
+            let dev = fs::metadata(&mt.mount_point).map(|x| x.dev()).unwrap_or(0);
+            let holders = device::holders(dev, None);
+            let open = match holders.is_empty() {
+                true => String::new(),
+                false => format!("; files are open on it: {}", describe_holders(&holders)),
+            };
+            return Err(Error::new(op, ErrorKind::InUse)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is mounted on {}{open}: unmount it first (cowlink drive unmount {})",
+                    quoted(&mt.mount_point),
+                    quoted(&mt.mount_point)
+                )));
+        }
+        if let Some((_, l)) = device::loops_of(id).into_iter().next() {
+            return Err(Error::new(op, ErrorKind::InUse)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is attached to {} (losetup -d {} detaches it)",
+                    l.device.display(),
+                    l.device.display()
+                )));
+        }
         let holders = device::holders(m.dev(), Some(m.ino()));
         if !holders.is_empty() {
             return Err(Error::new(op, ErrorKind::InUse)
                 .with_src(&image)
                 .with_reason(format!("it is open: {}", describe_holders(&holders))));
+        }
+        if let Some(r) = record.as_ref().filter(|r| r.image != image) {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is another name (a hard link, or its directory reached another way) \
+                     for the drive image {}: remove the drive by that name",
+                    quoted(&r.image)
+                )));
         }
         if !yes {
             return Err(Error::new(op, ErrorKind::InvalidInput)
@@ -950,19 +1429,24 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
     if let Some(m) = &mount {
         persist::remove(places, &image, m).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     }
-    remove_record(places, &image)
-        .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
-    if meta.is_some() {
-        match fs::remove_file(&image) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(Error::from_io(op, &e).with_src(&image))
-            }
-            _ => {}
-        }
+    if let Some(r) = &record {
+        remove_record(places, &r.image)
+            .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
+    }
+    if let Some(m) = &meta {
+        unlink_same(&image, FileId::of(m)).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     }
     // The mount point goes too when nothing is in it (create made it, or
-    // it was made for the drive); a directory with files stays.
-    let mount_removed = mount.is_some_and(|m| fs::remove_dir(m).is_ok());
+    // it was made for the drive); a directory with files stays, and so
+    // does anything mounted.
+    let mount_removed = mount.is_some_and(|m| {
+        device::mount_rooted_at(&m).is_none()
+            && record
+                .as_ref()
+                .and_then(|r| r.mount_id)
+                .is_none_or(|id| device::dir_id_beneath_mounts(&m).ok().flatten() == Some(id))
+            && fs::remove_dir(m).is_ok()
+    });
     Ok(Removed {
         mount_removed,
         image_deleted: meta.is_some(),
@@ -970,6 +1454,34 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
         persist_removed: persist_found,
         record_removed: record.is_some(),
     })
+}
+
+/// Unlink `path` only if it is still the file `id`: the directory is held
+/// open and the name checked in it just before the unlink.
+fn unlink_same(path: &Path, id: FileId) -> io::Result<()> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let d = rustix::fs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = match rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if (st.st_dev, st.st_ino) != (id.dev, id.ino) {
+        return Err(io::Error::other(
+            "the file under this name changed while it was being removed; it was left alone",
+        ));
+    }
+    match rustix::fs::unlinkat(&d, name, AtFlags::empty()) {
+        Err(rustix::io::Errno::NOENT) => Ok(()),
+        r => r.map_err(Into::into),
+    }
 }
 
 #[cfg(test)]

@@ -94,33 +94,80 @@ pub struct PersistPlan {
     pub text: String,
 }
 
-/// `systemd-escape --path`: `/home/u/dev drive` → `home-u-dev\x20drive`.
-pub(crate) fn systemd_escape_path(p: &Path) -> String {
-    let s = p.to_string_lossy();
-    let trimmed: Vec<&str> = s.split('/').filter(|c| !c.is_empty()).collect();
-    if trimmed.is_empty() {
-        return "-".into();
+/// `systemd-escape --path`, byte for byte (systemd's
+/// `unit_name_path_escape`): `/home/u/dev drive` → `home-u-dev\x20drive`.
+/// Empty components and `.` components are dropped, `/` alone is `-`; a
+/// leading `.`, `-`, `\` and every byte outside `[0-9A-Za-z:_.]` become
+/// `\xNN`; `/` becomes `-`. `None` for a path with a `..` component, which
+/// systemd refuses.
+pub(crate) fn systemd_escape_path(p: &Path) -> Option<String> {
+    let bytes = p.as_os_str().as_encoded_bytes();
+    let parts: Vec<&[u8]> = bytes
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .collect();
+    if parts.iter().any(|c| *c == b"..") {
+        return None;
     }
-    let joined = trimmed.join("/");
-    let mut out = String::new();
-    for (i, b) in joined.bytes().enumerate() {
+    if parts.is_empty() {
+        return Some("-".into());
+    }
+    let joined = parts.join(&b'/');
+    let mut out = String::with_capacity(joined.len());
+    for (i, &b) in joined.iter().enumerate() {
         match b {
             b'/' => out.push('-'),
-            b'.' if i > 0 => out.push('.'),
-            b'_' => out.push('_'),
-            b if b.is_ascii_alphanumeric() => out.push(b as char),
+            b'.' if i == 0 => out.push_str("\\x2e"),
+            b if b.is_ascii_alphanumeric() || b":_.".contains(&b) => out.push(b as char),
             b => out.push_str(&format!("\\x{b:02x}")),
         }
     }
-    out
+    Some(out)
 }
 
-/// The unit's file name for a drive mounted on `mount`.
-pub(crate) fn unit_name(mount: &Path) -> String {
-    format!("cowlink-drive-{}.service", systemd_escape_path(mount))
+/// The longest unit name systemd loads (`UNIT_NAME_MAX` - 1).
+const UNIT_NAME_MAX: usize = 255;
+
+/// The unit's file name for a drive mounted on `mount`, or why there can
+/// be none.
+pub(crate) fn unit_name(mount: &Path) -> Result<String, String> {
+    let escaped = systemd_escape_path(mount)
+        .ok_or_else(|| "systemd cannot name a unit after a path with `..` in it".to_string())?;
+    let name = format!("cowlink-drive-{escaped}.service");
+    match name.len() > UNIT_NAME_MAX {
+        true => Err(format!(
+            "the unit's name for this mount point would be {} characters, more than \
+             systemd's {UNIT_NAME_MAX} (choose a shorter mount point)",
+            name.len()
+        )),
+        false => Ok(name),
+    }
 }
 
-/// One word of an `Exec*=` or list setting, quoted for systemd.
+/// Whether `p` can be written into a systemd unit at all: systemd has no
+/// way to say a control character (a newline above all: it would end the
+/// setting and start another) in `RequiresMountsFor=` or `Description=`,
+/// and the path must be UTF-8 and absolute. The reason when not.
+pub(crate) fn unit_path_expressible(p: &Path) -> Result<(), String> {
+    let Some(s) = p.to_str() else {
+        return Err("it is not valid UTF-8, which a systemd unit cannot hold".into());
+    };
+    if !p.is_absolute() {
+        return Err("it is not an absolute path".into());
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "it holds the control character {c:?}, which a systemd unit cannot express \
+             (a newline would start a new setting); rename it, or use --persist=fstab"
+        ));
+    }
+    Ok(())
+}
+
+/// One word of an `Exec*=` or list setting, quoted for systemd (every
+/// value cowlink writes into a unit is quoted: it never ends in a `\`,
+/// which would join the next line to it). Control characters are refused
+/// before this ([`unit_path_expressible`]).
 fn unit_word(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {
@@ -134,6 +181,18 @@ fn unit_word(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// A path in free text (`Description=`, comments): as it is when plain,
+/// else quoted as [`unit_word`] does, so it never ends in a `\\`.
+fn text_word(s: &str) -> String {
+    let plain = s
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:@,=".contains(c));
+    match plain {
+        true => s.to_owned(),
+        false => unit_word(s),
+    }
 }
 
 /// The systemd unit for a drive.
@@ -153,11 +212,11 @@ pub(crate) fn unit_text(program: &Path, image: &Path, mount: &Path, fs: DriveFs)
     if parent(mount) != parent(image) {
         needs.push(unit_word(&parent(mount)));
     }
-    let describe = format!("cowlink drive {img} on {dir}").replace('%', "%%");
+    let describe = format!("cowlink drive {} on {}", text_word(&img), text_word(&dir));
     format!(
         "# Written by `cowlink drive create --persist` or `drive mount --persist`;\n\
          # removed by `cowlink drive remove`.\n\
-         # Mounts the image {img} ({fs}) on {dir} with options noatime,\n\
+         # Mounts the image {} ({fs}) on {} with options noatime,\n\
          # through a loop device with direct I/O.\n\
          [Unit]\n\
          Description={describe}\n\
@@ -175,6 +234,8 @@ pub(crate) fn unit_text(program: &Path, image: &Path, mount: &Path, fs: DriveFs)
          \n\
          [Install]\n\
          WantedBy=local-fs.target\n",
+        text_word(&img),
+        text_word(&dir),
         needs.join(" "),
         unit_word(&prog),
         unit_word(&img),
@@ -185,15 +246,14 @@ pub(crate) fn unit_text(program: &Path, image: &Path, mount: &Path, fs: DriveFs)
     )
 }
 
-/// A path as an fstab field: space, tab, newline and backslash in octal.
+/// A path as an fstab field: space, backslash, `#` and every control
+/// character in octal (`\040`), as mount(8) reads them back.
 fn fstab_field(p: &Path) -> String {
     let mut out = String::new();
     for c in p.to_string_lossy().chars() {
         match c {
-            ' ' => out.push_str("\\040"),
-            '\t' => out.push_str("\\011"),
-            '\n' => out.push_str("\\012"),
-            '\\' => out.push_str("\\134"),
+            ' ' | '\\' | '#' => out.push_str(&format!("\\{:03o}", c as u32)),
+            c if c.is_ascii_control() => out.push_str(&format!("\\{:03o}", c as u32)),
             c => out.push(c),
         }
     }
@@ -216,30 +276,38 @@ pub(crate) fn fstab_lines(image: &Path, mount: &Path, fs: DriveFs) -> String {
     )
 }
 
-/// What persisting `image` on `mount` would write under `places`.
+/// What persisting `image` on `mount` would write under `places`, or why
+/// it cannot be written (a path a systemd unit cannot express, a unit
+/// name too long).
 pub(crate) fn plan(
     with: PersistWith,
     places: &Places,
     image: &Path,
     mount: &Path,
     fs: DriveFs,
-) -> PersistPlan {
+) -> Result<PersistPlan, (PathBuf, String)> {
     let systemd = match with {
         PersistWith::Auto => places.systemd,
         PersistWith::Systemd => true,
         PersistWith::Fstab => false,
     };
     match systemd {
-        true => PersistPlan {
-            kind: PersistKind::Systemd,
-            file: places.unit_dir.join(unit_name(mount)),
-            text: unit_text(&places.program, image, mount, fs),
-        },
-        false => PersistPlan {
+        true => {
+            for p in [image, mount, &places.program] {
+                unit_path_expressible(p).map_err(|why| (p.to_path_buf(), why))?;
+            }
+            let name = unit_name(mount).map_err(|why| (mount.to_path_buf(), why))?;
+            Ok(PersistPlan {
+                kind: PersistKind::Systemd,
+                file: places.unit_dir.join(name),
+                text: unit_text(&places.program, image, mount, fs),
+            })
+        }
+        false => Ok(PersistPlan {
             kind: PersistKind::Fstab,
             file: places.fstab.clone(),
             text: fstab_lines(image, mount, fs),
-        },
+        }),
     }
 }
 
@@ -393,7 +461,10 @@ pub(crate) fn remove(places: &Places, image: &Path, mount: &Path) -> io::Result<
 
 /// Remove the unit for `mount` and its `wants` link, if there.
 fn remove_unit(places: &Places, mount: &Path) -> io::Result<()> {
-    let name = unit_name(mount);
+    // No name: no unit can have been written for it.
+    let Ok(name) = unit_name(mount) else {
+        return Ok(());
+    };
     let gone = |r: io::Result<()>| match r {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -427,9 +498,11 @@ fn remove_fstab_entry(places: &Places, image: &Path) -> io::Result<()> {
 
 /// Whether `places` hold a boot entry for `image` on `mount`, and which.
 pub(crate) fn find(places: &Places, image: &Path, mount: &Path) -> Option<(PersistKind, PathBuf)> {
-    let unit = places.unit_dir.join(unit_name(mount));
-    if unit.exists() {
-        return Some((PersistKind::Systemd, unit));
+    if let Ok(name) = unit_name(mount) {
+        let unit = places.unit_dir.join(name);
+        if unit.exists() {
+            return Some((PersistKind::Systemd, unit));
+        }
     }
     let text = fs::read_to_string(&places.fstab).ok()?;
     (without_fstab_entry(&text, image) != text).then(|| (PersistKind::Fstab, places.fstab.clone()))
@@ -466,13 +539,200 @@ mod tests {
 
     #[test]
     fn paths_escape_as_systemd_does() {
-        assert_eq!(systemd_escape_path(Path::new("/")), "-");
-        assert_eq!(systemd_escape_path(Path::new("/home/u/dev")), "home-u-dev");
-        assert_eq!(
-            systemd_escape_path(Path::new("/srv/my drive/.cache-x")),
-            "srv-my\\x20drive-.cache\\x2dx"
+        let e = |p: &str| systemd_escape_path(Path::new(p)).unwrap();
+        assert_eq!(e("/"), "-");
+        assert_eq!(e("/home/u/dev"), "home-u-dev");
+        assert_eq!(e("/srv/my drive/.cache-x"), "srv-my\\x20drive-.cache\\x2dx");
+        assert_eq!(e("/.hidden"), "\\x2ehidden");
+        assert_eq!(e("//a/./b:c/"), "a-b:c");
+        assert_eq!(e("/a\\b\nc"), "a\\x5cb\\x0ac");
+        assert_eq!(systemd_escape_path(Path::new("/a/../b")), None);
+    }
+
+    /// A small deterministic generator (xorshift64*), for generated cases
+    /// without a dependency.
+    struct Gen(u64);
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn pick<'a, T>(&mut self, from: &'a [T]) -> &'a T {
+            &from[(self.next() % from.len() as u64) as usize]
+        }
+    }
+
+    /// Hostile path components: newlines, spaces, unicode, `-`, `\`, `:`,
+    /// dots, quotes, specifiers, control characters.
+    fn hostile_names(seed: u64, n: usize) -> Vec<String> {
+        let pieces = [
+            "a",
+            "Z",
+            "0",
+            "-",
+            "\\",
+            ":",
+            ".",
+            "_",
+            " ",
+            "\n",
+            "\t",
+            "é",
+            "日本",
+            "🦀",
+            "%",
+            "$",
+            "\"",
+            "'",
+            "[Service]",
+            "=",
+            "#",
+            ";",
+            "\u{7f}",
+            "\u{1}",
+            "..",
+            "x-y",
+            "\\x2d",
+        ];
+        let mut g = Gen(seed);
+        (0..n)
+            .map(|_| {
+                let len = 1 + g.next() % 6;
+                let mut name: String = (0..len).map(|_| *g.pick(&pieces)).collect();
+                if name == "." || name == ".." {
+                    name.push('x');
+                }
+                name
+            })
+            .collect()
+    }
+
+    /// The real `systemd-escape --path` on each path, one run.
+    fn systemd_escape(paths: &[String]) -> Option<Vec<String>> {
+        let out = std::process::Command::new("systemd-escape")
+            .arg("--path")
+            .arg("--")
+            .args(paths)
+            .output()
+            .ok()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(systemd_escape_path(Path::new("/.hidden")), "\\x2ehidden");
+        let text = String::from_utf8(out.stdout).unwrap();
+        Some(text.split_whitespace().map(str::to_owned).collect())
+    }
+
+    #[test]
+    fn escapes_match_the_real_systemd_escape_over_generated_paths() {
+        let mut paths: Vec<String> = Vec::new();
+        for (i, names) in [hostile_names(7, 300), hostile_names(91, 300)]
+            .iter()
+            .enumerate()
+        {
+            for (k, n) in names.iter().enumerate() {
+                paths.push(match (i + k) % 3 {
+                    0 => format!("/{n}"),
+                    1 => format!("/srv/{n}/d"),
+                    _ => format!("//{n}/./x:{n}/"),
+                });
+            }
+        }
+        paths.retain(|p| !p.split('/').any(|c| c == ".."));
+        let Some(theirs) = systemd_escape(&paths) else {
+            assert!(
+                std::env::var_os("COWLINK_REQUIRE_TESTFS").is_none(),
+                "systemd-escape is not installed"
+            );
+            eprintln!("systemd-escape not installed: the comparison is not run");
+            return;
+        };
+        assert_eq!(theirs.len(), paths.len());
+        for (p, t) in paths.iter().zip(&theirs) {
+            assert_eq!(&systemd_escape_path(Path::new(p)).unwrap(), t, "path {p:?}");
+        }
+    }
+
+    /// The settings of a unit's text: (section, key) in order.
+    fn settings(text: &str) -> Vec<(String, String)> {
+        let mut section = String::new();
+        let mut out = Vec::new();
+        for l in text.lines() {
+            if l.starts_with('#') || l.trim().is_empty() {
+                continue;
+            }
+            if l.starts_with('[') {
+                section = l.to_owned();
+                continue;
+            }
+            let key = l.split_once('=').map(|(k, _)| k).unwrap_or(l);
+            out.push((section.clone(), key.to_owned()));
+        }
+        out
+    }
+
+    #[test]
+    fn no_generated_path_changes_a_unit_s_settings_or_gets_in_unescaped() {
+        let places = Places {
+            state_dir: "/s".into(),
+            unit_dir: "/u".into(),
+            fstab: "/f".into(),
+            systemd: true,
+            program: "/usr/bin/cowlink".into(),
+        };
+        let plain = unit_text(
+            &places.program,
+            Path::new("/i.img"),
+            Path::new("/m"),
+            DriveFs::Xfs,
+        );
+        let want = settings(&plain);
+        let (mut refused, mut written) = (0, 0);
+        for n in hostile_names(1234, 400) {
+            let (img, dir) = (
+                PathBuf::from(format!("/img/{n}.img")),
+                PathBuf::from(format!("/mnt/{n}")),
+            );
+            match plan(PersistWith::Systemd, &places, &img, &dir, DriveFs::Xfs) {
+                Err((p, why)) => {
+                    refused += 1;
+                    assert!(n.chars().any(char::is_control), "{n:?} refused: {why}");
+                    assert!(p == img || p == dir);
+                    assert!(why.contains("control character"), "{why}");
+                }
+                Ok(pl) => {
+                    written += 1;
+                    assert!(!n.chars().any(char::is_control), "{n:?} was written");
+                    assert_eq!(settings(&pl.text), want, "{n:?}:\n{}", pl.text);
+                    for l in pl.text.lines() {
+                        assert!(!l.ends_with('\\'), "a line ends in a backslash: {l:?}");
+                    }
+                    // The name is a single file name systemd accepts.
+                    let name = pl.file.file_name().unwrap().to_str().unwrap();
+                    assert!(name.len() <= UNIT_NAME_MAX && !name.contains('/'));
+                }
+            }
+            // fstab fields never hold a raw space, tab, newline or `#`.
+            let line = fstab_lines(&img, &dir, DriveFs::Xfs);
+            assert_eq!(line.lines().count(), 2, "{line:?}");
+            let entry = line.lines().nth(1).unwrap();
+            assert_eq!(entry.split_whitespace().count(), 6, "{entry:?}");
+        }
+        assert!(
+            refused > 20 && written > 20,
+            "{refused} refused, {written} written"
+        );
+    }
+
+    #[test]
+    fn a_unit_name_beyond_systemd_s_limit_is_refused() {
+        let long = PathBuf::from(format!("/{}", "d".repeat(240)));
+        let why = unit_name(&long).unwrap_err();
+        assert!(why.contains("255"), "{why}");
+        assert!(unit_name(Path::new("/srv/dev")).is_ok());
     }
 
     #[test]
