@@ -509,7 +509,7 @@ fn external_data_files_are_cloned_from() {
             assert!(temporaries(&d).is_empty());
         };
         fs::rename(d.join("ov.data"), d.join("away.data")).unwrap();
-        refused("No such file");
+        refused("does not exist");
         fs::copy(d.join("away.data"), d.join("ov.data")).unwrap();
         fs::OpenOptions::new()
             .write(true)
