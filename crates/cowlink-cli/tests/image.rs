@@ -802,3 +802,204 @@ fn generated_chains_match_qemu_img() {
         "{equal} equal, {refused} refused: too few checked"
     );
 }
+
+/// A cowlink image command that must fail (exit 1) with every word of
+/// `words` in its message; returns the message.
+fn refused(d: &Path, args: &[&str], words: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cowlink"))
+        .arg("image")
+        .args(args)
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "image {args:?}: {err}");
+    for w in words {
+        assert!(err.contains(w), "image {args:?}: {w:?} not in {err}");
+    }
+    err
+}
+
+/// Item 22: a guest writes a qcow2 header into its raw disk, naming a host
+/// file as backing. The overlay declares the disk raw, so it is read as
+/// raw (what qemu-img reads), never parsed; undeclared, the probed qcow2 is
+/// not trusted with its names. Names that are not plain file names, in
+/// backing and data file alike, are refused; so is a chain too deep.
+#[test]
+fn declared_formats_are_obeyed_and_only_plain_names_followed() {
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path().join("trust");
+    fs::create_dir_all(&d).unwrap();
+    let secret = d.join("secret.txt");
+    fs::write(&secret, b"TOP SECRET HOST DATA ".repeat(4000)).unwrap();
+    let s = secret.to_str().unwrap();
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            s,
+            "-F",
+            "raw",
+            "evil.qcow2",
+            "64k",
+        ],
+        &d,
+    );
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "guest.raw", "1M"],
+        &d,
+    );
+    // The guest writes the header into the first sectors of its disk.
+    let evil = fs::read(d.join("evil.qcow2")).unwrap();
+    let mut disk = fs::read(d.join("guest.raw")).unwrap();
+    disk[..evil.len()].copy_from_slice(&evil);
+    fs::write(d.join("guest.raw"), &disk).unwrap();
+    fs::copy(d.join("guest.raw"), d.join("guest2.raw")).unwrap();
+    for (ov, base) in [("ov.qcow2", "guest.raw"), ("ov2.qcow2", "guest2.raw")] {
+        run(
+            "qemu-img",
+            &["create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", ov],
+            &d,
+        );
+        qemu_io(&d, "qcow2", ov, &["write -P 0x42 512k 64k"]);
+    }
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    let leaked = |p: &str| {
+        let b = fs::read(d.join(p)).unwrap();
+        b.windows(10).any(|w| w == b"TOP SECRET")
+    };
+    assert!(!leaked("ref.raw"));
+    report(&d, &["convert", "ov.qcow2", "out.raw"]);
+    assert!(fs::read(d.join("out.raw")).unwrap() == fs::read(d.join("ref.raw")).unwrap());
+    assert!(
+        !leaked("out.raw"),
+        "convert read the host file the guest named"
+    );
+    report(&d, &["commit", "ov.qcow2"]);
+    assert!(fs::read(d.join("guest.raw")).unwrap() == fs::read(d.join("ref.raw")).unwrap());
+
+    // Undeclared: probed qcow2, and it names a file: not followed.
+    undeclare_backing_format(&d.join("ov2.qcow2"));
+    let before = hashes(&d);
+    refused(
+        &d,
+        &["convert", "ov2.qcow2", "out2.raw"],
+        &["guest2.raw", "not followed"],
+    );
+    refused(&d, &["commit", "ov2.qcow2"], &["guest2.raw", "qcow2"]);
+    assert_eq!(hashes(&d), before);
+
+    // Names that are not plain file names, in the header's backing name.
+    for name in [
+        format!("json:{{\"file.driver\":\"file\",\"file.filename\":\"{s}\"}}"),
+        "nbd://127.0.0.1:1/x".to_string(),
+        format!("file:{s}"),
+        "x:secret.txt".to_string(),
+    ] {
+        run(
+            "qemu-img",
+            &[
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-b",
+                "guest2.raw",
+                "-F",
+                "raw",
+                "ov3.qcow2",
+            ],
+            &d,
+        );
+        run(
+            "qemu-img",
+            &[
+                "rebase",
+                "-u",
+                "-f",
+                "qcow2",
+                "-b",
+                &name,
+                "-F",
+                "raw",
+                "ov3.qcow2",
+            ],
+            &d,
+        );
+        let before = hashes(&d);
+        refused(
+            &d,
+            &["convert", "ov3.qcow2", "out3.raw"],
+            &["ov3.qcow2", "plain file name"],
+        );
+        refused(
+            &d,
+            &["commit", "ov3.qcow2"],
+            &["ov3.qcow2", "plain file name"],
+        );
+        assert_eq!(hashes(&d), before, "{name}");
+    }
+    // The same for an external data file's name (same length, so the
+    // header stays valid).
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "data_file=ov4.data",
+            "ov4.qcow2",
+            "1M",
+        ],
+        &d,
+    );
+    let mut b = fs::read(d.join("ov4.qcow2")).unwrap();
+    let at = b.windows(8).position(|w| w == b"ov4.data").unwrap();
+    b[at..at + 8].copy_from_slice(b"nb:4data");
+    fs::write(d.join("ov4.qcow2"), b).unwrap();
+    refused(
+        &d,
+        &["convert", "ov4.qcow2", "out4.raw"],
+        &["ov4.qcow2", "plain file name"],
+    );
+    assert!(!d.join("out4.raw").exists());
+
+    // A chain deeper than 64 images.
+    let e = d.join("deep");
+    fs::create_dir_all(&e).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "d0.raw", "1M"],
+        &e,
+    );
+    for i in 1..=65 {
+        let (b, f) = match i {
+            1 => ("d0.raw".to_string(), "raw"),
+            _ => (format!("d{}.qcow2", i - 1), "qcow2"),
+        };
+        let name = format!("d{i}.qcow2");
+        run(
+            "qemu-img",
+            &["create", "-q", "-f", "qcow2", "-b", &b, "-F", f, &name],
+            &e,
+        );
+    }
+    refused(
+        &e,
+        &["convert", "d65.qcow2", "out.raw"],
+        &["longer than 64"],
+    );
+    assert!(!e.join("out.raw").exists());
+}
