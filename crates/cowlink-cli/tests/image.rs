@@ -1003,3 +1003,165 @@ fn declared_formats_are_obeyed_and_only_plain_names_followed() {
     );
     assert!(!e.join("out.raw").exists());
 }
+
+/// Whether some process holds an OFD lock on the file `p` (/proc/locks
+/// lists them by device and inode).
+fn ofd_locked(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(p).unwrap().ino();
+    fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains("OFDLCK") && l.contains(&format!(":{ino} ")))
+}
+
+/// `qemu-io ARGS` kept running on a pipe (it holds the image open, with
+/// QEMU's locks, until its input closes), once its locks on `img` show.
+fn qemu_io_holding(d: &Path, args: &[&str], img: &str) -> std::process::Child {
+    let child = Command::new("qemu-io")
+        .args(args)
+        .arg(img)
+        .current_dir(d)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..1000 {
+        if ofd_locked(&d.join(img)) {
+            return child;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("qemu-io took no lock on {img}");
+}
+
+fn release(mut child: std::process::Child) {
+    drop(child.stdin.take());
+    child.kill().ok();
+    child.wait().unwrap();
+}
+
+/// Item 20: cowlink takes QEMU's locks on every image for the whole
+/// operation. A writer holding the overlay refuses cowlink; a cowlink
+/// commit in progress (stopped while it holds its locks) refuses
+/// `qemu-img commit` and a second cowlink commit into the same base; two
+/// commits racing freely never lose an overlay's data.
+#[test]
+fn locks_keep_qemu_and_other_commits_out() {
+    let _serial = serial();
+    let Some(e) = testfs!(Ext4) else { return };
+    let d = base_and_overlay(e.path(), "locks", "64k", "");
+    let sum = sha(&d.join("base.raw"));
+    // qemu-io writing the overlay: convert and commit refused.
+    let holder = qemu_io_holding(&d, &["-f", "qcow2"], "ov.qcow2");
+    refused(&d, &["commit", "ov.qcow2"], &["ov.qcow2", "in use"]);
+    refused(
+        &d,
+        &["convert", "ov.qcow2", "x.raw"],
+        &["ov.qcow2", "in use"],
+    );
+    release(holder);
+    assert_eq!(sha(&d.join("base.raw")), sum);
+    assert!(!d.join("x.raw").exists());
+
+    // A large base (ext4 copies it), two overlays writing apart.
+    let d = e.path().join("locks2");
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "base.raw", "192M"],
+        &d,
+    );
+    qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 192M"]);
+    for (ov, pat) in [
+        ("a.qcow2", "write -P 0xaa 1M 1M"),
+        ("b.qcow2", "write -P 0xbb 8M 1M"),
+    ] {
+        run(
+            "qemu-img",
+            &[
+                "create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", ov,
+            ],
+            &d,
+        );
+        qemu_io(&d, "qcow2", ov, &[pat]);
+    }
+    let region = |at: u64| {
+        let b = fs::read(d.join("base.raw")).unwrap();
+        b[at as usize]
+    };
+    // cowlink commit of a, stopped while it holds its locks.
+    let mut stopped = None;
+    for _ in 0..5 {
+        let child = common::bin()
+            .args(["image", "commit", "a.qcow2"])
+            .current_dir(&d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = rustix::process::Pid::from_child(&child);
+        let mut held = false;
+        for _ in 0..20_000 {
+            if ofd_locked(&d.join("base.raw")) {
+                rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+                held = true;
+                break;
+            }
+        }
+        if held && ofd_locked(&d.join("base.raw")) {
+            stopped = Some(child);
+            break;
+        }
+        // It finished before it could be stopped: start again.
+        let mut child = child;
+        rustix::process::kill_process(pid, rustix::process::Signal::CONT).ok();
+        child.wait().unwrap();
+        qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 16M"]);
+    }
+    let mut a = stopped.expect("a commit could not be caught holding its locks");
+    let q = Command::new("qemu-img")
+        .args(["commit", "-f", "qcow2", "b.qcow2"])
+        .current_dir(&d)
+        .output()
+        .unwrap();
+    assert!(!q.status.success(), "qemu-img commit ran beside cowlink's");
+    assert!(text(&q.stderr).contains("lock"), "{}", text(&q.stderr));
+    refused(&d, &["commit", "b.qcow2"], &["base.raw", "in use"]);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&a),
+        rustix::process::Signal::CONT,
+    )
+    .unwrap();
+    assert!(a.wait().unwrap().success());
+    assert_eq!(region(1 << 20), 0xaa);
+    assert_eq!(region(8 << 20), 0x11, "b's data went in although refused");
+
+    // Two commits racing: whatever each says, no success loses data.
+    qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 16M"]);
+    let start = |ov: &str| {
+        common::bin()
+            .args(["image", "commit", ov])
+            .current_dir(&d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (ca, cb) = (start("a.qcow2"), start("b.qcow2"));
+    let (ra, rb) = (
+        ca.wait_with_output().unwrap(),
+        cb.wait_with_output().unwrap(),
+    );
+    for (r, at, pat) in [(&ra, 1u64 << 20, 0xaa), (&rb, 8 << 20, 0xbb)] {
+        match r.status.code() {
+            Some(0) => assert_eq!(region(at), pat, "a successful commit's data was lost"),
+            Some(1) => {
+                assert!(text(&r.stderr).contains("in use"), "{}", text(&r.stderr));
+                assert_eq!(region(at), 0x11);
+            }
+            c => panic!("exit {c:?}: {}", text(&r.stderr)),
+        }
+    }
+    assert!(temporaries(&d).is_empty());
+}
