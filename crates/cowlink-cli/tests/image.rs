@@ -1165,3 +1165,172 @@ fn locks_keep_qemu_and_other_commits_out() {
     }
     assert!(temporaries(&d).is_empty());
 }
+
+/// A loop device attached by this test through the kernel's loop control,
+/// reached by a device node made in the test's own directory (never one
+/// in /dev); detached, and its node removed, on drop.
+struct Loop {
+    node: PathBuf,
+    dev: fs::File,
+}
+
+impl Loop {
+    fn attach(dir: &Path, backing: &Path) -> Loop {
+        use rustix::fs::{mknodat, FileType, Mode, CWD};
+        use std::os::fd::AsFd;
+        let ctl = fs::File::open("/dev/loop-control").unwrap();
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(backing)
+            .unwrap();
+        for _ in 0..20 {
+            let n = cowlink_sys::loop_ctl_get_free(ctl.as_fd()).unwrap();
+            let numbers = fs::read_to_string(format!("/sys/block/loop{n}/dev")).unwrap();
+            let (major, minor) = numbers.trim().split_once(':').unwrap();
+            let node = dir.join(format!("loop{n}"));
+            let _ = fs::remove_file(&node);
+            let devnum = rustix::fs::makedev(major.parse().unwrap(), minor.parse().unwrap());
+            mknodat(
+                CWD,
+                &node,
+                FileType::BlockDevice,
+                Mode::from_raw_mode(0o600),
+                devnum,
+            )
+            .unwrap();
+            let dev = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&node)
+                .unwrap();
+            match cowlink_sys::loop_configure(dev.as_fd(), file.as_fd(), 512, 0) {
+                Ok(()) => return Loop { node, dev },
+                Err(rustix::io::Errno::BUSY) => fs::remove_file(&node).unwrap(),
+                Err(e) => panic!("LOOP_CONFIGURE: {e}"),
+            }
+        }
+        panic!("no free loop device");
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        use std::os::fd::AsFd;
+        let _ = cowlink_sys::loop_clear(self.dev.as_fd());
+        let _ = fs::remove_file(&self.node);
+    }
+}
+
+/// Item 21: a block-device base (here a loop device) is written in place,
+/// never replaced by a regular file, and a block-device backing is read
+/// whole by convert; an overlay larger than the device and a
+/// character-device base are refused with the device untouched.
+#[test]
+fn device_bases_are_written_in_place_never_replaced() {
+    use std::os::unix::fs::FileTypeExt;
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path().join("device");
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "disk.img", "16M"],
+        &d,
+    );
+    qemu_io(&d, "raw", "disk.img", &["write -P 0x11 0 16M"]);
+    let lo = Loop::attach(&d, &d.join("disk.img"));
+    let node = lo.node.file_name().unwrap().to_str().unwrap().to_string();
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-b", &node, "-F", "raw", "ov.qcow2", "16M",
+        ],
+        &d,
+    );
+    qemu_io(
+        &d,
+        "qcow2",
+        "ov.qcow2",
+        &[
+            "write -P 0x22 1M 1M",
+            "write -z 4M 128k",
+            "write -P 0x33 15M 4k",
+        ],
+    );
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    let reference = fs::read(d.join("ref.raw")).unwrap();
+    // convert reads the device's bytes, not zeros.
+    report(&d, &["convert", "ov.qcow2", "out.raw"]);
+    assert!(
+        fs::read(d.join("out.raw")).unwrap() == reference,
+        "convert of a device chain"
+    );
+    // commit writes into the device.
+    let r = report(&d, &["commit", "ov.qcow2"]);
+    assert_eq!(r["in_place"], true, "{r}");
+    let meta = fs::symlink_metadata(&lo.node).unwrap();
+    assert!(
+        meta.file_type().is_block_device(),
+        "the device node was replaced"
+    );
+    assert!(
+        fs::read(&lo.node).unwrap() == reference,
+        "the device holds other bytes"
+    );
+    // An overlay larger than the device: refused, device untouched.
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            &node,
+            "-F",
+            "raw",
+            "big.qcow2",
+            "32M",
+        ],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "big.qcow2", &["write -P 0x44 20M 64k"]);
+    let before = sha(&lo.node);
+    refused(&d, &["commit", "big.qcow2"], &[&node, "block device"]);
+    assert_eq!(sha(&lo.node), before);
+    drop(lo);
+    // A character device base (the null device's numbers, made here).
+    let null = d.join("null");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &null,
+        rustix::fs::FileType::CharacterDevice,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        rustix::fs::makedev(1, 3),
+    )
+    .unwrap();
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-b", "null", "-F", "raw", "c.qcow2", "1M",
+        ],
+        &d,
+    );
+    refused(&d, &["commit", "c.qcow2"], &["null", "character device"]);
+    refused(
+        &d,
+        &["convert", "c.qcow2", "c.raw"],
+        &["null", "character device"],
+    );
+    assert!(fs::symlink_metadata(&null)
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    assert!(!d.join("c.raw").exists());
+    assert!(temporaries(&d).is_empty());
+}
