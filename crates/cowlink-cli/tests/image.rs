@@ -1758,3 +1758,148 @@ fn virtual_sizes_and_partial_extended_l2_clusters_match_qemu() {
         }
     }
 }
+
+/// Bytes a file occupies on disk.
+fn on_disk(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).unwrap().blocks() * 512
+}
+
+fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::getxattr(p, name, &mut buf).ok()?;
+    buf.truncate(n);
+    Some(buf)
+}
+
+/// Item 25: a commit that copies (ext4) keeps the base's holes, extended
+/// attributes and ACL; a base with other hard links is refused unless
+/// --in-place, which writes into the same inode; on Btrfs a NOCOW base
+/// stays NOCOW and a NOCOW overlay commits (copied, and reported so).
+#[test]
+fn commits_keep_holes_attributes_and_links() {
+    let _serial = serial();
+    let (Some(e), Some(b)) = (testfs!(Ext4), testfs!(Btrfs)) else {
+        return;
+    };
+    let d = e.path().join("attrs");
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "base.raw", "256M"],
+        &d,
+    );
+    qemu_io(
+        &d,
+        "raw",
+        "base.raw",
+        &["write -P 0x11 0 1M", "write -P 0x12 128M 1M"],
+    );
+    run(
+        "setfattr",
+        &["-n", "user.note", "-v", "kept", "base.raw"],
+        &d,
+    );
+    run("setfacl", &["-m", "u:nobody:r", "base.raw"], &d);
+    let acl = xattr(&d.join("base.raw"), "system.posix_acl_access").expect("an ACL");
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "ov.qcow2",
+        ],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x22 64M 1M"]);
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    let r = report(&d, &["commit", "ov.qcow2"]);
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    let used = on_disk(&d.join("base.raw"));
+    assert!(
+        used < 8 << 20,
+        "the commit filled holes: {used} bytes on disk"
+    );
+    assert_eq!(r["start_copied_bytes"], 256 << 20, "{r}");
+    assert_eq!(
+        xattr(&d.join("base.raw"), "user.note").as_deref(),
+        Some(&b"kept"[..])
+    );
+    assert_eq!(
+        xattr(&d.join("base.raw"), "system.posix_acl_access"),
+        Some(acl)
+    );
+    // Hard links: refused, then written in place with --in-place.
+    fs::hard_link(d.join("base.raw"), d.join("other-name.raw")).unwrap();
+    qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x23 65M 64k"]);
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    let sum = sha(&d.join("base.raw"));
+    refused(
+        &d,
+        &["commit", "ov.qcow2"],
+        &["base.raw", "hard links", "--in-place"],
+    );
+    assert_eq!(sha(&d.join("base.raw")), sum);
+    let r = report(&d, &["commit", "--in-place", "ov.qcow2"]);
+    assert_eq!(r["in_place"], true, "{r}");
+    identical(&d, "ref.raw", "raw", "other-name.raw", "raw");
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    assert!(temporaries(&d).is_empty());
+
+    // Btrfs: a NOCOW base stays NOCOW; a NOCOW overlay commits.
+    let d = b.path().join("nocow");
+    fs::create_dir_all(&d).unwrap();
+    fs::File::create(d.join("base.raw")).unwrap();
+    run("chattr", &["+C", "base.raw"], &d);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("base.raw"))
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 16M"]);
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-o", "nocow=on", "-b", "base.raw", "-F", "raw",
+            "ov.qcow2",
+        ],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x22 1M 1M"]);
+    run(
+        "qemu-img",
+        &["convert", "-O", "raw", "ov.qcow2", "ref.raw"],
+        &d,
+    );
+    let r = report(&d, &["commit", "ov.qcow2"]);
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    let f = fs::File::open(d.join("base.raw")).unwrap();
+    let flags = rustix::fs::ioctl_getflags(&f).unwrap();
+    assert!(
+        flags.contains(rustix::fs::IFlags::NOCOW),
+        "the base lost +C"
+    );
+    let copied: u64 = r["copied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_u64().unwrap())
+        .sum();
+    assert!(
+        r["cloned_bytes"].as_u64().unwrap() + copied >= 1 << 20,
+        "{r}"
+    );
+    // Into a new (copy-on-write) file: the NOCOW images cannot share
+    // with it; copied, and said so.
+    let r = report(&d, &["convert", "ov.qcow2", "out.raw"]);
+    identical(&d, "ref.raw", "raw", "out.raw", "raw");
+    assert_eq!(r["cloned_bytes"], 0, "{r}");
+    assert!(r["start_copied_bytes"].as_u64().unwrap() >= 16 << 20, "{r}");
+}
