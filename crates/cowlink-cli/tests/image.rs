@@ -1903,3 +1903,80 @@ fn commits_keep_holes_attributes_and_links() {
     assert_eq!(r["cloned_bytes"], 0, "{r}");
     assert!(r["start_copied_bytes"].as_u64().unwrap() >= 16 << 20, "{r}");
 }
+
+/// Item 28 and the refusal of `commit -b`: JSON reports carry names that
+/// are not UTF-8 exactly (`layers_bytes`), with exit 0; and a commit into
+/// a base other than the overlay's qcow2 backing file names that backing
+/// file and its format, not the base's.
+#[test]
+fn json_names_and_base_refusals_name_the_right_file() {
+    use std::os::unix::ffi::OsStrExt;
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = base_and_overlay(x.path(), "names", "64k", "");
+    let odd = std::ffi::OsStr::from_bytes(b"ov\xff.qcow2");
+    fs::rename(d.join("ov.qcow2"), d.join(odd)).unwrap();
+    for args in [&["map"][..], &["commit"], &["convert"]] {
+        let mut c = common::bin();
+        c.arg("image").args(args).arg("--json").arg(odd);
+        if args[0] == "convert" {
+            c.arg("out.raw");
+        }
+        let out = c.current_dir(&d).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            r["layers_bytes"][0],
+            serde_json::json!(b"ov\xff.qcow2".to_vec()),
+            "{args:?}: {r}"
+        );
+    }
+    identical(&d, "ref.raw", "raw", "base.raw", "raw");
+    identical(&d, "ref.raw", "raw", "out.raw", "raw");
+
+    // top -> mid (qcow2, declared) -> base.raw; commit -b base.raw top.
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.raw",
+            "-F",
+            "raw",
+            "mid.qcow2",
+        ],
+        &d,
+    );
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            "mid.qcow2",
+            "-F",
+            "qcow2",
+            "top.qcow2",
+        ],
+        &d,
+    );
+    let sum = sha(&d.join("base.raw"));
+    let err = refused(
+        &d,
+        &["commit", "-b", "base.raw", "top.qcow2"],
+        &["mid.qcow2", "is qcow2", "convert the chain"],
+    );
+    assert!(!err.contains("base.raw is qcow2"), "{err}");
+    assert_eq!(sha(&d.join("base.raw")), sum);
+    // A base that really is qcow2 is named as such.
+    refused(
+        &d,
+        &["commit", "-b", "mid.qcow2", "top.qcow2"],
+        &["mid.qcow2", "qcow2"],
+    );
+}
