@@ -765,3 +765,57 @@ fn extensions(
     }
     Ok(ext)
 }
+
+/// Read the untrusted image at `path` as commit and convert do, writing
+/// nothing: open it, resolve the names it carries through the one rule
+/// ([`super::chain::plain_name`], [`super::chain::Format::declared`]),
+/// attach its external data file when that resolves to a readable file,
+/// walk every range and inflate every compressed cluster. Returns the
+/// number of ranges, or the typed error that refused the image.
+///
+/// # Panics
+/// Only when the reader breaks its own promises: ranges must be non-empty,
+/// in guest order without gaps, cover exactly the virtual size, and point
+/// inside the file. The fuzz target and the property tests call this.
+#[doc(hidden)]
+pub fn exercise(path: &Path) -> Result<u64, Error> {
+    use super::chain;
+    let mut q = Qcow2::open(path)?;
+    if let Some((name, fmt)) = &q.backing {
+        let _ = chain::plain_name(path, name, "backing file");
+        if let Some(f) = fmt {
+            let _ = chain::Format::declared(path, f);
+        }
+    }
+    if let Some(name) = q.data_name.clone() {
+        let p = chain::plain_name(path, &name, "external data file")?;
+        let d = chain::open_node(&p, "external data file", false, super::lock::Access::Read)?;
+        q.attach_data(p, d.file, d.len);
+    }
+    let data_len = q.data.as_ref().map_or(q.file_len, |d| d.len);
+    let mut out = vec![0u8; q.cluster_size() as usize];
+    let (mut next, mut n) = (0u64, 0u64);
+    q.walk(&mut |p| {
+        assert!(p.len > 0, "empty range {p:?}");
+        assert_eq!(p.guest, next, "a gap or overlap before {p:?}");
+        next = p.guest + p.len;
+        assert!(next <= q.size, "{p:?} beyond the virtual size {}", q.size);
+        n += 1;
+        match p.source {
+            Source::Data { host } => {
+                assert!(
+                    host + p.len <= data_len,
+                    "{p:?} past the data's end {data_len}"
+                )
+            }
+            Source::Compressed { host, len } => {
+                assert!(host + len <= q.file_len, "{p:?} past the end");
+                let _ = q.inflate(host, len, &mut out);
+            }
+            Source::Zero | Source::Unallocated => {}
+        }
+        Ok(())
+    })?;
+    assert_eq!(next, q.size, "the ranges end before the virtual size");
+    Ok(n)
+}
