@@ -371,7 +371,12 @@ fn build(
             let out = base.file.as_fd();
             let e = err(&base.path);
             let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
-            let per_layer = clone_answers(layers, &base.path, report, true);
+            let mut per_layer = clone_answers(layers, &base.path, report, true);
+            if base.kind == NodeKind::Block {
+                per_layer.iter_mut().for_each(|c| *c = false);
+                report.clones = false;
+                report.no_clone_reason = Some("the base is a block device".into());
+            }
             report.in_place = true;
             if size > base.len {
                 if base.kind == NodeKind::Block {

@@ -133,37 +133,66 @@ pub fn has_magic(head: &[u8]) -> bool {
     head.len() >= 4 && be32(head, 0) == MAGIC
 }
 
-/// The host clusters in use, one bit each, so that a cluster serving twice
-/// (an L2 table, a data cluster, the L1 table, the header) is found when
-/// its second use is met: memory is one bit per cluster of the file.
-struct Used {
-    bits: Vec<u64>,
-    cluster_bits: u32,
+/// The host clusters in use, so that a cluster serving twice (an L2
+/// table, a data cluster, the L1 table, the header) is found when its
+/// second use is met. One bit per cluster of the file while that is at
+/// most [`BITMAP_LIMIT`] bits; beyond (a huge, probably sparse, file of
+/// small clusters) a set of the clusters actually claimed, each claim
+/// being an entry read from the file. Either way memory follows what the
+/// file holds, not what its header claims.
+enum Used {
+    Bits(Vec<u64>, u64, u32),
+    Set(std::collections::HashSet<u64>, u64, u32),
 }
+
+/// The largest bitmap of clusters kept (16 MiB).
+const BITMAP_LIMIT: u64 = 1 << 27;
 
 impl Used {
     fn new(file_len: u64, cluster_bits: u32) -> Used {
         let n = file_len.div_ceil(1 << cluster_bits);
-        Used {
-            bits: vec![0; n.div_ceil(64) as usize],
-            cluster_bits,
+        if n <= BITMAP_LIMIT {
+            Used::Bits(vec![0; n.div_ceil(64) as usize], n, cluster_bits)
+        } else {
+            Used::Set(Default::default(), n, cluster_bits)
         }
     }
 
     /// Claim the cluster at `host` (aligned, inside the file) for `what`.
     fn claim(&mut self, host: u64, what: &str) -> Result<(), String> {
-        let i = host >> self.cluster_bits;
-        let (w, b) = ((i / 64) as usize, i % 64);
-        match self.bits.get_mut(w) {
-            Some(word) if *word & (1 << b) != 0 => Err(format!(
+        let twice = || {
+            format!(
                 "{what} at {host:#x} uses a host cluster already in use (the header, the L1 \
                  table, an L2 table or a data cluster)"
-            )),
-            Some(word) => {
-                *word |= 1 << b;
-                Ok(())
+            )
+        };
+        let past = || format!("{what} at {host:#x} is past the end of the file");
+        match self {
+            Used::Bits(bits, n, cluster_bits) => {
+                let i = host >> *cluster_bits;
+                if i >= *n {
+                    return Err(past());
+                }
+                let (w, b) = ((i / 64) as usize, i % 64);
+                match bits.get_mut(w) {
+                    Some(word) if *word & (1 << b) != 0 => Err(twice()),
+                    Some(word) => {
+                        *word |= 1 << b;
+                        Ok(())
+                    }
+                    None => Err(past()),
+                }
             }
-            None => Err(format!("{what} at {host:#x} is past the end of the file")),
+            Used::Set(set, n, cluster_bits) => {
+                let i = host >> *cluster_bits;
+                if i >= *n {
+                    return Err(past());
+                }
+                match set.insert(i) {
+                    true => Ok(()),
+                    false => Err(twice()),
+                }
+            }
         }
     }
 }
@@ -818,4 +847,32 @@ pub fn exercise(path: &Path) -> Result<u64, Error> {
     })?;
     assert_eq!(next, q.size, "the ranges end before the virtual size");
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both forms of the used-cluster record find a second use and a
+    /// cluster past the end of the file.
+    #[test]
+    fn used_clusters_are_found_twice_in_both_forms() {
+        let forms = [Used::new(4096, 9), Used::Set(Default::default(), 8, 9)];
+        for mut u in forms {
+            assert!(u.claim(0, "the header").is_ok());
+            assert!(u.claim(512, "an L2 table").is_ok());
+            assert!(u.claim(3584, "a data cluster").is_ok());
+            assert!(u
+                .claim(512, "a data cluster")
+                .unwrap_err()
+                .contains("already in use"));
+            assert!(u
+                .claim(4096, "a data cluster")
+                .unwrap_err()
+                .contains("past the end"));
+        }
+        // A file of more clusters than the bitmap allows gets the set.
+        assert!(matches!(Used::new(1 << 40, 9), Used::Set(..)));
+        assert!(matches!(Used::new(1 << 30, 9), Used::Bits(..)));
+    }
 }
