@@ -102,6 +102,10 @@ pub fn open_node(path: &Path, what: &str, write: bool, access: Access) -> Result
     let st = fs::fstat(&fd).map_err(&e)?;
     // Replaced between the stat and the open? Check what was opened.
     check_type(path, what, st.st_mode)?;
+    // Regular files and block devices do not block; reads and writes
+    // proceed as usual without the flag.
+    let fl = fs::fcntl_getfl(&fd).map_err(&e)?;
+    fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(&e)?;
     let kind = match FileType::from_raw_mode(st.st_mode) {
         FileType::BlockDevice => NodeKind::Block,
         _ => NodeKind::File,
