@@ -140,7 +140,7 @@ fn print_report(r: &ImageReport, verb: &str) {
     }
     if r.start_copied_bytes > 0 {
         outln!(
-            "  start    {} of the old image copied (it could not be cloned; holes kept)",
+            "  start    {} of the old image's data copied (it could not be cloned; holes kept)",
             human_bytes(r.start_copied_bytes)
         );
     }

@@ -1822,7 +1822,9 @@ fn commits_keep_holes_attributes_and_links() {
         used < 8 << 20,
         "the commit filled holes: {used} bytes on disk"
     );
-    assert_eq!(r["start_copied_bytes"], 256 << 20, "{r}");
+    // What was really copied: the base's 2 MiB of data, not its size.
+    let copied = r["start_copied_bytes"].as_u64().unwrap();
+    assert!((2 << 20..4 << 20).contains(&copied), "{r}");
     assert_eq!(
         xattr(&d.join("base.raw"), "user.note").as_deref(),
         Some(&b"kept"[..])

@@ -87,8 +87,9 @@ pub struct ImageReport {
     /// Bytes of the old base (convert: of the raw bottom image) shared
     /// whole by one clone.
     pub start_cloned_bytes: u64,
-    /// Bytes of the old base (convert: of the raw bottom image) copied
-    /// because it could not be cloned (holes kept, not counted).
+    /// Bytes of data of the old base (convert: of the raw bottom image)
+    /// copied because it could not be cloned (holes are kept as holes and
+    /// not counted).
     pub start_copied_bytes: u64,
     /// Whether the base was written in place (not replaced).
     pub in_place: bool,
@@ -438,7 +439,7 @@ fn build(
                         }
                         x => e(x),
                     })?;
-                    report.start_copied_bytes = got.bytes;
+                    report.start_copied_bytes = data_bytes(n, got.bytes);
                 }
                 fs::ftruncate(out, raw_size(n)).map_err(&e)?;
             }
@@ -499,6 +500,31 @@ fn clone_answers(layers: &[Qcow2], dst: &Path, report: &mut ImageReport, quiet: 
         report.no_clone_reason = Some("nothing to clone from".into());
     }
     answers.into_iter().map(|(c, _)| c).collect()
+}
+
+/// The bytes of data (not holes) in the first `len` bytes of `n`: what a
+/// copy that keeps holes really copied (a device: all of it).
+fn data_bytes(n: &Node, len: u64) -> u64 {
+    if n.kind == NodeKind::Block {
+        return len;
+    }
+    let fd = n.file.as_fd();
+    let (mut pos, mut total) = (0u64, 0u64);
+    while pos < len {
+        let Ok(start) = fs::seek(fd, fs::SeekFrom::Data(pos)) else {
+            break;
+        };
+        if start >= len {
+            break;
+        }
+        let end = fs::seek(fd, fs::SeekFrom::Hole(start)).map_or(len, |e| e.min(len));
+        if end <= start {
+            return len;
+        }
+        total += end - start;
+        pos = end;
+    }
+    total
 }
 
 fn too_small(path: &Path, len: u64, size: u64) -> Error {
