@@ -25,8 +25,16 @@ use crate::{human_bytes, human_duration, Exit};
 /// filesystem block, a filesystem that cannot clone, such as ext4) is
 /// copied, and the report says how much and why. Zero clusters become
 /// holes. The result replaces the destination only when complete: an
-/// error or Ctrl-C leaves it exactly as it was. Images QEMU has open
-/// (it locks them) are refused.
+/// error or Ctrl-C leaves it exactly as it was, and the new base keeps the
+/// old one's owner, mode, extended attributes, ACLs, `+C` and holes. A
+/// block-device base (an LVM volume) is written in place, never replaced;
+/// --in-place does the same for a file (as qemu-img commit: not atomic).
+/// Every image is held with QEMU's own locks while cowlink works: images
+/// QEMU has open are refused, and QEMU refuses them meanwhile.
+///
+/// Names inside images are untrusted: a declared backing format is
+/// obeyed, only plain file names are followed (no json:, nbd: or other
+/// protocols), and an image qcow2 only by probing may not name files.
 ///
 /// Examples:
 ///   cowlink image map vm.qcow2                  # what a commit would do
@@ -75,6 +83,12 @@ struct CommitArgs {
     /// in the base)
     #[arg(long)]
     remove_overlay: bool,
+    /// Write into the base itself instead of replacing it atomically (as
+    /// qemu-img commit does: keeps hard links; an error or a crash part-way
+    /// leaves the base partly committed, and Ctrl-C is not honoured once
+    /// writing began). A block-device base is always written in place
+    #[arg(long)]
+    in_place: bool,
     /// Print the report as JSON
     #[arg(long)]
     json: bool,
@@ -118,6 +132,21 @@ fn reason_words(r: CopyReason) -> &'static str {
 }
 
 fn print_report(r: &ImageReport, verb: &str) {
+    if r.start_cloned_bytes > 0 {
+        outln!(
+            "  start    {} of the old image cloned whole (no data written)",
+            human_bytes(r.start_cloned_bytes)
+        );
+    }
+    if r.start_copied_bytes > 0 {
+        outln!(
+            "  start    {} of the old image's data copied (it could not be cloned; holes kept)",
+            human_bytes(r.start_copied_bytes)
+        );
+    }
+    if r.in_place {
+        outln!("  written  in place (the base was not replaced)");
+    }
     outln!(
         "  {verb:<8} {} in {} ranges (no data written)",
         human_bytes(r.cloned_bytes),
@@ -189,7 +218,14 @@ fn failed(e: &cowlink::Error, what: &str) -> Exit {
 }
 
 fn map(a: MapArgs) -> Result<Exit> {
-    let (report, pieces) = match image::map(&a.image) {
+    let keep = a.json || a.ranges;
+    let mut pieces: Vec<Piece> = Vec::new();
+    let mut each = |p: &Piece| {
+        if keep {
+            pieces.push(*p);
+        }
+    };
+    let report = match image::map(&a.image, &mut each) {
         Ok(x) => x,
         Err(e) => return Ok(failed(&e, &quoted(&a.image).to_string())),
     };
@@ -227,6 +263,7 @@ fn map(a: MapArgs) -> Result<Exit> {
 fn commit(a: CommitArgs) -> Result<Exit> {
     let options = ImageOptions {
         base: a.base.clone(),
+        in_place: a.in_place,
         run: Run::default().with_cancel(crate::interrupt::token()),
     };
     let start = Instant::now();
@@ -277,6 +314,7 @@ fn convert(a: ConvertArgs) -> Result<Exit> {
     }
     let options = ImageOptions {
         base: None,
+        in_place: false,
         run: Run::default().with_cancel(crate::interrupt::token()),
     };
     let start = Instant::now();

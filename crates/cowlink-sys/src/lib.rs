@@ -623,6 +623,73 @@ pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> Result<Option<i16>, Errno> {
     Ok((lk.l_type != libc::F_UNLCK as i16).then_some(lk.l_type))
 }
 
+/// `fcntl(fd, F_OFD_GETLK)` for a write lock over `len` bytes at `start`:
+/// the type of a lock another open file description holds there
+/// (`F_RDLCK` or `F_WRLCK` as `Some`), or `None` when nothing would
+/// conflict. Locks of `fd`'s own open file description never conflict.
+/// This is QEMU's `qemu_lock_fd_test` (block/file-posix.c), which tests
+/// one lock byte at a time.
+pub fn ofd_lock_test(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Option<i16>, Errno> {
+    let mut lk = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: i64::try_from(start).map_err(|_| Errno::INVAL)?,
+        l_len: i64::try_from(len).map_err(|_| Errno::INVAL)?,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_GETLK reads and writes exactly one `struct flock`,
+    // which `lk` is, initialised, with l_pid 0 as OFD locks require; `fd`
+    // is a live descriptor for the duration of the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut lk) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok((lk.l_type != libc::F_UNLCK as i16).then_some(lk.l_type))
+}
+
+/// `fcntl(fd, F_OFD_SETLK)`: take a shared (`F_RDLCK`, `shared` true) or
+/// exclusive (`F_WRLCK`) lock on `len` bytes at `start` for `fd`'s open
+/// file description, without waiting (`EAGAIN` when another holds a
+/// conflicting lock), or release it (`unlock`). The lock lives as long as
+/// the open file description. QEMU's `qemu_lock_fd`/`qemu_unlock_fd`
+/// take the same shared locks on its permission bytes.
+pub fn ofd_lock_set(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    shared: bool,
+    unlock: bool,
+) -> Result<(), Errno> {
+    let l_type = match (unlock, shared) {
+        (true, _) => libc::F_UNLCK,
+        (false, true) => libc::F_RDLCK,
+        (false, false) => libc::F_WRLCK,
+    };
+    let mut lk = libc::flock {
+        l_type: l_type as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: i64::try_from(start).map_err(|_| Errno::INVAL)?,
+        l_len: i64::try_from(len).map_err(|_| Errno::INVAL)?,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_SETLK reads exactly one `struct flock`, which `lk` is,
+    // initialised, with l_pid 0 as OFD locks require; `fd` is a live
+    // descriptor for the duration of the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut lk) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+fn last_errno() -> Errno {
+    Errno::from_raw_os_error(
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
 // Loop devices (linux/loop.h): attach a file with LOOP_CONFIGURE, detach,
 // switch direct I/O. State is read back from sysfs by the library.
 

@@ -246,6 +246,8 @@ pub mod json {
         quarantined,
         mount_point,
         dir,
+        layers,
+        data_files,
     );
 }
 

@@ -14,28 +14,43 @@
 //! (`FALLOC_FL_PUNCH_HOLE`), never written zeros; unallocated ones are left
 //! alone (they read from below).
 //!
-//! Both operations are atomic: the new raw image is built in an unnamed
-//! file beside the destination (for a commit, starting as a clone of the
-//! old base: constant time on XFS and Btrfs) and replaces the name only
-//! when complete. An error, ENOSPC or a cancel leaves the old image exactly
-//! as it was, and no temporary. Images QEMU has open are refused: QEMU
-//! marks them with byte-range locks ([`cowlink_sys::ofd_lock_held`]).
+//! Trust: every file is opened, and every name inside an image resolved,
+//! in [`chain`] (regular files and block devices only, declared formats
+//! obeyed, plain file names only, bounded depth), and held with QEMU's
+//! own locks ([`lock`]) for the whole operation. Images are walked once
+//! to check them before anything is written, with memory bounded by the
+//! image file's size ([`Qcow2::walk`]).
+//!
+//! By default both operations are atomic: the new raw image is built in
+//! an unnamed file beside the destination (for a commit, starting as a
+//! clone of the old base: constant time on XFS and Btrfs, else a copy that
+//! keeps holes) and replaces the name only when complete, with the old
+//! file's owner, mode, extended attributes, ACLs and `+C`. An error,
+//! ENOSPC or a cancel leaves the old image exactly as it was, and no
+//! temporary. A block device, and a base the caller asks for
+//! ([`ImageOptions::in_place`]), is written in place instead, never
+//! replaced.
 
+pub mod chain;
+pub mod lock;
 pub mod qcow2;
 
-use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fd::BorrowedFd;
-use rustix::fs::{self, FallocateFlags, Mode, CWD};
+use rustix::fs::{self, FallocateFlags, FileType, Mode, CWD};
 use rustix::io::Errno;
 use serde::Serialize;
 
 use crate::ground::error::{Error, ErrorKind, Operation};
+use crate::ground::fskind::FsKind;
+use crate::name::quoted;
+use crate::prim::meta::Preserve;
 use crate::prim::place::{Overwrite, PendingFile};
 use crate::run::Run;
+use chain::{open_node, Format, Node, NodeKind};
+use lock::Access;
 pub use qcow2::{Piece, Qcow2, Source};
 
 /// Why a range was copied rather than cloned.
@@ -69,13 +84,24 @@ pub struct ImageReport {
     pub skipped_bytes: u64,
     /// Virtual disk size.
     pub size: u64,
+    /// Bytes of the old base (convert: of the raw bottom image) shared
+    /// whole by one clone.
+    pub start_cloned_bytes: u64,
+    /// Bytes of data of the old base (convert: of the raw bottom image)
+    /// copied because it could not be cloned (holes are kept as holes and
+    /// not counted).
+    pub start_copied_bytes: u64,
+    /// Whether the base was written in place (not replaced).
+    pub in_place: bool,
     /// Whether the filesystem clones between these files.
     pub clones: bool,
     /// Why not, when it does not.
     pub no_clone_reason: Option<String>,
     /// The images applied, bottom first (convert: the whole chain).
+    #[serde(flatten, serialize_with = "crate::name::json::layers")]
     pub layers: Vec<PathBuf>,
     /// The external data files their clusters came from, if any.
+    #[serde(flatten, serialize_with = "crate::name::json::data_files")]
     pub data_files: Vec<PathBuf>,
 }
 
@@ -98,46 +124,19 @@ impl ImageReport {
 pub struct ImageOptions {
     /// The raw base to commit into (default: the overlay's backing file).
     pub base: Option<PathBuf>,
+    /// Commit straight into the base (range clones and writes, as
+    /// `qemu-img commit` does) instead of building a new base beside it
+    /// and renaming it over the old one. A block-device base is always
+    /// written in place. Not atomic: a crash or an error part-way leaves
+    /// the base partly committed (committing the same overlay again
+    /// completes it), so a cancel is not honoured once writing began.
+    pub in_place: bool,
     /// Cancellation (checked between ranges); nothing is replaced after it.
     pub run: Run,
 }
 
 fn err(op_path: &Path) -> impl Fn(Errno) -> Error + '_ {
     move |e| Error::from_errno(Operation::Image, e).with_src(op_path)
-}
-
-/// Refuse an image another program (QEMU) holds locked.
-fn check_unlocked(path: &Path, file: &File) -> Result<(), Error> {
-    match cowlink_sys::ofd_lock_held(file.as_fd()) {
-        Ok(None) => Ok(()),
-        Ok(Some(_)) => Err(Error::new(Operation::Image, ErrorKind::InUse)
-            .with_src(path)
-            .with_reason("the image is in use: another program (QEMU, qemu-img, qemu-io) holds a lock on it; shut the guest down or close it first")),
-        // No OFD locks here (an old kernel, some network filesystems):
-        // nothing to learn, and nothing QEMU could have taken either.
-        Err(Errno::INVAL | Errno::NOSYS) => Ok(()),
-        Err(e) => Err(err(path)(e)),
-    }
-}
-
-/// The raw format check: a backing file must not be qcow2 (or named so).
-fn check_raw_backing(top: &Qcow2, base: &Path) -> Result<(), Error> {
-    if let Some((_, Some(fmt))) = &top.backing {
-        if fmt != "raw" {
-            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
-                .with_src(top.path())
-                .with_reason(format!(
-                    "the backing image {} is {fmt}; only a raw base can be committed into",
-                    crate::name::quoted(base)
-                )));
-        }
-    }
-    if Qcow2::is_qcow2(base).map_err(|e| Error::from_io(Operation::Image, &e).with_src(base))? {
-        return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
-            .with_src(base)
-            .with_reason("this base is a qcow2 image; only a raw base can be committed into (convert it first)"));
-    }
-    Ok(())
 }
 
 /// Whether the filesystem clones from the file `src` into the directory
@@ -183,7 +182,6 @@ fn data_plan(p: &Piece, host: u64, clones: bool, block: u64) -> DataPlan {
 /// Apply one qcow2 layer's ranges onto `dst` (a raw image being built).
 fn apply(
     layer: &Qcow2,
-    pieces: &[Piece],
     dst: BorrowedFd<'_>,
     clones: bool,
     block: u64,
@@ -195,7 +193,7 @@ fn apply(
     let src = data_file.as_fd();
     let e = err(data_path);
     let mut inflated = vec![0u8; layer.cluster_size() as usize];
-    for p in pieces {
+    layer.walk(&mut |p| {
         if run.cancel.is_cancelled() {
             return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_src(layer.path()));
         }
@@ -211,11 +209,11 @@ fn apply(
                 report.copied_for(CopyReason::Compressed, p.len);
             }
             Source::Data { host } => {
-                let plan = data_plan(p, host, clones, block);
+                let plan = data_plan(&p, host, clones, block);
                 let Some((start, end)) = plan.clone else {
                     copy_range(src, host, dst, p.guest, p.len).map_err(&e)?;
                     report.copied_for(plan.reason, p.len);
-                    continue;
+                    return Ok(());
                 };
                 // The block-aligned middle is cloned; ragged edges copied.
                 let h = host + (start - p.guest);
@@ -223,9 +221,19 @@ fn apply(
                     copy_range(src, host, dst, p.guest, start - p.guest).map_err(&e)?;
                     report.copied_for(plan.reason, start - p.guest);
                 }
-                cowlink_sys::ficlonerange(dst, src, h, end - start, start).map_err(&e)?;
-                report.cloned_bytes += end - start;
-                report.cloned_ranges += 1;
+                match cowlink_sys::ficlonerange(dst, src, h, end - start, start) {
+                    Ok(()) => {
+                        report.cloned_bytes += end - start;
+                        report.cloned_ranges += 1;
+                    }
+                    // Not possible here after all (a NOCOW file on Btrfs
+                    // cannot share with a COW one: EINVAL): copied.
+                    Err(x) if crate::ground::error::is_not_possible_here(x) => {
+                        copy_range(src, h, dst, start, end - start).map_err(&e)?;
+                        report.copied_for(CopyReason::NoClone, end - start);
+                    }
+                    Err(x) => return Err(e(x)),
+                }
                 if p.guest + p.len > end {
                     let n = p.guest + p.len - end;
                     copy_range(src, h + (end - start), dst, end, n).map_err(&e)?;
@@ -233,8 +241,8 @@ fn apply(
                 }
             }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Make `len` bytes at `off` read as zeros without writing data: a hole,
@@ -325,111 +333,287 @@ fn parent_of(p: &Path) -> &Path {
     }
 }
 
-/// Build a raw image at `dst` atomically: an unnamed file beside it starts
-/// as a clone of the raw image `start` (or empty), grows to `size` (with
-/// `exact`, is cut to it too), gets `layers` applied bottom first, takes
-/// `start`'s (else 0644's) permission bits, and replaces `dst` only if
-/// everything succeeded.
+/// Where a build writes: a new file that replaces the destination when
+/// complete, or the destination itself.
+enum Target<'a> {
+    /// An unnamed file beside `dst`, starting as a copy of `start`.
+    Replace {
+        dst: &'a Path,
+        start: Option<&'a Node>,
+    },
+    /// The base itself (in-place commit; a block device).
+    InPlace(&'a Node),
+}
+
+/// The raw image a build starts from and its guest size: a raw file's
+/// length rounded up to whole sectors, as QEMU sees it.
+fn raw_size(n: &Node) -> u64 {
+    n.len.next_multiple_of(512)
+}
+
+/// Build a raw image: the target gets `layers` (top first) applied bottom
+/// first. With `exact` (convert) its size follows each layer's virtual
+/// size on the way (what a layer does not cover of a larger one above
+/// reads as zeros, as QEMU reads past the end of a backing image) and
+/// ends at `size`; without (commit) it only grows. A
+/// replaced target takes the old file's metadata (owner, mode, extended
+/// attributes with ACLs, `+C`) and keeps holes; it replaces the name only
+/// if everything succeeded.
 fn build(
-    dst: &Path,
-    start: Option<(&Path, &File)>,
+    target: Target<'_>,
     size: u64,
     exact: bool,
-    layers: &[(Qcow2, Vec<Piece>)],
+    layers: &[Qcow2],
     run: &Run,
     report: &mut ImageReport,
 ) -> Result<(), Error> {
-    let e = err(dst);
-    let mode = start
-        .and_then(|(_, f)| f.metadata().ok())
-        .map_or(0o644, |m| m.mode() & 0o7777);
-    let pending =
-        PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode)).map_err(&e)?;
-    let out = pending.fd();
-    let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
-    // Whether each source clones into dst's filesystem: the raw start and
-    // every layer's data file may each live elsewhere.
-    let starts = start.map(|(p, _)| clones_between(p, dst));
-    let per_layer: Vec<(bool, Option<String>)> = layers
-        .iter()
-        .map(|(l, _)| clones_between(l.data_file().0, dst))
-        .collect();
-    let all = starts.iter().chain(&per_layer);
-    report.clones = all.clone().all(|(c, _)| *c) && (start.is_some() || !layers.is_empty());
-    report.no_clone_reason = match all.clone().find(|(c, _)| !c) {
-        Some((_, why)) => why.clone(),
-        None if report.clones => None,
-        None => Some("nothing to clone from".into()),
-    };
-    let clones = starts.is_some_and(|(c, _)| c);
-    if let Some((_, base)) = start {
-        let len = base
-            .metadata()
-            .map_err(|x| Error::from_io(Operation::Image, &x).with_src(dst))?
-            .len();
-        let whole = clones && cowlink_sys::ficlone(out, base.as_fd()).is_ok();
-        if !whole {
-            // Copied in steps, so that a cancel is seen within a large base.
-            let step = 64 << 20;
-            let mut at = 0;
-            while at < len {
-                if run.cancel.is_cancelled() {
-                    return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
-                }
-                let n = step.min(len - at);
-                copy_range(base.as_fd(), at, out, at, n).map_err(&e)?;
-                at += n;
+    match target {
+        Target::InPlace(base) => {
+            let out = base.file.as_fd();
+            let e = err(&base.path);
+            let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
+            let mut per_layer = clone_answers(layers, &base.path, report, true);
+            if base.kind == NodeKind::Block {
+                per_layer.iter_mut().for_each(|c| *c = false);
+                report.clones = false;
+                report.no_clone_reason = Some("the base is a block device".into());
             }
+            report.in_place = true;
+            if size > base.len {
+                if base.kind == NodeKind::Block {
+                    return Err(too_small(&base.path, base.len, size));
+                }
+                fs::ftruncate(out, size).map_err(&e)?;
+            }
+            // Once writing began, finishing is safer than stopping.
+            let run = Run::default();
+            for (layer, clones) in layers.iter().rev().zip(per_layer.iter().rev()) {
+                apply(layer, out, *clones, block, &run, report)?;
+            }
+            fs::fsync(out).map_err(&e)?;
+            Ok(())
         }
-        if len < size || (exact && len > size) {
-            fs::ftruncate(out, size).map_err(&e)?;
+        Target::Replace { dst, start } => {
+            let e = err(dst);
+            let old = start
+                .map(|n| fs::fstat(&n.file).map_err(err(&n.path)))
+                .transpose()?;
+            let mode = old.as_ref().map_or(0o644, |m| m.st_mode & 0o7777);
+            let pending =
+                PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode))
+                    .map_err(&e)?;
+            let out = pending.fd();
+            let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
+            let starts = start.map(|n| clones_between(&n.path, dst));
+            let per_layer = clone_answers(layers, dst, report, false);
+            if let Some((false, why)) = &starts {
+                report.clones = false;
+                report.no_clone_reason = why.clone().or(report.no_clone_reason.take());
+            }
+            report.clones &= start.is_some() || !layers.is_empty();
+            if let Some(n) = start {
+                // NOCOW (Btrfs `+C`) must be set while the file is empty.
+                if let Ok(flags) = fs::ioctl_getflags(&n.file) {
+                    if flags.contains(fs::IFlags::NOCOW) {
+                        let _ = fs::ioctl_setflags(out, fs::IFlags::NOCOW);
+                    }
+                }
+                let clones = starts.as_ref().is_some_and(|(c, _)| *c);
+                let whole = clones
+                    && n.kind == NodeKind::File
+                    && cowlink_sys::ficlone(out, n.file.as_fd()).is_ok();
+                if whole {
+                    report.start_cloned_bytes = n.len;
+                } else {
+                    let cancelled = || run.cancel.is_cancelled();
+                    let got = crate::prim::transfer::copy_data(
+                        n.file.as_fd(),
+                        out,
+                        crate::prim::transfer::Source::sized(n.len),
+                        n.kind == NodeKind::File,
+                        &cancelled,
+                    )
+                    .map_err(|x| match x {
+                        Errno::CANCELED => {
+                            Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst)
+                        }
+                        x => e(x),
+                    })?;
+                    report.start_copied_bytes = data_bytes(n, got.bytes);
+                }
+                fs::ftruncate(out, raw_size(n)).map_err(&e)?;
+            }
+            for (layer, clones) in layers.iter().rev().zip(per_layer.iter().rev()) {
+                // Below a layer, nothing past its virtual size shows through
+                // (convert); a commit keeps the base's tail.
+                let now = fs::fstat(out).map_err(&e)?.st_size as u64;
+                if now < layer.size || (exact && now > layer.size) {
+                    fs::ftruncate(out, layer.size).map_err(&e)?;
+                }
+                apply(layer, out, *clones, block, run, report)?;
+            }
+            let now = fs::fstat(out).map_err(&e)?.st_size as u64;
+            if now != size {
+                fs::ftruncate(out, size).map_err(&e)?;
+            }
+            if run.cancel.is_cancelled() {
+                return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
+            }
+            if let (Some(n), Some(st)) = (start, &old) {
+                // The owner, mode, extended attributes and ACLs of the old
+                // base stay (a commit changes the contents, nothing else).
+                let keep = Preserve {
+                    mode: true,
+                    ownership: true,
+                    timestamps: false,
+                    xattrs: true,
+                };
+                crate::prim::meta::apply(n.file.as_fd(), st, out, keep).map_err(|m| {
+                    Error::from_errno(Operation::Image, m.errno)
+                        .with_src(&n.path)
+                        .with_reason(format!("cannot {} on the new base", m.what))
+                })?;
+            }
+            fs::fsync(out).map_err(&e)?;
+            pending.persist(dst, Overwrite::Replace).map_err(&e)
         }
-    } else {
-        fs::ftruncate(out, size).map_err(&e)?;
     }
-    for ((layer, pieces), (clones, _)) in layers.iter().zip(&per_layer) {
-        apply(layer, pieces, out, *clones, block, run, report)?;
-        report
-            .data_files
-            .extend(layer.external_data().map(Path::to_path_buf));
-    }
-    if run.cancel.is_cancelled() {
-        return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
-    }
-    if let Some((_, base)) = start {
-        // The owner and times of the old base stay (a commit changes the
-        // contents, and QEMU's view of the file, nothing else).
-        let m = base
-            .metadata()
-            .map_err(|x| Error::from_io(Operation::Image, &x).with_src(dst))?;
-        let _ = fs::fchown(
-            out,
-            Some(fs::Uid::from_raw(m.uid())),
-            Some(fs::Gid::from_raw(m.gid())),
-        );
-        fs::fchmod(out, Mode::from_raw_mode(mode)).map_err(&e)?;
-    }
-    fs::fsync(out).map_err(&e)?;
-    pending.persist(dst, Overwrite::Replace).map_err(&e)
 }
 
-/// Open and lock-check one qcow2 image, and map it.
-fn open_layer(path: &Path) -> Result<(Qcow2, Vec<Piece>), Error> {
-    let q = Qcow2::open(path)?;
-    check_unlocked(path, q.file())?;
-    if let Some(data) = q.external_data() {
-        check_unlocked(data, q.data_file().1)?;
+/// Whether each layer's data clones into `dst`'s filesystem (the project's
+/// probe; `quiet`: without a trial, when nothing may be written), folded
+/// into the report.
+fn clone_answers(layers: &[Qcow2], dst: &Path, report: &mut ImageReport, quiet: bool) -> Vec<bool> {
+    let answers: Vec<(bool, Option<String>)> = layers
+        .iter()
+        .map(|l| match quiet {
+            true => clones_quietly(l.data_file().0, dst),
+            false => clones_between(l.data_file().0, dst),
+        })
+        .collect();
+    report.clones = answers.iter().all(|(c, _)| *c);
+    report.no_clone_reason = answers
+        .iter()
+        .find(|(c, _)| !c)
+        .and_then(|(_, w)| w.clone());
+    if !report.clones && report.no_clone_reason.is_none() {
+        report.no_clone_reason = Some("nothing to clone from".into());
     }
-    let pieces = q.map()?;
-    Ok((q, pieces))
+    answers.into_iter().map(|(c, _)| c).collect()
+}
+
+/// The bytes of data (not holes) in the first `len` bytes of `n`: what a
+/// copy that keeps holes really copied (a device: all of it).
+fn data_bytes(n: &Node, len: u64) -> u64 {
+    if n.kind == NodeKind::Block {
+        return len;
+    }
+    let fd = n.file.as_fd();
+    let (mut pos, mut total) = (0u64, 0u64);
+    while pos < len {
+        let Ok(start) = fs::seek(fd, fs::SeekFrom::Data(pos)) else {
+            break;
+        };
+        if start >= len {
+            break;
+        }
+        let end = fs::seek(fd, fs::SeekFrom::Hole(start)).map_or(len, |e| e.min(len));
+        if end <= start {
+            return len;
+        }
+        total += end - start;
+        pos = end;
+    }
+    total
+}
+
+fn too_small(path: &Path, len: u64, size: u64) -> Error {
+    Error::new(Operation::Image, ErrorKind::NoSpace)
+        .with_src(path)
+        .with_reason(format!(
+            "the base is a block device of {len} bytes; the overlay's virtual size is {size}"
+        ))
+}
+
+/// Whether `src`'s data can clone into `dst`'s directory, decided without
+/// writing anything: the same filesystem, of a kind that clones. Used by
+/// [`map`], which promises to write nothing; a commit makes a real trial.
+fn clones_quietly(src: &Path, dst: &Path) -> (bool, Option<String>) {
+    let dir = parent_of(dst);
+    let (Ok(a), Ok(b)) = (fs::stat(src), fs::stat(dir)) else {
+        return (false, Some("cannot stat the files".into()));
+    };
+    if a.st_dev != b.st_dev {
+        return (
+            false,
+            Some("the files are on different filesystems (predicted, not tried)".into()),
+        );
+    }
+    match fs::statfs(dir).map(|s| FsKind::from_magic(s.f_type as u64)) {
+        Ok(FsKind::Xfs | FsKind::Btrfs) => (true, None),
+        Ok(k) => (
+            false,
+            Some(format!(
+                "{} does not clone (predicted, not tried)",
+                k.name()
+            )),
+        ),
+        Err(e) => (false, Some(e.to_string())),
+    }
+}
+
+/// Refuse to write through a base that is not raw: its format as
+/// declared by the overlay (when the base is the overlay's own backing
+/// file), else as probed.
+fn check_raw_base(q: &Qcow2, base: &Node, is_backing: bool) -> Result<(), Error> {
+    let declared = match (&q.backing, is_backing) {
+        (Some((_, Some(fmt))), true) => Some(Format::declared(q.path(), fmt)?),
+        _ => None,
+    };
+    match declared {
+        Some(Format::Raw) => Ok(()),
+        Some(Format::Qcow2) => Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+            .with_src(&base.path)
+            .with_reason(format!(
+                "{} declares this base to be qcow2; only a raw base can be committed into \
+                 (convert it first)",
+                quoted(q.path())
+            ))),
+        None if Format::probe(base)? == Format::Qcow2 => {
+            Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                .with_src(&base.path)
+                .with_reason(
+                    "this base is a qcow2 image (by its first bytes); only a raw base can be \
+                     committed into (convert it first)",
+                ))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Walk every layer once before anything is written: a corrupt image is
+/// refused while the destination is untouched.
+fn check_all(layers: &[Qcow2]) -> Result<(), Error> {
+    for l in layers {
+        l.walk(&mut |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 /// What [`commit`] of `overlay` would do: every range's fate, with byte
-/// counts, and whether the filesystem clones between the overlay and its
-/// base (or, without a base, within the overlay's directory). Writes
-/// nothing.
-pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
-    let (q, pieces) = open_layer(overlay)?;
+/// counts, and whether the filesystem would clone between the overlay and
+/// its base (or, without a base, within the overlay's directory),
+/// predicted from the filesystems. `each` sees every range in guest order.
+/// Writes nothing, not even a probe; takes QEMU's read locks while it
+/// reads.
+pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, Error> {
+    let node = open_node(overlay, "image", false, Access::Read)?;
+    if Format::probe(&node)? != Format::Qcow2 {
+        return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
+            .with_src(overlay)
+            .with_reason("not a qcow2 image"));
+    }
+    let q = chain::open_qcow2(node, false, Access::Read)?;
     let mut report = ImageReport {
         size: q.size,
         layers: vec![overlay.to_path_buf()],
@@ -437,10 +621,12 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
     };
     // Cloning into the base's directory, else the overlay's.
     let target = q
-        .backing_path()
+        .backing
+        .as_ref()
+        .and_then(|(name, _)| chain::plain_name(overlay, name, "backing file").ok())
         .filter(|b| b.exists())
         .unwrap_or_else(|| overlay.to_path_buf());
-    let (clones, why) = clones_between(q.data_file().0, &target);
+    let (clones, why) = clones_quietly(q.data_file().0, &target);
     report
         .data_files
         .extend(q.external_data().map(Path::to_path_buf));
@@ -448,13 +634,13 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
     let block = fs::statfs(dir).map_err(err(dir))?.f_bsize as u64;
     report.clones = clones;
     report.no_clone_reason = why;
-    for p in &pieces {
+    q.walk(&mut |p| {
         match p.source {
             Source::Unallocated => report.skipped_bytes += p.len,
             Source::Zero => report.zeroed_bytes += p.len,
             Source::Compressed { .. } => report.copied_for(CopyReason::Compressed, p.len),
             Source::Data { host } => {
-                let plan = data_plan(p, host, clones, block);
+                let plan = data_plan(&p, host, clones, block);
                 let cloned = plan.clone.map_or(0, |(start, end)| end - start);
                 if cloned > 0 {
                     report.cloned_bytes += cloned;
@@ -465,26 +651,77 @@ pub fn map(overlay: &Path) -> Result<(ImageReport, Vec<Piece>), Error> {
                 }
             }
         }
+        each(&p);
+        Ok(())
+    })?;
+    Ok(report)
+}
+
+/// Open the base at `path` for a commit: regular file or block device,
+/// write-locked; the name must still lead to the locked file afterwards
+/// (another commit may have replaced it meanwhile: then it is opened
+/// again).
+fn open_base(path: &Path, in_place: bool) -> Result<Node, Error> {
+    for _ in 0..8 {
+        let st = fs::stat(path).map_err(|x| {
+            err(path)(x).with_reason(match x {
+                Errno::NOENT => "the base does not exist".to_string(),
+                _ => errno_words(x),
+            })
+        })?;
+        let block = FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice;
+        let node = open_node(path, "base", in_place || block, Access::Write)?;
+        match fs::stat(path) {
+            Ok(now) if (now.st_dev, now.st_ino) == node.id => return Ok(node),
+            _ => continue,
+        }
     }
-    Ok((report, pieces))
+    Err(Error::new(Operation::Image, ErrorKind::InUse)
+        .with_src(path)
+        .with_reason("the base keeps being replaced by another program"))
+}
+
+fn errno_words(e: Errno) -> String {
+    std::io::Error::from_raw_os_error(e.raw_os_error()).to_string()
 }
 
 /// Merge the qcow2 `overlay` into its raw base (`options.base`, else the
 /// backing file its header names): allocated clusters cloned (or copied)
-/// to their guest offsets, zero clusters punched, the rest left alone. The
-/// base is replaced atomically when all is done; the overlay is not
-/// touched.
+/// to their guest offsets, zero clusters punched, the rest left alone.
+///
+/// By default a new base is built beside the old one (a clone of it, or a
+/// copy that keeps its holes), takes its owner, mode, extended attributes,
+/// ACLs and `+C`, and replaces it atomically when all is done: an error,
+/// a cancel or a crash leaves the old base as it was. A base with other
+/// hard links is refused (replacing it would split them) unless
+/// [`ImageOptions::in_place`] asks to write into it; a block-device base
+/// is always written in place, and is never grown. The overlay is not
+/// touched. Every file is held with QEMU's locks for the duration.
 ///
 /// # Errors
-/// `InUse` (QEMU holds either image), `Corrupt` (a damaged overlay),
-/// `NotSupported` (encryption, an external data file the image does not
-/// name, a base that is not raw), `NotFound` (no base), `Cancelled`, `NoSpace`, `Io`. After any of
-/// them the base is as it was.
+/// `InUse` (QEMU or another commit holds either image, or a lock
+/// conflicts), `Corrupt` (a damaged overlay), `NotSupported` (encryption,
+/// a backing or data file name that is not a plain file name, a base that
+/// is not raw), `NotRegularFile` (a FIFO, a character device), `NotFound`
+/// (no base), `InvalidInput` (hard links), `Cancelled`, `NoSpace`, `Io`.
+/// After any of them a replaced base is as it was.
 pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
-    let (q, pieces) = open_layer(overlay)?;
-    let base = match (&options.base, q.backing_path()) {
+    let node = open_node(overlay, "overlay", false, Access::Read)?;
+    if Format::probe(&node)? != Format::Qcow2 {
+        return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
+            .with_src(overlay)
+            .with_reason("not a qcow2 image"));
+    }
+    let overlay_id = node.id;
+    let q = chain::open_qcow2(node, false, Access::Read)?;
+    let backing = q
+        .backing
+        .as_ref()
+        .map(|(name, _)| chain::plain_name(overlay, name, "backing file"))
+        .transpose()?;
+    let base_path = match (&options.base, &backing) {
         (Some(b), _) => b.clone(),
-        (None, Some(b)) => b,
+        (None, Some(b)) => b.clone(),
         (None, None) => {
             return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
                 .with_src(overlay)
@@ -493,112 +730,171 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
     };
     // The base's own name: a symbolic link to it stays a link (QEMU
     // writes through it; so does a commit).
-    let base = std::fs::canonicalize(&base)
-        .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base))?;
-    check_raw_backing(&q, &base)?;
-    let base_file =
-        File::open(&base).map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base))?;
-    check_unlocked(&base, &base_file)?;
-    if base_file.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(Error::new(Operation::Image, ErrorKind::IsDirectory).with_src(&base));
+    let base_path = std::fs::canonicalize(&base_path)
+        .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base_path))?;
+    let base = open_base(&base_path, options.in_place)?;
+    if base.id == overlay_id {
+        return Err(Error::new(Operation::Image, ErrorKind::SameFile)
+            .with_src(overlay)
+            .with_dst(&base_path)
+            .with_reason("the base is the overlay itself"));
+    }
+    let is_backing = match &backing {
+        Some(b) => fs::stat(b).is_ok_and(|s| (s.st_dev, s.st_ino) == base.id),
+        None => false,
+    };
+    if !is_backing {
+        if let (Some(b), Some((_, Some(fmt)))) = (&backing, &q.backing) {
+            if Format::declared(overlay, fmt)? != Format::Raw {
+                return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                    .with_src(overlay)
+                    .with_dst(&base_path)
+                    .with_reason(format!(
+                        "the overlay's own backing file {} is {fmt}: what the overlay does not \
+                         hold reads from there, so committing the overlay alone into {} would \
+                         lose it (convert the chain instead)",
+                        quoted(b),
+                        quoted(&base_path)
+                    )));
+            }
+        }
+    }
+    check_raw_base(&q, &base, is_backing)?;
+    let in_place = options.in_place || base.kind == NodeKind::Block;
+    if !in_place {
+        let links = fs::fstat(&base.file).map_err(err(&base.path))?.st_nlink;
+        if links > 1 {
+            return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
+                .with_src(&base.path)
+                .with_reason(format!(
+                    "the base has {links} hard links; a commit replaces the file, which would \
+                     leave the other names with the old contents (use --in-place to write \
+                     into it)"
+                )));
+        }
+    }
+    if base.kind == NodeKind::Block && q.size > base.len {
+        return Err(too_small(&base.path, base.len, q.size));
+    }
+    let layers = [q];
+    check_all(&layers)?;
+    if options.run.cancel.is_cancelled() {
+        return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(&base.path));
     }
     let mut report = ImageReport {
-        size: q.size,
+        size: layers[0].size.max(raw_size(&base)),
         layers: vec![overlay.to_path_buf()],
         ..Default::default()
     };
-    let size = q.size;
-    build(
-        &base,
-        Some((&base, &base_file)),
+    report
+        .data_files
+        .extend(layers[0].external_data().map(Path::to_path_buf));
+    // A commit never shrinks the base (QEMU grows a smaller one).
+    let size = if base.kind == NodeKind::Block {
+        base.len
+    } else {
+        layers[0].size.max(base.len)
+    };
+    let target = if in_place {
+        Target::InPlace(&base)
+    } else {
+        Target::Replace {
+            dst: &base_path,
+            start: Some(&base),
+        }
+    };
+    build(target, size, false, &layers, &options.run, &mut report)?;
+    Ok(report)
+}
+
+/// Write the qcow2 image `src` (with its whole backing chain) as the raw
+/// image `dst`: a raw bottom image cloned whole (or copied, holes kept),
+/// then each qcow2 layer applied from the bottom up, the size following
+/// each layer's virtual size as QEMU reads the chain. `dst` is created,
+/// or replaced atomically (only a regular file is replaced).
+///
+/// # Errors
+/// As [`commit`], plus `InvalidInput` for a loop in the backing chain or
+/// one deeper than [`chain::MAX_DEPTH`], and `SameFile` when `dst` is an
+/// image of the chain.
+pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
+    let chain = chain::open_chain(src)?;
+    // An existing destination: a regular file, not in the chain, and not
+    // in use (QEMU's write locks, held until it is replaced).
+    let _old = match fs::lstat(dst) {
+        Ok(_) => {
+            let n = open_node(dst, "destination", false, Access::Write);
+            let n = match n {
+                Err(e) if e.kind() == ErrorKind::InUse => {
+                    // In use by the chain itself (we hold read locks on
+                    // it), or by another program.
+                    let id = fs::stat(dst).map(|s| (s.st_dev, s.st_ino)).ok();
+                    if chain_holds(&chain, id) {
+                        return Err(same_file(src, dst));
+                    }
+                    return Err(e);
+                }
+                x => x?,
+            };
+            if chain_holds(&chain, Some(n.id)) {
+                return Err(same_file(src, dst));
+            }
+            if n.kind == NodeKind::Block {
+                return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                    .with_dst(dst)
+                    .with_reason(
+                        "the destination is a block device; convert writes a new raw file and \
+                         never replaces a device (use qemu-img convert -n to write into it)",
+                    ));
+            }
+            Some(n)
+        }
+        Err(_) => None,
+    };
+    check_all(&chain.layers)?;
+    let size = chain.layers[0].size;
+    let mut report = ImageReport {
         size,
-        false,
-        &[(q, pieces)],
+        layers: chain
+            .layers
+            .iter()
+            .rev()
+            .map(|q| q.path().to_path_buf())
+            .collect(),
+        ..Default::default()
+    };
+    for l in chain.layers.iter().rev() {
+        report
+            .data_files
+            .extend(l.external_data().map(Path::to_path_buf));
+    }
+    build(
+        Target::Replace {
+            dst,
+            start: chain.bottom.as_ref(),
+        },
+        size,
+        true,
+        &chain.layers,
         &options.run,
         &mut report,
     )?;
     Ok(report)
 }
 
-/// Write the qcow2 image `src` (with its whole backing chain) as the raw
-/// image `dst`: a raw bottom image cloned whole, then each qcow2 layer
-/// applied from the bottom up. `dst` is created, or replaced atomically.
-///
-/// # Errors
-/// As [`commit`], plus `InvalidInput` for a loop in the backing chain.
-pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
-    let mut layers = Vec::new();
-    let mut seen = Vec::new();
-    let mut next = Some(src.to_path_buf());
-    let mut bottom: Option<(PathBuf, File)> = None;
-    while let Some(p) = next.take() {
-        let canon = std::fs::canonicalize(&p)
-            .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&p))?;
-        if seen.contains(&canon) {
-            return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
-                .with_src(src)
-                .with_reason(format!(
-                    "the backing chain loops at {}",
-                    crate::name::quoted(&p)
-                )));
-        }
-        seen.push(canon);
-        if layers.len() > 64 {
-            return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
-                .with_src(src)
-                .with_reason("the backing chain is longer than 64 images"));
-        }
-        if Qcow2::is_qcow2(&p).map_err(|x| Error::from_io(Operation::Image, &x).with_src(&p))? {
-            let (q, pieces) = open_layer(&p)?;
-            if let Some((_, Some(fmt))) = &q.backing {
-                if fmt != "raw" && fmt != "qcow2" {
-                    return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
-                        .with_src(&p)
-                        .with_reason(format!(
-                            "backing format {fmt} (only raw and qcow2 are read)"
-                        )));
-                }
-            }
-            next = q.backing_path();
-            layers.push((q, pieces));
-        } else {
-            if layers.is_empty() {
-                return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
-                    .with_src(src)
-                    .with_reason("not a qcow2 image"));
-            }
-            let f =
-                File::open(&p).map_err(|x| Error::from_io(Operation::Image, &x).with_src(&p))?;
-            check_unlocked(&p, &f)?;
-            bottom = Some((p, f));
-        }
-    }
-    if dst.exists()
-        && seen
-            .iter()
-            .any(|s| std::fs::canonicalize(dst).is_ok_and(|d| &d == s))
-    {
-        return Err(Error::new(Operation::Image, ErrorKind::SameFile)
-            .with_src(src)
-            .with_dst(dst)
-            .with_reason("the destination is an image of the chain being converted"));
-    }
-    layers.reverse();
-    let size = layers.last().map_or(0, |(q, _)| q.size);
-    let mut report = ImageReport {
-        size,
-        layers: layers.iter().map(|(q, _)| q.path().to_path_buf()).collect(),
-        ..Default::default()
-    };
-    // A bottom larger than the top's virtual size is cut to it.
-    build(
-        dst,
-        bottom.as_ref().map(|(p, f)| (p.as_path(), f)),
-        size,
-        true,
-        &layers,
-        &options.run,
-        &mut report,
-    )?;
-    Ok(report)
+fn chain_holds(chain: &chain::Chain, id: Option<(u64, u64)>) -> bool {
+    let Some(id) = id else { return false };
+    chain.bottom.as_ref().is_some_and(|b| b.id == id)
+        || chain.layers.iter().any(|q| {
+            chain::file_id(q.file()).is_ok_and(|x| x == id)
+                || q.external_data().is_some()
+                    && chain::file_id(q.data_file().1).is_ok_and(|x| x == id)
+        })
+}
+
+fn same_file(src: &Path, dst: &Path) -> Error {
+    Error::new(Operation::Image, ErrorKind::SameFile)
+        .with_src(src)
+        .with_dst(dst)
+        .with_reason("the destination is an image of the chain being converted")
 }

@@ -32,7 +32,8 @@ const COMPRESSED: u64 = 1 << 62;
 /// L2 bit 63: the cluster's refcount is 1 (with an external data file, it
 /// tells a cluster at host offset 0 from an unallocated one).
 const COPIED: u64 = 1 << 63;
-const L1_LIMIT: u64 = 32 << 20;
+/// QEMU's largest L1 table: 32 MiB (`QCOW_MAX_L1_SIZE`), 4 Mi entries.
+const L1_LIMIT: u64 = (32 << 20) / 8;
 /// Virtual sizes beyond this are refused (qcow2's own limit is 2^61;
 /// nothing real comes near 2^56, 64 PiB).
 const SIZE_LIMIT: u64 = 1 << 56;
@@ -94,20 +95,28 @@ pub struct Qcow2 {
     path: PathBuf,
     file: File,
     file_len: u64,
-    /// Virtual disk size in bytes.
+    /// Virtual disk size in bytes (whole 512-byte sectors, as QEMU counts
+    /// it: a header size that is not a multiple of 512 is cut down).
     pub size: u64,
     /// log2 of the cluster size.
     pub cluster_bits: u32,
     /// Extended L2 entries (32 subclusters per cluster).
     pub extended_l2: bool,
+    /// qcow2 version (2 or 3).
+    pub version: u32,
     /// The backing file's name as the header gives it (relative names are
     /// relative to the image's directory) and its format, if named.
+    /// Untrusted text: resolve it through the image module's one rule
+    /// for names an image carries, never by hand.
     pub backing: Option<(String, Option<String>)>,
+    /// The external data file's name as the header extension gives it,
+    /// when the image keeps its data in one (untrusted, as `backing`).
+    pub data_name: Option<String>,
     l1: Vec<u64>,
     l1_offset: u64,
     /// Compressed clusters are zstd frames (else raw deflate, zlib's).
     zstd: bool,
-    /// The external data file, if the image has one.
+    /// The external data file, once attached.
     data: Option<DataFile>,
 }
 
@@ -119,19 +128,97 @@ fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// Whether `head` (a file's first bytes) starts with the qcow2 magic.
+pub fn has_magic(head: &[u8]) -> bool {
+    head.len() >= 4 && be32(head, 0) == MAGIC
+}
+
+/// The host clusters in use, so that a cluster serving twice (an L2
+/// table, a data cluster, the L1 table, the header) is found when its
+/// second use is met. One bit per cluster of the file while that is at
+/// most [`BITMAP_LIMIT`] bits; beyond (a huge, probably sparse, file of
+/// small clusters) a set of the clusters actually claimed, each claim
+/// being an entry read from the file. Either way memory follows what the
+/// file holds, not what its header claims.
+enum Used {
+    Bits(Vec<u64>, u64, u32),
+    Set(std::collections::HashSet<u64>, u64, u32),
+}
+
+/// The largest bitmap of clusters kept (16 MiB).
+const BITMAP_LIMIT: u64 = 1 << 27;
+
+impl Used {
+    fn new(file_len: u64, cluster_bits: u32) -> Used {
+        let n = file_len.div_ceil(1 << cluster_bits);
+        if n <= BITMAP_LIMIT {
+            Used::Bits(vec![0; n.div_ceil(64) as usize], n, cluster_bits)
+        } else {
+            Used::Set(Default::default(), n, cluster_bits)
+        }
+    }
+
+    /// Claim the cluster at `host` (aligned, inside the file) for `what`.
+    fn claim(&mut self, host: u64, what: &str) -> Result<(), String> {
+        let twice = || {
+            format!(
+                "{what} at {host:#x} uses a host cluster already in use (the header, the L1 \
+                 table, an L2 table or a data cluster)"
+            )
+        };
+        let past = || format!("{what} at {host:#x} is past the end of the file");
+        match self {
+            Used::Bits(bits, n, cluster_bits) => {
+                let i = host >> *cluster_bits;
+                if i >= *n {
+                    return Err(past());
+                }
+                let (w, b) = ((i / 64) as usize, i % 64);
+                match bits.get_mut(w) {
+                    Some(word) if *word & (1 << b) != 0 => Err(twice()),
+                    Some(word) => {
+                        *word |= 1 << b;
+                        Ok(())
+                    }
+                    None => Err(past()),
+                }
+            }
+            Used::Set(set, n, cluster_bits) => {
+                let i = host >> *cluster_bits;
+                if i >= *n {
+                    return Err(past());
+                }
+                match set.insert(i) {
+                    true => Ok(()),
+                    false => Err(twice()),
+                }
+            }
+        }
+    }
+}
+
 impl Qcow2 {
     /// Whether the file at `path` starts with the qcow2 magic.
     pub fn is_qcow2(path: &Path) -> std::io::Result<bool> {
         let f = File::open(path)?;
         let mut b = [0u8; 4];
-        Ok(f.read_exact_at(&mut b, 0).is_ok() && u32::from_be_bytes(b) == MAGIC)
+        Ok(f.read_exact_at(&mut b, 0).is_ok() && has_magic(&b))
     }
 
     /// Open and check the image at `path` (header, extensions, L1 table).
+    /// The external data file, if the image names one, is not opened:
+    /// [`Qcow2::attach_data`] gives it.
     pub fn open(path: &Path) -> Result<Qcow2, Error> {
         let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(path);
         let file = File::open(path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
+        Qcow2::from_file(path, file, file_len)
+    }
+
+    /// Check the image in `file` (opened from `path`, `file_len` bytes
+    /// long): header, extensions, L1 table.
+    pub fn from_file(path: &Path, file: File, file_len: u64) -> Result<Qcow2, Error> {
+        let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(path);
         let corrupt = |why: String| {
             Error::new(Operation::Image, ErrorKind::Corrupt)
                 .with_src(path)
@@ -164,6 +251,8 @@ impl Qcow2 {
         if size > SIZE_LIMIT {
             return Err(corrupt(format!("virtual size {size} is absurd")));
         }
+        // QEMU counts whole sectors (total_sectors = size / 512).
+        let size = size / 512 * 512;
         let crypt = be32(&h, 32);
         if crypt != 0 {
             return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
@@ -177,6 +266,14 @@ impl Qcow2 {
                 return Err(corrupt("truncated version 3 header".into()));
             }
             let header_len = be32(&h, 100) as u64;
+            // As QEMU: the version 3 header is at least 104 bytes and
+            // fits the first cluster.
+            if header_len < 104 || header_len > cluster || header_len > file_len {
+                return Err(corrupt(format!(
+                    "header_length {header_len} (a version 3 header is 104 bytes or more, \
+                     inside the first cluster of {cluster} bytes and the file)"
+                )));
+            }
             let compression = if header_len > 104 {
                 let mut c = [0u8; 1];
                 file.read_exact_at(&mut c, 104).map_err(io)?;
@@ -225,16 +322,19 @@ impl Qcow2 {
                 "extended L2 entries need clusters of 16 KiB or more".into(),
             ));
         }
-        // L1: enough entries for the virtual size, inside the file.
+        // L1: enough entries for the virtual size, at most QEMU's 32 MiB
+        // table, inside the file.
         let l2_entries = cluster / if extended_l2 { 16 } else { 8 };
         let per_l1 = l2_entries * cluster;
         let needed = size.div_ceil(per_l1);
         if l1_size < needed || l1_size > L1_LIMIT {
             return Err(corrupt(format!(
-                "L1 table of {l1_size} entries for a virtual size that needs {needed}"
+                "L1 table of {l1_size} entries for a virtual size that needs {needed} \
+                 (QEMU allows at most {L1_LIMIT})"
             )));
         }
-        if l1_offset % cluster != 0 || l1_offset == 0 || l1_offset + l1_size * 8 > file_len {
+        let l1_end = l1_offset.checked_add(l1_size * 8);
+        if l1_offset % cluster != 0 || l1_offset == 0 || l1_end.is_none_or(|e| e > file_len) {
             return Err(corrupt(format!(
                 "L1 table at {l1_offset:#x} is misaligned or past the end of the file ({file_len} bytes)"
             )));
@@ -242,8 +342,9 @@ impl Qcow2 {
         let mut raw = vec![0u8; (l1_size * 8) as usize];
         file.read_exact_at(&mut raw, l1_offset).map_err(io)?;
         let l1: Vec<u64> = raw.chunks_exact(8).map(|c| be64(c, 0)).collect();
+        drop(raw);
         let ext = extensions(&file, header_len, file_len, cluster).map_err(corrupt)?;
-        let data =
+        let data_name =
             match (incompat & INCOMPAT_DATA_FILE != 0, ext.data_file) {
                 (false, _) => None,
                 (true, None) => return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
@@ -253,34 +354,27 @@ impl Qcow2 {
                          (QEMU is told it with data-file= at run time); name it in the image with \
                          qemu-img amend -o data_file=FILE",
                     )),
-                (true, Some(name)) => {
-                    let dpath = beside(path, &name);
-                    let dio = |e: std::io::Error| {
-                        Error::from_io(Operation::Image, &e)
-                            .with_src(&dpath)
-                            .with_reason(format!(
-                                "the external data file of {}: {e}",
-                                crate::name::quoted(path)
-                            ))
-                    };
-                    let file = File::open(&dpath).map_err(dio)?;
-                    let len = file.metadata().map_err(dio)?.len();
-                    Some(DataFile {
-                        path: dpath,
-                        file,
-                        len,
-                    })
-                }
+                (true, Some(name)) => Some(name),
             };
-        // Backing file name and format.
+        // Backing file name (inside the first cluster, at most 1023 bytes,
+        // as QEMU reads it) and format.
         let backing = if backing_offset != 0 {
-            if backing_len == 0 || backing_len > 1023 || backing_offset + backing_len > file_len {
-                return Err(corrupt("backing file name out of bounds".into()));
+            let end = backing_offset.checked_add(backing_len);
+            if backing_len == 0
+                || backing_len > 1023
+                || end.is_none_or(|e| e > file_len.min(cluster))
+            {
+                return Err(corrupt(format!(
+                    "backing file name of {backing_len} bytes at {backing_offset:#x} is empty, \
+                     longer than 1023 bytes or outside the first cluster"
+                )));
             }
             let mut name = vec![0u8; backing_len as usize];
             file.read_exact_at(&mut name, backing_offset).map_err(io)?;
             let name = String::from_utf8(name)
-                .map_err(|_| corrupt("backing file name is not UTF-8".into()))?;
+                .ok()
+                .filter(|n| !n.contains('\0'))
+                .ok_or_else(|| corrupt("backing file name is not UTF-8 or holds a NUL".into()))?;
             Some((name, ext.backing_format))
         } else {
             None
@@ -292,12 +386,20 @@ impl Qcow2 {
             size,
             cluster_bits,
             extended_l2,
+            version,
             backing,
+            data_name,
             l1,
             l1_offset,
             zstd,
-            data,
+            data: None,
         })
+    }
+
+    /// Give the image its external data file (`file`, opened from `path`,
+    /// `len` bytes long), the one [`Qcow2::data_name`] names.
+    pub fn attach_data(&mut self, path: PathBuf, file: File, len: u64) {
+        self.data = Some(DataFile { path, file, len });
     }
 
     /// The cluster size in bytes.
@@ -315,14 +417,6 @@ impl Qcow2 {
         &self.path
     }
 
-    /// The backing file's path (relative names resolved against the
-    /// image's directory).
-    pub fn backing_path(&self) -> Option<PathBuf> {
-        self.backing
-            .as_ref()
-            .map(|(name, _)| beside(&self.path, name))
-    }
-
     /// Where [`Source::Data`] offsets point: the external data file, if
     /// the image has one, else the image file itself.
     pub fn data_file(&self) -> (&Path, &File) {
@@ -332,15 +426,30 @@ impl Qcow2 {
         }
     }
 
-    /// The external data file's path, if the image has one.
+    /// The external data file's path, if the image has one attached.
     pub fn external_data(&self) -> Option<&Path> {
         self.data.as_ref().map(|d| d.path.as_path())
     }
 
-    /// Every guest range of the image with where its bytes come from, in
-    /// guest order, adjacent ranges of one kind (and contiguous on the
-    /// host) merged. Checks every L2 table and data offset on the way.
+    /// Every guest range of the image, collected: [`Qcow2::walk`] into a
+    /// vector (memory grows with the number of ranges; the image module
+    /// walks instead).
     pub fn map(&self) -> Result<Vec<Piece>, Error> {
+        let mut v = Vec::new();
+        self.walk(&mut |p| {
+            v.push(p);
+            Ok(())
+        })?;
+        Ok(v)
+    }
+
+    /// Call `f` with every guest range of the image and where its bytes
+    /// come from, in guest order, adjacent ranges of one kind (and
+    /// contiguous on the host) merged. Checks every L2 table and data
+    /// offset on the way, and that no host cluster serves twice, as it
+    /// goes: memory is one L2 table and one bit per host cluster, whatever
+    /// the image claims. An error from `f` stops the walk.
+    pub fn walk(&self, f: &mut dyn FnMut(Piece) -> Result<(), Error>) -> Result<(), Error> {
         let cluster = self.cluster_size();
         let corrupt = |why: String| {
             Error::new(Operation::Image, ErrorKind::Corrupt)
@@ -348,20 +457,23 @@ impl Qcow2 {
                 .with_reason(why)
         };
         let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(&self.path);
+        if self.data_name.is_some() && self.data.is_none() {
+            return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
+                .with_src(&self.path)
+                .with_reason("the image's external data file is not open"));
+        }
         let entry_len = if self.extended_l2 { 16 } else { 8 };
         let l2_entries = cluster / entry_len;
-        // Host clusters in use, to find overlaps: the header, the L1
-        // table, each L2 table, each data cluster.
-        let mut used: Vec<(u64, u64, &'static str)> = vec![(0, cluster, "the header")];
+        let mut used = Used::new(self.file_len, self.cluster_bits);
+        used.claim(0, "the header").map_err(corrupt)?;
         let l1_bytes = self.l1.len() as u64 * 8;
-        used.push((
-            self.l1_offset,
-            l1_bytes.div_ceil(cluster) * cluster,
-            "the L1 table",
-        ));
-        let mut pieces: Vec<Piece> = Vec::new();
-        let mut push = |p: Piece| {
-            if let Some(last) = pieces.last_mut() {
+        for k in 0..l1_bytes.div_ceil(cluster) {
+            used.claim(self.l1_offset + k * cluster, "the L1 table")
+                .map_err(corrupt)?;
+        }
+        let mut pending: Option<Piece> = None;
+        let mut push = |p: Piece| -> Result<(), Error> {
+            if let Some(last) = pending.as_mut() {
                 let contiguous =
                     last.guest + last.len == p.guest && last.subcluster == p.subcluster;
                 let merged = match (last.source, p.source) {
@@ -373,10 +485,43 @@ impl Qcow2 {
                 };
                 if contiguous && merged {
                     last.len += p.len;
-                    return;
+                    return Ok(());
                 }
             }
-            pieces.push(p);
+            match pending.replace(p) {
+                Some(done) => f(done),
+                None => Ok(()),
+            }
+        };
+        // Data that starts inside the file and runs past its end reads
+        // as zeros beyond it, as QEMU reads it (the last host cluster of
+        // an extended-L2 image is often written only in part).
+        let file_len = self.file_len;
+        let data_len = self.data.as_ref().map_or(file_len, |d| d.len);
+        let data = |push: &mut dyn FnMut(Piece) -> Result<(), Error>,
+                    guest: u64,
+                    len: u64,
+                    host: u64,
+                    subcluster: bool|
+         -> Result<(), Error> {
+            let inside = data_len.saturating_sub(host).min(len);
+            if inside > 0 {
+                push(Piece {
+                    guest,
+                    len: inside,
+                    source: Source::Data { host },
+                    subcluster,
+                })?;
+            }
+            if inside < len {
+                push(Piece {
+                    guest: guest + inside,
+                    len: len - inside,
+                    source: Source::Zero,
+                    subcluster,
+                })?;
+            }
+            Ok(())
         };
         let mut table = vec![0u8; cluster as usize];
         for (i, &l1e) in self.l1.iter().enumerate() {
@@ -392,7 +537,7 @@ impl Qcow2 {
                     len: span,
                     source: Source::Unallocated,
                     subcluster: false,
-                });
+                })?;
                 continue;
             }
             if l2_off % cluster != 0 || l2_off + cluster > self.file_len {
@@ -400,7 +545,8 @@ impl Qcow2 {
                     "L1 entry {i} points to an L2 table at {l2_off:#x}, misaligned or past the end of the file"
                 )));
             }
-            used.push((l2_off, cluster, "an L2 table"));
+            used.claim(l2_off, &format!("the L2 table of L1 entry {i}"))
+                .map_err(corrupt)?;
             self.file.read_exact_at(&mut table, l2_off).map_err(io)?;
             let count = span.div_ceil(cluster);
             for j in 0..count {
@@ -436,23 +582,32 @@ impl Qcow2 {
                             len: clen.min(self.file_len - host),
                         },
                         subcluster: false,
-                    });
+                    })?;
                     continue;
                 }
                 let host = e & OFFSET_MASK;
                 let zero = e & 1 != 0;
+                if zero && self.version == 2 {
+                    // QEMU: "Zero cluster entry found in pre-v3 image".
+                    return Err(corrupt(format!(
+                        "the cluster at guest {guest:#x} has the zero flag, which a version 2 \
+                         image cannot have"
+                    )));
+                }
                 // In a data file offset 0 is a cluster like any other.
                 let has_host = host != 0 || (self.data.is_some() && e & COPIED != 0);
                 if has_host {
                     match &self.data {
-                        None if host % cluster != 0 || host + len > self.file_len => {
+                        None if host % cluster != 0 || host >= self.file_len => {
                             return Err(corrupt(format!(
                                 "the cluster at guest {guest:#x} points to {host:#x}, misaligned or past the end of the file ({} bytes)",
                                 self.file_len
                             )));
                         }
-                        None => used.push((host, cluster, "a data cluster")),
-                        Some(d) if host != guest || host + len > d.len => {
+                        None => used
+                            .claim(host, &format!("the data cluster of guest {guest:#x}"))
+                            .map_err(corrupt)?,
+                        Some(d) if host != guest || host >= d.len => {
                             return Err(corrupt(format!(
                                 "the cluster at guest {guest:#x} points to {host:#x} of the external data file {} ({} bytes); it must be the same offset, inside the file",
                                 crate::name::quoted(&d.path),
@@ -463,19 +618,23 @@ impl Qcow2 {
                     }
                 }
                 if !self.extended_l2 {
-                    let source = if zero {
-                        Source::Zero
+                    if zero {
+                        push(Piece {
+                            guest,
+                            len,
+                            source: Source::Zero,
+                            subcluster: false,
+                        })?;
                     } else if has_host {
-                        Source::Data { host }
+                        data(&mut push, guest, len, host, false)?;
                     } else {
-                        Source::Unallocated
-                    };
-                    push(Piece {
-                        guest,
-                        len,
-                        source,
-                        subcluster: false,
-                    });
+                        push(Piece {
+                            guest,
+                            len,
+                            source: Source::Unallocated,
+                            subcluster: false,
+                        })?;
+                    }
                     continue;
                 }
                 // 32 subclusters: allocated (low bits), zero (high bits).
@@ -498,11 +657,11 @@ impl Qcow2 {
                         break;
                     }
                     let l = sub.min(guest + len - g);
-                    let source = if alloc >> k & 1 != 0 {
-                        Source::Data {
-                            host: host + k * sub,
-                        }
-                    } else if zeros >> k & 1 != 0 {
+                    if alloc >> k & 1 != 0 {
+                        data(&mut push, g, l, host + k * sub, !whole)?;
+                        continue;
+                    }
+                    let source = if zeros >> k & 1 != 0 {
                         Source::Zero
                     } else {
                         Source::Unallocated
@@ -512,21 +671,14 @@ impl Qcow2 {
                         len: l,
                         source,
                         subcluster: !whole,
-                    });
+                    })?;
                 }
             }
         }
-        // No host cluster may serve twice.
-        used.sort_unstable();
-        for w in used.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
-                return Err(corrupt(format!(
-                    "{} at {:#x} overlaps {} at {:#x}",
-                    w[0].2, w[0].0, w[1].2, w[1].0
-                )));
-            }
+        if let Some(last) = pending.take() {
+            f(last)?;
         }
-        Ok(pieces)
+        Ok(())
     }
 
     /// Read one compressed cluster (`len` bytes at `host`) and inflate it
@@ -592,17 +744,6 @@ fn unzstd(raw: &[u8], out: &mut [u8]) -> bool {
 /// The largest zstd window a compressed cluster may ask for.
 const ZSTD_WINDOW_LIMIT: u64 = 8 << 20;
 
-/// `name` (a backing or data file as a header gives it) as a path:
-/// relative names are relative to the directory of the image `image`.
-fn beside(image: &Path, name: &str) -> PathBuf {
-    let p = Path::new(name);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        image.parent().unwrap_or(Path::new(".")).join(p)
-    }
-}
-
 /// What the header extensions this reader uses say.
 #[derive(Default)]
 struct Extensions {
@@ -652,4 +793,86 @@ fn extensions(
         at += 8 + len.div_ceil(8) * 8;
     }
     Ok(ext)
+}
+
+/// Read the untrusted image at `path` as commit and convert do, writing
+/// nothing: open it, resolve the names it carries through the one rule
+/// ([`super::chain::plain_name`], [`super::chain::Format::declared`]),
+/// attach its external data file when that resolves to a readable file,
+/// walk every range and inflate every compressed cluster. Returns the
+/// number of ranges, or the typed error that refused the image.
+///
+/// # Panics
+/// Only when the reader breaks its own promises: ranges must be non-empty,
+/// in guest order without gaps, cover exactly the virtual size, and point
+/// inside the file. The fuzz target and the property tests call this.
+#[doc(hidden)]
+pub fn exercise(path: &Path) -> Result<u64, Error> {
+    use super::chain;
+    let mut q = Qcow2::open(path)?;
+    if let Some((name, fmt)) = &q.backing {
+        let _ = chain::plain_name(path, name, "backing file");
+        if let Some(f) = fmt {
+            let _ = chain::Format::declared(path, f);
+        }
+    }
+    if let Some(name) = q.data_name.clone() {
+        let p = chain::plain_name(path, &name, "external data file")?;
+        let d = chain::open_node(&p, "external data file", false, super::lock::Access::Read)?;
+        q.attach_data(p, d.file, d.len);
+    }
+    let data_len = q.data.as_ref().map_or(q.file_len, |d| d.len);
+    let mut out = vec![0u8; q.cluster_size() as usize];
+    let (mut next, mut n) = (0u64, 0u64);
+    q.walk(&mut |p| {
+        assert!(p.len > 0, "empty range {p:?}");
+        assert_eq!(p.guest, next, "a gap or overlap before {p:?}");
+        next = p.guest + p.len;
+        assert!(next <= q.size, "{p:?} beyond the virtual size {}", q.size);
+        n += 1;
+        match p.source {
+            Source::Data { host } => {
+                assert!(
+                    host + p.len <= data_len,
+                    "{p:?} past the data's end {data_len}"
+                )
+            }
+            Source::Compressed { host, len } => {
+                assert!(host + len <= q.file_len, "{p:?} past the end");
+                let _ = q.inflate(host, len, &mut out);
+            }
+            Source::Zero | Source::Unallocated => {}
+        }
+        Ok(())
+    })?;
+    assert_eq!(next, q.size, "the ranges end before the virtual size");
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both forms of the used-cluster record find a second use and a
+    /// cluster past the end of the file.
+    #[test]
+    fn used_clusters_are_found_twice_in_both_forms() {
+        let forms = [Used::new(4096, 9), Used::Set(Default::default(), 8, 9)];
+        for mut u in forms {
+            assert!(u.claim(0, "the header").is_ok());
+            assert!(u.claim(512, "an L2 table").is_ok());
+            assert!(u.claim(3584, "a data cluster").is_ok());
+            assert!(u
+                .claim(512, "a data cluster")
+                .unwrap_err()
+                .contains("already in use"));
+            assert!(u
+                .claim(4096, "a data cluster")
+                .unwrap_err()
+                .contains("past the end"));
+        }
+        // A file of more clusters than the bitmap allows gets the set.
+        assert!(matches!(Used::new(1 << 40, 9), Used::Set(..)));
+        assert!(matches!(Used::new(1 << 30, 9), Used::Bits(..)));
+    }
 }
