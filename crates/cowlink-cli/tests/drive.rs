@@ -1479,3 +1479,121 @@ fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
     nothing_left(&w, &img);
     assert!(!mnt.exists());
 }
+
+/// Run every command in `cs` at once; their outputs, in order.
+fn all_at_once(cs: Vec<Command>) -> Vec<Output> {
+    let children: Vec<std::process::Child> = cs
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn drive_commands_run_at_once_never_attach_or_mount_one_image_twice() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // Btrfs: the kernel mounts two loop devices over one Btrfs image as two
+    // filesystems (XFS would refuse the duplicate UUID), so only cowlink's
+    // own serialisation keeps the image from being written by two.
+    let (img, mnt) = (w.p("race.img"), w.p("race"));
+    ok(&w.drive(&[
+        &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &"btrfs",
+    ]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    for round in 0..4 {
+        // Several mounts of one image on different directories at once:
+        // exactly one wins, the others are refused as "already mounted".
+        let dirs: Vec<PathBuf> = (0..4).map(|i| w.p(&format!("m{round}-{i}"))).collect();
+        let outs = all_at_once(
+            dirs.iter()
+                .map(|m| w.command(&[&"mount", &img, m]))
+                .collect(),
+        );
+        let won = outs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(won, 1, "round {round}: {won} mounts succeeded");
+        for o in outs.iter().filter(|o| !o.status.success()) {
+            refused(o, &["already mounted"]);
+        }
+        assert_eq!(mounts_under(&w.root).len(), 1, "round {round}");
+        assert_eq!(loops_of(&img).len(), 1, "round {round}: loop devices");
+        let at = mounts_under(&w.root).pop().unwrap();
+        // An unmount, a mount elsewhere and a remove at once: whatever
+        // order they run in, the image is never mounted twice nor deleted
+        // while attached, and the survivors are consistent.
+        let other = w.p(&format!("o{round}"));
+        let outs = all_at_once(vec![
+            w.command(&[&"unmount", &at]),
+            w.command(&[&"mount", &img, &other]),
+            w.command(&[&"remove", &img, &"--yes"]),
+        ]);
+        let mounts = mounts_under(&w.root);
+        assert!(mounts.len() <= 1, "round {round}: {mounts:?}");
+        if img.exists() {
+            assert_eq!(loops_of(&img).len(), mounts.len(), "round {round}");
+            assert!(!outs[2].status.success());
+            for m in mounts {
+                ok(&w.drive(&[&"unmount", &m]));
+            }
+        } else {
+            assert!(outs[2].status.success(), "{}", text(&outs[2].stderr));
+            assert!(mounts.is_empty() && loops_of_dir(&w.root).is_empty());
+            assert!(w.records().is_empty());
+            ok(&w.drive(&[
+                &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &"btrfs",
+            ]));
+            ok(&w.drive(&[&"unmount", &mnt]));
+        }
+    }
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn a_drive_is_its_own_though_a_stale_record_holds_its_inode() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A drive's image deleted by hand leaves its record; a later drive's
+    // image gets the same device and inode (written into the stale record
+    // here, as inode reuse does). The stale record sorts before and after
+    // the live one.
+    for stale_name in ["a-stale", "z-stale"] {
+        let (old, old_mnt) = (w.p(&format!("{stale_name}.img")), w.p(stale_name));
+        ok(&w.drive(&[&"create", &old, &"--size", &"1G", &"--mount", &old_mnt]));
+        ok(&w.drive(&[&"unmount", &old_mnt]));
+        fs::remove_file(&old).unwrap();
+        let (img, mnt) = (w.p("m-live.img"), w.p("m-live"));
+        ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+        let m = fs::metadata(&img).unwrap();
+        let state = w.p("etc/state");
+        let stale = w
+            .records()
+            .into_iter()
+            .map(|n| state.join(n))
+            .find(|p| fs::read_to_string(p).unwrap().contains(stale_name))
+            .unwrap();
+        let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&stale).unwrap()).unwrap();
+        v["image_id"] = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
+        fs::write(&stale, v.to_string()).unwrap();
+        // The live drive is still recognised by every operation.
+        ok(&w.drive(&[&"unmount", &mnt]));
+        assert!(mount_of(&mnt).is_none());
+        ok(&w.drive(&[&"mount", &img, &mnt]));
+        ok(&w.drive(&[&"mount", &img, &mnt, &"--persist=fstab"]));
+        ok(&w.drive(&[&"unmount", &mnt]));
+        ok(&w.drive(&[&"remove", &img, &"--yes"]));
+        assert!(!img.exists() && !mnt.exists());
+        // The stale drive's leftovers go by its name.
+        ok(&w.drive(&[&"remove", &old, &"--yes"]));
+        nothing_left(&w, &img);
+        assert!(!old_mnt.exists());
+    }
+}

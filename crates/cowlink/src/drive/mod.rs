@@ -354,6 +354,28 @@ fn legacy_image_matches(r: &Record) -> Result<(), String> {
     }
 }
 
+/// The record of the file `id` holding the superblock `sb`: among the
+/// records with that device and inode (more than one when a drive's image
+/// was deleted behind cowlink's back and a later drive's image got its
+/// inode), the one whose filesystem UUID is `sb`'s. `None` when no record
+/// has the identity; the first mismatch's reason when none matches.
+fn record_with_id<'a>(
+    all: &'a [Record],
+    id: FileId,
+    sb: Option<&device::Superblock>,
+) -> Option<Result<&'a Record, String>> {
+    let mut first_why = None;
+    for r in all.iter().filter(|r| r.image_id == Some(id)) {
+        match same_filesystem(r, sb) {
+            Ok(()) => return Some(Ok(r)),
+            Err(why) => {
+                first_why.get_or_insert(why);
+            }
+        }
+    }
+    first_why.map(Err)
+}
+
 /// **The one rule for "is this cowlink's drive?"**, used by every
 /// operation that could destroy or detach something (`remove`, `unmount`,
 /// `mount` over a recorded image): the file `image` (a regular file whose
@@ -376,15 +398,16 @@ fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Res
     }
     let id = FileId::of(meta);
     let all = records(places);
-    if let Some(r) = all.iter().find(|r| r.image_id == Some(id)) {
-        let sb = device::superblock(image).ok().flatten();
-        return match same_filesystem(r, sb.as_ref()) {
-            Ok(()) => Ok(r.clone()),
-            Err(why) => Err(not_ours(format!(
+    let sb = device::superblock(image).ok().flatten();
+    match record_with_id(&all, id, sb.as_ref()) {
+        Some(Ok(r)) => return Ok(r.clone()),
+        Some(Err(why)) => {
+            return Err(not_ours(format!(
                 "it is not the drive a record names, though it has that drive's {id}: {why}; \
                  nothing was done"
-            ))),
-        };
+            )))
+        }
+        None => {}
     }
     if let Some(r) = all.iter().find(|r| r.image == image) {
         return match r.image_id {
@@ -460,6 +483,62 @@ impl Drop for Undo {
         while let Some(f) = self.0.pop() {
             f();
         }
+    }
+}
+
+/// How long a drive command waits for another one to finish.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Held while a drive command changes anything: an exclusive `flock` on
+/// the state directory itself (no lock file to leave behind), released
+/// when dropped or when the process dies. Every operation that attaches,
+/// mounts, unmounts, detaches, deletes or writes a record or boot entry
+/// takes it first, before its checks, so that two commands never act on
+/// what the other is changing: two `mount`s of one image would otherwise
+/// both find it unmounted and attach it twice (two filesystems over one
+/// image: corruption), a `remove` could delete an image a `mount` is
+/// attaching.
+struct StateLock(#[allow(dead_code)] rustix::fd::OwnedFd);
+
+fn lock_state(
+    op: Operation,
+    places: &Places,
+    cancel: Option<&crate::CancelToken>,
+) -> Result<StateLock, Error> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let dir = &places.state_dir;
+    let fail = |e: io::Error| Error::from_io(op, &e).with_src(dir);
+    fs::create_dir_all(dir).map_err(fail)?;
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| fail(e.into()))?;
+    let start = std::time::Instant::now();
+    loop {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(StateLock(fd)),
+            Err(rustix::io::Errno::WOULDBLOCK) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(fail(e.into())),
+        }
+        if cancel.is_some_and(|c| c.is_cancelled()) {
+            return Err(Error::new(op, ErrorKind::Cancelled)
+                .with_src(dir)
+                .with_reason(
+                    "interrupted while waiting for another drive command; nothing was done",
+                ));
+        }
+        if start.elapsed() > LOCK_WAIT {
+            return Err(Error::new(op, ErrorKind::InUse)
+                .with_src(dir)
+                .with_reason(format!(
+                    "another cowlink drive command has held this state directory for over {} s; \
+                 nothing was done (try again when it has finished)",
+                    LOCK_WAIT.as_secs()
+                )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -560,9 +639,13 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 i64::MAX
             )));
     }
-    if !options.dry_run {
-        require_root(op, &image)?;
-    }
+    let _lock = match options.dry_run {
+        true => None,
+        false => {
+            require_root(op, &image)?;
+            Some(lock_state(op, places, Some(&options.cancel))?)
+        }
+    };
     // Refusals, before anything is made.
     if fs::symlink_metadata(&image).is_ok() {
         return Err(Error::new(op, ErrorKind::AlreadyExists)
@@ -1055,6 +1138,7 @@ pub fn mount(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
+    let _lock = lock_state(op, places, None)?;
     let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     let sb = match device::superblock(&image) {
         Ok(Some(sb)) => sb,
@@ -1170,6 +1254,7 @@ pub fn persist(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
+    let _lock = lock_state(op, places, None)?;
     let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     let r = own_by_this_name(op, places, &image, &meta)?;
     // Asked for no kind in particular: keep the kind already there.
@@ -1223,21 +1308,27 @@ fn drive_mounted_at(
         .map(|s| quoted(&s.backing_file).to_string())
         .unwrap_or_else(|| "?".into());
     let all = records(places);
-    let record = all
-        .iter()
-        .find(|r| r.image_id == Some(backing))
-        .cloned()
-        .or_else(|| {
-            // A legacy record: the file now under its name, if it is what
-            // create made.
-            all.iter()
-                .filter(|r| r.image_id.is_none())
-                .find(|r| {
-                    fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == backing)
-                        && legacy_image_matches(r).is_ok()
-                })
-                .cloned()
-        });
+    let by_id = match record_with_id(&all, backing, sb.as_ref()) {
+        Some(Ok(r)) => Some(r.clone()),
+        Some(Err(why)) => {
+            return refuse(format!(
+                "it is not a cowlink drive: {} over {name} is mounted there: {why} (use umount)",
+                m.source
+            ))
+        }
+        None => None,
+    };
+    let record = by_id.or_else(|| {
+        // A legacy record: the file now under its name, if it is what
+        // create made.
+        all.iter()
+            .filter(|r| r.image_id.is_none())
+            .find(|r| {
+                fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == backing)
+                    && legacy_image_matches(r).is_ok()
+            })
+            .cloned()
+    });
     let Some(mut record) = record else {
         return refuse(format!(
             "it is not a cowlink drive: {} over {name} ({backing}) is mounted there, and no \
@@ -1286,6 +1377,7 @@ pub fn unmount(mount_point: &Path, places: &Places) -> Result<Change, Error> {
     let op = Operation::DriveUnmount;
     let mount = absolute(op, mount_point)?;
     require_root(op, &mount)?;
+    let _lock = lock_state(op, places, None)?;
     let Some((record, n)) = drive_mounted_at(op, places, &mount)? else {
         return Ok(Change::Already);
     };
@@ -1366,6 +1458,7 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
     let op = Operation::DriveRemove;
     let image = absolute(op, image)?;
     require_root(op, &image)?;
+    let _lock = lock_state(op, places, None)?;
     let meta = fs::symlink_metadata(&image).ok();
     let record = match &meta {
         Some(m) => Some(own(op, places, &image, m)?),
