@@ -1597,3 +1597,63 @@ fn a_drive_is_its_own_though_a_stale_record_holds_its_inode() {
         assert!(!old_mnt.exists());
     }
 }
+
+#[test]
+fn a_drive_never_takes_or_removes_another_drive_s_boot_unit_on_a_shared_mount_point() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // Two drives recorded on one mount point (one mounted at a time); the
+    // first is brought back at boot by a unit named after that point.
+    let (a, b, mnt) = (w.p("a.img"), w.p("b.img"), w.p("shared dir"));
+    ok(&w.drive(&[
+        &"create",
+        &a,
+        &"--size",
+        &"1G",
+        &"--mount",
+        &mnt,
+        &"--persist=systemd",
+    ]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"create", &b, &"--size", &"1G", &"--mount", &mnt]));
+    let units = w.p("etc/units");
+    let unit = units.join(
+        names(&units)
+            .into_iter()
+            .find(|n| n.ends_with(".service"))
+            .unwrap(),
+    );
+    let a_unit = fs::read_to_string(&unit).unwrap();
+    // B is not brought back at boot, and is not told to rewrite A's unit.
+    let st = w.status(&b);
+    assert_eq!(st["persist"], serde_json::Value::Null, "{st}");
+    assert!(!st["warnings"].to_string().contains("boot unit"), "{st}");
+    assert_eq!(w.status(&a)["persist"], "systemd");
+    // B cannot take A's unit, but may be persisted by fstab.
+    refused(
+        &w.drive(&[&"mount", &b, &mnt, &"--persist=systemd"]),
+        &["another drive"],
+    );
+    ok(&w.drive(&[&"mount", &b, &mnt, &"--persist=fstab"]));
+    assert_eq!(fs::read_to_string(&unit).unwrap(), a_unit);
+    // Removing B removes its fstab entry, not A's unit, nor the mount
+    // point A is recorded on.
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"remove", &b, &"--yes"]));
+    assert_eq!(fs::read_to_string(&unit).unwrap(), a_unit);
+    assert!(units
+        .join("local-fs.target.wants")
+        .join(unit.file_name().unwrap())
+        .symlink_metadata()
+        .is_ok());
+    assert!(!fs::read_to_string(w.p("etc/fstab"))
+        .unwrap_or_default()
+        .contains("b.img"));
+    assert!(mnt.is_dir());
+    assert_eq!(w.status(&a)["persist"], "systemd");
+    // A's own remove takes its unit.
+    ok(&w.drive(&[&"remove", &a, &"--yes"]));
+    assert!(!unit.exists());
+    nothing_left(&w, &a);
+    assert!(!mnt.exists());
+}

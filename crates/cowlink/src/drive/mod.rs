@@ -1265,6 +1265,18 @@ pub fn persist(
     };
     let plan = persist::plan(with, places, &image, &mount, r.fs)
         .map_err(|(p, why)| unexpressible(op, &p, why))?;
+    if plan.kind == PersistKind::Systemd {
+        if let Some(unit) = persist::unit_of_another(places, &image, &mount) {
+            return Err(Error::new(op, ErrorKind::AlreadyExists)
+                .with_src(&image)
+                .with_reason(format!(
+                    "the boot unit {} is another drive's (it mounts another image on {}); \
+                     nothing was written",
+                    quoted(&unit),
+                    quoted(&mount)
+                )));
+        }
+    }
     persist::rewrite(&plan, places, &image, &mount)
         .map_err(|e| Error::from_io(op, &e).with_src(&plan.file))?;
     Ok(plan)
@@ -1532,8 +1544,11 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
     // The mount point goes too when nothing is in it (create made it, or
     // it was made for the drive); a directory with files stays, and so
     // does anything mounted.
+    // Nor does a directory another drive is recorded on.
+    let others = records(places);
     let mount_removed = mount.is_some_and(|m| {
         device::mount_rooted_at(&m).is_none()
+            && !others.iter().any(|o| o.mount == m)
             && record
                 .as_ref()
                 .and_then(|r| r.mount_id)
