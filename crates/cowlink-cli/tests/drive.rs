@@ -908,12 +908,13 @@ fn remove_refuses_every_file_drive_create_did_not_make() {
         &["not the image cowlink made", "replaced"],
     );
     assert_eq!(fs::read(&img).unwrap(), b"not the drive");
-    // The image under another name is still the drive (by identity), but
-    // is deleted only under its own name.
+    // The image under another name is still the drive (by identity); with
+    // a second name (the hard link) deleting one name would not delete it.
     refused(
         &w.drive(&[&"remove", &w.p("moved.img"), &"--yes"]),
-        &["another name", "own.img"],
+        &["another name", "hard link"],
     );
+    assert!(w.p("moved.img").exists() && w.p("hardlink.img").exists());
     fs::remove_file(&img).unwrap();
     fs::rename(w.p("moved.img"), &img).unwrap();
     fs::remove_file(w.p("hardlink.img")).unwrap();
@@ -1656,4 +1657,96 @@ fn a_drive_never_takes_or_removes_another_drive_s_boot_unit_on_a_shared_mount_po
     assert!(!unit.exists());
     nothing_left(&w, &a);
     assert!(!mnt.exists());
+}
+
+#[test]
+fn a_drive_moved_behind_cowlink_s_back_is_removed_by_its_new_name_and_a_link_is_not() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // (what is done to the drive after create, the name it then has, whether
+    // `mount` under the recorded name still works)
+    type Move = fn(&World) -> PathBuf;
+    let moves: [(&str, Move, bool); 3] = [
+        (
+            "directory moved, a symlink left in its place",
+            |w| {
+                fs::rename(w.p("dir"), w.p("dir2")).unwrap();
+                std::os::unix::fs::symlink("dir2", w.p("dir")).unwrap();
+                w.p("dir/d.img")
+            },
+            true,
+        ),
+        (
+            "directory renamed",
+            |w| {
+                fs::rename(w.p("dir"), w.p("dir2")).unwrap();
+                w.p("dir2/d.img")
+            },
+            false,
+        ),
+        (
+            "image renamed",
+            |w| {
+                fs::rename(w.p("dir/d.img"), w.p("dir/e.img")).unwrap();
+                w.p("dir/e.img")
+            },
+            false,
+        ),
+    ];
+    let fstab = w.p("etc/fstab");
+    for (what, mv, mountable) in moves {
+        fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
+        fs::create_dir(w.p("dir")).unwrap();
+        let (img, mnt) = (w.p("dir/d.img"), w.p("m"));
+        ok(&w.drive(&[
+            &"create",
+            &img,
+            &"--size",
+            &"1G",
+            &"--mount",
+            &mnt,
+            &"--persist=fstab",
+        ]));
+        ok(&w.drive(&[&"unmount", &mnt]));
+        let now = mv(&w);
+        if mountable {
+            ok(&w.drive(&[&"mount", &now, &mnt]));
+            ok(&w.drive(&[&"mount", &now, &mnt, &"--persist=fstab"]));
+            assert_eq!(w.records().len(), 1, "{what}: one record");
+            assert_eq!(
+                fs::read_to_string(&fstab)
+                    .unwrap()
+                    .matches("loop,noatime")
+                    .count(),
+                1,
+                "{what}: one boot entry"
+            );
+            ok(&w.drive(&[&"unmount", &mnt]));
+        }
+        // A hard link beside it is another name: refused, nothing done.
+        let link = w.p("link.img");
+        fs::hard_link(&now, &link).unwrap();
+        refused(&w.drive(&[&"remove", &link, &"--yes"]), &["another name"]);
+        fs::remove_file(&link).unwrap();
+        let out = ok(&w.drive(&[&"remove", &now, &"--yes"]));
+        assert!(out.contains("boot entry"), "{what}: {out}");
+        assert!(!now.exists(), "{what}: image left");
+        assert!(w.records().is_empty(), "{what}: record left");
+        assert_eq!(
+            fs::read_to_string(&fstab).unwrap(),
+            "UUID=x / ext4 defaults 0 1\n",
+            "{what}: boot entry left"
+        );
+        nothing_left(&w, &now);
+        for p in ["dir", "dir2"] {
+            let p = w.p(p);
+            if p.symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_symlink())
+            {
+                fs::remove_file(&p).unwrap();
+            } else if p.exists() {
+                fs::remove_dir_all(&p).unwrap();
+            }
+        }
+    }
 }

@@ -453,7 +453,7 @@ fn own_by_this_name(
     meta: &fs::Metadata,
 ) -> Result<Record, Error> {
     let r = own(op, places, image, meta)?;
-    if r.image != image {
+    if !same_name(&r.image, image) {
         return Err(Error::new(op, ErrorKind::InvalidInput)
             .with_src(image)
             .with_reason(format!(
@@ -463,6 +463,15 @@ fn own_by_this_name(
             )));
     }
     Ok(r)
+}
+
+/// Whether `given` (absolute, its existing part resolved) is the name a
+/// record holds, `recorded`: the same string, or the recorded name now
+/// resolving to it (its directory was moved and a symlink left in its
+/// place). A hard link or the directory reached through a bind mount is
+/// not the same name.
+fn same_name(recorded: &Path, given: &Path) -> bool {
+    recorded == given || fs::canonicalize(recorded).is_ok_and(|c| c == given)
 }
 
 /// Steps to undo, last first, unless [`Undo::done`].
@@ -1174,7 +1183,9 @@ pub fn mount(
         }
     };
     let mut record = Record {
-        image: image.clone(),
+        // A drive keeps the name it is recorded under (its boot entries
+        // hold it), though reached now through a symlink.
+        image: old.as_ref().map_or(image.clone(), |o| o.image.clone()),
         mount: mount.clone(),
         fs: fs_,
         image_id: Some(id),
@@ -1257,6 +1268,8 @@ pub fn persist(
     let _lock = lock_state(op, places, None)?;
     let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     let r = own_by_this_name(op, places, &image, &meta)?;
+    // The boot entry holds the recorded name.
+    let image = r.image.clone();
     // Asked for no kind in particular: keep the kind already there.
     let with = match (with, persist::find(places, &image, &mount)) {
         (PersistWith::Auto, Some((PersistKind::Systemd, _))) => PersistWith::Systemd,
@@ -1508,13 +1521,31 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
                 .with_src(&image)
                 .with_reason(format!("it is open: {}", describe_holders(&holders))));
         }
-        if let Some(r) = record.as_ref().filter(|r| r.image != image) {
+        // Another name for the image is refused while the recorded name
+        // still reaches it (a hard link, the directory reached another
+        // way); a drive whose directory was moved or renamed (the
+        // recorded name reaches nothing, or another file) is removed
+        // under the name it has now.
+        let alias = |r: &&Record| {
+            !same_name(&r.image, &image)
+                && fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == FileId::of(m))
+        };
+        if let Some(r) = record.as_ref().filter(alias) {
             return Err(Error::new(op, ErrorKind::InvalidInput)
                 .with_src(&image)
                 .with_reason(format!(
                     "it is another name (a hard link, or its directory reached another way) \
                      for the drive image {}: remove the drive by that name",
                     quoted(&r.image)
+                )));
+        }
+        if m.nlink() > 1 {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "the image has another name (a hard link: {} names): deleting one would \
+                     not delete the drive; remove the other names first",
+                    m.nlink()
                 )));
         }
         if !yes {
@@ -1527,12 +1558,14 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
         }
     }
     let mount = record.as_ref().map(|r| r.mount.clone());
+    // Boot entries hold the recorded name.
+    let named = record.as_ref().map_or(&image, |r| &r.image);
     let persist_found = mount
         .as_ref()
-        .and_then(|m| persist::find(places, &image, m))
+        .and_then(|m| persist::find(places, named, m))
         .is_some();
     if let Some(m) = &mount {
-        persist::remove(places, &image, m).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+        persist::remove(places, named, m).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     }
     if let Some(r) = &record {
         remove_record(places, &r.image)
