@@ -1750,3 +1750,50 @@ fn a_drive_moved_behind_cowlink_s_back_is_removed_by_its_new_name_and_a_link_is_
         }
     }
 }
+
+#[test]
+fn hostile_records_never_make_a_user_file_a_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A drive, so that the state directory is real; then records edited
+    // to name a user's files by their device and inode.
+    let (img, mnt) = (w.p("d.img"), w.p("d"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    let text = w.p("notes.txt");
+    fs::write(&text, b"my notes").unwrap();
+    let xfs = w.p("mine.xfs");
+    user_image(&xfs, "mkfs.xfs", &["-q", "-L", "data"], 300 << 20);
+    let btrfs_cowlink = w.p("mine.btrfs");
+    user_image(
+        &btrfs_cowlink,
+        "mkfs.btrfs",
+        &["-q", "-L", "cowlink"],
+        300 << 20,
+    );
+    let state = w.p("etc/state");
+    for victim in [&text, &xfs, &btrfs_cowlink] {
+        let m = fs::metadata(victim).unwrap();
+        let id = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
+        let before = fs::read(victim).unwrap();
+        // (record fields) — every one names the victim by identity.
+        let hostile = [
+            serde_json::json!({"image": victim, "mount": w.p("v"), "fs": "xfs", "image_id": id}),
+            serde_json::json!({"image": w.p("elsewhere.img"), "mount": w.p("v"), "fs": "xfs", "image_id": id}),
+            serde_json::json!({"image": victim, "mount": w.p("v"), "fs": "xfs", "image_id": id, "image_uuid": ""}),
+            serde_json::json!({"image": victim, "mount": w.p("v"), "fs": "xfs", "image_id": id, "image_uuid": "00000000000000000000000000000000"}),
+        ];
+        for (i, r) in hostile.iter().enumerate() {
+            let rec = state.join(format!("{i:016x}.json"));
+            fs::write(&rec, r.to_string()).unwrap();
+            refused(
+                &w.drive(&[&"remove", victim, &"--yes"]),
+                &["not the drive a record names"],
+            );
+            assert_eq!(fs::read(victim).unwrap(), before, "{r}");
+            fs::remove_file(&rec).unwrap();
+        }
+    }
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}

@@ -279,7 +279,24 @@ struct Record {
 /// (a record without a UUID: any); the reason when not.
 fn same_filesystem(r: &Record, sb: Option<&device::Superblock>) -> Result<(), String> {
     let Some(want) = &r.image_uuid else {
-        return Ok(());
+        // No UUID recorded (a record from before they were, or edited):
+        // at least what create makes, the recorded filesystem labelled
+        // `cowlink`, never any file that has the identity.
+        return match sb {
+            Some(sb) if sb.fs == r.fs && sb.label == b"cowlink" => Ok(()),
+            Some(sb) => Err(format!(
+                "its record holds no filesystem UUID, and it holds {} labelled {:?}, not the \
+                 {} labelled \"cowlink\" that drive create makes",
+                sb.fs,
+                String::from_utf8_lossy(&sb.label),
+                r.fs
+            )),
+            None => Err(
+                "its record holds no filesystem UUID, and it holds neither an XFS nor a Btrfs \
+                 filesystem"
+                    .into(),
+            ),
+        };
     };
     match sb {
         Some(sb) if &sb.uuid_hex() == want => Ok(()),
