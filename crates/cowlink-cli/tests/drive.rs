@@ -1797,3 +1797,43 @@ fn hostile_records_never_make_a_user_file_a_drive() {
     ok(&w.drive(&[&"remove", &img, &"--yes"]));
     nothing_left(&w, &img);
 }
+
+#[test]
+fn a_drive_is_never_mounted_over_cowlink_s_own_records_units_or_fstab() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("d.img"), w.p("d"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    // Empty, so that nothing but their role refuses them.
+    let state = w.p("etc/state");
+    for name in names(&state) {
+        fs::rename(state.join(&name), w.p(&name)).unwrap();
+    }
+    fs::create_dir_all(w.p("etc/units")).unwrap();
+    std::os::unix::fs::symlink(&state, w.p("to-state")).unwrap();
+    let targets = [
+        state.clone(),
+        w.p("etc/units"),
+        w.p("etc"),
+        w.p("to-state"),
+        w.p("etc/units/../state"),
+    ];
+    for (i, t) in targets.iter().enumerate() {
+        let img2 = w.p(&format!("n{i}.img"));
+        refused(
+            &w.drive(&[&"create", &img2, &"--size", &"1G", &"--mount", t]),
+            &["cowlink's own files"],
+        );
+        assert!(!img2.exists() && mounts_under(&w.root).is_empty());
+    }
+    for name in names(&w.root).into_iter().filter(|n| n.ends_with(".json")) {
+        fs::rename(w.p(&name), state.join(&name)).unwrap();
+    }
+    for t in &targets[..2] {
+        refused(&w.drive(&[&"mount", &img, t]), &["cowlink's own files"]);
+        assert!(mounts_under(&w.root).is_empty());
+    }
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}

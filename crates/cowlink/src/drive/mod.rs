@@ -688,6 +688,7 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             )));
     }
     refuse_mount_over_image(op, &image, &mount)?;
+    refuse_mount_over_state(op, places, &mount)?;
     let mount_exists = check_mount_point(op, &mount)?;
     // Not `NotFound`: that kind means a path given that does not exist (a
     // failed operation, exit 1); a missing tool means the command cannot
@@ -932,6 +933,37 @@ fn refuse_mount_over_image(op: Operation, image: &Path, mount: &Path) -> Result<
                     },
                     quoted(dir)
                 )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuse a mount point that is, or is an ancestor of, a place cowlink
+/// keeps its own files in (the state directory with the records, the
+/// unit directory, the fstab's directory), compared by device and inode:
+/// the drive would hide its own record, and the next command would find
+/// records, units or an fstab inside the drive.
+fn refuse_mount_over_state(op: Operation, places: &Places, mount: &Path) -> Result<(), Error> {
+    let Ok(m) = fs::metadata(mount) else {
+        return Ok(()); // made empty by us: it holds nothing
+    };
+    let mid = FileId::of(&m);
+    let fstab_dir = places.fstab.parent().unwrap_or(Path::new("/"));
+    for (what, place) in [
+        ("the drive records' directory", places.state_dir.as_path()),
+        ("the boot units' directory", places.unit_dir.as_path()),
+        ("the fstab's directory", fstab_dir),
+    ] {
+        for dir in place.ancestors() {
+            if fs::metadata(dir).is_ok_and(|d| FileId::of(&d) == mid) {
+                return Err(Error::new(op, ErrorKind::InvalidInput)
+                    .with_src(mount)
+                    .with_reason(format!(
+                        "the mount point is {what} {} or holds it: the drive would hide \
+                         cowlink's own files (choose another mount point)",
+                        quoted(place)
+                    )));
+            }
         }
     }
     Ok(())
@@ -1238,6 +1270,7 @@ pub fn mount(
             )));
     }
     refuse_mount_over_image(op, &image, &mount)?;
+    refuse_mount_over_state(op, places, &mount)?;
     let exists = check_mount_point(op, &mount)?;
     let mut undo = Undo::default();
     if !exists {
