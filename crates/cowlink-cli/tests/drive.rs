@@ -1459,7 +1459,8 @@ fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
     c.stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
-    for _ in 0..500 {
+    // Up to 60 s: on a loaded machine the run up to mkfs can take seconds.
+    for _ in 0..6000 {
         if started.exists() {
             break;
         }
