@@ -1838,3 +1838,67 @@ fn a_drive_is_never_mounted_over_cowlink_s_own_records_units_or_fstab() {
     ok(&w.drive(&[&"remove", &img, &"--yes"]));
     nothing_left(&w, &img);
 }
+
+#[test]
+fn mount_leaves_a_user_s_own_loop_device_over_the_image_alone() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("d.img"), w.p("d"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    // The user's own device over the drive's image (losetup -f), read-only
+    // and read-write: refused, the device kept attached.
+    for ro in [false, true] {
+        let lp = match ro {
+            false => TestLoop::attach(&img),
+            true => {
+                let out = Command::new("losetup")
+                    .args(["-f", "--show", "-r"])
+                    .arg(&img)
+                    .output()
+                    .unwrap();
+                TestLoop {
+                    dev: ok(&out).trim().to_owned(),
+                    file: img.clone(),
+                }
+            }
+        };
+        refused(
+            &w.drive(&[&"mount", &img, &mnt]),
+            &["attached to", &lp.dev, "losetup -d"],
+        );
+        assert_eq!(loops_of(&img), vec![lp.dev.clone()]);
+        assert!(mount_of(&mnt).is_none() && mnt.is_dir());
+        drop(lp);
+    }
+    ok(&w.drive(&[&"mount", &img, &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn mkfs_killed_by_the_terminal_s_signal_is_an_interrupt_whichever_is_seen_first() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // The signal reaches mkfs, and cowlink sees mkfs dead of it before its
+    // own handler has run (made certain here: only mkfs gets it).
+    for sig in ["INT", "TERM"] {
+        let bin_dir = w.p(&format!("bin-{sig}"));
+        fs::create_dir(&bin_dir).unwrap();
+        let fake = bin_dir.join("mkfs.xfs");
+        fs::write(&fake, format!("#!/bin/sh\nkill -{sig} $$\nsleep 5\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+        let (img, mnt) = (w.p("s.img"), w.p("s"));
+        let mut c = w.command(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]);
+        c.env(
+            "PATH",
+            format!("{}:/usr/bin:/bin:/usr/sbin:/sbin", bin_dir.display()),
+        );
+        let out = c.output().unwrap();
+        failed_with(&out, 130, &["interrupted", "undone"]);
+        nothing_left(&w, &img);
+        assert!(!mnt.exists());
+    }
+}

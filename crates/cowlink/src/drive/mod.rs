@@ -796,7 +796,16 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 .with_reason(format!("cannot run {}: {e}", quoted(&mkfs)))
         })?;
     // A Ctrl-C from the terminal also reaches mkfs: the cancel is what
-    // happened, not mkfs's failure.
+    // happened, not mkfs's failure. mkfs may be seen dead of it before
+    // this process's handler has marked the cancel: its death by SIGINT or
+    // SIGTERM is the cancel too.
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if matches!(out.status.signal(), Some(2 | 15)) {
+            // SIGINT, SIGTERM.
+            options.cancel.cancel();
+        }
+    }
     step(3)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -1279,11 +1288,19 @@ pub fn mount(
         undo.push(move || drop(fs::remove_dir(m)));
     }
     record.mount_id = device::dir_id_beneath_mounts(&mount).ok().flatten();
-    // A device left attached over this very file but unmounted (a crash
-    // between the steps) is detached first: two devices over one image
-    // would corrupt it.
-    for (n, _) in device::loops_of(id) {
-        let _ = device::detach(n);
+    // A device attached over this very file but not mounted is not
+    // cowlink's (its devices detach themselves when the process that
+    // attached them dies unmounted: AUTOCLEAR): it is left alone, and the
+    // mount refused, since two devices over one image would corrupt it.
+    if let Some((_, l)) = device::loops_of(id).into_iter().next() {
+        return Err(Error::new(op, ErrorKind::InUse)
+            .with_src(&image)
+            .with_reason(format!(
+                "it is attached to {} by another program (not mounted); a second device over \
+                 it would corrupt it: detach that one first (losetup -d {})",
+                l.device.display(),
+                l.device.display()
+            )));
     }
     let attached = attach(op, &image, id, block_size_for(sector))?;
     mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
