@@ -537,7 +537,7 @@ fn lock_state(
     fs::create_dir_all(dir).map_err(fail)?;
     let fd = rustix::fs::open(
         dir,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| fail(e.into()))?;
