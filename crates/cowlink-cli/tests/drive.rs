@@ -1585,6 +1585,12 @@ fn a_drive_is_its_own_though_a_stale_record_holds_its_inode() {
         let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&stale).unwrap()).unwrap();
         v["image_id"] = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
         fs::write(&stale, v.to_string()).unwrap();
+        // The stale record is not shown mounted where the live drive is.
+        let st = w.status(&old);
+        assert_eq!(st["mounted"], false, "{st}");
+        assert_eq!(st["mounted_elsewhere"], serde_json::Value::Null, "{st}");
+        assert_eq!(st["loop_device"], serde_json::Value::Null, "{st}");
+        assert_eq!(w.status(&mnt)["mounted"], true);
         // The live drive is still recognised by every operation.
         ok(&w.drive(&[&"unmount", &mnt]));
         assert!(mount_of(&mnt).is_none());

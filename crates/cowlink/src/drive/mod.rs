@@ -1061,7 +1061,18 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
     let meta = fs::metadata(&r.image)
         .ok()
         .filter(|m| r.image_id.is_none_or(|id| id == FileId::of(m)));
-    let mounts = image_id(r).map(device::mounts_of).unwrap_or_default();
+    // A record whose file is gone, while another record's image (under
+    // that one's name) now has its device and inode (reused): the mounts
+    // and loop devices of that identity are the other drive's.
+    let reaches =
+        |x: &Record| fs::metadata(&x.image).is_ok_and(|m| x.image_id == Some(FileId::of(&m)));
+    let shadowed = meta.is_none()
+        && r.image_id.is_some()
+        && records(places)
+            .iter()
+            .any(|o| o.image != r.image && o.image_id == r.image_id && reaches(o));
+    let id = image_id(r).filter(|_| !shadowed);
+    let mounts = id.map(device::mounts_of).unwrap_or_default();
     let at_mount = device::mount_rooted_at(&r.mount).map(|m| m.id);
     let here = mounts.iter().find(|(m, _)| Some(m.id) == at_mount);
     let elsewhere = mounts
@@ -1072,8 +1083,7 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
         .map(|(_, l)| l.clone())
         .or_else(|| mounts.first().map(|(_, l)| l.clone()))
         .or_else(|| {
-            image_id(r)
-                .and_then(|id| device::loops_of(id).into_iter().next())
+            id.and_then(|id| device::loops_of(id).into_iter().next())
                 .map(|(_, l)| l)
         });
     let mut d = DriveInfo {
