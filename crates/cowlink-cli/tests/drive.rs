@@ -1908,3 +1908,57 @@ fn mkfs_killed_by_the_terminal_s_signal_is_an_interrupt_whichever_is_seen_first(
         assert!(!mnt.exists());
     }
 }
+
+#[test]
+fn a_copy_of_a_drive_is_the_user_s_file_not_a_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    for fs_name in ["xfs", "btrfs"] {
+        let (img, mnt) = (w.p("d.img"), w.p("d"));
+        ok(&w.drive(&[
+            &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &fs_name,
+        ]));
+        ok(&w.drive(&[&"unmount", &mnt]));
+        let copy = w.p("copy.img");
+        let st = Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&img)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let before = fs::metadata(&copy).unwrap().len();
+        refused(
+            &w.drive(&[&"mount", &copy, &w.p("c")]),
+            &["copy of the drive"],
+        );
+        assert!(mounts_under(&w.root).is_empty() && loops_of_dir(&w.root).is_empty());
+        assert_eq!(w.records().len(), 1, "{fs_name}: the copy was recorded");
+        refused(
+            &w.drive(&[&"remove", &copy, &"--yes"]),
+            &["not a cowlink drive"],
+        );
+        assert_eq!(fs::metadata(&copy).unwrap().len(), before);
+        // Mounted by hand (while the drive is mounted too, for Btrfs),
+        // the copy is never unmounted by cowlink.
+        ok(&w.drive(&[&"mount", &img, &mnt]));
+        if fs_name == "btrfs" {
+            let lp = TestLoop::attach(&copy);
+            let tm = TestMount::new(&[&lp.dev], &w.p("c"));
+            refused(&w.drive(&[&"unmount", &w.p("c")]), &["not a cowlink drive"]);
+            assert!(mount_of(&w.p("c")).is_some());
+            drop(tm);
+            drop(lp);
+        }
+        ok(&w.drive(&[&"unmount", &mnt]));
+        ok(&w.drive(&[&"remove", &img, &"--yes"]));
+        nothing_left(&w, &img);
+        // The drive gone, its copy is taken as a drive whose record was
+        // lost (it is what create makes), and then is one.
+        ok(&w.drive(&[&"mount", &copy, &w.p("c")]));
+        ok(&w.drive(&[&"unmount", &w.p("c")]));
+        ok(&w.drive(&[&"remove", &copy, &"--yes"]));
+        nothing_left(&w, &copy);
+        let _ = fs::remove_dir(w.p("c"));
+    }
+}

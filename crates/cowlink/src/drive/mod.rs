@@ -1236,8 +1236,24 @@ pub fn mount(
     let known = records(places)
         .into_iter()
         .any(|r| r.image_id == Some(id) || r.image == image);
+    // A copy of a drive (`cp drive.img copy.img`: the same filesystem
+    // UUID, another file) while the drive itself is still there is not a
+    // drive whose record was lost: it is the user's file.
+    let original = records(places).into_iter().find(|r| {
+        r.image_uuid.as_deref() == Some(sb.uuid_hex().as_str())
+            && fs::metadata(&r.image).is_ok_and(|m| r.image_id == Some(FileId::of(&m)))
+    });
     let old = match known {
         true => Some(own_by_this_name(op, places, &image, &meta)?),
+        false if original.is_some() => {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is not a cowlink drive but a copy of the drive {} (the same filesystem \
+                     UUID in another file); mount it with mount -o loop, or remove that drive first",
+                    quoted(&original.map(|r| r.image).unwrap_or_default())
+                )))
+        }
         false if sb.label == b"cowlink" => None,
         false => {
             return Err(Error::new(op, ErrorKind::InvalidInput)
