@@ -1962,3 +1962,34 @@ fn a_copy_of_a_drive_is_the_user_s_file_not_a_drive() {
         let _ = fs::remove_dir(w.p("c"));
     }
 }
+
+#[test]
+fn remove_never_follows_a_symlink_named_to_another_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (a, b) = (w.p("a.img"), w.p("b.img"));
+    ok(&w.drive(&[&"create", &a, &"--size", &"1G", &"--mount", &w.p("a")]));
+    ok(&w.drive(&[&"create", &b, &"--size", &"1G", &"--mount", &w.p("b")]));
+    ok(&w.drive(&[&"unmount", &w.p("a")]));
+    ok(&w.drive(&[&"unmount", &w.p("b")]));
+    // A's name replaced by a symlink to B (absolute and relative), and a
+    // new name that is a symlink to B.
+    fs::rename(&a, w.p("a-moved.img")).unwrap();
+    for (link, to) in [
+        (a.clone(), b.clone()),
+        (a.clone(), PathBuf::from("b.img")),
+        (w.p("to-b.img"), b.clone()),
+    ] {
+        std::os::unix::fs::symlink(&to, &link).unwrap();
+        refused(&w.drive(&[&"remove", &link, &"--yes"]), &["symlink"]);
+        assert!(b.is_file() && link.symlink_metadata().is_ok());
+        assert_eq!(w.records().len(), 2);
+        fs::remove_file(&link).unwrap();
+    }
+    fs::rename(w.p("a-moved.img"), &a).unwrap();
+    for img in [&a, &b] {
+        ok(&w.drive(&[&"remove", img, &"--yes"]));
+    }
+    nothing_left(&w, &a);
+    nothing_left(&w, &b);
+}

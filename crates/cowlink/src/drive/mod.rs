@@ -1574,6 +1574,21 @@ pub struct Removed {
 /// says what would be deleted).
 pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error> {
     let op = Operation::DriveRemove;
+    // A symlink named is not followed (as rm does not): deleting the
+    // drive it points to under another name would leave the symlink's
+    // own drive, if any, and surprise whoever typed it.
+    if let Ok(m) = fs::symlink_metadata(image) {
+        if m.file_type().is_symlink() {
+            let to = fs::read_link(image).unwrap_or_default();
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(image)
+                .with_reason(format!(
+                    "it is a symlink (to {}), not a drive image: remove the drive by its own \
+                     name, or the symlink with rm",
+                    quoted(&to)
+                )));
+        }
+    }
     let image = absolute(op, image)?;
     require_root(op, &image)?;
     let _lock = lock_state(op, places, None)?;
