@@ -908,12 +908,13 @@ fn remove_refuses_every_file_drive_create_did_not_make() {
         &["not the image cowlink made", "replaced"],
     );
     assert_eq!(fs::read(&img).unwrap(), b"not the drive");
-    // The image under another name is still the drive (by identity), but
-    // is deleted only under its own name.
+    // The image under another name is still the drive (by identity); with
+    // a second name (the hard link) deleting one name would not delete it.
     refused(
         &w.drive(&[&"remove", &w.p("moved.img"), &"--yes"]),
-        &["another name", "own.img"],
+        &["another name", "hard link"],
     );
+    assert!(w.p("moved.img").exists() && w.p("hardlink.img").exists());
     fs::remove_file(&img).unwrap();
     fs::rename(w.p("moved.img"), &img).unwrap();
     fs::remove_file(w.p("hardlink.img")).unwrap();
@@ -1458,7 +1459,8 @@ fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
     std::os::unix::process::CommandExt::process_group(&mut c, 0);
     c.stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
-    for _ in 0..500 {
+    // Up to 60 s: on a loaded machine the run up to mkfs can take seconds.
+    for _ in 0..6000 {
         if started.exists() {
             break;
         }
@@ -1478,4 +1480,516 @@ fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
     assert!(err.contains("interrupted"), "{err}");
     nothing_left(&w, &img);
     assert!(!mnt.exists());
+}
+
+/// Run every command in `cs` at once; their outputs, in order.
+fn all_at_once(cs: Vec<Command>) -> Vec<Output> {
+    let children: Vec<std::process::Child> = cs
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn drive_commands_run_at_once_never_attach_or_mount_one_image_twice() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // Btrfs: the kernel mounts two loop devices over one Btrfs image as two
+    // filesystems (XFS would refuse the duplicate UUID), so only cowlink's
+    // own serialisation keeps the image from being written by two.
+    let (img, mnt) = (w.p("race.img"), w.p("race"));
+    ok(&w.drive(&[
+        &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &"btrfs",
+    ]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    for round in 0..4 {
+        // Several mounts of one image on different directories at once:
+        // exactly one wins, the others are refused as "already mounted".
+        let dirs: Vec<PathBuf> = (0..4).map(|i| w.p(&format!("m{round}-{i}"))).collect();
+        let outs = all_at_once(
+            dirs.iter()
+                .map(|m| w.command(&[&"mount", &img, m]))
+                .collect(),
+        );
+        let won = outs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(won, 1, "round {round}: {won} mounts succeeded");
+        for o in outs.iter().filter(|o| !o.status.success()) {
+            refused(o, &["already mounted"]);
+        }
+        assert_eq!(mounts_under(&w.root).len(), 1, "round {round}");
+        assert_eq!(loops_of(&img).len(), 1, "round {round}: loop devices");
+        let at = mounts_under(&w.root).pop().unwrap();
+        // An unmount, a mount elsewhere and a remove at once: whatever
+        // order they run in, the image is never mounted twice nor deleted
+        // while attached, and the survivors are consistent.
+        let other = w.p(&format!("o{round}"));
+        let outs = all_at_once(vec![
+            w.command(&[&"unmount", &at]),
+            w.command(&[&"mount", &img, &other]),
+            w.command(&[&"remove", &img, &"--yes"]),
+        ]);
+        let mounts = mounts_under(&w.root);
+        assert!(mounts.len() <= 1, "round {round}: {mounts:?}");
+        if img.exists() {
+            assert_eq!(loops_of(&img).len(), mounts.len(), "round {round}");
+            assert!(!outs[2].status.success());
+            for m in mounts {
+                ok(&w.drive(&[&"unmount", &m]));
+            }
+        } else {
+            assert!(outs[2].status.success(), "{}", text(&outs[2].stderr));
+            assert!(mounts.is_empty() && loops_of_dir(&w.root).is_empty());
+            assert!(w.records().is_empty());
+            ok(&w.drive(&[
+                &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &"btrfs",
+            ]));
+            ok(&w.drive(&[&"unmount", &mnt]));
+        }
+    }
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn a_drive_is_its_own_though_a_stale_record_holds_its_inode() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A drive's image deleted by hand leaves its record; a later drive's
+    // image gets the same device and inode (written into the stale record
+    // here, as inode reuse does). The stale record sorts before and after
+    // the live one.
+    for stale_name in ["a-stale", "z-stale"] {
+        let (old, old_mnt) = (w.p(&format!("{stale_name}.img")), w.p(stale_name));
+        ok(&w.drive(&[&"create", &old, &"--size", &"1G", &"--mount", &old_mnt]));
+        ok(&w.drive(&[&"unmount", &old_mnt]));
+        fs::remove_file(&old).unwrap();
+        let (img, mnt) = (w.p("m-live.img"), w.p("m-live"));
+        ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+        let m = fs::metadata(&img).unwrap();
+        let state = w.p("etc/state");
+        let stale = w
+            .records()
+            .into_iter()
+            .map(|n| state.join(n))
+            .find(|p| fs::read_to_string(p).unwrap().contains(stale_name))
+            .unwrap();
+        let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&stale).unwrap()).unwrap();
+        v["image_id"] = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
+        fs::write(&stale, v.to_string()).unwrap();
+        // The stale record is not shown mounted where the live drive is.
+        let st = w.status(&old);
+        assert_eq!(st["mounted"], false, "{st}");
+        assert_eq!(st["mounted_elsewhere"], serde_json::Value::Null, "{st}");
+        assert_eq!(st["loop_device"], serde_json::Value::Null, "{st}");
+        assert_eq!(w.status(&mnt)["mounted"], true);
+        // The live drive is still recognised by every operation.
+        ok(&w.drive(&[&"unmount", &mnt]));
+        assert!(mount_of(&mnt).is_none());
+        ok(&w.drive(&[&"mount", &img, &mnt]));
+        ok(&w.drive(&[&"mount", &img, &mnt, &"--persist=fstab"]));
+        ok(&w.drive(&[&"unmount", &mnt]));
+        ok(&w.drive(&[&"remove", &img, &"--yes"]));
+        assert!(!img.exists() && !mnt.exists());
+        // The stale drive's leftovers go by its name.
+        ok(&w.drive(&[&"remove", &old, &"--yes"]));
+        nothing_left(&w, &img);
+        assert!(!old_mnt.exists());
+    }
+}
+
+#[test]
+fn a_drive_never_takes_or_removes_another_drive_s_boot_unit_on_a_shared_mount_point() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // Two drives recorded on one mount point (one mounted at a time); the
+    // first is brought back at boot by a unit named after that point.
+    let (a, b, mnt) = (w.p("a.img"), w.p("b.img"), w.p("shared dir"));
+    ok(&w.drive(&[
+        &"create",
+        &a,
+        &"--size",
+        &"1G",
+        &"--mount",
+        &mnt,
+        &"--persist=systemd",
+    ]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"create", &b, &"--size", &"1G", &"--mount", &mnt]));
+    let units = w.p("etc/units");
+    let unit = units.join(
+        names(&units)
+            .into_iter()
+            .find(|n| n.ends_with(".service"))
+            .unwrap(),
+    );
+    let a_unit = fs::read_to_string(&unit).unwrap();
+    // B is not brought back at boot, and is not told to rewrite A's unit.
+    let st = w.status(&b);
+    assert_eq!(st["persist"], serde_json::Value::Null, "{st}");
+    assert!(!st["warnings"].to_string().contains("boot unit"), "{st}");
+    assert_eq!(w.status(&a)["persist"], "systemd");
+    // B cannot take A's unit, but may be persisted by fstab.
+    refused(
+        &w.drive(&[&"mount", &b, &mnt, &"--persist=systemd"]),
+        &["another drive"],
+    );
+    ok(&w.drive(&[&"mount", &b, &mnt, &"--persist=fstab"]));
+    assert_eq!(fs::read_to_string(&unit).unwrap(), a_unit);
+    // Removing B removes its fstab entry, not A's unit, nor the mount
+    // point A is recorded on.
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"remove", &b, &"--yes"]));
+    assert_eq!(fs::read_to_string(&unit).unwrap(), a_unit);
+    assert!(units
+        .join("local-fs.target.wants")
+        .join(unit.file_name().unwrap())
+        .symlink_metadata()
+        .is_ok());
+    assert!(!fs::read_to_string(w.p("etc/fstab"))
+        .unwrap_or_default()
+        .contains("b.img"));
+    assert!(mnt.is_dir());
+    assert_eq!(w.status(&a)["persist"], "systemd");
+    // A's own remove takes its unit.
+    ok(&w.drive(&[&"remove", &a, &"--yes"]));
+    assert!(!unit.exists());
+    nothing_left(&w, &a);
+    assert!(!mnt.exists());
+}
+
+#[test]
+fn a_drive_moved_behind_cowlink_s_back_is_removed_by_its_new_name_and_a_link_is_not() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // (what is done to the drive after create, the name it then has, whether
+    // `mount` under the recorded name still works)
+    type Move = fn(&World) -> PathBuf;
+    let moves: [(&str, Move, bool); 3] = [
+        (
+            "directory moved, a symlink left in its place",
+            |w| {
+                fs::rename(w.p("dir"), w.p("dir2")).unwrap();
+                std::os::unix::fs::symlink("dir2", w.p("dir")).unwrap();
+                w.p("dir/d.img")
+            },
+            true,
+        ),
+        (
+            "directory renamed",
+            |w| {
+                fs::rename(w.p("dir"), w.p("dir2")).unwrap();
+                w.p("dir2/d.img")
+            },
+            false,
+        ),
+        (
+            "image renamed",
+            |w| {
+                fs::rename(w.p("dir/d.img"), w.p("dir/e.img")).unwrap();
+                w.p("dir/e.img")
+            },
+            false,
+        ),
+    ];
+    let fstab = w.p("etc/fstab");
+    for (what, mv, mountable) in moves {
+        fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
+        fs::create_dir(w.p("dir")).unwrap();
+        let (img, mnt) = (w.p("dir/d.img"), w.p("m"));
+        ok(&w.drive(&[
+            &"create",
+            &img,
+            &"--size",
+            &"1G",
+            &"--mount",
+            &mnt,
+            &"--persist=fstab",
+        ]));
+        ok(&w.drive(&[&"unmount", &mnt]));
+        let now = mv(&w);
+        if mountable {
+            ok(&w.drive(&[&"mount", &now, &mnt]));
+            ok(&w.drive(&[&"mount", &now, &mnt, &"--persist=fstab"]));
+            assert_eq!(w.records().len(), 1, "{what}: one record");
+            assert_eq!(
+                fs::read_to_string(&fstab)
+                    .unwrap()
+                    .matches("loop,noatime")
+                    .count(),
+                1,
+                "{what}: one boot entry"
+            );
+            ok(&w.drive(&[&"unmount", &mnt]));
+        }
+        // A hard link beside it is another name: refused, nothing done.
+        let link = w.p("link.img");
+        fs::hard_link(&now, &link).unwrap();
+        refused(&w.drive(&[&"remove", &link, &"--yes"]), &["another name"]);
+        fs::remove_file(&link).unwrap();
+        let out = ok(&w.drive(&[&"remove", &now, &"--yes"]));
+        assert!(out.contains("boot entry"), "{what}: {out}");
+        assert!(!now.exists(), "{what}: image left");
+        assert!(w.records().is_empty(), "{what}: record left");
+        assert_eq!(
+            fs::read_to_string(&fstab).unwrap(),
+            "UUID=x / ext4 defaults 0 1\n",
+            "{what}: boot entry left"
+        );
+        nothing_left(&w, &now);
+        for p in ["dir", "dir2"] {
+            let p = w.p(p);
+            if p.symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_symlink())
+            {
+                fs::remove_file(&p).unwrap();
+            } else if p.exists() {
+                fs::remove_dir_all(&p).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn hostile_records_never_make_a_user_file_a_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // A drive, so that the state directory is real; then records edited
+    // to name a user's files by their device and inode.
+    let (img, mnt) = (w.p("d.img"), w.p("d"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    let text = w.p("notes.txt");
+    fs::write(&text, b"my notes").unwrap();
+    let xfs = w.p("mine.xfs");
+    user_image(&xfs, "mkfs.xfs", &["-q", "-L", "data"], 300 << 20);
+    let btrfs_cowlink = w.p("mine.btrfs");
+    user_image(
+        &btrfs_cowlink,
+        "mkfs.btrfs",
+        &["-q", "-L", "cowlink"],
+        300 << 20,
+    );
+    let state = w.p("etc/state");
+    for victim in [&text, &xfs, &btrfs_cowlink] {
+        let m = fs::metadata(victim).unwrap();
+        let id = serde_json::json!({"dev": m.dev(), "ino": m.ino()});
+        let before = fs::read(victim).unwrap();
+        // (record fields) — every one names the victim by identity.
+        let hostile = [
+            serde_json::json!({"image": victim, "mount": w.p("v"), "fs": "xfs", "image_id": id}),
+            serde_json::json!({"image": w.p("elsewhere.img"), "mount": w.p("v"), "fs": "xfs", "image_id": id}),
+            serde_json::json!({"image": victim, "mount": w.p("v"), "fs": "xfs", "image_id": id, "image_uuid": ""}),
+            serde_json::json!({"image": victim, "mount": w.p("v"), "fs": "xfs", "image_id": id, "image_uuid": "00000000000000000000000000000000"}),
+        ];
+        for (i, r) in hostile.iter().enumerate() {
+            let rec = state.join(format!("{i:016x}.json"));
+            fs::write(&rec, r.to_string()).unwrap();
+            refused(
+                &w.drive(&[&"remove", victim, &"--yes"]),
+                &["not the drive a record names"],
+            );
+            assert_eq!(fs::read(victim).unwrap(), before, "{r}");
+            fs::remove_file(&rec).unwrap();
+        }
+    }
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn a_drive_is_never_mounted_over_cowlink_s_own_records_units_or_fstab() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("d.img"), w.p("d"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    // Empty, so that nothing but their role refuses them.
+    let state = w.p("etc/state");
+    for name in names(&state) {
+        fs::rename(state.join(&name), w.p(&name)).unwrap();
+    }
+    fs::create_dir_all(w.p("etc/units")).unwrap();
+    std::os::unix::fs::symlink(&state, w.p("to-state")).unwrap();
+    let targets = [
+        state.clone(),
+        w.p("etc/units"),
+        w.p("etc"),
+        w.p("to-state"),
+        w.p("etc/units/../state"),
+    ];
+    for (i, t) in targets.iter().enumerate() {
+        let img2 = w.p(&format!("n{i}.img"));
+        refused(
+            &w.drive(&[&"create", &img2, &"--size", &"1G", &"--mount", t]),
+            &["cowlink's own files"],
+        );
+        assert!(!img2.exists() && mounts_under(&w.root).is_empty());
+    }
+    for name in names(&w.root).into_iter().filter(|n| n.ends_with(".json")) {
+        fs::rename(w.p(&name), state.join(&name)).unwrap();
+    }
+    for t in &targets[..2] {
+        refused(&w.drive(&[&"mount", &img, t]), &["cowlink's own files"]);
+        assert!(mounts_under(&w.root).is_empty());
+    }
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn mount_leaves_a_user_s_own_loop_device_over_the_image_alone() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (img, mnt) = (w.p("d.img"), w.p("d"));
+    ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    // The user's own device over the drive's image (losetup -f), read-only
+    // and read-write: refused, the device kept attached.
+    for ro in [false, true] {
+        let lp = match ro {
+            false => TestLoop::attach(&img),
+            true => {
+                let out = Command::new("losetup")
+                    .args(["-f", "--show", "-r"])
+                    .arg(&img)
+                    .output()
+                    .unwrap();
+                TestLoop {
+                    dev: ok(&out).trim().to_owned(),
+                    file: img.clone(),
+                }
+            }
+        };
+        refused(
+            &w.drive(&[&"mount", &img, &mnt]),
+            &["attached to", &lp.dev, "losetup -d"],
+        );
+        assert_eq!(loops_of(&img), vec![lp.dev.clone()]);
+        assert!(mount_of(&mnt).is_none() && mnt.is_dir());
+        drop(lp);
+    }
+    ok(&w.drive(&[&"mount", &img, &mnt]));
+    ok(&w.drive(&[&"unmount", &mnt]));
+    ok(&w.drive(&[&"remove", &img, &"--yes"]));
+    nothing_left(&w, &img);
+}
+
+#[test]
+fn mkfs_killed_by_the_terminal_s_signal_is_an_interrupt_whichever_is_seen_first() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    // The signal reaches mkfs, and cowlink sees mkfs dead of it before its
+    // own handler has run (made certain here: only mkfs gets it).
+    for sig in ["INT", "TERM"] {
+        let bin_dir = w.p(&format!("bin-{sig}"));
+        fs::create_dir(&bin_dir).unwrap();
+        let fake = bin_dir.join("mkfs.xfs");
+        fs::write(&fake, format!("#!/bin/sh\nkill -{sig} $$\nsleep 5\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+        let (img, mnt) = (w.p("s.img"), w.p("s"));
+        let mut c = w.command(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]);
+        c.env(
+            "PATH",
+            format!("{}:/usr/bin:/bin:/usr/sbin:/sbin", bin_dir.display()),
+        );
+        let out = c.output().unwrap();
+        failed_with(&out, 130, &["interrupted", "undone"]);
+        nothing_left(&w, &img);
+        assert!(!mnt.exists());
+    }
+}
+
+#[test]
+fn a_copy_of_a_drive_is_the_user_s_file_not_a_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    for fs_name in ["xfs", "btrfs"] {
+        let (img, mnt) = (w.p("d.img"), w.p("d"));
+        ok(&w.drive(&[
+            &"create", &img, &"--size", &"1G", &"--mount", &mnt, &"--fs", &fs_name,
+        ]));
+        ok(&w.drive(&[&"unmount", &mnt]));
+        let copy = w.p("copy.img");
+        let st = Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&img)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let before = fs::metadata(&copy).unwrap().len();
+        refused(
+            &w.drive(&[&"mount", &copy, &w.p("c")]),
+            &["copy of the drive"],
+        );
+        assert!(mounts_under(&w.root).is_empty() && loops_of_dir(&w.root).is_empty());
+        assert_eq!(w.records().len(), 1, "{fs_name}: the copy was recorded");
+        refused(
+            &w.drive(&[&"remove", &copy, &"--yes"]),
+            &["not a cowlink drive"],
+        );
+        assert_eq!(fs::metadata(&copy).unwrap().len(), before);
+        // Mounted by hand (while the drive is mounted too, for Btrfs),
+        // the copy is never unmounted by cowlink.
+        ok(&w.drive(&[&"mount", &img, &mnt]));
+        if fs_name == "btrfs" {
+            let lp = TestLoop::attach(&copy);
+            let tm = TestMount::new(&[&lp.dev], &w.p("c"));
+            refused(&w.drive(&[&"unmount", &w.p("c")]), &["not a cowlink drive"]);
+            assert!(mount_of(&w.p("c")).is_some());
+            drop(tm);
+            drop(lp);
+        }
+        ok(&w.drive(&[&"unmount", &mnt]));
+        ok(&w.drive(&[&"remove", &img, &"--yes"]));
+        nothing_left(&w, &img);
+        // The drive gone, its copy is taken as a drive whose record was
+        // lost (it is what create makes), and then is one.
+        ok(&w.drive(&[&"mount", &copy, &w.p("c")]));
+        ok(&w.drive(&[&"unmount", &w.p("c")]));
+        ok(&w.drive(&[&"remove", &copy, &"--yes"]));
+        nothing_left(&w, &copy);
+        let _ = fs::remove_dir(w.p("c"));
+    }
+}
+
+#[test]
+fn remove_never_follows_a_symlink_named_to_another_drive() {
+    let Some(d) = testfs!(Ext4) else { return };
+    let w = World::new(d);
+    let (a, b) = (w.p("a.img"), w.p("b.img"));
+    ok(&w.drive(&[&"create", &a, &"--size", &"1G", &"--mount", &w.p("a")]));
+    ok(&w.drive(&[&"create", &b, &"--size", &"1G", &"--mount", &w.p("b")]));
+    ok(&w.drive(&[&"unmount", &w.p("a")]));
+    ok(&w.drive(&[&"unmount", &w.p("b")]));
+    // A's name replaced by a symlink to B (absolute and relative), and a
+    // new name that is a symlink to B.
+    fs::rename(&a, w.p("a-moved.img")).unwrap();
+    for (link, to) in [
+        (a.clone(), b.clone()),
+        (a.clone(), PathBuf::from("b.img")),
+        (w.p("to-b.img"), b.clone()),
+    ] {
+        std::os::unix::fs::symlink(&to, &link).unwrap();
+        refused(&w.drive(&[&"remove", &link, &"--yes"]), &["symlink"]);
+        assert!(b.is_file() && link.symlink_metadata().is_ok());
+        assert_eq!(w.records().len(), 2);
+        fs::remove_file(&link).unwrap();
+    }
+    fs::rename(w.p("a-moved.img"), &a).unwrap();
+    for img in [&a, &b] {
+        ok(&w.drive(&[&"remove", img, &"--yes"]));
+    }
+    nothing_left(&w, &a);
+    nothing_left(&w, &b);
 }

@@ -279,7 +279,24 @@ struct Record {
 /// (a record without a UUID: any); the reason when not.
 fn same_filesystem(r: &Record, sb: Option<&device::Superblock>) -> Result<(), String> {
     let Some(want) = &r.image_uuid else {
-        return Ok(());
+        // No UUID recorded (a record from before they were, or edited):
+        // at least what create makes, the recorded filesystem labelled
+        // `cowlink`, never any file that has the identity.
+        return match sb {
+            Some(sb) if sb.fs == r.fs && sb.label == b"cowlink" => Ok(()),
+            Some(sb) => Err(format!(
+                "its record holds no filesystem UUID, and it holds {} labelled {:?}, not the \
+                 {} labelled \"cowlink\" that drive create makes",
+                sb.fs,
+                String::from_utf8_lossy(&sb.label),
+                r.fs
+            )),
+            None => Err(
+                "its record holds no filesystem UUID, and it holds neither an XFS nor a Btrfs \
+                 filesystem"
+                    .into(),
+            ),
+        };
     };
     match sb {
         Some(sb) if &sb.uuid_hex() == want => Ok(()),
@@ -354,6 +371,28 @@ fn legacy_image_matches(r: &Record) -> Result<(), String> {
     }
 }
 
+/// The record of the file `id` holding the superblock `sb`: among the
+/// records with that device and inode (more than one when a drive's image
+/// was deleted behind cowlink's back and a later drive's image got its
+/// inode), the one whose filesystem UUID is `sb`'s. `None` when no record
+/// has the identity; the first mismatch's reason when none matches.
+fn record_with_id<'a>(
+    all: &'a [Record],
+    id: FileId,
+    sb: Option<&device::Superblock>,
+) -> Option<Result<&'a Record, String>> {
+    let mut first_why = None;
+    for r in all.iter().filter(|r| r.image_id == Some(id)) {
+        match same_filesystem(r, sb) {
+            Ok(()) => return Some(Ok(r)),
+            Err(why) => {
+                first_why.get_or_insert(why);
+            }
+        }
+    }
+    first_why.map(Err)
+}
+
 /// **The one rule for "is this cowlink's drive?"**, used by every
 /// operation that could destroy or detach something (`remove`, `unmount`,
 /// `mount` over a recorded image): the file `image` (a regular file whose
@@ -376,15 +415,16 @@ fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Res
     }
     let id = FileId::of(meta);
     let all = records(places);
-    if let Some(r) = all.iter().find(|r| r.image_id == Some(id)) {
-        let sb = device::superblock(image).ok().flatten();
-        return match same_filesystem(r, sb.as_ref()) {
-            Ok(()) => Ok(r.clone()),
-            Err(why) => Err(not_ours(format!(
+    let sb = device::superblock(image).ok().flatten();
+    match record_with_id(&all, id, sb.as_ref()) {
+        Some(Ok(r)) => return Ok(r.clone()),
+        Some(Err(why)) => {
+            return Err(not_ours(format!(
                 "it is not the drive a record names, though it has that drive's {id}: {why}; \
                  nothing was done"
-            ))),
-        };
+            )))
+        }
+        None => {}
     }
     if let Some(r) = all.iter().find(|r| r.image == image) {
         return match r.image_id {
@@ -430,7 +470,7 @@ fn own_by_this_name(
     meta: &fs::Metadata,
 ) -> Result<Record, Error> {
     let r = own(op, places, image, meta)?;
-    if r.image != image {
+    if !same_name(&r.image, image) {
         return Err(Error::new(op, ErrorKind::InvalidInput)
             .with_src(image)
             .with_reason(format!(
@@ -440,6 +480,15 @@ fn own_by_this_name(
             )));
     }
     Ok(r)
+}
+
+/// Whether `given` (absolute, its existing part resolved) is the name a
+/// record holds, `recorded`: the same string, or the recorded name now
+/// resolving to it (its directory was moved and a symlink left in its
+/// place). A hard link or the directory reached through a bind mount is
+/// not the same name.
+fn same_name(recorded: &Path, given: &Path) -> bool {
+    recorded == given || fs::canonicalize(recorded).is_ok_and(|c| c == given)
 }
 
 /// Steps to undo, last first, unless [`Undo::done`].
@@ -460,6 +509,62 @@ impl Drop for Undo {
         while let Some(f) = self.0.pop() {
             f();
         }
+    }
+}
+
+/// How long a drive command waits for another one to finish.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Held while a drive command changes anything: an exclusive `flock` on
+/// the state directory itself (no lock file to leave behind), released
+/// when dropped or when the process dies. Every operation that attaches,
+/// mounts, unmounts, detaches, deletes or writes a record or boot entry
+/// takes it first, before its checks, so that two commands never act on
+/// what the other is changing: two `mount`s of one image would otherwise
+/// both find it unmounted and attach it twice (two filesystems over one
+/// image: corruption), a `remove` could delete an image a `mount` is
+/// attaching.
+struct StateLock(#[allow(dead_code)] rustix::fd::OwnedFd);
+
+fn lock_state(
+    op: Operation,
+    places: &Places,
+    cancel: Option<&crate::CancelToken>,
+) -> Result<StateLock, Error> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let dir = &places.state_dir;
+    let fail = |e: io::Error| Error::from_io(op, &e).with_src(dir);
+    fs::create_dir_all(dir).map_err(fail)?;
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| fail(e.into()))?;
+    let start = std::time::Instant::now();
+    loop {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(StateLock(fd)),
+            Err(rustix::io::Errno::WOULDBLOCK) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(fail(e.into())),
+        }
+        if cancel.is_some_and(|c| c.is_cancelled()) {
+            return Err(Error::new(op, ErrorKind::Cancelled)
+                .with_src(dir)
+                .with_reason(
+                    "interrupted while waiting for another drive command; nothing was done",
+                ));
+        }
+        if start.elapsed() > LOCK_WAIT {
+            return Err(Error::new(op, ErrorKind::InUse)
+                .with_src(dir)
+                .with_reason(format!(
+                    "another cowlink drive command has held this state directory for over {} s; \
+                 nothing was done (try again when it has finished)",
+                    LOCK_WAIT.as_secs()
+                )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -560,9 +665,13 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 i64::MAX
             )));
     }
-    if !options.dry_run {
-        require_root(op, &image)?;
-    }
+    let _lock = match options.dry_run {
+        true => None,
+        false => {
+            require_root(op, &image)?;
+            Some(lock_state(op, places, Some(&options.cancel))?)
+        }
+    };
     // Refusals, before anything is made.
     if fs::symlink_metadata(&image).is_ok() {
         return Err(Error::new(op, ErrorKind::AlreadyExists)
@@ -579,6 +688,7 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
             )));
     }
     refuse_mount_over_image(op, &image, &mount)?;
+    refuse_mount_over_state(op, places, &mount)?;
     let mount_exists = check_mount_point(op, &mount)?;
     // Not `NotFound`: that kind means a path given that does not exist (a
     // failed operation, exit 1); a missing tool means the command cannot
@@ -686,7 +796,16 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
                 .with_reason(format!("cannot run {}: {e}", quoted(&mkfs)))
         })?;
     // A Ctrl-C from the terminal also reaches mkfs: the cancel is what
-    // happened, not mkfs's failure.
+    // happened, not mkfs's failure. mkfs may be seen dead of it before
+    // this process's handler has marked the cancel: its death by SIGINT or
+    // SIGTERM is the cancel too.
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if matches!(out.status.signal(), Some(2 | 15)) {
+            // SIGINT, SIGTERM.
+            options.cancel.cancel();
+        }
+    }
     step(3)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -828,6 +947,37 @@ fn refuse_mount_over_image(op: Operation, image: &Path, mount: &Path) -> Result<
     Ok(())
 }
 
+/// Refuse a mount point that is, or is an ancestor of, a place cowlink
+/// keeps its own files in (the state directory with the records, the
+/// unit directory, the fstab's directory), compared by device and inode:
+/// the drive would hide its own record, and the next command would find
+/// records, units or an fstab inside the drive.
+fn refuse_mount_over_state(op: Operation, places: &Places, mount: &Path) -> Result<(), Error> {
+    let Ok(m) = fs::metadata(mount) else {
+        return Ok(()); // made empty by us: it holds nothing
+    };
+    let mid = FileId::of(&m);
+    let fstab_dir = places.fstab.parent().unwrap_or(Path::new("/"));
+    for (what, place) in [
+        ("the drive records' directory", places.state_dir.as_path()),
+        ("the boot units' directory", places.unit_dir.as_path()),
+        ("the fstab's directory", fstab_dir),
+    ] {
+        for dir in place.ancestors() {
+            if fs::metadata(dir).is_ok_and(|d| FileId::of(&d) == mid) {
+                return Err(Error::new(op, ErrorKind::InvalidInput)
+                    .with_src(mount)
+                    .with_reason(format!(
+                        "the mount point is {what} {} or holds it: the drive would hide \
+                         cowlink's own files (choose another mount point)",
+                        quoted(place)
+                    )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Check a mount point for [`create`] and [`mount`]: an empty directory
 /// that is not a mount point, or missing (then its parent must exist).
 /// Returns whether it exists.
@@ -911,7 +1061,18 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
     let meta = fs::metadata(&r.image)
         .ok()
         .filter(|m| r.image_id.is_none_or(|id| id == FileId::of(m)));
-    let mounts = image_id(r).map(device::mounts_of).unwrap_or_default();
+    // A record whose file is gone, while another record's image (under
+    // that one's name) now has its device and inode (reused): the mounts
+    // and loop devices of that identity are the other drive's.
+    let reaches =
+        |x: &Record| fs::metadata(&x.image).is_ok_and(|m| x.image_id == Some(FileId::of(&m)));
+    let shadowed = meta.is_none()
+        && r.image_id.is_some()
+        && records(places)
+            .iter()
+            .any(|o| o.image != r.image && o.image_id == r.image_id && reaches(o));
+    let id = image_id(r).filter(|_| !shadowed);
+    let mounts = id.map(device::mounts_of).unwrap_or_default();
     let at_mount = device::mount_rooted_at(&r.mount).map(|m| m.id);
     let here = mounts.iter().find(|(m, _)| Some(m.id) == at_mount);
     let elsewhere = mounts
@@ -922,8 +1083,7 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
         .map(|(_, l)| l.clone())
         .or_else(|| mounts.first().map(|(_, l)| l.clone()))
         .or_else(|| {
-            image_id(r)
-                .and_then(|id| device::loops_of(id).into_iter().next())
+            id.and_then(|id| device::loops_of(id).into_iter().next())
                 .map(|(_, l)| l)
         });
     let mut d = DriveInfo {
@@ -1055,6 +1215,7 @@ pub fn mount(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
+    let _lock = lock_state(op, places, None)?;
     let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     let sb = match device::superblock(&image) {
         Ok(Some(sb)) => sb,
@@ -1075,8 +1236,24 @@ pub fn mount(
     let known = records(places)
         .into_iter()
         .any(|r| r.image_id == Some(id) || r.image == image);
+    // A copy of a drive (`cp drive.img copy.img`: the same filesystem
+    // UUID, another file) while the drive itself is still there is not a
+    // drive whose record was lost: it is the user's file.
+    let original = records(places).into_iter().find(|r| {
+        r.image_uuid.as_deref() == Some(sb.uuid_hex().as_str())
+            && fs::metadata(&r.image).is_ok_and(|m| r.image_id == Some(FileId::of(&m)))
+    });
     let old = match known {
         true => Some(own_by_this_name(op, places, &image, &meta)?),
+        false if original.is_some() => {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "it is not a cowlink drive but a copy of the drive {} (the same filesystem \
+                     UUID in another file); mount it with mount -o loop, or remove that drive first",
+                    quoted(&original.map(|r| r.image).unwrap_or_default())
+                )))
+        }
         false if sb.label == b"cowlink" => None,
         false => {
             return Err(Error::new(op, ErrorKind::InvalidInput)
@@ -1090,7 +1267,9 @@ pub fn mount(
         }
     };
     let mut record = Record {
-        image: image.clone(),
+        // A drive keeps the name it is recorded under (its boot entries
+        // hold it), though reached now through a symlink.
+        image: old.as_ref().map_or(image.clone(), |o| o.image.clone()),
         mount: mount.clone(),
         fs: fs_,
         image_id: Some(id),
@@ -1126,6 +1305,7 @@ pub fn mount(
             )));
     }
     refuse_mount_over_image(op, &image, &mount)?;
+    refuse_mount_over_state(op, places, &mount)?;
     let exists = check_mount_point(op, &mount)?;
     let mut undo = Undo::default();
     if !exists {
@@ -1134,11 +1314,19 @@ pub fn mount(
         undo.push(move || drop(fs::remove_dir(m)));
     }
     record.mount_id = device::dir_id_beneath_mounts(&mount).ok().flatten();
-    // A device left attached over this very file but unmounted (a crash
-    // between the steps) is detached first: two devices over one image
-    // would corrupt it.
-    for (n, _) in device::loops_of(id) {
-        let _ = device::detach(n);
+    // A device attached over this very file but not mounted is not
+    // cowlink's (its devices detach themselves when the process that
+    // attached them dies unmounted: AUTOCLEAR): it is left alone, and the
+    // mount refused, since two devices over one image would corrupt it.
+    if let Some((_, l)) = device::loops_of(id).into_iter().next() {
+        return Err(Error::new(op, ErrorKind::InUse)
+            .with_src(&image)
+            .with_reason(format!(
+                "it is attached to {} by another program (not mounted); a second device over \
+                 it would corrupt it: detach that one first (losetup -d {})",
+                l.device.display(),
+                l.device.display()
+            )));
     }
     let attached = attach(op, &image, id, block_size_for(sector))?;
     mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
@@ -1170,8 +1358,11 @@ pub fn persist(
     let image = absolute(op, image)?;
     let mount = absolute(op, mount_point)?;
     require_root(op, &image)?;
+    let _lock = lock_state(op, places, None)?;
     let meta = fs::metadata(&image).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     let r = own_by_this_name(op, places, &image, &meta)?;
+    // The boot entry holds the recorded name.
+    let image = r.image.clone();
     // Asked for no kind in particular: keep the kind already there.
     let with = match (with, persist::find(places, &image, &mount)) {
         (PersistWith::Auto, Some((PersistKind::Systemd, _))) => PersistWith::Systemd,
@@ -1180,6 +1371,18 @@ pub fn persist(
     };
     let plan = persist::plan(with, places, &image, &mount, r.fs)
         .map_err(|(p, why)| unexpressible(op, &p, why))?;
+    if plan.kind == PersistKind::Systemd {
+        if let Some(unit) = persist::unit_of_another(places, &image, &mount) {
+            return Err(Error::new(op, ErrorKind::AlreadyExists)
+                .with_src(&image)
+                .with_reason(format!(
+                    "the boot unit {} is another drive's (it mounts another image on {}); \
+                     nothing was written",
+                    quoted(&unit),
+                    quoted(&mount)
+                )));
+        }
+    }
     persist::rewrite(&plan, places, &image, &mount)
         .map_err(|e| Error::from_io(op, &e).with_src(&plan.file))?;
     Ok(plan)
@@ -1223,21 +1426,27 @@ fn drive_mounted_at(
         .map(|s| quoted(&s.backing_file).to_string())
         .unwrap_or_else(|| "?".into());
     let all = records(places);
-    let record = all
-        .iter()
-        .find(|r| r.image_id == Some(backing))
-        .cloned()
-        .or_else(|| {
-            // A legacy record: the file now under its name, if it is what
-            // create made.
-            all.iter()
-                .filter(|r| r.image_id.is_none())
-                .find(|r| {
-                    fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == backing)
-                        && legacy_image_matches(r).is_ok()
-                })
-                .cloned()
-        });
+    let by_id = match record_with_id(&all, backing, sb.as_ref()) {
+        Some(Ok(r)) => Some(r.clone()),
+        Some(Err(why)) => {
+            return refuse(format!(
+                "it is not a cowlink drive: {} over {name} is mounted there: {why} (use umount)",
+                m.source
+            ))
+        }
+        None => None,
+    };
+    let record = by_id.or_else(|| {
+        // A legacy record: the file now under its name, if it is what
+        // create made.
+        all.iter()
+            .filter(|r| r.image_id.is_none())
+            .find(|r| {
+                fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == backing)
+                    && legacy_image_matches(r).is_ok()
+            })
+            .cloned()
+    });
     let Some(mut record) = record else {
         return refuse(format!(
             "it is not a cowlink drive: {} over {name} ({backing}) is mounted there, and no \
@@ -1286,6 +1495,7 @@ pub fn unmount(mount_point: &Path, places: &Places) -> Result<Change, Error> {
     let op = Operation::DriveUnmount;
     let mount = absolute(op, mount_point)?;
     require_root(op, &mount)?;
+    let _lock = lock_state(op, places, None)?;
     let Some((record, n)) = drive_mounted_at(op, places, &mount)? else {
         return Ok(Change::Already);
     };
@@ -1364,8 +1574,24 @@ pub struct Removed {
 /// says what would be deleted).
 pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error> {
     let op = Operation::DriveRemove;
+    // A symlink named is not followed (as rm does not): deleting the
+    // drive it points to under another name would leave the symlink's
+    // own drive, if any, and surprise whoever typed it.
+    if let Ok(m) = fs::symlink_metadata(image) {
+        if m.file_type().is_symlink() {
+            let to = fs::read_link(image).unwrap_or_default();
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(image)
+                .with_reason(format!(
+                    "it is a symlink (to {}), not a drive image: remove the drive by its own \
+                     name, or the symlink with rm",
+                    quoted(&to)
+                )));
+        }
+    }
     let image = absolute(op, image)?;
     require_root(op, &image)?;
+    let _lock = lock_state(op, places, None)?;
     let meta = fs::symlink_metadata(&image).ok();
     let record = match &meta {
         Some(m) => Some(own(op, places, &image, m)?),
@@ -1403,13 +1629,31 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
                 .with_src(&image)
                 .with_reason(format!("it is open: {}", describe_holders(&holders))));
         }
-        if let Some(r) = record.as_ref().filter(|r| r.image != image) {
+        // Another name for the image is refused while the recorded name
+        // still reaches it (a hard link, the directory reached another
+        // way); a drive whose directory was moved or renamed (the
+        // recorded name reaches nothing, or another file) is removed
+        // under the name it has now.
+        let alias = |r: &&Record| {
+            !same_name(&r.image, &image)
+                && fs::metadata(&r.image).is_ok_and(|x| FileId::of(&x) == FileId::of(m))
+        };
+        if let Some(r) = record.as_ref().filter(alias) {
             return Err(Error::new(op, ErrorKind::InvalidInput)
                 .with_src(&image)
                 .with_reason(format!(
                     "it is another name (a hard link, or its directory reached another way) \
                      for the drive image {}: remove the drive by that name",
                     quoted(&r.image)
+                )));
+        }
+        if m.nlink() > 1 {
+            return Err(Error::new(op, ErrorKind::InvalidInput)
+                .with_src(&image)
+                .with_reason(format!(
+                    "the image has another name (a hard link: {} names): deleting one would \
+                     not delete the drive; remove the other names first",
+                    m.nlink()
                 )));
         }
         if !yes {
@@ -1422,12 +1666,14 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
         }
     }
     let mount = record.as_ref().map(|r| r.mount.clone());
+    // Boot entries hold the recorded name.
+    let named = record.as_ref().map_or(&image, |r| &r.image);
     let persist_found = mount
         .as_ref()
-        .and_then(|m| persist::find(places, &image, m))
+        .and_then(|m| persist::find(places, named, m))
         .is_some();
     if let Some(m) = &mount {
-        persist::remove(places, &image, m).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+        persist::remove(places, named, m).map_err(|e| Error::from_io(op, &e).with_src(&image))?;
     }
     if let Some(r) = &record {
         remove_record(places, &r.image)
@@ -1439,8 +1685,11 @@ pub fn remove(image: &Path, yes: bool, places: &Places) -> Result<Removed, Error
     // The mount point goes too when nothing is in it (create made it, or
     // it was made for the drive); a directory with files stays, and so
     // does anything mounted.
+    // Nor does a directory another drive is recorded on.
+    let others = records(places);
     let mount_removed = mount.is_some_and(|m| {
         device::mount_rooted_at(&m).is_none()
+            && !others.iter().any(|o| o.mount == m)
             && record
                 .as_ref()
                 .and_then(|r| r.mount_id)

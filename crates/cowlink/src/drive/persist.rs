@@ -401,7 +401,7 @@ pub(crate) fn rewrite(
                 "\n"
             };
             write_atomic(&plan.file, &format!("{kept}{sep}{}", plan.text), mode)?;
-            remove_unit(places, mount)
+            remove_unit(places, image, mount)
         }
     }
 }
@@ -455,12 +455,60 @@ fn reload(places: &Places) {
 /// Remove what [`apply`] wrote for `image` on `mount`, whichever kind it
 /// was; a missing file or line is not an error.
 pub(crate) fn remove(places: &Places, image: &Path, mount: &Path) -> io::Result<()> {
-    remove_unit(places, mount)?;
+    remove_unit(places, image, mount)?;
     remove_fstab_entry(places, image)
 }
 
-/// Remove the unit for `mount` and its `wants` link, if there.
-fn remove_unit(places: &Places, mount: &Path) -> io::Result<()> {
+/// Whether the unit `text` is the boot entry of the drive `image` on
+/// `mount`: its `ExecStart=` runs `drive mount ... IMAGE MOUNT`. A unit is
+/// named after its mount point only, and two drives may be recorded on
+/// one mount point (one at a time mounted): the unit of one is never the
+/// other's.
+pub(crate) fn unit_mounts(text: &str, image: &Path, mount: &Path) -> bool {
+    // Quoted, as this version writes them; bare when every character is
+    // plain (as older units may hold them).
+    let (img, dir) = (image.to_string_lossy(), mount.to_string_lossy());
+    let tails = [
+        format!(" {} {}", unit_word(&img), unit_word(&dir)),
+        format!(" {} {}", text_word(&img), text_word(&dir)),
+    ];
+    text.lines()
+        .filter_map(|l| l.strip_prefix("ExecStart="))
+        .filter_map(|l| {
+            l.split_once(" drive mount ")
+                .map(|(_, args)| format!(" {}", args.trim_end()))
+        })
+        .any(|args| tails.iter().any(|t| args.ends_with(t.as_str())))
+}
+
+/// The unit file for `mount`, when one is there and it is not the boot
+/// entry of `image` (another drive's, or a file cowlink cannot read).
+pub(crate) fn unit_of_another(places: &Places, image: &Path, mount: &Path) -> Option<PathBuf> {
+    let unit = places.unit_dir.join(unit_name(mount).ok()?);
+    match fs::symlink_metadata(&unit) {
+        Err(_) => None,
+        Ok(_) => match read_unit(&unit) {
+            Some(t) if unit_mounts(&t, image, mount) => None,
+            _ => Some(unit),
+        },
+    }
+}
+
+/// A unit file's text (a regular file, at most 64 KiB), or `None`.
+fn read_unit(unit: &Path) -> Option<String> {
+    use std::io::Read;
+    let f = super::device::open_image(unit).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut t = String::new();
+    f.take(64 << 10).read_to_string(&mut t).ok()?;
+    Some(t)
+}
+
+/// Remove the unit of `image` for `mount` and its `wants` link, if there
+/// (a unit there for another drive stays).
+fn remove_unit(places: &Places, image: &Path, mount: &Path) -> io::Result<()> {
     // No name: no unit can have been written for it.
     let Ok(name) = unit_name(mount) else {
         return Ok(());
@@ -471,6 +519,9 @@ fn remove_unit(places: &Places, mount: &Path) -> io::Result<()> {
     };
     let wants = places.unit_dir.join("local-fs.target.wants").join(&name);
     let unit = places.unit_dir.join(&name);
+    if unit_of_another(places, image, mount).is_some() {
+        return Ok(());
+    }
     let had = unit.exists() || wants.symlink_metadata().is_ok();
     gone(fs::remove_file(wants))?;
     gone(fs::remove_file(unit))?;
@@ -500,7 +551,7 @@ fn remove_fstab_entry(places: &Places, image: &Path) -> io::Result<()> {
 pub(crate) fn find(places: &Places, image: &Path, mount: &Path) -> Option<(PersistKind, PathBuf)> {
     if let Ok(name) = unit_name(mount) {
         let unit = places.unit_dir.join(name);
-        if unit.exists() {
+        if unit.exists() && unit_of_another(places, image, mount).is_none() {
             return Some((PersistKind::Systemd, unit));
         }
     }
@@ -624,6 +675,42 @@ mod tests {
         );
         let text = String::from_utf8(out.stdout).unwrap();
         Some(text.split_whitespace().map(str::to_owned).collect())
+    }
+
+    #[test]
+    fn a_unit_is_the_boot_entry_of_its_own_image_only_over_generated_paths() {
+        let names: Vec<String> = hostile_names(5, 200)
+            .into_iter()
+            .filter(|n| !n.chars().any(char::is_control))
+            .collect();
+        let prog = Path::new("/usr/bin/cowlink");
+        for (i, a) in names.iter().enumerate() {
+            let img = PathBuf::from(format!("/var/{a}.img"));
+            let mnt = PathBuf::from(format!("/srv/{a}"));
+            let text = unit_text(prog, &img, &mnt, DriveFs::Xfs);
+            assert!(
+                unit_mounts(&text, &img, &mnt),
+                "{img:?} not found in\n{text}"
+            );
+            for b in names.iter().skip(i + 1).take(40) {
+                // Another image on the same mount point, or names shifted
+                // between the two words.
+                for other in [
+                    format!("/var/{b}.img"),
+                    format!("/var/{a}"),
+                    format!("/srv/{a}"),
+                    format!("/var/{a}.img\" \"/srv"),
+                ] {
+                    let other = PathBuf::from(other);
+                    if other != img {
+                        assert!(
+                            !unit_mounts(&text, &other, &mnt),
+                            "{other:?} taken for {img:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
