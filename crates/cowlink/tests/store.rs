@@ -9,7 +9,7 @@ use std::path::Path;
 
 use cowlink::extents::extents;
 use cowlink::store::{
-    Digest, EntryKind, LinkMode, Manifest, ManifestEntry, MaterializeOptions, Store,
+    Digest, EntryKind, LinkMode, LinkVerdict, Manifest, ManifestEntry, MaterializeOptions, Store,
 };
 use cowlink::{ErrorKind, Method};
 use cowlink_testfs::{data, names, temporaries, testfs, write_file};
@@ -340,22 +340,23 @@ fn hostile_manifests_write_nothing() {
     let e = store.manifest(&good).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ContentChanged, "{e}");
     // Bytes laid out otherwise than cowlink writes them (spaces after the
-    // commas) but named by their own digest are read whole by the general
-    // reader; bytes that are no manifest at all are refused as such.
+    // commas), even named by their own digest, are refused: a manifest is
+    // only ever its canonical bytes; bytes that are no manifest at all
+    // are refused as such.
     let m = Manifest::new(vec![file("y"), file("z")]);
     let spaced = String::from_utf8(m.to_bytes()).unwrap().replace(',', ", ");
     let not_json = format!("{}!", String::from_utf8(m.to_bytes()).unwrap());
-    for (text, ok) in [(spaced, true), (not_json, false)] {
+    for (text, why) in [
+        (spaced, "canonical form"),
+        (not_json, "not a cowlink manifest"),
+    ] {
         let digest = Digest::of(text.as_bytes());
         fs::write(dir.join("store/manifests").join(digest.to_hex()), &text).unwrap();
-        match store.manifest(&digest) {
-            Ok(read) => assert!(ok && read == m, "{text}"),
-            Err(e) => {
-                assert!(!ok, "{text}: {e}");
-                assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
-                assert!(e.to_string().contains("not a cowlink manifest"), "{e}");
-            }
-        }
+        let e = store.manifest(&digest).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+        let e = store.manifest_bytes(&digest).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
     }
 }
 
@@ -764,4 +765,183 @@ fn a_directory_that_cannot_be_made_is_reported_with_what_it_left_out() {
     assert_eq!((r.files, r.dirs, r.symlinks), (4, 2, 1));
     assert_eq!(fs::read(dest.join("d/e/c")).unwrap(), data(3000, 9));
     assert_eq!(fs::read_link(dest.join("d/l")).unwrap(), Path::new("a"));
+}
+
+/// A small deterministic generator (xorshift64*): the same cases each run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// Where the link at `link` leads, step by step on the real filesystem:
+/// each name looked up with `lstat`, each symbolic link's target read
+/// back from the disk (`readlink`) and spliced in, at most 40 links, a
+/// missing name taken as a directory (as `realpath -m` does). Returns
+/// whether a step left `dest`, or `None` past 40 links.
+fn kernel_walk(dest: &Path, link: &Path) -> Option<bool> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    let parts = |p: &Path| -> Vec<OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut cur = parts(link.parent().unwrap());
+    let mut todo: std::collections::VecDeque<OsString> = std::collections::VecDeque::new();
+    let first = fs::read_link(link).unwrap();
+    if first.is_absolute() {
+        cur.clear();
+    }
+    todo.extend(parts(&first));
+    let (mut followed, mut left) = (1, false);
+    let inside = parts(dest);
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            cur.pop();
+        } else {
+            let mut p = std::path::PathBuf::from("/");
+            p.extend(&cur);
+            p.push(&c);
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    followed += 1;
+                    if followed > 40 {
+                        return None;
+                    }
+                    let t = fs::read_link(&p).unwrap();
+                    if t.is_absolute() {
+                        cur.clear();
+                    }
+                    for part in parts(&t).into_iter().rev() {
+                        todo.push_front(part);
+                    }
+                }
+                _ => cur.push(c),
+            }
+        }
+        left |= !cur.starts_with(&inside);
+    }
+    Some(left)
+}
+
+/// Random trees of directories, files and symbolic links (names a, b, c;
+/// targets of `a`, `b`, `c`, `.`, `..`, now and then absolute) are
+/// checked out with every link allowed, and each link's verdict from the
+/// manifest alone is compared with where the resolution of the
+/// materialized link on disk goes (`kernel_walk`: links read back with
+/// `readlink`), and with the kernel's own `realpath` wherever that
+/// resolves (or fails with `ELOOP`). The checkout's own name is no name of the
+/// generator, so a resolution that leaves it never comes back.
+#[test]
+fn link_verdicts_agree_with_the_kernel_on_random_trees() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let names = ["a", "b", "c"];
+    let allow = MaterializeOptions {
+        external_symlinks: true,
+        ..Default::default()
+    };
+    let (mut inside, mut outside, mut loops, mut trees) = (0, 0, 0, 0);
+    for case in 0..1200 {
+        let mut entries = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..rng.below(8) + 2 {
+            let path: Vec<&str> = (0..rng.below(3) + 1)
+                .map(|_| names[rng.below(3) as usize])
+                .collect();
+            let path = path.join("/");
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            let kind = match rng.below(4) {
+                0 => EntryKind::Dir { mode: 0o755 },
+                1 => EntryKind::File {
+                    digest,
+                    size: 7,
+                    mode: 0o644,
+                },
+                _ => {
+                    let mut t: Vec<&str> = (0..rng.below(6) + 1)
+                        .map(|_| ["a", "b", "c", ".", "..", ".."][rng.below(6) as usize])
+                        .collect();
+                    if rng.below(25) == 0 {
+                        t.insert(0, "");
+                    }
+                    EntryKind::Symlink {
+                        target: t.join("/"),
+                    }
+                }
+            };
+            entries.push(entry(&path, kind));
+        }
+        let m = Manifest::new(entries);
+        let Ok(verdicts) = m.link_verdicts("m") else {
+            continue;
+        };
+        if verdicts.is_empty() {
+            continue;
+        }
+        trees += 1;
+        let dest = dir.join(format!("dest-{case}"));
+        let r = store.materialize_tree(&m, &dest, &allow).unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        // Refused without permission exactly when a link is not inside.
+        let refused = m.validate("m", false).is_err();
+        assert_eq!(
+            refused,
+            verdicts.iter().any(|(_, v)| *v != LinkVerdict::Inside)
+        );
+        let canon_dest = fs::canonicalize(&dest).unwrap();
+        for (path, verdict) in verdicts {
+            let link = canon_dest.join(path);
+            let walked = kernel_walk(&canon_dest, &link);
+            let kernel = fs::canonicalize(&link);
+            let why = format!(
+                "{path}: verdict {verdict:?}, walk {walked:?}, kernel {kernel:?} in {:?}",
+                m.entries
+            );
+            match verdict {
+                LinkVerdict::Inside => {
+                    assert_eq!(walked, Some(false), "{why}");
+                    // Where the kernel resolves it at all, it is inside.
+                    if let Ok(k) = &kernel {
+                        assert!(k.starts_with(&canon_dest), "{why}");
+                    }
+                    inside += 1;
+                }
+                LinkVerdict::Outside => {
+                    assert_eq!(walked, Some(true), "{why}");
+                    if let Ok(k) = &kernel {
+                        assert!(!k.starts_with(&canon_dest), "{why}");
+                    }
+                    outside += 1;
+                }
+                LinkVerdict::TooManyLinks => {
+                    assert_ne!(walked, Some(false), "{why}");
+                    loops += 1;
+                }
+            }
+            if kernel.as_ref().err().and_then(|e| e.raw_os_error()) == Some(40) {
+                assert_ne!(verdict, LinkVerdict::Inside, "{why}");
+            }
+        }
+    }
+    assert!(
+        trees > 300 && inside > 250 && outside > 120 && loops > 80,
+        "{trees} trees: {inside} inside, {outside} outside, {loops} loops"
+    );
 }
