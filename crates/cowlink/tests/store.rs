@@ -4,7 +4,7 @@
 //! new generations, verify quarantines, gc keeps what is referenced.
 
 use std::fs;
-use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use cowlink::extents::extents;
@@ -944,4 +944,203 @@ fn link_verdicts_agree_with_the_kernel_on_random_trees() {
         trees > 300 && inside > 250 && outside > 120 && loops > 80,
         "{trees} trees: {inside} inside, {outside} outside, {loops} loops"
     );
+}
+
+/// `mkfifo` or `mknod` at `p` (device nodes only inside the test's own
+/// directory, never in /dev).
+fn special(p: &Path, kind: &str) {
+    let status = match kind {
+        "fifo" => std::process::Command::new("mkfifo").arg(p).status(),
+        // /dev/null's and /dev/zero's numbers.
+        "null" => std::process::Command::new("mknod")
+            .arg(p)
+            .args(["c", "1", "3"])
+            .status(),
+        "zero" => std::process::Command::new("mknod")
+            .arg(p)
+            .args(["c", "1", "5"])
+            .status(),
+        _ => unreachable!(),
+    };
+    assert!(status.unwrap().success(), "{kind} at {}", p.display());
+}
+
+/// FIFOs, devices and links where the store keeps objects and
+/// manifests: nothing hangs or reads forever; checkout and ls refuse
+/// them (Corrupt) and change nothing; verify and gc move them to
+/// quarantine/; a manifest file named by the caller is refused, never
+/// moved.
+#[test]
+fn special_files_in_the_store_are_refused_then_quarantined() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let good = store.add(dir.join("f")).unwrap();
+    let objects = dir.join("store/objects");
+    let fan = |d: &Digest| objects.join(&d.to_hex()[..2]).join(d.to_hex());
+    // An object that is a FIFO, one a device, one a link to a good one.
+    let (fifo_obj, dev_obj, link_obj) =
+        (Digest::of(b"fifo"), Digest::of(b"dev"), Digest::of(b"link"));
+    special(&fan(&fifo_obj), "fifo");
+    special(&fan(&dev_obj), "zero");
+    symlink(fan(&good), fan(&link_obj)).unwrap();
+    for (i, obj) in [fifo_obj, dev_obj, link_obj].iter().enumerate() {
+        assert!(!store.contains(obj), "a special file is no object");
+        let m = one_file_manifest(*obj, 4, 0o644);
+        let dest = dir.join(format!("out{i}"));
+        let opts = MaterializeOptions {
+            link: LinkMode::Auto,
+            ..Default::default()
+        };
+        let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert_eq!(r.errors[0].kind(), ErrorKind::Corrupt, "{}", r.errors[0]);
+        assert!(
+            r.errors[0].to_string().contains("not a regular file"),
+            "{}",
+            r.errors[0]
+        );
+        assert!(!dest.join("f").exists());
+    }
+    // Manifests that are a FIFO and a /dev/zero: ls lists them as
+    // unreadable, reading one is Corrupt; nothing moves.
+    let manifests = dir.join("store/manifests");
+    let (fifo_m, zero_m, null_m) = (Digest::of(b"m1"), Digest::of(b"m2"), Digest::of(b"m3"));
+    special(&manifests.join(fifo_m.to_hex()), "fifo");
+    special(&manifests.join(zero_m.to_hex()), "zero");
+    special(&manifests.join(null_m.to_hex()), "null");
+    for m in [fifo_m, zero_m, null_m] {
+        let e = store.manifest(&m).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+    let listed = store.list().unwrap();
+    assert_eq!(listed.iter().filter(|i| i.error.is_some()).count(), 3);
+    assert!(
+        names(&dir.join("store/quarantine")).is_empty(),
+        "ls moves nothing"
+    );
+    // A manifest file named by the caller: refused, left alone.
+    let named = dir.join("named-fifo");
+    special(&named, "fifo");
+    for p in [&named, &manifests.join(zero_m.to_hex())] {
+        let e = Manifest::read_file(p).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotRegularFile, "{e}");
+    }
+    assert!(fs::symlink_metadata(&named).unwrap().file_type().is_fifo());
+    // verify moves all six; the good object stays.
+    let r = store.verify().unwrap();
+    assert_eq!(r.corrupt.len(), 6, "{:?}", r.corrupt);
+    assert!(
+        r.corrupt.iter().all(|c| c.quarantined.is_some()),
+        "{:?}",
+        r.corrupt
+    );
+    assert_eq!(names(&dir.join("store/quarantine")).len(), 6);
+    assert!(store.contains(&good));
+    // gc does the same with what appears later.
+    special(&fan(&fifo_obj), "fifo");
+    special(&manifests.join(fifo_m.to_hex()), "fifo");
+    let r = store.gc(None).unwrap();
+    assert_eq!(r.quarantined.len(), 2, "{:?}", r.quarantined);
+    assert_eq!(names(&dir.join("store/quarantine")).len(), 8);
+    assert!(!fan(&fifo_obj).exists() && !manifests.join(fifo_m.to_hex()).exists());
+}
+
+/// Set-id bits of directories are dropped like those of files.
+#[test]
+fn directories_lose_setid_bits_unless_asked() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let store = Store::open(dir.join("store")).unwrap();
+    let m = Manifest::new(vec![
+        entry("sgid", EntryKind::Dir { mode: 0o2775 }),
+        entry("suid", EntryKind::Dir { mode: 0o4755 }),
+        entry("sticky", EntryKind::Dir { mode: 0o1777 }),
+        entry("sgid/sub", EntryKind::Dir { mode: 0o2700 }),
+    ]);
+    store
+        .materialize_tree(&m, dir.join("plain"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(mode(&dir.join("plain/sgid")), 0o775);
+    assert_eq!(mode(&dir.join("plain/suid")), 0o755);
+    assert_eq!(
+        mode(&dir.join("plain/sticky")),
+        0o1777,
+        "sticky is no set-id bit"
+    );
+    assert_eq!(mode(&dir.join("plain/sgid/sub")), 0o700);
+    let keep = MaterializeOptions {
+        setid: true,
+        ..Default::default()
+    };
+    store.materialize_tree(&m, dir.join("kept"), &keep).unwrap();
+    assert_eq!(mode(&dir.join("kept/sgid")), 0o2775);
+    assert_eq!(mode(&dir.join("kept/suid")), 0o4755);
+    assert_eq!(mode(&dir.join("kept/sgid/sub")), 0o2700);
+}
+
+/// A deep chain and a wide directory check out whole: each directory is
+/// opened by name in its parent, and a deferred mode is set on the
+/// descriptor once its directory is done.
+#[test]
+fn deep_and_read_only_trees_check_out_whole() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let mut entries = Vec::new();
+    let mut p = String::new();
+    for i in 0..3000 {
+        if !p.is_empty() {
+            p.push('/');
+        }
+        p.push_str(if i % 2 == 0 { "d" } else { "e" });
+        // Every third level read-only: its mode waits for its contents.
+        let m = if i % 3 == 0 { 0o555 } else { 0o755 };
+        entries.push(entry(&p, EntryKind::Dir { mode: m }));
+    }
+    entries.push(entry(
+        &format!("{p}/f"),
+        EntryKind::File {
+            digest,
+            size: 7,
+            mode: 0o444,
+        },
+    ));
+    let m = Manifest::new(entries);
+    let opts = MaterializeOptions {
+        link: LinkMode::Auto,
+        ..Default::default()
+    };
+    let r = store.materialize_tree(&m, dir.join("deep"), &opts).unwrap();
+    assert!(
+        r.errors.is_empty(),
+        "{:?}",
+        &r.errors[..r.errors.len().min(3)]
+    );
+    assert_eq!((r.dirs, r.files), (3000, 1));
+    // Checked through /proc/self/fd-free relative opens: walk down.
+    let mut at = fs::File::open(dir.join("deep")).unwrap();
+    let mut depth = 0;
+    use std::os::fd::AsRawFd;
+    loop {
+        let name = if depth % 2 == 0 { "d" } else { "e" };
+        let next = format!("/proc/self/fd/{}/{name}", at.as_raw_fd());
+        let Ok(md) = fs::metadata(&next) else { break };
+        let want = if depth % 3 == 0 { 0o555 } else { 0o755 };
+        assert_eq!(md.mode() & 0o7777, want, "level {depth}");
+        at = fs::File::open(&next).unwrap();
+        depth += 1;
+    }
+    assert_eq!(depth, 3000);
+    let f = format!("/proc/self/fd/{}/f", at.as_raw_fd());
+    assert_eq!(fs::read(f).unwrap(), b"payload");
+    // Wide: make everything writable again so the testfs can clean up.
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "u+w"])
+        .arg(dir.join("deep"))
+        .status();
 }

@@ -355,7 +355,8 @@ impl Manifest {
     /// Refuse when `digest` (of the bytes `self` was read from) is not
     /// the digest of this manifest's canonical bytes.
     pub(crate) fn require_canonical(&self, digest: Digest, origin: &str) -> Result<()> {
-        if self.digest() != digest {
+        let sorted = self.entries.windows(2).all(|w| w[0].path < w[1].path);
+        if !sorted || self.digest() != digest {
             return Err(invalid(
                 origin,
                 "the bytes are not in canonical form (compact JSON, fields and entries in \
@@ -1261,6 +1262,64 @@ mod tests {
         let mut e = vec![dir("d"), link("d/big", &"./".repeat(100_000))];
         e.extend((0..20_000).map(|i| link(&format!("l{i}"), "d/big/big/big")));
         Manifest::new(e).validate("m", false).unwrap();
+    }
+
+    #[test]
+    fn one_digest_with_two_sizes_is_refused() {
+        let sized = |p: &str, size| ManifestEntry {
+            path: p.into(),
+            kind: EntryKind::File {
+                digest: Digest::of(b"x"),
+                size,
+                mode: 0o644,
+            },
+        };
+        let m = Manifest::new(vec![sized("a", 1), sized("b", 1), sized("c", 2)]);
+        let r = reason(&m);
+        assert!(
+            r.contains("listed with two sizes: 1 bytes for 'a' and 2 for 'c'"),
+            "{r}"
+        );
+        assert!(m.validate("m", true).is_err(), "whatever the link rule");
+        Manifest::new(vec![sized("a", 1), sized("b", 1)])
+            .validate("m", false)
+            .unwrap();
+    }
+
+    #[test]
+    fn only_canonical_bytes_are_canonical() {
+        let m = Manifest::new(vec![dir("d"), file("d/f"), link("l", "d/f")]);
+        let bytes = m.to_bytes();
+        assert_eq!(Manifest::from_canonical_bytes(&bytes, "m").unwrap(), m);
+        assert!(streamed(&bytes, 5).is_some());
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let d = Digest::of(b"").to_hex();
+        for other in [
+            serde_json::to_string_pretty(&m).unwrap(),
+            text.replace(',', ", "),
+            // Fields in another order; an unknown field; another escape.
+            text.replace(
+                r#"{"path":"d","type":"dir","mode":493}"#,
+                r#"{"type":"dir","path":"d","mode":493}"#,
+            ),
+            text.replace(
+                r#""type":"dir","mode":493}"#,
+                r#""type":"dir","mode":493,"x":1}"#,
+            ),
+            text.replace(r#""path":"d/f""#, r#""path":"d\/f""#),
+            // Entries out of order.
+            format!(
+                r#"{{"format":"{MANIFEST_FORMAT}","version":1,"entries":[{{"path":"b","type":"file","digest":"{d}","size":0,"mode":420}},{{"path":"a","type":"file","digest":"{d}","size":0,"mode":420}}]}}"#
+            ),
+        ] {
+            assert_ne!(other.as_bytes(), &bytes[..]);
+            assert!(streamed(other.as_bytes(), 7).is_none(), "{other}");
+            let e = Manifest::from_canonical_bytes(other.as_bytes(), "m").unwrap_err();
+            assert!(e.to_string().contains("canonical form"), "{other}: {e}");
+            // Still a manifest to the general reader (a file on a command
+            // line is not named by its digest).
+            Manifest::from_bytes(other.as_bytes(), "m").unwrap();
+        }
     }
 
     #[test]
