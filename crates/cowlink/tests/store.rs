@@ -1144,3 +1144,34 @@ fn deep_and_read_only_trees_check_out_whole() {
         .arg(dir.join("deep"))
         .status();
 }
+
+#[allow(dead_code)]
+#[path = "../../../fuzz/fuzz_targets/manifest_check.rs"]
+mod manifest_check;
+#[allow(dead_code)]
+#[path = "../../../fuzz/fuzz_targets/symlinks_check.rs"]
+mod symlinks_check;
+
+/// The fuzz targets' seed corpora (fuzz/seeds/manifest, fuzz/seeds/symlinks)
+/// replayed on stable through the same checks the targets run.
+#[test]
+fn fuzz_corpora_replay() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds");
+    type Check = fn(&[u8]);
+    let targets: [(&str, Check); 2] = [
+        ("manifest", manifest_check::check),
+        ("symlinks", symlinks_check::check),
+    ];
+    for (name, check) in targets {
+        let dir = root.join(name);
+        let mut n = 0;
+        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.unwrap().path();
+            let data = fs::read(&p).unwrap();
+            let r = std::panic::catch_unwind(|| check(&data));
+            assert!(r.is_ok(), "{name}: {} fails", p.display());
+            n += 1;
+        }
+        assert!(n >= 5, "{name}: {n} inputs in {}", dir.display());
+    }
+}

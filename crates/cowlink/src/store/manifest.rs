@@ -11,8 +11,16 @@
 //! from anywhere. [`Manifest::validate`] refuses absolute paths, `.` and
 //! `..` components, empty components, NUL bytes, duplicate paths, entries
 //! below a file or a symbolic link (which could redirect a write outside
-//! the destination), and, unless allowed, symbolic links whose target
-//! leaves the tree.
+//! the destination), one digest listed with two sizes, and, unless
+//! allowed, symbolic links whose resolution leaves the tree: each target
+//! is resolved in the manifest's own tree the way the kernel would
+//! resolve it once checked out (`paths.rs`). Every check is linear in the
+//! manifest's bytes.
+//!
+//! A manifest named by its digest (stored, pushed, pulled) is only ever
+//! its canonical bytes ([`Manifest::from_canonical_bytes`]): the digest is
+//! of those bytes, and nothing is written again in another form under
+//! it. A manifest file given by a person may be in any JSON layout.
 
 use std::collections::HashMap;
 use std::fmt;
