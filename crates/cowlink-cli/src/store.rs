@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
 use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Store};
 use cowlink::{Progress, Run};
@@ -479,17 +479,24 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
                 crate::out::json(&mut out, &m)?;
             } else {
                 for e in &m.entries {
+                    // Names and targets from the manifest (untrusted) go
+                    // through the one quoting rule: no newline splits a
+                    // row, no escape sequence reaches the terminal.
+                    let name = shown(Path::new(&e.path));
                     match &e.kind {
                         EntryKind::Dir { mode } => {
-                            writeln!(out, "d {mode:04o} {:>12} {:64}  {}/", "", "", e.path)?
+                            writeln!(out, "d {mode:04o} {:>12} {:64}  {name}/", "", "")?
                         }
                         EntryKind::File { digest, size, mode } => {
-                            writeln!(out, "f {mode:04o} {size:>12} {digest}  {}", e.path)?
+                            writeln!(out, "f {mode:04o} {size:>12} {digest}  {name}")?
                         }
                         EntryKind::Symlink { target } => writeln!(
                             out,
-                            "l {:4} {:>12} {:64}  {} -> {target}",
-                            "", "", "", e.path
+                            "l {:4} {:>12} {:64}  {name} -> {}",
+                            "",
+                            "",
+                            "",
+                            shown(Path::new(target))
                         )?,
                     }
                 }
@@ -536,6 +543,13 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
         StoreCommand::Gc { keep } => {
             let keep = keep.iter().map(|k| digest(k)).collect::<Result<Vec<_>>>()?;
             let r = store.gc((!keep.is_empty()).then_some(keep.as_slice()))?;
+            for c in &r.quarantined {
+                let to = c.quarantined.as_ref().map_or_else(
+                    || " (could not be moved)".to_string(),
+                    |q| format!(", moved to {}", shown(q)),
+                );
+                errln!("cowlink: corrupt: {}: {}{to}", shown(&c.path), c.problem);
+            }
             if json {
                 crate::out::json(&mut out, &r)?;
             } else {
@@ -612,11 +626,13 @@ fn load_manifest(store: &Store, arg: &str) -> Result<Manifest> {
         return Ok(store.manifest(&d)?);
     }
     let path = Path::new(arg);
-    if path.exists() {
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read manifest '{arg}'"))?;
-        return Ok(Manifest::from_bytes(&bytes, arg)?);
+    // Anything at the name (even a dangling link) is read as a file:
+    // only a regular file is, never moved nor changed.
+    if path.symlink_metadata().is_ok() {
+        return Ok(Manifest::read_file(path)?);
     }
     Err(anyhow!(
-        "'{arg}' is neither a manifest digest (64 hex digits) nor a manifest file"
+        "{} is neither a manifest digest (64 hex digits) nor a manifest file",
+        quoted(path)
     ))
 }

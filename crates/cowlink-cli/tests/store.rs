@@ -324,6 +324,20 @@ fn hostile_manifest_files_are_rejected() {
             ),
             "not a directory in the manifest",
         ),
+        // `s` is the root, so `s/s/..` is its parent.
+        (
+            r#"{"path":"l","type":"symlink","target":"s/s/.."},{"path":"s","type":"symlink","target":"."}"#
+                .to_string(),
+            "points outside the tree",
+        ),
+        // Twelve levels up through a link to the directory above.
+        (
+            format!(
+                r#"{{"path":"a","type":"dir","mode":493}},{{"path":"a/up","type":"symlink","target":".."}},{{"path":"x","type":"symlink","target":"{}../../../../../../../../../../../etc/passwd"}}"#,
+                "a/up/".repeat(12)
+            ),
+            "points outside the tree",
+        ),
     ];
     for (i, (entries, why)) in cases.iter().enumerate() {
         let mf = x.path().join(format!("evil{i}.json"));
@@ -435,4 +449,73 @@ fn trees_deeper_than_path_max_round_trip() {
     ok(&store(&st, &[&"verify"]));
     let gc = ok(&store(&st, &[&"gc"]));
     assert!(gc.contains("removed 0"), "{gc}");
+}
+
+/// `store ls MANIFEST` shows names and link targets through the one
+/// quoting rule; a manifest file that is a FIFO or a device is refused
+/// at once and left as it is; a link to a manifest file is followed.
+#[test]
+fn ls_quotes_names_and_refuses_special_manifest_files() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let st = x.path().join("store");
+    let f = x.path().join("f");
+    write_file(&f, b"payload");
+    let d = ok(&store(&st, &[&"add", &f]))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let mf = x.path().join("m.json");
+    fs::write(
+        &mf,
+        format!(
+            r#"{{"format":"cowlink-manifest","version":1,"entries":[{{"path":"a\nb\u001b[2J","type":"file","digest":"{d}","size":7,"mode":420}},{{"path":"l","type":"symlink","target":"x\u001b]0;owned\u0007\ny"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let out = ok(&store(&st, &[&"ls", &mf]));
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+    assert_eq!(out.lines().count(), 2, "one row per entry: {out:?}");
+    assert!(out.contains("$'a\\nb\\x1b[2J'"), "{out:?}");
+    assert!(out.contains("l -> $'x\\x1b]0;owned\\x07\\ny'"), "{out:?}");
+    // Through a symbolic link the caller names: read.
+    let link = x.path().join("m-link.json");
+    std::os::unix::fs::symlink(&mf, &link).unwrap();
+    assert_eq!(ok(&store(&st, &[&"ls", &link])), out);
+    // A FIFO (no writer: reading would wait forever) and a device like
+    // /dev/zero (made here, never in /dev): refused, left alone.
+    let fifo = x.path().join("fifo.json");
+    let zero = x.path().join("zero.json");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    assert!(Command::new("mknod")
+        .arg(&zero)
+        .args(["c", "1", "5"])
+        .status()
+        .unwrap()
+        .success());
+    for p in [&fifo, &zero] {
+        for args in [vec!["ls"], vec!["checkout"]] {
+            let dest = x.path().join("dest");
+            let mut a: Vec<&dyn AsRef<std::ffi::OsStr>> = args
+                .iter()
+                .map(|s| s as &dyn AsRef<std::ffi::OsStr>)
+                .collect();
+            a.push(p);
+            if args[0] == "checkout" {
+                a.push(&dest);
+            }
+            let out = store(&st, &a);
+            assert!(!out.status.success());
+            let err = text(&out.stderr);
+            assert!(err.contains("not a regular file"), "{err}");
+            assert!(!dest.exists());
+        }
+        let t = fs::symlink_metadata(p).unwrap().file_type();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(t.is_fifo() || t.is_char_device(), "left as it was");
+    }
 }

@@ -1289,3 +1289,48 @@ fn a_head_that_failed_after_its_retries_is_not_asked_again_as_a_get() {
     let methods: Vec<String> = h.log().iter().map(|r| r.method.clone()).collect();
     assert_eq!(methods, ["HEAD", "GET"]);
 }
+
+/// Issue 44, item 11: one canonical byte form end to end. A push uploads
+/// the manifest's stored bytes (never a new serialization), so the key's
+/// digest is the digest of the bytes under it; a pull takes only those
+/// exact bytes. A manifest on the server in another layout, even under
+/// the digest of its own bytes, is refused and nothing is stored.
+#[test]
+fn manifests_cross_the_remote_in_their_canonical_bytes_only() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("canonical") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 11, 4)).unwrap().digest;
+    let r = remote(&s3, "c");
+    store.push(&r, &[m]).unwrap();
+    let hex = m.to_hex();
+    let local = fs::read(x.path().join("st/manifests").join(&hex)).unwrap();
+    let remote_bytes = fs::read(s3.file(&format!("c/manifests/{hex}"))).unwrap();
+    assert!(
+        local == remote_bytes,
+        "the pushed manifest is not the stored bytes"
+    );
+    assert_eq!(Digest::of(&remote_bytes), m);
+
+    // The same manifest pretty-printed, planted under its own digest.
+    let v: serde_json::Value = serde_json::from_slice(&local).unwrap();
+    let pretty = serde_json::to_vec_pretty(&v).unwrap();
+    assert!(pretty != local);
+    let p = Digest::of(&pretty);
+    let key = s3.file(&format!("c/manifests/{}", p.to_hex()));
+    fs::write(&key, &pretty).unwrap();
+    let fresh = Store::open(x.path().join("fresh")).unwrap();
+    let e = fresh.pull(&r, &[p]).unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::InvalidInput | ErrorKind::Corrupt),
+        "{e}"
+    );
+    assert!(
+        !x.path().join("fresh/manifests").join(p.to_hex()).exists(),
+        "a non-canonical manifest was stored"
+    );
+    // The canonical one still pulls whole.
+    assert!(pulls_whole(x.path(), &r, &m, "fresh2"));
+}

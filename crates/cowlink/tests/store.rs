@@ -4,12 +4,12 @@
 //! new generations, verify quarantines, gc keeps what is referenced.
 
 use std::fs;
-use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use cowlink::extents::extents;
 use cowlink::store::{
-    Digest, EntryKind, LinkMode, Manifest, ManifestEntry, MaterializeOptions, Store,
+    Digest, EntryKind, LinkMode, LinkVerdict, Manifest, ManifestEntry, MaterializeOptions, Store,
 };
 use cowlink::{ErrorKind, Method};
 use cowlink_testfs::{data, names, temporaries, testfs, write_file};
@@ -340,22 +340,23 @@ fn hostile_manifests_write_nothing() {
     let e = store.manifest(&good).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ContentChanged, "{e}");
     // Bytes laid out otherwise than cowlink writes them (spaces after the
-    // commas) but named by their own digest are read whole by the general
-    // reader; bytes that are no manifest at all are refused as such.
+    // commas), even named by their own digest, are refused: a manifest is
+    // only ever its canonical bytes; bytes that are no manifest at all
+    // are refused as such.
     let m = Manifest::new(vec![file("y"), file("z")]);
     let spaced = String::from_utf8(m.to_bytes()).unwrap().replace(',', ", ");
     let not_json = format!("{}!", String::from_utf8(m.to_bytes()).unwrap());
-    for (text, ok) in [(spaced, true), (not_json, false)] {
+    for (text, why) in [
+        (spaced, "canonical form"),
+        (not_json, "not a cowlink manifest"),
+    ] {
         let digest = Digest::of(text.as_bytes());
         fs::write(dir.join("store/manifests").join(digest.to_hex()), &text).unwrap();
-        match store.manifest(&digest) {
-            Ok(read) => assert!(ok && read == m, "{text}"),
-            Err(e) => {
-                assert!(!ok, "{text}: {e}");
-                assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
-                assert!(e.to_string().contains("not a cowlink manifest"), "{e}");
-            }
-        }
+        let e = store.manifest(&digest).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+        let e = store.manifest_bytes(&digest).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
     }
 }
 
@@ -764,4 +765,413 @@ fn a_directory_that_cannot_be_made_is_reported_with_what_it_left_out() {
     assert_eq!((r.files, r.dirs, r.symlinks), (4, 2, 1));
     assert_eq!(fs::read(dest.join("d/e/c")).unwrap(), data(3000, 9));
     assert_eq!(fs::read_link(dest.join("d/l")).unwrap(), Path::new("a"));
+}
+
+/// A small deterministic generator (xorshift64*): the same cases each run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// Where the link at `link` leads, step by step on the real filesystem:
+/// each name looked up with `lstat`, each symbolic link's target read
+/// back from the disk (`readlink`) and spliced in, at most 40 links, a
+/// missing name taken as a directory (as `realpath -m` does). Returns
+/// whether a step left `dest`, or `None` past 40 links.
+fn kernel_walk(dest: &Path, link: &Path) -> Option<bool> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    let parts = |p: &Path| -> Vec<OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut cur = parts(link.parent().unwrap());
+    let mut todo: std::collections::VecDeque<OsString> = std::collections::VecDeque::new();
+    let first = fs::read_link(link).unwrap();
+    if first.is_absolute() {
+        cur.clear();
+    }
+    todo.extend(parts(&first));
+    let (mut followed, mut left) = (1, false);
+    let inside = parts(dest);
+    while let Some(c) = todo.pop_front() {
+        if c == ".." {
+            cur.pop();
+        } else {
+            let mut p = std::path::PathBuf::from("/");
+            p.extend(&cur);
+            p.push(&c);
+            match fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    followed += 1;
+                    if followed > 40 {
+                        return None;
+                    }
+                    let t = fs::read_link(&p).unwrap();
+                    if t.is_absolute() {
+                        cur.clear();
+                    }
+                    for part in parts(&t).into_iter().rev() {
+                        todo.push_front(part);
+                    }
+                }
+                _ => cur.push(c),
+            }
+        }
+        left |= !cur.starts_with(&inside);
+    }
+    Some(left)
+}
+
+/// Random trees of directories, files and symbolic links (names a, b, c;
+/// targets of `a`, `b`, `c`, `.`, `..`, now and then absolute) are
+/// checked out with every link allowed, and each link's verdict from the
+/// manifest alone is compared with where the resolution of the
+/// materialized link on disk goes (`kernel_walk`: links read back with
+/// `readlink`), and with the kernel's own `realpath` wherever that
+/// resolves (or fails with `ELOOP`). The checkout's own name is no name of the
+/// generator, so a resolution that leaves it never comes back.
+#[test]
+fn link_verdicts_agree_with_the_kernel_on_random_trees() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let names = ["a", "b", "c"];
+    let allow = MaterializeOptions {
+        external_symlinks: true,
+        ..Default::default()
+    };
+    let (mut inside, mut outside, mut loops, mut trees) = (0, 0, 0, 0);
+    for case in 0..1200 {
+        let mut entries = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..rng.below(8) + 2 {
+            let path: Vec<&str> = (0..rng.below(3) + 1)
+                .map(|_| names[rng.below(3) as usize])
+                .collect();
+            let path = path.join("/");
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            let kind = match rng.below(4) {
+                0 => EntryKind::Dir { mode: 0o755 },
+                1 => EntryKind::File {
+                    digest,
+                    size: 7,
+                    mode: 0o644,
+                },
+                _ => {
+                    let mut t: Vec<&str> = (0..rng.below(6) + 1)
+                        .map(|_| ["a", "b", "c", ".", "..", ".."][rng.below(6) as usize])
+                        .collect();
+                    if rng.below(25) == 0 {
+                        t.insert(0, "");
+                    }
+                    EntryKind::Symlink {
+                        target: t.join("/"),
+                    }
+                }
+            };
+            entries.push(entry(&path, kind));
+        }
+        let m = Manifest::new(entries);
+        let Ok(verdicts) = m.link_verdicts("m") else {
+            continue;
+        };
+        if verdicts.is_empty() {
+            continue;
+        }
+        trees += 1;
+        let dest = dir.join(format!("dest-{case}"));
+        let r = store.materialize_tree(&m, &dest, &allow).unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        // Refused without permission exactly when a link is not inside.
+        let refused = m.validate("m", false).is_err();
+        assert_eq!(
+            refused,
+            verdicts.iter().any(|(_, v)| *v != LinkVerdict::Inside)
+        );
+        let canon_dest = fs::canonicalize(&dest).unwrap();
+        for (path, verdict) in verdicts {
+            let link = canon_dest.join(path);
+            let walked = kernel_walk(&canon_dest, &link);
+            let kernel = fs::canonicalize(&link);
+            let why = format!(
+                "{path}: verdict {verdict:?}, walk {walked:?}, kernel {kernel:?} in {:?}",
+                m.entries
+            );
+            match verdict {
+                LinkVerdict::Inside => {
+                    assert_eq!(walked, Some(false), "{why}");
+                    // Where the kernel resolves it at all, it is inside.
+                    if let Ok(k) = &kernel {
+                        assert!(k.starts_with(&canon_dest), "{why}");
+                    }
+                    inside += 1;
+                }
+                LinkVerdict::Outside => {
+                    assert_eq!(walked, Some(true), "{why}");
+                    if let Ok(k) = &kernel {
+                        assert!(!k.starts_with(&canon_dest), "{why}");
+                    }
+                    outside += 1;
+                }
+                LinkVerdict::TooManyLinks => {
+                    assert_ne!(walked, Some(false), "{why}");
+                    loops += 1;
+                }
+            }
+            if kernel.as_ref().err().and_then(|e| e.raw_os_error()) == Some(40) {
+                assert_ne!(verdict, LinkVerdict::Inside, "{why}");
+            }
+        }
+    }
+    assert!(
+        trees > 300 && inside > 250 && outside > 120 && loops > 80,
+        "{trees} trees: {inside} inside, {outside} outside, {loops} loops"
+    );
+}
+
+/// `mkfifo` or `mknod` at `p` (device nodes only inside the test's own
+/// directory, never in /dev).
+fn special(p: &Path, kind: &str) {
+    let status = match kind {
+        "fifo" => std::process::Command::new("mkfifo").arg(p).status(),
+        // /dev/null's and /dev/zero's numbers.
+        "null" => std::process::Command::new("mknod")
+            .arg(p)
+            .args(["c", "1", "3"])
+            .status(),
+        "zero" => std::process::Command::new("mknod")
+            .arg(p)
+            .args(["c", "1", "5"])
+            .status(),
+        _ => unreachable!(),
+    };
+    assert!(status.unwrap().success(), "{kind} at {}", p.display());
+}
+
+/// FIFOs, devices and links where the store keeps objects and
+/// manifests: nothing hangs or reads forever; checkout and ls refuse
+/// them (Corrupt) and change nothing; verify and gc move them to
+/// quarantine/; a manifest file named by the caller is refused, never
+/// moved.
+#[test]
+fn special_files_in_the_store_are_refused_then_quarantined() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let good = store.add(dir.join("f")).unwrap();
+    let objects = dir.join("store/objects");
+    let fan = |d: &Digest| objects.join(&d.to_hex()[..2]).join(d.to_hex());
+    // An object that is a FIFO, one a device, one a link to a good one.
+    let (fifo_obj, dev_obj, link_obj) =
+        (Digest::of(b"fifo"), Digest::of(b"dev"), Digest::of(b"link"));
+    special(&fan(&fifo_obj), "fifo");
+    special(&fan(&dev_obj), "zero");
+    symlink(fan(&good), fan(&link_obj)).unwrap();
+    for (i, obj) in [fifo_obj, dev_obj, link_obj].iter().enumerate() {
+        assert!(!store.contains(obj), "a special file is no object");
+        let m = one_file_manifest(*obj, 4, 0o644);
+        let dest = dir.join(format!("out{i}"));
+        let opts = MaterializeOptions {
+            link: LinkMode::Auto,
+            ..Default::default()
+        };
+        let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert_eq!(r.errors[0].kind(), ErrorKind::Corrupt, "{}", r.errors[0]);
+        assert!(
+            r.errors[0].to_string().contains("not a regular file"),
+            "{}",
+            r.errors[0]
+        );
+        assert!(!dest.join("f").exists());
+    }
+    // Manifests that are a FIFO and a /dev/zero: ls lists them as
+    // unreadable, reading one is Corrupt; nothing moves.
+    let manifests = dir.join("store/manifests");
+    let (fifo_m, zero_m, null_m) = (Digest::of(b"m1"), Digest::of(b"m2"), Digest::of(b"m3"));
+    special(&manifests.join(fifo_m.to_hex()), "fifo");
+    special(&manifests.join(zero_m.to_hex()), "zero");
+    special(&manifests.join(null_m.to_hex()), "null");
+    for m in [fifo_m, zero_m, null_m] {
+        let e = store.manifest(&m).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+    let listed = store.list().unwrap();
+    assert_eq!(listed.iter().filter(|i| i.error.is_some()).count(), 3);
+    assert!(
+        names(&dir.join("store/quarantine")).is_empty(),
+        "ls moves nothing"
+    );
+    // A manifest file named by the caller: refused, left alone.
+    let named = dir.join("named-fifo");
+    special(&named, "fifo");
+    for p in [&named, &manifests.join(zero_m.to_hex())] {
+        let e = Manifest::read_file(p).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotRegularFile, "{e}");
+    }
+    assert!(fs::symlink_metadata(&named).unwrap().file_type().is_fifo());
+    // verify moves all six; the good object stays.
+    let r = store.verify().unwrap();
+    assert_eq!(r.corrupt.len(), 6, "{:?}", r.corrupt);
+    assert!(
+        r.corrupt.iter().all(|c| c.quarantined.is_some()),
+        "{:?}",
+        r.corrupt
+    );
+    assert_eq!(names(&dir.join("store/quarantine")).len(), 6);
+    assert!(store.contains(&good));
+    // gc does the same with what appears later.
+    special(&fan(&fifo_obj), "fifo");
+    special(&manifests.join(fifo_m.to_hex()), "fifo");
+    let r = store.gc(None).unwrap();
+    assert_eq!(r.quarantined.len(), 2, "{:?}", r.quarantined);
+    assert_eq!(names(&dir.join("store/quarantine")).len(), 8);
+    assert!(!fan(&fifo_obj).exists() && !manifests.join(fifo_m.to_hex()).exists());
+}
+
+/// Set-id bits of directories are dropped like those of files.
+#[test]
+fn directories_lose_setid_bits_unless_asked() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let store = Store::open(dir.join("store")).unwrap();
+    let m = Manifest::new(vec![
+        entry("sgid", EntryKind::Dir { mode: 0o2775 }),
+        entry("suid", EntryKind::Dir { mode: 0o4755 }),
+        entry("sticky", EntryKind::Dir { mode: 0o1777 }),
+        entry("sgid/sub", EntryKind::Dir { mode: 0o2700 }),
+    ]);
+    store
+        .materialize_tree(&m, dir.join("plain"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(mode(&dir.join("plain/sgid")), 0o775);
+    assert_eq!(mode(&dir.join("plain/suid")), 0o755);
+    assert_eq!(
+        mode(&dir.join("plain/sticky")),
+        0o1777,
+        "sticky is no set-id bit"
+    );
+    assert_eq!(mode(&dir.join("plain/sgid/sub")), 0o700);
+    let keep = MaterializeOptions {
+        setid: true,
+        ..Default::default()
+    };
+    store.materialize_tree(&m, dir.join("kept"), &keep).unwrap();
+    assert_eq!(mode(&dir.join("kept/sgid")), 0o2775);
+    assert_eq!(mode(&dir.join("kept/suid")), 0o4755);
+    assert_eq!(mode(&dir.join("kept/sgid/sub")), 0o2700);
+}
+
+/// A deep chain and a wide directory check out whole: each directory is
+/// opened by name in its parent, and a deferred mode is set on the
+/// descriptor once its directory is done.
+#[test]
+fn deep_and_read_only_trees_check_out_whole() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    write_file(&dir.join("f"), b"payload");
+    let store = Store::open(dir.join("store")).unwrap();
+    let digest = store.add(dir.join("f")).unwrap();
+    let mut entries = Vec::new();
+    let mut p = String::new();
+    for i in 0..3000 {
+        if !p.is_empty() {
+            p.push('/');
+        }
+        p.push_str(if i % 2 == 0 { "d" } else { "e" });
+        // Every third level read-only: its mode waits for its contents.
+        let m = if i % 3 == 0 { 0o555 } else { 0o755 };
+        entries.push(entry(&p, EntryKind::Dir { mode: m }));
+    }
+    entries.push(entry(
+        &format!("{p}/f"),
+        EntryKind::File {
+            digest,
+            size: 7,
+            mode: 0o444,
+        },
+    ));
+    let m = Manifest::new(entries);
+    let opts = MaterializeOptions {
+        link: LinkMode::Auto,
+        ..Default::default()
+    };
+    let r = store.materialize_tree(&m, dir.join("deep"), &opts).unwrap();
+    assert!(
+        r.errors.is_empty(),
+        "{:?}",
+        &r.errors[..r.errors.len().min(3)]
+    );
+    assert_eq!((r.dirs, r.files), (3000, 1));
+    // Checked through /proc/self/fd-free relative opens: walk down.
+    let mut at = fs::File::open(dir.join("deep")).unwrap();
+    let mut depth = 0;
+    use std::os::fd::AsRawFd;
+    loop {
+        let name = if depth % 2 == 0 { "d" } else { "e" };
+        let next = format!("/proc/self/fd/{}/{name}", at.as_raw_fd());
+        let Ok(md) = fs::metadata(&next) else { break };
+        let want = if depth % 3 == 0 { 0o555 } else { 0o755 };
+        assert_eq!(md.mode() & 0o7777, want, "level {depth}");
+        at = fs::File::open(&next).unwrap();
+        depth += 1;
+    }
+    assert_eq!(depth, 3000);
+    let f = format!("/proc/self/fd/{}/f", at.as_raw_fd());
+    assert_eq!(fs::read(f).unwrap(), b"payload");
+    // Wide: make everything writable again so the testfs can clean up.
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "u+w"])
+        .arg(dir.join("deep"))
+        .status();
+}
+
+#[allow(dead_code)]
+#[path = "../../../fuzz/fuzz_targets/manifest_check.rs"]
+mod manifest_check;
+#[allow(dead_code)]
+#[path = "../../../fuzz/fuzz_targets/symlinks_check.rs"]
+mod symlinks_check;
+
+/// The fuzz targets' seed corpora (fuzz/seeds/manifest, fuzz/seeds/symlinks)
+/// replayed on stable through the same checks the targets run.
+#[test]
+fn fuzz_corpora_replay() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds");
+    type Check = fn(&[u8]);
+    let targets: [(&str, Check); 2] = [
+        ("manifest", manifest_check::check),
+        ("symlinks", symlinks_check::check),
+    ];
+    for (name, check) in targets {
+        let dir = root.join(name);
+        let mut n = 0;
+        for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.unwrap().path();
+            let data = fs::read(&p).unwrap();
+            let r = std::panic::catch_unwind(|| check(&data));
+            assert!(r.is_ok(), "{name}: {} fails", p.display());
+            n += 1;
+        }
+        assert!(n >= 5, "{name}: {n} inputs in {}", dir.display());
+    }
 }

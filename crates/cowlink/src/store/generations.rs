@@ -106,7 +106,10 @@ impl Store {
                 .with_reason(
                     "the store has no such object (removed by gc, or quarantined by verify?)",
                 )),
-            Err(e) => Err(merr(shown, e).with_src(self.root.join(&rel))),
+            Err(e) => {
+                let err = self.read_error(Operation::Materialize, &rel, e);
+                Err(err.with_dst(shown))
+            }
         }
     }
 
@@ -117,7 +120,7 @@ impl Store {
     fn make_generation(&self, digest: &Digest, gen: u32) -> Result<()> {
         let base = self
             .open_in_layout(&object_rel(digest, 0))
-            .map_err(|e| super::store_err(self.object_path(digest), e))?;
+            .map_err(|e| self.read_error(Operation::Store, &object_rel(digest, 0), e))?;
         let st = fs::fstat(&base).map_err(|e| super::store_err(self.object_path(digest), e))?;
         let size = st.st_size as u64;
         if !layout::is_marked_unchanged(&st) {

@@ -137,6 +137,38 @@ pub(crate) fn open_beneath(
 /// with its NUL).
 const PATH_CHUNK: usize = 4000;
 
+/// What [`open_regular`] gives for a file that is no regular file (a
+/// FIFO, a device, a socket).
+pub(crate) const NOT_REGULAR: Errno = Errno::NODEV;
+
+/// Open `rel` below `root` to read, only if it is a regular file: beneath
+/// `root`, no symbolic link followed (`ELOOP` for one at the end),
+/// `O_NONBLOCK | O_NOCTTY` so that a FIFO or a terminal cannot hang or
+/// adopt us, then `fstat`: a directory is `EISDIR`, anything else not a
+/// regular file [`NOT_REGULAR`]. The descriptor is returned blocking
+/// again.
+pub(crate) fn open_regular(root: BorrowedFd<'_>, rel: &str) -> std::result::Result<OwnedFd, Errno> {
+    let fd = open_beneath(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY,
+    )?;
+    regular(fd)
+}
+
+/// `fd` if it is a regular file (with `O_NONBLOCK` cleared), else
+/// `EISDIR` or [`NOT_REGULAR`].
+pub(crate) fn regular(fd: OwnedFd) -> std::result::Result<OwnedFd, Errno> {
+    match FileType::from_raw_mode(fs::fstat(&fd)?.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Directory => return Err(Errno::ISDIR),
+        _ => return Err(NOT_REGULAR),
+    }
+    let flags = rustix::fs::fcntl_getfl(&fd)?;
+    rustix::fs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK)?;
+    Ok(fd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,15 +257,19 @@ impl Store {
     pub(super) fn init(&mut self) -> Result<()> {
         match fs::statat(&self.dir, MARKER_NAME, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) => {
-                let text = fs::openat(
-                    &self.dir,
-                    MARKER_NAME,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .ok()
-                .and_then(|fd| std::io::read_to_string(std::fs::File::from(fd)).ok())
-                .unwrap_or_default();
+                // A regular file, and no more of it than the marker's
+                // length and one byte: anything else is not our marker.
+                let text = open_regular(self.dir.as_fd(), MARKER_NAME)
+                    .ok()
+                    .and_then(|fd| {
+                        let mut t = String::new();
+                        let f =
+                            std::io::Read::take(std::fs::File::from(fd), MARKER.len() as u64 + 1);
+                        std::io::Read::read_to_string(&mut { f }, &mut t)
+                            .ok()
+                            .map(|_| t)
+                    })
+                    .unwrap_or_default();
                 if text != MARKER {
                     return Err(Error::new(Operation::Store, ErrorKind::InvalidInput)
                         .with_src(&self.root)
@@ -403,12 +439,14 @@ impl Store {
     /// `InvalidInput` when it is not a valid manifest.
     pub fn manifest(&self, digest: &Digest) -> Result<Manifest> {
         let path = self.root.join(manifest_rel(digest));
+        let rel = manifest_rel(digest);
         let failed = |e: std::io::Error| {
             let errno = Errno::from_io_error(&e).unwrap_or(Errno::IO);
-            let err = Error::from_errno(Operation::Manifest, errno).with_src(digest.to_hex());
             match errno {
-                Errno::NOENT => err.with_reason("the store has no manifest with this digest"),
-                _ => err,
+                Errno::NOENT => Error::from_errno(Operation::Manifest, errno)
+                    .with_src(digest.to_hex())
+                    .with_reason("the store has no manifest with this digest"),
+                _ => self.read_error(Operation::Manifest, &rel, errno),
             }
         };
         let mismatch = || {
@@ -419,9 +457,7 @@ impl Store {
                 )
         };
         let open = || -> std::io::Result<std::fs::File> {
-            Ok(std::fs::File::from(
-                self.open_in_layout(&manifest_rel(digest))?,
-            ))
+            Ok(std::fs::File::from(self.open_in_layout(&rel)?))
         };
         // Read in chunks, hashed and parsed as they come: the whole text is
         // never held (see `Streamed`).
@@ -460,7 +496,39 @@ impl Store {
         if Digest::of(&bytes) != *digest {
             return Err(mismatch());
         }
-        Manifest::from_vec(bytes, &origin)
+        // Valid, perhaps, but named by the digest of other bytes than its
+        // canonical ones: refused (see `Manifest::from_canonical_bytes`).
+        let m = Manifest::from_vec(bytes, &origin)?;
+        m.require_canonical(*digest, &origin)?;
+        Ok(m)
+    }
+
+    /// The stored bytes of the manifest `digest`, checked: they hash to
+    /// `digest` and are the canonical form of a valid manifest. What a
+    /// push uploads: the bytes as stored, never serialized again.
+    ///
+    /// # Errors
+    /// As [`manifest`](Self::manifest).
+    pub fn manifest_bytes(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let rel = manifest_rel(digest);
+        let fd = self.open_in_layout(&rel).map_err(|e| match e {
+            Errno::NOENT => Error::from_errno(Operation::Manifest, e)
+                .with_src(digest.to_hex())
+                .with_reason("the store has no manifest with this digest"),
+            e => self.read_error(Operation::Manifest, &rel, e),
+        })?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut bytes)
+            .map_err(|e| Error::from_io(Operation::Manifest, &e).with_src(self.root.join(&rel)))?;
+        if Digest::of(&bytes) != *digest {
+            return Err(Error::new(Operation::Manifest, ErrorKind::ContentChanged)
+                .with_src(self.root.join(&rel))
+                .with_reason(
+                    "the manifest's bytes do not match its digest (corrupt store: run verify)",
+                ));
+        }
+        Manifest::from_canonical_bytes(&bytes, &digest.to_hex())?;
+        Ok(bytes)
     }
 
     /// The manifests in the store, sorted.
@@ -506,12 +574,43 @@ impl Store {
         Ok((self.layout_dir(parent)?, name))
     }
 
-    /// Open the file `rel` of the layout read-only, following no symbolic
-    /// link on the way or at the end.
+    /// Open the file `rel` of the layout to read: the one way the store
+    /// reads its own files (objects, manifests, the marker). Beneath the
+    /// root, following no symbolic link on the way or at the end
+    /// (`ELOOP`), `O_NONBLOCK` (a FIFO planted at the name cannot hang
+    /// the open) and `O_NOCTTY`, and only a regular file: anything else
+    /// is [`NOT_REGULAR`] (`EISDIR` for a directory), told apart for
+    /// messages by [`read_error`](Self::read_error). `O_NONBLOCK` is
+    /// cleared once the file is known to be regular.
     pub(crate) fn open_in_layout(&self, rel: &str) -> std::result::Result<OwnedFd, Errno> {
-        open_beneath(self.dir.as_fd(), rel, OFlags::RDONLY | OFlags::NOFOLLOW)
+        open_regular(self.dir.as_fd(), rel)
     }
 
+    /// The error for `rel` that [`open_in_layout`](Self::open_in_layout)
+    /// (or a read) failed with `errno`: a file that is not a regular file
+    /// (or is a symbolic link) is a damaged store ([`ErrorKind::Corrupt`],
+    /// naming what it is); anything else as the errno says.
+    pub(crate) fn read_error(&self, op: Operation, rel: &str, errno: Errno) -> Error {
+        let path = self.root.join(rel);
+        let odd = match errno {
+            NOT_REGULAR | Errno::LOOP | Errno::ISDIR => {
+                fs::statat(&self.dir, rel, AtFlags::SYMLINK_NOFOLLOW)
+                    .ok()
+                    .filter(|st| FileType::from_raw_mode(st.st_mode) != FileType::RegularFile)
+            }
+            _ => None,
+        };
+        match odd {
+            Some(st) => Error::new(op, ErrorKind::Corrupt)
+                .with_src(path)
+                .with_reason(format!(
+                    "{}, not a regular file: the store is damaged (`cowlink store verify` \
+                 moves it to quarantine/)",
+                    crate::prim::files::file_type_name(st.st_mode)
+                )),
+            None => Error::from_errno(op, errno).with_src(path),
+        }
+    }
     /// Name a finished object `digest` generation `gen`; `EEXIST` when the
     /// store has it already.
     pub(super) fn persist_object(

@@ -70,6 +70,10 @@ pub struct GcReport {
     pub bytes_removed: u64,
     /// Leftover temporaries of dead processes removed.
     pub temporaries_removed: u64,
+    /// Files in `manifests/` or `objects/` that were not regular files
+    /// (a FIFO, a device, a link: damage, never read), moved to
+    /// `quarantine/`.
+    pub quarantined: Vec<Corrupt>,
 }
 
 /// What [`Store::stats`] counts.
@@ -145,19 +149,27 @@ impl Store {
                 if self.run.cancelled() {
                     return;
                 }
+                // (problem, whether it is damage to move away)
                 let problem = match self.hash_file(rel) {
                     Ok((h, n)) => {
                         bytes.fetch_add(n, Ordering::Relaxed);
                         self.tick(n);
-                        (h != d.0).then(|| format!("content hashes to {}", Digest(h)))
+                        (h != d.0).then(|| (format!("content hashes to {}", Digest(h)), true))
                     }
-                    Err(e) => Some(format!(
-                        "cannot be read: {}",
-                        crate::ground::error::errno_text(e)
-                    )),
+                    Err(e) => {
+                        let err = self.read_error(Operation::Store, rel, e);
+                        // Damage (not a regular file) moves; an error
+                        // reading a good file (EACCES, EMFILE, EIO) is
+                        // reported and the file left where it is.
+                        let damaged = err.kind() == ErrorKind::Corrupt;
+                        Some((err.reason().to_string(), damaged))
+                    }
                 };
-                if let Some(problem) = problem {
-                    let c = self.quarantine(rel, problem);
+                if let Some((problem, damaged)) = problem {
+                    let c = match damaged {
+                        true => self.quarantine(rel, problem),
+                        false => self.unmoved(rel, problem),
+                    };
                     corrupt.lock().unwrap_or_else(|e| e.into_inner()).push(c);
                 }
             })
@@ -187,7 +199,13 @@ impl Store {
                     }
                 }
                 Err(e) => {
-                    let c = self.quarantine(&manifest_rel(&m), e.reason());
+                    let rel = manifest_rel(&m);
+                    let c = match e.kind() {
+                        ErrorKind::Corrupt
+                        | ErrorKind::ContentChanged
+                        | ErrorKind::InvalidInput => self.quarantine(&rel, e.reason().to_string()),
+                        _ => self.unmoved(&rel, e.reason().to_string()),
+                    };
                     report.corrupt.push(c);
                 }
             }
@@ -199,6 +217,46 @@ impl Store {
     pub(super) fn hash_file(&self, rel: &str) -> std::result::Result<([u8; 32], u64), Errno> {
         let fd = self.open_in_layout(rel)?;
         crate::ground::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
+    }
+
+    /// `rel` reported as failing verification but left where it is (it
+    /// could not be read, which says nothing about its bytes).
+    fn unmoved(&self, rel: &str, problem: String) -> Corrupt {
+        Corrupt {
+            path: self.root.join(rel),
+            quarantined: None,
+            problem,
+        }
+    }
+
+    /// Move every file of `manifests/` and `objects/` that is not a
+    /// regular file (a FIFO, a device, a socket, a symbolic link, a
+    /// directory) to `quarantine/`, looked at with `lstat` only: such a
+    /// file is never opened.
+    fn quarantine_odd_files(&self) -> Result<Vec<Corrupt>> {
+        let mut out = Vec::new();
+        let mut rels: Vec<String> = Vec::new();
+        let fd = self
+            .layout_dir("manifests")
+            .map_err(|e| store_err(self.root.join("manifests"), e))?;
+        for n in super::layout::list_dir(fd.as_fd())
+            .map_err(|e| store_err(self.root.join("manifests"), e))?
+        {
+            if let Ok(d) = std::str::from_utf8(&n).unwrap_or("").parse::<Digest>() {
+                rels.push(manifest_rel(&d));
+            }
+        }
+        rels.extend(self.object_files()?.into_iter().map(|(_, _, rel)| rel));
+        for rel in rels {
+            let Ok(st) = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            if fs::FileType::from_raw_mode(st.st_mode) != fs::FileType::RegularFile {
+                let what = crate::prim::files::file_type_name(st.st_mode);
+                out.push(self.quarantine(&rel, format!("{what}, not a regular file")));
+            }
+        }
+        Ok(out)
     }
 
     /// Move `rel` to `quarantine/` (under a unique name).
@@ -238,11 +296,15 @@ impl Store {
     /// (nothing is removed then).
     pub fn gc(&self, keep: Option<&[Digest]>) -> Result<GcReport> {
         let _lock = self.lock(true)?;
+        let quarantined = self.quarantine_odd_files()?;
         let keep: Vec<Digest> = match keep {
             Some(k) => k.to_vec(),
             None => self.manifests()?,
         };
-        let mut report = GcReport::default();
+        let mut report = GcReport {
+            quarantined,
+            ..Default::default()
+        };
         let keep: HashSet<Digest> = keep.iter().copied().collect();
         let mut used: HashSet<Digest> = HashSet::new();
         for d in &keep {

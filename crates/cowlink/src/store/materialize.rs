@@ -21,10 +21,9 @@
 //! whatever the manifest says or anyone does to the destination meanwhile;
 //! descriptors stay one per running task.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, FileType, Mode, OFlags, CWD};
@@ -32,6 +31,7 @@ use rustix::io::Errno;
 
 use super::layout::{self, object_rel};
 use super::manifest::{Digest, EntryKind, Manifest, ManifestEntry};
+use super::paths::{NodeKind, PathTree};
 use super::Store;
 use crate::ground::error::{errno_text, is_not_possible_here, Error, ErrorKind, Operation, Result};
 use crate::prim::files::split_dest;
@@ -169,17 +169,20 @@ struct Tree<'a> {
 }
 
 impl<'a> Tree<'a> {
-    /// `dirs` holds every directory (with implied parents), in path order;
-    /// the files and links come from `entries` (set-id bits kept only
-    /// with `setid`).
+    /// The directories of `paths` (the manifest's tree, listed and
+    /// implied ones, parents first); the files and links come from
+    /// `entries`. Set-id bits (of files and directories) are kept only
+    /// with `setid`.
     ///
     /// Each directory's lists are made at their final length, straight
     /// from the manifest (each entry's directory looked up once, then the
     /// entries counted, then placed). Building a list of every file first
     /// and moving it into lists grown by doubling held both at once: 26 MB
     /// for 223,547 files, the largest part of a checkout's peak after the
-    /// manifest itself.
-    fn new(dirs: &BTreeMap<&'a str, u32>, entries: &'a [ManifestEntry], setid: bool) -> Self {
+    /// manifest itself. Built from the tree the validation made, in time
+    /// linear in the manifest's bytes: no path is looked up by its whole
+    /// text (a 30,000-level path has 30,000 prefixes).
+    fn new(paths: &PathTree<'a>, entries: &'a [ManifestEntry], setid: bool) -> Self {
         let node = |path, mode| Node {
             path,
             mode,
@@ -188,23 +191,33 @@ impl<'a> Tree<'a> {
             links: Vec::new(),
             made: AtomicBool::new(false),
         };
+        let keep = |mode: u32| if setid { mode } else { mode & !0o6000 };
         let mut nodes = vec![node("", 0)];
-        let mut index: HashMap<&str, usize> = HashMap::with_capacity(dirs.len() + 1);
-        index.insert("", 0);
-        for (&path, &mode) in dirs {
+        // The tree's node → this tree's directory.
+        let mut index = vec![u32::MAX; paths.nodes.len()];
+        index[0] = 0;
+        for (k, n) in paths.nodes.iter().enumerate().skip(1) {
+            if n.kind != NodeKind::Dir {
+                continue;
+            }
+            let mode = match entries.get(n.entry as usize).map(|e| &e.kind) {
+                Some(EntryKind::Dir { mode }) => keep(*mode),
+                _ => 0o755,
+            };
             let i = nodes.len();
-            // Parents sort first, and every parent is listed.
-            let parent = index[split_rel(path).0];
+            let parent = index[n.parent as usize] as usize;
             nodes[parent].subdirs.push(i);
-            nodes.push(node(path, mode));
-            index.insert(path, i);
+            nodes.push(node(n.path, mode));
+            index[k] = i as u32;
         }
         // Each entry's directory, found once; then how many files and
         // links each directory holds.
-        let at: Vec<u32> = entries
+        let at: Vec<u32> = paths
+            .of_entry
             .iter()
-            .map(|e| index[split_rel(&e.path).0] as u32)
+            .map(|&k| index[paths.nodes[k as usize].parent as usize])
             .collect();
+        drop(index);
         let mut counts = vec![(0usize, 0usize); nodes.len()];
         for (e, &i) in entries.iter().zip(&at) {
             match e.kind {
@@ -223,8 +236,7 @@ impl<'a> Tree<'a> {
             match &e.kind {
                 EntryKind::File { digest, mode, size } => {
                     // Set-id bits from an untrusted manifest only on request.
-                    let mode = if setid { *mode } else { *mode & !0o6000 };
-                    node.files.push((name, digest, mode, *size))
+                    node.files.push((name, digest, keep(*mode), *size))
                 }
                 EntryKind::Symlink { target } => node.links.push((name, target.as_str(), &e.path)),
                 EntryKind::Dir { .. } => {}
@@ -256,7 +268,6 @@ impl<'a> Tree<'a> {
 /// directories, and no path is resolved once per link.
 struct Walk<'w> {
     store: &'w Store,
-    root: BorrowedFd<'w>,
     dest: &'w Path,
     tree: &'w Tree<'w>,
     how: How<'w>,
@@ -266,25 +277,67 @@ struct Walk<'w> {
     gate: Option<&'w crate::run::Gate>,
     /// The mode a directory is made with.
     first_mode: &'w (dyn Fn(u32) -> u32 + Sync),
+    /// Whether that is its final mode (else set once it is done with).
+    final_now: &'w (dyn Fn(u32) -> bool + Sync),
     fail: &'w (dyn Fn(Error) + Sync),
 }
 
+/// A directory of the checkout, open while anything still works in it
+/// (its own task, batches of its files, subdirectories not yet opened).
+/// The last one done with it gives it its final mode, when that had to
+/// wait (a read-only directory would refuse its files): nothing later
+/// looks up a name in it, every subdirectory holds its own descriptor.
+struct DirFd<'s, 'w> {
+    fd: OwnedFd,
+    node: usize,
+    walk: &'s Walk<'w>,
+}
+
+impl Drop for DirFd<'_, '_> {
+    fn drop(&mut self) {
+        let w = self.walk;
+        let node = &w.tree.nodes[self.node];
+        if self.node == 0 || (w.final_now)(node.mode) || !node.made.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = fs::fchmod(&self.fd, Mode::from_raw_mode(node.mode)) {
+            (w.fail)(merr(w.dest.join(node.path), e).with_reason(format!(
+                "cannot set mode {:o}: {}",
+                node.mode,
+                errno_text(e)
+            )));
+        }
+    }
+}
+
 impl<'w> Walk<'w> {
-    /// Open node `i` (already made) and fill it.
-    fn dir<'s>(&'s self, s: &rayon::Scope<'s>, i: usize) {
+    /// Open node `i` (already made) in its parent `up` and fill it.
+    fn dir<'s>(&'s self, s: &rayon::Scope<'s>, i: usize, up: Arc<DirFd<'s, 'w>>) {
         if self.store.run.cancelled() {
             return;
         }
+        let Some(fd) = self.open(i, &up) else { return };
+        drop(up);
+        let fd = Arc::new(DirFd {
+            fd,
+            node: i,
+            walk: self,
+        });
+        self.fill(s, i, fd);
+    }
+
+    /// Fill node `i`, opened as `fd`.
+    fn fill<'s>(&'s self, s: &rayon::Scope<'s>, i: usize, fd: Arc<DirFd<'s, 'w>>) {
         let node = &self.tree.nodes[i];
-        let Some(fd) = self.open(i) else { return };
         for &c in &node.subdirs {
             let sub = &self.tree.nodes[c];
             let first = Mode::from_raw_mode((self.first_mode)(sub.mode));
-            match fs::mkdirat(&fd, split_rel(sub.path).1, first) {
+            match fs::mkdirat(&fd.fd, split_rel(sub.path).1, first) {
                 Ok(()) => {
                     sub.made.store(true, Ordering::Relaxed);
                     self.counters.dirs.fetch_add(1, Ordering::Relaxed);
-                    s.spawn(move |s| self.dir(s, c));
+                    let up = Arc::clone(&fd);
+                    s.spawn(move |s| self.dir(s, c, up));
                 }
                 Err(e) => (self.fail)(self.left_out(c, merr(self.dest.join(sub.path), e))),
             }
@@ -292,20 +345,17 @@ impl<'w> Walk<'w> {
         let mut batches = node.files.chunks(BATCH);
         let first = batches.next();
         for batch in batches {
-            s.spawn(move |_| {
-                if let Some(fd) = self.open(i) {
-                    self.files(fd.as_fd(), node.path, batch);
-                }
-            });
+            let fd = Arc::clone(&fd);
+            s.spawn(move |_| self.files(fd.fd.as_fd(), node.path, batch));
         }
         if let Some(batch) = first {
-            self.files(fd.as_fd(), node.path, batch);
+            self.files(fd.fd.as_fd(), node.path, batch);
         }
         for (name, target, path) in &node.links {
             if self.store.run.cancelled() {
                 return;
             }
-            match fs::symlinkat(*target, &fd, *name) {
+            match fs::symlinkat(*target, &fd.fd, *name) {
                 Ok(()) => {
                     self.counters.symlinks.fetch_add(1, Ordering::Relaxed);
                 }
@@ -314,11 +364,13 @@ impl<'w> Walk<'w> {
         }
     }
 
-    /// Node `i` opened beneath the destination; on failure the error is
-    /// reported with what it leaves out.
-    fn open(&self, i: usize) -> Option<OwnedFd> {
+    /// Node `i` opened in its parent `up` (its name only: no symbolic
+    /// link followed, nothing beneath `up` left); on failure the error is
+    /// reported with what it leaves out. One name per open: a directory
+    /// 30,000 levels down costs what one at the top does.
+    fn open(&self, i: usize, up: &DirFd<'_, '_>) -> Option<OwnedFd> {
         let path = self.tree.nodes[i].path;
-        open_beneath(self.root, path, OFlags::PATH)
+        open_beneath(up.fd.as_fd(), split_rel(path).1, OFlags::RDONLY)
             .map_err(|e| {
                 let err = merr(self.dest.join(path), e);
                 let why = format!("cannot open the directory: {}", errno_text(e));
@@ -460,8 +512,8 @@ impl Store {
         let dest = dest.as_ref();
         // Named by its digest only when invalid: computing it serializes
         // and hashes the whole manifest (8 MB for 50,000 files).
-        manifest
-            .validate("the manifest", options.external_symlinks)
+        let paths = manifest
+            .checked_tree("the manifest", options.external_symlinks)
             .map_err(|e| e.with_src(manifest.digest().to_hex()))?;
         if options.link == LinkMode::Clone {
             self.clone_trial(manifest, dest)?;
@@ -472,19 +524,8 @@ impl Store {
         let errors = Mutex::new(Vec::new());
         let fail = |e: Error| errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
 
-        // Directories: listed ones and implied parents, parents first.
-        let mut dirs: BTreeMap<&str, u32> = BTreeMap::new();
-        for e in &manifest.entries {
-            let mut p = split_rel(&e.path).0;
-            while !p.is_empty() && !dirs.contains_key(p) {
-                dirs.insert(p, 0o755);
-                p = split_rel(p).0;
-            }
-            if let EntryKind::Dir { mode } = &e.kind {
-                dirs.insert(&e.path, *mode);
-            }
-        }
-        let tree = Tree::new(&dirs, &manifest.entries, options.setid);
+        let tree = Tree::new(&paths, &manifest.entries, options.setid);
+        drop(paths);
         let totals = manifest.file_totals();
         self.run
             .enter(crate::run::Phase::Copy, totals.files, totals.bytes);
@@ -500,7 +541,6 @@ impl Store {
         let (threads, gate) = self.threads_for(root, clone_bound);
         let walk = Walk {
             store: self,
-            root,
             dest,
             tree: &tree,
             how: How {
@@ -513,29 +553,25 @@ impl Store {
             counters: &counters,
             gate: gate.as_ref(),
             first_mode: &|m| if final_now(m) { m } else { 0o700 },
+            final_now: &final_now,
             fail: &fail,
         };
+        // The destination, opened to read (its subdirectories are
+        // opened by name in it); directory modes are set as each
+        // directory is done with (`DirFd`).
+        let top = open_beneath(root, "", OFlags::RDONLY).map_err(|e| merr(dest, e))?;
         Store::install_n(threads, || {
-            rayon::scope(|s| walk.dir(s, 0));
+            rayon::scope(|s| {
+                let top = Arc::new(DirFd {
+                    fd: top,
+                    node: 0,
+                    walk: &walk,
+                });
+                walk.fill(s, 0, top)
+            });
         });
         report.dirs = counters.dirs.load(Ordering::Relaxed);
         report.symlinks = counters.symlinks.load(Ordering::Relaxed);
-        // Deepest first: a directory that loses its search bit would keep
-        // us from reaching the ones below it.
-        for node in tree.nodes.iter().skip(1).rev() {
-            if final_now(node.mode) || !node.made.load(Ordering::Relaxed) {
-                continue;
-            }
-            let set = open_beneath(root, node.path, OFlags::RDONLY)
-                .and_then(|fd| fs::fchmod(&fd, Mode::from_raw_mode(node.mode)));
-            if let Err(e) = set {
-                fail(merr(dest.join(node.path), e).with_reason(format!(
-                    "cannot set mode {:o}: {}",
-                    node.mode,
-                    errno_text(e)
-                )));
-            }
-        }
         report.files = counters.files.into_inner();
         report.bytes = counters.bytes.into_inner();
         report.cloned = counters.cloned.into_inner();

@@ -43,6 +43,7 @@ mod layout;
 mod maintenance;
 mod manifest;
 mod materialize;
+mod paths;
 #[cfg(feature = "remote")]
 pub mod remote;
 
@@ -69,6 +70,7 @@ pub use crate::prim::mode::LinkMode;
 pub use ingest::{Added, AddedTree};
 pub use maintenance::{Corrupt, GcReport, StoreStats, VerifyReport};
 pub use materialize::{MaterializeOptions, MaterializeReport};
+pub use paths::{LinkVerdict, MAX_LINKS};
 
 /// A store rooted at a directory. Cheap to share between threads; every
 /// method takes `&self`.
@@ -166,9 +168,12 @@ impl Store {
         self.root.join(object_rel(digest, 0))
     }
 
-    /// Whether the store holds the object `digest`.
+    /// Whether the store holds the object `digest` (a regular file).
     pub fn contains(&self, digest: &Digest) -> bool {
-        fs::statat(&self.dir, object_rel(digest, 0), AtFlags::SYMLINK_NOFOLLOW).is_ok()
+        // Only a regular file: anything else at the name is damage that
+        // verify and gc move away, not an object.
+        fs::statat(&self.dir, object_rel(digest, 0), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| fs::FileType::from_raw_mode(st.st_mode) == fs::FileType::RegularFile)
     }
 
     /// Run `f` on a pool of `n` threads.

@@ -227,7 +227,9 @@ async fn fetch_manifest(remote: &Remote, d: &Digest) -> Result<Manifest> {
                  or was tampered with, and was not used"
             )));
     }
-    let m = Manifest::from_bytes(&bytes, &remote.shown(&key))?;
+    // Exactly the canonical bytes, or refused: a manifest is stored
+    // under the digest of the bytes it was fetched as, never re-serialized.
+    let m = Manifest::from_canonical_bytes(&bytes, &remote.shown(&key))?;
     m.validate(&d.to_hex(), true)?;
     Ok(m)
 }

@@ -85,7 +85,10 @@ pub struct Push<'a> {
     store: &'a Store,
     remote: &'a Remote,
     /// Manifests to upload, each with its pending marker's key.
-    todo: Vec<(Digest, Manifest, Key)>,
+    /// The manifest's stored bytes are what is uploaded, never a new
+    /// serialization: the remote names a manifest by the digest of
+    /// exactly these bytes.
+    todo: Vec<(Digest, Manifest, Key, Bytes)>,
     report: PushReport,
     before: RequestCounts,
     /// The timer that keeps the markers fresh, from their first write
@@ -237,7 +240,10 @@ impl Store {
                     &remote.config.prefix,
                     &Layout::Pending(d, id.clone()),
                 ));
-                todo.push((d, m, marker));
+                // The stored bytes, checked to be canonical and to hash
+                // to `d`, are what the remote gets.
+                let bytes = Bytes::from(self.manifest_bytes(&d)?);
+                todo.push((d, m, marker, bytes));
             }
         }
         let mut push = Push {
@@ -271,7 +277,7 @@ impl Store {
 impl Push<'_> {
     /// Manifests that still need uploading (those the remote lacked).
     pub fn pending(&self) -> Vec<Digest> {
-        self.todo.iter().map(|(d, _, _)| *d).collect()
+        self.todo.iter().map(|(d, _, _, _)| *d).collect()
     }
 
     /// Write every pending marker, then start the timer that rewrites
@@ -280,7 +286,7 @@ impl Push<'_> {
         let markers: Vec<(Key, Bytes)> = self
             .todo
             .iter()
-            .map(|(_, m, key)| (key.clone(), Bytes::from(m.to_bytes())))
+            .map(|(_, _, key, bytes)| (key.clone(), bytes.clone()))
             .collect();
         let remote = self.remote;
         remote.block_on(async {
@@ -295,10 +301,8 @@ impl Push<'_> {
 
     /// Rewrite the first marker: its upload time is the server's clock.
     async fn touch_first_marker(&self) -> Result<()> {
-        let (_, m, key) = &self.todo[0];
-        self.remote
-            .put(Operation::Push, key, Bytes::from(m.to_bytes()))
-            .await
+        let (_, _, key, bytes) = &self.todo[0];
+        self.remote.put(Operation::Push, key, bytes.clone()).await
     }
 
     /// Wait while a live remote gc lock exists; `true` when it waited. A
@@ -354,7 +358,7 @@ impl Push<'_> {
             if let Some(r) = refresher {
                 r.stop(remote).await;
             }
-            for (_, _, key) in &todo {
+            for (_, _, key, _) in &todo {
                 let _ = remote.delete(Operation::Push, key).await;
             }
         });
@@ -373,7 +377,7 @@ impl Push<'_> {
     fn upload_inner(&mut self) -> Result<()> {
         let remote = self.remote;
         let store = self.store;
-        let wanted = super::objects_named(self.todo.iter().map(|(_, m, _)| m));
+        let wanted = super::objects_named(self.todo.iter().map(|(_, m, _, _)| m));
         self.report.objects = wanted.len() as u64;
         let missing = remote.block_on(missing(remote, &wanted))?;
         self.report.objects_present = self.report.objects - missing.len() as u64;
@@ -389,9 +393,9 @@ impl Push<'_> {
     /// a grace shorter than the markers' refresh) is uploaded again and
     /// checked once more; still missing, the push fails and publishes
     /// nothing.
-    fn recheck(&mut self, todo: &[(Digest, Manifest, Key)]) -> Result<()> {
+    fn recheck(&mut self, todo: &[(Digest, Manifest, Key, Bytes)]) -> Result<()> {
         let remote = self.remote;
-        let wanted = super::objects_named(todo.iter().map(|(_, m, _)| m));
+        let wanted = super::objects_named(todo.iter().map(|(_, m, _, _)| m));
         let gone = remote.block_on(missing(remote, &wanted))?;
         if gone.is_empty() {
             return Ok(());
@@ -425,9 +429,9 @@ impl Push<'_> {
             let refresher = self.refresher.take();
             remote.block_on(async {
                 let put = async {
-                    for (d, m, _) in &todo {
+                    for (d, _, _, bytes) in &todo {
                         remote
-                            .put(op, &remote.manifest_key(d), Bytes::from(m.to_bytes()))
+                            .put(op, &remote.manifest_key(d), bytes.clone())
                             .await?;
                     }
                     Ok::<_, Error>(())
@@ -440,7 +444,7 @@ impl Push<'_> {
                     r.stop(remote).await;
                 }
                 put?;
-                for (_, _, marker) in &todo {
+                for (_, _, marker, _) in &todo {
                     remote.delete(op, marker).await?;
                 }
                 Ok::<_, Error>(())
