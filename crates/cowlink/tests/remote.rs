@@ -509,3 +509,125 @@ fn an_older_versions_marker_protects_while_young_and_is_never_removed() {
     assert_eq!(g.markers_removed, 0);
     assert!(marker.is_file());
 }
+
+/// Keys another tool wrote under the prefix that the S3 client library
+/// cannot parse into its paths (control characters): each is left alone
+/// and named, and none makes gc, `remote ls` or a push fail. (Before,
+/// one such key anywhere below `objects/`, `manifests/`, `pending/` or
+/// `locks/` failed every gc, every listing and every push, blaming the
+/// server.) A table of such keys, planted in every area.
+#[test]
+fn keys_the_client_cannot_parse_are_left_alone_and_block_nothing() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_unparseable") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 21, 3)).unwrap().digest;
+    let r = remote(&s3, "h");
+    store.push(&r, &[m]).unwrap();
+    let h = tree_digests(21, 3)[0].to_hex();
+    let f = &h[..2];
+    let mut planted = Vec::new();
+    for (i, c) in ['\u{1}', '\u{1f}', '\u{7f}', '\t'].iter().enumerate() {
+        for k in [
+            format!("objects/{f}/{h}{c}"),
+            format!("objects/{f}{c}/{h}"),
+            format!("manifests/{m}{c}"),
+            format!("pending/{m}.id{c}{i}"),
+            // Not `gc.…`: a push waits for any young `locks/gc.…`.
+            format!("locks/x{c}{i}"),
+        ] {
+            let p = s3.file(&format!("h/{k}"));
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, b"not cowlink's").unwrap();
+            planted.push(k);
+        }
+    }
+    assert_eq!(
+        r.manifests()
+            .unwrap()
+            .iter()
+            .map(|m| m.digest)
+            .collect::<Vec<_>>(),
+        vec![m]
+    );
+    let g = r.gc(None, Duration::ZERO).unwrap();
+    assert_eq!((g.objects_kept, g.objects_removed), (3, 0), "{g:?}");
+    // gc never lists `locks/`.
+    let listed: Vec<&String> = planted
+        .iter()
+        .filter(|k| !k.starts_with("locks/"))
+        .collect();
+    assert_eq!(g.keys_left_alone, listed.len() as u64, "{g:?}");
+    for k in listed {
+        // Escaped as listed; versitygw lists the characters XML cannot
+        // carry as U+FFFD.
+        let shown = format!("h/{}", k.escape_debug());
+        let replaced: String = k
+            .chars()
+            .map(|c| if c < ' ' && c != '\t' { '\u{fffd}' } else { c })
+            .collect();
+        let replaced = format!("h/{}", replaced.escape_debug());
+        assert!(
+            g.left_alone
+                .iter()
+                .any(|s| s.ends_with(&shown) || s.ends_with(&replaced)),
+            "{shown} is not named: {g:?}"
+        );
+    }
+    for k in &planted {
+        assert!(s3.file(&format!("h/{k}")).is_file(), "{k:?} was removed");
+    }
+    // A push lists `locks/` (and would wait for a live one): the odd lock
+    // names are not cowlink's locks, old or not, and the push goes on.
+    fs::write(x.path().join("t/new"), b"one more").unwrap();
+    let m2 = store.add_tree(x.path().join("t")).unwrap().digest;
+    let p = store.push(&r, &[m2]).unwrap();
+    assert_eq!(p.objects_uploaded, 1, "{p:?}");
+    assert!(pulls_whole(x.path(), &r, &m2, "fresh"));
+}
+
+/// A prefix with characters the S3 client percent-encodes in its keys
+/// (`~`, `%`): `remote ls` finds the manifests a push wrote there, gc
+/// removes what no manifest names and keeps the rest. (Before, listed
+/// keys were judged against the prefix as typed, not as the server spells
+/// it: gc left everything alone and `ls` showed nothing.)
+#[test]
+fn a_prefix_the_client_encodes_is_judged_as_the_server_spells_it() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_encoded_prefix") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let a = store.add_tree(tree(x.path(), "a", 22, 3)).unwrap().digest;
+    let b = store.add_tree(tree(x.path(), "b", 23, 2)).unwrap().digest;
+    for prefix in ["team~1", "x/50%/y"] {
+        let r = remote(&s3, prefix);
+        store.push(&r, &[a, b]).unwrap();
+        let mut want = vec![a, b];
+        want.sort();
+        let ls: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+        assert_eq!(ls, want, "{prefix}");
+        // A manifest uploaded in the gc's own second counts as published
+        // while it ran, and is kept.
+        std::thread::sleep(Duration::from_millis(1100));
+        let g = r.gc(Some(&[a]), Duration::ZERO).unwrap();
+        assert_eq!(
+            (
+                g.manifests_removed,
+                g.objects_removed,
+                g.objects_kept,
+                g.keys_left_alone
+            ),
+            (1, 2, 3, 0),
+            "{prefix}: {g:?}"
+        );
+        assert!(pulls_whole(
+            x.path(),
+            &r,
+            &a,
+            &format!("fresh{}", prefix.len())
+        ));
+    }
+}

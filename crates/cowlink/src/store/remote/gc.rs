@@ -86,10 +86,10 @@ impl Remote {
     /// `PermissionDenied`, `NotFound` (no such bucket), `Io`.
     pub fn manifests(&self) -> Result<Vec<RemoteManifest>> {
         let mut v: Vec<RemoteManifest> = self
-            .block_on(self.list(Operation::Remote, Area::Manifests))?
+            .block_on(self.list_keys(Operation::Remote, Area::Manifests))?
             .into_iter()
             .filter_map(|m| {
-                let Some(Layout::Manifest(digest)) = self.layout_of(&m.location) else {
+                let Some(Layout::Manifest(digest)) = self.layout_of(&m.key) else {
                     return None; // not cowlink's: not a manifest
                 };
                 Some(RemoteManifest {
@@ -162,16 +162,18 @@ impl Remote {
         let mut used: HashSet<Digest> = HashSet::new();
         // Pushes in progress, read after our lock is visible.
         let mut stale = Vec::new();
-        for m in self.list(op, Area::Pending).await? {
+        for m in self.list_keys(op, Area::Pending).await? {
             let young = server_age(now, m.last_modified) < grace;
-            let Some(Layout::Pending(d, _)) = self.layout_of(&m.location) else {
-                report.leave_alone(self.shown(&m.location));
+            let exact = super::layout::exact_key(&m.key);
+            let (Some(Layout::Pending(d, _)), Some(key)) = (self.layout_of(&m.key), &exact) else {
+                report.leave_alone(self.shown_raw(&m.key));
                 // A marker spelled otherwise (an older version's id) still
                 // protects its objects while young, if it holds the
                 // manifest it names; it is never removed.
-                if let Some(d) = loose_marker(&self.config.prefix, m.location.as_ref()) {
+                let loose = loose_marker(&self.server_prefix(), &m.key);
+                if let (Some(d), Some(key)) = (loose, exact) {
                     if young {
-                        if let Ok(manifest) = self.checked_manifest(&m.location, &d).await {
+                        if let Ok(manifest) = self.checked_manifest(&key, &d).await {
                             used.extend(objects_of(std::iter::once(&manifest)));
                             report.pushes_protected += 1;
                         }
@@ -180,10 +182,10 @@ impl Remote {
                 continue;
             };
             if !young {
-                stale.push(m.location);
+                stale.push(key.clone());
                 continue;
             }
-            let manifest = self.checked_manifest(&m.location, &d).await?;
+            let manifest = self.checked_manifest(key, &d).await?;
             used.extend(objects_of(std::iter::once(&manifest)));
             report.pushes_protected += 1;
         }
@@ -191,10 +193,10 @@ impl Remote {
         let live = used.clone();
         // Then the manifests.
         let mut listed: Vec<Digest> = Vec::new();
-        for m in self.list(op, Area::Manifests).await? {
-            match self.layout_of(&m.location) {
+        for m in self.list_keys(op, Area::Manifests).await? {
+            match self.layout_of(&m.key) {
                 Some(Layout::Manifest(d)) => listed.push(d),
-                _ => report.leave_alone(self.shown(&m.location)),
+                _ => report.leave_alone(self.shown_raw(&m.key)),
             }
         }
         let kept: HashSet<Digest> = match keep {
@@ -223,16 +225,17 @@ impl Remote {
             report.manifests_removed += 1;
         }
         report.manifests_kept = kept.len() as u64;
-        for m in self.list(op, Area::Objects).await? {
-            let Some(Layout::Object(d)) = self.layout_of(&m.location) else {
-                report.leave_alone(self.shown(&m.location));
+        for m in self.list_keys(op, Area::Objects).await? {
+            let exact = super::layout::exact_key(&m.key);
+            let (Some(Layout::Object(d)), Some(key)) = (self.layout_of(&m.key), exact) else {
+                report.leave_alone(self.shown_raw(&m.key));
                 continue;
             };
             if used.contains(&d) {
                 report.objects_kept += 1;
                 continue;
             }
-            self.delete(op, &m.location).await?;
+            self.delete(op, &key).await?;
             report.objects_removed += 1;
             report.bytes_removed += m.size;
         }
@@ -246,17 +249,16 @@ impl Remote {
             Err(e) => report.uploads_not_listed = Some(e.to_string()),
             Ok(uploads) => {
                 for u in uploads {
-                    let key = Key::from(u.key.as_str());
-                    let ours = match self.layout_of(&key) {
-                        // Only a key that is exactly what was asked for:
-                        // `Key::from` may re-encode an odd one.
-                        Some(Layout::Object(d)) if key.as_ref() == u.key => Some(d),
+                    // Only a key that is exactly of the layout, and that
+                    // the client can name without re-encoding it.
+                    let ours = match (self.layout_of(&u.key), super::layout::exact_key(&u.key)) {
+                        (Some(Layout::Object(d)), Some(_)) => Some(d),
                         _ => None,
                     };
                     let Some(d) = ours else {
                         report.leave_alone(format!(
                             "{} (incomplete upload {})",
-                            self.shown(&key),
+                            self.shown_raw(&u.key),
                             u.id
                         ));
                         continue;
@@ -292,6 +294,14 @@ impl Remote {
                 )));
         }
         Manifest::from_bytes(&bytes, &self.shown(key))
+    }
+}
+
+impl Remote {
+    /// `s3://BUCKET/KEY` for a key as the server listed it, with any
+    /// control character escaped.
+    fn shown_raw(&self, key: &str) -> String {
+        format!("s3://{}/{}", self.config.bucket, key.escape_debug())
     }
 }
 

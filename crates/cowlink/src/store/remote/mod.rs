@@ -367,22 +367,6 @@ impl Remote {
         self.endpoint.as_deref().unwrap_or("AWS S3")
     }
 
-    /// Every key below `area`, with sizes and upload times; one LIST
-    /// request per 1000 keys.
-    pub(crate) async fn list(&self, op: Operation, area: Area) -> Result<Vec<ObjectMeta>> {
-        use futures::TryStreamExt;
-        let prefix = self.area_prefix(area);
-        let v: Vec<ObjectMeta> = self
-            .client
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| self.error(op, &prefix, e))?;
-        let pages = (v.len() as u64).div_ceil(1000).max(1);
-        self.requests.list.fetch_add(pages, Ordering::Relaxed);
-        Ok(v)
-    }
-
     /// HEAD `key`: its metadata, or `None` when the remote has no such key.
     pub(crate) async fn head(&self, op: Operation, key: &Key) -> Result<Option<ObjectMeta>> {
         use object_store::ObjectStoreExt;
@@ -467,12 +451,17 @@ impl Remote {
         self.config.transfers.max(1)
     }
 
-    /// What `key` is in cowlink's layout under this remote's prefix, or
+    /// What `key` (as the server listed it) is in cowlink's layout under this remote's prefix, or
     /// `None` when it is not exactly a key cowlink writes (see
     /// `layout.rs`): the one test every step that deletes or trusts a
     /// listed key passes through.
-    pub(crate) fn layout_of(&self, key: &Key) -> Option<layout::Layout> {
-        layout::classify(&self.config.prefix, key.as_ref())
+    pub(crate) fn layout_of(&self, key: &str) -> Option<layout::Layout> {
+        layout::classify(&self.server_prefix(), key)
+    }
+
+    /// This remote's prefix as the server spells it (`layout.rs`).
+    pub(crate) fn server_prefix(&self) -> String {
+        layout::server_prefix(&self.config.prefix)
     }
 
     /// Rewrite a push's pending markers every `every` instead of every

@@ -308,7 +308,7 @@ impl Push<'_> {
         let remote = self.remote;
         let mut waited = false;
         loop {
-            let locks = remote.list(op, Area::Locks).await?;
+            let locks = remote.list_keys(op, Area::Locks).await?;
             if locks.is_empty() {
                 return Ok(waited);
             }
@@ -322,7 +322,7 @@ impl Push<'_> {
             // the safe side, and an older version may spell ids
             // differently).
             let live = locks.iter().any(|l| {
-                super::layout::loose_lock(&remote.config.prefix, l.location.as_ref())
+                super::layout::loose_lock(&remote.server_prefix(), &l.key)
                     && server_age(now, l.last_modified) < LOCK_STALE
             });
             if !live {
@@ -467,10 +467,10 @@ async fn missing(remote: &Remote, wanted: &[(Digest, u64)]) -> Result<Vec<(Diges
     let op = Operation::Push;
     if wanted.len() > LIST_ABOVE {
         let there: HashMap<Digest, u64> = remote
-            .list(op, Area::Objects)
+            .list_keys(op, Area::Objects)
             .await?
             .into_iter()
-            .filter_map(|m| match remote.layout_of(&m.location) {
+            .filter_map(|m| match remote.layout_of(&m.key) {
                 Some(Layout::Object(d)) => Some((d, m.size)),
                 _ => None,
             })
