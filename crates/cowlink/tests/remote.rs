@@ -631,3 +631,61 @@ fn a_prefix_the_client_encodes_is_judged_as_the_server_spells_it() {
         ));
     }
 }
+
+/// A gc told to keep only some manifests never removes one a live push
+/// is publishing, nor one published while the gc ran (a push that
+/// reported success must leave its manifest): here one whose push has
+/// uploaded it but not yet removed its marker, and one whose upload
+/// time is after the gc began (the server's clock: here planted an hour
+/// ahead). Before, both went, and the pushes had reported success.
+#[test]
+fn gc_with_keep_never_removes_a_manifest_published_while_it_runs() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_keep_vs_publish") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let old = store.add_tree(tree(x.path(), "old", 24, 2)).unwrap().digest;
+    let kept = store
+        .add_tree(tree(x.path(), "kept", 25, 2))
+        .unwrap()
+        .digest;
+    let publishing = store.add_tree(tree(x.path(), "pub", 26, 3)).unwrap().digest;
+    let later = store
+        .add_tree(tree(x.path(), "later", 27, 4))
+        .unwrap()
+        .digest;
+    let r = remote(&s3, "k");
+    store.push(&r, &[old, kept, later]).unwrap();
+    // A push between uploading its manifest and removing its marker.
+    let mut p = store.start_push(&r, &[publishing]).unwrap();
+    p.upload().unwrap();
+    let marker = fs::read_dir(s3.file("k/pending"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::copy(&marker, s3.file(&format!("k/manifests/{publishing}"))).unwrap();
+    // A manifest uploaded after the gc began, by the server's clock.
+    let ok = std::process::Command::new("touch")
+        .arg("-d")
+        .arg("1 hour")
+        .arg(s3.file(&format!("k/manifests/{later}")))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::thread::sleep(Duration::from_millis(1100));
+    let g = r.gc(Some(&[kept]), Duration::from_secs(3600)).unwrap();
+    assert_eq!((g.manifests_removed, g.manifests_kept), (1, 3), "{g:?}");
+    assert_eq!((g.objects_removed, g.objects_kept), (2, 2 + 3 + 4), "{g:?}");
+    let ls: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+    for m in [kept, publishing, later] {
+        assert!(ls.contains(&m), "{m} was removed");
+    }
+    assert!(!ls.contains(&old));
+    p.publish().unwrap();
+    for (m, name) in [(kept, "f1"), (publishing, "f2"), (later, "f3")] {
+        assert!(pulls_whole(x.path(), &r, &m, name), "{m}");
+    }
+}

@@ -105,7 +105,10 @@ impl Remote {
 
     /// Remove every object on the remote that no kept manifest and no live
     /// pending push names. `keep`: the manifests to keep (the others are
-    /// removed first); `None` keeps them all. A pending push older than
+    /// removed first); `None` keeps them all. A manifest a live push is
+    /// publishing, or one uploaded since this gc began (by the server's
+    /// clock, to the second), is kept whatever `keep` says: its push
+    /// reported success. A pending push older than
     /// `grace` (by the server's clock) is taken for dead: its marker is
     /// removed and its objects are kept only if a manifest names them.
     ///
@@ -160,6 +163,10 @@ impl Remote {
                     .with_reason("the gc lock vanished just after it was written")
             })?;
         let mut used: HashSet<Digest> = HashSet::new();
+        // The manifests live pushes are publishing: never removed, even
+        // when `keep` does not name them (a push that reports success
+        // must leave its manifest on the remote).
+        let mut publishing: HashSet<Digest> = HashSet::new();
         // Pushes in progress, read after our lock is visible.
         let mut stale = Vec::new();
         for m in self.list_keys(op, Area::Pending).await? {
@@ -175,6 +182,7 @@ impl Remote {
                     if young {
                         if let Ok(manifest) = self.checked_manifest(&key, &d).await {
                             used.extend(objects_of(std::iter::once(&manifest)));
+                            publishing.insert(d);
                             report.pushes_protected += 1;
                         }
                     }
@@ -187,15 +195,27 @@ impl Remote {
             }
             let manifest = self.checked_manifest(key, &d).await?;
             used.extend(objects_of(std::iter::once(&manifest)));
+            publishing.insert(d);
             report.pushes_protected += 1;
         }
         // What live pushes name: their multipart uploads are kept too.
         let live = used.clone();
         // Then the manifests.
         let mut listed: Vec<Digest> = Vec::new();
+        // Manifests uploaded since this gc began (by the server's clock,
+        // in whole seconds: the lock's own second counts as since): a
+        // push that published while gc ran, its marker already gone
+        // when gc read the markers. The user choosing `keep` never saw
+        // them; they are kept, as are those live pushes are publishing.
+        let mut new: HashSet<Digest> = HashSet::new();
         for m in self.list_keys(op, Area::Manifests).await? {
             match self.layout_of(&m.key) {
-                Some(Layout::Manifest(d)) => listed.push(d),
+                Some(Layout::Manifest(d)) => {
+                    listed.push(d);
+                    if m.last_modified.timestamp() >= now.timestamp() || publishing.contains(&d) {
+                        new.insert(d);
+                    }
+                }
                 _ => report.leave_alone(self.shown_raw(&m.key)),
             }
         }
@@ -211,7 +231,7 @@ impl Remote {
                              (nothing was removed)"
                         )));
                 }
-                k.iter().copied().collect()
+                k.iter().chain(&new).copied().collect()
             }
         };
         for d in &kept {
