@@ -689,3 +689,149 @@ fn gc_with_keep_never_removes_a_manifest_published_while_it_runs() {
         assert!(pulls_whole(x.path(), &r, &m, name), "{m}");
     }
 }
+
+/// Remotes whose prefixes are prefixes of each other's (`team`,
+/// `team2`, and the bucket's root) share one bucket: a gc of one, with a
+/// grace of zero and keeping nothing but one manifest, removes nothing of
+/// the others, nor their incomplete uploads.
+#[test]
+fn gc_of_one_prefix_never_touches_a_neighbouring_prefix_or_the_root() {
+    use object_store::multipart::MultipartStore;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_neighbours") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let a = store.add_tree(tree(x.path(), "a", 28, 3)).unwrap().digest;
+    let b = store.add_tree(tree(x.path(), "b", 29, 2)).unwrap().digest;
+    let prefixes = ["", "team", "team2", "team/x"];
+    for p in prefixes {
+        store.push(&remote(&s3, p), &[a, b]).unwrap();
+    }
+    // An old incomplete upload under each prefix.
+    let client = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(cowlink_testfs::s3::BUCKET)
+        .with_region("us-east-1")
+        .with_access_key_id(ACCESS_KEY)
+        .with_secret_access_key(SECRET_KEY)
+        .with_endpoint(s3.endpoint())
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let h = Digest::of(b"upload").to_hex();
+    for p in prefixes {
+        let k = object_store::path::Path::from(format!("{p}/objects/{}/{h}", &h[..2]));
+        rt.block_on(client.create_multipart(&k)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    for (i, p) in prefixes.iter().enumerate() {
+        let g = remote(&s3, p).gc(Some(&[a]), Duration::ZERO).unwrap();
+        assert_eq!(
+            (g.manifests_removed, g.objects_removed, g.objects_kept),
+            (1, 2, 3),
+            "{p:?}: {g:?}"
+        );
+        assert_eq!(g.uploads_aborted, 1, "{p:?}: {g:?}");
+        // The others' manifests are all still there.
+        for q in &prefixes[i + 1..] {
+            let ls = remote(&s3, q).manifests().unwrap();
+            assert_eq!(ls.len(), 2, "gc of {p:?} touched {q:?}");
+        }
+    }
+    for p in prefixes {
+        assert!(pulls_whole(
+            x.path(),
+            &remote(&s3, p),
+            &a,
+            &format!("f{}", p.len())
+        ));
+    }
+}
+
+/// Two machines pushing manifests that share objects, while a third runs
+/// gc over and over (keeping everything, then keeping only one manifest):
+/// every push that reports success leaves a manifest that pulls whole, and
+/// no manifest on the remote ever lacks an object. (About 15 s: each
+/// push waits out the gc running when it starts.)
+#[test]
+fn pushes_and_gcs_at_once_never_leave_a_manifest_without_its_objects() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_push_race") else {
+        return;
+    };
+    let rounds = 4;
+    // Each machine's store: manifests that share half their files.
+    let stores: Vec<(Store, Vec<Digest>)> = (0..2u64)
+        .map(|w| {
+            let st = Store::open(x.path().join(format!("st{w}"))).unwrap();
+            let ms = (0..rounds)
+                .map(|r| {
+                    let root = tree(x.path(), &format!("w{w}r{r}"), 100 + r, 6);
+                    for i in 0..3 {
+                        fs::write(root.join(format!("own{i}")), format!("{w} {r} {i}")).unwrap();
+                    }
+                    st.add_tree(&root).unwrap().digest
+                })
+                .collect();
+            (st, ms)
+        })
+        .collect();
+    let first = stores[0].1[0];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let s3 = &s3;
+    let published = std::thread::scope(|sc| {
+        let stop = &stop;
+        let gc = sc.spawn(move || {
+            let r = remote(s3, "race");
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let keep = [first];
+                let g = r.gc((n % 2 == 1).then_some(&keep[..]), Duration::from_secs(3600));
+                // Keeping a manifest not yet pushed fails, removing nothing.
+                if let Err(e) = &g {
+                    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+                }
+                n += 1;
+                // A push waits while any gc runs: leave it room.
+                std::thread::sleep(Duration::from_millis(700));
+            }
+            n
+        });
+        let pushers: Vec<_> = stores
+            .iter()
+            .map(|(st, ms)| {
+                sc.spawn(move || {
+                    let r = remote(s3, "race");
+                    ms.iter()
+                        .map(|m| {
+                            st.push(&r, &[*m]).unwrap();
+                            *m
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let published: Vec<Digest> = pushers
+            .into_iter()
+            .flat_map(|p| p.join().unwrap())
+            .collect();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let gcs = gc.join().unwrap();
+        assert!(gcs >= 2, "gc ran {gcs} times only");
+        published
+    });
+    let r = remote(s3, "race");
+    let on_remote: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+    assert!(on_remote.contains(&first));
+    for (i, m) in on_remote.iter().enumerate() {
+        assert!(
+            pulls_whole(x.path(), &r, m, &format!("fresh{i}")),
+            "manifest {m} on the remote lacks objects"
+        );
+    }
+    assert_eq!(published.len(), 2 * rounds as usize);
+}
