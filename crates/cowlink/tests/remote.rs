@@ -329,7 +329,8 @@ fn gc_leaves_every_near_miss_of_its_layout_alone() {
         "{g:?}"
     );
     assert_eq!(g.objects_kept, 3);
-    // gc never lists `locks/` (it removes only its own lock).
+    // gc names nothing of `locks/` (a push's concern), and removes
+    // only its own lock there and others' dead ones.
     let listed = planted
         .iter()
         .filter(|p| !p.starts_with(s3.file("n/locks")));
@@ -554,7 +555,7 @@ fn keys_the_client_cannot_parse_are_left_alone_and_block_nothing() {
     );
     let g = r.gc(None, Duration::ZERO).unwrap();
     assert_eq!((g.objects_kept, g.objects_removed), (3, 0), "{g:?}");
-    // gc never lists `locks/`.
+    // gc names nothing of `locks/`.
     let listed: Vec<&String> = planted
         .iter()
         .filter(|k| !k.starts_with("locks/"))
@@ -834,4 +835,48 @@ fn pushes_and_gcs_at_once_never_leave_a_manifest_without_its_objects() {
         );
     }
     assert_eq!(published.len(), 2 * rounds as usize);
+}
+
+/// A gc killed mid-run leaves its lock; pushes stop waiting for it after
+/// LOCK_STALE, and the next gc removes it. Only locks of the exact
+/// layout older than LOCK_STALE go: a young one (a gc running elsewhere)
+/// and an old near miss stay. Ages are planted by the server's clock
+/// (the files' times).
+#[test]
+fn gc_removes_the_lock_of_a_gc_that_died_and_nothing_else_there() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_dead_lock") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 30, 2)).unwrap().digest;
+    let r = remote(&s3, "d");
+    store.push(&r, &[m]).unwrap();
+    let plant = |name: &str, age: &str| {
+        let p = s3.file(&format!("d/locks/{name}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"").unwrap();
+        let ok = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(age)
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        p
+    };
+    let dead = plant("gc.killed-host-1-2", "11 minutes ago");
+    let older = plant("gc.killed-host-3-4", "400 days ago");
+    let running = plant("gc.running-elsewhere", "2 minutes ago");
+    let near = plant("gc.old.host", "400 days ago");
+    let other = plant("other-tool.lock", "400 days ago");
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.locks_removed, 2, "{g:?}");
+    assert!(!dead.exists() && !older.exists());
+    for p in [&running, &near, &other] {
+        assert!(p.is_file(), "{} was removed", p.display());
+    }
+    assert_eq!((g.objects_removed, g.objects_kept), (0, 2), "{g:?}");
+    let left: Vec<_> = fs::read_dir(s3.file("d/locks")).unwrap().collect();
+    assert_eq!(left.len(), 3, "the gc's own lock was left");
 }

@@ -4,8 +4,8 @@
 //! every object a kept manifest or a live pending push names).
 //!
 //! Requests for one gc: 1 PUT and 1 HEAD (the lock and the server's
-//! clock), one LIST page per 1000 keys of `pending/`, `manifests/` and
-//! `objects/` and per 1000 incomplete multipart uploads, one GET per kept
+//! clock), one LIST page per 1000 keys of `locks/`, `pending/`,
+//! `manifests/` and `objects/` and per 1000 incomplete multipart uploads, one GET per kept
 //! manifest and live pending push, one DELETE per key removed or upload
 //! aborted, and 1 DELETE for the lock.
 //!
@@ -25,7 +25,7 @@ use crate::store::manifest::{Digest, Manifest};
 
 use super::layout::{loose_marker, Layout};
 use super::push::{objects_of, Refresher};
-use super::{marker_id, server_age, Area, Remote, RequestCounts, MAX_GRACE};
+use super::{marker_id, server_age, Area, Remote, RequestCounts, LOCK_STALE, MAX_GRACE};
 
 /// At most this many keys left alone are named in a report (all are
 /// counted).
@@ -54,6 +54,9 @@ pub struct RemoteGcReport {
     /// Pending markers of pushes dead for longer than the grace period,
     /// removed.
     pub markers_removed: u64,
+    /// Locks of other gcs that died (older than [`LOCK_STALE`], which
+    /// pushes no longer wait for), removed.
+    pub locks_removed: u64,
     /// Objects kept.
     pub objects_kept: u64,
     /// Objects removed.
@@ -162,6 +165,20 @@ impl Remote {
                     .with_src(self.shown(lock))
                     .with_reason("the gc lock vanished just after it was written")
             })?;
+        // Locks of gcs that died (killed mid-run): no push waits for one
+        // any more, and nothing else would ever remove it. Only keys of
+        // the exact layout; a lock near miss is a push's concern only.
+        for m in self.list_keys(op, Area::Locks).await? {
+            let (Some(Layout::Lock(_)), Some(key)) =
+                (self.layout_of(&m.key), super::layout::exact_key(&m.key))
+            else {
+                continue;
+            };
+            if key != *lock && server_age(now, m.last_modified) >= LOCK_STALE {
+                self.delete(op, &key).await?;
+                report.locks_removed += 1;
+            }
+        }
         let mut used: HashSet<Digest> = HashSet::new();
         // The manifests live pushes are publishing: never removed, even
         // when `keep` does not name them (a push that reports success
