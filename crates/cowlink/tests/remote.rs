@@ -880,3 +880,55 @@ fn gc_removes_the_lock_of_a_gc_that_died_and_nothing_else_there() {
     let left: Vec<_> = fs::read_dir(s3.file("d/locks")).unwrap().collect();
     assert_eq!(left.len(), 3, "the gc's own lock was left");
 }
+
+/// A push judged dead (its marker older than the grace period when gc
+/// read the markers) that shows life again while the gc is still busy
+/// (its marker rewritten) keeps its marker: the next gc sees it alive.
+/// Here gc is kept busy removing 1500 planted objects (about 4 s) while
+/// the marker's time is renewed on the server, as its push's timer would;
+/// a gc done within 0.4 s would fail this test, never pass it wrongly.
+#[test]
+fn gc_keeps_a_stale_marker_rewritten_while_it_runs() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_marker_revived") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 31, 2)).unwrap().digest;
+    let r = remote(&s3, "s");
+    store.push(&r, &[m]).unwrap();
+    let manifest = s3.file(&format!("s/manifests/{m}"));
+    let marker = s3.file(&format!("s/pending/{m}.stalled-host-1-2"));
+    fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    fs::copy(&manifest, &marker).unwrap();
+    let touch = |age: &str| {
+        let ok = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(age)
+            .arg(&marker)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    touch("2 hours ago");
+    for i in 0..1500u32 {
+        let h = Digest::of(&i.to_le_bytes()).to_hex();
+        let p = s3.file(&format!("s/objects/{}/{h}", &h[..2]));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"unreferenced").unwrap();
+    }
+    let g = std::thread::scope(|sc| {
+        let g = sc.spawn(|| r.gc(None, Duration::from_secs(3600)));
+        std::thread::sleep(Duration::from_millis(400));
+        touch("now");
+        g.join().unwrap().unwrap()
+    });
+    assert_eq!(g.objects_removed, 1500, "{g:?}");
+    assert_eq!(g.markers_removed, 0, "{g:?}");
+    assert!(marker.is_file(), "the renewed marker was removed");
+    // Still stale later: it goes.
+    touch("2 hours ago");
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.markers_removed, 1, "{g:?}");
+    assert!(!marker.exists());
+}

@@ -6,8 +6,9 @@
 //! Requests for one gc: 1 PUT and 1 HEAD (the lock and the server's
 //! clock), one LIST page per 1000 keys of `locks/`, `pending/`,
 //! `manifests/` and `objects/` and per 1000 incomplete multipart uploads, one GET per kept
-//! manifest and live pending push, one DELETE per key removed or upload
-//! aborted, and 1 DELETE for the lock.
+//! manifest and live pending push, one HEAD and one DELETE per stale
+//! marker, one DELETE per other key removed or upload aborted, and 1
+//! DELETE for the lock.
 //!
 //! gc touches only keys of cowlink's exact layout (`layout.rs`): any
 //! other key below the prefix, however much it looks like one, is left
@@ -207,7 +208,7 @@ impl Remote {
                 continue;
             };
             if !young {
-                stale.push(key.clone());
+                stale.push((key.clone(), m.last_modified));
                 continue;
             }
             let manifest = self.checked_manifest(key, &d).await?;
@@ -276,9 +277,19 @@ impl Remote {
             report.objects_removed += 1;
             report.bytes_removed += m.size;
         }
-        for key in stale {
-            self.delete(op, &key).await?;
-            report.markers_removed += 1;
+        // A marker is removed only if it is still the one judged stale:
+        // one rewritten since (its push showed life while this gc ran,
+        // after a long stall) stays, so the next gc sees the push alive.
+        // Whole seconds: a HEAD's time has no finer ones, a listing's
+        // may (MinIO).
+        for (key, listed) in stale {
+            match self.head(op, &key).await? {
+                Some(m) if m.last_modified.timestamp() <= listed.timestamp() => {
+                    self.delete(op, &key).await?;
+                    report.markers_removed += 1;
+                }
+                _ => {}
+            }
         }
         // Incomplete multipart uploads. A server that cannot list them
         // does not stop the gc: the report says so.
