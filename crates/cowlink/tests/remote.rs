@@ -932,3 +932,60 @@ fn gc_keeps_a_stale_marker_rewritten_while_it_runs() {
     assert_eq!(g.markers_removed, 1, "{g:?}");
     assert!(!marker.exists());
 }
+
+/// A gc lock far in the future by the server's clock (the clock set back
+/// after a gc wrote it, or a key planted so) is no live gc's: a push does
+/// not wait for it and gc removes it. One a little ahead (a live gc's,
+/// the clock moved back by seconds) still holds a push until it goes.
+#[test]
+fn a_lock_far_in_the_future_holds_no_push() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("lock_future") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let a = store.add_tree(tree(x.path(), "a", 32, 2)).unwrap().digest;
+    let b = store.add_tree(tree(x.path(), "b", 33, 2)).unwrap().digest;
+    let r = remote(&s3, "f");
+    let plant = |name: &str, when: &str| {
+        let p = s3.file(&format!("f/locks/{name}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"").unwrap();
+        let ok = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(when)
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        p
+    };
+    let far = plant("gc.far-ahead", "3 days");
+    // On a thread of its own, so that a push that waits fails this test
+    // instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (root, pusher) = (x.path().join("st"), remote(&s3, "f"));
+    std::thread::spawn(move || {
+        let _ = tx.send(Store::open(root).unwrap().push(&pusher, &[a]));
+    });
+    let report = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the push waits for a lock three days ahead")
+        .unwrap();
+    assert_eq!(report.waited_for_gc_ms, 0, "{report:?}");
+    let near = plant("gc.a-little-ahead", "30 seconds");
+    let remover = {
+        let near = near.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2500));
+            fs::remove_file(&near).unwrap();
+        })
+    };
+    let report = store.push(&r, &[b]).unwrap();
+    remover.join().unwrap();
+    assert!(report.waited_for_gc_ms >= 2000, "{report:?}");
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.locks_removed, 1, "{g:?}");
+    assert!(!far.exists());
+    assert!(pulls_whole(x.path(), &r, &a, "fa") && pulls_whole(x.path(), &r, &b, "fb"));
+}

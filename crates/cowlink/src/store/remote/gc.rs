@@ -25,8 +25,10 @@ use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::store::manifest::{Digest, Manifest};
 
 use super::layout::{loose_marker, Layout};
-use super::push::{objects_of, Refresher};
-use super::{marker_id, server_age, Area, Remote, RequestCounts, LOCK_STALE, MAX_GRACE};
+use super::push::{lock_is_live, objects_of, Refresher};
+#[cfg(doc)]
+use super::LOCK_STALE;
+use super::{marker_id, server_age, Area, Remote, RequestCounts, MAX_GRACE};
 
 /// At most this many keys left alone are named in a report (all are
 /// counted).
@@ -55,8 +57,8 @@ pub struct RemoteGcReport {
     /// Pending markers of pushes dead for longer than the grace period,
     /// removed.
     pub markers_removed: u64,
-    /// Locks of other gcs that died (older than [`LOCK_STALE`], which
-    /// pushes no longer wait for), removed.
+    /// Locks of other gcs that died (more than [`LOCK_STALE`] away from
+    /// the server's time, which pushes no longer wait for), removed.
     pub locks_removed: u64,
     /// Objects kept.
     pub objects_kept: u64,
@@ -175,7 +177,7 @@ impl Remote {
             else {
                 continue;
             };
-            if key != *lock && server_age(now, m.last_modified) >= LOCK_STALE {
+            if key != *lock && !lock_is_live(now, m.last_modified) {
                 self.delete(op, &key).await?;
                 report.locks_removed += 1;
             }

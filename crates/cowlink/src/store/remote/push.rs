@@ -172,6 +172,19 @@ impl Refresher {
     }
 }
 
+/// Whether a gc lock written at `then` is a live gc's at `now` (both by
+/// the server's clock): within [`LOCK_STALE`] of `now`, on either side.
+/// A live gc rewrites its lock every minute at the server's current
+/// time, so a lock far in the future (the server's clock set back since
+/// it was written, or a key planted with a future time) is no live gc's
+/// either; without this it would hold every push until that time passed.
+pub(super) fn lock_is_live(
+    now: chrono::DateTime<chrono::Utc>,
+    then: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    server_age(now, then) < LOCK_STALE && server_age(then, now) < LOCK_STALE
+}
+
 fn op_err(e: Error, what: &str) -> Error {
     let why = format!("{what}: {}", e.reason());
     e.with_reason(why)
@@ -323,7 +336,7 @@ impl Push<'_> {
             // differently).
             let live = locks.iter().any(|l| {
                 super::layout::loose_lock(&remote.server_prefix(), &l.key)
-                    && server_age(now, l.last_modified) < LOCK_STALE
+                    && lock_is_live(now, l.last_modified)
             });
             if !live {
                 return Ok(waited);
