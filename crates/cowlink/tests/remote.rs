@@ -989,3 +989,45 @@ fn a_lock_far_in_the_future_holds_no_push() {
     assert!(!far.exists());
     assert!(pulls_whole(x.path(), &r, &a, "fa") && pulls_whole(x.path(), &r, &b, "fb"));
 }
+
+/// The hand-made listings are retried as the client's other requests
+/// are: a server down for a moment (killed, started again 1.5 s later)
+/// fails neither `remote ls` nor a gc; a refusal (wrong secret) is not
+/// retried.
+#[test]
+fn a_listing_outlives_a_server_down_for_a_moment() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(mut s3) = S3Server::start("list_retry") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 34, 2)).unwrap().digest;
+    let r = remote(&s3, "r");
+    store.push(&r, &[m]).unwrap();
+    s3.kill();
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        s3.start_again();
+        s3
+    });
+    let ls = r.manifests().unwrap();
+    assert_eq!(ls.len(), 1);
+    let s3 = back.join().unwrap();
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.objects_kept, 2);
+    let mut c = RemoteConfig::parse(&s3.url("r")).unwrap();
+    c.endpoint = Some(s3.endpoint());
+    c.region = Some("us-east-1".into());
+    c.keys = Some(Keys {
+        access_key: ACCESS_KEY.into(),
+        secret_key: "wrong".into(),
+    });
+    let started = std::time::Instant::now();
+    let e = Remote::open(c).unwrap().manifests().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("the secret key is wrong"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a refusal was retried"
+    );
+}

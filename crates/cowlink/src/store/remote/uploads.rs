@@ -261,7 +261,39 @@ impl Remote {
     /// GET `url` signed, counted as one LIST; the body of a success. A
     /// refusal of a listing of `keys` is explained as any other request's
     /// (`Remote::error`: unknown access key, wrong secret, no bucket).
+    ///
+    /// A failure that may pass (no answer, a 5xx, a cut body: `Io`) is
+    /// tried again as the client's other requests are, under the
+    /// remote's retry policy (tries, backoff, total time); a refusal is
+    /// not.
     async fn signed_get(
+        &self,
+        op: Operation,
+        l: &Lister,
+        url: &str,
+        keys: Option<&object_store::path::Path>,
+    ) -> Result<Vec<u8>> {
+        let policy = &self.config.retry;
+        let started = std::time::Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        let mut tries = 0;
+        loop {
+            match self.signed_get_once(op, l, url, keys).await {
+                Err(e)
+                    if e.kind() == ErrorKind::Io
+                        && tries < policy.max_retries
+                        && started.elapsed() + backoff < policy.timeout =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(policy.max_backoff);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn signed_get_once(
         &self,
         op: Operation,
         l: &Lister,
