@@ -329,7 +329,8 @@ fn gc_leaves_every_near_miss_of_its_layout_alone() {
         "{g:?}"
     );
     assert_eq!(g.objects_kept, 3);
-    // gc never lists `locks/` (it removes only its own lock).
+    // gc names nothing of `locks/` (a push's concern), and removes
+    // only its own lock there and others' dead ones.
     let listed = planted
         .iter()
         .filter(|p| !p.starts_with(s3.file("n/locks")));
@@ -1333,4 +1334,536 @@ fn manifests_cross_the_remote_in_their_canonical_bytes_only() {
     );
     // The canonical one still pulls whole.
     assert!(pulls_whole(x.path(), &r, &m, "fresh2"));
+}
+/// Keys another tool wrote under the prefix that the S3 client library
+/// cannot parse into its paths (control characters): each is left alone
+/// and named, and none makes gc, `remote ls` or a push fail. (Before,
+/// one such key anywhere below `objects/`, `manifests/`, `pending/` or
+/// `locks/` failed every gc, every listing and every push, blaming the
+/// server.) A table of such keys, planted in every area.
+#[test]
+fn keys_the_client_cannot_parse_are_left_alone_and_block_nothing() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_unparseable") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 21, 3)).unwrap().digest;
+    let r = remote(&s3, "h");
+    store.push(&r, &[m]).unwrap();
+    let h = tree_digests(21, 3)[0].to_hex();
+    let f = &h[..2];
+    let mut planted = Vec::new();
+    for (i, c) in ['\u{1}', '\u{1f}', '\u{7f}', '\t'].iter().enumerate() {
+        for k in [
+            format!("objects/{f}/{h}{c}"),
+            format!("objects/{f}{c}/{h}"),
+            format!("manifests/{m}{c}"),
+            format!("pending/{m}.id{c}{i}"),
+            // Not `gc.…`: a push waits for any young `locks/gc.…`.
+            format!("locks/x{c}{i}"),
+        ] {
+            let p = s3.file(&format!("h/{k}"));
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, b"not cowlink's").unwrap();
+            planted.push(k);
+        }
+    }
+    assert_eq!(
+        r.manifests()
+            .unwrap()
+            .iter()
+            .map(|m| m.digest)
+            .collect::<Vec<_>>(),
+        vec![m]
+    );
+    let g = r.gc(None, Duration::ZERO).unwrap();
+    assert_eq!((g.objects_kept, g.objects_removed), (3, 0), "{g:?}");
+    // gc names nothing of `locks/`.
+    let listed: Vec<&String> = planted
+        .iter()
+        .filter(|k| !k.starts_with("locks/"))
+        .collect();
+    // versitygw lists the characters XML cannot carry as U+FFFD, so keys
+    // that differ only in those come back as one spelling, listed once.
+    let spellings: std::collections::HashSet<String> = listed
+        .iter()
+        .map(|k| {
+            k.chars()
+                .map(|c| if c < ' ' && c != '\t' { '\u{fffd}' } else { c })
+                .collect()
+        })
+        .collect();
+    assert_eq!(g.keys_left_alone, spellings.len() as u64, "{g:?}");
+    for k in listed {
+        // Escaped as listed; versitygw lists the characters XML cannot
+        // carry as U+FFFD.
+        let shown = format!("h/{}", k.escape_debug());
+        let replaced: String = k
+            .chars()
+            .map(|c| if c < ' ' && c != '\t' { '\u{fffd}' } else { c })
+            .collect();
+        let replaced = format!("h/{}", replaced.escape_debug());
+        assert!(
+            g.left_alone
+                .iter()
+                .any(|s| s.ends_with(&shown) || s.ends_with(&replaced)),
+            "{shown} is not named: {g:?}"
+        );
+    }
+    for k in &planted {
+        assert!(s3.file(&format!("h/{k}")).is_file(), "{k:?} was removed");
+    }
+    // A push lists `locks/` (and would wait for a live one): the odd lock
+    // names are not cowlink's locks, old or not, and the push goes on.
+    fs::write(x.path().join("t/new"), b"one more").unwrap();
+    let m2 = store.add_tree(x.path().join("t")).unwrap().digest;
+    let p = store.push(&r, &[m2]).unwrap();
+    assert_eq!(p.objects_uploaded, 1, "{p:?}");
+    assert!(pulls_whole(x.path(), &r, &m2, "fresh"));
+}
+
+/// A prefix with characters the S3 client percent-encodes in its keys
+/// (`~`, `%`): `remote ls` finds the manifests a push wrote there, gc
+/// removes what no manifest names and keeps the rest. (Before, listed
+/// keys were judged against the prefix as typed, not as the server spells
+/// it: gc left everything alone and `ls` showed nothing.)
+#[test]
+fn a_prefix_the_client_encodes_is_judged_as_the_server_spells_it() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_encoded_prefix") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let a = store.add_tree(tree(x.path(), "a", 22, 3)).unwrap().digest;
+    let b = store.add_tree(tree(x.path(), "b", 23, 2)).unwrap().digest;
+    for prefix in ["team~1", "x/50%/y"] {
+        let r = remote(&s3, prefix);
+        store.push(&r, &[a, b]).unwrap();
+        let mut want = vec![a, b];
+        want.sort();
+        let ls: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+        assert_eq!(ls, want, "{prefix}");
+        // A manifest uploaded in the gc's own second counts as published
+        // while it ran, and is kept.
+        std::thread::sleep(Duration::from_millis(1100));
+        let g = r.gc(Some(&[a]), Duration::ZERO).unwrap();
+        assert_eq!(
+            (
+                g.manifests_removed,
+                g.objects_removed,
+                g.objects_kept,
+                g.keys_left_alone
+            ),
+            (1, 2, 3, 0),
+            "{prefix}: {g:?}"
+        );
+        assert!(pulls_whole(
+            x.path(),
+            &r,
+            &a,
+            &format!("fresh{}", prefix.len())
+        ));
+    }
+}
+
+/// A gc told to keep only some manifests never removes one a live push
+/// is publishing, nor one published while the gc ran (a push that
+/// reported success must leave its manifest): here one whose push has
+/// uploaded it but not yet removed its marker, and one whose upload
+/// time is after the gc began (the server's clock: here planted an hour
+/// ahead). Before, both went, and the pushes had reported success.
+#[test]
+fn gc_with_keep_never_removes_a_manifest_published_while_it_runs() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_keep_vs_publish") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let old = store.add_tree(tree(x.path(), "old", 24, 2)).unwrap().digest;
+    let kept = store
+        .add_tree(tree(x.path(), "kept", 25, 2))
+        .unwrap()
+        .digest;
+    let publishing = store.add_tree(tree(x.path(), "pub", 26, 3)).unwrap().digest;
+    let later = store
+        .add_tree(tree(x.path(), "later", 27, 4))
+        .unwrap()
+        .digest;
+    let r = remote(&s3, "k");
+    store.push(&r, &[old, kept, later]).unwrap();
+    // A push between uploading its manifest and removing its marker.
+    let mut p = store.start_push(&r, &[publishing]).unwrap();
+    p.upload().unwrap();
+    let marker = fs::read_dir(s3.file("k/pending"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::copy(&marker, s3.file(&format!("k/manifests/{publishing}"))).unwrap();
+    // A manifest uploaded after the gc began, by the server's clock.
+    let ok = std::process::Command::new("touch")
+        .arg("-d")
+        .arg("1 hour")
+        .arg(s3.file(&format!("k/manifests/{later}")))
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::thread::sleep(Duration::from_millis(1100));
+    let g = r.gc(Some(&[kept]), Duration::from_secs(3600)).unwrap();
+    assert_eq!((g.manifests_removed, g.manifests_kept), (1, 3), "{g:?}");
+    assert_eq!((g.objects_removed, g.objects_kept), (2, 2 + 3 + 4), "{g:?}");
+    let ls: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+    for m in [kept, publishing, later] {
+        assert!(ls.contains(&m), "{m} was removed");
+    }
+    assert!(!ls.contains(&old));
+    p.publish().unwrap();
+    for (m, name) in [(kept, "f1"), (publishing, "f2"), (later, "f3")] {
+        assert!(pulls_whole(x.path(), &r, &m, name), "{m}");
+    }
+}
+
+/// Remotes whose prefixes are prefixes of each other's (`team`,
+/// `team2`, and the bucket's root) share one bucket: a gc of one, with a
+/// grace of zero and keeping nothing but one manifest, removes nothing of
+/// the others, nor their incomplete uploads.
+#[test]
+fn gc_of_one_prefix_never_touches_a_neighbouring_prefix_or_the_root() {
+    use object_store::multipart::MultipartStore;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_neighbours") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let a = store.add_tree(tree(x.path(), "a", 28, 3)).unwrap().digest;
+    let b = store.add_tree(tree(x.path(), "b", 29, 2)).unwrap().digest;
+    let prefixes = ["", "team", "team2", "team/x"];
+    for p in prefixes {
+        store.push(&remote(&s3, p), &[a, b]).unwrap();
+    }
+    // An old incomplete upload under each prefix.
+    let client = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(cowlink_testfs::s3::BUCKET)
+        .with_region("us-east-1")
+        .with_access_key_id(ACCESS_KEY)
+        .with_secret_access_key(SECRET_KEY)
+        .with_endpoint(s3.endpoint())
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let h = Digest::of(b"upload").to_hex();
+    for p in prefixes {
+        let k = object_store::path::Path::from(format!("{p}/objects/{}/{h}", &h[..2]));
+        rt.block_on(client.create_multipart(&k)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    for (i, p) in prefixes.iter().enumerate() {
+        let g = remote(&s3, p).gc(Some(&[a]), Duration::ZERO).unwrap();
+        assert_eq!(
+            (g.manifests_removed, g.objects_removed, g.objects_kept),
+            (1, 2, 3),
+            "{p:?}: {g:?}"
+        );
+        assert_eq!(g.uploads_aborted, 1, "{p:?}: {g:?}");
+        // The others' manifests are all still there.
+        for q in &prefixes[i + 1..] {
+            let ls = remote(&s3, q).manifests().unwrap();
+            assert_eq!(ls.len(), 2, "gc of {p:?} touched {q:?}");
+        }
+    }
+    for p in prefixes {
+        assert!(pulls_whole(
+            x.path(),
+            &remote(&s3, p),
+            &a,
+            &format!("f{}", p.len())
+        ));
+    }
+}
+
+/// Two machines pushing manifests that share objects, while a third runs
+/// gc over and over (keeping everything, then keeping only one manifest):
+/// every push that reports success leaves a manifest that pulls whole, and
+/// no manifest on the remote ever lacks an object. (About 15 s: each
+/// push waits out the gc running when it starts.)
+#[test]
+fn pushes_and_gcs_at_once_never_leave_a_manifest_without_its_objects() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_push_race") else {
+        return;
+    };
+    let rounds = 4;
+    // Each machine's store: manifests that share half their files.
+    let stores: Vec<(Store, Vec<Digest>)> = (0..2u64)
+        .map(|w| {
+            let st = Store::open(x.path().join(format!("st{w}"))).unwrap();
+            let ms = (0..rounds)
+                .map(|r| {
+                    let root = tree(x.path(), &format!("w{w}r{r}"), 100 + r, 6);
+                    for i in 0..3 {
+                        fs::write(root.join(format!("own{i}")), format!("{w} {r} {i}")).unwrap();
+                    }
+                    st.add_tree(&root).unwrap().digest
+                })
+                .collect();
+            (st, ms)
+        })
+        .collect();
+    let first = stores[0].1[0];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let s3 = &s3;
+    let published = std::thread::scope(|sc| {
+        let stop = &stop;
+        let gc = sc.spawn(move || {
+            let r = remote(s3, "race");
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let keep = [first];
+                let g = r.gc((n % 2 == 1).then_some(&keep[..]), Duration::from_secs(3600));
+                // Keeping a manifest not yet pushed fails, removing nothing.
+                if let Err(e) = &g {
+                    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+                }
+                n += 1;
+                // A push waits while any gc runs: leave it room.
+                std::thread::sleep(Duration::from_millis(700));
+            }
+            n
+        });
+        let pushers: Vec<_> = stores
+            .iter()
+            .map(|(st, ms)| {
+                sc.spawn(move || {
+                    let r = remote(s3, "race");
+                    ms.iter()
+                        .map(|m| {
+                            st.push(&r, &[*m]).unwrap();
+                            // Spread the pushes over several gc rounds.
+                            std::thread::sleep(Duration::from_millis(500));
+                            *m
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let published: Vec<Digest> = pushers
+            .into_iter()
+            .flat_map(|p| p.join().unwrap())
+            .collect();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let gcs = gc.join().unwrap();
+        assert!(gcs >= 2, "gc ran {gcs} times only");
+        published
+    });
+    let r = remote(s3, "race");
+    let on_remote: Vec<Digest> = r.manifests().unwrap().iter().map(|m| m.digest).collect();
+    assert!(on_remote.contains(&first));
+    for (i, m) in on_remote.iter().enumerate() {
+        assert!(
+            pulls_whole(x.path(), &r, m, &format!("fresh{i}")),
+            "manifest {m} on the remote lacks objects"
+        );
+    }
+    assert_eq!(published.len(), 2 * rounds as usize);
+}
+
+/// A gc killed mid-run leaves its lock; pushes stop waiting for it after
+/// LOCK_STALE, and the next gc removes it. Only locks of the exact
+/// layout older than LOCK_STALE go: a young one (a gc running elsewhere)
+/// and an old near miss stay. Ages are planted by the server's clock
+/// (the files' times).
+#[test]
+fn gc_removes_the_lock_of_a_gc_that_died_and_nothing_else_there() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_dead_lock") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 30, 2)).unwrap().digest;
+    let r = remote(&s3, "d");
+    store.push(&r, &[m]).unwrap();
+    let plant = |name: &str, age: &str| {
+        let p = s3.file(&format!("d/locks/{name}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"").unwrap();
+        let ok = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(age)
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        p
+    };
+    let dead = plant("gc.killed-host-1-2", "11 minutes ago");
+    let older = plant("gc.killed-host-3-4", "400 days ago");
+    let running = plant("gc.running-elsewhere", "2 minutes ago");
+    let near = plant("gc.old.host", "400 days ago");
+    let other = plant("other-tool.lock", "400 days ago");
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.locks_removed, 2, "{g:?}");
+    assert!(!dead.exists() && !older.exists());
+    for p in [&running, &near, &other] {
+        assert!(p.is_file(), "{} was removed", p.display());
+    }
+    assert_eq!((g.objects_removed, g.objects_kept), (0, 2), "{g:?}");
+    let left: Vec<_> = fs::read_dir(s3.file("d/locks")).unwrap().collect();
+    assert_eq!(left.len(), 3, "the gc's own lock was left");
+}
+
+/// A push judged dead (its marker older than the grace period when gc
+/// read the markers) that shows life again while the gc is still busy
+/// (its marker rewritten) keeps its marker: the next gc sees it alive.
+/// Here gc is kept busy removing 1500 planted objects (about 4 s) while
+/// the marker's time is renewed on the server, as its push's timer would;
+/// a gc done within 0.4 s would fail this test, never pass it wrongly.
+#[test]
+fn gc_keeps_a_stale_marker_rewritten_while_it_runs() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("gc_marker_revived") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 31, 2)).unwrap().digest;
+    let r = remote(&s3, "s");
+    store.push(&r, &[m]).unwrap();
+    let manifest = s3.file(&format!("s/manifests/{m}"));
+    let marker = s3.file(&format!("s/pending/{m}.stalled-host-1-2"));
+    fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    fs::copy(&manifest, &marker).unwrap();
+    let touch = |age: &str| {
+        let ok = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(age)
+            .arg(&marker)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    touch("2 hours ago");
+    for i in 0..1500u32 {
+        let h = Digest::of(&i.to_le_bytes()).to_hex();
+        let p = s3.file(&format!("s/objects/{}/{h}", &h[..2]));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"unreferenced").unwrap();
+    }
+    let g = std::thread::scope(|sc| {
+        let g = sc.spawn(|| r.gc(None, Duration::from_secs(3600)));
+        std::thread::sleep(Duration::from_millis(400));
+        touch("now");
+        g.join().unwrap().unwrap()
+    });
+    assert_eq!(g.objects_removed, 1500, "{g:?}");
+    assert_eq!(g.markers_removed, 0, "{g:?}");
+    assert!(marker.is_file(), "the renewed marker was removed");
+    // Still stale later: it goes.
+    touch("2 hours ago");
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.markers_removed, 1, "{g:?}");
+    assert!(!marker.exists());
+}
+
+/// A gc lock far in the future by the server's clock (the clock set back
+/// after a gc wrote it, or a key planted so) is no live gc's: a push does
+/// not wait for it and gc removes it. One a little ahead (a live gc's,
+/// the clock moved back by seconds) still holds a push until it goes.
+#[test]
+fn a_lock_far_in_the_future_holds_no_push() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("lock_future") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let a = store.add_tree(tree(x.path(), "a", 32, 2)).unwrap().digest;
+    let b = store.add_tree(tree(x.path(), "b", 33, 2)).unwrap().digest;
+    let r = remote(&s3, "f");
+    let plant = |name: &str, when: &str| {
+        let p = s3.file(&format!("f/locks/{name}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b"").unwrap();
+        let ok = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(when)
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        p
+    };
+    let far = plant("gc.far-ahead", "3 days");
+    // On a thread of its own, so that a push that waits fails this test
+    // instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (root, pusher) = (x.path().join("st"), remote(&s3, "f"));
+    std::thread::spawn(move || {
+        let _ = tx.send(Store::open(root).unwrap().push(&pusher, &[a]));
+    });
+    let report = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the push waits for a lock three days ahead")
+        .unwrap();
+    assert_eq!(report.waited_for_gc_ms, 0, "{report:?}");
+    let near = plant("gc.a-little-ahead", "30 seconds");
+    let remover = {
+        let near = near.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2500));
+            fs::remove_file(&near).unwrap();
+        })
+    };
+    let report = store.push(&r, &[b]).unwrap();
+    remover.join().unwrap();
+    assert!(report.waited_for_gc_ms >= 2000, "{report:?}");
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.locks_removed, 1, "{g:?}");
+    assert!(!far.exists());
+    assert!(pulls_whole(x.path(), &r, &a, "fa") && pulls_whole(x.path(), &r, &b, "fb"));
+}
+
+/// The hand-made listings are retried as the client's other requests
+/// are: a server down for a moment (killed, started again 1.5 s later)
+/// fails neither `remote ls` nor a gc; a refusal (wrong secret) is not
+/// retried.
+#[test]
+fn a_listing_outlives_a_server_down_for_a_moment() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(mut s3) = S3Server::start("list_retry") else {
+        return;
+    };
+    let store = Store::open(x.path().join("st")).unwrap();
+    let m = store.add_tree(tree(x.path(), "t", 34, 2)).unwrap().digest;
+    let r = remote(&s3, "r");
+    store.push(&r, &[m]).unwrap();
+    s3.kill();
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        s3.start_again();
+        s3
+    });
+    let ls = r.manifests().unwrap();
+    assert_eq!(ls.len(), 1);
+    let s3 = back.join().unwrap();
+    let g = r.gc(None, Duration::from_secs(3600)).unwrap();
+    assert_eq!(g.objects_kept, 2);
+    let mut c = RemoteConfig::parse(&s3.url("r")).unwrap();
+    c.endpoint = Some(s3.endpoint());
+    c.region = Some("us-east-1".into());
+    c.keys = Some(Keys {
+        access_key: ACCESS_KEY.into(),
+        secret_key: "wrong".into(),
+    });
+    let started = std::time::Instant::now();
+    let e = Remote::open(c).unwrap().manifests().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("the secret key is wrong"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a refusal was retried"
+    );
 }

@@ -4,10 +4,11 @@
 //! every object a kept manifest or a live pending push names).
 //!
 //! Requests for one gc: 1 PUT and 1 HEAD (the lock and the server's
-//! clock), one LIST page per 1000 keys of `pending/`, `manifests/` and
-//! `objects/` and per 1000 incomplete multipart uploads, one GET per kept
-//! manifest and live pending push, one DELETE per key removed or upload
-//! aborted, and 1 DELETE for the lock.
+//! clock), one LIST page per 1000 keys of `locks/`, `pending/`,
+//! `manifests/` and `objects/` and per 1000 incomplete multipart uploads, one GET per kept
+//! manifest and live pending push, one HEAD and one DELETE per stale
+//! marker, one DELETE per other key removed or upload aborted, and 1
+//! DELETE for the lock.
 //!
 //! gc touches only keys of cowlink's exact layout (`layout.rs`): any
 //! other key below the prefix, however much it looks like one, is left
@@ -24,7 +25,9 @@ use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::store::manifest::{Digest, Manifest};
 
 use super::layout::{loose_marker, Layout};
-use super::push::{objects_of, Refresher};
+use super::push::{lock_is_live, objects_of, Refresher};
+#[cfg(doc)]
+use super::LOCK_STALE;
 use super::{marker_id, server_age, Area, Remote, RequestCounts, MAX_GRACE};
 
 /// At most this many keys left alone are named in a report (all are
@@ -54,6 +57,9 @@ pub struct RemoteGcReport {
     /// Pending markers of pushes dead for longer than the grace period,
     /// removed.
     pub markers_removed: u64,
+    /// Locks of other gcs that died (more than [`LOCK_STALE`] away from
+    /// the server's time, which pushes no longer wait for), removed.
+    pub locks_removed: u64,
     /// Objects kept.
     pub objects_kept: u64,
     /// Objects removed.
@@ -86,10 +92,10 @@ impl Remote {
     /// `PermissionDenied`, `NotFound` (no such bucket), `Io`.
     pub fn manifests(&self) -> Result<Vec<RemoteManifest>> {
         let mut v: Vec<RemoteManifest> = self
-            .block_on(self.list(Operation::Remote, Area::Manifests))?
+            .block_on(self.list_keys(Operation::Remote, Area::Manifests))?
             .into_iter()
             .filter_map(|m| {
-                let Some(Layout::Manifest(digest)) = self.layout_of(&m.location) else {
+                let Some(Layout::Manifest(digest)) = self.layout_of(&m.key) else {
                     return None; // not cowlink's: not a manifest
                 };
                 Some(RemoteManifest {
@@ -105,7 +111,10 @@ impl Remote {
 
     /// Remove every object on the remote that no kept manifest and no live
     /// pending push names. `keep`: the manifests to keep (the others are
-    /// removed first); `None` keeps them all. A pending push older than
+    /// removed first); `None` keeps them all. A manifest a live push is
+    /// publishing, or one uploaded since this gc began (by the server's
+    /// clock, to the second), is kept whatever `keep` says: its push
+    /// reported success. A pending push older than
     /// `grace` (by the server's clock) is taken for dead: its marker is
     /// removed and its objects are kept only if a manifest names them.
     ///
@@ -159,20 +168,41 @@ impl Remote {
                     .with_src(self.shown(lock))
                     .with_reason("the gc lock vanished just after it was written")
             })?;
+        // Locks of gcs that died (killed mid-run): no push waits for one
+        // any more, and nothing else would ever remove it. Only keys of
+        // the exact layout; a lock near miss is a push's concern only.
+        for m in self.list_keys(op, Area::Locks).await? {
+            let (Some(Layout::Lock(_)), Some(key)) =
+                (self.layout_of(&m.key), super::layout::exact_key(&m.key))
+            else {
+                continue;
+            };
+            if key != *lock && !lock_is_live(now, m.last_modified) {
+                self.delete(op, &key).await?;
+                report.locks_removed += 1;
+            }
+        }
         let mut used: HashSet<Digest> = HashSet::new();
+        // The manifests live pushes are publishing: never removed, even
+        // when `keep` does not name them (a push that reports success
+        // must leave its manifest on the remote).
+        let mut publishing: HashSet<Digest> = HashSet::new();
         // Pushes in progress, read after our lock is visible.
         let mut stale = Vec::new();
-        for m in self.list(op, Area::Pending).await? {
+        for m in self.list_keys(op, Area::Pending).await? {
             let young = server_age(now, m.last_modified) < grace;
-            let Some(Layout::Pending(d, _)) = self.layout_of(&m.location) else {
-                report.leave_alone(self.shown(&m.location));
+            let exact = super::layout::exact_key(&m.key);
+            let (Some(Layout::Pending(d, _)), Some(key)) = (self.layout_of(&m.key), &exact) else {
+                report.leave_alone(self.shown_raw(&m.key));
                 // A marker spelled otherwise (an older version's id) still
                 // protects its objects while young, if it holds the
                 // manifest it names; it is never removed.
-                if let Some(d) = loose_marker(&self.config.prefix, m.location.as_ref()) {
+                let loose = loose_marker(&self.server_prefix(), &m.key);
+                if let (Some(d), Some(key)) = (loose, exact) {
                     if young {
-                        if let Ok(manifest) = self.checked_manifest(&m.location, &d).await {
+                        if let Ok(manifest) = self.checked_manifest(&key, &d).await {
                             used.extend(objects_of(std::iter::once(&manifest)));
+                            publishing.insert(d);
                             report.pushes_protected += 1;
                         }
                     }
@@ -180,21 +210,33 @@ impl Remote {
                 continue;
             };
             if !young {
-                stale.push(m.location);
+                stale.push((key.clone(), m.last_modified));
                 continue;
             }
-            let manifest = self.checked_manifest(&m.location, &d).await?;
+            let manifest = self.checked_manifest(key, &d).await?;
             used.extend(objects_of(std::iter::once(&manifest)));
+            publishing.insert(d);
             report.pushes_protected += 1;
         }
         // What live pushes name: their multipart uploads are kept too.
         let live = used.clone();
         // Then the manifests.
         let mut listed: Vec<Digest> = Vec::new();
-        for m in self.list(op, Area::Manifests).await? {
-            match self.layout_of(&m.location) {
-                Some(Layout::Manifest(d)) => listed.push(d),
-                _ => report.leave_alone(self.shown(&m.location)),
+        // Manifests uploaded since this gc began (by the server's clock,
+        // in whole seconds: the lock's own second counts as since): a
+        // push that published while gc ran, its marker already gone
+        // when gc read the markers. The user choosing `keep` never saw
+        // them; they are kept, as are those live pushes are publishing.
+        let mut new: HashSet<Digest> = HashSet::new();
+        for m in self.list_keys(op, Area::Manifests).await? {
+            match self.layout_of(&m.key) {
+                Some(Layout::Manifest(d)) => {
+                    listed.push(d);
+                    if m.last_modified.timestamp() >= now.timestamp() || publishing.contains(&d) {
+                        new.insert(d);
+                    }
+                }
+                _ => report.leave_alone(self.shown_raw(&m.key)),
             }
         }
         let kept: HashSet<Digest> = match keep {
@@ -209,7 +251,7 @@ impl Remote {
                              (nothing was removed)"
                         )));
                 }
-                k.iter().copied().collect()
+                k.iter().chain(&new).copied().collect()
             }
         };
         for d in &kept {
@@ -223,22 +265,33 @@ impl Remote {
             report.manifests_removed += 1;
         }
         report.manifests_kept = kept.len() as u64;
-        for m in self.list(op, Area::Objects).await? {
-            let Some(Layout::Object(d)) = self.layout_of(&m.location) else {
-                report.leave_alone(self.shown(&m.location));
+        for m in self.list_keys(op, Area::Objects).await? {
+            let exact = super::layout::exact_key(&m.key);
+            let (Some(Layout::Object(d)), Some(key)) = (self.layout_of(&m.key), exact) else {
+                report.leave_alone(self.shown_raw(&m.key));
                 continue;
             };
             if used.contains(&d) {
                 report.objects_kept += 1;
                 continue;
             }
-            self.delete(op, &m.location).await?;
+            self.delete(op, &key).await?;
             report.objects_removed += 1;
             report.bytes_removed += m.size;
         }
-        for key in stale {
-            self.delete(op, &key).await?;
-            report.markers_removed += 1;
+        // A marker is removed only if it is still the one judged stale:
+        // one rewritten since (its push showed life while this gc ran,
+        // after a long stall) stays, so the next gc sees the push alive.
+        // Whole seconds: a HEAD's time has no finer ones, a listing's
+        // may (MinIO).
+        for (key, listed) in stale {
+            match self.head(op, &key).await? {
+                Some(m) if m.last_modified.timestamp() <= listed.timestamp() => {
+                    self.delete(op, &key).await?;
+                    report.markers_removed += 1;
+                }
+                _ => {}
+            }
         }
         // Incomplete multipart uploads. A server that cannot list them
         // does not stop the gc: the report says so.
@@ -246,17 +299,16 @@ impl Remote {
             Err(e) => report.uploads_not_listed = Some(e.to_string()),
             Ok(uploads) => {
                 for u in uploads {
-                    let key = Key::from(u.key.as_str());
-                    let ours = match self.layout_of(&key) {
-                        // Only a key that is exactly what was asked for:
-                        // `Key::from` may re-encode an odd one.
-                        Some(Layout::Object(d)) if key.as_ref() == u.key => Some(d),
+                    // Only a key that is exactly of the layout, and that
+                    // the client can name without re-encoding it.
+                    let ours = match (self.layout_of(&u.key), super::layout::exact_key(&u.key)) {
+                        (Some(Layout::Object(d)), Some(_)) => Some(d),
                         _ => None,
                     };
                     let Some(d) = ours else {
                         report.leave_alone(format!(
                             "{} (incomplete upload {})",
-                            self.shown(&key),
+                            self.shown_raw(&u.key),
                             u.id
                         ));
                         continue;
@@ -292,6 +344,14 @@ impl Remote {
                 )));
         }
         Manifest::from_bytes(&bytes, &self.shown(key))
+    }
+}
+
+impl Remote {
+    /// `s3://BUCKET/KEY` for a key as the server listed it, with any
+    /// control character escaped.
+    fn shown_raw(&self, key: &str) -> String {
+        format!("s3://{}/{}", self.config.bucket, key.escape_debug())
     }
 }
 

@@ -60,6 +60,23 @@ pub(crate) fn to_id(s: &str) -> String {
     out
 }
 
+/// The prefix as the server spells it: what the S3 client makes of
+/// `prefix` when it builds a key (each part percent-encoded where it holds
+/// a character such as `~` or `%`). Listed keys are judged against this,
+/// never against the prefix as the user typed it.
+pub(crate) fn server_prefix(prefix: &str) -> String {
+    object_store::path::Path::from(prefix).as_ref().to_string()
+}
+
+/// The client's key for `raw`, a key the server listed that [`classify`]
+/// recognised: exactly `raw`, never re-encoded (`None` if the client
+/// cannot spell it so).
+pub(crate) fn exact_key(raw: &str) -> Option<object_store::path::Path> {
+    object_store::path::Path::parse(raw)
+        .ok()
+        .filter(|k| k.as_ref() == raw)
+}
+
 /// A digest spelled exactly as cowlink spells it (64 lower-case hex).
 fn digest(s: &str) -> Option<Digest> {
     s.parse().ok()
@@ -306,6 +323,23 @@ mod tests {
             assert!(loose_lock(prefix, &k("locks/gc.old host.1")));
             assert!(!loose_lock(prefix, &k("locks/other")));
             assert!(!loose_lock(prefix, &k("locks/x/gc.1")));
+        }
+    }
+
+    /// Keys are judged against the prefix as the client writes it, and a
+    /// listed key is named only exactly as listed.
+    #[test]
+    fn encoded_prefixes_and_exact_keys() {
+        for typed in ["team~1", "a/50%/b", "x{y}", "plain/p"] {
+            let server = server_prefix(typed);
+            let l = Layout::Object(d(9));
+            let written = object_store::path::Path::from(key_of(typed, &l));
+            assert_eq!(classify(&server, written.as_ref()), Some(l), "{typed}");
+            assert_eq!(exact_key(written.as_ref()), Some(written.clone()));
+        }
+        assert_eq!(server_prefix(""), "");
+        for raw in ["p/objects/ab/x/", "/p/x", "p//x", "p/./x", "p/a\u{1}"] {
+            assert_eq!(exact_key(raw), None, "{raw:?}");
         }
     }
 

@@ -216,6 +216,10 @@ pub(super) struct Lister<'a> {
 pub(crate) struct Listing {
     pub(crate) keys: Vec<ObjectMeta>,
     pub(crate) skipped: Vec<String>,
+    /// Every key below the prefix exactly as the server spells it (once
+    /// each), with size and upload time, whether object_store can name it
+    /// or not: what gc and push judge with `layout.rs`.
+    pub(crate) raw: Vec<(String, u64, Option<DateTime<Utc>>)>,
 }
 
 impl Lister<'_> {
@@ -243,6 +247,7 @@ impl Lister<'_> {
                     out.skipped.push(shown(&key));
                     continue;
                 }
+                out.raw.push((key.clone(), size, modified));
                 match Key::parse(&key) {
                     Ok(location) => out.keys.push(ObjectMeta {
                         location,

@@ -450,14 +450,6 @@ impl Remote {
         self.endpoint.as_deref().unwrap_or("AWS S3")
     }
 
-    /// Every key below `area`, with sizes and upload times; one LIST
-    /// request per 1000 keys. Keys object_store cannot name (control
-    /// characters, empty or `..` parts: never cowlink's) are left out;
-    /// [`Remote::list_all`] names them.
-    pub(crate) async fn list(&self, op: Operation, area: Area) -> Result<Vec<ObjectMeta>> {
-        Ok(self.list_all(op, area).await?.keys)
-    }
-
     /// Every key below `area`, and the keys that cannot be named (quoted
     /// for messages). A listing the server breaks (a repeated
     /// continuation token, keys out of order or repeated, endless empty
@@ -607,12 +599,17 @@ impl Remote {
         self.config.transfers.max(1)
     }
 
-    /// What `key` is in cowlink's layout under this remote's prefix, or
+    /// What `key` (as the server listed it) is in cowlink's layout under this remote's prefix, or
     /// `None` when it is not exactly a key cowlink writes (see
     /// `layout.rs`): the one test every step that deletes or trusts a
     /// listed key passes through.
-    pub(crate) fn layout_of(&self, key: &Key) -> Option<layout::Layout> {
-        layout::classify(&self.config.prefix, key.as_ref())
+    pub(crate) fn layout_of(&self, key: &str) -> Option<layout::Layout> {
+        layout::classify(&self.server_prefix(), key)
+    }
+
+    /// This remote's prefix as the server spells it (`layout.rs`).
+    pub(crate) fn server_prefix(&self) -> String {
+        layout::server_prefix(&self.config.prefix)
     }
 
     /// Rewrite a push's pending markers every `every` instead of every

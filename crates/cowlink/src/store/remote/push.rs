@@ -175,6 +175,19 @@ impl Refresher {
     }
 }
 
+/// Whether a gc lock written at `then` is a live gc's at `now` (both by
+/// the server's clock): within [`LOCK_STALE`] of `now`, on either side.
+/// A live gc rewrites its lock every minute at the server's current
+/// time, so a lock far in the future (the server's clock set back since
+/// it was written, or a key planted with a future time) is no live gc's
+/// either; without this it would hold every push until that time passed.
+pub(super) fn lock_is_live(
+    now: chrono::DateTime<chrono::Utc>,
+    then: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    server_age(now, then) < LOCK_STALE && server_age(then, now) < LOCK_STALE
+}
+
 fn op_err(e: Error, what: &str) -> Error {
     let why = format!("{what}: {}", e.reason());
     e.with_reason(why)
@@ -312,7 +325,7 @@ impl Push<'_> {
         let remote = self.remote;
         let mut waited = false;
         loop {
-            let locks = remote.list(op, Area::Locks).await?;
+            let locks = remote.list_keys(op, Area::Locks).await?;
             if locks.is_empty() {
                 return Ok(waited);
             }
@@ -326,8 +339,8 @@ impl Push<'_> {
             // the safe side, and an older version may spell ids
             // differently).
             let live = locks.iter().any(|l| {
-                super::layout::loose_lock(&remote.config.prefix, l.location.as_ref())
-                    && server_age(now, l.last_modified) < LOCK_STALE
+                super::layout::loose_lock(&remote.server_prefix(), &l.key)
+                    && lock_is_live(now, l.last_modified)
             });
             if !live {
                 return Ok(waited);
@@ -471,10 +484,10 @@ async fn missing(remote: &Remote, wanted: &[(Digest, u64)]) -> Result<Vec<(Diges
     let op = Operation::Push;
     if wanted.len() > LIST_ABOVE {
         let there: HashMap<Digest, u64> = remote
-            .list(op, Area::Objects)
+            .list_keys(op, Area::Objects)
             .await?
             .into_iter()
-            .filter_map(|m| match remote.layout_of(&m.location) {
+            .filter_map(|m| match remote.layout_of(&m.key) {
                 Some(Layout::Object(d)) => Some((d, m.size)),
                 _ => None,
             })

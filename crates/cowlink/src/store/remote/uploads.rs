@@ -1,21 +1,28 @@
-//! Incomplete multipart uploads: S3 keeps (and bills) the parts of an
-//! upload that was never completed nor aborted, such as a push killed
-//! mid-object. Remote gc lists them and aborts the old ones.
+//! The two listings the remote's protocol rests on, made by hand:
+//! keys ([`Remote::list_keys`], `ListObjectsV2`) and incomplete multipart
+//! uploads ([`Remote::list_uploads`], `ListMultipartUploads`: S3 keeps,
+//! and bills, the parts of an upload never completed nor aborted, such
+//! as a push killed mid-object; remote gc aborts the old ones).
 //!
-//! object_store 0.14 can create, complete and abort a multipart upload
-//! but not list them (`ListMultipartUploads`). That one request is built
-//! here, signed with object_store's own SigV4 signer
-//! ([`AwsAuthorizer`]) and sent through the remote's guarded HTTP client, so it carries
-//! the same keys, region and endpoint as every other request. The answer
-//! is untrusted: its body is read up to [`BODY_MAX`], its pages are
+//! object_store 0.14 cannot list uploads at all, and its key listing
+//! parses every key into its `Path`, which fails the whole listing on a
+//! key it cannot parse (a control character, an empty or `.` segment,
+//! written by another tool under the prefix) and silently drops a
+//! trailing `/` (so `objects/ab/<hex>/` would pass for the object). Both
+//! requests are built here, signed with object_store's own SigV4 signer
+//! ([`AwsAuthorizer`]) and sent with its own HTTP client, so they carry
+//! the same keys, region and endpoint as every other request; keys come
+//! back as the server's exact strings, for `layout.rs` to judge. The
+//! answers are untrusted: a body is read up to [`BODY_MAX`], pages are
 //! bounded by [`PAGES_MAX`] and a page that does not move the listing on
 //! ends it with an error.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use object_store::aws::AwsAuthorizer;
+use object_store::aws::{AwsAuthorizer, AwsCredential};
 use object_store::client::{HttpRequest, HttpRequestBody};
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
@@ -36,6 +43,17 @@ pub(crate) struct Upload {
     pub id: String,
     /// When it was started, by the server's clock.
     pub initiated: DateTime<Utc>,
+}
+
+/// A key of the remote as the server listed it, exactly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// The key, exactly as the server spells it (never re-encoded).
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its upload time, by the server's clock.
+    pub last_modified: DateTime<Utc>,
 }
 
 #[derive(serde::Deserialize, Debug)]
@@ -101,7 +119,161 @@ fn parse_page(body: &[u8]) -> std::result::Result<(Vec<Upload>, Option<Marker>),
     Ok((out, next))
 }
 
+/// One signed GET request to the bucket, its answer bounded.
+struct Lister {
+    base: String,
+    region: String,
+    credential: AwsCredential,
+    client: object_store::client::HttpClient,
+    /// `s3://BUCKET/PREFIX/`, for messages.
+    shown: String,
+    what: &'static str,
+}
+
 impl Remote {
+    /// A lister for this remote; `what` is named in its errors.
+    fn lister(&self, op: Operation, what: &'static str) -> Result<Lister> {
+        // Through the remote's one guarded HTTP client (http.rs): its
+        // retries on time, idle time-out and re-signing apply here too.
+        let base = self.bucket_url.clone();
+        let shown = format!("s3://{}/{}", self.config.bucket, self.server_prefix());
+        let _ = (op, what);
+        Ok(Lister {
+            base,
+            region: self.region.clone(),
+            credential: AwsCredential {
+                key_id: self.credential.key_id.clone(),
+                secret_key: self.credential.secret_key.clone(),
+                token: self.credential.token.clone(),
+            },
+            client: self.http.clone(),
+            shown,
+            what,
+        })
+    }
+
+    /// The keys under this remote's prefix and `area`, exactly as the
+    /// server spells them, with sizes and upload times; one LIST request
+    /// per 1000 keys. A key of any spelling is listed, never an error:
+    /// `layout.rs` decides what it is.
+    ///
+    /// # Errors
+    /// `PermissionDenied` (403), `NotFound` (no such bucket), `Io` for
+    /// any other refusal, an answer that cannot be read, or a listing
+    /// that does not end.
+    pub(crate) async fn list_keys(&self, op: Operation, area: super::Area) -> Result<Vec<Listed>> {
+        // The one key listing (`list.rs`: its continuation, repeat and
+        // page rules, through the guarded client), keys kept exact.
+        let listing = self.list_all(op, area).await?;
+        Ok(listing
+            .raw
+            .into_iter()
+            .map(|(key, size, t)| Listed {
+                key,
+                size,
+                last_modified: t.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// GET `url` signed, counted as one LIST; the body of a success. A
+    /// refusal of a listing of `keys` is explained as any other request's
+    /// (`Remote::error`: unknown access key, wrong secret, no bucket).
+    ///
+    /// A failure that may pass (no answer, a 5xx, a cut body: `Io`) is
+    /// tried again as the client's other requests are, under the
+    /// remote's retry policy (tries, backoff, total time); a refusal is
+    /// not.
+    async fn signed_get(
+        &self,
+        op: Operation,
+        l: &Lister,
+        url: &str,
+        keys: Option<&object_store::path::Path>,
+    ) -> Result<Vec<u8>> {
+        let policy = &self.config.retry;
+        let started = std::time::Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        let mut tries = 0;
+        loop {
+            match self.signed_get_once(op, l, url, keys).await {
+                Err(e)
+                    if e.kind() == ErrorKind::Io
+                        && tries < policy.max_retries
+                        && started.elapsed() + backoff < policy.timeout =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(policy.max_backoff);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn signed_get_once(
+        &self,
+        op: Operation,
+        l: &Lister,
+        url: &str,
+        keys: Option<&object_store::path::Path>,
+    ) -> Result<Vec<u8>> {
+        let mut req: HttpRequest = http::Request::builder()
+            .method(http::Method::GET)
+            .uri(url)
+            .body(HttpRequestBody::empty())
+            .map_err(|e| l.fail(op, ErrorKind::InvalidInput, e.to_string()))?;
+        AwsAuthorizer::new(&l.credential, "s3", &l.region)
+            .try_authorize(&mut req, None)
+            .map_err(|e| l.fail(op, ErrorKind::InvalidInput, e.to_string()))?;
+        self.requests.list.fetch_add(1, Ordering::Relaxed);
+        let resp = l
+            .client
+            .execute(req)
+            .await
+            .map_err(|e| l.fail(op, ErrorKind::Io, format!("{e}")))?;
+        let status = resp.status();
+        let mut body = Vec::new();
+        let mut stream = resp.into_body().bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| l.fail(op, ErrorKind::Io, format!("{e}")))?;
+            if body.len() + chunk.len() > BODY_MAX {
+                return Err(l.fail(
+                    op,
+                    ErrorKind::Io,
+                    format!("the server's answer is larger than {BODY_MAX} bytes"),
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        self.requests
+            .bytes_down
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        if !status.is_success() {
+            let code = s3_code(&body).unwrap_or_default();
+            if let Some(key) = keys {
+                let source = format!("the server answered {status} {code}").into();
+                let path = key.to_string();
+                let e = match status.as_u16() {
+                    401 | 403 => object_store::Error::PermissionDenied { path, source },
+                    404 => object_store::Error::NotFound { path, source },
+                    _ => object_store::Error::Generic {
+                        store: "S3",
+                        source,
+                    },
+                };
+                return Err(self.error(op, key, e));
+            }
+            let kind = match status.as_u16() {
+                403 => ErrorKind::PermissionDenied,
+                404 if code.contains("NoSuchBucket") => ErrorKind::NotFound,
+                _ => ErrorKind::Io,
+            };
+            return Err(l.fail(op, kind, format!("the server answered {status} {code}")));
+        }
+        Ok(body)
+    }
+
     /// The incomplete multipart uploads of keys below this remote's
     /// prefix (the whole bucket for an empty prefix).
     ///
@@ -109,24 +281,17 @@ impl Remote {
     /// `PermissionDenied` (403), `Io` for any other refusal, an answer
     /// that cannot be read, or a listing that does not end.
     pub(crate) async fn list_uploads(&self, op: Operation) -> Result<Vec<Upload>> {
-        // Through the remote's one guarded HTTP client (http.rs): its
-        // retries, idle time-out and re-signing apply here too.
-        let base = &self.bucket_url;
-        let prefix = match self.config.prefix.as_str() {
+        let l = self.lister(op, "incomplete multipart uploads")?;
+        let prefix = match self.server_prefix().as_str() {
             "" => String::new(),
             p => format!("{p}/"),
-        };
-        let where_ = || format!("s3://{}/{prefix}", self.config.bucket);
-        let fail = |kind: ErrorKind, why: String| {
-            Error::new(op, kind)
-                .with_src(where_())
-                .with_reason(format!("cannot list incomplete multipart uploads: {why}"))
         };
         let mut out = Vec::new();
         let mut marker: Option<Marker> = None;
         for _ in 0..PAGES_MAX {
             let mut url = format!(
-                "{base}?uploads=&max-uploads=1000&prefix={}",
+                "{}?uploads=&max-uploads=1000&prefix={}",
+                l.base,
                 encode(&prefix)
             );
             if let Some((k, u)) = &marker {
@@ -135,51 +300,14 @@ impl Remote {
                     url.push_str(&format!("&upload-id-marker={}", encode(u)));
                 }
             }
-            let mut req: HttpRequest = http::Request::builder()
-                .method(http::Method::GET)
-                .uri(&url)
-                .body(HttpRequestBody::empty())
-                .map_err(|e| fail(ErrorKind::InvalidInput, e.to_string()))?;
-            AwsAuthorizer::new(&self.credential, "s3", &self.region)
-                .try_authorize(&mut req, None)
-                .map_err(|e| fail(ErrorKind::InvalidInput, e.to_string()))?;
-            self.requests.list.fetch_add(1, Ordering::Relaxed);
-            let resp = self
-                .http
-                .execute(req)
-                .await
-                .map_err(|e| fail(ErrorKind::Io, format!("{e}")))?;
-            let status = resp.status();
-            let mut body = Vec::new();
-            let mut stream = resp.into_body().bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| fail(ErrorKind::Io, format!("{e}")))?;
-                if body.len() + chunk.len() > BODY_MAX {
-                    return Err(fail(
-                        ErrorKind::Io,
-                        format!("the server's answer is larger than {BODY_MAX} bytes"),
-                    ));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            self.requests
-                .bytes_down
-                .fetch_add(body.len() as u64, Ordering::Relaxed);
-            if !status.is_success() {
-                let code = s3_code(&body).unwrap_or_default();
-                let kind = if status.as_u16() == 403 {
-                    ErrorKind::PermissionDenied
-                } else {
-                    ErrorKind::Io
-                };
-                return Err(fail(kind, format!("the server answered {status} {code}")));
-            }
-            let (page, next) = parse_page(&body).map_err(|e| fail(ErrorKind::Io, e))?;
+            let body = self.signed_get(op, &l, &url, None).await?;
+            let (page, next) = parse_page(&body).map_err(|e| l.fail(op, ErrorKind::Io, e))?;
             out.extend(page);
             match next {
                 None => return Ok(out),
                 Some(n) if Some(&n) == marker.as_ref() || n.0.is_empty() => {
-                    return Err(fail(
+                    return Err(l.fail(
+                        op,
                         ErrorKind::Io,
                         "the server's listing does not move on (the same page again)".into(),
                     ))
@@ -187,7 +315,8 @@ impl Remote {
                 Some(n) => marker = Some(n),
             }
         }
-        Err(fail(
+        Err(l.fail(
+            op,
             ErrorKind::Io,
             format!("the listing did not end after {PAGES_MAX} pages"),
         ))
@@ -197,12 +326,29 @@ impl Remote {
     /// counts as done).
     pub(crate) async fn abort_upload(&self, op: Operation, u: &Upload) -> Result<()> {
         use object_store::multipart::MultipartStore;
-        let key = object_store::path::Path::from(u.key.as_str());
+        // The upload's key exactly as listed, never re-encoded.
+        let key = super::layout::exact_key(&u.key).ok_or_else(|| {
+            Error::new(op, ErrorKind::InvalidInput)
+                .with_src(format!(
+                    "s3://{}/{}",
+                    self.config.bucket,
+                    u.key.escape_debug()
+                ))
+                .with_reason("the client cannot name this key exactly; the upload is left alone")
+        })?;
         self.requests.delete.fetch_add(1, Ordering::Relaxed);
         match self.client.abort_multipart(&key, &u.id).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error(op, &key, e)),
         }
+    }
+}
+
+impl Lister {
+    fn fail(&self, op: Operation, kind: ErrorKind, why: String) -> Error {
+        Error::new(op, kind)
+            .with_src(&self.shown)
+            .with_reason(format!("cannot list {}: {why}", self.what))
     }
 }
 
