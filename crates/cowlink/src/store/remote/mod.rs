@@ -30,13 +30,16 @@
 //! 2020 (and MinIO, Garage and versitygw have):
 //!
 //! 1. A push first writes `pending/<manifest>.<id>` (the manifest's
-//!    bytes), then looks for `locks/gc.*`. While a gc lock younger than
-//!    [`LOCK_STALE`] exists, the push waits; only then does it ask which
-//!    objects the remote has. After the manifest is uploaded the pending
-//!    marker is deleted.
+//!    bytes), then looks for `locks/gc.*`. While a gc lock dated within
+//!    [`LOCK_STALE`] of the server's time (either side) exists, the push
+//!    waits; only then does it ask which objects the remote has. After
+//!    the manifest is uploaded the pending marker is deleted.
 //! 2. A gc first writes its lock, then reads the pending markers, then
 //!    the manifests, and keeps every object a kept manifest or a pending
-//!    marker younger than the grace period names.
+//!    marker younger than the grace period names. With `--keep` it still
+//!    keeps a manifest a live marker names or one uploaded at or after
+//!    its lock's second; it re-reads a stale marker before removing it,
+//!    and removes the locks of gcs that died.
 //!
 //! Either a push's marker is written before gc reads the markers (so gc
 //! keeps its objects), or after gc's lock exists (so the push sees the
