@@ -2125,3 +2125,83 @@ fn qcow2_reader_survives_generated_and_corpus_inputs() {
         "{read} read, {refused_n} refused"
     );
 }
+
+/// A convert destination named through symbolic links is the file they
+/// name, as `qemu-img convert` writes it: that file gets the result and
+/// every link stays a link, whatever the shape of the links (relative,
+/// absolute, chained, into a subdirectory, dangling). A link to an image
+/// of the chain is refused and a loop of links is an error; neither
+/// changes anything.
+#[test]
+fn convert_writes_through_symlinked_destinations() {
+    use std::os::unix::fs::symlink;
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = base_and_overlay(x.path(), "dst-links", "64k", "");
+    let want = sha(&d.join("ref.raw"));
+    fs::create_dir_all(d.join("sub")).unwrap();
+    let abs = d.join("sub/abs.raw");
+    // (links to make: name -> target, the destination given, the file
+    // that must receive the result, whether it exists beforehand)
+    type Links<'a> = Vec<(&'a str, PathBuf)>;
+    let cases: Vec<(Links, &str, PathBuf, bool)> = vec![
+        (vec![("l1", "t1.raw".into())], "l1", d.join("t1.raw"), true),
+        (vec![("l2", "t2.raw".into())], "l2", d.join("t2.raw"), false),
+        (
+            vec![("l3", "l3b".into()), ("l3b", "sub/t3.raw".into())],
+            "l3",
+            d.join("sub/t3.raw"),
+            true,
+        ),
+        (vec![("l4", abs.clone())], "l4", abs.clone(), false),
+        (
+            vec![("sub/l5", "../t5.raw".into())],
+            "sub/l5",
+            d.join("t5.raw"),
+            true,
+        ),
+    ];
+    for (links, dst, file, exists) in &cases {
+        if *exists {
+            fs::write(file, b"old contents").unwrap();
+        }
+        for (name, to) in links {
+            symlink(to, d.join(name)).unwrap();
+        }
+        report(&d, &["convert", "ov.qcow2", dst]);
+        for (name, _) in links {
+            let m = fs::symlink_metadata(d.join(name)).unwrap();
+            assert!(
+                m.file_type().is_symlink(),
+                "{dst}: {name} is no longer a link"
+            );
+        }
+        assert_eq!(
+            sha(file),
+            want,
+            "{dst}: {} holds the wrong bytes",
+            file.display()
+        );
+    }
+    // A link to the overlay itself: refused, the overlay untouched.
+    let before = sha(&d.join("ov.qcow2"));
+    symlink("ov.qcow2", d.join("self.raw")).unwrap();
+    refused(&d, &["convert", "ov.qcow2", "self.raw"], &["chain"]);
+    assert!(fs::symlink_metadata(d.join("self.raw"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(sha(&d.join("ov.qcow2")), before);
+    // A loop of links: an error naming it, nothing created.
+    symlink("loop-b", d.join("loop-a")).unwrap();
+    symlink("loop-a", d.join("loop-b")).unwrap();
+    refused(
+        &d,
+        &["convert", "ov.qcow2", "loop-a"],
+        &["loop-a", "symbolic links"],
+    );
+    assert!(fs::symlink_metadata(d.join("loop-a"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}

@@ -819,6 +819,10 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
 /// image of the chain.
 pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
     let chain = chain::open_chain(src)?;
+    // A destination named through symbolic links is the file they name
+    // (as `qemu-img convert` writes through them): that file is replaced,
+    // the links stay links.
+    let dst = &resolve_links(dst)?;
     // An existing destination: a regular file, not in the chain, and not
     // in use (QEMU's write locks, held until it is replaced).
     let _old = match fs::lstat(dst) {
@@ -880,6 +884,31 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
         &mut report,
     )?;
     Ok(report)
+}
+
+/// The file `path` names once the symbolic links of its last component
+/// are followed, one by one, as `open(O_CREAT)` follows them: a dangling
+/// link names the file it would create. Replacing that file keeps every
+/// link a link (a rename over `path` itself would turn it into a regular
+/// file and leave the file it named as it was).
+fn resolve_links(path: &Path) -> Result<PathBuf, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = path.to_path_buf();
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        match fs::lstat(&p) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                let to = fs::readlink(&p, Vec::new()).map_err(err(&p))?;
+                let to = Path::new(std::ffi::OsStr::from_bytes(to.as_bytes()));
+                p = match to.is_absolute() {
+                    true => to.to_path_buf(),
+                    false => parent_of(&p).join(to),
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(err(path)(Errno::LOOP).with_reason("the destination is a loop of symbolic links"))
 }
 
 fn chain_holds(chain: &chain::Chain, id: Option<(u64, u64)>) -> bool {
