@@ -337,9 +337,13 @@ fn parent_of(p: &Path) -> &Path {
 /// complete, or the destination itself.
 enum Target<'a> {
     /// An unnamed file beside `dst`, starting as a copy of `start`.
+    /// `was`: the file (device, inode) `dst` named when the operation
+    /// began and that it locked; the name must still lead to it when the
+    /// new file replaces it.
     Replace {
         dst: &'a Path,
         start: Option<&'a Node>,
+        was: Option<(u64, u64)>,
     },
     /// The base itself (in-place commit; a block device).
     InPlace(&'a Node),
@@ -393,7 +397,7 @@ fn build(
             fs::fsync(out).map_err(&e)?;
             Ok(())
         }
-        Target::Replace { dst, start } => {
+        Target::Replace { dst, start, was } => {
             let e = err(dst);
             let old = start
                 .map(|n| fs::fstat(&n.file).map_err(err(&n.path)))
@@ -475,8 +479,26 @@ fn build(
                 })?;
             }
             fs::fsync(out).map_err(&e)?;
+            still_names(dst, was)?;
             pending.persist(dst, Overwrite::Replace).map_err(&e)
         }
+    }
+}
+
+/// Refuse to replace `dst` unless it still names the file `was` that the
+/// operation locked when it began: another program that renamed a file
+/// of its own over the name meanwhile (QEMU's locks are on the old file,
+/// not the name) would lose that file to a result built from the old one.
+fn still_names(dst: &Path, was: Option<(u64, u64)>) -> Result<(), Error> {
+    let Some(was) = was else { return Ok(()) };
+    match fs::stat(dst) {
+        Ok(st) if (st.st_dev, st.st_ino) == was => Ok(()),
+        _ => Err(Error::new(Operation::Image, ErrorKind::InUse)
+            .with_dst(dst)
+            .with_reason(
+                "another program replaced or removed this file while cowlink worked on it; \
+                 its new file is left as it is and nothing was written (run again)",
+            )),
     }
 }
 
@@ -801,6 +823,7 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
         Target::Replace {
             dst: &base_path,
             start: Some(&base),
+            was: Some(base.id),
         }
     };
     build(target, size, false, &layers, &options.run, &mut report)?;
@@ -825,7 +848,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
     let dst = &resolve_links(dst)?;
     // An existing destination: a regular file, not in the chain, and not
     // in use (QEMU's write locks, held until it is replaced).
-    let _old = match fs::lstat(dst) {
+    let old_dst = match fs::lstat(dst) {
         Ok(_) => {
             let n = open_node(dst, "destination", false, Access::Write);
             let n = match n {
@@ -876,6 +899,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
         Target::Replace {
             dst,
             start: chain.bottom.as_ref(),
+            was: old_dst.as_ref().map(|n| n.id),
         },
         size,
         true,
@@ -926,4 +950,85 @@ fn same_file(src: &Path, dst: &Path) -> Error {
         .with_src(src)
         .with_dst(dst)
         .with_reason("the destination is an image of the chain being converted")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What another program may do to the name of a file being replaced
+    /// while a commit or convert works: the result replaces the name only
+    /// when it still leads to the file locked at the start (through a new
+    /// hard link or a symbolic link to it, too); otherwise the other
+    /// program's file stays, byte for byte, and the error says why.
+    #[test]
+    fn a_replaced_name_is_never_clobbered() {
+        let Some(t) = cowlink_testfs::testfs!(Xfs) else {
+            return;
+        };
+        type Meddle = fn(&Path, &Path);
+        let cases: [(&str, Meddle, bool); 6] = [
+            ("untouched", |_, _| {}, true),
+            (
+                "renamed over",
+                |d, n| {
+                    std::fs::write(d.join("other"), b"other").unwrap();
+                    std::fs::rename(d.join("other"), n).unwrap();
+                },
+                false,
+            ),
+            ("removed", |_, n| std::fs::remove_file(n).unwrap(), false),
+            (
+                "replaced by a new file",
+                |_, n| {
+                    std::fs::remove_file(n).unwrap();
+                    std::fs::write(n, b"other").unwrap();
+                },
+                false,
+            ),
+            (
+                "a hard link of itself renamed over",
+                |d, n| {
+                    std::fs::hard_link(n, d.join("same")).unwrap();
+                    std::fs::rename(d.join("same"), n).unwrap();
+                },
+                true,
+            ),
+            (
+                "moved aside, a link to it put there",
+                |d, n| {
+                    std::fs::rename(n, d.join("aside")).unwrap();
+                    std::os::unix::fs::symlink(d.join("aside"), n).unwrap();
+                },
+                true,
+            ),
+        ];
+        for (i, (what, meddle, replaced)) in cases.into_iter().enumerate() {
+            let d = t.path().join(format!("case-{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let name = d.join("base.raw");
+            std::fs::write(&name, vec![7u8; 8192]).unwrap();
+            let base = open_node(&name, "base", false, Access::Write).unwrap();
+            meddle(&d, &name);
+            let before = std::fs::read(&name).ok();
+            let target = Target::Replace {
+                dst: &name,
+                start: Some(&base),
+                was: Some(base.id),
+            };
+            let mut report = ImageReport::default();
+            let r = build(target, 8192, false, &[], &Run::default(), &mut report);
+            if replaced {
+                r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(std::fs::read(&name).unwrap(), vec![7u8; 8192], "{what}");
+            } else {
+                let e = r.expect_err(what);
+                assert_eq!(e.kind(), ErrorKind::InUse, "{what}: {e}");
+                assert!(e.to_string().contains("base.raw"), "{what}: {e}");
+                assert_eq!(std::fs::read(&name).ok(), before, "{what}");
+            }
+            let names: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+            assert!(names.len() <= 3, "{what}: a temporary was left");
+        }
+    }
 }
