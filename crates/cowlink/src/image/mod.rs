@@ -766,13 +766,23 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
         None => false,
     };
     if !is_backing {
-        if let (Some(b), Some((_, Some(fmt)))) = (&backing, &q.backing) {
-            if Format::declared(overlay, fmt)? != Format::Raw {
+        if let Some(b) = &backing {
+            // Its format as declared, else as QEMU would probe it (a
+            // backing file that is gone hides nothing).
+            let fmt = match &q.backing {
+                Some((_, Some(fmt))) => Some(Format::declared(overlay, fmt)?),
+                _ => match open_node(b, "backing file", false, Access::Read) {
+                    Ok(n) => Some(Format::probe(&n)?),
+                    Err(e) if e.kind() == ErrorKind::NotFound => None,
+                    Err(e) => return Err(e),
+                },
+            };
+            if fmt == Some(Format::Qcow2) {
                 return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
                     .with_src(overlay)
                     .with_dst(&base_path)
                     .with_reason(format!(
-                        "the overlay's own backing file {} is {fmt}: what the overlay does not \
+                        "the overlay's own backing file {} is qcow2: what the overlay does not \
                          hold reads from there, so committing the overlay alone into {} would \
                          lose it (convert the chain instead)",
                         quoted(b),
