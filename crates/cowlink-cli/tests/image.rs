@@ -1558,6 +1558,23 @@ fn hostile_headers_are_refused_with_reasons() {
         },
         "past the end",
     );
+    // An end marker whose length runs past the first cluster (QEMU:
+    // "Header extension too large"), in version 3 and version 2 headers.
+    for (name, from) in [("ext-end-too-long", &v3), ("v2-ext-end-too-long", &v2)] {
+        case(
+            name,
+            from,
+            &|b| {
+                let at = if be64(b, 0) & 0xffff_ffff == 3 {
+                    u32::from_be_bytes(b[100..104].try_into().unwrap()) as usize
+                } else {
+                    72
+                };
+                put(b, at, &[0, 0, 0, 0, 0, 0x10, 0, 0]);
+            },
+            "header extension",
+        );
+    }
     for (name, bytes, word) in &cases {
         let img = format!("{name}.qcow2");
         fs::write(d.join(&img), bytes).unwrap();
