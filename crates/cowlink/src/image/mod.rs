@@ -480,7 +480,21 @@ fn build(
             }
             fs::fsync(out).map_err(&e)?;
             still_names(dst, was)?;
-            pending.persist(dst, Overwrite::Replace).map_err(&e)
+            // A name that did not exist is created only if it still does
+            // not: one another program made meanwhile is not clobbered.
+            let how = match was {
+                Some(_) => Overwrite::Replace,
+                None => Overwrite::Refuse,
+            };
+            pending.persist(dst, how).map_err(|x| match x {
+                Errno::EXIST => Error::new(Operation::Image, ErrorKind::InUse)
+                    .with_dst(dst)
+                    .with_reason(
+                        "another program created this file while cowlink worked; it is left \
+                         as it is and nothing was written (remove it and run again)",
+                    ),
+                x => e(x),
+            })
         }
     }
 }
@@ -1039,6 +1053,39 @@ mod tests {
             }
             let names: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
             assert!(names.len() <= 3, "{what}: a temporary was left");
+        }
+        // A destination that did not exist: created, unless another
+        // program made it meanwhile (then its file stays).
+        for made in [false, true] {
+            let d = t.path().join(format!("new-{made}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let src = d.join("bottom.raw");
+            std::fs::write(&src, vec![7u8; 8192]).unwrap();
+            let bottom = open_node(&src, "image", false, Access::Read).unwrap();
+            let name = d.join("out.raw");
+            let target = Target::Replace {
+                dst: &name,
+                start: Some(&bottom),
+                was: None,
+            };
+            if made {
+                std::fs::write(&name, b"other").unwrap();
+            }
+            let mut report = ImageReport::default();
+            let r = build(target, 8192, true, &[], &Run::default(), &mut report);
+            match made {
+                false => assert_eq!(std::fs::read(&name).unwrap(), vec![7u8; 8192]),
+                true => {
+                    let e = r.expect_err("made meanwhile");
+                    assert_eq!(e.kind(), ErrorKind::InUse, "{e}");
+                    assert_eq!(std::fs::read(&name).unwrap(), b"other");
+                }
+            }
+            assert_eq!(
+                std::fs::read_dir(&d).unwrap().count(),
+                2,
+                "a temporary was left"
+            );
         }
     }
 }
