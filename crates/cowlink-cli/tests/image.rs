@@ -2233,3 +2233,92 @@ fn convert_writes_through_symlinked_destinations() {
         .file_type()
         .is_symlink());
 }
+
+/// A commit whose base is the overlay itself or its external data file,
+/// by every name that leads there (the same path, a hard link, a symbolic
+/// link, the overlay's own backing name), is refused as such, not blamed
+/// on "another program" holding a lock, and changes nothing.
+#[test]
+fn a_base_that_is_the_overlay_or_its_data_file_is_named_as_such() {
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path().join("self-base");
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "b.raw", "1M"],
+        &d,
+    );
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "data_file=d.raw",
+            "-F",
+            "raw",
+            "-b",
+            "b.raw",
+            "ext.qcow2",
+            "1M",
+        ],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ext.qcow2", &["write -P 0x31 0 64k"]);
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "ov.qcow2", "1M"],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x32 0 64k"]);
+    fs::hard_link(d.join("ov.qcow2"), d.join("hard.qcow2")).unwrap();
+    std::os::unix::fs::symlink("ov.qcow2", d.join("soft.qcow2")).unwrap();
+    fs::hard_link(d.join("d.raw"), d.join("d-hard.raw")).unwrap();
+    let before = hashes(&d);
+    let cases: [(&[&str], &str); 7] = [
+        (&["commit", "-b", "ov.qcow2", "ov.qcow2"], "overlay itself"),
+        (
+            &["commit", "-b", "hard.qcow2", "ov.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "-b", "soft.qcow2", "ov.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "-b", "ov.qcow2", "hard.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "--in-place", "-b", "soft.qcow2", "ov.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "-b", "d.raw", "ext.qcow2"],
+            "external data file",
+        ),
+        (
+            &["commit", "--in-place", "-b", "d-hard.raw", "ext.qcow2"],
+            "external data file",
+        ),
+    ];
+    for (args, words) in cases {
+        let err = refused(&d, args, &[words]);
+        assert!(!err.contains("another program"), "{args:?}: {err}");
+        assert_eq!(hashes(&d), before, "{args:?}");
+    }
+    // The overlay named as its own backing file (rebased onto a hard link
+    // of itself): the same.
+    run(
+        "qemu-img",
+        &["rebase", "-u", "-F", "raw", "-b", "hard.qcow2", "ov.qcow2"],
+        &d,
+    );
+    let before = hashes(&d);
+    let err = refused(&d, &["commit", "ov.qcow2"], &["overlay itself"]);
+    assert!(!err.contains("another program"), "{err}");
+    assert_eq!(hashes(&d), before);
+}

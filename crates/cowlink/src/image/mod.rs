@@ -768,13 +768,29 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
     // writes through it; so does a commit).
     let base_path = std::fs::canonicalize(&base_path)
         .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base_path))?;
-    let base = open_base(&base_path, options.in_place)?;
-    if base.id == overlay_id {
-        return Err(Error::new(Operation::Image, ErrorKind::SameFile)
+    // The overlay or its data file as the base: told before the base's
+    // lock would find our own read lock and blame "another program"; and
+    // checked again on the opened base.
+    let same = |id: (u64, u64)| -> Result<(), Error> {
+        let what = if id == overlay_id {
+            "the base is the overlay itself"
+        } else if q.external_data().is_some()
+            && chain::file_id(q.data_file().1).is_ok_and(|d| d == id)
+        {
+            "the base is the overlay's external data file"
+        } else {
+            return Ok(());
+        };
+        Err(Error::new(Operation::Image, ErrorKind::SameFile)
             .with_src(overlay)
             .with_dst(&base_path)
-            .with_reason("the base is the overlay itself"));
+            .with_reason(what))
+    };
+    if let Ok(st) = fs::stat(&base_path) {
+        same((st.st_dev, st.st_ino))?;
     }
+    let base = open_base(&base_path, options.in_place)?;
+    same(base.id)?;
     let is_backing = match &backing {
         Some(b) => fs::stat(b).is_ok_and(|s| (s.st_dev, s.st_ino) == base.id),
         None => false,
