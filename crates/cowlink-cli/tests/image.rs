@@ -2322,3 +2322,102 @@ fn a_base_that_is_the_overlay_or_its_data_file_is_named_as_such() {
     assert!(!err.contains("another program"), "{err}");
     assert_eq!(hashes(&d), before);
 }
+
+fn iflags(p: &Path) -> rustix::fs::IFlags {
+    rustix::fs::ioctl_getflags(fs::File::open(p).unwrap()).unwrap()
+}
+
+/// Whose file a result is. A convert's new destination belongs to the
+/// caller with qemu-img's mode (never the raw bottom image's owner, mode,
+/// set-id bits or extended attributes: the overlay's private data must
+/// not land in a file someone else owns or anyone may write); a replaced
+/// destination, like a committed base, keeps its own owner, mode,
+/// extended attributes and inode flags (`+d +A +S`). An immutable or
+/// append-only file is refused up front with the reason, untouched.
+#[test]
+fn results_keep_the_replaced_files_metadata_never_the_bottoms() {
+    use rustix::fs::IFlags;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = base_and_overlay(x.path(), "owners", "64k", "");
+    let chown = |p: &Path, uid: u32| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).unwrap();
+    };
+    let chmod = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    let setx = |p: &Path, n: &str, v: &[u8]| {
+        rustix::fs::setxattr(p, n, v, rustix::fs::XattrFlags::empty()).unwrap()
+    };
+    chown(&d.join("base.raw"), 65534);
+    chmod(&d.join("base.raw"), 0o6666);
+    setx(&d.join("base.raw"), "user.bottom", b"1");
+    chmod(&d.join("ov.qcow2"), 0o600);
+    let umask = rustix::process::umask(rustix::fs::Mode::empty());
+    rustix::process::umask(umask);
+    let want_mode = 0o644 & !umask.bits();
+    // New destinations, plain and through a dangling link.
+    std::os::unix::fs::symlink("new2.raw", d.join("dangling.raw")).unwrap();
+    for (dst, file) in [("new.raw", "new.raw"), ("dangling.raw", "new2.raw")] {
+        report(&d, &["convert", "ov.qcow2", dst]);
+        let m = fs::metadata(d.join(file)).unwrap();
+        assert_eq!(m.uid(), rustix::process::geteuid().as_raw(), "{dst}");
+        assert_eq!(m.mode() & 0o7777, want_mode, "{dst}");
+        assert_eq!(xattr(&d.join(file), "user.bottom"), None, "{dst}");
+        assert_eq!(sha(&d.join(file)), sha(&d.join("ref.raw")), "{dst}");
+    }
+    // Replaced destinations (convert) and a committed base keep their own.
+    let flags = [IFlags::NODUMP, IFlags::NOATIME, IFlags::SYNC];
+    for (i, flag) in flags.into_iter().enumerate() {
+        let p = d.join(format!("old-{i}.raw"));
+        fs::write(&p, b"old").unwrap();
+        chown(&p, 1000 + i as u32);
+        chmod(&p, 0o640);
+        setx(&p, "user.mine", &[i as u8]);
+        let f = fs::File::open(&p).unwrap();
+        rustix::fs::ioctl_setflags(&f, rustix::fs::ioctl_getflags(&f).unwrap() | flag).unwrap();
+        drop(f);
+        report(&d, &["convert", "ov.qcow2", &format!("old-{i}.raw")]);
+        let m = fs::metadata(&p).unwrap();
+        assert_eq!(
+            (m.uid(), m.mode() & 0o7777),
+            (1000 + i as u32, 0o640),
+            "{flag:?}"
+        );
+        assert_eq!(xattr(&p, "user.mine"), Some(vec![i as u8]), "{flag:?}");
+        assert_eq!(xattr(&p, "user.bottom"), None, "{flag:?}");
+        assert!(iflags(&p).contains(flag), "{flag:?} lost");
+        assert_eq!(sha(&p), sha(&d.join("ref.raw")), "{flag:?}");
+    }
+    let base = d.join("base.raw");
+    let f = fs::File::open(&base).unwrap();
+    rustix::fs::ioctl_setflags(&f, rustix::fs::ioctl_getflags(&f).unwrap() | IFlags::NODUMP)
+        .unwrap();
+    drop(f);
+    report(&d, &["commit", "ov.qcow2"]);
+    let m = fs::metadata(&base).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o6666));
+    assert!(iflags(&base).contains(IFlags::NODUMP));
+    assert_eq!(sha(&base), sha(&d.join("ref.raw")));
+    // Immutable and append-only: refused before any work, untouched.
+    for flag in [IFlags::IMMUTABLE, IFlags::APPEND] {
+        for (args, p) in [
+            (&["commit", "ov.qcow2"][..], base.clone()),
+            (
+                &["convert", "ov.qcow2", "old-0.raw"][..],
+                d.join("old-0.raw"),
+            ),
+        ] {
+            let f = fs::File::open(&p).unwrap();
+            let was = rustix::fs::ioctl_getflags(&f).unwrap();
+            rustix::fs::ioctl_setflags(&f, was | flag).unwrap();
+            let before = sha(&p);
+            let err = refused(&d, args, &["immutable or append-only"]);
+            assert!(
+                err.contains(p.file_name().unwrap().to_str().unwrap()),
+                "{err}"
+            );
+            rustix::fs::ioctl_setflags(&f, was).unwrap();
+            assert_eq!(sha(&p), before, "{args:?} {flag:?}");
+        }
+    }
+}

@@ -337,13 +337,17 @@ fn parent_of(p: &Path) -> &Path {
 /// complete, or the destination itself.
 enum Target<'a> {
     /// An unnamed file beside `dst`, starting as a copy of `start`.
-    /// `was`: the file (device, inode) `dst` named when the operation
-    /// began and that it locked; the name must still lead to it when the
-    /// new file replaces it.
+    /// `old`: the file `dst` named when the operation began, locked. The
+    /// name must still lead to it when the new file replaces it, and the
+    /// new file takes its metadata (owner, mode, extended attributes and
+    /// ACLs, inode flags); without one the new file is created as
+    /// `qemu-img` creates it (`0644` less the umask, owned by the caller),
+    /// never with the metadata of `start` (a convert's raw bottom image
+    /// belongs to whoever owns it, not to the result).
     Replace {
         dst: &'a Path,
         start: Option<&'a Node>,
-        was: Option<(u64, u64)>,
+        old: Option<&'a Node>,
     },
     /// The base itself (in-place commit; a block device).
     InPlace(&'a Node),
@@ -397,12 +401,24 @@ fn build(
             fs::fsync(out).map_err(&e)?;
             Ok(())
         }
-        Target::Replace { dst, start, was } => {
+        Target::Replace { dst, start, old } => {
             let e = err(dst);
-            let old = start
+            let was = old.map(|n| n.id);
+            let old_st = old
                 .map(|n| fs::fstat(&n.file).map_err(err(&n.path)))
                 .transpose()?;
-            let mode = old.as_ref().map_or(0o644, |m| m.st_mode & 0o7777);
+            let old_flags = old
+                .and_then(|n| fs::ioctl_getflags(&n.file).ok())
+                .unwrap_or(fs::IFlags::empty());
+            if old_flags.intersects(fs::IFlags::IMMUTABLE | fs::IFlags::APPEND) {
+                return Err(Error::new(Operation::Image, ErrorKind::PermissionDenied)
+                    .with_dst(dst)
+                    .with_reason(
+                        "the file is immutable or append-only (chattr +i or +a); it cannot \
+                         be replaced or written (chattr -i -a first)",
+                    ));
+            }
+            let mode = old_st.as_ref().map_or(0o644, |m| m.st_mode & 0o7777);
             let pending =
                 PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode))
                     .map_err(&e)?;
@@ -415,13 +431,11 @@ fn build(
                 report.no_clone_reason = why.clone().or(report.no_clone_reason.take());
             }
             report.clones &= start.is_some() || !layers.is_empty();
+            // NOCOW (Btrfs `+C`) must be set while the file is empty.
+            if old_flags.contains(fs::IFlags::NOCOW) {
+                let _ = fs::ioctl_setflags(out, fs::IFlags::NOCOW);
+            }
             if let Some(n) = start {
-                // NOCOW (Btrfs `+C`) must be set while the file is empty.
-                if let Ok(flags) = fs::ioctl_getflags(&n.file) {
-                    if flags.contains(fs::IFlags::NOCOW) {
-                        let _ = fs::ioctl_setflags(out, fs::IFlags::NOCOW);
-                    }
-                }
                 let clones = starts.as_ref().is_some_and(|(c, _)| *c);
                 let whole = clones
                     && n.kind == NodeKind::File
@@ -463,9 +477,9 @@ fn build(
             if run.cancel.is_cancelled() {
                 return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
             }
-            if let (Some(n), Some(st)) = (start, &old) {
+            if let (Some(n), Some(st)) = (old, &old_st) {
                 // The owner, mode, extended attributes and ACLs of the old
-                // base stay (a commit changes the contents, nothing else).
+                // file stay (a commit changes the contents, nothing else).
                 let keep = Preserve {
                     mode: true,
                     ownership: true,
@@ -477,6 +491,13 @@ fn build(
                         .with_src(&n.path)
                         .with_reason(format!("cannot {} on the new base", m.what))
                 })?;
+            }
+            // The inode flags a file can take once written (`chattr +d
+            // +A +S`); `+C` was set while it was empty.
+            let carry = old_flags & (fs::IFlags::NODUMP | fs::IFlags::NOATIME | fs::IFlags::SYNC);
+            if !carry.is_empty() {
+                let now = fs::ioctl_getflags(out).map_err(&e)?;
+                fs::ioctl_setflags(out, now | carry).map_err(&e)?;
             }
             fs::fsync(out).map_err(&e)?;
             still_names(dst, was)?;
@@ -863,7 +884,7 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
         Target::Replace {
             dst: &base_path,
             start: Some(&base),
-            was: Some(base.id),
+            old: Some(&base),
         }
     };
     build(target, size, false, &layers, &options.run, &mut report)?;
@@ -939,7 +960,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
         Target::Replace {
             dst,
             start: chain.bottom.as_ref(),
-            was: old_dst.as_ref().map(|n| n.id),
+            old: old_dst.as_ref(),
         },
         size,
         true,
@@ -1054,7 +1075,7 @@ mod tests {
             let target = Target::Replace {
                 dst: &name,
                 start: Some(&base),
-                was: Some(base.id),
+                old: Some(&base),
             };
             let mut report = ImageReport::default();
             let r = build(target, 8192, false, &[], &Run::default(), &mut report);
@@ -1082,7 +1103,7 @@ mod tests {
             let target = Target::Replace {
                 dst: &name,
                 start: Some(&bottom),
-                was: None,
+                old: None,
             };
             if made {
                 std::fs::write(&name, b"other").unwrap();
