@@ -2220,6 +2220,17 @@ fn convert_writes_through_symlinked_destinations() {
         .file_type()
         .is_symlink());
     assert_eq!(sha(&d.join("ov.qcow2")), before);
+    // A destination with other hard links: refused (replacing it would
+    // leave the other names with the old contents), every name as it was.
+    fs::write(d.join("linked.raw"), b"old contents").unwrap();
+    fs::hard_link(d.join("linked.raw"), d.join("other-name.raw")).unwrap();
+    symlink("linked.raw", d.join("to-linked.raw")).unwrap();
+    for dst in ["linked.raw", "other-name.raw", "to-linked.raw"] {
+        refused(&d, &["convert", "ov.qcow2", dst], &["2 hard links"]);
+        for name in ["linked.raw", "other-name.raw"] {
+            assert_eq!(fs::read(d.join(name)).unwrap(), b"old contents", "{dst}");
+        }
+    }
     // A loop of links: an error naming it, nothing created.
     symlink("loop-b", d.join("loop-a")).unwrap();
     symlink("loop-a", d.join("loop-b")).unwrap();

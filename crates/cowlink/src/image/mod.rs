@@ -935,6 +935,16 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
                          never replaces a device (use qemu-img convert -n to write into it)",
                     ));
             }
+            let links = fs::fstat(&n.file).map_err(err(dst))?.st_nlink;
+            if links > 1 {
+                return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
+                    .with_dst(dst)
+                    .with_reason(format!(
+                        "the destination has {links} hard links; convert replaces the file, \
+                         which would leave the other names with the old contents (remove it \
+                         first, or convert to another name)"
+                    )));
+            }
             Some(n)
         }
         Err(_) => None,
