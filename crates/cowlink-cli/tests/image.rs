@@ -2413,6 +2413,7 @@ fn results_keep_the_replaced_files_metadata_never_the_bottoms() {
     for flag in [IFlags::IMMUTABLE, IFlags::APPEND] {
         for (args, p) in [
             (&["commit", "ov.qcow2"][..], base.clone()),
+            (&["commit", "--in-place", "ov.qcow2"][..], base.clone()),
             (
                 &["convert", "ov.qcow2", "old-0.raw"][..],
                 d.join("old-0.raw"),
