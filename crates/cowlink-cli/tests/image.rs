@@ -1558,6 +1558,23 @@ fn hostile_headers_are_refused_with_reasons() {
         },
         "past the end",
     );
+    // An end marker whose length runs past the first cluster (QEMU:
+    // "Header extension too large"), in version 3 and version 2 headers.
+    for (name, from) in [("ext-end-too-long", &v3), ("v2-ext-end-too-long", &v2)] {
+        case(
+            name,
+            from,
+            &|b| {
+                let at = if be64(b, 0) & 0xffff_ffff == 3 {
+                    u32::from_be_bytes(b[100..104].try_into().unwrap()) as usize
+                } else {
+                    72
+                };
+                put(b, at, &[0, 0, 0, 0, 0, 0x10, 0, 0]);
+            },
+            "header extension",
+        );
+    }
     for (name, bytes, word) in &cases {
         let img = format!("{name}.qcow2");
         fs::write(d.join(&img), bytes).unwrap();
@@ -1968,13 +1985,24 @@ fn json_names_and_base_refusals_name_the_right_file() {
         &d,
     );
     let sum = sha(&d.join("base.raw"));
-    let err = refused(
-        &d,
-        &["commit", "-b", "base.raw", "top.qcow2"],
-        &["mid.qcow2", "is qcow2", "convert the chain"],
-    );
-    assert!(!err.contains("base.raw is qcow2"), "{err}");
-    assert_eq!(sha(&d.join("base.raw")), sum);
+    // Declared qcow2, and undeclared (QEMU probes it as qcow2): either
+    // way the overlay alone is refused; a backing file that is gone hides
+    // nothing and the commit goes ahead.
+    fs::copy(d.join("top.qcow2"), d.join("topu.qcow2")).unwrap();
+    undeclare_backing_format(&d.join("topu.qcow2"));
+    for top in ["top.qcow2", "topu.qcow2"] {
+        let err = refused(
+            &d,
+            &["commit", "-b", "base.raw", top],
+            &["mid.qcow2", "is qcow2", "convert the chain"],
+        );
+        assert!(!err.contains("base.raw is qcow2"), "{err}");
+        assert_eq!(sha(&d.join("base.raw")), sum);
+    }
+    fs::copy(d.join("base.raw"), d.join("other.raw")).unwrap();
+    fs::rename(d.join("mid.qcow2"), d.join("gone.qcow2")).unwrap();
+    report(&d, &["commit", "-b", "other.raw", "topu.qcow2"]);
+    fs::rename(d.join("gone.qcow2"), d.join("mid.qcow2")).unwrap();
     // A base that really is qcow2 is named as such.
     refused(
         &d,
@@ -2124,4 +2152,284 @@ fn qcow2_reader_survives_generated_and_corpus_inputs() {
         read > 0 && refused_n > 0,
         "{read} read, {refused_n} refused"
     );
+}
+
+/// A convert destination named through symbolic links is the file they
+/// name, as `qemu-img convert` writes it: that file gets the result and
+/// every link stays a link, whatever the shape of the links (relative,
+/// absolute, chained, into a subdirectory, dangling). A link to an image
+/// of the chain is refused and a loop of links is an error; neither
+/// changes anything.
+#[test]
+fn convert_writes_through_symlinked_destinations() {
+    use std::os::unix::fs::symlink;
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = base_and_overlay(x.path(), "dst-links", "64k", "");
+    let want = sha(&d.join("ref.raw"));
+    fs::create_dir_all(d.join("sub")).unwrap();
+    let abs = d.join("sub/abs.raw");
+    // (links to make: name -> target, the destination given, the file
+    // that must receive the result, whether it exists beforehand)
+    type Links<'a> = Vec<(&'a str, PathBuf)>;
+    let cases: Vec<(Links, &str, PathBuf, bool)> = vec![
+        (vec![("l1", "t1.raw".into())], "l1", d.join("t1.raw"), true),
+        (vec![("l2", "t2.raw".into())], "l2", d.join("t2.raw"), false),
+        (
+            vec![("l3", "l3b".into()), ("l3b", "sub/t3.raw".into())],
+            "l3",
+            d.join("sub/t3.raw"),
+            true,
+        ),
+        (vec![("l4", abs.clone())], "l4", abs.clone(), false),
+        (
+            vec![("sub/l5", "../t5.raw".into())],
+            "sub/l5",
+            d.join("t5.raw"),
+            true,
+        ),
+    ];
+    for (links, dst, file, exists) in &cases {
+        if *exists {
+            fs::write(file, b"old contents").unwrap();
+        }
+        for (name, to) in links {
+            symlink(to, d.join(name)).unwrap();
+        }
+        report(&d, &["convert", "ov.qcow2", dst]);
+        for (name, _) in links {
+            let m = fs::symlink_metadata(d.join(name)).unwrap();
+            assert!(
+                m.file_type().is_symlink(),
+                "{dst}: {name} is no longer a link"
+            );
+        }
+        assert_eq!(
+            sha(file),
+            want,
+            "{dst}: {} holds the wrong bytes",
+            file.display()
+        );
+    }
+    // A link to the overlay itself: refused, the overlay untouched.
+    let before = sha(&d.join("ov.qcow2"));
+    symlink("ov.qcow2", d.join("self.raw")).unwrap();
+    refused(&d, &["convert", "ov.qcow2", "self.raw"], &["chain"]);
+    assert!(fs::symlink_metadata(d.join("self.raw"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(sha(&d.join("ov.qcow2")), before);
+    // A destination with other hard links: refused (replacing it would
+    // leave the other names with the old contents), every name as it was.
+    fs::write(d.join("linked.raw"), b"old contents").unwrap();
+    fs::hard_link(d.join("linked.raw"), d.join("other-name.raw")).unwrap();
+    symlink("linked.raw", d.join("to-linked.raw")).unwrap();
+    for dst in ["linked.raw", "other-name.raw", "to-linked.raw"] {
+        refused(&d, &["convert", "ov.qcow2", dst], &["2 hard links"]);
+        for name in ["linked.raw", "other-name.raw"] {
+            assert_eq!(fs::read(d.join(name)).unwrap(), b"old contents", "{dst}");
+        }
+    }
+    // A loop of links: an error naming it, nothing created.
+    symlink("loop-b", d.join("loop-a")).unwrap();
+    symlink("loop-a", d.join("loop-b")).unwrap();
+    refused(
+        &d,
+        &["convert", "ov.qcow2", "loop-a"],
+        &["loop-a", "symbolic links"],
+    );
+    assert!(fs::symlink_metadata(d.join("loop-a"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+/// A commit whose base is the overlay itself or its external data file,
+/// by every name that leads there (the same path, a hard link, a symbolic
+/// link, the overlay's own backing name), is refused as such, not blamed
+/// on "another program" holding a lock, and changes nothing.
+#[test]
+fn a_base_that_is_the_overlay_or_its_data_file_is_named_as_such() {
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = x.path().join("self-base");
+    fs::create_dir_all(&d).unwrap();
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "raw", "b.raw", "1M"],
+        &d,
+    );
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "data_file=d.raw",
+            "-F",
+            "raw",
+            "-b",
+            "b.raw",
+            "ext.qcow2",
+            "1M",
+        ],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ext.qcow2", &["write -P 0x31 0 64k"]);
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", "ov.qcow2", "1M"],
+        &d,
+    );
+    qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x32 0 64k"]);
+    fs::hard_link(d.join("ov.qcow2"), d.join("hard.qcow2")).unwrap();
+    std::os::unix::fs::symlink("ov.qcow2", d.join("soft.qcow2")).unwrap();
+    fs::hard_link(d.join("d.raw"), d.join("d-hard.raw")).unwrap();
+    let before = hashes(&d);
+    let cases: [(&[&str], &str); 7] = [
+        (&["commit", "-b", "ov.qcow2", "ov.qcow2"], "overlay itself"),
+        (
+            &["commit", "-b", "hard.qcow2", "ov.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "-b", "soft.qcow2", "ov.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "-b", "ov.qcow2", "hard.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "--in-place", "-b", "soft.qcow2", "ov.qcow2"],
+            "overlay itself",
+        ),
+        (
+            &["commit", "-b", "d.raw", "ext.qcow2"],
+            "external data file",
+        ),
+        (
+            &["commit", "--in-place", "-b", "d-hard.raw", "ext.qcow2"],
+            "external data file",
+        ),
+    ];
+    for (args, words) in cases {
+        let err = refused(&d, args, &[words]);
+        assert!(!err.contains("another program"), "{args:?}: {err}");
+        assert_eq!(hashes(&d), before, "{args:?}");
+    }
+    // The overlay named as its own backing file (rebased onto a hard link
+    // of itself): the same.
+    run(
+        "qemu-img",
+        &["rebase", "-u", "-F", "raw", "-b", "hard.qcow2", "ov.qcow2"],
+        &d,
+    );
+    let before = hashes(&d);
+    let err = refused(&d, &["commit", "ov.qcow2"], &["overlay itself"]);
+    assert!(!err.contains("another program"), "{err}");
+    assert_eq!(hashes(&d), before);
+}
+
+fn iflags(p: &Path) -> rustix::fs::IFlags {
+    rustix::fs::ioctl_getflags(fs::File::open(p).unwrap()).unwrap()
+}
+
+/// Whose file a result is. A convert's new destination belongs to the
+/// caller with qemu-img's mode (never the raw bottom image's owner, mode,
+/// set-id bits or extended attributes: the overlay's private data must
+/// not land in a file someone else owns or anyone may write); a replaced
+/// destination, like a committed base, keeps its own owner, mode,
+/// extended attributes and inode flags (`+d +A +S`). An immutable or
+/// append-only file is refused up front with the reason, untouched.
+#[test]
+fn results_keep_the_replaced_files_metadata_never_the_bottoms() {
+    use rustix::fs::IFlags;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let _serial = serial();
+    let Some(x) = testfs!(Xfs) else { return };
+    let d = base_and_overlay(x.path(), "owners", "64k", "");
+    let chown = |p: &Path, uid: u32| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).unwrap();
+    };
+    let chmod = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    let setx = |p: &Path, n: &str, v: &[u8]| {
+        rustix::fs::setxattr(p, n, v, rustix::fs::XattrFlags::empty()).unwrap()
+    };
+    chown(&d.join("base.raw"), 65534);
+    chmod(&d.join("base.raw"), 0o6666);
+    setx(&d.join("base.raw"), "user.bottom", b"1");
+    chmod(&d.join("ov.qcow2"), 0o600);
+    let umask = rustix::process::umask(rustix::fs::Mode::empty());
+    rustix::process::umask(umask);
+    let want_mode = 0o644 & !umask.bits();
+    // New destinations, plain and through a dangling link.
+    std::os::unix::fs::symlink("new2.raw", d.join("dangling.raw")).unwrap();
+    for (dst, file) in [("new.raw", "new.raw"), ("dangling.raw", "new2.raw")] {
+        report(&d, &["convert", "ov.qcow2", dst]);
+        let m = fs::metadata(d.join(file)).unwrap();
+        assert_eq!(m.uid(), rustix::process::geteuid().as_raw(), "{dst}");
+        assert_eq!(m.mode() & 0o7777, want_mode, "{dst}");
+        assert_eq!(xattr(&d.join(file), "user.bottom"), None, "{dst}");
+        assert_eq!(sha(&d.join(file)), sha(&d.join("ref.raw")), "{dst}");
+    }
+    // Replaced destinations (convert) and a committed base keep their own.
+    let flags = [IFlags::NODUMP, IFlags::NOATIME, IFlags::SYNC];
+    for (i, flag) in flags.into_iter().enumerate() {
+        let p = d.join(format!("old-{i}.raw"));
+        fs::write(&p, b"old").unwrap();
+        chown(&p, 1000 + i as u32);
+        chmod(&p, 0o640);
+        setx(&p, "user.mine", &[i as u8]);
+        let f = fs::File::open(&p).unwrap();
+        rustix::fs::ioctl_setflags(&f, rustix::fs::ioctl_getflags(&f).unwrap() | flag).unwrap();
+        drop(f);
+        report(&d, &["convert", "ov.qcow2", &format!("old-{i}.raw")]);
+        let m = fs::metadata(&p).unwrap();
+        assert_eq!(
+            (m.uid(), m.mode() & 0o7777),
+            (1000 + i as u32, 0o640),
+            "{flag:?}"
+        );
+        assert_eq!(xattr(&p, "user.mine"), Some(vec![i as u8]), "{flag:?}");
+        assert_eq!(xattr(&p, "user.bottom"), None, "{flag:?}");
+        assert!(iflags(&p).contains(flag), "{flag:?} lost");
+        assert_eq!(sha(&p), sha(&d.join("ref.raw")), "{flag:?}");
+    }
+    let base = d.join("base.raw");
+    let f = fs::File::open(&base).unwrap();
+    rustix::fs::ioctl_setflags(&f, rustix::fs::ioctl_getflags(&f).unwrap() | IFlags::NODUMP)
+        .unwrap();
+    drop(f);
+    report(&d, &["commit", "ov.qcow2"]);
+    let m = fs::metadata(&base).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o6666));
+    assert!(iflags(&base).contains(IFlags::NODUMP));
+    assert_eq!(sha(&base), sha(&d.join("ref.raw")));
+    // Immutable and append-only: refused before any work, untouched.
+    for flag in [IFlags::IMMUTABLE, IFlags::APPEND] {
+        for (args, p) in [
+            (&["commit", "ov.qcow2"][..], base.clone()),
+            (&["commit", "--in-place", "ov.qcow2"][..], base.clone()),
+            (
+                &["convert", "ov.qcow2", "old-0.raw"][..],
+                d.join("old-0.raw"),
+            ),
+        ] {
+            let f = fs::File::open(&p).unwrap();
+            let was = rustix::fs::ioctl_getflags(&f).unwrap();
+            rustix::fs::ioctl_setflags(&f, was | flag).unwrap();
+            let before = sha(&p);
+            let err = refused(&d, args, &["immutable or append-only"]);
+            assert!(
+                err.contains(p.file_name().unwrap().to_str().unwrap()),
+                "{err}"
+            );
+            rustix::fs::ioctl_setflags(&f, was).unwrap();
+            assert_eq!(sha(&p), before, "{args:?} {flag:?}");
+        }
+    }
 }

@@ -97,6 +97,10 @@ pub fn open_node(path: &Path, what: &str, write: bool, access: Access) -> Result
         Errno::BUSY => e(x).with_reason(format!(
             "the {what} is a block device in use (mounted, or held by the kernel)"
         )),
+        Errno::PERM if write => e(x).with_reason(format!(
+            "the {what} is immutable or append-only (chattr +i or +a); it cannot be \
+             written (chattr -i -a first)"
+        )),
         _ => e(x),
     })?;
     let st = fs::fstat(&fd).map_err(&e)?;

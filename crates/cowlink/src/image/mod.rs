@@ -337,9 +337,17 @@ fn parent_of(p: &Path) -> &Path {
 /// complete, or the destination itself.
 enum Target<'a> {
     /// An unnamed file beside `dst`, starting as a copy of `start`.
+    /// `old`: the file `dst` named when the operation began, locked. The
+    /// name must still lead to it when the new file replaces it, and the
+    /// new file takes its metadata (owner, mode, extended attributes and
+    /// ACLs, inode flags); without one the new file is created as
+    /// `qemu-img` creates it (`0644` less the umask, owned by the caller),
+    /// never with the metadata of `start` (a convert's raw bottom image
+    /// belongs to whoever owns it, not to the result).
     Replace {
         dst: &'a Path,
         start: Option<&'a Node>,
+        old: Option<&'a Node>,
     },
     /// The base itself (in-place commit; a block device).
     InPlace(&'a Node),
@@ -393,12 +401,24 @@ fn build(
             fs::fsync(out).map_err(&e)?;
             Ok(())
         }
-        Target::Replace { dst, start } => {
+        Target::Replace { dst, start, old } => {
             let e = err(dst);
-            let old = start
+            let was = old.map(|n| n.id);
+            let old_st = old
                 .map(|n| fs::fstat(&n.file).map_err(err(&n.path)))
                 .transpose()?;
-            let mode = old.as_ref().map_or(0o644, |m| m.st_mode & 0o7777);
+            let old_flags = old
+                .and_then(|n| fs::ioctl_getflags(&n.file).ok())
+                .unwrap_or(fs::IFlags::empty());
+            if old_flags.intersects(fs::IFlags::IMMUTABLE | fs::IFlags::APPEND) {
+                return Err(Error::new(Operation::Image, ErrorKind::PermissionDenied)
+                    .with_dst(dst)
+                    .with_reason(
+                        "the file is immutable or append-only (chattr +i or +a); it cannot \
+                         be replaced or written (chattr -i -a first)",
+                    ));
+            }
+            let mode = old_st.as_ref().map_or(0o644, |m| m.st_mode & 0o7777);
             let pending =
                 PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode))
                     .map_err(&e)?;
@@ -411,13 +431,11 @@ fn build(
                 report.no_clone_reason = why.clone().or(report.no_clone_reason.take());
             }
             report.clones &= start.is_some() || !layers.is_empty();
+            // NOCOW (Btrfs `+C`) must be set while the file is empty.
+            if old_flags.contains(fs::IFlags::NOCOW) {
+                let _ = fs::ioctl_setflags(out, fs::IFlags::NOCOW);
+            }
             if let Some(n) = start {
-                // NOCOW (Btrfs `+C`) must be set while the file is empty.
-                if let Ok(flags) = fs::ioctl_getflags(&n.file) {
-                    if flags.contains(fs::IFlags::NOCOW) {
-                        let _ = fs::ioctl_setflags(out, fs::IFlags::NOCOW);
-                    }
-                }
                 let clones = starts.as_ref().is_some_and(|(c, _)| *c);
                 let whole = clones
                     && n.kind == NodeKind::File
@@ -459,9 +477,9 @@ fn build(
             if run.cancel.is_cancelled() {
                 return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_dst(dst));
             }
-            if let (Some(n), Some(st)) = (start, &old) {
+            if let (Some(n), Some(st)) = (old, &old_st) {
                 // The owner, mode, extended attributes and ACLs of the old
-                // base stay (a commit changes the contents, nothing else).
+                // file stay (a commit changes the contents, nothing else).
                 let keep = Preserve {
                     mode: true,
                     ownership: true,
@@ -474,9 +492,48 @@ fn build(
                         .with_reason(format!("cannot {} on the new base", m.what))
                 })?;
             }
+            // The inode flags a file can take once written (`chattr +d
+            // +A +S`); `+C` was set while it was empty.
+            let carry = old_flags & (fs::IFlags::NODUMP | fs::IFlags::NOATIME | fs::IFlags::SYNC);
+            if !carry.is_empty() {
+                let now = fs::ioctl_getflags(out).map_err(&e)?;
+                fs::ioctl_setflags(out, now | carry).map_err(&e)?;
+            }
             fs::fsync(out).map_err(&e)?;
-            pending.persist(dst, Overwrite::Replace).map_err(&e)
+            still_names(dst, was)?;
+            // A name that did not exist is created only if it still does
+            // not: one another program made meanwhile is not clobbered.
+            let how = match was {
+                Some(_) => Overwrite::Replace,
+                None => Overwrite::Refuse,
+            };
+            pending.persist(dst, how).map_err(|x| match x {
+                Errno::EXIST => Error::new(Operation::Image, ErrorKind::InUse)
+                    .with_dst(dst)
+                    .with_reason(
+                        "another program created this file while cowlink worked; it is left \
+                         as it is and nothing was written (remove it and run again)",
+                    ),
+                x => e(x),
+            })
         }
+    }
+}
+
+/// Refuse to replace `dst` unless it still names the file `was` that the
+/// operation locked when it began: another program that renamed a file
+/// of its own over the name meanwhile (QEMU's locks are on the old file,
+/// not the name) would lose that file to a result built from the old one.
+fn still_names(dst: &Path, was: Option<(u64, u64)>) -> Result<(), Error> {
+    let Some(was) = was else { return Ok(()) };
+    match fs::stat(dst) {
+        Ok(st) if (st.st_dev, st.st_ino) == was => Ok(()),
+        _ => Err(Error::new(Operation::Image, ErrorKind::InUse)
+            .with_dst(dst)
+            .with_reason(
+                "another program replaced or removed this file while cowlink worked on it; \
+                 its new file is left as it is and nothing was written (run again)",
+            )),
     }
 }
 
@@ -732,25 +789,51 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
     // writes through it; so does a commit).
     let base_path = std::fs::canonicalize(&base_path)
         .map_err(|x| Error::from_io(Operation::Image, &x).with_src(&base_path))?;
-    let base = open_base(&base_path, options.in_place)?;
-    if base.id == overlay_id {
-        return Err(Error::new(Operation::Image, ErrorKind::SameFile)
+    // The overlay or its data file as the base: told before the base's
+    // lock would find our own read lock and blame "another program"; and
+    // checked again on the opened base.
+    let same = |id: (u64, u64)| -> Result<(), Error> {
+        let what = if id == overlay_id {
+            "the base is the overlay itself"
+        } else if q.external_data().is_some()
+            && chain::file_id(q.data_file().1).is_ok_and(|d| d == id)
+        {
+            "the base is the overlay's external data file"
+        } else {
+            return Ok(());
+        };
+        Err(Error::new(Operation::Image, ErrorKind::SameFile)
             .with_src(overlay)
             .with_dst(&base_path)
-            .with_reason("the base is the overlay itself"));
+            .with_reason(what))
+    };
+    if let Ok(st) = fs::stat(&base_path) {
+        same((st.st_dev, st.st_ino))?;
     }
+    let base = open_base(&base_path, options.in_place)?;
+    same(base.id)?;
     let is_backing = match &backing {
         Some(b) => fs::stat(b).is_ok_and(|s| (s.st_dev, s.st_ino) == base.id),
         None => false,
     };
     if !is_backing {
-        if let (Some(b), Some((_, Some(fmt)))) = (&backing, &q.backing) {
-            if Format::declared(overlay, fmt)? != Format::Raw {
+        if let Some(b) = &backing {
+            // Its format as declared, else as QEMU would probe it (a
+            // backing file that is gone hides nothing).
+            let fmt = match &q.backing {
+                Some((_, Some(fmt))) => Some(Format::declared(overlay, fmt)?),
+                _ => match open_node(b, "backing file", false, Access::Read) {
+                    Ok(n) => Some(Format::probe(&n)?),
+                    Err(e) if e.kind() == ErrorKind::NotFound => None,
+                    Err(e) => return Err(e),
+                },
+            };
+            if fmt == Some(Format::Qcow2) {
                 return Err(Error::new(Operation::Image, ErrorKind::NotSupported)
                     .with_src(overlay)
                     .with_dst(&base_path)
                     .with_reason(format!(
-                        "the overlay's own backing file {} is {fmt}: what the overlay does not \
+                        "the overlay's own backing file {} is qcow2: what the overlay does not \
                          hold reads from there, so committing the overlay alone into {} would \
                          lose it (convert the chain instead)",
                         quoted(b),
@@ -801,6 +884,7 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
         Target::Replace {
             dst: &base_path,
             start: Some(&base),
+            old: Some(&base),
         }
     };
     build(target, size, false, &layers, &options.run, &mut report)?;
@@ -819,9 +903,13 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
 /// image of the chain.
 pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
     let chain = chain::open_chain(src)?;
+    // A destination named through symbolic links is the file they name
+    // (as `qemu-img convert` writes through them): that file is replaced,
+    // the links stay links.
+    let dst = &resolve_links(dst)?;
     // An existing destination: a regular file, not in the chain, and not
     // in use (QEMU's write locks, held until it is replaced).
-    let _old = match fs::lstat(dst) {
+    let old_dst = match fs::lstat(dst) {
         Ok(_) => {
             let n = open_node(dst, "destination", false, Access::Write);
             let n = match n {
@@ -846,6 +934,16 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
                         "the destination is a block device; convert writes a new raw file and \
                          never replaces a device (use qemu-img convert -n to write into it)",
                     ));
+            }
+            let links = fs::fstat(&n.file).map_err(err(dst))?.st_nlink;
+            if links > 1 {
+                return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
+                    .with_dst(dst)
+                    .with_reason(format!(
+                        "the destination has {links} hard links; convert replaces the file, \
+                         which would leave the other names with the old contents (remove it \
+                         first, or convert to another name)"
+                    )));
             }
             Some(n)
         }
@@ -872,6 +970,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
         Target::Replace {
             dst,
             start: chain.bottom.as_ref(),
+            old: old_dst.as_ref(),
         },
         size,
         true,
@@ -880,6 +979,31 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
         &mut report,
     )?;
     Ok(report)
+}
+
+/// The file `path` names once the symbolic links of its last component
+/// are followed, one by one, as `open(O_CREAT)` follows them: a dangling
+/// link names the file it would create. Replacing that file keeps every
+/// link a link (a rename over `path` itself would turn it into a regular
+/// file and leave the file it named as it was).
+fn resolve_links(path: &Path) -> Result<PathBuf, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = path.to_path_buf();
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        match fs::lstat(&p) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                let to = fs::readlink(&p, Vec::new()).map_err(err(&p))?;
+                let to = Path::new(std::ffi::OsStr::from_bytes(to.as_bytes()));
+                p = match to.is_absolute() {
+                    true => to.to_path_buf(),
+                    false => parent_of(&p).join(to),
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(err(path)(Errno::LOOP).with_reason("the destination is a loop of symbolic links"))
 }
 
 fn chain_holds(chain: &chain::Chain, id: Option<(u64, u64)>) -> bool {
@@ -897,4 +1021,118 @@ fn same_file(src: &Path, dst: &Path) -> Error {
         .with_src(src)
         .with_dst(dst)
         .with_reason("the destination is an image of the chain being converted")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What another program may do to the name of a file being replaced
+    /// while a commit or convert works: the result replaces the name only
+    /// when it still leads to the file locked at the start (through a new
+    /// hard link or a symbolic link to it, too); otherwise the other
+    /// program's file stays, byte for byte, and the error says why.
+    #[test]
+    fn a_replaced_name_is_never_clobbered() {
+        let Some(t) = cowlink_testfs::testfs!(Xfs) else {
+            return;
+        };
+        type Meddle = fn(&Path, &Path);
+        let cases: [(&str, Meddle, bool); 6] = [
+            ("untouched", |_, _| {}, true),
+            (
+                "renamed over",
+                |d, n| {
+                    std::fs::write(d.join("other"), b"other").unwrap();
+                    std::fs::rename(d.join("other"), n).unwrap();
+                },
+                false,
+            ),
+            ("removed", |_, n| std::fs::remove_file(n).unwrap(), false),
+            (
+                "replaced by a new file",
+                |_, n| {
+                    std::fs::remove_file(n).unwrap();
+                    std::fs::write(n, b"other").unwrap();
+                },
+                false,
+            ),
+            (
+                "a hard link of itself renamed over",
+                |d, n| {
+                    std::fs::hard_link(n, d.join("same")).unwrap();
+                    std::fs::rename(d.join("same"), n).unwrap();
+                },
+                true,
+            ),
+            (
+                "moved aside, a link to it put there",
+                |d, n| {
+                    std::fs::rename(n, d.join("aside")).unwrap();
+                    std::os::unix::fs::symlink(d.join("aside"), n).unwrap();
+                },
+                true,
+            ),
+        ];
+        for (i, (what, meddle, replaced)) in cases.into_iter().enumerate() {
+            let d = t.path().join(format!("case-{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let name = d.join("base.raw");
+            std::fs::write(&name, vec![7u8; 8192]).unwrap();
+            let base = open_node(&name, "base", false, Access::Write).unwrap();
+            meddle(&d, &name);
+            let before = std::fs::read(&name).ok();
+            let target = Target::Replace {
+                dst: &name,
+                start: Some(&base),
+                old: Some(&base),
+            };
+            let mut report = ImageReport::default();
+            let r = build(target, 8192, false, &[], &Run::default(), &mut report);
+            if replaced {
+                r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(std::fs::read(&name).unwrap(), vec![7u8; 8192], "{what}");
+            } else {
+                let e = r.expect_err(what);
+                assert_eq!(e.kind(), ErrorKind::InUse, "{what}: {e}");
+                assert!(e.to_string().contains("base.raw"), "{what}: {e}");
+                assert_eq!(std::fs::read(&name).ok(), before, "{what}");
+            }
+            let names: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
+            assert!(names.len() <= 3, "{what}: a temporary was left");
+        }
+        // A destination that did not exist: created, unless another
+        // program made it meanwhile (then its file stays).
+        for made in [false, true] {
+            let d = t.path().join(format!("new-{made}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let src = d.join("bottom.raw");
+            std::fs::write(&src, vec![7u8; 8192]).unwrap();
+            let bottom = open_node(&src, "image", false, Access::Read).unwrap();
+            let name = d.join("out.raw");
+            let target = Target::Replace {
+                dst: &name,
+                start: Some(&bottom),
+                old: None,
+            };
+            if made {
+                std::fs::write(&name, b"other").unwrap();
+            }
+            let mut report = ImageReport::default();
+            let r = build(target, 8192, true, &[], &Run::default(), &mut report);
+            match made {
+                false => assert_eq!(std::fs::read(&name).unwrap(), vec![7u8; 8192]),
+                true => {
+                    let e = r.expect_err("made meanwhile");
+                    assert_eq!(e.kind(), ErrorKind::InUse, "{e}");
+                    assert_eq!(std::fs::read(&name).unwrap(), b"other");
+                }
+            }
+            assert_eq!(
+                std::fs::read_dir(&d).unwrap().count(),
+                2,
+                "a temporary was left"
+            );
+        }
+    }
 }

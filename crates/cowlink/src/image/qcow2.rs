@@ -343,7 +343,13 @@ impl Qcow2 {
         file.read_exact_at(&mut raw, l1_offset).map_err(io)?;
         let l1: Vec<u64> = raw.chunks_exact(8).map(|c| be64(c, 0)).collect();
         drop(raw);
-        let ext = extensions(&file, header_len, file_len, cluster).map_err(corrupt)?;
+        // As QEMU: the extensions end where the backing file name starts,
+        // else at the end of the first cluster.
+        let ext_end = match backing_offset {
+            0 => cluster,
+            off => off.min(cluster),
+        };
+        let ext = extensions(&file, header_len, file_len, ext_end).map_err(corrupt)?;
         let data_name =
             match (incompat & INCOMPAT_DATA_FILE != 0, ext.data_file) {
                 (false, _) => None,
@@ -754,25 +760,31 @@ struct Extensions {
 }
 
 /// Read the header extensions: they start after the header and end at
-/// type 0, inside the first cluster.
+/// type 0, before `ext_end` (the backing file name, else the end of the
+/// first cluster). As QEMU, every extension's length is checked, the end
+/// marker's too: one that runs past `ext_end` is refused, not cut.
 fn extensions(
     file: &File,
     header_len: u64,
     file_len: u64,
-    cluster: u64,
+    ext_end: u64,
 ) -> Result<Extensions, String> {
     let mut ext = Extensions::default();
     let mut at = header_len;
-    let end = cluster.min(file_len);
+    // Past the end of the file reads as zeros: the end marker.
+    let end = ext_end.min(file_len);
     while at + 8 <= end {
         let mut h = [0u8; 8];
         file.read_exact_at(&mut h, at).map_err(|e| e.to_string())?;
         let (kind, len) = (be32(&h, 0), be32(&h, 4) as u64);
+        if at + 8 + len > ext_end {
+            return Err(format!(
+                "a header extension at {at:#x} of {len} bytes runs past {ext_end:#x} (the \
+                 backing file name or the end of the first cluster)"
+            ));
+        }
         if kind == 0 {
             break;
-        }
-        if at + 8 + len > end {
-            return Err("a header extension runs past the first cluster".into());
         }
         let text = |what: &str| -> Result<Option<String>, String> {
             let mut name = vec![0u8; len as usize];
