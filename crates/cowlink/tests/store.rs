@@ -1175,3 +1175,65 @@ fn fuzz_corpora_replay() {
         assert!(n >= 5, "{name}: {n} inputs in {}", dir.display());
     }
 }
+
+/// The directory checked to be empty is the one the checkout fills: a
+/// process that swaps the destination for a non-empty directory (here,
+/// one holding a link `evil` to outside) between the check and the
+/// checkout must not get the manifest's `x -> evil/secret` placed beside
+/// that link, where it would resolve outside. Each round races a thread
+/// exchanging the two directories against one checkout.
+#[test]
+fn the_destination_checked_empty_is_the_one_filled() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let store = Store::open(dir.join("store")).unwrap();
+    let outside = dir.join("outside");
+    fs::create_dir(&outside).unwrap();
+    let m = Manifest::new(vec![entry(
+        "x",
+        EntryKind::Symlink {
+            target: "evil/secret".into(),
+        },
+    )]);
+    let (dest, full) = (dir.join("race/dest"), dir.join("race/full"));
+    let swaps = AtomicU64::new(0);
+    for round in 0..150 {
+        let _ = fs::remove_dir_all(dir.join("race"));
+        fs::create_dir_all(&dest).unwrap();
+        fs::create_dir(&full).unwrap();
+        symlink(&outside, full.join("evil")).unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let done = rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        &dest,
+                        rustix::fs::CWD,
+                        &full,
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    );
+                    if done.is_ok() {
+                        swaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+            let _ = store.materialize_tree(&m, &dest, &MaterializeOptions::default());
+            stop.store(true, Ordering::Relaxed);
+        });
+        for p in [&dest, &full] {
+            let x = p.join("x");
+            if x.symlink_metadata().is_ok() {
+                assert!(
+                    p.join("evil").symlink_metadata().is_err(),
+                    "round {round}: {} was placed beside a link it did not check out \
+                     (to {:?})",
+                    x.display(),
+                    fs::canonicalize(p.join("evil"))
+                );
+            }
+        }
+    }
+    assert!(swaps.load(Ordering::Relaxed) > 0, "the racer never swapped");
+}

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, FileType, Mode, OFlags, CWD};
+use rustix::fs::{self, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::layout::{self, object_rel};
@@ -679,27 +679,13 @@ impl Store {
 
 fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
     let err = |e: Errno| merr(dest, e);
+    let not_dir = || {
+        Error::new(Operation::Materialize, ErrorKind::NotADirectory)
+            .with_dst(dest)
+            .with_reason("destination exists and is not a directory")
+    };
     match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
-        Ok(()) => {}
-        Err(Errno::EXIST) => {
-            let st = fs::lstat(dest).map_err(err)?;
-            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-                return Err(Error::new(Operation::Materialize, ErrorKind::NotADirectory)
-                    .with_dst(dest)
-                    .with_reason("destination exists and is not a directory"));
-            }
-            let fd = fs::open(
-                dest,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(err)?;
-            if !layout::list_dir(fd.as_fd()).map_err(err)?.is_empty() {
-                return Err(Error::new(Operation::Materialize, ErrorKind::AlreadyExists)
-                    .with_dst(dest)
-                    .with_reason("destination directory is not empty; materialize into a new or empty directory"));
-            }
-        }
+        Ok(()) | Err(Errno::EXIST) => {}
         Err(Errno::NOENT) => {
             return Err(err(Errno::NOENT).with_reason(format!(
                 "parent directory {} does not exist",
@@ -708,11 +694,25 @@ fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
         }
         Err(e) => return Err(err(e)),
     }
-    fs::openat(
-        CWD,
+    // One open, and the directory it opened is the one checked empty and
+    // the one filled: a name checked, then opened again, could by then
+    // be another directory (swapped in by whoever can write its parent),
+    // one whose entries the manifest's links were never resolved among.
+    let fd = fs::open(
         dest,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(err)
+    .map_err(|e| match e {
+        Errno::NOTDIR | Errno::LOOP => not_dir(),
+        e => err(e),
+    })?;
+    if !layout::list_dir(fd.as_fd()).map_err(err)?.is_empty() {
+        return Err(Error::new(Operation::Materialize, ErrorKind::AlreadyExists)
+            .with_dst(dest)
+            .with_reason(
+                "destination directory is not empty; materialize into a new or empty directory",
+            ));
+    }
+    Ok(fd)
 }
