@@ -293,6 +293,15 @@ fn hostile_manifests_write_nothing() {
             vec![link("s", "."), link("l", "s/../victim")],
             "points outside the tree",
         ),
+        // A target no kernel stores: refused before the file is placed.
+        (
+            vec![file("ok"), link("l", &"x/".repeat(2048))],
+            "longer than PATH_MAX",
+        ),
+        (
+            vec![file("ok"), link("l", &"y".repeat(5000))],
+            "longer than PATH_MAX",
+        ),
     ];
     for (i, (entries, why)) in cases.into_iter().enumerate() {
         let dest = dir.join(format!("dest{i}"));

@@ -623,8 +623,6 @@ impl Store {
     }
 }
 
-/// Create `dest` or accept it as an empty directory; return it opened
-/// (`O_PATH`, not following a symbolic link).
 impl Store {
     /// Refuse a clone-only checkout before writing anything when the
     /// destination cannot clone from the store: clone one object into an
@@ -677,6 +675,8 @@ impl Store {
     }
 }
 
+/// Create `dest` or accept it as an empty directory; return it opened
+/// (not following a symbolic link): the descriptor checked empty.
 fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
     let err = |e: Errno| merr(dest, e);
     let not_dir = || {
