@@ -663,9 +663,10 @@ impl Streamed {
 
     /// The most bytes held waiting for an entry to end. An entry cut by a
     /// chunk's end is parsed again from its start with the next chunk, so
-    /// one huge entry (a symbolic link's target has no limit) would be
-    /// parsed over and over; past this the text goes to the general
-    /// reader instead.
+    /// one huge entry (hostile text need not keep to the 64 KiB path and
+    /// 4 KiB target limits the validation applies later) would be parsed
+    /// over and over; past this the text goes to the general reader
+    /// instead.
     const MAX_PENDING: usize = 4 << 20;
 
     /// Take the next bytes of the text.
