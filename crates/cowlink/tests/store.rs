@@ -1246,3 +1246,64 @@ fn the_destination_checked_empty_is_the_one_filled() {
     }
     assert!(swaps.load(Ordering::Relaxed) > 0, "the racer never swapped");
 }
+
+/// A checkout into the store itself is refused before anything is
+/// placed: into an empty object shard it would plant a file under a
+/// digest its bytes do not have, which `add` then reports "already
+/// stored" and every later checkout trusts. Each way of naming a
+/// directory in the store (directly, new, through a linked parent) is
+/// tried; none is created or filled.
+#[test]
+fn a_checkout_into_the_store_is_refused() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let root = dir.join("store");
+    let store = Store::open(&root).unwrap();
+    write_file(&dir.join("evil"), b"evil!!!");
+    let evil = store.add(dir.join("evil")).unwrap();
+    write_file(&dir.join("victim"), b"victim!");
+    let victim = Digest::of(b"victim!");
+    let shard = &victim.to_hex()[..2];
+    let m = Manifest::new(vec![entry(
+        &victim.to_hex(),
+        EntryKind::File {
+            digest: evil,
+            size: 7,
+            mode: 0o644,
+        },
+    )]);
+    symlink(root.join("objects"), dir.join("objects-link")).unwrap();
+    let dests = [
+        root.join("objects").join(shard),
+        dir.join("objects-link").join(shard),
+        root.join("new"),
+        root.join("objects").join(shard).join("new"),
+    ];
+    for dest in &dests {
+        let existed = dest.exists();
+        let e = store
+            .materialize_tree(&m, dest, &MaterializeOptions::default())
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{}: {e}", dest.display());
+        assert!(e.to_string().contains("inside the store"), "{e}");
+        assert_eq!(dest.exists(), existed, "{}", dest.display());
+    }
+    // One object placed by name into the store: refused the same way.
+    let e = store
+        .materialize(
+            &evil,
+            dir.join("objects-link").join(shard).join(victim.to_hex()),
+            LinkMode::Auto,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(names(&root.join("objects").join(shard)).is_empty());
+    assert_eq!(store.add(dir.join("victim")).unwrap(), victim);
+    store
+        .materialize_tree(&m, dir.join("elsewhere"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(
+        fs::read(dir.join("elsewhere").join(victim.to_hex())).unwrap(),
+        b"evil!!!"
+    );
+}

@@ -471,6 +471,9 @@ impl Store {
                 _ => errno_text(e),
             })
         })?;
+        if within(self.dir.as_fd(), dir.as_fd()).map_err(|e| merr(dest, e))? {
+            return Err(inside_store(&self.root, dest));
+        }
         let name = dest.file_name().map(Path::new).unwrap_or(dest);
         let gens = AtomicU64::new(0);
         let want = Want {
@@ -518,7 +521,16 @@ impl Store {
         if options.link == LinkMode::Clone {
             self.clone_trial(manifest, dest)?;
         }
-        let root = prepare_dest(dest)?;
+        let (root, made) = prepare_dest(dest)?;
+        // A checkout inside the store would put files the manifest names
+        // where the store keeps its own (an object under a digest its
+        // bytes do not have, that later adds and checkouts would trust).
+        if within(self.dir.as_fd(), root.as_fd()).map_err(|e| merr(dest, e))? {
+            if made {
+                let _ = fs::rmdir(dest);
+            }
+            return Err(inside_store(&self.root, dest));
+        }
         let root = root.as_fd();
         let mut report = MaterializeReport::default();
         let errors = Mutex::new(Vec::new());
@@ -676,16 +688,18 @@ impl Store {
 }
 
 /// Create `dest` or accept it as an empty directory; return it opened
-/// (not following a symbolic link): the descriptor checked empty.
-fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
+/// (not following a symbolic link): the descriptor checked empty, and
+/// whether it was made here.
+fn prepare_dest(dest: &Path) -> Result<(OwnedFd, bool)> {
     let err = |e: Errno| merr(dest, e);
     let not_dir = || {
         Error::new(Operation::Materialize, ErrorKind::NotADirectory)
             .with_dst(dest)
             .with_reason("destination exists and is not a directory")
     };
-    match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
-        Ok(()) | Err(Errno::EXIST) => {}
+    let made = match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
         Err(Errno::NOENT) => {
             return Err(err(Errno::NOENT).with_reason(format!(
                 "parent directory {} does not exist",
@@ -693,7 +707,7 @@ fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
             )))
         }
         Err(e) => return Err(err(e)),
-    }
+    };
     // One open, and the directory it opened is the one checked empty and
     // the one filled: a name checked, then opened again, could by then
     // be another directory (swapped in by whoever can write its parent),
@@ -714,5 +728,41 @@ fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
                 "destination directory is not empty; materialize into a new or empty directory",
             ));
     }
-    Ok(fd)
+    Ok((fd, made))
+}
+
+/// The refusal of a destination inside the store at `root`.
+fn inside_store(root: &Path, dest: &Path) -> Error {
+    Error::new(Operation::Materialize, ErrorKind::InvalidInput)
+        .with_src(root)
+        .with_dst(dest)
+        .with_reason("the destination is inside the store; place it elsewhere")
+}
+
+/// Whether the directory `fd` is the directory `store` or below it: its
+/// `..` chain, walked up to the root, compared by device and inode (so a
+/// path through symbolic links or bind mounts is seen for what it is).
+fn within(store: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> rustix::io::Result<bool> {
+    let id = |st: &fs::Stat| (st.st_dev, st.st_ino);
+    let open = |at: BorrowedFd<'_>, name: &str| {
+        fs::openat(
+            at,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let target = id(&fs::fstat(store)?);
+    let mut cur = open(fd, ".")?;
+    loop {
+        let here = id(&fs::fstat(&cur)?);
+        if here == target {
+            return Ok(true);
+        }
+        let up = open(cur.as_fd(), "..")?;
+        if id(&fs::fstat(&up)?) == here {
+            return Ok(false);
+        }
+        cur = up;
+    }
 }
