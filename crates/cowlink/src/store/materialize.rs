@@ -531,6 +531,24 @@ impl Store {
             }
             return Err(inside_store(&self.root, dest));
         }
+        // Links were judged by their exact names; a case-insensitive
+        // directory would follow `UP/..` through a listed `up`.
+        if casefolded(root.as_fd())
+            && manifest
+                .entries
+                .iter()
+                .any(|e| matches!(e.kind, EntryKind::Symlink { .. }))
+        {
+            if made {
+                let _ = fs::rmdir(dest);
+            }
+            return Err(Error::new(Operation::Materialize, ErrorKind::NotSupported)
+                .with_dst(dest)
+                .with_reason(
+                    "the destination is case-insensitive (casefold), and the manifest's \
+                     symbolic links were checked against exact names; check out elsewhere",
+                ));
+        }
         let root = root.as_fd();
         let mut report = MaterializeReport::default();
         let errors = Mutex::new(Vec::new());
@@ -729,6 +747,14 @@ fn prepare_dest(dest: &Path) -> Result<(OwnedFd, bool)> {
             ));
     }
     Ok((fd, made))
+}
+
+/// Whether the directory `fd` looks names up case-insensitively (ext4,
+/// f2fs, tmpfs with `casefold`: the inode flag `FS_CASEFOLD_FL`, which
+/// directories made in it inherit). No answer counts as no.
+fn casefolded(fd: BorrowedFd<'_>) -> bool {
+    const FS_CASEFOLD_FL: u32 = 0x4000_0000;
+    fs::ioctl_getflags(fd).is_ok_and(|f| f.bits() & FS_CASEFOLD_FL != 0)
 }
 
 /// The refusal of a destination inside the store at `root`.
