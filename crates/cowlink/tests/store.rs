@@ -293,6 +293,15 @@ fn hostile_manifests_write_nothing() {
             vec![link("s", "."), link("l", "s/../victim")],
             "points outside the tree",
         ),
+        // A target no kernel stores: refused before the file is placed.
+        (
+            vec![file("ok"), link("l", &"x/".repeat(2048))],
+            "longer than PATH_MAX",
+        ),
+        (
+            vec![file("ok"), link("l", &"y".repeat(5000))],
+            "longer than PATH_MAX",
+        ),
     ];
     for (i, (entries, why)) in cases.into_iter().enumerate() {
         let dest = dir.join(format!("dest{i}"));
@@ -1174,4 +1183,127 @@ fn fuzz_corpora_replay() {
         }
         assert!(n >= 5, "{name}: {n} inputs in {}", dir.display());
     }
+}
+
+/// The directory checked to be empty is the one the checkout fills: a
+/// process that swaps the destination for a non-empty directory (here,
+/// one holding a link `evil` to outside) between the check and the
+/// checkout must not get the manifest's `x -> evil/secret` placed beside
+/// that link, where it would resolve outside. Each round races a thread
+/// exchanging the two directories against one checkout.
+#[test]
+fn the_destination_checked_empty_is_the_one_filled() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let store = Store::open(dir.join("store")).unwrap();
+    let outside = dir.join("outside");
+    fs::create_dir(&outside).unwrap();
+    let m = Manifest::new(vec![entry(
+        "x",
+        EntryKind::Symlink {
+            target: "evil/secret".into(),
+        },
+    )]);
+    let (dest, full) = (dir.join("race/dest"), dir.join("race/full"));
+    let swaps = AtomicU64::new(0);
+    for round in 0..150 {
+        let _ = fs::remove_dir_all(dir.join("race"));
+        fs::create_dir_all(&dest).unwrap();
+        fs::create_dir(&full).unwrap();
+        symlink(&outside, full.join("evil")).unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let done = rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        &dest,
+                        rustix::fs::CWD,
+                        &full,
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    );
+                    if done.is_ok() {
+                        swaps.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+            let _ = store.materialize_tree(&m, &dest, &MaterializeOptions::default());
+            stop.store(true, Ordering::Relaxed);
+        });
+        for p in [&dest, &full] {
+            let x = p.join("x");
+            if x.symlink_metadata().is_ok() {
+                assert!(
+                    p.join("evil").symlink_metadata().is_err(),
+                    "round {round}: {} was placed beside a link it did not check out \
+                     (to {:?})",
+                    x.display(),
+                    fs::canonicalize(p.join("evil"))
+                );
+            }
+        }
+    }
+    assert!(swaps.load(Ordering::Relaxed) > 0, "the racer never swapped");
+}
+
+/// A checkout into the store itself is refused before anything is
+/// placed: into an empty object shard it would plant a file under a
+/// digest its bytes do not have, which `add` then reports "already
+/// stored" and every later checkout trusts. Each way of naming a
+/// directory in the store (directly, new, through a linked parent) is
+/// tried; none is created or filled.
+#[test]
+fn a_checkout_into_the_store_is_refused() {
+    let Some(d) = testfs!(Xfs) else { return };
+    let dir = d.path();
+    let root = dir.join("store");
+    let store = Store::open(&root).unwrap();
+    write_file(&dir.join("evil"), b"evil!!!");
+    let evil = store.add(dir.join("evil")).unwrap();
+    write_file(&dir.join("victim"), b"victim!");
+    let victim = Digest::of(b"victim!");
+    let shard = &victim.to_hex()[..2];
+    let m = Manifest::new(vec![entry(
+        &victim.to_hex(),
+        EntryKind::File {
+            digest: evil,
+            size: 7,
+            mode: 0o644,
+        },
+    )]);
+    symlink(root.join("objects"), dir.join("objects-link")).unwrap();
+    let dests = [
+        root.join("objects").join(shard),
+        dir.join("objects-link").join(shard),
+        root.join("new"),
+        root.join("objects").join(shard).join("new"),
+    ];
+    for dest in &dests {
+        let existed = dest.exists();
+        let e = store
+            .materialize_tree(&m, dest, &MaterializeOptions::default())
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{}: {e}", dest.display());
+        assert!(e.to_string().contains("inside the store"), "{e}");
+        assert_eq!(dest.exists(), existed, "{}", dest.display());
+    }
+    // One object placed by name into the store: refused the same way.
+    let e = store
+        .materialize(
+            &evil,
+            dir.join("objects-link").join(shard).join(victim.to_hex()),
+            LinkMode::Auto,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(names(&root.join("objects").join(shard)).is_empty());
+    assert_eq!(store.add(dir.join("victim")).unwrap(), victim);
+    store
+        .materialize_tree(&m, dir.join("elsewhere"), &MaterializeOptions::default())
+        .unwrap();
+    assert_eq!(
+        fs::read(dir.join("elsewhere").join(victim.to_hex())).unwrap(),
+        b"evil!!!"
+    );
 }

@@ -537,6 +537,20 @@ impl Manifest {
                         ),
                     ));
                 }
+                // No kernel stores a longer target (symlink(2) takes at
+                // most PATH_MAX bytes with the NUL): refused here, before
+                // anything is written, as a component over NAME_MAX is.
+                EntryKind::Symlink { target } if target.len() > MAX_TARGET => {
+                    return Err(invalid(
+                        origin,
+                        format!(
+                            "symbolic link '{}' has a target of {} bytes, longer than \
+                             PATH_MAX allows ({MAX_TARGET} bytes)",
+                            esc(&e.path),
+                            target.len()
+                        ),
+                    ));
+                }
                 _ => {}
             }
         }
@@ -649,9 +663,10 @@ impl Streamed {
 
     /// The most bytes held waiting for an entry to end. An entry cut by a
     /// chunk's end is parsed again from its start with the next chunk, so
-    /// one huge entry (a symbolic link's target has no limit) would be
-    /// parsed over and over; past this the text goes to the general
-    /// reader instead.
+    /// one huge entry (hostile text need not keep to the 64 KiB path and
+    /// 4 KiB target limits the validation applies later) would be parsed
+    /// over and over; past this the text goes to the general reader
+    /// instead.
     const MAX_PENDING: usize = 4 << 20;
 
     /// Take the next bytes of the text.
@@ -750,6 +765,10 @@ fn invalid(origin: &str, why: String) -> Error {
 fn esc(s: &str) -> String {
     s.chars().take(300).flat_map(char::escape_debug).collect()
 }
+
+/// The longest symbolic link target any Linux filesystem stores
+/// (PATH_MAX less its NUL); some store less (XFS: 1024 bytes).
+const MAX_TARGET: usize = 4095;
 
 /// The longest path a manifest may hold.
 const MAX_PATH: usize = 64 << 10;
@@ -1260,14 +1279,17 @@ mod tests {
         Manifest::new(vec![file(&deep)])
             .validate("m", false)
             .unwrap();
-        let climb = "a/".repeat(200_000) + &"../".repeat(200_000) + "f";
+        // A target is at most PATH_MAX bytes, whatever it holds.
+        let long = "a/".repeat(200_000) + &"../".repeat(200_000) + "f";
+        assert!(reason(&Manifest::new(vec![link("l", &long)])).contains("longer than PATH_MAX"));
+        let climb = "a/".repeat(800) + &"../".repeat(800) + "f";
         Manifest::new(vec![link("l", &climb)])
             .validate("m", false)
             .unwrap();
-        let climb_out = "a/".repeat(200_000) + &"../".repeat(200_001) + "f";
+        let climb_out = "a/".repeat(800) + &"../".repeat(801) + "f";
         assert!(reason(&Manifest::new(vec![link("l", &climb_out)])).contains("points outside"));
         // Many links through one long one.
-        let mut e = vec![dir("d"), link("d/big", &"./".repeat(100_000))];
+        let mut e = vec![dir("d"), link("d/big", &"./".repeat(2047))];
         e.extend((0..20_000).map(|i| link(&format!("l{i}"), "d/big/big/big")));
         Manifest::new(e).validate("m", false).unwrap();
     }

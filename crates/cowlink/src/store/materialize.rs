@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, FileType, Mode, OFlags, CWD};
+use rustix::fs::{self, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::layout::{self, object_rel};
@@ -471,6 +471,9 @@ impl Store {
                 _ => errno_text(e),
             })
         })?;
+        if within(self.dir.as_fd(), dir.as_fd()).map_err(|e| merr(dest, e))? {
+            return Err(inside_store(&self.root, dest));
+        }
         let name = dest.file_name().map(Path::new).unwrap_or(dest);
         let gens = AtomicU64::new(0);
         let want = Want {
@@ -518,7 +521,34 @@ impl Store {
         if options.link == LinkMode::Clone {
             self.clone_trial(manifest, dest)?;
         }
-        let root = prepare_dest(dest)?;
+        let (root, made) = prepare_dest(dest)?;
+        // A checkout inside the store would put files the manifest names
+        // where the store keeps its own (an object under a digest its
+        // bytes do not have, that later adds and checkouts would trust).
+        if within(self.dir.as_fd(), root.as_fd()).map_err(|e| merr(dest, e))? {
+            if made {
+                let _ = fs::rmdir(dest);
+            }
+            return Err(inside_store(&self.root, dest));
+        }
+        // Links were judged by their exact names; a case-insensitive
+        // directory would follow `UP/..` through a listed `up`.
+        if casefolded(root.as_fd())
+            && manifest
+                .entries
+                .iter()
+                .any(|e| matches!(e.kind, EntryKind::Symlink { .. }))
+        {
+            if made {
+                let _ = fs::rmdir(dest);
+            }
+            return Err(Error::new(Operation::Materialize, ErrorKind::NotSupported)
+                .with_dst(dest)
+                .with_reason(
+                    "the destination is case-insensitive (casefold), and the manifest's \
+                     symbolic links were checked against exact names; check out elsewhere",
+                ));
+        }
         let root = root.as_fd();
         let mut report = MaterializeReport::default();
         let errors = Mutex::new(Vec::new());
@@ -623,8 +653,6 @@ impl Store {
     }
 }
 
-/// Create `dest` or accept it as an empty directory; return it opened
-/// (`O_PATH`, not following a symbolic link).
 impl Store {
     /// Refuse a clone-only checkout before writing anything when the
     /// destination cannot clone from the store: clone one object into an
@@ -677,29 +705,19 @@ impl Store {
     }
 }
 
-fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
+/// Create `dest` or accept it as an empty directory; return it opened
+/// (not following a symbolic link): the descriptor checked empty, and
+/// whether it was made here.
+fn prepare_dest(dest: &Path) -> Result<(OwnedFd, bool)> {
     let err = |e: Errno| merr(dest, e);
-    match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
-        Ok(()) => {}
-        Err(Errno::EXIST) => {
-            let st = fs::lstat(dest).map_err(err)?;
-            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-                return Err(Error::new(Operation::Materialize, ErrorKind::NotADirectory)
-                    .with_dst(dest)
-                    .with_reason("destination exists and is not a directory"));
-            }
-            let fd = fs::open(
-                dest,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(err)?;
-            if !layout::list_dir(fd.as_fd()).map_err(err)?.is_empty() {
-                return Err(Error::new(Operation::Materialize, ErrorKind::AlreadyExists)
-                    .with_dst(dest)
-                    .with_reason("destination directory is not empty; materialize into a new or empty directory"));
-            }
-        }
+    let not_dir = || {
+        Error::new(Operation::Materialize, ErrorKind::NotADirectory)
+            .with_dst(dest)
+            .with_reason("destination exists and is not a directory")
+    };
+    let made = match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
         Err(Errno::NOENT) => {
             return Err(err(Errno::NOENT).with_reason(format!(
                 "parent directory {} does not exist",
@@ -707,12 +725,70 @@ fn prepare_dest(dest: &Path) -> Result<OwnedFd> {
             )))
         }
         Err(e) => return Err(err(e)),
-    }
-    fs::openat(
-        CWD,
+    };
+    // One open, and the directory it opened is the one checked empty and
+    // the one filled: a name checked, then opened again, could by then
+    // be another directory (swapped in by whoever can write its parent),
+    // one whose entries the manifest's links were never resolved among.
+    let fd = fs::open(
         dest,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(err)
+    .map_err(|e| match e {
+        Errno::NOTDIR | Errno::LOOP => not_dir(),
+        e => err(e),
+    })?;
+    if !layout::list_dir(fd.as_fd()).map_err(err)?.is_empty() {
+        return Err(Error::new(Operation::Materialize, ErrorKind::AlreadyExists)
+            .with_dst(dest)
+            .with_reason(
+                "destination directory is not empty; materialize into a new or empty directory",
+            ));
+    }
+    Ok((fd, made))
+}
+
+/// Whether the directory `fd` looks names up case-insensitively (ext4,
+/// f2fs, tmpfs with `casefold`: the inode flag `FS_CASEFOLD_FL`, which
+/// directories made in it inherit). No answer counts as no.
+fn casefolded(fd: BorrowedFd<'_>) -> bool {
+    const FS_CASEFOLD_FL: u32 = 0x4000_0000;
+    fs::ioctl_getflags(fd).is_ok_and(|f| f.bits() & FS_CASEFOLD_FL != 0)
+}
+
+/// The refusal of a destination inside the store at `root`.
+fn inside_store(root: &Path, dest: &Path) -> Error {
+    Error::new(Operation::Materialize, ErrorKind::InvalidInput)
+        .with_src(root)
+        .with_dst(dest)
+        .with_reason("the destination is inside the store; place it elsewhere")
+}
+
+/// Whether the directory `fd` is the directory `store` or below it: its
+/// `..` chain, walked up to the root, compared by device and inode (so a
+/// path through symbolic links or bind mounts is seen for what it is).
+fn within(store: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> rustix::io::Result<bool> {
+    let id = |st: &fs::Stat| (st.st_dev, st.st_ino);
+    let open = |at: BorrowedFd<'_>, name: &str| {
+        fs::openat(
+            at,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let target = id(&fs::fstat(store)?);
+    let mut cur = open(fd, ".")?;
+    loop {
+        let here = id(&fs::fstat(&cur)?);
+        if here == target {
+            return Ok(true);
+        }
+        let up = open(cur.as_fd(), "..")?;
+        if id(&fs::fstat(&up)?) == here {
+            return Ok(false);
+        }
+        cur = up;
+    }
 }
