@@ -452,6 +452,10 @@ def test_sigint_stops_a_verify_in_another_process(xfs: Path) -> None:
             sys.executable,
             "-c",
             "import sys, cowlink\n"
+            # A shell that started this run in the background may have set
+            # SIGINT to "ignore", which Python then keeps: restore its handler.
+            "import signal\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "store = cowlink.Store(sys.argv[1])\n"
             "def started(p):\n"
             "    if p.phase == 'verify' and p.files_done:\n"

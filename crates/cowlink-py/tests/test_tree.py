@@ -107,6 +107,10 @@ def test_sigint_stops_a_copy_in_another_process(ext4: Path) -> None:
             sys.executable,
             "-c",
             "import sys, cowlink\n"
+            # A shell that started this run in the background may have set
+            # SIGINT to "ignore", which Python then keeps: restore its handler.
+            "import signal\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "def started(p):\n"
             "    print('started', flush=True)\n"
             "cowlink.copytree(sys.argv[1], sys.argv[2], reflink='never', threads=1, on_progress=started)\n",
