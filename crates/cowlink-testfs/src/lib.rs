@@ -457,3 +457,21 @@ pub fn deep_chain(root: &Path, levels: usize, files_at: &[usize], bytes: &[u8]) 
     }
     path
 }
+
+/// Where a Go-installed test server binary `name` is: the variable `var`
+/// when set, else `PATH`, `$GOPATH/bin`, `~/go/bin`.
+pub fn go_bin(var: &str, name: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(var) {
+        return Some(PathBuf::from(p));
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(g) = std::env::var_os("GOPATH") {
+        dirs.push(PathBuf::from(g).join("bin"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(h).join("go/bin"));
+    }
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}

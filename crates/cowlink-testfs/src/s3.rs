@@ -34,21 +34,7 @@ pub struct S3Server {
 /// Where versitygw is: `$COWLINK_VERSITYGW`, `PATH`, `$GOPATH/bin`,
 /// `~/go/bin`.
 fn find_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("COWLINK_VERSITYGW") {
-        return Some(PathBuf::from(p));
-    }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    if let Some(g) = std::env::var_os("GOPATH") {
-        dirs.push(PathBuf::from(g).join("bin"));
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        dirs.push(PathBuf::from(h).join("go/bin"));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("versitygw"))
-        .find(|p| p.is_file())
+    crate::go_bin("COWLINK_VERSITYGW", "versitygw")
 }
 
 impl S3Server {

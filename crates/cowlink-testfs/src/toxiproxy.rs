@@ -28,21 +28,7 @@ fn free_port() -> u16 {
 /// Where toxiproxy-server is: `$COWLINK_TOXIPROXY`, `PATH`,
 /// `$GOPATH/bin`, `~/go/bin`.
 fn find_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("COWLINK_TOXIPROXY") {
-        return Some(PathBuf::from(p));
-    }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    if let Some(g) = std::env::var_os("GOPATH") {
-        dirs.push(PathBuf::from(g).join("bin"));
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        dirs.push(PathBuf::from(h).join("go/bin"));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("toxiproxy-server"))
-        .find(|p| p.is_file())
+    crate::go_bin("COWLINK_TOXIPROXY", "toxiproxy-server")
 }
 
 /// One HTTP request to the API; the status and body.
