@@ -26,6 +26,17 @@ need_peers() {
     fi
 }
 
+# Raw results: every published run keeps hyperfine's JSON under
+# bench/runs/DATE-MACHINE/ (BENCH_MACHINE names the machine; default: its
+# core count and kernel), so a table in docs/benchmarks.md can be checked
+# against the measurements it came from. save_raw NAME FILE copies one.
+RUNS_DIR=$PWD/bench/runs/$(date -u +%F)-${BENCH_MACHINE:-$(nproc)core-$(uname -r | cut -d- -f1)}
+export RUNS_DIR
+save_raw() {
+    mkdir -p "$RUNS_DIR"
+    cp "$2" "$RUNS_DIR/$1.json"
+}
+
 header() {
     echo "kernel $(uname -r); $(nproc) cores; xfs: mkfs.xfs -m reflink=1 (16 GiB loop image);" \
          "btrfs: mkfs.btrfs defaults (16 GiB); ext4: mkfs.ext4 defaults (14 GiB); $(date -u +%F)"
