@@ -1,6 +1,34 @@
-//! The platform layer of cowlink.
+//! The platform layer of cowlink: every call that only some operating
+//! systems have goes through this crate, and this crate is the only one
+//! with `unsafe` code.
+//!
+//! One module per platform implements the same functions with the same
+//! signatures: `linux.rs` (the kernel's ioctls through rustix and
+//! linux-raw-sys, `O_TMPFILE`, `copy_file_range`, `fallocate` modes,
+//! `openat2`, OFD locks, `/proc`) and `portable.rs` for every other Unix,
+//! which answers "not possible here" (`EOPNOTSUPP`, `ENOTTY` for the
+//! Btrfs calls) so the core's fallbacks run: `auto` copies instead of
+//! cloning, a unnamed temporary becomes a named one, FIEMAP reports no
+//! extents. The answer types ([`FsStat`], [`DedupeResult`], ...) are
+//! shared. A port (macOS `clonefile`, FreeBSD `copy_file_range`) adds or
+//! fills a module here and changes no caller.
+//!
+//! Every function takes borrowed descriptors and returns the system's
+//! answer as a [`rustix::io::Errno`]; it never decides what an error
+//! *means*. Classification, fallbacks and messages live in the safe
+//! `cowlink` crate.
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod types;
+pub use types::*;
+
+#[cfg(target_os = "linux")]
 mod linux;
+#[cfg(target_os = "linux")]
 pub use linux::*;
+
+#[cfg(all(unix, not(target_os = "linux")))]
+mod portable;
+#[cfg(all(unix, not(target_os = "linux")))]
+pub use portable::*;

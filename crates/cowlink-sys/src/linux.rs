@@ -1,22 +1,24 @@
-//! Raw Linux ioctls used by cowlink (clone, dedupe, FIEMAP, the Btrfs
-//! backreference look-ups, and loop devices for dev drives).
+//! The Linux platform: the kernel's ioctls (clone, dedupe, FIEMAP, the
+//! Btrfs backreference look-ups, loop devices), OFD locks, and the typed
+//! wrappers over the rustix calls only Linux has (`O_TMPFILE`,
+//! `copy_file_range`, `fallocate` modes, `openat2`, `syncfs`, inode flags,
+//! xattrs as Linux names them, `/proc`).
 //!
-//! This crate is the only place in cowlink with `unsafe` code. Each function
-//! wraps exactly one ioctl, takes borrowed file descriptors, and returns the
-//! kernel's answer as a [`rustix::io::Errno`] on failure; it never decides
-//! what an error *means*. Classification, fallbacks and messages live in the
-//! safe `cowlink` crate.
+//! Each ioctl wrapper wraps exactly one ioctl, takes borrowed file
+//! descriptors, and returns the kernel's answer as a
+//! [`rustix::io::Errno`] on failure; it never decides what an error
+//! *means*.
 //!
 //! The ioctl numbers come from `linux-raw-sys` (generated from the kernel
 //! UAPI headers). The FIEMAP structs are declared here because
 //! `linux-raw-sys` does not export `linux/fiemap.h`; their layout is checked
-//! against the kernel's by the size assertions at the bottom of this file.
-#![deny(missing_docs)]
-#![deny(unsafe_op_in_unsafe_fn)]
+//! against the kernel's by the size assertions below.
 
 use linux_raw_sys::general::{file_clone_range, file_dedupe_range, file_dedupe_range_info};
 use rustix::fd::{AsRawFd, BorrowedFd};
 use rustix::io::Errno;
+
+use crate::types::*;
 use rustix::ioctl::{ioctl, Opcode, Updater};
 
 const FICLONERANGE: Opcode = linux_raw_sys::ioctl::FICLONERANGE as Opcode;
@@ -66,34 +68,6 @@ pub fn ficlonerange(
             Updater::<FICLONERANGE, file_clone_range>::new(&mut arg),
         )
     }
-}
-
-/// How many destinations one `FIDEDUPERANGE` call accepts: the request must
-/// fit in one 4 KiB page (header of 24 bytes, 32 bytes per destination).
-pub const DEDUPE_MAX_DESTS: usize = (4096 - std::mem::size_of::<file_dedupe_range>())
-    / std::mem::size_of::<file_dedupe_range_info>();
-
-/// The kernel's answer for one destination of a dedupe request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DedupeStatus {
-    /// The ranges were identical and now share blocks (`FILE_DEDUPE_RANGE_SAME`).
-    Same,
-    /// The ranges differ; nothing was changed (`FILE_DEDUPE_RANGE_DIFFERS`).
-    Differs,
-    /// The kernel refused this destination with an error.
-    Error(Errno),
-}
-
-/// One destination's result: its status and the kernel's `bytes_deduped`.
-///
-/// `bytes_deduped` echoes the requested length even when less was shared;
-/// never count savings with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DedupeResult {
-    /// What the kernel did for this destination.
-    pub status: DedupeStatus,
-    /// The kernel's `bytes_deduped` field, as reported.
-    pub bytes_deduped: u64,
 }
 
 #[repr(C)]
@@ -163,46 +137,6 @@ pub fn fideduperange(
         .collect())
 }
 
-/// `FIEMAP_FLAG_SYNC`: write dirty pages back before mapping.
-pub const FIEMAP_FLAG_SYNC: u32 = 0x1;
-/// Extent flag: the last extent of the file.
-pub const FIEMAP_EXTENT_LAST: u32 = 0x1;
-/// Extent flag: data location unknown.
-pub const FIEMAP_EXTENT_UNKNOWN: u32 = 0x2;
-/// Extent flag: delayed allocation, not yet on disk.
-pub const FIEMAP_EXTENT_DELALLOC: u32 = 0x4;
-/// Extent flag: data is encoded (compressed or encrypted).
-pub const FIEMAP_EXTENT_ENCODED: u32 = 0x8;
-/// Extent flag: data is inline in metadata.
-pub const FIEMAP_EXTENT_DATA_INLINE: u32 = 0x200;
-/// Extent flag: allocated but unwritten (reads as zeros).
-pub const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x800;
-/// Extent flag: the blocks are shared with another file or snapshot.
-pub const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
-
-/// One extent as the kernel's `struct fiemap_extent` describes it.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FiemapExtent {
-    /// Byte offset of the extent in the file.
-    pub logical: u64,
-    /// Byte offset of the extent on the device.
-    pub physical: u64,
-    /// Length in bytes.
-    pub length: u64,
-    reserved64: [u64; 2],
-    /// `FIEMAP_EXTENT_*` flags.
-    pub flags: u32,
-    reserved: [u32; 3],
-}
-
-/// How many extents one [`fiemap`] call returns at most.
-pub const FIEMAP_BATCH: usize = 256;
-
-/// How many extents the first [`fiemap`] call of a file asks for: most
-/// files have one or two, and a small request costs less to set up.
-pub const FIEMAP_FIRST_BATCH: usize = 8;
-
 #[repr(C)]
 struct FiemapBuf<const N: usize> {
     start: u64,
@@ -268,21 +202,6 @@ const BTRFS_IOC_INO_PATHS: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_PATHS as
 
 /// Header of the kernel's `struct btrfs_data_container`, in `u64` words.
 const CONTAINER_HEADER_WORDS: usize = 2;
-
-/// Largest answer `BTRFS_IOC_LOGICAL_INO_V2` accepts (the kernel clamps to
-/// 16 MiB).
-pub const BTRFS_LOGICAL_INO_MAX: usize = 16 << 20;
-
-/// One file reference to a Btrfs data extent, as `LOGICAL_INO` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BtrfsRef {
-    /// Inode number inside its subvolume.
-    pub inode: u64,
-    /// Byte offset in that file where the reference starts.
-    pub offset: u64,
-    /// The subvolume (tree id) holding the inode.
-    pub root: u64,
-}
 
 /// `ioctl(fd, BTRFS_IOC_LOGICAL_INO_V2, ...)`: every file reference whose
 /// data covers the Btrfs logical address `logical` (FIEMAP's "physical"
@@ -420,30 +339,6 @@ pub fn btrfs_root_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 const BTRFS_IOC_TREE_SEARCH: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_TREE_SEARCH as Opcode;
 /// `BTRFS_EXTENT_DATA_KEY`: the item type of a file extent.
 const BTRFS_EXTENT_DATA_KEY: u32 = 108;
-
-/// One file extent item of a Btrfs inode (`struct btrfs_file_extent_item`
-/// under an `EXTENT_DATA` key), as [`btrfs_file_extents`] reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BtrfsFileExtent {
-    /// Offset in the file where this item's bytes start (the key offset).
-    pub file_offset: u64,
-    /// 0 inline, 1 regular, 2 preallocated.
-    pub kind: u8,
-    /// 0 none, 1 zlib, 2 lzo, 3 zstd.
-    pub compression: u8,
-    /// Bytes of the extent once decompressed (the whole extent, not only
-    /// the part this item references).
-    pub ram_bytes: u64,
-    /// Where the extent starts on disk (the Btrfs logical address); 0 for
-    /// a hole and for inline items.
-    pub disk_bytenr: u64,
-    /// Bytes the extent takes on disk (compressed size); 0 for inline.
-    pub disk_num_bytes: u64,
-    /// Offset inside the decompressed extent where this item's bytes start.
-    pub offset: u64,
-    /// Bytes of the file this item covers.
-    pub num_bytes: u64,
-}
 
 /// The `N` bytes of `b` from `at` (the caller checked the length).
 fn bytes<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
@@ -585,7 +480,11 @@ const _: () =
     assert!(std::mem::size_of::<FiemapBuf<FIEMAP_FIRST_BATCH>>() == 32 + 56 * FIEMAP_FIRST_BATCH);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range>() == 24);
 const _: () = assert!(std::mem::size_of::<file_dedupe_range_info>() == 32);
-const _: () = assert!(DEDUPE_MAX_DESTS == 127);
+const _: () = assert!(
+    DEDUPE_MAX_DESTS
+        == (4096 - std::mem::size_of::<file_dedupe_range>())
+            / std::mem::size_of::<file_dedupe_range_info>()
+);
 const _: () =
     assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args>() == 56);
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args>() == 56);
@@ -808,3 +707,288 @@ pub fn loop_get_status64(device: BorrowedFd<'_>) -> Result<LoopStatus, Errno> {
 
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_config>() == 304);
 const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_info64>() == 232);
+
+// The rustix calls only Linux has, typed so that callers never name them:
+// the portable module answers the same signatures with "not here".
+
+use rustix::fd::OwnedFd;
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
+use std::ffi::CStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether this platform has a clone call at all (`FICLONE`). `None` here:
+/// whether a given pair of files clones is the filesystem's answer.
+pub const CLONE_UNAVAILABLE: Option<&str> = None;
+
+/// Opens a directory only to name it in `*at` calls (`O_PATH`: no read
+/// permission needed, no access time touched).
+pub const O_PATH: OFlags = OFlags::PATH;
+
+/// Opens a file without updating its access time (`O_NOATIME`; only for
+/// the file's owner or a privileged caller, `EPERM` otherwise).
+pub const O_NOATIME: OFlags = OFlags::NOATIME;
+
+/// `openat(dir, path, O_TMPFILE | access | O_CLOEXEC, mode)`: an unnamed
+/// file in the directory `path`, to be linked into place with
+/// [`link_fd`] when complete. `EOPNOTSUPP`, `EISDIR` or `EINVAL` where
+/// the filesystem or the kernel has no `O_TMPFILE`: callers then create a
+/// named temporary.
+pub fn open_unnamed(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    access: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    rfs::openat(dir, path, OFlags::TMPFILE | access | OFlags::CLOEXEC, mode)
+}
+
+/// Set once `linkat(AT_EMPTY_PATH)` was refused (it needs
+/// CAP_DAC_READ_SEARCH on many kernels); later links go through /proc.
+static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Give the open file `file` (unnamed, or named elsewhere) the name `name`
+/// in the directory `target`: `linkat(AT_EMPTY_PATH)`, or, where that needs a
+/// privilege the process lacks, `linkat` of `/proc/self/fd/N` with
+/// `AT_SYMLINK_FOLLOW`, which works without one. `EEXIST` when the name is
+/// taken.
+pub fn link_fd(file: BorrowedFd<'_>, target: BorrowedFd<'_>, name: &Path) -> Result<(), Errno> {
+    if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
+        match rfs::linkat(file, c"", target, name, AtFlags::EMPTY_PATH) {
+            Err(Errno::NOENT | Errno::PERM) => EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed),
+            r => return r,
+        }
+    }
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rfs::linkat(rfs::CWD, &*proc_path, target, name, AtFlags::SYMLINK_FOLLOW)
+}
+
+/// `renameat2(old_dir, old, new_dir, new, RENAME_NOREPLACE)`: rename
+/// without replacing (`EEXIST`). `EINVAL` where the filesystem lacks the
+/// flag.
+pub fn rename_noreplace(
+    old_dir: BorrowedFd<'_>,
+    old: &Path,
+    new_dir: BorrowedFd<'_>,
+    new: &Path,
+) -> Result<(), Errno> {
+    rfs::renameat_with(old_dir, old, new_dir, new, rfs::RenameFlags::NOREPLACE)
+}
+
+/// `openat2(dir, path, flags | O_CLOEXEC, mode, RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`: open `path` below `dir`
+/// without following any symbolic link and without leaving `dir` (`EXDEV`
+/// on `..` out, `ELOOP` on a link). `path` is at most `PATH_MAX` bytes.
+pub fn open_beneath(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    use rustix::fs::ResolveFlags;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    rfs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, resolve)
+}
+
+/// `copy_file_range(2)` of up to `len` bytes from `src` at `*off_in` to
+/// `dst` at `*off_out`, advancing both: the kernel copies (or the
+/// filesystem shares or offloads) without a trip through user space.
+/// `EXDEV`, `EINVAL`, `EOPNOTSUPP`, `ENOSYS`: not possible for this pair.
+pub fn copy_file_range(
+    src: BorrowedFd<'_>,
+    off_in: &mut u64,
+    dst: BorrowedFd<'_>,
+    off_out: &mut u64,
+    len: usize,
+) -> Result<usize, Errno> {
+    rfs::copy_file_range(src, Some(off_in), dst, Some(off_out), len)
+}
+
+/// `fallocate(fd, 0, offset, len)`: reserve blocks, extending the size.
+/// `EOPNOTSUPP`, `ENOSYS` or `EINVAL` where the filesystem cannot.
+pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    rfs::fallocate(fd, rfs::FallocateFlags::empty(), offset, len)
+}
+
+/// `fallocate(fd, PUNCH_HOLE | KEEP_SIZE, offset, len)`: free the blocks
+/// of the range, which then reads as zeros. `EOPNOTSUPP` where the
+/// filesystem cannot.
+pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    let flags = rfs::FallocateFlags::PUNCH_HOLE | rfs::FallocateFlags::KEEP_SIZE;
+    rfs::fallocate(fd, flags, offset, len)
+}
+
+/// `fallocate(fd, ZERO_RANGE | KEEP_SIZE, offset, len)`: make the range
+/// read as zeros (unwritten extents). `EOPNOTSUPP` where the filesystem
+/// cannot.
+pub fn zero_range(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    let flags = rfs::FallocateFlags::ZERO_RANGE | rfs::FallocateFlags::KEEP_SIZE;
+    rfs::fallocate(fd, flags, offset, len)
+}
+
+/// `lseek(fd, pos, SEEK_DATA)`: the first data offset at or after `pos`.
+/// `ENXIO`: only a hole follows. `EINVAL` or `EOPNOTSUPP`: no hole
+/// reporting here.
+pub fn seek_data(fd: BorrowedFd<'_>, pos: u64) -> Result<u64, Errno> {
+    rfs::seek(fd, rfs::SeekFrom::Data(pos))
+}
+
+/// `lseek(fd, pos, SEEK_HOLE)`: the first hole offset at or after `pos`
+/// (the end of the file counts as a hole).
+pub fn seek_hole(fd: BorrowedFd<'_>, pos: u64) -> Result<u64, Errno> {
+    rfs::seek(fd, rfs::SeekFrom::Hole(pos))
+}
+
+fn fs_stat_of(s: &rfs::StatFs) -> FsStat {
+    FsStat {
+        magic: Some(s.f_type as u64),
+        type_name: None,
+        block_size: s.f_bsize as u64,
+    }
+}
+
+/// `fstatfs(2)`: the filesystem `fd` is on (its `f_type` magic).
+pub fn fs_stat(fd: BorrowedFd<'_>) -> Result<FsStat, Errno> {
+    rfs::fstatfs(fd).map(|s| fs_stat_of(&s))
+}
+
+/// `statfs(2)` of the filesystem `path` is on.
+pub fn fs_stat_path(path: &Path) -> Result<FsStat, Errno> {
+    rfs::statfs(path).map(|s| fs_stat_of(&s))
+}
+
+/// `syncfs(2)`: write back everything of the filesystem `fd` is on.
+pub fn sync_filesystem(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    rfs::syncfs(fd)
+}
+
+/// `posix_fadvise(fd, 0, 0, DONTNEED)`: drop the file's clean pages from
+/// the page cache, so the next read comes from the device.
+pub fn drop_cached_pages(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    rfs::fadvise(fd, 0, None, rfs::Advice::DontNeed)
+}
+
+/// `ioctl(fd, FS_IOC_GETFLAGS)`: the inode's attribute flags. `ENOTTY` or
+/// `EOPNOTSUPP` where the filesystem has none.
+pub fn inode_flags(fd: BorrowedFd<'_>) -> Result<InodeFlags, Errno> {
+    rfs::ioctl_getflags(fd).map(|f| InodeFlags(f.bits()))
+}
+
+/// `ioctl(fd, FS_IOC_SETFLAGS)`: set the inode's attribute flags (all of
+/// them: read, change, write).
+pub fn set_inode_flags(fd: BorrowedFd<'_>, flags: InodeFlags) -> Result<(), Errno> {
+    rfs::ioctl_setflags(fd, rfs::IFlags::from_bits_retain(flags.0))
+}
+
+const ACL_ACCESS_XATTR: &CStr = c"system.posix_acl_access";
+const ACL_DEFAULT_XATTR: &CStr = c"system.posix_acl_default";
+
+/// Whether the directory `fd` may have a default ACL (which new files'
+/// modes follow instead of the umask): anything but "no such attribute"
+/// or "no xattrs here" counts as yes.
+pub fn has_default_acl(fd: BorrowedFd<'_>) -> bool {
+    !matches!(
+        rfs::fgetxattr(fd, ACL_DEFAULT_XATTR, &mut [0u8; 0][..]),
+        Err(Errno::NODATA | Errno::OPNOTSUPP)
+    )
+}
+
+/// Whether the extended attribute `name` is a POSIX ACL (Linux keeps ACLs
+/// as the two `system.posix_acl_*` attributes).
+pub fn is_acl_xattr(name: &[u8]) -> bool {
+    name == ACL_ACCESS_XATTR.to_bytes() || name == ACL_DEFAULT_XATTR.to_bytes()
+}
+
+/// `flistxattr(2)` into `buf`: the NUL-separated attribute names, returning
+/// their length. `ERANGE`: `buf` is too small; `EOPNOTSUPP`: no xattrs.
+pub fn list_xattrs(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+    rfs::flistxattr(fd, buf)
+}
+
+/// `flistxattr(fd, NULL, 0)`: how many bytes the names take now.
+pub fn list_xattrs_len(fd: BorrowedFd<'_>) -> Result<usize, Errno> {
+    rfs::flistxattr_query(fd)
+}
+
+/// `fgetxattr(2)` into `buf`, returning the value's length. `ENODATA`: no
+/// such attribute; `ERANGE`: `buf` is too small.
+pub fn get_xattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    rfs::fgetxattr(fd, name, buf)
+}
+
+/// `fgetxattr(fd, name, NULL, 0)`: the value's length now.
+pub fn get_xattr_len(fd: BorrowedFd<'_>, name: &CStr) -> Result<usize, Errno> {
+    rfs::fgetxattr_query(fd, name)
+}
+
+/// `fsetxattr(2)`: create or replace the attribute `name`.
+pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
+    rfs::fsetxattr(fd, name, value, rfs::XattrFlags::empty())
+}
+
+/// The mount table as the kernel describes it (`/proc/self/mountinfo`
+/// text, parsed by the core's `mountinfo`).
+pub fn mount_table() -> std::io::Result<String> {
+    std::fs::read_to_string(MOUNT_TABLE)
+}
+
+/// Where [`mount_table`] reads, for messages.
+pub const MOUNT_TABLE: &str = "/proc/self/mountinfo";
+
+/// The active swap areas as the kernel lists them (`/proc/swaps` text);
+/// `None` when it cannot be read.
+pub fn swaps() -> Option<String> {
+    std::fs::read_to_string("/proc/swaps").ok()
+}
+
+/// The process's umask without changing it (reading it with `umask(2)`
+/// would change it for a moment under other threads): from
+/// `/proc/self/status`. `None` when the kernel does not show it.
+pub fn umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
+}
+
+/// Whether a process with id `pid` exists (in this PID namespace).
+pub fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// This machine's host name (`/proc/sys/kernel/hostname`); empty when
+/// unknown.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default()
+}
+
+/// `fstat`, `stat`, `lstat` and `statat`, and the [`Stat`] they fill: on
+/// Linux rustix's own, whose field types (`st_mode: u32`, `st_dev: u64`,
+/// ...) the other platforms' [`Stat`] copies.
+pub use rustix::fs::{fstat, lstat, stat, statat, Stat};
+
+/// The permission bits `m` (`st_mode & 0o7777` and the like) as a
+/// [`Mode`] for `open`, `mkdir` and `chmod`.
+pub fn raw_mode(m: u32) -> Mode {
+    Mode::from_raw_mode(m)
+}
+
+/// The file type `st_mode` names.
+pub fn file_type(st_mode: u32) -> rfs::FileType {
+    rfs::FileType::from_raw_mode(st_mode)
+}
+
+/// `mknodat(2)`: a device node, FIFO or socket named `name` in `dir`.
+pub fn mknodat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    kind: rfs::FileType,
+    mode: Mode,
+    dev: u64,
+) -> Result<(), Errno> {
+    rfs::mknodat(dir, name, kind, mode, dev)
+}
+
+/// The `st_mode` type bits of the file type `t`.
+pub fn file_type_bits(t: rfs::FileType) -> u32 {
+    t.as_raw_mode()
+}
