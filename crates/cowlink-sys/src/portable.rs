@@ -515,7 +515,123 @@ pub fn mknodat(
     Err(Errno::PERM)
 }
 
-/// The `st_mode` type bits of the file type `t`, widened to `u32`.
+/// The `st_mode` type bits of the file type `t`, widened to `u32` (the
+/// same type where `mode_t` is 32 bits).
+#[allow(clippy::useless_conversion)]
 pub fn file_type_bits(t: rfs::FileType) -> u32 {
     u32::from(t.as_raw_mode())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fd::AsFd;
+    use std::fs;
+
+    fn dir() -> (tempfile::TempDir, OwnedFd) {
+        let t = tempfile::tempdir().unwrap();
+        fs::create_dir_all(t.path().join("a/b")).unwrap();
+        fs::write(t.path().join("a/b/f"), b"data").unwrap();
+        std::os::unix::fs::symlink("a", t.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("b/f", t.path().join("a/flink")).unwrap();
+        let fd = rfs::open(t.path(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        (t, fd)
+    }
+
+    #[test]
+    fn open_beneath_follows_no_link_and_never_leaves() {
+        let (_t, root) = dir();
+        let r = root.as_fd();
+        let f = open_beneath(r, "a/b/f", OFlags::RDONLY, Mode::empty()).unwrap();
+        assert_eq!(fstat(&f).unwrap().st_size, 4);
+        let d = open_beneath(
+            r,
+            "./a//b/",
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        );
+        assert!(d.is_ok());
+        let top = open_beneath(r, "", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        assert_eq!(fstat(&top).unwrap().st_ino, fstat(r).unwrap().st_ino);
+        // A link on the way, or at the end, is refused.
+        for p in ["link/b/f", "a/flink"] {
+            let e = open_beneath(r, p, OFlags::RDONLY, Mode::empty()).unwrap_err();
+            assert!(matches!(e, Errno::LOOP | Errno::NOTDIR), "{p}: {e:?}");
+        }
+        // Up and out, or absolute: refused as openat2 refuses them.
+        for p in ["../x", "a/../a/b/f", "/etc/passwd"] {
+            let e = open_beneath(r, p, OFlags::RDONLY, Mode::empty()).unwrap_err();
+            assert_eq!(e, Errno::XDEV, "{p}");
+        }
+        // Creating a file beneath works, and not through a link.
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+        open_beneath(r, "a/b/new", flags, Mode::RUSR).unwrap();
+        assert!(open_beneath(r, "link/b/new2", flags, Mode::RUSR).is_err());
+        assert!(!_t.path().join("a/b/new2").exists());
+    }
+
+    #[test]
+    fn clone_and_kernel_features_answer_not_here() {
+        let (t, root) = dir();
+        let src = rfs::open(t.path().join("a/b/f"), OFlags::RDONLY, Mode::empty()).unwrap();
+        let dst = rfs::open(
+            t.path().join("a/b/g"),
+            OFlags::RDWR | OFlags::CREATE,
+            Mode::RUSR | Mode::WUSR,
+        )
+        .unwrap();
+        assert_eq!(ficlone(dst.as_fd(), src.as_fd()), Err(Errno::OPNOTSUPP));
+        assert_eq!(
+            ficlonerange(dst.as_fd(), src.as_fd(), 0, 0, 0),
+            Err(Errno::OPNOTSUPP)
+        );
+        let dests = [(dst.as_fd(), 0)];
+        assert_eq!(
+            fideduperange(src.as_fd(), 0, 4, &dests),
+            Err(Errno::OPNOTSUPP)
+        );
+        assert_eq!(
+            fiemap(src.as_fd(), 0, 4, 0, &mut Vec::new()),
+            Err(Errno::OPNOTSUPP)
+        );
+        assert_eq!(btrfs_root_id(src.as_fd()), Err(Errno::NOTTY));
+        let tmp = open_unnamed(root.as_fd(), Path::new("."), OFlags::RDWR, Mode::RUSR);
+        assert_eq!(tmp.err(), Some(Errno::OPNOTSUPP));
+        let (mut a, mut b) = (0, 0);
+        assert_eq!(
+            copy_file_range(src.as_fd(), &mut a, dst.as_fd(), &mut b, 4),
+            Err(Errno::NOSYS)
+        );
+        assert!(CLONE_UNAVAILABLE.is_some());
+        // No magic: the core calls the kind unknown. The block size is real.
+        let s = fs_stat(src.as_fd()).unwrap();
+        assert_eq!(s.magic, None);
+        assert!(s.block_size >= 512, "{s:?}");
+        assert!(mount_table().is_err());
+    }
+
+    #[test]
+    fn stat_keeps_linux_field_types_and_values() {
+        let (t, _root) = dir();
+        let p = t.path().join("a/b/f");
+        let ours = stat(&p).unwrap();
+        let theirs = rfs::stat(&p).unwrap();
+        assert_eq!(ours.st_dev, theirs.st_dev);
+        assert_eq!(ours.st_ino, theirs.st_ino);
+        assert_eq!(ours.st_mode, theirs.st_mode);
+        assert_eq!(ours.st_size, 4);
+        assert_eq!(ours.st_mtime, theirs.st_mtime);
+        assert_eq!(ours.st_mtime_nsec, theirs.st_mtime_nsec);
+        assert_eq!(file_type(ours.st_mode), rfs::FileType::RegularFile);
+        assert_eq!(raw_mode(0o100644), Mode::from_raw_mode(0o644));
+        let link = lstat(t.path().join("link")).unwrap();
+        assert_eq!(file_type(link.st_mode), rfs::FileType::Symlink);
+    }
+
+    #[test]
+    fn processes_are_found_by_signal_zero() {
+        assert!(process_exists(std::process::id()));
+        assert!(!process_exists(i32::MAX as u32));
+        assert!(!process_exists(u32::MAX));
+    }
 }
