@@ -64,10 +64,10 @@ pub struct FiemapExtent {
     reserved: [u32; 3],
 }
 
-/// How many extents one [`fiemap`] call returns at most.
+/// How many extents one [`fiemap`](crate::fiemap) call returns at most.
 pub const FIEMAP_BATCH: usize = 256;
 
-/// How many extents the first [`fiemap`] call of a file asks for: most
+/// How many extents the first [`fiemap`](crate::fiemap) call of a file asks for: most
 /// files have one or two, and a small request costs less to set up.
 pub const FIEMAP_FIRST_BATCH: usize = 8;
 
@@ -87,7 +87,7 @@ pub struct BtrfsRef {
 }
 
 /// One file extent item of a Btrfs inode (`struct btrfs_file_extent_item`
-/// under an `EXTENT_DATA` key), as [`btrfs_file_extents`] reads it.
+/// under an `EXTENT_DATA` key), as [`btrfs_file_extents`](crate::btrfs_file_extents) reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BtrfsFileExtent {
     /// Offset in the file where this item's bytes start (the key offset).
