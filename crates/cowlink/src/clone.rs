@@ -8,8 +8,9 @@
 
 use std::path::Path;
 
+use cowlink_sys::Stat;
 use rustix::fd::AsFd;
-use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat, CWD};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
@@ -141,7 +142,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         CWD,
         &parent,
         dst,
-        Mode::from_raw_mode(want | 0o200 | mark),
+        cowlink_sys::raw_mode(want | 0o200 | mark),
         placement,
         dst,
     )
@@ -205,7 +206,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
             None => None,
         };
         if let Some(mode) = mode {
-            fs::fchmod(dfd, Mode::from_raw_mode(mode)).map_err(|e| {
+            fs::fchmod(dfd, cowlink_sys::raw_mode(mode)).map_err(|e| {
                 err(e).with_reason(format!("cannot set the mode: {}", errno_text(e)))
             })?;
         }
@@ -231,9 +232,9 @@ fn replaced_regular(dst: &Path, overwrite: Overwrite) -> Option<Stat> {
     if overwrite != Overwrite::Replace {
         return None;
     }
-    fs::statat(CWD, dst, AtFlags::SYMLINK_NOFOLLOW)
+    cowlink_sys::statat(CWD, dst, AtFlags::SYMLINK_NOFOLLOW)
         .ok()
-        .filter(|s| FileType::from_raw_mode(s.st_mode) == FileType::RegularFile)
+        .filter(|s| cowlink_sys::file_type(s.st_mode) == FileType::RegularFile)
 }
 
 /// Refuse early (before moving any data) when the destination exists and
@@ -253,7 +254,7 @@ fn check_existing(
             .with_dst(dst)
             .with_reason(why.to_string())
     };
-    let existing = match fs::statat(CWD, dst, AtFlags::SYMLINK_NOFOLLOW) {
+    let existing = match cowlink_sys::statat(CWD, dst, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(s) => s,
         Err(Errno::NOENT) => return Ok(()),
         Err(Errno::NOTDIR) => {
@@ -268,14 +269,14 @@ fn check_existing(
         Err(errno) => return Err(Error::from_errno(op, errno).with_src(src).with_dst(dst)),
     };
     // Same file, directly or through a symlink at the destination.
-    let target = fs::statat(CWD, dst, AtFlags::empty()).unwrap_or(existing);
+    let target = cowlink_sys::statat(CWD, dst, AtFlags::empty()).unwrap_or(existing);
     if (target.st_dev, target.st_ino) == (st.st_dev, st.st_ino) {
         return Err(e(
             ErrorKind::SameFile,
             "source and destination are the same file",
         ));
     }
-    if FileType::from_raw_mode(existing.st_mode) == FileType::Directory {
+    if cowlink_sys::file_type(existing.st_mode) == FileType::Directory {
         return Err(e(
             ErrorKind::IsDirectory,
             "destination is an existing directory",
@@ -332,15 +333,17 @@ pub fn clone_range(
         Errno::ISDIR => err(e).with_reason("destination is a directory"),
         _ => err(e),
     })?;
-    let dst_st = fs::fstat(&dst_fd).map_err(err)?;
-    if FileType::from_raw_mode(dst_st.st_mode) != FileType::RegularFile {
+    let dst_st = cowlink_sys::fstat(&dst_fd).map_err(err)?;
+    if cowlink_sys::file_type(dst_st.st_mode) != FileType::RegularFile {
         return Err(Error::new(op, ErrorKind::NotRegularFile)
             .with_src(src)
             .with_dst(dst)
             .with_reason(format!("destination is {}", file_type_name(dst_st.st_mode))));
     }
     let src_size = st.st_size as u64;
-    let block = fs::fstatfs(&dst_fd).map_err(err)?.f_bsize as u64;
+    let block = cowlink_sys::fs_stat(dst_fd.as_fd())
+        .map_err(err)?
+        .block_size;
     let effective_len = if len == 0 {
         src_size.saturating_sub(src_offset)
     } else {

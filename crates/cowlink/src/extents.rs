@@ -339,7 +339,9 @@ pub fn extents_fd(fd: BorrowedFd<'_>, sync: bool) -> std::result::Result<Vec<Ext
 /// search `compsize` uses). Needs root: without it, or off Btrfs, the
 /// sizes stay unknown.
 fn encoded_sizes(fd: BorrowedFd<'_>, list: &mut [Extent]) {
-    let Ok(st) = fs::fstat(fd) else { return };
+    let Ok(st) = cowlink_sys::fstat(fd) else {
+        return;
+    };
     let Ok(items) = cowlink_sys::btrfs_file_extents(fd, st.st_ino) else {
         return;
     };
@@ -373,11 +375,8 @@ pub(crate) fn fiemap_error(path: &Path, e: Errno) -> Error {
 
 /// "this filesystem (tmpfs)" for messages; "this filesystem" if unknown.
 fn fs_name(path: &Path) -> String {
-    match fs::statfs(path) {
-        Ok(s) => format!(
-            "this filesystem ({})",
-            crate::ground::fskind::FsKind::from_magic(s.f_type as u64).name()
-        ),
+    match crate::ground::fskind::FsKind::of_path(path) {
+        Ok(kind) => format!("this filesystem ({})", kind.name()),
         Err(_) => "this filesystem".into(),
     }
 }
@@ -397,8 +396,8 @@ pub fn extents(path: impl AsRef<Path>) -> Result<FileLayout> {
         Mode::empty(),
     )
     .map_err(|e| Error::from_errno(op, e).with_src(path))?;
-    let st = fs::fstat(&fd).map_err(|e| Error::from_errno(op, e).with_src(path))?;
-    match FileType::from_raw_mode(st.st_mode) {
+    let st = cowlink_sys::fstat(&fd).map_err(|e| Error::from_errno(op, e).with_src(path))?;
+    match cowlink_sys::file_type(st.st_mode) {
         FileType::RegularFile => {}
         FileType::Directory => {
             return Err(Error::new(op, ErrorKind::IsDirectory)
@@ -483,7 +482,7 @@ pub fn btrfs_refs(
     let own_root = cowlink_sys::btrfs_root_id(fd.as_fd()).map_err(err)?;
     // Back references are read from the last committed transaction:
     // commit first, so clones made a moment ago are counted.
-    fs::syncfs(&fd).map_err(err)?;
+    cowlink_sys::sync_filesystem(fd.as_fd()).map_err(err)?;
     let base = if paths { subvolume_root(path) } else { None };
     let mut names = std::collections::HashMap::<u64, Vec<PathBuf>>::new();
     let mut out = Vec::with_capacity(layout.extents.len());
@@ -548,10 +547,10 @@ pub fn btrfs_refs(
 /// (inode 256 on the same device), if it is reachable.
 fn subvolume_root(path: &Path) -> Option<PathBuf> {
     let abs = std::fs::canonicalize(path).ok()?;
-    let dev = fs::stat(&abs).ok()?.st_dev;
+    let dev = cowlink_sys::stat(&abs).ok()?.st_dev;
     let mut dir = abs.parent()?;
     loop {
-        let st = fs::stat(dir).ok()?;
+        let st = cowlink_sys::stat(dir).ok()?;
         if st.st_dev != dev {
             return None;
         }

@@ -43,16 +43,24 @@
 //!   (what to use on a volume, and volumes compared), [`image`] (qcow2),
 //!   [`drive`] (a loop-mounted volume that clones).
 //!
-//! Linux only.
+//! Platforms: Linux clones; on other systems the core builds and copies.
+//! Every call only some systems have goes through `cowlink-sys`, the
+//! platform layer (one module per platform behind the same functions):
+//! there, cloning answers "not supported" (so [`Reflink::Auto`] copies
+//! and [`Reflink::Always`] fails with that reason) and [`probe`] reports
+//! the filesystem kind as [`FsKind::Unknown`] with the reason.
+//! `bench` and `drive` are Linux only.
 #![deny(missing_docs)]
 
 mod ground;
 mod prim;
 mod walk;
 
+#[cfg(target_os = "linux")]
 pub mod bench;
 mod clone;
 pub mod dedupe;
+#[cfg(target_os = "linux")]
 pub mod drive;
 pub mod extents;
 pub mod image;

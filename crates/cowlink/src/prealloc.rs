@@ -18,7 +18,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{self, Mode, CWD};
+use rustix::fs::{self, CWD};
 use rustix::io::Errno;
 
 use crate::ground::error::{Error, Operation, Result};
@@ -113,7 +113,7 @@ impl PreallocWriter {
             CWD,
             &parent,
             &dest,
-            Mode::from_raw_mode(options.mode & 0o7777),
+            cowlink_sys::raw_mode(options.mode & 0o7777),
         )
         .map_err(|e| match e {
             Errno::NOENT => err(e).with_reason(format!(
@@ -165,7 +165,7 @@ impl PreallocWriter {
         let fd = self.pending.fd();
         // Only when the length differs (fewer bytes than announced): a
         // truncate makes XFS flush the file's data on close.
-        if fs::fstat(fd).map_err(err)?.st_size as u64 != self.written {
+        if cowlink_sys::fstat(fd).map_err(err)?.st_size as u64 != self.written {
             fs::ftruncate(fd, self.written).map_err(err)?;
         }
         if self.options.fsync {

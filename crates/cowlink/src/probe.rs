@@ -208,12 +208,7 @@ fn no_answer(path: &Path, kind: FsKind) -> FsFacts {
 /// An unnamed scratch file in `dir`, opened read-write. Falls back to a
 /// named file that is unlinked at once where `O_TMPFILE` is unsupported.
 fn scratch(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
-    match fs::openat(
-        dir,
-        c".",
-        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::RUSR | Mode::WUSR,
-    ) {
+    match cowlink_sys::open_unnamed(dir, Path::new("."), OFlags::RDWR, Mode::RUSR | Mode::WUSR) {
         Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
             let name = format!(
                 ".cowlink-probe-{}-{:?}",
@@ -329,15 +324,18 @@ fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
     let err = |e: Errno| Error::from_errno(Operation::Probe, e).with_src(dir);
     let dirfd = fs::open(
         dir,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .map_err(err)?;
-    let st = fs::fstat(&dirfd).map_err(err)?;
-    let sfs = fs::fstatfs(&dirfd).map_err(err)?;
-    let magic = sfs.f_type as u64;
-    let kind = FsKind::from_magic(magic);
-    let (reflink, dedupe) = if kind == FsKind::Pseudo {
+    let st = cowlink_sys::fstat(&dirfd).map_err(err)?;
+    let sfs = cowlink_sys::fs_stat(dirfd.as_fd()).map_err(err)?;
+    let kind = FsKind::of_stat(&sfs);
+    let (reflink, dedupe) = if let Some(why) = cowlink_sys::CLONE_UNAVAILABLE {
+        let named = sfs.type_name.as_deref().unwrap_or("unnamed");
+        let no = Answer::No(format!("filesystem kind {kind} ({named}): {why}"));
+        (no.clone(), no)
+    } else if kind == FsKind::Pseudo {
         let no = Answer::No(format!("{kind} filesystem: holds no file data"));
         (no.clone(), no)
     } else {
@@ -351,9 +349,9 @@ fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
     Ok(FsFacts {
         path: dir.to_path_buf(),
         kind,
-        magic: Some(magic),
+        magic: sfs.magic,
         device: Some(st.st_dev),
-        block_size: Some(sfs.f_bsize as u64),
+        block_size: Some(sfs.block_size),
         reflink,
         dedupe,
         clone_limit: kind.clone_limit(),
@@ -363,8 +361,8 @@ fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
 /// The directory a path's facts are about: itself if a directory, else
 /// its parent.
 fn dir_of(path: &Path) -> Result<PathBuf> {
-    match fs::stat(path) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+    match cowlink_sys::stat(path) {
+        Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::Directory => {
             Ok(path.to_path_buf())
         }
         Ok(_) => Ok(parent_of(path)),
@@ -421,14 +419,14 @@ pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> 
 
 /// `between` without the deadline: check both paths, then probe.
 fn between_checked(src: PathBuf, dst: PathBuf) -> Result<Support> {
-    let src_st =
-        fs::stat(&src).map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
-    let dst_dir = match fs::stat(&dst) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => dst.clone(),
+    let src_st = cowlink_sys::stat(&src)
+        .map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
+    let dst_dir = match cowlink_sys::stat(&dst) {
+        Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::Directory => dst.clone(),
         Ok(_) | Err(Errno::NOENT) => parent_of(&dst),
         Err(e) => return Err(Error::from_errno(Operation::Probe, e).with_src(&dst)),
     };
-    fs::stat(&dst_dir).map_err(|e| {
+    cowlink_sys::stat(&dst_dir).map_err(|e| {
         Error::from_errno(Operation::Probe, e)
             .with_src(&dst_dir)
             .with_reason(format!(
@@ -441,7 +439,7 @@ fn between_checked(src: PathBuf, dst: PathBuf) -> Result<Support> {
 }
 
 fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
-    let src_is_file = FileType::from_raw_mode(src_mode) == FileType::RegularFile;
+    let src_is_file = cowlink_sys::file_type(src_mode) == FileType::RegularFile;
     let src_facts = facts_of_dir(&if src_is_file {
         parent_of(src)
     } else {
@@ -485,15 +483,17 @@ fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
 /// Whether `path` is an active swap file (listed in /proc/swaps, whose
 /// names are escaped as in mountinfo).
 fn is_active_swap(path: &Path) -> bool {
-    let Ok(st) = fs::stat(path) else { return false };
-    let Ok(swaps) = std::fs::read_to_string("/proc/swaps") else {
+    let Ok(st) = cowlink_sys::stat(path) else {
+        return false;
+    };
+    let Some(swaps) = cowlink_sys::swaps() else {
         return false;
     };
     swaps.lines().skip(1).any(|line| {
         let Some(name) = line.split_whitespace().next() else {
             return false;
         };
-        fs::stat(mountinfo::unescape(name).as_os_str())
+        cowlink_sys::stat(mountinfo::unescape(name).as_os_str())
             .is_ok_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino))
     })
 }
@@ -510,7 +510,7 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
     };
     let dfd = match fs::open(
         dst_dir,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     ) {
         Ok(fd) => fd,
@@ -518,8 +518,8 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
             return Answer::Unknown(format!("cannot open the destination: {}", errno_text(e)))
         }
     };
-    let (size, block) = match (fs::fstat(&sfd), fs::fstatfs(&sfd)) {
-        (Ok(st), Ok(sfs)) => (st.st_size as u64, sfs.f_bsize as u64),
+    let (size, block) = match (cowlink_sys::fstat(&sfd), cowlink_sys::fs_stat(sfd.as_fd())) {
+        (Ok(st), Ok(sfs)) => (st.st_size as u64, sfs.block_size),
         (Err(e), _) | (_, Err(e)) => return Answer::Unknown(errno_text(e)),
     };
     // One aligned block, or to EOF (len 0) for files smaller than a block.
@@ -564,8 +564,8 @@ pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
         None => std::path::absolute(root)
             .map_err(|e| Error::from_io(Operation::Probe, &e).with_src(root))?,
     };
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| Error::from_io(Operation::Probe, &e).with_src("/proc/self/mountinfo"))?;
+    let text = cowlink_sys::mount_table()
+        .map_err(|e| Error::from_io(Operation::Probe, &e).with_src(cowlink_sys::MOUNT_TABLE))?;
     let mounts = mountinfo::at_or_under(&mountinfo::parse(&text), &canon);
     let handles: Vec<_> = mounts
         .into_iter()

@@ -285,15 +285,15 @@ impl Collector {
                     | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                Ok(fd) => match fs::fstat(&fd) {
+                Ok(fd) => match cowlink_sys::fstat(&fd) {
                     Ok(st) => (st, Some(fd)),
                     Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
                 },
                 // A symlink, or a FIFO/socket found by an unknown d_type, or
                 // a file we may not open: stat it for its sizes.
                 Err(Errno::LOOP | Errno::NXIO | Errno::ACCESS | Errno::PERM) => {
-                    match fs::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
-                        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                    match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::RegularFile => {
                             return self
                                 .error(Error::from_errno(op, Errno::ACCESS).with_src(&e.path))
                         }
@@ -306,12 +306,12 @@ impl Collector {
                 Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
             }
         } else {
-            match fs::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+            match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => (st, None),
                 Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
             }
         };
-        let kind = FileType::from_raw_mode(st.st_mode);
+        let kind = cowlink_sys::file_type(st.st_mode);
         let counts_size = matches!(kind, FileType::RegularFile | FileType::Symlink);
         let mut rec = FileRec {
             dir: e.dir.map(|d| d.id),
@@ -398,7 +398,7 @@ impl Collector {
 }
 
 impl Visitor for Collector {
-    fn dir(&self, dir: &DirInfo, st: &fs::Stat) {
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat) {
         lock(&self.dirs).push(DirRec {
             key: (st.st_dev, st.st_ino),
             id: dir.id,

@@ -240,7 +240,9 @@ impl Workloads<'_> {
             paths.extend(r?);
         }
         File::open(dir)
-            .and_then(|d| rustix::fs::syncfs(d).map_err(Into::into))
+            .and_then(|d| {
+                cowlink_sys::sync_filesystem(rustix::fd::AsFd::as_fd(&d)).map_err(Into::into)
+            })
             .map_err(io_err(dir))?;
         let write_s = t.elapsed().as_secs_f64();
         let bytes = size * paths.len() as u64;
@@ -305,7 +307,7 @@ fn write_one(path: &Path, size: u64, strategy: Strategy, data: &[u8]) -> Result<
 /// Read `path` to the end after asking the kernel to drop its cached pages.
 fn read_uncached(path: &Path, buf: &mut [u8]) -> io::Result<()> {
     let mut f = File::open(path)?;
-    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+    cowlink_sys::drop_cached_pages(rustix::fd::AsFd::as_fd(&f))?;
     let mut h = blake3::Hasher::new();
     loop {
         let n = f.read(buf)?;

@@ -249,9 +249,9 @@ fn measure_once(free_before: &FreeBefore, dev: u64, src: &OwnedFd) {
 
 /// Free bytes (for unprivileged users) after committing pending work.
 fn free_space(fd: &OwnedFd) -> Option<u64> {
-    fs::syncfs(fd).ok()?;
-    let s = fs::fstatfs(fd).ok()?;
-    Some(s.f_bavail * s.f_frsize as u64)
+    cowlink_sys::sync_filesystem(fd.as_fd()).ok()?;
+    let s = fs::fstatvfs(fd).ok()?;
+    Some(s.f_bavail * s.f_frsize)
 }
 
 /// Carry out one group; returns the source's device once it was opened.
@@ -276,7 +276,7 @@ fn dedupe_group(
             return None;
         }
     };
-    let dev = match fs::fstat(&src) {
+    let dev = match cowlink_sys::fstat(&src) {
         Ok(st) if st.st_size as u64 == g.size => st.st_dev,
         Ok(_) => {
             report.changed.push(g.source.clone());
@@ -304,7 +304,7 @@ fn dedupe_group(
                     continue;
                 }
             };
-            match fs::fstat(&fd) {
+            match cowlink_sys::fstat(&fd) {
                 Ok(st) if st.st_size as u64 == g.size => live.push((t, fd)),
                 Ok(_) => report.changed.push(t.clone()),
                 Err(e) => report.errors.push(Error::from_errno(op, e).with_src(t)),

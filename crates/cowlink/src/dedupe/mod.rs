@@ -268,13 +268,13 @@ impl Collect {
         if e.file_type.is_some_and(|t| t != FileType::RegularFile) {
             return;
         }
-        let st = match fs::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+        let st = match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(err) => {
                 return self.error(Error::from_errno(Operation::Dedupe, err).with_src(&e.path))
             }
         };
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        if cowlink_sys::file_type(st.st_mode) != FileType::RegularFile {
             return;
         }
         let size = st.st_size as u64;
@@ -361,8 +361,7 @@ impl Collect {
                 .insert(dev, ok);
         };
         let btrfs = known.unwrap_or_else(|| {
-            let btrfs = fs::fstatfs(dirfd)
-                .is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Btrfs);
+            let btrfs = FsKind::of_fd(dirfd).is_ok_and(|k| k == FsKind::Btrfs);
             remember(btrfs);
             btrfs
         });
@@ -382,7 +381,7 @@ impl Collect {
 }
 
 impl Visitor for Collect {
-    fn dir(&self, dir: &DirInfo, _st: &fs::Stat) {
+    fn dir(&self, dir: &DirInfo, _st: &cowlink_sys::Stat) {
         lock(&self.files).1.dir(dir.id, &dir.path);
     }
 
@@ -792,7 +791,7 @@ fn find<P: AsRef<Path>>(
 /// Open for reading without touching the access time where allowed.
 /// Paths deeper than PATH_MAX are opened in pieces.
 pub(super) fn open_read(path: &Path) -> rustix::io::Result<OwnedFd> {
-    match open_deep(path, READ | OFlags::NOATIME) {
+    match open_deep(path, READ | cowlink_sys::O_NOATIME) {
         Err(Errno::PERM) => open_deep(path, READ),
         other => other,
     }
@@ -807,7 +806,12 @@ const READ: OFlags = OFlags::RDONLY
 
 /// [`open_read`] of `name` in the directory `dirfd`.
 fn open_read_at(dirfd: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
-    match fs::openat(dirfd, name, READ | OFlags::NOATIME, fs::Mode::empty()) {
+    match fs::openat(
+        dirfd,
+        name,
+        READ | cowlink_sys::O_NOATIME,
+        fs::Mode::empty(),
+    ) {
         Err(Errno::PERM) => fs::openat(dirfd, name, READ, fs::Mode::empty()),
         other => other,
     }
@@ -888,8 +892,7 @@ pub(super) fn changed(path: &Path) -> Error {
 fn can_dedupe(path: &Path) -> Result<()> {
     let op = Operation::Dedupe;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let sfs = fs::statfs(dir).map_err(|e| Error::from_errno(op, e).with_src(dir))?;
-    let kind = FsKind::from_magic(sfs.f_type as u64);
+    let kind = FsKind::of_path(dir).map_err(|e| Error::from_errno(op, e).with_src(dir))?;
     if kind.is_network_client() {
         return Err(Error::new(op, ErrorKind::NotSupported).with_src(dir).with_reason(format!(
             "{kind} is a network client: its dedupe has cloned without comparing, which can lose data; run cowlink on the server"

@@ -54,6 +54,9 @@ pub enum FsKind {
     Autofs,
     /// Anything else.
     Other,
+    /// The platform does not say which filesystem it is (off Linux, where
+    /// statfs has no magic this table knows).
+    Unknown,
 }
 
 /// Known `statfs.f_type` magics (from `linux/magic.h` and the filesystems).
@@ -146,6 +149,30 @@ impl FsKind {
         }
     }
 
+    /// The kind the platform layer's statfs answer names: by magic on
+    /// Linux, by type name where the platform gives one, else
+    /// [`FsKind::Unknown`].
+    pub(crate) fn of_stat(s: &cowlink_sys::FsStat) -> FsKind {
+        match (s.magic, s.type_name.as_deref()) {
+            (Some(magic), _) => FsKind::from_magic(magic),
+            (None, Some(name)) => match FsKind::from_name(name) {
+                FsKind::Other => FsKind::Unknown,
+                k => k,
+            },
+            (None, None) => FsKind::Unknown,
+        }
+    }
+
+    /// The kind of the filesystem the open file `fd` is on.
+    pub(crate) fn of_fd(fd: rustix::fd::BorrowedFd<'_>) -> Result<FsKind, rustix::io::Errno> {
+        cowlink_sys::fs_stat(fd).map(|s| FsKind::of_stat(&s))
+    }
+
+    /// The kind of the filesystem `path` is on.
+    pub(crate) fn of_path(path: &std::path::Path) -> Result<FsKind, rustix::io::Errno> {
+        cowlink_sys::fs_stat_path(path).map(|s| FsKind::of_stat(&s))
+    }
+
     /// A short lowercase name for messages and tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -169,6 +196,7 @@ impl FsKind {
             FsKind::Pseudo => "pseudo",
             FsKind::Autofs => "autofs",
             FsKind::Other => "other",
+            FsKind::Unknown => "unknown",
         }
     }
 
@@ -280,5 +308,20 @@ mod tests {
             CloneLimit::PerBlock(4_294_967_295)
         );
         assert_eq!(FsKind::Btrfs.clone_limit(), CloneLimit::Unlimited);
+    }
+
+    #[test]
+    fn statfs_answers_name_a_kind() {
+        let stat = |magic, name: Option<&str>| cowlink_sys::FsStat {
+            magic,
+            type_name: name.map(str::to_owned),
+            block_size: 4096,
+        };
+        assert_eq!(FsKind::of_stat(&stat(Some(0x5846_5342), None)), FsKind::Xfs);
+        assert_eq!(FsKind::of_stat(&stat(Some(0x1234), None)), FsKind::Other);
+        assert_eq!(FsKind::of_stat(&stat(None, Some("zfs"))), FsKind::Zfs);
+        assert_eq!(FsKind::of_stat(&stat(None, Some("apfs"))), FsKind::Unknown);
+        assert_eq!(FsKind::of_stat(&stat(None, None)), FsKind::Unknown);
+        assert_eq!(FsKind::Unknown.name(), "unknown");
     }
 }

@@ -82,12 +82,12 @@ pub fn open_node(path: &Path, what: &str, write: bool, access: Access) -> Result
     // Look before opening: opening some devices has effects (a tape
     // rewinds, a terminal becomes ours); a FIFO is harmless with O_NONBLOCK
     // but is refused all the same.
-    let st = fs::stat(path).map_err(|x| match x {
+    let st = cowlink_sys::stat(path).map_err(|x| match x {
         Errno::NOENT => e(x).with_reason(format!("the {what} does not exist")),
         _ => e(x),
     })?;
     check_type(path, what, st.st_mode)?;
-    let is_block = FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice;
+    let is_block = cowlink_sys::file_type(st.st_mode) == FileType::BlockDevice;
     let mut flags = OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
     flags |= if write { OFlags::RDWR } else { OFlags::RDONLY };
     if write && is_block {
@@ -103,14 +103,14 @@ pub fn open_node(path: &Path, what: &str, write: bool, access: Access) -> Result
         )),
         _ => e(x),
     })?;
-    let st = fs::fstat(&fd).map_err(&e)?;
+    let st = cowlink_sys::fstat(&fd).map_err(&e)?;
     // Replaced between the stat and the open? Check what was opened.
     check_type(path, what, st.st_mode)?;
     // Regular files and block devices do not block; reads and writes
     // proceed as usual without the flag.
     let fl = fs::fcntl_getfl(&fd).map_err(&e)?;
     fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK).map_err(&e)?;
-    let kind = match FileType::from_raw_mode(st.st_mode) {
+    let kind = match cowlink_sys::file_type(st.st_mode) {
         FileType::BlockDevice => NodeKind::Block,
         _ => NodeKind::File,
     };
@@ -131,7 +131,7 @@ pub fn open_node(path: &Path, what: &str, write: bool, access: Access) -> Result
 }
 
 fn check_type(path: &Path, what: &str, mode: u32) -> Result<(), Error> {
-    let kind = match FileType::from_raw_mode(mode) {
+    let kind = match cowlink_sys::file_type(mode) {
         FileType::RegularFile | FileType::BlockDevice => return Ok(()),
         FileType::Directory => {
             return Err(Error::new(Operation::Image, ErrorKind::IsDirectory)
@@ -342,7 +342,7 @@ pub fn open_chain(top: &Path) -> Result<Chain, Error> {
 
 /// Device and inode of an open file.
 pub fn file_id(f: &File) -> Result<(u64, u64), Error> {
-    let st = fs::fstat(f).map_err(|e| Error::from_errno(Operation::Image, e))?;
+    let st = cowlink_sys::fstat(f).map_err(|e| Error::from_errno(Operation::Image, e))?;
     Ok((st.st_dev, st.st_ino))
 }
 

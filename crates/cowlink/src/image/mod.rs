@@ -38,8 +38,9 @@ pub mod qcow2;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use cowlink_sys::InodeFlags;
 use rustix::fd::BorrowedFd;
-use rustix::fs::{self, FallocateFlags, FileType, Mode, CWD};
+use rustix::fs::{self, FileType, CWD};
 use rustix::io::Errno;
 use serde::Serialize;
 
@@ -248,15 +249,9 @@ fn apply(
 /// Make `len` bytes at `off` read as zeros without writing data: a hole,
 /// else a zeroed range, else written zeros.
 fn punch(fd: BorrowedFd<'_>, off: u64, len: u64) -> Result<(), Errno> {
-    let hole = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-    match fs::fallocate(fd, hole, off, len) {
+    match cowlink_sys::punch_hole(fd, off, len) {
         Ok(()) => Ok(()),
-        Err(Errno::OPNOTSUPP) => match fs::fallocate(
-            fd,
-            FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
-            off,
-            len,
-        ) {
+        Err(Errno::OPNOTSUPP) => match cowlink_sys::zero_range(fd, off, len) {
             Ok(()) => Ok(()),
             Err(Errno::OPNOTSUPP) => {
                 let zeros = vec![0u8; 1 << 20];
@@ -302,7 +297,7 @@ fn copy_range(
     let end = from + len;
     while off_in < end {
         let want = (end - off_in).min(1 << 30) as usize;
-        match fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), want) {
+        match cowlink_sys::copy_file_range(src, &mut off_in, dst, &mut off_out, want) {
             Ok(0) => return Err(Errno::IO), // the image shrank under us
             Ok(_) => {}
             Err(Errno::INTR) => {}
@@ -379,7 +374,7 @@ fn build(
         Target::InPlace(base) => {
             let out = base.file.as_fd();
             let e = err(&base.path);
-            let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
+            let block = cowlink_sys::fs_stat(out).map_err(&e)?.block_size;
             let mut per_layer = clone_answers(layers, &base.path, report, true);
             if base.kind == NodeKind::Block {
                 per_layer.iter_mut().for_each(|c| *c = false);
@@ -405,12 +400,12 @@ fn build(
             let e = err(dst);
             let was = old.map(|n| n.id);
             let old_st = old
-                .map(|n| fs::fstat(&n.file).map_err(err(&n.path)))
+                .map(|n| cowlink_sys::fstat(&n.file).map_err(err(&n.path)))
                 .transpose()?;
             let old_flags = old
-                .and_then(|n| fs::ioctl_getflags(&n.file).ok())
-                .unwrap_or(fs::IFlags::empty());
-            if old_flags.intersects(fs::IFlags::IMMUTABLE | fs::IFlags::APPEND) {
+                .and_then(|n| cowlink_sys::inode_flags(n.file.as_fd()).ok())
+                .unwrap_or_default();
+            if old_flags.intersects(InodeFlags::IMMUTABLE | InodeFlags::APPEND) {
                 return Err(Error::new(Operation::Image, ErrorKind::PermissionDenied)
                     .with_dst(dst)
                     .with_reason(
@@ -420,10 +415,10 @@ fn build(
             }
             let mode = old_st.as_ref().map_or(0o644, |m| m.st_mode & 0o7777);
             let pending =
-                PendingFile::create_rw(CWD, parent_of(dst), dst, Mode::from_raw_mode(mode))
+                PendingFile::create_rw(CWD, parent_of(dst), dst, cowlink_sys::raw_mode(mode))
                     .map_err(&e)?;
             let out = pending.fd();
-            let block = fs::fstatfs(out).map_err(&e)?.f_bsize as u64;
+            let block = cowlink_sys::fs_stat(out).map_err(&e)?.block_size;
             let starts = start.map(|n| clones_between(&n.path, dst));
             let per_layer = clone_answers(layers, dst, report, false);
             if let Some((false, why)) = &starts {
@@ -432,8 +427,8 @@ fn build(
             }
             report.clones &= start.is_some() || !layers.is_empty();
             // NOCOW (Btrfs `+C`) must be set while the file is empty.
-            if old_flags.contains(fs::IFlags::NOCOW) {
-                let _ = fs::ioctl_setflags(out, fs::IFlags::NOCOW);
+            if old_flags.contains(InodeFlags::NOCOW) {
+                let _ = cowlink_sys::set_inode_flags(out, InodeFlags::NOCOW);
             }
             if let Some(n) = start {
                 let clones = starts.as_ref().is_some_and(|(c, _)| *c);
@@ -464,13 +459,13 @@ fn build(
             for (layer, clones) in layers.iter().rev().zip(per_layer.iter().rev()) {
                 // Below a layer, nothing past its virtual size shows through
                 // (convert); a commit keeps the base's tail.
-                let now = fs::fstat(out).map_err(&e)?.st_size as u64;
+                let now = cowlink_sys::fstat(out).map_err(&e)?.st_size as u64;
                 if now < layer.size || (exact && now > layer.size) {
                     fs::ftruncate(out, layer.size).map_err(&e)?;
                 }
                 apply(layer, out, *clones, block, run, report)?;
             }
-            let now = fs::fstat(out).map_err(&e)?.st_size as u64;
+            let now = cowlink_sys::fstat(out).map_err(&e)?.st_size as u64;
             if now != size {
                 fs::ftruncate(out, size).map_err(&e)?;
             }
@@ -494,10 +489,10 @@ fn build(
             }
             // The inode flags a file can take once written (`chattr +d
             // +A +S`); `+C` was set while it was empty.
-            let carry = old_flags & (fs::IFlags::NODUMP | fs::IFlags::NOATIME | fs::IFlags::SYNC);
+            let carry = old_flags & (InodeFlags::NODUMP | InodeFlags::NOATIME | InodeFlags::SYNC);
             if !carry.is_empty() {
-                let now = fs::ioctl_getflags(out).map_err(&e)?;
-                fs::ioctl_setflags(out, now | carry).map_err(&e)?;
+                let now = cowlink_sys::inode_flags(out).map_err(&e)?;
+                cowlink_sys::set_inode_flags(out, now | carry).map_err(&e)?;
             }
             fs::fsync(out).map_err(&e)?;
             still_names(dst, was)?;
@@ -526,7 +521,7 @@ fn build(
 /// not the name) would lose that file to a result built from the old one.
 fn still_names(dst: &Path, was: Option<(u64, u64)>) -> Result<(), Error> {
     let Some(was) = was else { return Ok(()) };
-    match fs::stat(dst) {
+    match cowlink_sys::stat(dst) {
         Ok(st) if (st.st_dev, st.st_ino) == was => Ok(()),
         _ => Err(Error::new(Operation::Image, ErrorKind::InUse)
             .with_dst(dst)
@@ -568,13 +563,13 @@ fn data_bytes(n: &Node, len: u64) -> u64 {
     let fd = n.file.as_fd();
     let (mut pos, mut total) = (0u64, 0u64);
     while pos < len {
-        let Ok(start) = fs::seek(fd, fs::SeekFrom::Data(pos)) else {
+        let Ok(start) = cowlink_sys::seek_data(fd, pos) else {
             break;
         };
         if start >= len {
             break;
         }
-        let end = fs::seek(fd, fs::SeekFrom::Hole(start)).map_or(len, |e| e.min(len));
+        let end = cowlink_sys::seek_hole(fd, start).map_or(len, |e| e.min(len));
         if end <= start {
             return len;
         }
@@ -597,7 +592,7 @@ fn too_small(path: &Path, len: u64, size: u64) -> Error {
 /// [`map`], which promises to write nothing; a commit makes a real trial.
 fn clones_quietly(src: &Path, dst: &Path) -> (bool, Option<String>) {
     let dir = parent_of(dst);
-    let (Ok(a), Ok(b)) = (fs::stat(src), fs::stat(dir)) else {
+    let (Ok(a), Ok(b)) = (cowlink_sys::stat(src), cowlink_sys::stat(dir)) else {
         return (false, Some("cannot stat the files".into()));
     };
     if a.st_dev != b.st_dev {
@@ -606,7 +601,7 @@ fn clones_quietly(src: &Path, dst: &Path) -> (bool, Option<String>) {
             Some("the files are on different filesystems (predicted, not tried)".into()),
         );
     }
-    match fs::statfs(dir).map(|s| FsKind::from_magic(s.f_type as u64)) {
+    match FsKind::of_path(dir) {
         Ok(FsKind::Xfs | FsKind::Btrfs) => (true, None),
         Ok(k) => (
             false,
@@ -688,7 +683,7 @@ pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, 
         .data_files
         .extend(q.external_data().map(Path::to_path_buf));
     let dir = parent_of(&target);
-    let block = fs::statfs(dir).map_err(err(dir))?.f_bsize as u64;
+    let block = cowlink_sys::fs_stat_path(dir).map_err(err(dir))?.block_size;
     report.clones = clones;
     report.no_clone_reason = why;
     q.walk(&mut |p| {
@@ -720,15 +715,15 @@ pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, 
 /// again).
 fn open_base(path: &Path, in_place: bool) -> Result<Node, Error> {
     for _ in 0..8 {
-        let st = fs::stat(path).map_err(|x| {
+        let st = cowlink_sys::stat(path).map_err(|x| {
             err(path)(x).with_reason(match x {
                 Errno::NOENT => "the base does not exist".to_string(),
                 _ => errno_words(x),
             })
         })?;
-        let block = FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice;
+        let block = cowlink_sys::file_type(st.st_mode) == FileType::BlockDevice;
         let node = open_node(path, "base", in_place || block, Access::Write)?;
-        match fs::stat(path) {
+        match cowlink_sys::stat(path) {
             Ok(now) if (now.st_dev, now.st_ino) == node.id => return Ok(node),
             _ => continue,
         }
@@ -807,13 +802,13 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
             .with_dst(&base_path)
             .with_reason(what))
     };
-    if let Ok(st) = fs::stat(&base_path) {
+    if let Ok(st) = cowlink_sys::stat(&base_path) {
         same((st.st_dev, st.st_ino))?;
     }
     let base = open_base(&base_path, options.in_place)?;
     same(base.id)?;
     let is_backing = match &backing {
-        Some(b) => fs::stat(b).is_ok_and(|s| (s.st_dev, s.st_ino) == base.id),
+        Some(b) => cowlink_sys::stat(b).is_ok_and(|s| (s.st_dev, s.st_ino) == base.id),
         None => false,
     };
     if !is_backing {
@@ -845,7 +840,9 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
     check_raw_base(&q, &base, is_backing)?;
     let in_place = options.in_place || base.kind == NodeKind::Block;
     if !in_place {
-        let links = fs::fstat(&base.file).map_err(err(&base.path))?.st_nlink;
+        let links = cowlink_sys::fstat(&base.file)
+            .map_err(err(&base.path))?
+            .st_nlink;
         if links > 1 {
             return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
                 .with_src(&base.path)
@@ -909,14 +906,14 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
     let dst = &resolve_links(dst)?;
     // An existing destination: a regular file, not in the chain, and not
     // in use (QEMU's write locks, held until it is replaced).
-    let old_dst = match fs::lstat(dst) {
+    let old_dst = match cowlink_sys::lstat(dst) {
         Ok(_) => {
             let n = open_node(dst, "destination", false, Access::Write);
             let n = match n {
                 Err(e) if e.kind() == ErrorKind::InUse => {
                     // In use by the chain itself (we hold read locks on
                     // it), or by another program.
-                    let id = fs::stat(dst).map(|s| (s.st_dev, s.st_ino)).ok();
+                    let id = cowlink_sys::stat(dst).map(|s| (s.st_dev, s.st_ino)).ok();
                     if chain_holds(&chain, id) {
                         return Err(same_file(src, dst));
                     }
@@ -935,7 +932,7 @@ pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageRe
                          never replaces a device (use qemu-img convert -n to write into it)",
                     ));
             }
-            let links = fs::fstat(&n.file).map_err(err(dst))?.st_nlink;
+            let links = cowlink_sys::fstat(&n.file).map_err(err(dst))?.st_nlink;
             if links > 1 {
                 return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
                     .with_dst(dst)
@@ -991,8 +988,8 @@ fn resolve_links(path: &Path) -> Result<PathBuf, Error> {
     let mut p = path.to_path_buf();
     // The kernel's own limit on links followed in one lookup.
     for _ in 0..40 {
-        match fs::lstat(&p) {
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+        match cowlink_sys::lstat(&p) {
+            Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::Symlink => {
                 let to = fs::readlink(&p, Vec::new()).map_err(err(&p))?;
                 let to = Path::new(std::ffi::OsStr::from_bytes(to.as_bytes()));
                 p = match to.is_absolute() {

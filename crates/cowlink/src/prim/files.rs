@@ -3,8 +3,9 @@
 
 use std::path::{Component, Path};
 
+use cowlink_sys::Stat;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, FileType, Mode, OFlags, Stat};
+use rustix::fs::{self, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
@@ -36,7 +37,7 @@ pub(crate) fn open_deep(path: &Path, flags: OFlags) -> rustix::io::Result<OwnedF
         let next = fs::openat(
             at,
             piece,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
         dir = Some(next);
@@ -48,7 +49,7 @@ pub(crate) fn open_deep(path: &Path, flags: OFlags) -> rustix::io::Result<OwnedF
 
 /// "a directory", "a FIFO", ...: a file type in words, for messages.
 pub(crate) fn file_type_name(mode: u32) -> &'static str {
-    match FileType::from_raw_mode(mode) {
+    match cowlink_sys::file_type(mode) {
         FileType::Directory => "a directory",
         FileType::Fifo => "a FIFO",
         FileType::Socket => "a socket",
@@ -65,12 +66,12 @@ pub(crate) fn file_type_name(mode: u32) -> &'static str {
 /// (opening a FIFO would block, a tape device might rewind).
 pub(crate) fn open_source(op: Operation, src: &Path) -> Result<(OwnedFd, Stat)> {
     let err = |e: Errno| Error::from_errno(op, e).with_src(src);
-    let st = match fs::stat(src) {
+    let st = match cowlink_sys::stat(src) {
         Ok(st) => st,
         Err(Errno::NOENT) => {
             let e = err(Errno::NOENT);
-            return Err(match fs::lstat(src) {
-                Ok(l) if FileType::from_raw_mode(l.st_mode) == FileType::Symlink => {
+            return Err(match cowlink_sys::lstat(src) {
+                Ok(l) if cowlink_sys::file_type(l.st_mode) == FileType::Symlink => {
                     e.with_reason("source is a dangling symbolic link")
                 }
                 _ => e.with_reason("source does not exist"),
@@ -91,14 +92,14 @@ pub(crate) fn open_source(op: Operation, src: &Path) -> Result<(OwnedFd, Stat)> 
         Errno::ACCESS | Errno::PERM => err(e).with_reason("permission denied reading the source"),
         _ => err(e),
     })?;
-    let st = fs::fstat(&fd).map_err(err)?;
+    let st = cowlink_sys::fstat(&fd).map_err(err)?;
     // Replaced between stat and open? Check again on what we opened.
     check_regular(op, src, &st)?;
     Ok((fd, st))
 }
 
 fn check_regular(op: Operation, src: &Path, st: &Stat) -> Result<()> {
-    match FileType::from_raw_mode(st.st_mode) {
+    match cowlink_sys::file_type(st.st_mode) {
         FileType::RegularFile => Ok(()),
         FileType::Directory => Err(Error::new(op, ErrorKind::IsDirectory)
             .with_src(src)
@@ -141,9 +142,7 @@ pub(crate) fn split_dest(op: Operation, src: &Path, dst: &Path) -> Result<std::p
 
 /// The filesystem kind of an open file, for messages. Never fails.
 pub(crate) fn kind_of(fd: BorrowedFd<'_>) -> FsKind {
-    fs::fstatfs(fd)
-        .map(|s| FsKind::from_magic(s.f_type as u64))
-        .unwrap_or(FsKind::Other)
+    FsKind::of_fd(fd).unwrap_or(FsKind::Unknown)
 }
 
 pub(crate) fn create_reason(e: Errno, parent: &Path) -> String {

@@ -11,8 +11,9 @@
 //! group bits), then times last (every other change touches ctime only, but
 //! data writes would move mtime).
 
+use cowlink_sys::Stat;
 use rustix::fd::BorrowedFd;
-use rustix::fs::{self, Gid, Mode, Stat, Timespec, Timestamps, Uid, XattrFlags};
+use rustix::fs::{self, Gid, Timespec, Timestamps, Uid};
 use rustix::io::Errno;
 
 /// Which metadata to carry beyond the permission bits.
@@ -108,9 +109,9 @@ impl Created {
 
 /// Clear the unfinished mark of a file whose mode is otherwise final.
 pub(crate) fn clear_mark(dst: BorrowedFd<'_>) -> Result<(), MetaError> {
-    let st = fs::fstat(dst).map_err(fail("read the mode"))?;
+    let st = cowlink_sys::fstat(dst).map_err(fail("read the mode"))?;
     let mode = st.st_mode & 0o7777 & !crate::prim::place::UNFINISHED_MARK;
-    fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))
+    fs::fchmod(dst, cowlink_sys::raw_mode(mode)).map_err(fail("set the mode"))
 }
 
 /// Like [`apply`] for a file just created with the properties `created`.
@@ -144,7 +145,7 @@ pub(crate) fn apply_created(
         mode = Some(st.st_mode & 0o7777);
     }
     if let Some(mode) = mode {
-        fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))?;
+        fs::fchmod(dst, cowlink_sys::raw_mode(mode)).map_err(fail("set the mode"))?;
     }
     if preserve.timestamps {
         fs::futimens(dst, &times_of(st)).map_err(fail("preserve timestamps"))?;
@@ -159,21 +160,18 @@ pub(crate) fn creation_bits(st_mode: u32, default_mode: bool) -> u32 {
     if !default_mode {
         return st_mode & 0o777;
     }
-    match fs::FileType::from_raw_mode(st_mode) {
+    match cowlink_sys::file_type(st_mode) {
         fs::FileType::Directory | fs::FileType::Socket => 0o777,
         _ => 0o666,
     }
 }
 
-/// The process umask, read once from /proc/self/status (reading it with
-/// umask(2) would change it for a moment under other threads).
+/// The process umask, read once through the platform layer (reading it
+/// with umask(2) would change it for a moment under other threads);
+/// `None` where the platform cannot tell.
 pub(crate) fn umask() -> Option<u32> {
     static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *UMASK.get_or_init(|| {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
-        u32::from_str_radix(line.trim(), 8).ok()
-    })
+    *UMASK.get_or_init(cowlink_sys::umask)
 }
 
 /// Give `dst` the owner and group of `st`. Returns the set-id bits that
@@ -217,7 +215,7 @@ pub(crate) fn apply_with_mode(
         copy_acls(src, dst)?;
     }
     if let Some(mode) = mode {
-        fs::fchmod(dst, Mode::from_raw_mode(mode)).map_err(fail("set the mode"))?;
+        fs::fchmod(dst, cowlink_sys::raw_mode(mode)).map_err(fail("set the mode"))?;
     }
     if preserve.timestamps {
         fs::futimens(dst, &times_of(st)).map_err(fail("preserve timestamps"))?;
@@ -257,7 +255,7 @@ fn copy_acls(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError
 /// The POSIX ACL attributes: part of the mode for `cp -p`, which carries
 /// them without `--preserve=xattr`.
 fn is_acl(name: &[u8]) -> bool {
-    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+    cowlink_sys::is_acl_xattr(name)
 }
 
 /// Copy the extended attributes of `src` whose names `keep` accepts.
@@ -285,7 +283,7 @@ fn copy_xattrs_matching(
         let cname = std::ffi::CString::new(name).expect("xattr names have no NUL");
         let value =
             get_xattr(src, &cname).map_err(fail(format!("read extended attribute '{shown}'")))?;
-        match fs::fsetxattr(dst, &cname, &value, XattrFlags::empty()) {
+        match cowlink_sys::set_xattr(dst, &cname, &value) {
             Ok(()) => {}
             Err(e) => return Err(fail(format!("preserve extended attribute '{shown}'"))(e)),
         }
@@ -297,7 +295,7 @@ fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
     // Most files have no or few attributes: one call with a small buffer,
     // asking for the size only when it is too small.
     let mut buf = vec![0u8; 256];
-    match fs::flistxattr(fd, &mut buf[..]) {
+    match cowlink_sys::list_xattrs(fd, &mut buf[..]) {
         Ok(got) => {
             buf.truncate(got);
             return Ok(buf);
@@ -306,9 +304,9 @@ fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
         Err(e) => return Err(e),
     }
     loop {
-        let n = fs::flistxattr_query(fd)?;
+        let n = cowlink_sys::list_xattrs_len(fd)?;
         let mut buf = vec![0u8; n];
-        match fs::flistxattr(fd, &mut buf[..]) {
+        match cowlink_sys::list_xattrs(fd, &mut buf[..]) {
             Ok(got) => {
                 buf.truncate(got);
                 return Ok(buf);
@@ -321,9 +319,9 @@ fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
 
 fn get_xattr(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<Vec<u8>, Errno> {
     loop {
-        let n = fs::fgetxattr_query(fd, name)?;
+        let n = cowlink_sys::get_xattr_len(fd, name)?;
         let mut buf = vec![0u8; n];
-        match fs::fgetxattr(fd, name, &mut buf[..]) {
+        match cowlink_sys::get_xattr(fd, name, &mut buf[..]) {
             Ok(got) => {
                 buf.truncate(got);
                 return Ok(buf);

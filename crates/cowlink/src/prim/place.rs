@@ -33,10 +33,10 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, Mode, OFlags, RenameFlags, CWD};
+use rustix::fs::{self, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 /// What to do when the destination name already exists.
@@ -81,9 +81,6 @@ pub(crate) struct PendingFile<'d> {
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
-/// Set once `linkat(AT_EMPTY_PATH)` was refused (it needs
-/// CAP_DAC_READ_SEARCH on many kernels); later links go through /proc.
-static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// A temporary name next to `name`, unique within this process and short
 /// enough for NAME_MAX.
@@ -133,8 +130,7 @@ impl<'d> PendingFile<'d> {
         mode: Mode,
         access: OFlags,
     ) -> Result<Self, Errno> {
-        let flags = OFlags::TMPFILE | access | OFlags::CLOEXEC;
-        match fs::openat(dir, parent, flags, mode) {
+        match cowlink_sys::open_unnamed(dir, parent, access, mode) {
             Ok(file) => Ok(PendingFile {
                 file,
                 dir,
@@ -199,8 +195,7 @@ impl<'d> PendingFile<'d> {
                 match overwrite {
                     Overwrite::Replace => fs::renameat(self.dir, &tmp, target, dst)?,
                     Overwrite::Refuse | Overwrite::Skip => {
-                        match fs::renameat_with(self.dir, &tmp, target, dst, RenameFlags::NOREPLACE)
-                        {
+                        match cowlink_sys::rename_noreplace(self.dir, &tmp, target, dst) {
                             Ok(()) => {}
                             // The filesystem lacks RENAME_NOREPLACE: link (atomic
                             // no-clobber); the drop removes the temporary name.
@@ -217,22 +212,9 @@ impl<'d> PendingFile<'d> {
         }
     }
 
-    /// `linkat` an `O_TMPFILE` into place as `name` in `target`.
+    /// Link the unnamed file into place as `name` in `target`.
     fn link_anonymous(&self, target: BorrowedFd<'_>, name: &Path) -> Result<(), Errno> {
-        if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
-            match fs::linkat(&self.file, c"", target, name, AtFlags::EMPTY_PATH) {
-                Err(Errno::NOENT | Errno::PERM) => {
-                    EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed)
-                }
-                r => return r,
-            }
-        }
-        // /proc/self/fd/N with AT_SYMLINK_FOLLOW works without privileges.
-        let proc_path = format!(
-            "/proc/self/fd/{}",
-            rustix::fd::AsRawFd::as_raw_fd(&self.file)
-        );
-        fs::linkat(CWD, &*proc_path, target, name, AtFlags::SYMLINK_FOLLOW)
+        cowlink_sys::link_fd(self.file.as_fd(), target, name)
     }
 }
 
@@ -277,8 +259,8 @@ impl Placement {
 /// `stat`) to a resumed run: a regular file with the same size and
 /// modification time, to the nanosecond. A file an interrupted run left
 /// never does, because times are set after the data.
-pub(crate) fn looks_complete(src: &fs::Stat, dst: &fs::Stat) -> bool {
-    fs::FileType::from_raw_mode(dst.st_mode) == fs::FileType::RegularFile
+pub(crate) fn looks_complete(src: &cowlink_sys::Stat, dst: &cowlink_sys::Stat) -> bool {
+    cowlink_sys::file_type(dst.st_mode) == fs::FileType::RegularFile
         && !left_unfinished(src.st_mode, dst.st_mode)
         && dst.st_size == src.st_size
         && (dst.st_mtime, dst.st_mtime_nsec) == (src.st_mtime, src.st_mtime_nsec)
@@ -295,7 +277,7 @@ pub(crate) const UNFINISHED_MARK: u32 = 0o1000;
 /// bit of its own. Such a file is never kept as up to date (`cp -u`,
 /// `--resume`): it is copied again.
 pub fn left_unfinished(src_mode: u32, dst_mode: u32) -> bool {
-    fs::FileType::from_raw_mode(dst_mode) == fs::FileType::RegularFile
+    cowlink_sys::file_type(dst_mode) == fs::FileType::RegularFile
         && dst_mode & UNFINISHED_MARK != 0
         && src_mode & UNFINISHED_MARK == 0
 }
@@ -314,7 +296,10 @@ pub(crate) fn kept_mode(src_mode: u32, old_mode: u32) -> u32 {
 /// `looks_complete` by path, for a single file: `src` followed, `dst`
 /// not. False when either cannot be read.
 pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
-    match (fs::stat(src.as_ref()), fs::lstat(dst.as_ref())) {
+    match (
+        cowlink_sys::stat(src.as_ref()),
+        cowlink_sys::lstat(dst.as_ref()),
+    ) {
         (Ok(s), Ok(d)) => looks_complete(&s, &d),
         _ => false,
     }
@@ -411,8 +396,8 @@ impl Drop for DirectFile<'_> {
     fn drop(&mut self) {
         if !self.finished {
             // Remove the name only while it is still our file.
-            let here = fs::statat(self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW);
-            let ours = match (fs::fstat(&self.file), here) {
+            let here = cowlink_sys::statat(self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW);
+            let ours = match (cowlink_sys::fstat(&self.file), here) {
                 (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
                 _ => false,
             };

@@ -31,7 +31,7 @@
 use std::path::Path;
 
 use rustix::fd::BorrowedFd;
-use rustix::fs::{self, FallocateFlags, SeekFrom};
+use rustix::fs;
 use rustix::io::{self, Errno};
 
 use super::files::kind_of;
@@ -63,7 +63,7 @@ impl Source {
     /// cover its size is read as one segment. (Blocks past the end or of
     /// extended attributes can hide a small hole; the copy then holds
     /// zeros there, the same bytes.)
-    pub(crate) fn of(st: &fs::Stat) -> Self {
+    pub(crate) fn of(st: &cowlink_sys::Stat) -> Self {
         let size = st.st_size as u64;
         Self {
             size,
@@ -86,7 +86,7 @@ fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errn
     let mut segs = Vec::new();
     let mut pos = 0;
     while pos < size {
-        let start = match fs::seek(src, SeekFrom::Data(pos)) {
+        let start = match cowlink_sys::seek_data(src, pos) {
             Ok(s) => s,
             Err(Errno::NXIO) => break, // no data after pos: trailing hole
             Err(Errno::INVAL | Errno::OPNOTSUPP) if pos == 0 => return Ok(vec![(0, size)]),
@@ -95,7 +95,7 @@ fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errn
         if start >= size {
             break;
         }
-        let end = match fs::seek(src, SeekFrom::Hole(start)) {
+        let end = match cowlink_sys::seek_hole(src, start) {
             Ok(e) => e.min(size),
             Err(Errno::NXIO) => size,
             Err(e) => return Err(e),
@@ -171,7 +171,7 @@ pub(crate) fn copy_data(
             if offload {
                 let (mut off_in, mut off_out) = (pos, pos);
                 let chunk = want.min(CFR_CHUNK) as usize;
-                match fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), chunk) {
+                match cowlink_sys::copy_file_range(src, &mut off_in, dst, &mut off_out, chunk) {
                     Ok(0) => {
                         // The source shrank: stop at its new end.
                         short = Some(pos);
@@ -219,7 +219,7 @@ pub(crate) fn copy_data(
     // it is closed (its guard for truncate-and-rewrite), which made every
     // small-file copy there ~10× slower.
     let bytes = short.unwrap_or(size);
-    if (short.is_some() || written_to != size) && fs::fstat(dst)?.st_size as u64 != bytes {
+    if (short.is_some() || written_to != size) && cowlink_sys::fstat(dst)?.st_size as u64 != bytes {
         fs::ftruncate(dst, bytes)?;
     }
     Ok(Outcome { method, bytes })
@@ -228,14 +228,13 @@ pub(crate) fn copy_data(
 /// Whether preallocating a streamed copy into `dst` pays (see the module
 /// essay): everywhere but ext2/3/4.
 fn prealloc_pays(dst: BorrowedFd<'_>) -> bool {
-    !fs::fstatfs(dst).is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Ext4)
+    !FsKind::of_fd(dst).is_ok_and(|k| k == FsKind::Ext4)
 }
 
 /// Whether stat's size of `src` may not be its length: 0 (procfs) or one
 /// page (sysfs, configfs) on a kernel pseudo filesystem.
 fn size_untrusted(src: BorrowedFd<'_>, size: u64) -> bool {
-    (size == 0 || size == 4096)
-        && fs::fstatfs(src).is_ok_and(|s| FsKind::from_magic(s.f_type as u64) == FsKind::Pseudo)
+    (size == 0 || size == 4096) && FsKind::of_fd(src).is_ok_and(|k| k == FsKind::Pseudo)
 }
 
 /// Copy `src` into the empty file `dst` by reading until the end of file,
@@ -334,6 +333,9 @@ pub(crate) fn transfer_error(
         Errno::OPNOTSUPP | Errno::NOTTY | Errno::NOSYS | Errno::INVAL => {
             let k = kind_of(dfd);
             let base = base.with_kind(ErrorKind::NotSupported);
+            if let Some(why) = cowlink_sys::CLONE_UNAVAILABLE {
+                return base.with_reason(format!("{k} filesystem: {why}"));
+            }
             match (k, nocow(sfd), nocow(dfd)) {
                 // Btrfs clones only between files that both keep checksums
                 // or both do not (NOCOW files have none).
@@ -360,7 +362,7 @@ pub(crate) fn transfer_error(
 
 /// Whether the file has the NOCOW attribute (`chattr +C`; Btrfs).
 fn nocow(fd: BorrowedFd<'_>) -> bool {
-    fs::ioctl_getflags(fd).is_ok_and(|f| f.contains(fs::IFlags::NOCOW))
+    cowlink_sys::inode_flags(fd).is_ok_and(|f| f.contains(cowlink_sys::InodeFlags::NOCOW))
 }
 
 /// Reserve `len` bytes of `fd` from offset 0 (extending its size).
@@ -371,7 +373,7 @@ pub(crate) fn preallocate(fd: BorrowedFd<'_>, len: u64) -> std::result::Result<b
     if len == 0 {
         return Ok(false);
     }
-    match fs::fallocate(fd, FallocateFlags::empty(), 0, len) {
+    match cowlink_sys::allocate(fd, 0, len) {
         Ok(()) => Ok(true),
         Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => Ok(false),
         Err(e) => Err(e),

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, Mode};
+use rustix::fs::{self, AtFlags};
 use rustix::io::Errno;
 
 use super::layout::{self, object_rel};
@@ -31,7 +31,7 @@ impl Store {
     fn checked_object(&self, want: &Want<'_>, how: &How<'_>, gen: u32) -> Result<(OwnedFd, u64)> {
         let src = self.open_object(want.digest, gen, want.shown, how.gens)?;
         let path = || self.root.join(object_rel(want.digest, gen));
-        let st = fs::fstat(&src).map_err(|e| merr(want.shown, e).with_src(path()))?;
+        let st = cowlink_sys::fstat(&src).map_err(|e| merr(want.shown, e).with_src(path()))?;
         let size = st.st_size as u64;
         let marked = layout::is_marked_unchanged(&st);
         if !how.verify && marked && want.size.is_none_or(|s| s == size) {
@@ -121,7 +121,8 @@ impl Store {
         let base = self
             .open_in_layout(&object_rel(digest, 0))
             .map_err(|e| self.read_error(Operation::Store, &object_rel(digest, 0), e))?;
-        let st = fs::fstat(&base).map_err(|e| super::store_err(self.object_path(digest), e))?;
+        let st =
+            cowlink_sys::fstat(&base).map_err(|e| super::store_err(self.object_path(digest), e))?;
         let size = st.st_size as u64;
         if !layout::is_marked_unchanged(&st) {
             let path = self.object_path(digest);
@@ -139,7 +140,7 @@ impl Store {
             &|| false,
         )
         .map_err(err)?;
-        fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
+        fs::fchmod(pending.fd(), cowlink_sys::raw_mode(0o444)).map_err(err)?;
         layout::mark_unchanged(pending.fd());
         fs::fsync(pending.fd()).map_err(err)?;
         match self.persist_object(pending, digest, gen) {
@@ -252,18 +253,16 @@ impl Store {
             let r = if self.take_use(digest, gen) {
                 // Link the inode we opened (never a name that could have
                 // been swapped for a symbolic link meanwhile).
-                fs::linkat(&src, c"", dir, name, AtFlags::EMPTY_PATH).or_else(|e| match e {
-                    Errno::NOENT | Errno::PERM => {
-                        let proc =
-                            format!("/proc/self/fd/{}", rustix::fd::AsRawFd::as_raw_fd(&src));
-                        fs::linkat(
-                            rustix::fs::CWD,
-                            proc.as_str(),
-                            dir,
-                            name,
-                            AtFlags::SYMLINK_FOLLOW,
-                        )
-                    }
+                // Where the platform cannot name an open file, link the
+                // object's path (its last component is never followed).
+                cowlink_sys::link_fd(src.as_fd(), dir, name).or_else(|e| match e {
+                    Errno::OPNOTSUPP => fs::linkat(
+                        rustix::fs::CWD,
+                        self.root.join(&rel),
+                        dir,
+                        name,
+                        AtFlags::empty(),
+                    ),
                     e => Err(e),
                 })
             } else {

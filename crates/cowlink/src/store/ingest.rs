@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use cowlink_sys::Stat;
 use rustix::fd::{AsFd, BorrowedFd};
-use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
@@ -96,12 +97,17 @@ impl TreeIngest<'_> {
     fn file(&self, e: &Entry<'_>) -> Result<EntryKind> {
         let err = |x: Errno| store_err(&e.path, x);
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let fd = match fs::openat(e.dirfd, e.name, flags | OFlags::NOATIME, Mode::empty()) {
+        let fd = match fs::openat(
+            e.dirfd,
+            e.name,
+            flags | cowlink_sys::O_NOATIME,
+            Mode::empty(),
+        ) {
             Err(Errno::PERM) => fs::openat(e.dirfd, e.name, flags, Mode::empty()),
             r => r,
         }
         .map_err(err)?;
-        let st = fs::fstat(&fd).map_err(err)?;
+        let st = cowlink_sys::fstat(&fd).map_err(err)?;
         let added = self.store.ingest(fd.as_fd(), &st, &e.path, false)?;
         if added.new {
             self.new_objects.fetch_add(1, Ordering::Relaxed);
@@ -127,8 +133,8 @@ impl TreeIngest<'_> {
         };
         let ft = match e.file_type {
             Some(t) => t,
-            None => match fs::statat(e.dirfd, e.name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => FileType::from_raw_mode(st.st_mode),
+            None => match cowlink_sys::statat(e.dirfd, e.name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => cowlink_sys::file_type(st.st_mode),
                 Err(x) => return self.fail(store_err(&e.path, x)),
             },
         };
@@ -150,7 +156,7 @@ impl TreeIngest<'_> {
                 .with_src(&e.path)
                 .with_reason(format!(
                     "{} cannot be stored (only files, directories and symbolic links)",
-                    crate::prim::files::file_type_name(other.as_raw_mode())
+                    crate::prim::files::file_type_name(cowlink_sys::file_type_bits(other))
                 ))),
         };
         match kind {
@@ -246,7 +252,7 @@ impl Store {
             pending.fd()
         };
         let (hash, len) = crate::ground::hash::hash_fd_at(hashed, size, &|_| {}).map_err(err)?;
-        let now = fs::fstat(src).map_err(err)?;
+        let now = cowlink_sys::fstat(src).map_err(err)?;
         let fingerprint = |a: &Stat| {
             let t = (a.st_mtime, a.st_mtime_nsec, a.st_ctime, a.st_ctime_nsec);
             (a.st_ino, a.st_size, t)
@@ -260,7 +266,7 @@ impl Store {
         // Created 0444; only an unusual umask (one that hides bits of
         // 0444) needs the mode set again.
         if crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
-            fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(err)?;
+            fs::fchmod(pending.fd(), cowlink_sys::raw_mode(0o444)).map_err(err)?;
         }
         mark_unchanged(pending.fd());
         if durable {
@@ -293,8 +299,8 @@ impl Store {
     pub fn add_tree(&self, dir: impl AsRef<Path>) -> Result<AddedTree> {
         let root = dir.as_ref();
         let op = Operation::Store;
-        let st = fs::stat(root).map_err(|e| store_err(root, e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        let st = cowlink_sys::stat(root).map_err(|e| store_err(root, e))?;
+        if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
             return Err(Error::new(op, ErrorKind::NotADirectory)
                 .with_src(root)
                 .with_reason(
@@ -330,7 +336,7 @@ impl Store {
                 first
             });
         }
-        fs::syncfs(&self.dir).map_err(|e| store_err(&self.root, e))?;
+        cowlink_sys::sync_filesystem(self.dir.as_fd()).map_err(|e| store_err(&self.root, e))?;
         let manifest = Manifest::new(ingest.entries.into_inner().unwrap_or_default());
         let digest = self.write_manifest(&manifest)?;
         let mut out = AddedTree {

@@ -9,8 +9,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use cowlink_sys::Stat;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{self, AtFlags, Dir, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
@@ -95,7 +96,7 @@ pub(super) fn temp_owner_is_dead(name: &[u8]) -> bool {
     let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
         return false;
     };
-    !Path::new(&format!("/proc/{pid}")).exists()
+    !cowlink_sys::process_exists(pid)
 }
 
 /// Open `rel` below `root` with `flags`, following no symbolic link on the
@@ -106,9 +107,8 @@ pub(crate) fn open_beneath(
     rel: &str,
     flags: OFlags,
 ) -> std::result::Result<OwnedFd, Errno> {
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
     let open = |at: BorrowedFd<'_>, p: &str, flags: OFlags| {
-        fs::openat2(at, p, flags | OFlags::CLOEXEC, Mode::empty(), resolve)
+        cowlink_sys::open_beneath(at, p, flags, Mode::empty())
     };
     if rel.len() < PATH_CHUNK {
         return open(root, if rel.is_empty() { "." } else { rel }, flags);
@@ -125,7 +125,7 @@ pub(crate) fn open_beneath(
             .rposition(|&b| b == b'/')
             .ok_or(Errno::NAMETOOLONG)?;
         let at = dir.as_ref().map_or(root, |d| d.as_fd());
-        let next = open(at, &rest[..cut], OFlags::PATH | OFlags::DIRECTORY)?;
+        let next = open(at, &rest[..cut], cowlink_sys::O_PATH | OFlags::DIRECTORY)?;
         dir = Some(next);
         rest = &rest[cut + 1..];
     }
@@ -159,7 +159,7 @@ pub(crate) fn open_regular(root: BorrowedFd<'_>, rel: &str) -> std::result::Resu
 /// `fd` if it is a regular file (with `O_NONBLOCK` cleared), else
 /// `EISDIR` or [`NOT_REGULAR`].
 pub(crate) fn regular(fd: OwnedFd) -> std::result::Result<OwnedFd, Errno> {
-    match FileType::from_raw_mode(fs::fstat(&fd)?.st_mode) {
+    match cowlink_sys::file_type(cowlink_sys::fstat(&fd)?.st_mode) {
         FileType::RegularFile => {}
         FileType::Directory => return Err(Errno::ISDIR),
         _ => return Err(NOT_REGULAR),
@@ -191,7 +191,7 @@ mod tests {
             } else {
                 name.clone()
             };
-            fs::mkdirat(&dir, n.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            fs::mkdirat(&dir, n.as_str(), cowlink_sys::raw_mode(0o755)).unwrap();
             dir = fs::openat(
                 &dir,
                 n.as_str(),
@@ -209,9 +209,17 @@ mod tests {
             !rel.is_char_boundary(PATH_CHUNK),
             "the cut must fall inside a character"
         );
-        let top = fs::open(&root, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
-        let got = open_beneath(top.as_fd(), &rel, OFlags::PATH | OFlags::DIRECTORY).unwrap();
-        let (a, b) = (fs::fstat(&got).unwrap(), fs::fstat(&dir).unwrap());
+        let top = fs::open(
+            &root,
+            cowlink_sys::O_PATH | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        let got = open_beneath(top.as_fd(), &rel, cowlink_sys::O_PATH | OFlags::DIRECTORY).unwrap();
+        let (a, b) = (
+            cowlink_sys::fstat(&got).unwrap(),
+            cowlink_sys::fstat(&dir).unwrap(),
+        );
         assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
         std::fs::remove_dir_all(&root).unwrap();
     }
@@ -255,7 +263,7 @@ impl Store {
     }
 
     pub(super) fn init(&mut self) -> Result<()> {
-        match fs::statat(&self.dir, MARKER_NAME, AtFlags::SYMLINK_NOFOLLOW) {
+        match cowlink_sys::statat(&self.dir, MARKER_NAME, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) => {
                 // A regular file, and no more of it than the marker's
                 // length and one byte: anything else is not our marker.
@@ -297,7 +305,7 @@ impl Store {
                     )));
             }
         }
-        let mkdir = |p: &str| match fs::mkdirat(&self.dir, p, Mode::from_raw_mode(0o755)) {
+        let mkdir = |p: &str| match fs::mkdirat(&self.dir, p, cowlink_sys::raw_mode(0o755)) {
             Ok(()) | Err(Errno::EXIST) => Ok(()),
             Err(e) => Err(store_err(self.root.join(p), e)),
         };
@@ -339,9 +347,9 @@ impl Store {
                 ))
         };
         let check = |rel: &str, dir: bool, required: bool| -> Result<()> {
-            match fs::statat(&self.dir, rel, AtFlags::SYMLINK_NOFOLLOW) {
+            match cowlink_sys::statat(&self.dir, rel, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => {
-                    let t = FileType::from_raw_mode(st.st_mode);
+                    let t = cowlink_sys::file_type(st.st_mode);
                     let want = if dir {
                         FileType::Directory
                     } else {
@@ -380,7 +388,7 @@ impl Store {
             &self.dir,
             "lock",
             OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o644),
+            cowlink_sys::raw_mode(0o644),
         )
         .or_else(|e| match e {
             // A store others may read but we may not write: lock read-only.
@@ -422,7 +430,7 @@ impl Store {
             tmp.as_fd(),
             Path::new("."),
             Path::new(hint),
-            Mode::from_raw_mode(0o444),
+            cowlink_sys::raw_mode(0o444),
         )
         .map_err(|e| {
             store_err(self.root.join("tmp"), e)
@@ -594,9 +602,9 @@ impl Store {
         let path = self.root.join(rel);
         let odd = match errno {
             NOT_REGULAR | Errno::LOOP | Errno::ISDIR => {
-                fs::statat(&self.dir, rel, AtFlags::SYMLINK_NOFOLLOW)
+                cowlink_sys::statat(&self.dir, rel, AtFlags::SYMLINK_NOFOLLOW)
                     .ok()
-                    .filter(|st| FileType::from_raw_mode(st.st_mode) != FileType::RegularFile)
+                    .filter(|st| cowlink_sys::file_type(st.st_mode) != FileType::RegularFile)
             }
             _ => None,
         };
@@ -667,9 +675,10 @@ impl Store {
     pub fn list(&self) -> Result<Vec<ManifestInfo>> {
         let mut out = Vec::new();
         for digest in self.manifests()? {
-            let stored = fs::statat(&self.dir, manifest_rel(&digest), AtFlags::SYMLINK_NOFOLLOW)
-                .ok()
-                .map(|st| st.st_mtime.max(0) as u64);
+            let stored =
+                cowlink_sys::statat(&self.dir, manifest_rel(&digest), AtFlags::SYMLINK_NOFOLLOW)
+                    .ok()
+                    .map(|st| st.st_mtime.max(0) as u64);
             let mut info = ManifestInfo {
                 digest,
                 stored,

@@ -105,7 +105,7 @@ impl Store {
         let mut s = StoreStats::default();
         let mut sizes: HashMap<Digest, u64> = HashMap::new();
         for (d, g, rel) in self.object_files()? {
-            let st = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            let st = cowlink_sys::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(|e| store_err(self.root.join(&rel), e))?;
             s.allocated_bytes += st.st_blocks as u64 * 512;
             if g == 0 {
@@ -216,7 +216,7 @@ impl Store {
 
     pub(super) fn hash_file(&self, rel: &str) -> std::result::Result<([u8; 32], u64), Errno> {
         let fd = self.open_in_layout(rel)?;
-        crate::ground::hash::hash_fd(fd.as_fd(), fs::fstat(&fd)?.st_size as u64, &|_| {})
+        crate::ground::hash::hash_fd(fd.as_fd(), cowlink_sys::fstat(&fd)?.st_size as u64, &|_| {})
     }
 
     /// `rel` reported as failing verification but left where it is (it
@@ -248,10 +248,11 @@ impl Store {
         }
         rels.extend(self.object_files()?.into_iter().map(|(_, _, rel)| rel));
         for rel in rels {
-            let Ok(st) = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+            let Ok(st) = cowlink_sys::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            else {
                 continue;
             };
-            if fs::FileType::from_raw_mode(st.st_mode) != fs::FileType::RegularFile {
+            if cowlink_sys::file_type(st.st_mode) != fs::FileType::RegularFile {
                 let what = crate::prim::files::file_type_name(st.st_mode);
                 out.push(self.quarantine(&rel, format!("{what}, not a regular file")));
             }
@@ -332,7 +333,7 @@ impl Store {
             if used.contains(&d) {
                 continue;
             }
-            let size = fs::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            let size = cowlink_sys::statat(&self.dir, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
                 .map_or(0, |s| s.st_size as u64);
             match self.unlink_in_layout(&rel) {
                 Ok(()) => {

@@ -396,7 +396,7 @@ impl Manifest {
             Mode::empty(),
         )
         .map_err(err)?;
-        let st = rustix::fs::fstat(&fd).map_err(err)?;
+        let st = cowlink_sys::fstat(&fd).map_err(err)?;
         let fd = super::layout::regular(fd).map_err(|e| match e {
             super::layout::NOT_REGULAR => {
                 Error::new(Operation::Manifest, ErrorKind::NotRegularFile)

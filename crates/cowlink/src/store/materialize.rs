@@ -300,7 +300,7 @@ impl Drop for DirFd<'_, '_> {
         if self.node == 0 || (w.final_now)(node.mode) || !node.made.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(e) = fs::fchmod(&self.fd, Mode::from_raw_mode(node.mode)) {
+        if let Err(e) = fs::fchmod(&self.fd, cowlink_sys::raw_mode(node.mode)) {
             (w.fail)(merr(w.dest.join(node.path), e).with_reason(format!(
                 "cannot set mode {:o}: {}",
                 node.mode,
@@ -331,7 +331,7 @@ impl<'w> Walk<'w> {
         let node = &self.tree.nodes[i];
         for &c in &node.subdirs {
             let sub = &self.tree.nodes[c];
-            let first = Mode::from_raw_mode((self.first_mode)(sub.mode));
+            let first = cowlink_sys::raw_mode((self.first_mode)(sub.mode));
             match fs::mkdirat(&fd.fd, split_rel(sub.path).1, first) {
                 Ok(()) => {
                     sub.made.store(true, Ordering::Relaxed);
@@ -460,7 +460,7 @@ impl Store {
         let parent = split_dest(Operation::Materialize, &obj, dest)?;
         let dir = fs::open(
             &parent,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(|e| {
@@ -621,7 +621,7 @@ impl Store {
         }
         // Paths for messages are made only when a message is.
         let err = |e: Errno| merr(want.shown, e).with_src(self.object_path(want.digest));
-        let create_mode = Mode::from_raw_mode(want.mode.map_or(0o666, |m| m & 0o777));
+        let create_mode = cowlink_sys::raw_mode(want.mode.map_or(0o666, |m| m & 0o777));
         let file = NewFile::create(
             want.dir,
             Path::new("."),
@@ -641,7 +641,7 @@ impl Store {
         // Creation applied the umask; set the exact bits only if it hid some.
         if let Some(m) = want.mode {
             if crate::prim::meta::umask().is_none_or(|u| m & 0o777 & u != 0) || m & 0o7000 != 0 {
-                fs::fchmod(dfd, Mode::from_raw_mode(m)).map_err(err)?;
+                fs::fchmod(dfd, cowlink_sys::raw_mode(m)).map_err(err)?;
             }
         }
         file.commit(want.name, Overwrite::Refuse)
@@ -667,7 +667,7 @@ impl Store {
         }) else {
             return Ok(());
         };
-        let dir = match fs::stat(dest) {
+        let dir = match cowlink_sys::stat(dest) {
             Ok(_) => dest.to_path_buf(),
             Err(_) => match dest.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -677,11 +677,9 @@ impl Store {
         let Ok(src) = self.open_in_layout(&object_rel(digest, 0)) else {
             return Ok(());
         };
-        let Ok(scratch) = fs::open(
-            &dir,
-            OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        ) else {
+        let Ok(scratch) =
+            cowlink_sys::open_unnamed(fs::CWD, &dir, OFlags::RDWR, cowlink_sys::raw_mode(0o600))
+        else {
             return Ok(());
         };
         match cowlink_sys::ficlone(scratch.as_fd(), src.as_fd()) {
@@ -715,7 +713,7 @@ fn prepare_dest(dest: &Path) -> Result<(OwnedFd, bool)> {
             .with_dst(dest)
             .with_reason("destination exists and is not a directory")
     };
-    let made = match fs::mkdir(dest, Mode::from_raw_mode(0o777)) {
+    let made = match fs::mkdir(dest, cowlink_sys::raw_mode(0o777)) {
         Ok(()) => true,
         Err(Errno::EXIST) => false,
         Err(Errno::NOENT) => {
@@ -753,8 +751,7 @@ fn prepare_dest(dest: &Path) -> Result<(OwnedFd, bool)> {
 /// f2fs, tmpfs with `casefold`: the inode flag `FS_CASEFOLD_FL`, which
 /// directories made in it inherit). No answer counts as no.
 fn casefolded(fd: BorrowedFd<'_>) -> bool {
-    const FS_CASEFOLD_FL: u32 = 0x4000_0000;
-    fs::ioctl_getflags(fd).is_ok_and(|f| f.bits() & FS_CASEFOLD_FL != 0)
+    cowlink_sys::inode_flags(fd).is_ok_and(|f| f.contains(cowlink_sys::InodeFlags::CASEFOLD))
 }
 
 /// The refusal of a destination inside the store at `root`.
@@ -769,24 +766,24 @@ fn inside_store(root: &Path, dest: &Path) -> Error {
 /// `..` chain, walked up to the root, compared by device and inode (so a
 /// path through symbolic links or bind mounts is seen for what it is).
 fn within(store: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> rustix::io::Result<bool> {
-    let id = |st: &fs::Stat| (st.st_dev, st.st_ino);
+    let id = |st: &cowlink_sys::Stat| (st.st_dev, st.st_ino);
     let open = |at: BorrowedFd<'_>, name: &str| {
         fs::openat(
             at,
             name,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
     };
-    let target = id(&fs::fstat(store)?);
+    let target = id(&cowlink_sys::fstat(store)?);
     let mut cur = open(fd, ".")?;
     loop {
-        let here = id(&fs::fstat(&cur)?);
+        let here = id(&cowlink_sys::fstat(&cur)?);
         if here == target {
             return Ok(true);
         }
         let up = open(cur.as_fd(), "..")?;
-        if id(&fs::fstat(&up)?) == here {
+        if id(&cowlink_sys::fstat(&up)?) == here {
             return Ok(false);
         }
         cur = up;

@@ -172,8 +172,8 @@ impl Store {
     pub fn contains(&self, digest: &Digest) -> bool {
         // Only a regular file: anything else at the name is damage that
         // verify and gc move away, not an object.
-        fs::statat(&self.dir, object_rel(digest, 0), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| fs::FileType::from_raw_mode(st.st_mode) == fs::FileType::RegularFile)
+        cowlink_sys::statat(&self.dir, object_rel(digest, 0), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| cowlink_sys::file_type(st.st_mode) == fs::FileType::RegularFile)
     }
 
     /// Run `f` on a pool of `n` threads.

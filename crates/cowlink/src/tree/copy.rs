@@ -9,8 +9,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use cowlink_sys::Stat;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, Dir, FileType, Mode, OFlags, Stat, CWD};
+use rustix::fs::{self, Dir, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
 use super::ctx::Ctx;
@@ -106,7 +107,7 @@ impl Copier<'_> {
             }
             _ => err(e),
         })?;
-        let st = fs::fstat(&src).map_err(err)?;
+        let st = cowlink_sys::fstat(&src).map_err(err)?;
         if self.ctx.opts.dereference {
             let mut up = Some(parent);
             while let Some(p) = up {
@@ -172,8 +173,8 @@ impl Copier<'_> {
         } else {
             fs::AtFlags::SYMLINK_NOFOLLOW
         };
-        let st = fs::statat(&node.src, name, flags)?;
-        Ok(FileType::from_raw_mode(st.st_mode))
+        let st = cowlink_sys::statat(&node.src, name, flags)?;
+        Ok(cowlink_sys::file_type(st.st_mode))
     }
 
     fn finish_dir(&self, node: DirNode) {
@@ -274,7 +275,7 @@ fn make_dir(
     withheld: u32,
     crash_atomic: bool,
 ) -> Result<Made, (Errno, Option<&'static str>)> {
-    let created = match fs::mkdirat(dir, name, Mode::from_raw_mode(bits & !withheld)) {
+    let created = match fs::mkdirat(dir, name, cowlink_sys::raw_mode(bits & !withheld)) {
         Ok(()) => true,
         Err(Errno::EXIST) => false,
         Err(e @ (Errno::NOSPC | Errno::DQUOT)) => {
@@ -290,7 +291,7 @@ fn make_dir(
         ),
         e => (e, None),
     })?;
-    let st = fs::fstat(&fd).map_err(|e| (e, None))?;
+    let st = cowlink_sys::fstat(&fd).map_err(|e| (e, None))?;
     let now = st.st_mode & 0o7777;
     let mode = if created {
         now | (bits & withheld & !crate::prim::meta::umask().unwrap_or(0o022))
@@ -299,14 +300,11 @@ fn make_dir(
     };
     let changed = mode != now || now & 0o700 != 0o700;
     if now & 0o700 != 0o700 {
-        fs::fchmod(&fd, Mode::from_raw_mode(now | 0o700)).map_err(|e| (e, None))?;
+        fs::fchmod(&fd, cowlink_sys::raw_mode(now | 0o700)).map_err(|e| (e, None))?;
     }
     // New files' modes follow a default ACL instead of the umask: predict
     // nothing then (see meta::Created).
-    let default_acl = !matches!(
-        fs::fgetxattr(&fd, "system.posix_acl_default", &mut [0u8; 0][..]),
-        Err(Errno::NODATA | Errno::OPNOTSUPP)
-    );
+    let default_acl = cowlink_sys::has_default_acl(fd.as_fd());
     let new_gid = if default_acl {
         None
     } else if mode & 0o2000 != 0 {
@@ -364,7 +362,7 @@ fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, C
                 ))
         })?)
     };
-    let st = fs::fstat(&src_fd).map_err(|e| Error::from_errno(op, e).with_src(src))?;
+    let st = cowlink_sys::fstat(&src_fd).map_err(|e| Error::from_errno(op, e).with_src(src))?;
     let node = Arc::new(DirNode {
         src_path: sp,
         dst_path: dp,
@@ -410,9 +408,9 @@ pub fn copy_tree(
     let op = Operation::CopyTree;
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
     let st = if options.dereference {
-        fs::stat(src)
+        cowlink_sys::stat(src)
     } else {
-        fs::lstat(src)
+        cowlink_sys::lstat(src)
     }
     .map_err(|e| match e {
         Errno::NOENT => err(e).with_reason("source does not exist"),
@@ -427,7 +425,7 @@ pub fn copy_tree(
             root_dst: None,
         },
     };
-    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+    if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
         let (parent, name) = parent_node(src, dst, options.dry_run)?;
         let dst_name = CString::new(dst.file_name().unwrap_or_default().as_bytes())
             .map_err(|_| err(Errno::INVAL).with_reason("name contains a NUL byte"))?;
@@ -436,7 +434,7 @@ pub fn copy_tree(
             &parent,
             &name,
             &dst_name,
-            FileType::from_raw_mode(st.st_mode),
+            cowlink_sys::file_type(st.st_mode),
         );
         // The parents of a single entry are not ours to finish.
         drop(parent);
@@ -456,7 +454,7 @@ pub fn copy_tree(
         Mode::empty(),
     )
     .map_err(err)?;
-    let st = fs::fstat(&src_fd).map_err(err)?;
+    let st = cowlink_sys::fstat(&src_fd).map_err(err)?;
     let made = if options.dry_run {
         None
     } else {

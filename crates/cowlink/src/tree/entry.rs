@@ -7,8 +7,9 @@ use std::ffi::{CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use cowlink_sys::Stat;
 use rustix::fd::{AsFd, BorrowedFd};
-use rustix::fs::{self, AtFlags, FileType, Gid, Mode, OFlags, Stat, Uid};
+use rustix::fs::{self, AtFlags, FileType, Gid, Mode, OFlags, Uid};
 use rustix::io::Errno;
 
 use super::ctx::Ctx;
@@ -123,8 +124,9 @@ impl Entry<'_, '_> {
         let err = self.error(e);
         match e {
             Errno::EXIST => {
-                match fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
-                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => err
+                match cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+                {
+                    Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::Directory => err
                         .with_kind(ErrorKind::IsDirectory)
                         .with_reason("destination is an existing directory"),
                     _ => err.with_reason("destination already exists"),
@@ -147,7 +149,8 @@ impl Entry<'_, '_> {
     }
 
     fn lstat(&self) -> Result<Stat, Error> {
-        fs::statat(&self.node.src, self.name, self.stat_flags()).map_err(|e| self.source_error(e))
+        cowlink_sys::statat(&self.node.src, self.name, self.stat_flags())
+            .map_err(|e| self.source_error(e))
     }
 
     fn stat_flags(&self) -> AtFlags {
@@ -186,8 +189,8 @@ impl Entry<'_, '_> {
         }
         let sfd = fs::openat(&self.node.src, self.name, flags, Mode::empty())
             .map_err(|e| self.source_error(e))?;
-        let st = fs::fstat(&sfd).map_err(|e| self.source_error(e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        let st = cowlink_sys::fstat(&sfd).map_err(|e| self.source_error(e))?;
+        if cowlink_sys::file_type(st.st_mode) != FileType::RegularFile {
             return Err(self
                 .error(Errno::INVAL)
                 .with_kind(ErrorKind::NotRegularFile)
@@ -313,7 +316,7 @@ impl Entry<'_, '_> {
             dir,
             Path::new("."),
             dst_name,
-            Mode::from_raw_mode(bits),
+            cowlink_sys::raw_mode(bits),
             placement,
             self.dst,
         )
@@ -322,7 +325,7 @@ impl Entry<'_, '_> {
         let before_copy = || match (overwrite, placement) {
             // Refuse before copying data in vain (the final link re-checks).
             (Overwrite::Refuse | Overwrite::Skip, Placement::Atomic) => {
-                match fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+                match cowlink_sys::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
                     Ok(_) => Err(self.dest_error(Errno::EXIST)),
                     Err(_) => Ok(()),
                 }
@@ -362,11 +365,14 @@ impl Entry<'_, '_> {
             && !self.eng.opts.resume
             && placement == Placement::Atomic
         {
-            if let Ok(old) = fs::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
-                if FileType::from_raw_mode(old.st_mode) == FileType::RegularFile {
+            if let Ok(old) = cowlink_sys::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
+                if cowlink_sys::file_type(old.st_mode) == FileType::RegularFile {
                     fs::fchmod(
                         dfd,
-                        Mode::from_raw_mode(crate::prim::place::kept_mode(st.st_mode, old.st_mode)),
+                        cowlink_sys::raw_mode(crate::prim::place::kept_mode(
+                            st.st_mode,
+                            old.st_mode,
+                        )),
                     )
                     .map_err(|e| self.error(e))?;
                 }
@@ -380,10 +386,12 @@ impl Entry<'_, '_> {
     /// With [`TreeOptions::update_older`](super::TreeOptions::update_older): whether an existing destination
     /// is at least as new as the source (by modification time).
     fn not_older(&self, st: &Stat) -> bool {
-        fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|d| {
-            (d.st_mtime, d.st_mtime_nsec as i64) >= (st.st_mtime, st.st_mtime_nsec as i64)
-                && !left_unfinished(st.st_mode, d.st_mode)
-        })
+        cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
+            |d| {
+                (d.st_mtime, d.st_mtime_nsec as i64) >= (st.st_mtime, st.st_mtime_nsec as i64)
+                    && !left_unfinished(st.st_mode, d.st_mode)
+            },
+        )
     }
 
     /// With [`TreeOptions::link`](super::TreeOptions::link): a hardlink to the source, or a symbolic
@@ -420,7 +428,7 @@ impl Entry<'_, '_> {
         if !self.eng.opts.resume || self.node.placement == Placement::Direct {
             return false; // a directory this run created holds nothing old
         }
-        fs::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+        cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
             .is_ok_and(|d| looks_complete(st, &d))
     }
 
@@ -454,7 +462,7 @@ impl Entry<'_, '_> {
         }
         let sfd = fs::openat(&self.node.src, self.name, flags, Mode::empty())
             .map_err(|e| self.source_error(e))?;
-        let st = fs::fstat(&sfd).map_err(|e| self.source_error(e))?;
+        let st = cowlink_sys::fstat(&sfd).map_err(|e| self.source_error(e))?;
         let placement = self.node.placement;
         let marked = placement == Placement::Direct;
         let bits = self.eng.opts.new_bits(st.st_mode) | if marked { UNFINISHED_MARK } else { 0 };
@@ -462,7 +470,7 @@ impl Entry<'_, '_> {
             self.dst_dir(),
             Path::new("."),
             os(self.dst_name),
-            Mode::from_raw_mode(bits),
+            cowlink_sys::raw_mode(bits),
             placement,
             self.dst,
         )
@@ -519,8 +527,8 @@ impl Entry<'_, '_> {
             self.planned(Action::Special { kind });
             return Ok(());
         }
-        let mode = Mode::from_raw_mode(self.eng.opts.new_bits(st.st_mode));
-        self.place(|dir, name| fs::mknodat(dir, name, t, mode, st.st_rdev))
+        let mode = cowlink_sys::raw_mode(self.eng.opts.new_bits(st.st_mode));
+        self.place(|dir, name| cowlink_sys::mknodat(dir, name, t, mode, st.st_rdev))
             .map_err(|e| match e.errno() {
                 Some(Errno::PERM) => e.with_reason(
                     "creating device nodes needs privileges (CAP_MKNOD); run as root or leave devices out",
@@ -565,7 +573,7 @@ impl Entry<'_, '_> {
             fs::chmodat(
                 dir,
                 self.dst_name,
-                Mode::from_raw_mode(st.st_mode & 0o7777),
+                cowlink_sys::raw_mode(st.st_mode & 0o7777),
                 AtFlags::empty(),
             )
             .map_err(what("set the mode"))?;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rustix::fs::Stat;
+use cowlink_sys::Stat;
 
 use crate::ground::error::Error;
 

@@ -6,8 +6,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use cowlink_sys::Stat;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{Dir, Stat};
+use rustix::fs::Dir;
 
 use crate::prim::place::Placement;
 

@@ -61,7 +61,7 @@ pub(crate) struct Entry<'a> {
 /// What the walk reports to.
 pub(crate) trait Visitor: Sync {
     /// A directory was opened (before its entries are visited).
-    fn dir(&self, dir: &DirInfo, st: &fs::Stat);
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat);
     /// A non-directory entry. `Break` stops the walk.
     fn entry(&self, entry: Entry<'_>) -> ControlFlow<()>;
     /// A directory or root could not be opened or read.
@@ -122,7 +122,7 @@ impl Walk<'_> {
         root: usize,
         path: PathBuf,
         fd: OwnedFd,
-        st: &fs::Stat,
+        st: &cowlink_sys::Stat,
     ) -> Option<Arc<ScanDir>> {
         let info = DirInfo {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -155,19 +155,19 @@ impl pool::Driver for Walk<'_> {
     fn open_root(&self, (root, path): Self::Root) -> Option<Arc<ScanDir>> {
         let path = &path;
         let err = |e| Error::from_errno(self.op, e).with_src(path);
-        let st = match fs::lstat(path) {
+        let st = match cowlink_sys::lstat(path) {
             Ok(st) => st,
             Err(e) => {
                 self.visitor.error(err(e));
                 return None;
             }
         };
-        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
             let (parent, name) = split(path);
             let name = CString::new(name.as_bytes()).ok()?;
             match fs::open(
                 parent,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
                 Ok(dirfd) => self.visit(Entry {
@@ -176,7 +176,7 @@ impl pool::Driver for Walk<'_> {
                     dirfd: dirfd.as_fd(),
                     name: &name,
                     path: path.to_path_buf(),
-                    file_type: Some(FileType::from_raw_mode(st.st_mode)),
+                    file_type: Some(cowlink_sys::file_type(st.st_mode)),
                 }),
                 Err(e) => self.visitor.error(err(e)),
             }
@@ -214,8 +214,8 @@ impl pool::Driver for Walk<'_> {
 
     fn entry(&self, dir: &Arc<ScanDir>, name: &CStr, mut ft: FileType) -> Next {
         if ft == FileType::Unknown {
-            ft = match fs::statat(&dir.fd, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => FileType::from_raw_mode(st.st_mode),
+            ft = match cowlink_sys::statat(&dir.fd, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => cowlink_sys::file_type(st.st_mode),
                 Err(_) => FileType::Unknown,
             };
         }
@@ -244,14 +244,14 @@ impl pool::Driver for Walk<'_> {
 
 /// Open the directory `name` under `at` without following a symlink, and
 /// stat it.
-fn open_dir(at: BorrowedFd<'_>, name: &[u8]) -> rustix::io::Result<(OwnedFd, fs::Stat)> {
+fn open_dir(at: BorrowedFd<'_>, name: &[u8]) -> rustix::io::Result<(OwnedFd, cowlink_sys::Stat)> {
     let fd = fs::openat(
         at,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let st = fs::fstat(&fd)?;
+    let st = cowlink_sys::fstat(&fd)?;
     Ok((fd, st))
 }
 
@@ -277,7 +277,7 @@ mod tests {
     }
 
     impl Visitor for Stopper {
-        fn dir(&self, _: &DirInfo, _: &fs::Stat) {}
+        fn dir(&self, _: &DirInfo, _: &cowlink_sys::Stat) {}
         fn entry(&self, _: Entry<'_>) -> ControlFlow<()> {
             match self.seen.fetch_add(1, Ordering::Relaxed) + 1 >= self.limit {
                 true => ControlFlow::Break(()),

@@ -671,7 +671,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// A unique id for this process's markers and locks: host, PID and the
 /// time in nanoseconds.
 pub(crate) fn marker_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = cowlink_sys::hostname();
     let host = layout::to_id(host.trim());
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -15,7 +15,7 @@
 use futures::StreamExt;
 use object_store::ObjectStore;
 use rustix::fd::AsFd;
-use rustix::fs::{self, Mode};
+use rustix::fs;
 use rustix::io::Errno;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
@@ -195,7 +195,7 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        fs::syncfs(&self.dir).map_err(|e| store_err(&self.root, e))?;
+        cowlink_sys::sync_filesystem(self.dir.as_fd()).map_err(|e| store_err(&self.root, e))?;
         for (pending, d, _) in batch.drain(..) {
             match self.persist_object(pending, &d, 0) {
                 Ok(()) | Err(Errno::EXIST) => {}
@@ -349,7 +349,7 @@ async fn download<'s>(
         return Err(wrong(format!("hashes to {} instead", h.to_hex())));
     }
     if crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
-        fs::fchmod(pending.fd(), Mode::from_raw_mode(0o444)).map_err(local)?;
+        fs::fchmod(pending.fd(), cowlink_sys::raw_mode(0o444)).map_err(local)?;
     }
     mark_unchanged(pending.fd().as_fd());
     Ok((pending, d, size))

@@ -1,0 +1,994 @@
+//! The Linux platform: the kernel's ioctls (clone, dedupe, FIEMAP, the
+//! Btrfs backreference look-ups, loop devices), OFD locks, and the typed
+//! wrappers over the rustix calls only Linux has (`O_TMPFILE`,
+//! `copy_file_range`, `fallocate` modes, `openat2`, `syncfs`, inode flags,
+//! xattrs as Linux names them, `/proc`).
+//!
+//! Each ioctl wrapper wraps exactly one ioctl, takes borrowed file
+//! descriptors, and returns the kernel's answer as a
+//! [`rustix::io::Errno`] on failure; it never decides what an error
+//! *means*.
+//!
+//! The ioctl numbers come from `linux-raw-sys` (generated from the kernel
+//! UAPI headers). The FIEMAP structs are declared here because
+//! `linux-raw-sys` does not export `linux/fiemap.h`; their layout is checked
+//! against the kernel's by the size assertions below.
+
+use linux_raw_sys::general::{file_clone_range, file_dedupe_range, file_dedupe_range_info};
+use rustix::fd::{AsRawFd, BorrowedFd};
+use rustix::io::Errno;
+
+use crate::types::*;
+use rustix::ioctl::{ioctl, Opcode, Updater};
+
+const FICLONERANGE: Opcode = linux_raw_sys::ioctl::FICLONERANGE as Opcode;
+const FIDEDUPERANGE: Opcode = linux_raw_sys::ioctl::FIDEDUPERANGE as Opcode;
+const FS_IOC_FIEMAP: Opcode = linux_raw_sys::ioctl::FS_IOC_FIEMAP as Opcode;
+
+/// `ioctl(dst, FICLONE, src)`: make all of `dst` share the blocks of `src`.
+///
+/// `dst` must be open for writing and `src` for reading. The kernel replaces
+/// `dst`'s contents and size with `src`'s. Errors are the kernel's:
+/// `EXDEV` (different filesystems), `EOPNOTSUPP` (no reflink support),
+/// `EINVAL`, `EISDIR`, `EBADF`, `ENOSPC`, `EPERM`, `ETXTBSY`, ...
+///
+/// See `ioctl_ficlone(2)`.
+pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> Result<(), Errno> {
+    rustix::fs::ioctl_ficlone(dst, src)
+}
+
+/// `ioctl(dst, FICLONERANGE, {src, src_offset, len, dst_offset})`: make
+/// `len` bytes of `dst` at `dst_offset` share the blocks of `src` at
+/// `src_offset`.
+///
+/// `len == 0` means "to the end of `src`". Offsets must be multiples of the
+/// filesystem block size, and so must `len` unless the range ends at the end
+/// of `src`; otherwise the kernel answers `EINVAL`.
+///
+/// See `ioctl_ficlonerange(2)`.
+pub fn ficlonerange(
+    dst: BorrowedFd<'_>,
+    src: BorrowedFd<'_>,
+    src_offset: u64,
+    len: u64,
+    dst_offset: u64,
+) -> Result<(), Errno> {
+    let mut arg = file_clone_range {
+        src_fd: i64::from(src.as_raw_fd()),
+        src_offset,
+        src_length: len,
+        dest_offset: dst_offset,
+    };
+    // SAFETY: FICLONERANGE is `_IOW(0x94, 13, struct file_clone_range)`; the
+    // kernel reads exactly one `file_clone_range`, which `arg` is, and it
+    // lives for the duration of the call.
+    unsafe {
+        ioctl(
+            dst,
+            Updater::<FICLONERANGE, file_clone_range>::new(&mut arg),
+        )
+    }
+}
+
+#[repr(C)]
+struct DedupeBuf {
+    hdr: file_dedupe_range,
+    info: [file_dedupe_range_info; DEDUPE_MAX_DESTS],
+}
+
+/// `ioctl(src, FIDEDUPERANGE, ...)`: for each `(fd, offset)` destination,
+/// share `len` bytes of `src` at `src_offset` if, and only if, the kernel
+/// finds them byte-for-byte identical under lock.
+///
+/// At most [`DEDUPE_MAX_DESTS`] destinations per call (`EINVAL` otherwise,
+/// without calling the kernel). The kernel clamps `len` (to 1 GiB on current
+/// kernels). Returns one result per destination, in order.
+///
+/// See `ioctl_fideduperange(2)`.
+pub fn fideduperange(
+    src: BorrowedFd<'_>,
+    src_offset: u64,
+    len: u64,
+    dests: &[(BorrowedFd<'_>, u64)],
+) -> Result<Vec<DedupeResult>, Errno> {
+    if dests.len() > DEDUPE_MAX_DESTS {
+        return Err(Errno::INVAL);
+    }
+    let zero_info = file_dedupe_range_info {
+        dest_fd: 0,
+        dest_offset: 0,
+        bytes_deduped: 0,
+        status: 0,
+        reserved: 0,
+    };
+    let mut buf = Box::new(DedupeBuf {
+        hdr: file_dedupe_range {
+            src_offset,
+            src_length: len,
+            dest_count: dests.len() as u16,
+            reserved1: 0,
+            reserved2: 0,
+            info: linux_raw_sys::general::__IncompleteArrayField::new(),
+        },
+        info: [zero_info; DEDUPE_MAX_DESTS],
+    });
+    for (slot, (fd, off)) in buf.info.iter_mut().zip(dests) {
+        slot.dest_fd = i64::from(fd.as_raw_fd());
+        slot.dest_offset = *off;
+    }
+    // SAFETY: FIDEDUPERANGE is `_IOWR(0x94, 54, struct file_dedupe_range)`
+    // followed by `dest_count` `file_dedupe_range_info` entries. `DedupeBuf`
+    // is `repr(C)`: the header (24 bytes, its trailing flexible array is
+    // zero-sized) is immediately followed by the info array, which has room
+    // for `dest_count` entries. The kernel writes only inside those entries.
+    unsafe { ioctl(src, Updater::<FIDEDUPERANGE, DedupeBuf>::new(&mut buf))? };
+    Ok(buf.info[..dests.len()]
+        .iter()
+        .map(|i| DedupeResult {
+            status: match i.status {
+                s if s < 0 => DedupeStatus::Error(Errno::from_raw_os_error(-s)),
+                s if s as u32 == linux_raw_sys::general::FILE_DEDUPE_RANGE_DIFFERS => {
+                    DedupeStatus::Differs
+                }
+                _ => DedupeStatus::Same,
+            },
+            bytes_deduped: i.bytes_deduped,
+        })
+        .collect())
+}
+
+#[repr(C)]
+struct FiemapBuf<const N: usize> {
+    start: u64,
+    length: u64,
+    flags: u32,
+    mapped_extents: u32,
+    extent_count: u32,
+    reserved: u32,
+    extents: [FiemapExtent; N],
+}
+
+/// `ioctl(fd, FS_IOC_FIEMAP, ...)`: map the extents of the file range
+/// `[start, start + len)` into `out`, returning how many were mapped: up
+/// to [`FIEMAP_FIRST_BATCH`] while `out` is empty, else up to
+/// [`FIEMAP_BATCH`]. Callers loop, starting after the last extent
+/// returned, until one carries [`FIEMAP_EXTENT_LAST`] or none are returned.
+///
+/// `EOPNOTSUPP` means the filesystem has no FIEMAP (tmpfs, ZFS).
+///
+/// See the kernel's `Documentation/filesystems/fiemap.rst`.
+pub fn fiemap(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    flags: u32,
+    out: &mut Vec<FiemapExtent>,
+) -> Result<usize, Errno> {
+    if out.is_empty() {
+        fiemap_n::<FIEMAP_FIRST_BATCH>(fd, start, len, flags, out)
+    } else {
+        fiemap_n::<FIEMAP_BATCH>(fd, start, len, flags, out)
+    }
+}
+
+fn fiemap_n<const N: usize>(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    flags: u32,
+    out: &mut Vec<FiemapExtent>,
+) -> Result<usize, Errno> {
+    let mut buf = Box::new(FiemapBuf::<N> {
+        start,
+        length: len,
+        flags,
+        mapped_extents: 0,
+        extent_count: N as u32,
+        reserved: 0,
+        extents: [FiemapExtent::default(); N],
+    });
+    // SAFETY: FS_IOC_FIEMAP is `_IOWR('f', 11, struct fiemap)` followed by
+    // `extent_count` `struct fiemap_extent`s. `FiemapBuf` is `repr(C)` with
+    // the header fields in kernel order (32 bytes) and room for exactly
+    // `extent_count` (= N) extents; the kernel writes no further.
+    unsafe { ioctl(fd, Updater::<FS_IOC_FIEMAP, FiemapBuf<N>>::new(&mut buf))? };
+    let n = (buf.mapped_extents as usize).min(N);
+    out.extend_from_slice(&buf.extents[..n]);
+    Ok(n)
+}
+
+const BTRFS_IOC_LOGICAL_INO_V2: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_LOGICAL_INO_V2 as Opcode;
+const BTRFS_IOC_INO_PATHS: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_PATHS as Opcode;
+
+/// Header of the kernel's `struct btrfs_data_container`, in `u64` words.
+const CONTAINER_HEADER_WORDS: usize = 2;
+
+/// `ioctl(fd, BTRFS_IOC_LOGICAL_INO_V2, ...)`: every file reference whose
+/// data covers the Btrfs logical address `logical` (FIEMAP's "physical"
+/// offset on Btrfs), in any subvolume of the filesystem `fd` is on.
+///
+/// `size` is the answer buffer in bytes (24 per reference, plus 16); when it
+/// is too small the kernel still succeeds and the second element of the
+/// result says how many bytes were missing, so the caller can retry with a
+/// larger buffer (up to [`BTRFS_LOGICAL_INO_MAX`]).
+///
+/// Needs `CAP_SYS_ADMIN` (`EPERM` otherwise); `ENOTTY` off Btrfs; `ENOENT`
+/// when no extent covers the address.
+pub fn btrfs_logical_ino(
+    fd: BorrowedFd<'_>,
+    logical: u64,
+    size: usize,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    let size = size.clamp(CONTAINER_HEADER_WORDS * 8, BTRFS_LOGICAL_INO_MAX);
+    let mut buf = vec![0u64; size / 8];
+    let mut arg = linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args {
+        logical,
+        size: (buf.len() * 8) as u64,
+        reserved: [0; 3],
+        flags: 0,
+        inodes: buf.as_mut_ptr() as u64,
+    };
+    // SAFETY: BTRFS_IOC_LOGICAL_INO_V2 is `_IOWR(0x94, 59, struct
+    // btrfs_ioctl_logical_ino_args)`. The kernel reads `arg` and writes at
+    // most `arg.size` bytes to `arg.inodes`, which points at `buf`, a live
+    // allocation of exactly that many bytes that is not otherwise borrowed
+    // during the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_LOGICAL_INO_V2, linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    let (count, missing) = container_header(&buf);
+    let vals = &buf[CONTAINER_HEADER_WORDS..];
+    let n = (count as usize).min(vals.len()) / 3 * 3;
+    let refs = vals[..n]
+        .chunks_exact(3)
+        .map(|t| BtrfsRef {
+            inode: t[0],
+            offset: t[1],
+            root: t[2],
+        })
+        .collect();
+    Ok((refs, missing))
+}
+
+/// `(elem_cnt, bytes_missing)` of a `struct btrfs_data_container` held in
+/// native-endian `u64` words: `bytes_left`, `bytes_missing` are the first
+/// word's two halves, `elem_cnt`, `elem_missed` the second's.
+fn container_header(buf: &[u64]) -> (u32, u32) {
+    let w0 = buf[0].to_ne_bytes();
+    let w1 = buf[1].to_ne_bytes();
+    let missing = u32::from_ne_bytes([w0[4], w0[5], w0[6], w0[7]]);
+    let count = u32::from_ne_bytes([w1[0], w1[1], w1[2], w1[3]]);
+    (count, missing)
+}
+
+/// `ioctl(fd, BTRFS_IOC_INO_PATHS, ...)`: the paths (relative to the root
+/// of the subvolume `fd` is in) of every hard link of inode `inode` of that
+/// subvolume. The kernel answers at most 4 KiB of paths; names beyond that
+/// are left out.
+///
+/// Needs `CAP_SYS_ADMIN` (`EPERM` otherwise); `ENOTTY` off Btrfs.
+pub fn btrfs_ino_paths(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<Vec<u8>>, Errno> {
+    let mut buf = vec![0u64; 4096 / 8];
+    let mut arg = linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args {
+        inum: inode,
+        size: (buf.len() * 8) as u64,
+        reserved: [0; 4],
+        fspath: buf.as_mut_ptr() as u64,
+    };
+    // SAFETY: BTRFS_IOC_INO_PATHS is `_IOWR(0x94, 35, struct
+    // btrfs_ioctl_ino_path_args)`. The kernel writes at most `arg.size`
+    // bytes to `arg.fspath`, which points at `buf`, a live allocation of
+    // exactly that size not otherwise borrowed during the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_INO_PATHS, linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    let (count, _) = container_header(&buf);
+    // The answer as bytes: `val[i]` is the offset of path i's NUL-terminated
+    // string, counted from the start of `val`.
+    let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let val = &bytes[CONTAINER_HEADER_WORDS * 8..];
+    let vals = &buf[CONTAINER_HEADER_WORDS..];
+    let mut paths = Vec::new();
+    for &off in vals.iter().take(count as usize) {
+        let Some(rest) = val.get(off as usize..) else {
+            continue;
+        };
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        paths.push(rest[..end].to_vec());
+    }
+    Ok(paths)
+}
+
+const BTRFS_IOC_INO_LOOKUP: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_LOOKUP as Opcode;
+
+/// `ioctl(fd, BTRFS_IOC_INO_LOOKUP, {treeid: 0, objectid: 256})`: the id
+/// of the Btrfs subvolume (tree) that `fd` is in. Unprivileged.
+///
+/// `ENOTTY` off Btrfs.
+pub fn btrfs_root_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    let mut arg = Box::new(linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args {
+        treeid: 0,
+        // BTRFS_FIRST_FREE_OBJECTID: the root directory of every subvolume.
+        objectid: 256,
+        name: [0; 4080],
+    });
+    // SAFETY: BTRFS_IOC_INO_LOOKUP is `_IOWR(0x94, 18, struct
+    // btrfs_ioctl_ino_lookup_args)`; `arg` is exactly that struct (4096
+    // bytes, checked below) and lives for the duration of the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_INO_LOOKUP, linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    Ok(arg.treeid)
+}
+
+const BTRFS_IOC_TREE_SEARCH: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_TREE_SEARCH as Opcode;
+/// `BTRFS_EXTENT_DATA_KEY`: the item type of a file extent.
+const BTRFS_EXTENT_DATA_KEY: u32 = 108;
+
+/// The `N` bytes of `b` from `at` (the caller checked the length).
+fn bytes<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut v = [0u8; N];
+    v.copy_from_slice(&b[at..at + N]);
+    v
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes(b, at))
+}
+
+/// `ioctl(fd, BTRFS_IOC_TREE_SEARCH, ...)` over the file extent items of
+/// inode `inode` in the subvolume `fd` is in: every `EXTENT_DATA` item, in
+/// file order. This is how `compsize` learns the on-disk (compressed) size
+/// of an extent, which FIEMAP does not report.
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
+pub fn btrfs_file_extents(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<BtrfsFileExtent>, Errno> {
+    let mut out = Vec::new();
+    let mut from = 0u64;
+    loop {
+        match search_file_extents(fd, inode, from, 4096, &mut out)? {
+            Some(last) if last < u64::MAX => from = last + 1,
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// The first file extent item of inode `inode` (the one at the lowest file
+/// offset), in one tree search: enough to tell a Btrfs file whose data is
+/// inline in its metadata (the only item, [`BtrfsFileExtent::kind`] 0)
+/// without opening it. `fd` is any descriptor in the same subvolume, such
+/// as the directory holding the file. `None` when the inode has no file
+/// extent items (empty, or only a hole).
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
+pub fn btrfs_first_file_extent(
+    fd: BorrowedFd<'_>,
+    inode: u64,
+) -> Result<Option<BtrfsFileExtent>, Errno> {
+    let mut out = Vec::with_capacity(1);
+    search_file_extents(fd, inode, 0, 1, &mut out)?;
+    Ok(out.into_iter().next())
+}
+
+/// One `BTRFS_IOC_TREE_SEARCH` call for at most `max_items` of inode
+/// `inode`'s file extent items from file offset `from`, appended to `out`.
+/// Returns the key offset of the last item the kernel returned, or `None`
+/// when it returned none (nothing more to read).
+fn search_file_extents(
+    fd: BorrowedFd<'_>,
+    inode: u64,
+    from: u64,
+    max_items: u32,
+    out: &mut Vec<BtrfsFileExtent>,
+) -> Result<Option<u64>, Errno> {
+    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
+    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
+    // On the stack: the walk makes one call per small Btrfs file.
+    let mut arg = btrfs_ioctl_search_args {
+        key: btrfs_ioctl_search_key {
+            tree_id: 0,
+            min_objectid: inode,
+            max_objectid: inode,
+            min_offset: from,
+            max_offset: u64::MAX,
+            min_transid: 0,
+            max_transid: u64::MAX,
+            min_type: BTRFS_EXTENT_DATA_KEY,
+            max_type: BTRFS_EXTENT_DATA_KEY,
+            nr_items: max_items,
+            unused: 0,
+            unused1: 0,
+            unused2: 0,
+            unused3: 0,
+            unused4: 0,
+        },
+        buf: [0; 3992],
+    };
+    // SAFETY: BTRFS_IOC_TREE_SEARCH is `_IOWR(0x94, 17, struct
+    // btrfs_ioctl_search_args)`; `arg` is exactly that struct (4096
+    // bytes, checked below) and lives for the duration of the call. The
+    // kernel writes at most `buf`'s length of results into `buf`.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
+        )?
+    };
+    let n = arg.key.nr_items as usize;
+    if n == 0 {
+        return Ok(None);
+    }
+    let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
+    let mut at = 0;
+    let mut last = from;
+    for _ in 0..n {
+        if at + HEADER > buf.len() {
+            break;
+        }
+        // btrfs_ioctl_search_header: transid, objectid, offset (u64),
+        // type, len (u32), in host order.
+        let h = &buf[at..at + HEADER];
+        let offset = u64::from_ne_bytes(bytes(h, 16));
+        let typ = u32::from_ne_bytes(bytes(h, 24));
+        let len = u32::from_ne_bytes(bytes(h, 28)) as usize;
+        let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
+        at += HEADER + len;
+        last = offset;
+        // struct btrfs_file_extent_item (little endian, packed):
+        // generation 0, ram_bytes 8, compression 16, encryption 17,
+        // other_encoding 18, type 20; then, for regular and
+        // preallocated extents, disk_bytenr 21, disk_num_bytes 29,
+        // offset 37, num_bytes 45 (53 bytes).
+        if typ != BTRFS_EXTENT_DATA_KEY || item.len() < 21 {
+            continue;
+        }
+        let kind = item[20];
+        let full = item.len() >= 53 && kind != 0;
+        out.push(BtrfsFileExtent {
+            file_offset: offset,
+            kind,
+            compression: item[16],
+            ram_bytes: le64(item, 8),
+            disk_bytenr: if full { le64(item, 21) } else { 0 },
+            disk_num_bytes: if full { le64(item, 29) } else { 0 },
+            offset: if full { le64(item, 37) } else { 0 },
+            num_bytes: if full { le64(item, 45) } else { le64(item, 8) },
+        });
+    }
+    Ok(Some(last))
+}
+
+// Layout checks against the kernel UAPI (linux/fiemap.h, linux/fs.h).
+const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
+const _: () = assert!(std::mem::size_of::<FiemapBuf<FIEMAP_BATCH>>() == 32 + 56 * FIEMAP_BATCH);
+const _: () =
+    assert!(std::mem::size_of::<FiemapBuf<FIEMAP_FIRST_BATCH>>() == 32 + 56 * FIEMAP_FIRST_BATCH);
+const _: () = assert!(std::mem::size_of::<file_dedupe_range>() == 24);
+const _: () = assert!(std::mem::size_of::<file_dedupe_range_info>() == 32);
+const _: () = assert!(
+    DEDUPE_MAX_DESTS
+        == (4096 - std::mem::size_of::<file_dedupe_range>())
+            / std::mem::size_of::<file_dedupe_range_info>()
+);
+const _: () =
+    assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args>() == 56);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_path_args>() == 56);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_data_container>() == 16);
+const _: () =
+    assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_ino_lookup_args>() == 4096);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_args>() == 4096);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>() == 32);
+
+/// `fcntl(fd, F_OFD_GETLK)` for a write lock over the whole file: the type
+/// of a conflicting lock another open file description holds (`F_RDLCK` or
+/// `F_WRLCK` as `Some`), or `None` when nothing would conflict. Works on a
+/// descriptor open for reading only, unlike taking a lock. QEMU marks the
+/// disk images it has open with shared locks on a few bytes, so any lock
+/// found means "in use".
+pub fn ofd_lock_held(fd: BorrowedFd<'_>) -> Result<Option<i16>, Errno> {
+    let mut lk = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_GETLK reads and writes exactly one `struct flock`,
+    // which `lk` is, initialised, with l_pid 0 as OFD locks require; `fd`
+    // is a live descriptor for the duration of the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut lk) };
+    if r < 0 {
+        return Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    Ok((lk.l_type != libc::F_UNLCK as i16).then_some(lk.l_type))
+}
+
+/// `fcntl(fd, F_OFD_GETLK)` for a write lock over `len` bytes at `start`:
+/// the type of a lock another open file description holds there
+/// (`F_RDLCK` or `F_WRLCK` as `Some`), or `None` when nothing would
+/// conflict. Locks of `fd`'s own open file description never conflict.
+/// This is QEMU's `qemu_lock_fd_test` (block/file-posix.c), which tests
+/// one lock byte at a time.
+pub fn ofd_lock_test(fd: BorrowedFd<'_>, start: u64, len: u64) -> Result<Option<i16>, Errno> {
+    let mut lk = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: i64::try_from(start).map_err(|_| Errno::INVAL)?,
+        l_len: i64::try_from(len).map_err(|_| Errno::INVAL)?,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_GETLK reads and writes exactly one `struct flock`,
+    // which `lk` is, initialised, with l_pid 0 as OFD locks require; `fd`
+    // is a live descriptor for the duration of the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut lk) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok((lk.l_type != libc::F_UNLCK as i16).then_some(lk.l_type))
+}
+
+/// `fcntl(fd, F_OFD_SETLK)`: take a shared (`F_RDLCK`, `shared` true) or
+/// exclusive (`F_WRLCK`) lock on `len` bytes at `start` for `fd`'s open
+/// file description, without waiting (`EAGAIN` when another holds a
+/// conflicting lock), or release it (`unlock`). The lock lives as long as
+/// the open file description. QEMU's `qemu_lock_fd`/`qemu_unlock_fd`
+/// take the same shared locks on its permission bytes.
+pub fn ofd_lock_set(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    shared: bool,
+    unlock: bool,
+) -> Result<(), Errno> {
+    let l_type = match (unlock, shared) {
+        (true, _) => libc::F_UNLCK,
+        (false, true) => libc::F_RDLCK,
+        (false, false) => libc::F_WRLCK,
+    };
+    let mut lk = libc::flock {
+        l_type: l_type as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: i64::try_from(start).map_err(|_| Errno::INVAL)?,
+        l_len: i64::try_from(len).map_err(|_| Errno::INVAL)?,
+        l_pid: 0,
+    };
+    // SAFETY: F_OFD_SETLK reads exactly one `struct flock`, which `lk` is,
+    // initialised, with l_pid 0 as OFD locks require; `fd` is a live
+    // descriptor for the duration of the call.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut lk) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+fn last_errno() -> Errno {
+    Errno::from_raw_os_error(
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+// Loop devices (linux/loop.h): attach a file with LOOP_CONFIGURE, detach,
+// switch direct I/O. State is read back from sysfs by the library.
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = linux_raw_sys::loop_device::LOOP_CTL_GET_FREE as _;
+const LOOP_CONFIGURE: Opcode = linux_raw_sys::loop_device::LOOP_CONFIGURE as Opcode;
+const LOOP_CLR_FD: Opcode = linux_raw_sys::loop_device::LOOP_CLR_FD as Opcode;
+const LOOP_SET_DIRECT_IO: Opcode = linux_raw_sys::loop_device::LOOP_SET_DIRECT_IO as Opcode;
+const LOOP_GET_STATUS64: Opcode = linux_raw_sys::loop_device::LOOP_GET_STATUS64 as Opcode;
+
+/// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
+/// (a mount, an open descriptor) goes away.
+pub const LOOP_FLAG_AUTOCLEAR: u32 = linux_raw_sys::loop_device::LO_FLAGS_AUTOCLEAR as u32;
+/// `LO_FLAGS_DIRECT_IO`: the device reads and writes its backing file with
+/// `O_DIRECT`, so pages are not cached twice.
+pub const LOOP_FLAG_DIRECT_IO: u32 = linux_raw_sys::loop_device::LO_FLAGS_DIRECT_IO as u32;
+
+/// `ioctl(/dev/loop-control, LOOP_CTL_GET_FREE)`: the number of a free loop
+/// device (`/dev/loopN`), created by the kernel if none is free. Another
+/// process may take it before we configure it; `loop_configure` then
+/// answers `EBUSY` and the caller asks again.
+pub fn loop_ctl_get_free(control: BorrowedFd<'_>) -> Result<u32, Errno> {
+    // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns the device
+    // number or -1; `control` is a live descriptor for the call.
+    let r = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+    if r < 0 {
+        return Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    Ok(r as u32)
+}
+
+/// `ioctl(device, LOOP_CONFIGURE, {fd: backing, block_size, flags})`: attach
+/// `backing` to the loop device `device` in one step, with the logical
+/// block size `block_size` (512 to 4096, a power of two) and `flags`
+/// (`LOOP_FLAG_*`). `EBUSY`: the device is already attached.
+pub fn loop_configure(
+    device: BorrowedFd<'_>,
+    backing: BorrowedFd<'_>,
+    block_size: u32,
+    flags: u32,
+) -> Result<(), Errno> {
+    // SAFETY: `loop_config` is plain old data (integers and byte arrays);
+    // all-zero is its documented "no offset, no size limit, no name" value.
+    let mut config: linux_raw_sys::loop_device::loop_config = unsafe { std::mem::zeroed() };
+    config.fd = backing.as_raw_fd() as u32;
+    config.block_size = block_size;
+    config.info.lo_flags = flags;
+    // SAFETY: LOOP_CONFIGURE reads exactly one `struct loop_config`, which
+    // the setter holds for the duration of the call; `backing` stays open
+    // for the call (the kernel takes its own reference).
+    unsafe {
+        ioctl(
+            device,
+            rustix::ioctl::Setter::<LOOP_CONFIGURE, _>::new(config),
+        )
+    }
+}
+
+/// `ioctl(device, LOOP_CLR_FD)`: detach the loop device's backing file. If
+/// something else still holds the device (a mount), the kernel only marks it
+/// to detach when that goes away.
+pub fn loop_clear(device: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: LOOP_CLR_FD takes no argument.
+    unsafe { ioctl(device, rustix::ioctl::NoArg::<LOOP_CLR_FD>::new()) }
+}
+
+/// `ioctl(device, LOOP_SET_DIRECT_IO, on)`: switch direct I/O on an attached
+/// loop device. `EINVAL` when the backing file's filesystem or the block
+/// size does not allow it.
+pub fn loop_set_direct_io(device: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
+    // SAFETY: LOOP_SET_DIRECT_IO takes an unsigned long by value (0 or 1).
+    unsafe {
+        ioctl(
+            device,
+            rustix::ioctl::IntegerSetter::<LOOP_SET_DIRECT_IO>::new_usize(usize::from(on)),
+        )
+    }
+}
+
+/// What `LOOP_GET_STATUS64` says of an attached loop device: the backing
+/// file's identity as the kernel holds it (not a path, which may have been
+/// renamed, deleted or trimmed), and the device's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopStatus {
+    /// `st_dev` of the backing file (`lo_device`).
+    pub backing_dev: u64,
+    /// `st_ino` of the backing file (`lo_inode`).
+    pub backing_ino: u64,
+    /// The device's flags (`LOOP_FLAG_*`, `lo_flags`).
+    pub flags: u32,
+    /// Where the data starts in the backing file (`lo_offset`).
+    pub offset: u64,
+}
+
+/// `ioctl(device, LOOP_GET_STATUS64)`: the backing file's device and inode
+/// and the device's flags. `ENXIO`: the device is not attached.
+pub fn loop_get_status64(device: BorrowedFd<'_>) -> Result<LoopStatus, Errno> {
+    // SAFETY: LOOP_GET_STATUS64 writes exactly one `struct loop_info64`
+    // (plain old data: integers and byte arrays) into the getter's buffer.
+    let info = unsafe {
+        ioctl(
+            device,
+            rustix::ioctl::Getter::<LOOP_GET_STATUS64, linux_raw_sys::loop_device::loop_info64>::new(),
+        )
+    }?;
+    Ok(LoopStatus {
+        backing_dev: info.lo_device,
+        backing_ino: info.lo_inode,
+        flags: info.lo_flags,
+        offset: info.lo_offset,
+    })
+}
+
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_config>() == 304);
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::loop_device::loop_info64>() == 232);
+
+// The rustix calls only Linux has, typed so that callers never name them:
+// the portable module answers the same signatures with "not here".
+
+use rustix::fd::OwnedFd;
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
+use std::ffi::CStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether this platform has a clone call at all (`FICLONE`). `None` here:
+/// whether a given pair of files clones is the filesystem's answer.
+pub const CLONE_UNAVAILABLE: Option<&str> = None;
+
+/// Opens a directory only to name it in `*at` calls (`O_PATH`: no read
+/// permission needed, no access time touched).
+pub const O_PATH: OFlags = OFlags::PATH;
+
+/// Opens a file without updating its access time (`O_NOATIME`; only for
+/// the file's owner or a privileged caller, `EPERM` otherwise).
+pub const O_NOATIME: OFlags = OFlags::NOATIME;
+
+/// `openat(dir, path, O_TMPFILE | access | O_CLOEXEC, mode)`: an unnamed
+/// file in the directory `path`, to be linked into place with
+/// [`link_fd`] when complete. `EOPNOTSUPP`, `EISDIR` or `EINVAL` where
+/// the filesystem or the kernel has no `O_TMPFILE`: callers then create a
+/// named temporary.
+pub fn open_unnamed(
+    dir: BorrowedFd<'_>,
+    path: &Path,
+    access: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    rfs::openat(dir, path, OFlags::TMPFILE | access | OFlags::CLOEXEC, mode)
+}
+
+/// Set once `linkat(AT_EMPTY_PATH)` was refused (it needs
+/// CAP_DAC_READ_SEARCH on many kernels); later links go through /proc.
+static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Give the open file `file` (unnamed, or named elsewhere) the name `name`
+/// in the directory `target`: `linkat(AT_EMPTY_PATH)`, or, where that needs a
+/// privilege the process lacks, `linkat` of `/proc/self/fd/N` with
+/// `AT_SYMLINK_FOLLOW`, which works without one. `EEXIST` when the name is
+/// taken.
+pub fn link_fd(file: BorrowedFd<'_>, target: BorrowedFd<'_>, name: &Path) -> Result<(), Errno> {
+    if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
+        match rfs::linkat(file, c"", target, name, AtFlags::EMPTY_PATH) {
+            Err(Errno::NOENT | Errno::PERM) => EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed),
+            r => return r,
+        }
+    }
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rfs::linkat(rfs::CWD, &*proc_path, target, name, AtFlags::SYMLINK_FOLLOW)
+}
+
+/// `renameat2(old_dir, old, new_dir, new, RENAME_NOREPLACE)`: rename
+/// without replacing (`EEXIST`). `EINVAL` where the filesystem lacks the
+/// flag.
+pub fn rename_noreplace(
+    old_dir: BorrowedFd<'_>,
+    old: &Path,
+    new_dir: BorrowedFd<'_>,
+    new: &Path,
+) -> Result<(), Errno> {
+    rfs::renameat_with(old_dir, old, new_dir, new, rfs::RenameFlags::NOREPLACE)
+}
+
+/// `openat2(dir, path, flags | O_CLOEXEC, mode, RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`: open `path` below `dir`
+/// without following any symbolic link and without leaving `dir` (`EXDEV`
+/// on `..` out, `ELOOP` on a link). `path` is at most `PATH_MAX` bytes.
+pub fn open_beneath(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    use rustix::fs::ResolveFlags;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    rfs::openat2(dir, path, flags | OFlags::CLOEXEC, mode, resolve)
+}
+
+/// `copy_file_range(2)` of up to `len` bytes from `src` at `*off_in` to
+/// `dst` at `*off_out`, advancing both: the kernel copies (or the
+/// filesystem shares or offloads) without a trip through user space.
+/// `EXDEV`, `EINVAL`, `EOPNOTSUPP`, `ENOSYS`: not possible for this pair.
+pub fn copy_file_range(
+    src: BorrowedFd<'_>,
+    off_in: &mut u64,
+    dst: BorrowedFd<'_>,
+    off_out: &mut u64,
+    len: usize,
+) -> Result<usize, Errno> {
+    rfs::copy_file_range(src, Some(off_in), dst, Some(off_out), len)
+}
+
+/// `fallocate(fd, 0, offset, len)`: reserve blocks, extending the size.
+/// `EOPNOTSUPP`, `ENOSYS` or `EINVAL` where the filesystem cannot.
+pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    rfs::fallocate(fd, rfs::FallocateFlags::empty(), offset, len)
+}
+
+/// `fallocate(fd, PUNCH_HOLE | KEEP_SIZE, offset, len)`: free the blocks
+/// of the range, which then reads as zeros. `EOPNOTSUPP` where the
+/// filesystem cannot.
+pub fn punch_hole(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    let flags = rfs::FallocateFlags::PUNCH_HOLE | rfs::FallocateFlags::KEEP_SIZE;
+    rfs::fallocate(fd, flags, offset, len)
+}
+
+/// `fallocate(fd, ZERO_RANGE | KEEP_SIZE, offset, len)`: make the range
+/// read as zeros (unwritten extents). `EOPNOTSUPP` where the filesystem
+/// cannot.
+pub fn zero_range(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    let flags = rfs::FallocateFlags::ZERO_RANGE | rfs::FallocateFlags::KEEP_SIZE;
+    rfs::fallocate(fd, flags, offset, len)
+}
+
+/// `lseek(fd, pos, SEEK_DATA)`: the first data offset at or after `pos`.
+/// `ENXIO`: only a hole follows. `EINVAL` or `EOPNOTSUPP`: no hole
+/// reporting here.
+pub fn seek_data(fd: BorrowedFd<'_>, pos: u64) -> Result<u64, Errno> {
+    rfs::seek(fd, rfs::SeekFrom::Data(pos))
+}
+
+/// `lseek(fd, pos, SEEK_HOLE)`: the first hole offset at or after `pos`
+/// (the end of the file counts as a hole).
+pub fn seek_hole(fd: BorrowedFd<'_>, pos: u64) -> Result<u64, Errno> {
+    rfs::seek(fd, rfs::SeekFrom::Hole(pos))
+}
+
+fn fs_stat_of(s: &rfs::StatFs) -> FsStat {
+    FsStat {
+        magic: Some(s.f_type as u64),
+        type_name: None,
+        block_size: s.f_bsize as u64,
+    }
+}
+
+/// `fstatfs(2)`: the filesystem `fd` is on (its `f_type` magic).
+pub fn fs_stat(fd: BorrowedFd<'_>) -> Result<FsStat, Errno> {
+    rfs::fstatfs(fd).map(|s| fs_stat_of(&s))
+}
+
+/// `statfs(2)` of the filesystem `path` is on.
+pub fn fs_stat_path(path: &Path) -> Result<FsStat, Errno> {
+    rfs::statfs(path).map(|s| fs_stat_of(&s))
+}
+
+/// `syncfs(2)`: write back everything of the filesystem `fd` is on.
+pub fn sync_filesystem(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    rfs::syncfs(fd)
+}
+
+/// `posix_fadvise(fd, 0, 0, DONTNEED)`: drop the file's clean pages from
+/// the page cache, so the next read comes from the device.
+pub fn drop_cached_pages(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    rfs::fadvise(fd, 0, None, rfs::Advice::DontNeed)
+}
+
+/// `ioctl(fd, FS_IOC_GETFLAGS)`: the inode's attribute flags. `ENOTTY` or
+/// `EOPNOTSUPP` where the filesystem has none.
+pub fn inode_flags(fd: BorrowedFd<'_>) -> Result<InodeFlags, Errno> {
+    rfs::ioctl_getflags(fd).map(|f| InodeFlags(f.bits()))
+}
+
+/// `ioctl(fd, FS_IOC_SETFLAGS)`: set the inode's attribute flags (all of
+/// them: read, change, write).
+pub fn set_inode_flags(fd: BorrowedFd<'_>, flags: InodeFlags) -> Result<(), Errno> {
+    rfs::ioctl_setflags(fd, rfs::IFlags::from_bits_retain(flags.0))
+}
+
+const ACL_ACCESS_XATTR: &CStr = c"system.posix_acl_access";
+const ACL_DEFAULT_XATTR: &CStr = c"system.posix_acl_default";
+
+/// Whether the directory `fd` may have a default ACL (which new files'
+/// modes follow instead of the umask): anything but "no such attribute"
+/// or "no xattrs here" counts as yes.
+pub fn has_default_acl(fd: BorrowedFd<'_>) -> bool {
+    !matches!(
+        rfs::fgetxattr(fd, ACL_DEFAULT_XATTR, &mut [0u8; 0][..]),
+        Err(Errno::NODATA | Errno::OPNOTSUPP)
+    )
+}
+
+/// Whether the extended attribute `name` is a POSIX ACL (Linux keeps ACLs
+/// as the two `system.posix_acl_*` attributes).
+pub fn is_acl_xattr(name: &[u8]) -> bool {
+    name == ACL_ACCESS_XATTR.to_bytes() || name == ACL_DEFAULT_XATTR.to_bytes()
+}
+
+/// `flistxattr(2)` into `buf`: the NUL-separated attribute names, returning
+/// their length. `ERANGE`: `buf` is too small; `EOPNOTSUPP`: no xattrs.
+pub fn list_xattrs(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
+    rfs::flistxattr(fd, buf)
+}
+
+/// `flistxattr(fd, NULL, 0)`: how many bytes the names take now.
+pub fn list_xattrs_len(fd: BorrowedFd<'_>) -> Result<usize, Errno> {
+    rfs::flistxattr_query(fd)
+}
+
+/// `fgetxattr(2)` into `buf`, returning the value's length. `ENODATA`: no
+/// such attribute; `ERANGE`: `buf` is too small.
+pub fn get_xattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    rfs::fgetxattr(fd, name, buf)
+}
+
+/// `fgetxattr(fd, name, NULL, 0)`: the value's length now.
+pub fn get_xattr_len(fd: BorrowedFd<'_>, name: &CStr) -> Result<usize, Errno> {
+    rfs::fgetxattr_query(fd, name)
+}
+
+/// `fsetxattr(2)`: create or replace the attribute `name`.
+pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
+    rfs::fsetxattr(fd, name, value, rfs::XattrFlags::empty())
+}
+
+/// The mount table as the kernel describes it (`/proc/self/mountinfo`
+/// text, parsed by the core's `mountinfo`).
+pub fn mount_table() -> std::io::Result<String> {
+    std::fs::read_to_string(MOUNT_TABLE)
+}
+
+/// Where [`mount_table`] reads, for messages.
+pub const MOUNT_TABLE: &str = "/proc/self/mountinfo";
+
+/// The active swap areas as the kernel lists them (`/proc/swaps` text);
+/// `None` when it cannot be read.
+pub fn swaps() -> Option<String> {
+    std::fs::read_to_string("/proc/swaps").ok()
+}
+
+/// The process's umask without changing it (reading it with `umask(2)`
+/// would change it for a moment under other threads): from
+/// `/proc/self/status`. `None` when the kernel does not show it.
+pub fn umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
+}
+
+/// Whether a process with id `pid` exists (in this PID namespace).
+pub fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// This machine's host name (`/proc/sys/kernel/hostname`); empty when
+/// unknown.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default()
+}
+
+/// `fstat`, `stat`, `lstat` and `statat`, and the [`Stat`] they fill: on
+/// Linux rustix's own, whose field types (`st_mode: u32`, `st_dev: u64`,
+/// ...) the other platforms' [`Stat`] copies.
+pub use rustix::fs::{fstat, lstat, stat, statat, Stat};
+
+/// The permission bits `m` (`st_mode & 0o7777` and the like) as a
+/// [`Mode`] for `open`, `mkdir` and `chmod`.
+pub fn raw_mode(m: u32) -> Mode {
+    Mode::from_raw_mode(m)
+}
+
+/// The file type `st_mode` names.
+pub fn file_type(st_mode: u32) -> rfs::FileType {
+    rfs::FileType::from_raw_mode(st_mode)
+}
+
+/// `mknodat(2)`: a device node, FIFO or socket named `name` in `dir`.
+pub fn mknodat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    kind: rfs::FileType,
+    mode: Mode,
+    dev: u64,
+) -> Result<(), Errno> {
+    rfs::mknodat(dir, name, kind, mode, dev)
+}
+
+/// The `st_mode` type bits of the file type `t`.
+pub fn file_type_bits(t: rfs::FileType) -> u32 {
+    t.as_raw_mode()
+}
