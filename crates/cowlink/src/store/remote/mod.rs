@@ -81,6 +81,7 @@ mod gc;
 mod http;
 mod layout;
 mod list;
+mod partial;
 mod pull;
 mod push;
 mod uploads;
@@ -95,6 +96,7 @@ use object_store::{BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, RetryC
 
 pub use self::http::{ERROR_BODY_MAX, MIN_UPLOAD_RATE, SMALL_BODY_MAX};
 pub use list::{MAX_EMPTY_PAGES, MAX_PAGES};
+pub use partial::RESUME_MIN;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
