@@ -311,7 +311,7 @@ async fn download<'s>(
         if h.as_bytes() != d.as_bytes() {
             return Err(wrong(format!("hashes to {} instead", h.to_hex())));
         }
-        seal(pending.fd()).map_err(local)?;
+        seal(pending.fd(), false).map_err(local)?;
         return Ok(Verified {
             file: Landed::Unnamed(pending),
             digest: d,
@@ -350,7 +350,7 @@ async fn download<'s>(
         }
         let h = hasher.finalize();
         if h.as_bytes() == d.as_bytes() {
-            seal(p.fd()).map_err(local)?;
+            seal(p.fd(), true).map_err(local)?;
             return Ok(Verified {
                 file: Landed::Partial(p),
                 digest: d,
@@ -367,10 +367,12 @@ async fn download<'s>(
     }
 }
 
-/// Make a verified object read-only (mode 0444, where the umask would
-/// leave more) and give it the store's unchanged mark.
-fn seal(fd: BorrowedFd<'_>) -> std::result::Result<(), Errno> {
-    if crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
+/// Make a verified object mode 0444 and give it the store's unchanged
+/// mark. An unnamed temporary was created 0444, so only a umask that took
+/// read bits away needs a `fchmod`; a partial file (created 0600) always
+/// does (`always`).
+fn seal(fd: BorrowedFd<'_>, always: bool) -> std::result::Result<(), Errno> {
+    if always || crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
         fs::fchmod(fd, Mode::from_raw_mode(0o444))?;
     }
     mark_unchanged(fd);
