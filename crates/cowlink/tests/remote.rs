@@ -2175,3 +2175,42 @@ fn gc_removes_stale_partials_and_neither_gc_nor_verify_counts_one_as_an_object()
     assert!(st.manifest(&m).is_ok());
     assert_eq!(st.stats().unwrap().objects, 3);
 }
+
+#[test]
+fn a_pull_cut_off_by_the_network_keeps_its_partial_and_the_next_resumes_it() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some((s3, proxy)) = proxied("partial_net") else {
+        return;
+    };
+    let (m, o, data) = large_object_pushed(x.path(), &s3, "c");
+    let size = data.len() as u64;
+    let (st, partial) = store_with_partial_path(x.path(), "st", &o);
+    let size_of = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+    // 4 MB/s, then the link goes silent for longer than the retry
+    // timeout: the pull fails, and what arrived stays.
+    proxy.add("slow", "bandwidth", "downstream", "{\"rate\":4096}");
+    let r = remote_at(&proxy.endpoint(), quick(1500, 500));
+    let e = std::thread::scope(|s| {
+        let pull = s.spawn(|| st.pull(&r, &[m]));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while size_of(&partial) < 2 << 20 {
+            assert!(Instant::now() < deadline, "no bytes arrived");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        proxy.add("silent", "timeout", "downstream", "{\"timeout\":0}");
+        pull.join().unwrap().unwrap_err()
+    });
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let kept = size_of(&partial);
+    assert!(kept >= 2 << 20 && kept < size, "{kept}");
+    assert!(!st.contains(&o));
+    proxy.remove("silent");
+    proxy.remove("slow");
+
+    let rep = st.pull(&remote(&s3, "c"), &[m]).unwrap();
+    assert_eq!(rep.bytes_resumed, kept);
+    assert_eq!(rep.bytes_downloaded, size - kept);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists());
+    assert!(st.verify().unwrap().is_clean());
+}

@@ -106,11 +106,6 @@ pub(crate) fn parse_partial_name(name: &[u8]) -> Option<Digest> {
     (d.to_hex() == hex).then_some(d)
 }
 
-/// The name in `tmp/` of the partial download of `d`.
-pub(crate) fn partial_name(d: &Digest) -> String {
-    format!("{}{PARTIAL_SUFFIX}", d.to_hex())
-}
-
 /// Whether a temporary named `.HINT.cowlink-PID-N.tmp` belongs to a
 /// process that no longer exists (in this PID namespace).
 pub(super) fn temp_owner_is_dead(name: &[u8]) -> bool {

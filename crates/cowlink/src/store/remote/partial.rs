@@ -24,11 +24,11 @@
 //! opened: a partial just named as an object by the pull that finished it
 //! is never written again.
 
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{self, AtFlags, FileType, FlockOperation, Mode, OFlags, RenameFlags};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self, AtFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::store::layout::{object_rel, partial_name};
+use crate::store::layout::{object_rel, PARTIAL_SUFFIX};
 use crate::store::manifest::Digest;
 use crate::store::Store;
 
@@ -40,6 +40,11 @@ pub const RESUME_MIN: u64 = 8 << 20;
 /// How often [`Store::open_partial`] starts over when the name changes
 /// under it (another pull creating, finishing or removing it).
 const TRIES: usize = 4;
+
+/// The name in `tmp/` of the partial download of `d` (`<hex>.partial`).
+pub(super) fn partial_name(d: &Digest) -> String {
+    format!("{}{PARTIAL_SUFFIX}", d.to_hex())
+}
 
 /// A partial download, locked for us.
 #[derive(Debug)]
@@ -169,27 +174,38 @@ impl Store {
         let _ = fs::unlinkat(tmp, p.name.as_str(), AtFlags::empty());
     }
 
-    /// Name the verified partial `p` as the object `d`, atomically and
-    /// without replacing (`EEXIST` when the store has the object already;
-    /// the partial is removed then too).
+    /// Name the verified partial `p` as the object `d`: its descriptor,
+    /// the very file that was hashed, is linked under the object's name
+    /// (atomic, never replacing: `EEXIST` when the store has the object
+    /// already), never whatever the name in `tmp/` holds by then. The
+    /// partial's name is removed afterwards if it still names this file.
     pub(super) fn persist_partial(&self, p: Partial, d: &Digest) -> Result<(), Errno> {
         let tmp = self.tmp.as_ref().expect("tmp/ is open once the store is");
         let rel = object_rel(d, 0);
         let (dir, name) = self.parent_in_layout(&rel)?;
-        let r = match fs::renameat_with(tmp, p.name.as_str(), &dir, name, RenameFlags::NOREPLACE) {
-            Ok(()) => return Ok(()),
-            // No RENAME_NOREPLACE here: link (atomic, never replaces),
-            // then drop the partial's name.
-            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                fs::linkat(tmp, p.name.as_str(), &dir, name, AtFlags::empty())
+        let r = match fs::linkat(&p.fd, c"", &dir, name, AtFlags::EMPTY_PATH) {
+            // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH on many kernels;
+            // /proc/self/fd/N with AT_SYMLINK_FOLLOW does not.
+            Err(Errno::NOENT | Errno::PERM) => {
+                let proc_path = format!("/proc/self/fd/{}", p.fd.as_raw_fd());
+                fs::linkat(
+                    fs::CWD,
+                    proc_path.as_str(),
+                    &dir,
+                    name,
+                    AtFlags::SYMLINK_FOLLOW,
+                )
             }
-            Err(e) => Err(e),
+            r => r,
         };
-        match r {
-            Ok(()) | Err(Errno::EXIST) => {
-                let _ = fs::unlinkat(tmp, p.name.as_str(), AtFlags::empty());
+        if matches!(r, Ok(()) | Err(Errno::EXIST)) {
+            let ours = fs::fstat(&p.fd).ok();
+            let named = fs::statat(tmp, p.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok();
+            if let (Some(a), Some(b)) = (ours, named) {
+                if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) {
+                    let _ = fs::unlinkat(tmp, p.name.as_str(), AtFlags::empty());
+                }
             }
-            Err(_) => {}
         }
         r
     }

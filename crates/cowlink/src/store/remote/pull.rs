@@ -23,11 +23,11 @@ use rustix::io::Errno;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::prim::place::PendingFile;
 use crate::run::Phase;
-use crate::store::layout::{mark_unchanged, partial_name, write_all};
+use crate::store::layout::{mark_unchanged, write_all};
 use crate::store::manifest::{Digest, Manifest};
 use crate::store::{store_err, Store};
 
-use super::partial::{Partial, RESUME_MIN};
+use super::partial::{partial_name, Partial, RESUME_MIN};
 use super::{Remote, RequestCounts};
 
 /// Verified objects linked into the store per `syncfs`, at most (fewer
