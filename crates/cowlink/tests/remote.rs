@@ -2214,3 +2214,28 @@ fn a_pull_cut_off_by_the_network_keeps_its_partial_and_the_next_resumes_it() {
     assert!(!partial.exists());
     assert!(st.verify().unwrap().is_clean());
 }
+
+#[test]
+fn a_server_that_ignores_range_gets_the_object_downloaded_whole() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (1 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |_| Reply::bytes(body.clone()));
+    let (st, partial) = store_with_partial_path(x.path(), "st", &o);
+    fs::write(&partial, &data[..2 << 20]).unwrap();
+    let rep = st
+        .pull(&remote_at(&h.endpoint(), quick(2000, 1000)), &[m])
+        .unwrap();
+    assert_eq!(rep.bytes_resumed, 0);
+    assert_eq!(rep.bytes_downloaded, data.len() as u64);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists());
+    // The object was asked for from byte 2 MiB first, then whole.
+    let ranges: Vec<Option<String>> = h
+        .log()
+        .iter()
+        .filter(|r| r.path.contains("/objects/"))
+        .map(|r| r.header("range").map(str::to_string))
+        .collect();
+    assert_eq!(ranges, [Some(format!("bytes={}-", 2 << 20)), None]);
+}

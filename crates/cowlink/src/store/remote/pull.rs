@@ -339,6 +339,11 @@ async fn download<'s>(
         }
         match fetch(store, remote, d, size, p.fd(), &mut hasher, have).await {
             Ok(n) => fetched += n,
+            // No range requests there: the whole object, once.
+            Err(e) if e.kind() == ErrorKind::NotSupported && have > 0 => {
+                p.restart().map_err(local)?;
+                continue;
+            }
             Err(e) => {
                 // A wrong object leaves nothing; a cut-off one (the
                 // network, a cancel, a full disk) stays for the next pull.
@@ -464,10 +469,20 @@ async fn fetch(
             range: (n > 0).then_some(object_store::GetRange::Offset(n)),
             ..object_store::GetOptions::default()
         };
-        let got = remote
-            .client
-            .get_opts(&key, opts)
-            .await
+        let got = match remote.client.get_opts(&key, opts).await {
+            // A server (or a proxy in between) that ignores Range: the
+            // caller may start over from byte 0.
+            Err(e) if n > 0 && super::error_chain(&e).contains("non-partial response") => {
+                return Err(Error::new(op, ErrorKind::NotSupported)
+                    .with_src(&shown)
+                    .with_reason(
+                        "the server answered a request for the rest of the object with the \
+                         whole object (it ignores Range)",
+                    ));
+            }
+            got => got,
+        };
+        let got = got
             .map_err(|e| remote.error(op, &key, e))
             .map_err(|e| match broke.take() {
                 // Asking for the rest failed: the break is the news.
