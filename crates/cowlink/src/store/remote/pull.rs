@@ -470,9 +470,14 @@ async fn fetch(
             ..object_store::GetOptions::default()
         };
         let got = match remote.client.get_opts(&key, opts).await {
-            // A server (or a proxy in between) that ignores Range: the
-            // caller may start over from byte 0.
-            Err(e) if n > 0 && super::error_chain(&e).contains("non-partial response") => {
+            // Resuming a partial, a server (or a proxy in between) that
+            // ignores Range: the caller may start over from byte 0.
+            // (After a break, the break is the news: see below.)
+            Err(e)
+                if n > 0
+                    && broke.is_none()
+                    && super::error_chain(&e).contains("non-partial response") =>
+            {
                 return Err(Error::new(op, ErrorKind::NotSupported)
                     .with_src(&shown)
                     .with_reason(
