@@ -1058,4 +1058,24 @@ fn a_pull_interrupted_or_killed_mid_object_resumes_where_it_stopped() {
         line.contains("1 resumed from an earlier pull (1.0 MiB not downloaded again)"),
         "{line}"
     );
+
+    // gc removes a partial nothing wrote to for a day, and says so apart
+    // from objects.
+    let stale = st3.join("tmp").join(format!("{}.partial", "ab".repeat(32)));
+    fs::write(&stale, vec![7u8; 1 << 20]).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3 * 86400))
+        .unwrap();
+    let line = ok(&common::store(&st3, &[&"gc"]));
+    assert!(
+        line.contains(
+            "removed 0 manifests, 0 objects (0 B), 0 leftover temporaries, \
+             1 stale partial download (1.0 MiB)"
+        ),
+        "{line}"
+    );
+    assert!(!stale.exists());
 }
