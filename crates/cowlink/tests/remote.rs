@@ -1982,6 +1982,17 @@ fn a_partial_download_is_resumed_and_a_wrong_one_is_downloaded_again_whole() {
             0
         );
     }
+
+    // An object the remote lacks: nothing is left either.
+    fs::remove_file(&key).unwrap();
+    let (st, partial) = store_with_partial_path(x.path(), "missing", &o);
+    let e = st.pull(&remote(&s3, "pr"), &[m]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(!partial.exists(), "a missing object left an empty partial");
+    assert_eq!(
+        fs::read_dir(x.path().join("missing/tmp")).unwrap().count(),
+        0
+    );
 }
 
 #[test]

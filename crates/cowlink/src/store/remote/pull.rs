@@ -332,6 +332,9 @@ async fn download<'s>(
             .and_then(|()| fs::seek(p.fd(), fs::SeekFrom::Start(have)).map(|_| ()))
             .and_then(|()| keep_size_preallocate(p.fd(), size));
         if let Err(e) = prepared {
+            if have == 0 {
+                store.discard_partial(p);
+            }
             if e == Errno::CANCELED {
                 return Err(Error::new(op, ErrorKind::Cancelled).with_src(&shown));
             }
@@ -345,9 +348,12 @@ async fn download<'s>(
                 continue;
             }
             Err(e) => {
-                // A wrong object leaves nothing; a cut-off one (the
-                // network, a cancel, a full disk) stays for the next pull.
-                if e.kind() == ErrorKind::Corrupt {
+                // A wrong object leaves nothing, nor does a failure before
+                // any byte arrived (an object the remote lacks); what
+                // arrived of a cut-off one (the network, a cancel, a full
+                // disk) stays for the next pull.
+                let empty = fs::fstat(p.fd()).is_ok_and(|st| st.st_size == 0);
+                if e.kind() == ErrorKind::Corrupt || empty {
                     store.discard_partial(p);
                 }
                 return Err(e);
