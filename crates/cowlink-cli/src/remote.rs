@@ -257,14 +257,23 @@ pub fn pull(
     bar.finish();
     if crate::interrupt::interrupted() {
         errln!(
-            "cowlink: interrupted; the objects verified so far are stored, no manifest was \
-             written; run the pull again to finish"
+            "cowlink: interrupted; the objects verified so far are stored (and what arrived of \
+             large ones is kept in the store's tmp/), no manifest was written; run the pull \
+             again to finish"
         );
         return Ok(Exit::Interrupted);
     }
     let r = r?;
+    let resumed = match r.objects_resumed {
+        0 => String::new(),
+        n => format!(
+            ", {} resumed from an earlier pull ({} not downloaded again)",
+            n,
+            human_bytes(r.bytes_resumed)
+        ),
+    };
     let line = format!(
-        "pulled {} from {} ({} already here): {} of {} downloaded ({}), \
+        "pulled {} from {} ({} already here): {} of {} downloaded ({}){resumed}, \
          {} already here; {} in {}",
         crate::out::count(r.manifests, "manifest", "manifests"),
         remote.url(),

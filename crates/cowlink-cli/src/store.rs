@@ -553,9 +553,17 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             if json {
                 crate::out::json(&mut out, &r)?;
             } else {
+                let partials = match r.partials_removed {
+                    0 => String::new(),
+                    n => format!(
+                        ", {} ({})",
+                        count(n, "stale partial download", "stale partial downloads"),
+                        human_bytes(r.partial_bytes_removed)
+                    ),
+                };
                 writeln!(
                     out,
-                    "kept {}; removed {}, {} ({}), {} leftover temporaries",
+                    "kept {}; removed {}, {} ({}), {} leftover temporaries{partials}",
                     count(r.manifests_kept, "manifest", "manifests"),
                     count(r.manifests_removed, "manifest", "manifests"),
                     count(r.objects_removed, "object", "objects"),

@@ -959,3 +959,123 @@ fn profile_keys_are_read_as_the_aws_cli_reads_them() {
         "{err}"
     );
 }
+
+/// The partial download in `st`'s `tmp/`, if there is one, and its size.
+fn partial_in(st: &Path) -> Option<(PathBuf, u64)> {
+    fs::read_dir(st.join("tmp"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .and_then(|e| Some((e.path(), e.metadata().ok()?.len())))
+}
+
+#[test]
+fn a_pull_interrupted_or_killed_mid_object_resumes_where_it_stopped() {
+    use cowlink_testfs::toxiproxy::Toxiproxy;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("resume") else {
+        return;
+    };
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let Some(proxy) = Toxiproxy::start("resume", &upstream) else {
+        return;
+    };
+    let size = 32u64 << 20;
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(size as usize, 44);
+    fs::write(src.join("big"), &data).unwrap();
+    let st = x.path().join("st");
+    let m = add_tree(&st, &src);
+    ok(&run(&s3, "rs", &st, &[&"push"]));
+
+    // 4 MB/s through the proxy: the object takes 8 s, and is cut off
+    // well before.
+    proxy.add("slow", "bandwidth", "downstream", "{\"rate\":4096}");
+    let st2 = x.path().join("st2");
+    let slow = |st2: &Path| {
+        cmd(&s3, "rs", st2, &[&"pull", &m])
+            .env("AWS_ENDPOINT_URL", proxy.endpoint())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    // Ctrl-C once some bytes are in: exit 130, the partial kept.
+    let child = slow(&st2);
+    wait_until(20, "the first bytes", || {
+        partial_in(&st2).is_some_and(|(_, n)| n > 2 << 20)
+    });
+    common::sigint(&child);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    let (_, after_int) = partial_in(&st2).expect("the interrupted pull kept its partial");
+    assert!(after_int > 2 << 20 && after_int < size, "{after_int}");
+    assert!(!st2.join("manifests").join(&m).exists());
+
+    // Again slowed, then kill -9 once it has added to what was there.
+    let mut child = slow(&st2);
+    wait_until(20, "more bytes", || {
+        partial_in(&st2).is_some_and(|(_, n)| n > after_int + (2 << 20))
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (partial, after_kill) = partial_in(&st2).expect("the killed pull left its partial");
+    assert!(after_kill > after_int && after_kill < size, "{after_kill}");
+
+    // At full speed: only the rest is downloaded, and the object is
+    // right.
+    proxy.remove("slow");
+    let r = json(&run(&s3, "rs", &st2, &[&"--json", &"pull", &m]));
+    assert_eq!(r["objects_downloaded"], 1, "{r}");
+    assert_eq!(r["objects_resumed"], 1, "{r}");
+    assert_eq!(r["bytes_resumed"], after_kill, "{r}");
+    assert_eq!(r["bytes_downloaded"], size - after_kill, "{r}");
+    let down = r["requests"]["bytes_down"].as_u64().unwrap();
+    assert!(down < size - after_kill + 4096, "{r}");
+    assert!(!partial.exists(), "the partial outlived its object");
+    assert_eq!(temporaries(&st2), Vec::<PathBuf>::new());
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(fs::read(dst.join("big")).unwrap(), data);
+
+    // The line a person reads says what was resumed.
+    let st3 = x.path().join("st3");
+    drop(cowlink::store::Store::open(&st3).unwrap());
+    let hex = cowlink::store::Digest::of(&data).to_hex();
+    fs::write(
+        st3.join("tmp").join(format!("{hex}.partial")),
+        &data[..1 << 20],
+    )
+    .unwrap();
+    let o = run(&s3, "rs", &st3, &[&"pull", &m]);
+    let line = ok(&o);
+    assert!(
+        line.contains("1 resumed from an earlier pull (1.0 MiB not downloaded again)"),
+        "{line}"
+    );
+
+    // gc removes a partial nothing wrote to for a day, and says so apart
+    // from objects.
+    let stale = st3.join("tmp").join(format!("{}.partial", "ab".repeat(32)));
+    fs::write(&stale, vec![7u8; 1 << 20]).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(3 * 86400))
+        .unwrap();
+    let line = ok(&common::store(&st3, &[&"gc"]));
+    assert!(
+        line.contains(
+            "removed 0 manifests, 0 objects (0 B), 0 leftover temporaries, \
+             1 stale partial download (1.0 MiB)"
+        ),
+        "{line}"
+    );
+    assert!(!stale.exists());
+}

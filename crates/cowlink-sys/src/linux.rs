@@ -810,6 +810,12 @@ pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> 
     rfs::fallocate(fd, rfs::FallocateFlags::empty(), offset, len)
 }
 
+/// `fallocate(FALLOC_FL_KEEP_SIZE)`: reserve blocks past the end without
+/// changing the file's size.
+pub fn allocate_keep_size(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    rfs::fallocate(fd, rfs::FallocateFlags::KEEP_SIZE, offset, len)
+}
+
 /// `fallocate(fd, PUNCH_HOLE | KEEP_SIZE, offset, len)`: free the blocks
 /// of the range, which then reads as zeros. `EOPNOTSUPP` where the
 /// filesystem cannot.

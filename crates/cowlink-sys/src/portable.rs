@@ -220,6 +220,11 @@ pub fn allocate(_fd: BorrowedFd<'_>, _offset: u64, _len: u64) -> Result<(), Errn
     Err(Errno::OPNOTSUPP)
 }
 
+/// No `fallocate` here: `EOPNOTSUPP`.
+pub fn allocate_keep_size(_fd: BorrowedFd<'_>, _offset: u64, _len: u64) -> Result<(), Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
 /// No hole punching here: `EOPNOTSUPP`.
 pub fn punch_hole(_fd: BorrowedFd<'_>, _offset: u64, _len: u64) -> Result<(), Errno> {
     Err(Errno::OPNOTSUPP)

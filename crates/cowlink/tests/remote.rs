@@ -1867,3 +1867,386 @@ fn a_listing_outlives_a_server_down_for_a_moment() {
         "a refusal was retried"
     );
 }
+
+// Resuming a large object a pull left half-downloaded in
+// `tmp/<hex>.partial`.
+
+use cowlink::store::remote::RESUME_MIN;
+
+/// A large object (`RESUME_MIN` + 4 MiB) pushed to `s3` under `prefix`:
+/// the manifest, the object's digest and bytes.
+fn large_object_pushed(x: &Path, s3: &S3Server, prefix: &str) -> (Digest, Digest, Vec<u8>) {
+    let (m, _, o, data) = one_file_store(x, RESUME_MIN as usize + (4 << 20));
+    let origin = Store::open(x.join("origin")).unwrap();
+    origin.push(&remote(s3, prefix), &[m]).unwrap();
+    (m, o, data)
+}
+
+/// A new store at `x/name` and the path of its partial file for `o`.
+fn store_with_partial_path(x: &Path, name: &str, o: &Digest) -> (Store, std::path::PathBuf) {
+    let st = Store::open(x.join(name)).unwrap();
+    let p = x
+        .join(name)
+        .join("tmp")
+        .join(format!("{}.partial", o.to_hex()));
+    (st, p)
+}
+
+/// Pull `m` into `st` on another thread, failing the test if it does not
+/// end within 20 s (a FIFO read would hang it forever).
+fn pull_bounded(
+    st: Store,
+    r: Remote,
+    m: Digest,
+) -> (Store, cowlink::Result<cowlink::store::remote::PullReport>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rep = st.pull(&r, &[m]);
+        let _ = tx.send((st, rep));
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the pull hung on the file at the partial's name")
+}
+
+#[test]
+fn a_partial_download_is_resumed_and_a_wrong_one_is_downloaded_again_whole() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("partial_resume") else {
+        return;
+    };
+    let (m, o, data) = large_object_pushed(x.path(), &s3, "pr");
+    let size = data.len() as u64;
+    let have = 5u64 << 20;
+
+    // The right first 5 MiB: only the rest is downloaded.
+    let (st, partial) = store_with_partial_path(x.path(), "good", &o);
+    fs::write(&partial, &data[..have as usize]).unwrap();
+    let rep = st.pull(&remote(&s3, "pr"), &[m]).unwrap();
+    assert_eq!(rep.objects_downloaded, 1);
+    assert_eq!(rep.objects_resumed, 1);
+    assert_eq!(rep.bytes_resumed, have);
+    assert_eq!(rep.bytes_downloaded, size - have);
+    assert!(rep.requests.bytes_down < size, "{:?}", rep.requests);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists(), "the partial outlived its object");
+    assert!(st.verify().unwrap().is_clean());
+    // The object is sealed like any other: read-only.
+    let mode = fs::metadata(st.object_path(&o)).unwrap().permissions();
+    assert!(mode.readonly());
+
+    // Whole already (a pull killed after its last byte): no object GET.
+    let (st, partial) = store_with_partial_path(x.path(), "whole", &o);
+    fs::write(&partial, &data).unwrap();
+    let rep = st.pull(&remote(&s3, "pr"), &[m]).unwrap();
+    assert_eq!(rep.requests.get, 1, "only the manifest: {:?}", rep.requests);
+    assert_eq!(rep.bytes_downloaded, 0);
+    assert_eq!(rep.bytes_resumed, size);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists());
+
+    // A tampered prefix: the digest over all bytes fails, the partial is
+    // dropped and the object downloaded whole (the rest fetched first
+    // was wasted, and counted).
+    let (st, partial) = store_with_partial_path(x.path(), "tampered", &o);
+    let mut bad = data[..have as usize].to_vec();
+    bad[1234] ^= 0x55;
+    fs::write(&partial, &bad).unwrap();
+    let rep = st.pull(&remote(&s3, "pr"), &[m]).unwrap();
+    assert_eq!(rep.objects_resumed, 0);
+    assert_eq!(rep.bytes_resumed, 0);
+    assert_eq!(rep.bytes_downloaded, (size - have) + size);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists());
+    assert!(st.verify().unwrap().is_clean());
+
+    // A corrupt remote object downloaded whole leaves nothing, partial
+    // included; the same with a partial of the right prefix.
+    let key = object_file(&s3, "pr", &o);
+    let mut evil = data.clone();
+    *evil.last_mut().unwrap() ^= 1;
+    fs::write(&key, &evil).unwrap();
+    for (name, prefix) in [("corrupt", None), ("corrupt-resumed", Some(have))] {
+        let (st, partial) = store_with_partial_path(x.path(), name, &o);
+        if let Some(n) = prefix {
+            fs::write(&partial, &data[..n as usize]).unwrap();
+        }
+        let e = st.pull(&remote(&s3, "pr"), &[m]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains(&o.to_hex()), "{e}");
+        assert!(!st.contains(&o));
+        assert!(!partial.exists(), "{name}: a wrong object left its partial");
+        assert_eq!(
+            fs::read_dir(x.path().join(name).join("tmp"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    // An object the remote lacks: nothing is left either.
+    fs::remove_file(&key).unwrap();
+    let (st, partial) = store_with_partial_path(x.path(), "missing", &o);
+    let e = st.pull(&remote(&s3, "pr"), &[m]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(!partial.exists(), "a missing object left an empty partial");
+    assert_eq!(
+        fs::read_dir(x.path().join("missing/tmp")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn odd_files_at_a_partials_name_are_never_followed_read_or_resumed() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("partial_odd") else {
+        return;
+    };
+    let (m, o, data) = large_object_pushed(x.path(), &s3, "po");
+    let size = data.len() as u64;
+    let have = 3usize << 20;
+    // Outside the store: what a link at the partial's name points to,
+    // holding the right prefix (so that following it would "work").
+    let outside = x.path().join("outside");
+    fs::write(&outside, &data[..have]).unwrap();
+    let before = fs::metadata(&outside).unwrap();
+
+    type Plant = fn(&Path, &Path, &[u8]);
+    let cases: [(&str, Plant, bool); 6] = [
+        // (name, what to put at the partial's name, whether the name is
+        // removed by the pull)
+        (
+            "symlink",
+            |p, out, _| std::os::unix::fs::symlink(out, p).unwrap(),
+            true,
+        ),
+        (
+            "fifo",
+            |p, _, _| {
+                let st = std::process::Command::new("mkfifo")
+                    .arg(p)
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+            },
+            true,
+        ),
+        (
+            "larger",
+            |p, _, d| {
+                let mut v = d.to_vec();
+                v.push(0);
+                fs::write(p, v).unwrap();
+            },
+            true,
+        ),
+        ("directory", |p, _, _| fs::create_dir(p).unwrap(), false),
+        (
+            "other-owner",
+            |p, _, d| {
+                fs::write(p, &d[..3 << 20]).unwrap();
+                std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+            },
+            true,
+        ),
+        (
+            "hardlinked",
+            |p, out, _| fs::hard_link(out, p).unwrap(),
+            true,
+        ),
+    ];
+    for (name, plant, removed) in cases {
+        let (st, partial) = store_with_partial_path(x.path(), name, &o);
+        plant(&partial, &outside, &data);
+        let (st, rep) = pull_bounded(st, remote(&s3, "po"), m);
+        let rep = rep.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(rep.bytes_resumed, 0, "{name} was resumed");
+        assert_eq!(rep.bytes_downloaded, size, "{name}");
+        assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "{name}");
+        assert_eq!(
+            fs::symlink_metadata(&partial).is_ok(),
+            !removed,
+            "{name}: removed {removed} expected"
+        );
+        assert!(st.verify().unwrap().is_clean(), "{name}");
+        // The object is a file of its own, not the outside one.
+        assert_ne!(
+            fs::metadata(st.object_path(&o)).unwrap().ino(),
+            before.ino(),
+            "{name}"
+        );
+    }
+    let after = fs::metadata(&outside).unwrap();
+    assert_eq!(fs::read(&outside).unwrap(), &data[..have]);
+    assert_eq!(
+        (after.mtime(), after.mtime_nsec(), after.ino()),
+        (before.mtime(), before.mtime_nsec(), before.ino())
+    );
+}
+
+#[test]
+fn a_partial_another_pull_holds_is_left_alone_and_two_pulls_at_once_both_succeed() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some((s3, proxy)) = proxied("partial_two") else {
+        return;
+    };
+    let (m, o, data) = large_object_pushed(x.path(), &s3, "c");
+
+    // A partial locked by someone else: not written, not removed; the
+    // pull downloads into a temporary of its own.
+    let (st, partial) = store_with_partial_path(x.path(), "locked", &o);
+    let prefix = &data[..2 << 20];
+    fs::write(&partial, prefix).unwrap();
+    let holder = fs::File::open(&partial).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let rep = st.pull(&remote(&s3, "c"), &[m]).unwrap();
+    assert_eq!(rep.bytes_resumed, 0);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert_eq!(
+        fs::read(&partial).unwrap(),
+        prefix,
+        "a locked partial was written"
+    );
+    drop(holder);
+
+    // Two pulls of the same large object into one store at once, slowed
+    // so that they overlap: both succeed, the object is right, and no
+    // partial is left.
+    proxy.add("slow", "bandwidth", "downstream", "{\"rate\":8192}");
+    let dir = x.path().join("both");
+    Store::open(&dir).unwrap();
+    let reps: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let dir = &dir;
+                let ep = proxy.endpoint();
+                s.spawn(move || {
+                    let st = Store::open(dir).unwrap();
+                    st.pull(&remote_at(&ep, RetryPolicy::default()), &[m])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in reps {
+        let r = r.unwrap();
+        assert_eq!(r.objects_downloaded, 1, "{r:?}");
+    }
+    proxy.remove("slow");
+    let st = Store::open(&dir).unwrap();
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(st.verify().unwrap().is_clean());
+    assert_eq!(fs::read_dir(dir.join("tmp")).unwrap().count(), 0);
+}
+
+#[test]
+fn gc_removes_stale_partials_and_neither_gc_nor_verify_counts_one_as_an_object() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let dir = x.path().join("st");
+    let st = Store::open(&dir).unwrap();
+    let m = st.add_tree(tree(x.path(), "t", 41, 3)).unwrap().digest;
+    let tmp = dir.join("tmp");
+    let name = |seed: u64| {
+        let d = blake3::hash(&seed.to_le_bytes());
+        format!("{}.partial", d.to_hex())
+    };
+    let fresh = tmp.join(name(1));
+    let stale = tmp.join(name(2));
+    let link = tmp.join(name(3));
+    let target = x.path().join("target");
+    fs::write(&fresh, vec![1u8; 100_000]).unwrap();
+    fs::write(&stale, vec![2u8; 70_000]).unwrap();
+    fs::write(&target, b"never removed").unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 86400);
+    fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
+    assert!(cowlink::store::PARTIAL_GRACE < Duration::from_secs(2 * 86400));
+
+    // Opening the store (which removes dead temporaries) keeps partials.
+    let st = Store::open(&dir).unwrap();
+    assert!(fresh.exists() && stale.exists());
+    let v = st.verify().unwrap();
+    assert_eq!(v.objects, 3, "verify counted a partial");
+    assert!(v.is_clean());
+    assert_eq!(st.stats().unwrap().objects, 3);
+
+    let g = st.gc(None).unwrap();
+    assert_eq!(g.objects_removed, 0);
+    assert_eq!(g.manifests_kept, 1);
+    assert_eq!(g.partials_removed, 2, "{g:?}");
+    assert_eq!(g.partial_bytes_removed, 70_000);
+    assert!(fresh.exists(), "a fresh partial was removed");
+    assert!(!stale.exists() && fs::symlink_metadata(&link).is_err());
+    assert_eq!(fs::read(&target).unwrap(), b"never removed");
+    assert!(st.manifest(&m).is_ok());
+    assert_eq!(st.stats().unwrap().objects, 3);
+}
+
+#[test]
+fn a_pull_cut_off_by_the_network_keeps_its_partial_and_the_next_resumes_it() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some((s3, proxy)) = proxied("partial_net") else {
+        return;
+    };
+    let (m, o, data) = large_object_pushed(x.path(), &s3, "c");
+    let size = data.len() as u64;
+    let (st, partial) = store_with_partial_path(x.path(), "st", &o);
+    let size_of = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+    // 4 MB/s, then the link goes silent for longer than the retry
+    // timeout: the pull fails, and what arrived stays.
+    proxy.add("slow", "bandwidth", "downstream", "{\"rate\":4096}");
+    let r = remote_at(&proxy.endpoint(), quick(1500, 500));
+    let e = std::thread::scope(|s| {
+        let pull = s.spawn(|| st.pull(&r, &[m]));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while size_of(&partial) < 2 << 20 {
+            assert!(Instant::now() < deadline, "no bytes arrived");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        proxy.add("silent", "timeout", "downstream", "{\"timeout\":0}");
+        pull.join().unwrap().unwrap_err()
+    });
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    let kept = size_of(&partial);
+    assert!(kept >= 2 << 20 && kept < size, "{kept}");
+    assert!(!st.contains(&o));
+    proxy.remove("silent");
+    proxy.remove("slow");
+
+    let rep = st.pull(&remote(&s3, "c"), &[m]).unwrap();
+    assert_eq!(rep.bytes_resumed, kept);
+    assert_eq!(rep.bytes_downloaded, size - kept);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists());
+    assert!(st.verify().unwrap().is_clean());
+}
+
+#[test]
+fn a_server_that_ignores_range_gets_the_object_downloaded_whole() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (1 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |_| Reply::bytes(body.clone()));
+    let (st, partial) = store_with_partial_path(x.path(), "st", &o);
+    fs::write(&partial, &data[..2 << 20]).unwrap();
+    let rep = st
+        .pull(&remote_at(&h.endpoint(), quick(2000, 1000)), &[m])
+        .unwrap();
+    assert_eq!(rep.bytes_resumed, 0);
+    assert_eq!(rep.bytes_downloaded, data.len() as u64);
+    assert_eq!(fs::read(st.object_path(&o)).unwrap(), data);
+    assert!(!partial.exists());
+    // The object was asked for from byte 2 MiB first, then whole.
+    let ranges: Vec<Option<String>> = h
+        .log()
+        .iter()
+        .filter(|r| r.path.contains("/objects/"))
+        .map(|r| r.header("range").map(str::to_string))
+        .collect();
+    assert_eq!(ranges, [Some(format!("bytes={}-", 2 << 20)), None]);
+}

@@ -86,6 +86,27 @@ pub(super) fn manifest_rel(d: &Digest) -> String {
     format!("manifests/{}", d.to_hex())
 }
 
+/// The suffix of a partly downloaded object in `tmp/`
+/// (`tmp/<hex>.partial`): kept when a pull is cut off, so that the next
+/// pull resumes it (`remote/partial.rs`). Never an object: only its
+/// verified bytes are ever named under `objects/`.
+pub(crate) const PARTIAL_SUFFIX: &str = ".partial";
+
+/// How long [`Store::gc`] keeps a partly downloaded object that nothing
+/// has written to: a pull killed and rerun within a day resumes, and a
+/// store left alone longer gets its space back. Every write renews the
+/// file's mtime, so a partial being written is never this old.
+pub const PARTIAL_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// The object a name in `tmp/` is the partial download of: exactly
+/// `<64 hex digits>.partial`, nothing else.
+pub(crate) fn parse_partial_name(name: &[u8]) -> Option<Digest> {
+    let s = std::str::from_utf8(name).ok()?;
+    let hex = s.strip_suffix(PARTIAL_SUFFIX)?;
+    let d: Digest = hex.parse().ok()?;
+    (d.to_hex() == hex).then_some(d)
+}
+
 /// Whether a temporary named `.HINT.cowlink-PID-N.tmp` belongs to a
 /// process that no longer exists (in this PID namespace).
 pub(super) fn temp_owner_is_dead(name: &[u8]) -> bool {
@@ -639,7 +660,10 @@ impl Store {
     }
 
     /// Remove named temporaries in `tmp/`: all of them (`all`, under the
-    /// exclusive lock) or those whose process is gone.
+    /// exclusive lock) or those whose process is gone. Partial downloads
+    /// (`<hex>.partial`) are not temporaries: they outlive their process
+    /// on purpose, and only [`clean_partials`](Self::clean_partials)
+    /// removes them.
     pub(super) fn clean_temporaries(&self, all: bool) -> Result<u64> {
         let fd = match self.layout_dir("tmp") {
             Ok(fd) => fd,
@@ -648,12 +672,16 @@ impl Store {
         };
         let mut n = 0;
         for name in list_dir(fd.as_fd()).map_err(|e| store_err(self.root.join("tmp"), e))? {
+            if parse_partial_name(&name).is_some() {
+                continue;
+            }
             if all || temp_owner_is_dead(&name) {
                 match fs::unlinkat(&fd, name.as_slice(), AtFlags::empty()) {
                     Ok(()) => n += 1,
                     Err(Errno::NOENT) => {}
-                    // Not ours to remove (another user's store): leave it.
-                    Err(Errno::ACCESS | Errno::PERM | Errno::ROFS) => {}
+                    // Not ours to remove (another user's store), or a
+                    // directory: leave it.
+                    Err(Errno::ACCESS | Errno::PERM | Errno::ROFS | Errno::ISDIR) => {}
                     Err(e) => {
                         return Err(store_err(
                             self.root.join("tmp").join(OsStr::from_bytes(&name)),
@@ -664,6 +692,54 @@ impl Store {
             }
         }
         Ok(n)
+    }
+
+    /// Remove the partial downloads in `tmp/` that nothing wrote to for
+    /// [`PARTIAL_GRACE`], and any file at a partial's name that is not a
+    /// regular file (looked at with `lstat` only, never opened or
+    /// followed; a directory is left alone). Called under the exclusive
+    /// lock, when no pull of this store runs. The count and the bytes
+    /// removed.
+    pub(super) fn clean_partials(&self) -> Result<(u64, u64)> {
+        let fd = match self.layout_dir("tmp") {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok((0, 0)),
+            Err(e) => return Err(store_err(self.root.join("tmp"), e)),
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let stale = now.saturating_sub(PARTIAL_GRACE.as_secs());
+        let (mut n, mut bytes) = (0, 0);
+        for name in list_dir(fd.as_fd()).map_err(|e| store_err(self.root.join("tmp"), e))? {
+            if parse_partial_name(&name).is_none() {
+                continue;
+            }
+            let Ok(st) = fs::statat(&fd, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            let t = FileType::from_raw_mode(st.st_mode);
+            let old = u64::try_from(st.st_mtime).unwrap_or(0) < stale;
+            if t == FileType::Directory || (t == FileType::RegularFile && !old) {
+                continue;
+            }
+            match fs::unlinkat(&fd, name.as_slice(), AtFlags::empty()) {
+                Ok(()) => {
+                    n += 1;
+                    if t == FileType::RegularFile {
+                        bytes += st.st_size as u64;
+                    }
+                }
+                Err(Errno::NOENT | Errno::ACCESS | Errno::PERM | Errno::ROFS | Errno::ISDIR) => {}
+                Err(e) => {
+                    return Err(store_err(
+                        self.root.join("tmp").join(OsStr::from_bytes(&name)),
+                        e,
+                    ))
+                }
+            }
+        }
+        Ok((n, bytes))
     }
 
     /// Every manifest with what it holds, sorted by digest: the entries,

@@ -70,6 +70,12 @@ pub struct GcReport {
     pub bytes_removed: u64,
     /// Leftover temporaries of dead processes removed.
     pub temporaries_removed: u64,
+    /// Partly downloaded objects (`tmp/<hex>.partial`) removed: untouched
+    /// for [`PARTIAL_GRACE`](crate::store::PARTIAL_GRACE), or not regular
+    /// files. Never counted as objects.
+    pub partials_removed: u64,
+    /// Their sizes, summed.
+    pub partial_bytes_removed: u64,
     /// Files in `manifests/` or `objects/` that were not regular files
     /// (a FIFO, a device, a link: damage, never read), moved to
     /// `quarantine/`.
@@ -281,8 +287,9 @@ impl Store {
     }
 
     /// Remove every manifest not in `keep` (`None`: keep every manifest),
-    /// every object that no kept manifest references, and temporaries of
-    /// dead processes.
+    /// every object that no kept manifest references, temporaries of dead
+    /// processes, and partial downloads untouched for
+    /// [`PARTIAL_GRACE`](crate::store::PARTIAL_GRACE).
     ///
     /// Holds the store lock exclusively: adds in other processes wait, and
     /// an add that started before holds the shared lock until its manifest
@@ -345,6 +352,7 @@ impl Store {
             }
         }
         report.temporaries_removed = self.clean_temporaries(true)?;
+        (report.partials_removed, report.partial_bytes_removed) = self.clean_partials()?;
         Ok(report)
     }
 }

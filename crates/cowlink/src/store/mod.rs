@@ -8,6 +8,8 @@
 //! STORE/objects/ab/abcd….g1  a further physical generation of the same bytes
 //! STORE/manifests/abcd…      tree manifests (JSON), named by their BLAKE3
 //! STORE/tmp/                 named temporaries (only where O_TMPFILE is missing)
+//! STORE/tmp/abcd….partial    a large object a pull is downloading (resumed
+//!                            by the next pull if this one is cut off)
 //! STORE/quarantine/          objects and manifests that failed verify
 //! ```
 //!
@@ -60,7 +62,7 @@ use crate::ground::error::{Error, Operation, Result};
 use crate::run::Run;
 
 use layout::object_rel;
-pub use layout::ManifestInfo;
+pub use layout::{ManifestInfo, PARTIAL_GRACE};
 pub use manifest::{
     BadDigest, Digest, EntryKind, FileTotals, Manifest, ManifestEntry, MANIFEST_FORMAT,
     MANIFEST_VERSION,

@@ -20,9 +20,15 @@
 //! every object is streamed into an unnamed, preallocated file in the
 //! store, hashed as it arrives, and linked under its name only when the
 //! BLAKE3 matches; a wrong object fails the pull naming its digest and
-//! nothing of it is kept. Objects are made durable in batches (one
-//! `syncfs` before a batch is named), so a crash leaves whole objects or
-//! none. A manifest is written locally only after all its objects.
+//! nothing of it is kept. An object of at least [`RESUME_MIN`] bytes goes
+//! to a named partial file, `tmp/<hex>.partial` (`partial.rs`), instead:
+//! a pull killed, interrupted or cut off by the network leaves it, and
+//! the next pull rehashes it and asks only for the rest (a range GET);
+//! the digest over all the bytes still decides, and a partial that does
+//! not verify is dropped and the object downloaded whole. Objects are
+//! made durable in batches (one `syncfs` before a batch is named), so a
+//! crash leaves whole objects or none. A manifest is written locally
+//! only after all its objects.
 //!
 //! **Garbage collection** ([`Remote::gc`], `gc.rs`) must never remove an
 //! object a concurrent push relies on. The rule, which needs the strong
@@ -81,6 +87,7 @@ mod gc;
 mod http;
 mod layout;
 mod list;
+mod partial;
 mod pull;
 mod push;
 mod uploads;
@@ -95,6 +102,7 @@ use object_store::{BackoffConfig, ClientOptions, ObjectMeta, ObjectStore, RetryC
 
 pub use self::http::{ERROR_BODY_MAX, MIN_UPLOAD_RATE, SMALL_BODY_MAX};
 pub use list::{MAX_EMPTY_PAGES, MAX_PAGES};
+pub use partial::RESUME_MIN;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 

@@ -3,10 +3,12 @@
 //!
 //! A manifest is taken from the local store when it is there (no request
 //! at all), else fetched and checked: its BLAKE3 must be its name. Each
-//! missing object is streamed into an unnamed temporary in the store,
-//! preallocated to the manifest's size, hashed as it arrives, and kept
-//! only if the size and digest match. Verified objects wait, unnamed, in
-//! a batch (of at most 512, fewer under a low limit on open files); one
+//! missing object is streamed into an unnamed temporary in the store
+//! (one of at least [`RESUME_MIN`] bytes into its partial file
+//! `tmp/<hex>.partial` instead, resumed with a range request by the next
+//! pull when this one is cut off: `partial.rs`), preallocated to the
+//! manifest's size, hashed as it arrives, and kept only if the size and
+//! digest match. Verified objects wait, unnamed or partial, in a batch (of at most 512, fewer under a low limit on open files); one
 //! `syncfs` makes a batch durable and then each is linked
 //! under its name, so after a crash an object is whole or absent. The
 //! manifests are written last. Pulling holds the store's shared lock, as
@@ -14,7 +16,7 @@
 
 use futures::StreamExt;
 use object_store::ObjectStore;
-use rustix::fd::AsFd;
+use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs;
 use rustix::io::Errno;
 
@@ -25,6 +27,7 @@ use crate::store::layout::{mark_unchanged, write_all};
 use crate::store::manifest::{Digest, Manifest};
 use crate::store::{store_err, Store};
 
+use super::partial::{partial_name, Partial, RESUME_MIN};
 use super::{Remote, RequestCounts};
 
 /// Verified objects linked into the store per `syncfs`, at most (fewer
@@ -48,8 +51,15 @@ pub struct PullReport {
     pub objects_present: u64,
     /// Objects downloaded and verified.
     pub objects_downloaded: u64,
-    /// Object bytes downloaded.
+    /// Object bytes received from the network for the objects downloaded
+    /// (not those an earlier, cut-off pull had left: see
+    /// `bytes_resumed`).
     pub bytes_downloaded: u64,
+    /// Objects finished from the partial file an earlier pull left.
+    pub objects_resumed: u64,
+    /// Object bytes an earlier pull had downloaded into partial files and
+    /// this one verified and kept instead of downloading them again.
+    pub bytes_resumed: u64,
     /// Requests made.
     pub requests: RequestCounts,
 }
@@ -67,8 +77,24 @@ fn batch_files(transfers: usize) -> usize {
     (room.min(BATCH_FILES as u64) as usize).max(1)
 }
 
+/// Where a verified object waits for its batch's `syncfs`.
+enum Landed<'s> {
+    /// An unnamed temporary.
+    Unnamed(PendingFile<'s>),
+    /// Its partial file (`tmp/<hex>.partial`), still locked.
+    Partial(Partial),
+}
+
 /// A verified object waiting for its batch's `syncfs`.
-type Verified<'s> = (PendingFile<'s>, Digest, u64);
+struct Verified<'s> {
+    file: Landed<'s>,
+    digest: Digest,
+    size: u64,
+    /// Its bytes received from the network by this pull.
+    fetched: u64,
+    /// Its bytes an earlier pull had left in its partial file.
+    resumed: u64,
+}
 
 impl Store {
     /// Make the local store hold `manifests` and every object they name,
@@ -116,7 +142,7 @@ impl Store {
         let total: u64 = missing.iter().map(|(_, s)| s).sum();
         self.run.enter(Phase::Download, missing.len() as u64, total);
 
-        let (n, bytes, mut errors) = remote.block_on(async {
+        let (n, bytes, resumed, mut errors) = remote.block_on(async {
             let mut results = futures::stream::iter(missing.iter())
                 .map(|(d, s)| download(self, remote, *d, *s))
                 .buffer_unordered(remote.transfers());
@@ -124,13 +150,18 @@ impl Store {
             let mut batch: Vec<Verified<'_>> = Vec::new();
             let mut batch_bytes = 0u64;
             let (mut n, mut bytes) = (0u64, 0u64);
+            let mut resumed = (0u64, 0u64);
             let mut errors: Vec<Error> = Vec::new();
             while let Some(r) = results.next().await {
                 match r {
                     Ok(v) => {
-                        batch_bytes += v.2;
+                        batch_bytes += v.size;
                         n += 1;
-                        bytes += v.2;
+                        bytes += v.fetched;
+                        if v.resumed > 0 {
+                            resumed.0 += 1;
+                            resumed.1 += v.resumed;
+                        }
                         self.run.done(1, 0);
                         batch.push(v);
                         if batch.len() >= batch_max || batch_bytes >= BATCH_BYTES {
@@ -158,15 +189,17 @@ impl Store {
             if let Err(e) = self.link_batch(&mut batch) {
                 errors.push(e);
             }
-            (n, bytes, errors)
+            (n, bytes, resumed, errors)
         });
         report.objects_downloaded = n;
         report.bytes_downloaded = bytes;
+        (report.objects_resumed, report.bytes_resumed) = resumed;
         if self.run.cancelled() {
             return Err(Error::new(op, ErrorKind::Cancelled)
                 .with_src(remote.url())
                 .with_reason(
-                    "cancelled: objects verified so far are stored; no manifest was written",
+                    "cancelled: objects verified so far are stored, and what arrived of large \
+                     ones is kept for the next pull; no manifest was written",
                 ));
         }
         if !errors.is_empty() {
@@ -196,8 +229,13 @@ impl Store {
             return Ok(());
         }
         cowlink_sys::sync_filesystem(self.dir.as_fd()).map_err(|e| store_err(&self.root, e))?;
-        for (pending, d, _) in batch.drain(..) {
-            match self.persist_object(pending, &d, 0) {
+        for v in batch.drain(..) {
+            let d = v.digest;
+            let r = match v.file {
+                Landed::Unnamed(pending) => self.persist_object(pending, &d, 0),
+                Landed::Partial(p) => self.persist_partial(p, &d),
+            };
+            match r {
                 Ok(()) | Err(Errno::EXIST) => {}
                 Err(e) => return Err(store_err(self.object_path(&d), e)),
             }
@@ -234,8 +272,9 @@ async fn fetch_manifest(remote: &Remote, d: &Digest) -> Result<Manifest> {
     Ok(m)
 }
 
-/// Stream the object `d` (`size` bytes) into an unnamed temporary of the
-/// store, hashing it; the temporary when the bytes are right.
+/// Download the object `d` (`size` bytes) and check it: into its partial
+/// file (`partial.rs`) when it is large, resuming what an earlier pull
+/// left there, else into an unnamed temporary of the store.
 async fn download<'s>(
     store: &'s Store,
     remote: &Remote,
@@ -248,19 +287,180 @@ async fn download<'s>(
     }
     let key = remote.object_key(&d);
     let shown = remote.shown(&key);
-    let pending = store.temporary("object")?;
     let local = |e: Errno| store_err(store.root().join("tmp"), e).with_src(&shown);
-    crate::prim::transfer::preallocate(pending.fd(), size).map_err(local)?;
-    let mut hasher = blake3::Hasher::new();
-    let mut n = 0u64;
     let wrong = |why: String| {
         Error::new(op, ErrorKind::Corrupt)
             .with_src(&shown)
             .with_reason(format!(
                 "object {d} from the remote {why}: the remote copy is damaged or was tampered \
-             with, and nothing of it was stored"
+                 with, and nothing of it was stored"
             ))
     };
+    let partial = match size >= RESUME_MIN {
+        true => store.open_partial(&d, size).map_err(|e| {
+            store_err(store.root().join("tmp").join(partial_name(&d)), e).with_src(&shown)
+        })?,
+        false => None,
+    };
+    let Some(mut p) = partial else {
+        let pending = store.temporary("object")?;
+        crate::prim::transfer::preallocate(pending.fd(), size).map_err(local)?;
+        let mut hasher = blake3::Hasher::new();
+        let fetched = fetch(store, remote, d, size, pending.fd(), &mut hasher, 0).await?;
+        let h = hasher.finalize();
+        if h.as_bytes() != d.as_bytes() {
+            return Err(wrong(format!("hashes to {} instead", h.to_hex())));
+        }
+        seal(pending.fd(), false).map_err(local)?;
+        return Ok(Verified {
+            file: Landed::Unnamed(pending),
+            digest: d,
+            size,
+            fetched,
+            resumed: 0,
+        });
+    };
+    // The bytes an earlier pull left are hashed again (the hash goes on
+    // from them), and only the rest is asked for. Nothing of them is
+    // trusted: the digest over all the bytes decides, and a prefix that
+    // does not verify is dropped and the object downloaded whole, once.
+    let mut fetched = 0u64;
+    loop {
+        let mut hasher = blake3::Hasher::new();
+        let have = p.present;
+        let prepared = rehash(store, p.fd(), have, &mut hasher)
+            .and_then(|()| fs::seek(p.fd(), fs::SeekFrom::Start(have)).map(|_| ()))
+            .and_then(|()| keep_size_preallocate(p.fd(), size));
+        if let Err(e) = prepared {
+            if have == 0 {
+                store.discard_partial(p);
+            }
+            if e == Errno::CANCELED {
+                return Err(Error::new(op, ErrorKind::Cancelled).with_src(&shown));
+            }
+            return Err(local(e));
+        }
+        match fetch(store, remote, d, size, p.fd(), &mut hasher, have).await {
+            Ok(n) => fetched += n,
+            // No range requests there: the whole object, once.
+            Err(e) if e.kind() == ErrorKind::NotSupported && have > 0 => {
+                p.restart().map_err(local)?;
+                continue;
+            }
+            Err(e) => {
+                // A wrong object leaves nothing, nor does a failure before
+                // any byte arrived (an object the remote lacks); what
+                // arrived of a cut-off one (the network, a cancel, a full
+                // disk) stays for the next pull.
+                let empty = fs::fstat(p.fd()).is_ok_and(|st| st.st_size == 0);
+                if e.kind() == ErrorKind::Corrupt || empty {
+                    store.discard_partial(p);
+                }
+                return Err(e);
+            }
+        }
+        let h = hasher.finalize();
+        if h.as_bytes() == d.as_bytes() {
+            seal(p.fd(), true).map_err(local)?;
+            return Ok(Verified {
+                file: Landed::Partial(p),
+                digest: d,
+                size,
+                fetched,
+                resumed: have,
+            });
+        }
+        if have == 0 {
+            store.discard_partial(p);
+            return Err(wrong(format!("hashes to {} instead", h.to_hex())));
+        }
+        p.restart().map_err(local)?;
+    }
+}
+
+/// Make a verified object mode 0444 and give it the store's unchanged
+/// mark. An unnamed temporary was created 0444, so only a umask that took
+/// read bits away needs a `fchmod`; a partial file (created 0600) always
+/// does (`always`).
+fn seal(fd: BorrowedFd<'_>, always: bool) -> std::result::Result<(), Errno> {
+    if always || crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
+        fs::fchmod(fd, cowlink_sys::raw_mode(0o444))?;
+    }
+    mark_unchanged(fd);
+    Ok(())
+}
+
+/// Hash the first `have` bytes of `fd` into `hasher` (progress counts
+/// them: they are done, though not downloaded). `ECANCELED` on a cancel.
+fn rehash(
+    store: &Store,
+    fd: BorrowedFd<'_>,
+    have: u64,
+    hasher: &mut blake3::Hasher,
+) -> std::result::Result<(), Errno> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < have {
+        if store.run.cancelled() {
+            return Err(Errno::CANCELED);
+        }
+        let want = (have - at).min(buf.len() as u64) as usize;
+        let n = match rustix::io::pread(fd, &mut buf[..want], at) {
+            Ok(0) => return Err(Errno::IO),
+            Ok(n) => n,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buf[..n]);
+        at += n as u64;
+        store.run.done(0, n as u64);
+    }
+    Ok(())
+}
+
+/// Reserve the blocks of the whole object without changing the file's
+/// size, which stays the count of bytes written (what a resume reads).
+/// Best effort where the filesystem cannot; `ENOSPC` is a real failure.
+fn keep_size_preallocate(fd: BorrowedFd<'_>, size: u64) -> std::result::Result<(), Errno> {
+    if size == 0 {
+        return Ok(());
+    }
+    match cowlink_sys::allocate_keep_size(fd, 0, size) {
+        Ok(()) | Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Stream the object `d` (`size` bytes) from byte `have` on into `fd`
+/// (at its current offset), hashing it into `hasher`, which holds the
+/// first `have` bytes already. The bytes received from the network.
+/// The digest is the caller's to check.
+async fn fetch(
+    store: &Store,
+    remote: &Remote,
+    d: Digest,
+    size: u64,
+    fd: BorrowedFd<'_>,
+    hasher: &mut blake3::Hasher,
+    have: u64,
+) -> Result<u64> {
+    let op = Operation::Pull;
+    let key = remote.object_key(&d);
+    let shown = remote.shown(&key);
+    let local = |e: Errno| store_err(store.root().join("tmp"), e).with_src(&shown);
+    let wrong = |why: String| {
+        Error::new(op, ErrorKind::Corrupt)
+            .with_src(&shown)
+            .with_reason(format!(
+                "object {d} from the remote {why}: the remote copy is damaged or was tampered \
+                 with, and nothing of it was stored"
+            ))
+    };
+    // Whole already (a pull killed after its last byte): nothing to ask.
+    if have > 0 && have == size {
+        return Ok(0);
+    }
+    let mut n = have;
     // A body that breaks off (a reset, the idle timeout) is asked for
     // again from where it stopped, while the last byte arrived less than
     // the retry timeout ago: a long download survives a flaky network.
@@ -275,10 +475,25 @@ async fn download<'s>(
             range: (n > 0).then_some(object_store::GetRange::Offset(n)),
             ..object_store::GetOptions::default()
         };
-        let got = remote
-            .client
-            .get_opts(&key, opts)
-            .await
+        let got = match remote.client.get_opts(&key, opts).await {
+            // Resuming a partial, a server (or a proxy in between) that
+            // ignores Range: the caller may start over from byte 0.
+            // (After a break, the break is the news: see below.)
+            Err(e)
+                if n > 0
+                    && broke.is_none()
+                    && super::error_chain(&e).contains("non-partial response") =>
+            {
+                return Err(Error::new(op, ErrorKind::NotSupported)
+                    .with_src(&shown)
+                    .with_reason(
+                        "the server answered a request for the rest of the object with the \
+                         whole object (it ignores Range)",
+                    ));
+            }
+            got => got,
+        };
+        let got = got
             .map_err(|e| remote.error(op, &key, e))
             .map_err(|e| match broke.take() {
                 // Asking for the rest failed: the break is the news.
@@ -334,23 +549,20 @@ async fn download<'s>(
                 )));
             }
             hasher.update(&chunk);
-            write_all(pending.fd(), &chunk).map_err(local)?;
+            write_all(fd, &chunk).map_err(local)?;
             store.run.done(0, chunk.len() as u64);
+            // A cancel ends a long object at once (what arrived of a
+            // large one stays in its partial for the next pull).
+            if store.run.cancelled() {
+                return Err(Error::new(op, ErrorKind::Cancelled).with_src(&shown));
+            }
         }
         break;
     }
-    let h = hasher.finalize();
     if n != size {
         return Err(wrong(format!(
             "has {n} bytes, not the {size} its manifest says"
         )));
     }
-    if h.as_bytes() != d.as_bytes() {
-        return Err(wrong(format!("hashes to {} instead", h.to_hex())));
-    }
-    if crate::prim::meta::umask().is_none_or(|u| u & 0o444 != 0) {
-        fs::fchmod(pending.fd(), cowlink_sys::raw_mode(0o444)).map_err(local)?;
-    }
-    mark_unchanged(pending.fd().as_fd());
-    Ok((pending, d, size))
+    Ok(n - have)
 }
