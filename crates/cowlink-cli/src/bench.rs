@@ -20,7 +20,7 @@ use crate::out::errln;
 use crate::progress::Spinner;
 use crate::{human_bytes, Exit};
 
-/// Measure what to use on this volume: copy, clone or hardlink.
+/// Measure what to use on this volume: copy, clone or hardlink
 ///
 /// Runs in DIR (default: the current directory) inside a temporary
 /// directory that is removed afterwards, also on Ctrl-C:

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::out::{count, errln};
 use crate::{human_bytes, human_duration, Exit};
 
-/// Reclaim the space of identical files: make them share blocks.
+/// Reclaim the space of identical files: make them share blocks
 ///
 /// Finds files with identical content (same size, then BLAKE3 of both
 /// ends; hard links count once; files already sharing all their blocks

@@ -18,7 +18,7 @@ use cowlink::name::quoted;
 use crate::out::{errln, outln};
 use crate::{human_bytes, Exit};
 
-/// Make a volume that clones, on a machine whose disk cannot.
+/// Make a volume that clones, on a machine whose disk cannot
 ///
 /// A dev drive is a sparse image file holding XFS (with reflink) or Btrfs,
 /// loop-mounted with direct I/O (pages are not cached twice) and noatime,
@@ -66,16 +66,25 @@ pub struct DriveArgs {
 #[derive(Subcommand, Debug)]
 enum DriveCommand {
     /// Make an image, a filesystem that clones in it, and mount it
+    #[command(
+        after_help = "Examples:\n  sudo cowlink drive create ~/dev.img --size 50G --mount ~/dev\n  sudo cowlink drive create /var/dev.img --size 50G --mount /srv/dev --fs btrfs --persist"
+    )]
     Create(CreateArgs),
-    /// Every drive: image, mount point, filesystem, size and use, reflink,
-    /// boot entry, loop device and direct I/O
+    /// List every drive
+    ///
+    /// Image, mount point, filesystem, size and use, reflink, boot entry,
+    /// loop device and direct I/O.
+    #[command(after_help = "Examples:\n  cowlink drive list\n  cowlink drive list --json")]
     List {
         /// Print JSON
         #[arg(long)]
         json: bool,
     },
-    /// One drive (by mount point or image), with warnings for lost mount
-    /// options and a loop device without direct I/O
+    /// Show one drive, by mount point or image
+    ///
+    /// With warnings for lost mount options and a loop device without
+    /// direct I/O.
+    #[command(after_help = "Examples:\n  cowlink drive status ~/dev")]
     Status {
         /// The drive's mount point or image
         #[arg(value_name = "DIR", value_parser = crate::PathArg)]
@@ -84,10 +93,15 @@ enum DriveCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Mount a drive's image (again); switches direct I/O on if it is
-    /// already mounted without. An image with no record is taken only when
+    /// Mount a drive's image (again)
+    ///
+    /// Switches direct I/O on if it is already mounted without. An image
+    /// with no record is taken only when
     /// it is what create makes (XFS or Btrfs labelled "cowlink": a drive
     /// whose record was lost)
+    #[command(
+        after_help = "Examples:\n  sudo cowlink drive mount ~/dev.img ~/dev\n  sudo cowlink drive mount ~/dev.img ~/dev --persist   # and at boot"
+    )]
     Mount {
         /// The image file
         #[arg(value_name = "IMAGE", value_parser = crate::PathArg)]
@@ -104,16 +118,20 @@ enum DriveCommand {
         #[arg(long, value_enum, value_name = "HOW", num_args = 0..=1, default_missing_value = "auto")]
         persist: Option<PersistWith>,
     },
-    /// Unmount a drive (its loop device detaches with it); names the
-    /// processes holding files open on it when it is busy
+    /// Unmount a drive; its loop device detaches with it
+    ///
+    /// Names the processes holding files open on it when it is busy.
+    #[command(after_help = "Examples:\n  sudo cowlink drive unmount ~/dev")]
     Unmount {
         /// The drive's mount point
         #[arg(value_name = "DIR", value_parser = crate::PathArg)]
         dir: PathBuf,
     },
-    /// Delete a drive: its boot entry, its record and the image with all
-    /// its data (only an image `create` made; refused while mounted,
-    /// attached or open; needs --yes)
+    /// Delete a drive: its boot entry, its record and its image
+    ///
+    /// The image goes with all its data. Only an image `create` made is
+    /// deleted; refused while mounted, attached or open; needs --yes.
+    #[command(after_help = "Examples:\n  sudo cowlink drive remove ~/dev.img --yes")]
     Remove {
         /// The image file
         #[arg(value_name = "IMAGE", value_parser = crate::PathArg)]

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::out::errln;
 use crate::{human_bytes, Exit};
 
-/// Show true disk usage: exclusive, shared and saved bytes of a tree.
+/// Show true disk usage: exclusive, shared and saved bytes of a tree
 ///
 /// `du` counts a cloned file twice; `cowlink du` maps every file's extents
 /// (FIEMAP, any filesystem that has it: XFS, Btrfs, ext4, bcachefs...) and

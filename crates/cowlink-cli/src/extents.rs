@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::out::errln;
 use crate::{human_bytes, Exit};
 
-/// Show a file's extents and whether it shares blocks (is a CoW link).
+/// Show a file's extents and whether it shares blocks (is a CoW link)
 ///
 /// Lists every extent (FIEMAP, after writing dirty data back): offsets and
 /// lengths in bytes and the flags shared, unwritten (preallocated),

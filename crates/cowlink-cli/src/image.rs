@@ -14,8 +14,7 @@ use serde::Serialize;
 use crate::out::{errln, outln};
 use crate::{human_bytes, human_duration, Exit};
 
-/// Disk images: merge and convert qcow2 by cloning clusters, not copying
-/// bytes.
+/// Merge and convert qcow2 disk images by cloning clusters, not copying bytes
 ///
 /// qcow2 keeps each data cluster at a cluster-aligned offset of its file,
 /// so on XFS or Btrfs every allocated cluster can be cloned straight into
@@ -50,14 +49,24 @@ pub struct ImageArgs {
 
 #[derive(Subcommand, Debug)]
 enum ImageCommand {
-    /// Show what a commit of IMAGE would clone, copy, zero and leave, and
-    /// whether the filesystem clones here
+    /// Show what a commit would clone, copy, zero and leave
+    ///
+    /// Also says whether the filesystem clones here.
+    #[command(
+        after_help = "Examples:\n  cowlink image map vm.qcow2\n  cowlink image map --ranges vm.qcow2"
+    )]
     Map(MapArgs),
-    /// Merge a qcow2 overlay into its raw base (like `qemu-img commit`,
-    /// but the overlay is left as it was)
+    /// Merge a qcow2 overlay into its raw base, leaving the overlay as it was
+    ///
+    /// Like `qemu-img commit`, but the overlay is left as it was.
+    #[command(
+        after_help = "Examples:\n  cowlink image commit vm.qcow2               # into the base its header names\n  cowlink image commit -b base.raw vm.qcow2   # into this base"
+    )]
     Commit(CommitArgs),
-    /// Write a qcow2 image and its backing chain as one raw image (like
-    /// `qemu-img convert -O raw`)
+    /// Write a qcow2 image and its backing chain as one raw image
+    ///
+    /// Like `qemu-img convert -O raw`.
+    #[command(after_help = "Examples:\n  cowlink image convert vm.qcow2 vm.raw")]
     Convert(ConvertArgs),
 }
 

@@ -10,6 +10,7 @@ mod out;
 mod bench;
 mod cp;
 mod dedupe;
+mod docgen;
 mod drive;
 mod du;
 mod extents;
@@ -24,7 +25,7 @@ use std::process::ExitCode;
 use crate::out::errln;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-/// Copy-on-write file cloning for Linux.
+/// Copy-on-write file cloning for Linux
 ///
 /// On XFS, Btrfs, bcachefs, OpenZFS ≥ 2.2 and other copy-on-write
 /// filesystems a clone takes constant time and no space: both names share
@@ -35,12 +36,24 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     name = "cowlink",
     version,
     propagate_version = true,
-    max_term_width = 100
+    max_term_width = 100,
+    after_help = ROOT_EXAMPLES
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// The first steps, shown under `cowlink --help` and in cowlink(1).
+const ROOT_EXAMPLES: &str = "\
+Examples:
+  cowlink probe .                         # can this directory clone?
+  cowlink cp -a --reflink=auto src/ dst/  # clone a tree, copy where it cannot
+  cowlink du -s dst/                      # what the clones share and save
+  cowlink dedupe --dry-run ~/src          # identical files that could share blocks
+  cowlink completions bash > ~/.local/share/bash-completion/completions/cowlink
+
+Each command has its own help (`cowlink cp --help`) and man page (`man cowlink-cp`).";
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -49,10 +62,11 @@ enum Command {
     // is allowed, the last one winning (`--reflink=auto --reflink=never`).
     #[command(infer_long_args = true, args_override_self = true)]
     Cp(cp::CpArgs),
-    /// Tell whether paths can clone, and what their filesystems can do.
     Probe(probe::ProbeArgs),
-    // Documented by ExtentsArgs, DuArgs, DedupeArgs, StoreArgs and
-    // BenchArgs, ImageArgs and DriveArgs (long help with examples).
+    // Documented by ProbeArgs, ExtentsArgs, DuArgs, DedupeArgs, StoreArgs,
+    // BenchArgs, ImageArgs, DriveArgs, CompletionsArgs and ManArgs (a
+    // one-line summary, then long help with examples; the test
+    // `tests::every_command_has_summary_and_examples` holds them to it).
     Extents(extents::ExtentsArgs),
     Du(du::DuArgs),
     Dedupe(dedupe::DedupeArgs),
@@ -60,6 +74,8 @@ enum Command {
     Bench(bench::BenchArgs),
     Image(image::ImageArgs),
     Drive(drive::DriveArgs),
+    Completions(docgen::CompletionsArgs),
+    Man(docgen::ManArgs),
 }
 
 /// How the process ends.
@@ -154,6 +170,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
         Command::Drive(args) => drive::run(args),
+        Command::Completions(args) => docgen::completions(args, Cli::command()),
+        Command::Man(args) => docgen::man(args, Cli::command()),
     };
     match result {
         Ok(exit) => exit.into(),
@@ -332,6 +350,136 @@ mod tests {
             human_duration(std::time::Duration::from_micros(4200)),
             "4.2 ms"
         );
+    }
+
+    /// The words of a command line in an example, from `cowlink` to the end
+    /// of the command (a comment, a pipe, a redirection or the `)` of a
+    /// `$(…)`), quotes removed; None when the line runs no cowlink.
+    fn example_words(line: &str) -> Option<Vec<String>> {
+        let spaced = line.replace("$(", " ");
+        let mut words = spaced.split_whitespace().skip_while(|w| *w != "cowlink");
+        let first = words.next()?;
+        let mut out = vec![first.to_string()];
+        for w in words {
+            if w.starts_with('#') || ["|", ">", ">>", "&&", "||", ";"].contains(&w) {
+                break;
+            }
+            if let Some(w) = w.strip_suffix(')') {
+                out.push(w.trim_matches('"').to_string());
+                break;
+            }
+            out.push(w.trim_matches('"').to_string());
+        }
+        Some(out)
+    }
+
+    /// Every command and subcommand: a one-line summary in one style
+    /// (sentence case, no trailing period, at most 90 characters), its own
+    /// examples (an "Examples:" section in its long help or after-help with
+    /// at least one line running that very command), and every example a
+    /// command line the parser accepts. Walks the clap tree, so a command
+    /// added, renamed or moved is checked without touching this test.
+    #[test]
+    fn every_command_has_summary_and_examples() {
+        fn walk(cmd: &clap::Command, path: &[&str], problems: &mut Vec<String>) {
+            let name = path.join(" ");
+            match cmd.get_about().map(|a| a.to_string()) {
+                None => problems.push(format!("`{name}`: no summary")),
+                Some(a) => {
+                    let mut bad = Vec::new();
+                    if a.contains('\n') {
+                        bad.push("more than one line");
+                    }
+                    if a.trim_end().ends_with(['.', ':', ';', ',']) {
+                        bad.push("ends with punctuation");
+                    }
+                    if !a.chars().next().is_some_and(char::is_uppercase) {
+                        bad.push("does not start with a capital letter");
+                    }
+                    if a.chars().count() > 90 {
+                        bad.push("longer than 90 characters");
+                    }
+                    if a != a.trim() {
+                        bad.push("has surrounding spaces");
+                    }
+                    for b in bad {
+                        problems.push(format!("`{name}`: summary {b}: {a:?}"));
+                    }
+                }
+            }
+            let texts = [
+                cmd.get_long_about(),
+                cmd.get_after_long_help(),
+                cmd.get_after_help(),
+            ];
+            let mut examples = Vec::new();
+            for t in texts.into_iter().flatten() {
+                let t = t.to_string();
+                if let (_, Some(ex)) = docgen::split_examples(&t) {
+                    examples.extend(ex.lines().map(str::to_string));
+                }
+            }
+            if examples.is_empty() {
+                problems.push(format!("`{name}`: no \"Examples:\" section"));
+            }
+            let mut runs_itself = false;
+            for line in &examples {
+                let Some(words) = example_words(line) else {
+                    continue;
+                };
+                // The command's words in order, options between them
+                // allowed (`cowlink store --remote URL push`).
+                let mut rest = words.iter();
+                if path.iter().all(|p| rest.any(|w| w == p)) {
+                    runs_itself = true;
+                }
+                match Cli::command().try_get_matches_from(&words) {
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            clap::error::ErrorKind::DisplayHelp
+                                | clap::error::ErrorKind::DisplayVersion
+                        ) => {}
+                    Err(e) => problems.push(format!(
+                        "`{name}`: example {:?} does not parse: {}",
+                        line.trim(),
+                        e.render()
+                    )),
+                }
+            }
+            if !examples.is_empty() && !runs_itself {
+                problems.push(format!("`{name}`: no example runs `{name}`"));
+            }
+            for sub in cmd.get_subcommands() {
+                let mut p = path.to_vec();
+                p.push(sub.get_name());
+                walk(sub, &p, problems);
+            }
+        }
+        let mut root = Cli::command().disable_help_subcommand(true);
+        root.build();
+        let mut problems = Vec::new();
+        walk(&root, &["cowlink"], &mut problems);
+        assert!(
+            problems.is_empty(),
+            "{} problems in the help:\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn example_words_cut_at_the_command() {
+        assert_eq!(
+            example_words("  M=$(cowlink store add-tree out)   # prints it").unwrap(),
+            ["cowlink", "store", "add-tree", "out"]
+        );
+        assert_eq!(
+            example_words("  sudo cowlink cp -a \"$PWD\" b | jq .x").unwrap(),
+            ["cowlink", "cp", "-a", "$PWD", "b"]
+        );
+        assert_eq!(example_words("  export COWLINK_REMOTE=s3://b/p"), None);
     }
 
     #[test]

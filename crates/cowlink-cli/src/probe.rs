@@ -11,14 +11,15 @@ use cowlink::probe::{self, Answer, FsFacts};
 use crate::out::outln;
 use crate::Exit;
 
-/// Tell whether paths can clone, and what their filesystems can do.
+/// Tell whether paths can clone, and what their filesystems can do
 ///
 /// Every answer comes from a real trial: two unnamed scratch files in the
 /// directory, cloned (and deduplicated) into each other, then gone.
 ///
-///   cowlink probe PATH          what PATH's filesystem can do
-///   cowlink probe SRC DEST      can SRC be cloned to DEST? (exit 0 yes, 1 no)
-///   cowlink probe --tree ROOT   every mount at or under ROOT
+/// Examples:
+///   cowlink probe .                   # what this directory's filesystem can do
+///   cowlink probe vm.img /mnt/backup  # can vm.img be cloned there? (exit 0 yes, 1 no)
+///   cowlink probe --tree /            # every mount, and which ones clone
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct ProbeArgs {

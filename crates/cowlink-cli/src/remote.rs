@@ -60,6 +60,7 @@ pub struct RemoteArgs {
 #[derive(Subcommand, Debug)]
 pub enum RemoteCommand {
     /// List the manifests on the remote
+    #[command(after_help = "Examples:\n  cowlink store --remote s3://ci-cache/builds remote ls")]
     Ls,
     /// Remove objects on the remote that no kept manifest uses
     ///
@@ -72,6 +73,9 @@ pub enum RemoteCommand {
     /// Incomplete multipart uploads older than --grace are aborted. Only
     /// keys of cowlink's exact layout are touched: anything else under
     /// the prefix is left alone and listed.
+    #[command(
+        after_help = "Examples:\n  cowlink store remote gc                 # objects no manifest names\n  cowlink store remote gc --keep $M       # everything but this tree"
+    )]
     Gc {
         /// Keep this manifest (repeatable); the others are removed
         #[arg(long, value_name = "MANIFEST")]

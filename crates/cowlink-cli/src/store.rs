@@ -16,7 +16,18 @@ use serde::Serialize;
 use crate::out::{count, errln};
 use crate::{human_bytes, human_duration, Exit};
 
-/// Keep each file once and clone it into many places.
+/// One line of `store add --json`: the file and what became of it.
+#[derive(Serialize)]
+struct AddOut<'a> {
+    #[serde(flatten, serialize_with = "cowlink::name::json::path")]
+    path: &'a Path,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    added: Option<cowlink::store::Added>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<cowlink::Error>,
+}
+
+/// Keep each file once and clone it into many places
 ///
 /// The store holds file contents as read-only objects named by their
 /// BLAKE3 digest, and tree manifests (paths, modes, symbolic links, the
@@ -52,17 +63,6 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink store checkout $M ws1                # on another machine: pull, then clone
 ///   cowlink store remote ls                      # manifests on the remote
 ///   cowlink store remote gc --keep $M            # drop the rest remotely
-/// One line of `store add --json`: the file and what became of it.
-#[derive(Serialize)]
-struct AddOut<'a> {
-    #[serde(flatten, serialize_with = "cowlink::name::json::path")]
-    path: &'a Path,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    added: Option<cowlink::store::Added>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<cowlink::Error>,
-}
-
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct StoreArgs {
@@ -92,6 +92,9 @@ pub struct StoreArgs {
 #[derive(Subcommand, Debug)]
 enum StoreCommand {
     /// Add files; print each one's digest
+    #[command(
+        after_help = "Examples:\n  cowlink store add big.iso vm.img      # prints one digest per file"
+    )]
     Add {
         /// Regular files (symbolic links are followed)
         #[arg(required = true, value_name = "FILE", value_parser = crate::PathArg)]
@@ -103,12 +106,14 @@ enum StoreCommand {
     /// are recorded. A tree holding FIFOs, sockets, devices, unreadable
     /// files or names that are not UTF-8 is refused, naming them: a
     /// half-stored tree would check out wrong.
+    #[command(after_help = "Examples:\n  M=$(cowlink store add-tree target/release)")]
     AddTree {
         /// The directory
         #[arg(value_name = "DIR", value_parser = crate::PathArg)]
         dir: PathBuf,
     },
     /// Place one object at a new file
+    #[command(after_help = "Examples:\n  cowlink store materialize $DIGEST ./big.iso")]
     Materialize {
         /// The object's digest (64 hex digits)
         #[arg(value_name = "DIGEST")]
@@ -129,6 +134,9 @@ enum StoreCommand {
     /// walked on other threads. Nothing is ever written through a symbolic
     /// link or outside DEST; links whose target leaves the tree are
     /// refused unless --allow-external-symlinks.
+    #[command(
+        after_help = "Examples:\n  cowlink store checkout $M ws1             # clone the tree into ws1\n  cowlink store checkout --atomic $M ws2    # complete or absent even after a crash"
+    )]
     Checkout {
         /// A manifest digest from add-tree, or a manifest JSON file
         #[arg(value_name = "MANIFEST")]
@@ -160,24 +168,32 @@ enum StoreCommand {
         // pulled first: see the global remote options.
     },
     /// List stored trees, or the entries of one
+    #[command(
+        after_help = "Examples:\n  cowlink store ls            # stored trees\n  cowlink store ls $M         # the entries of one"
+    )]
     Ls {
         /// A manifest digest: list its entries
         #[arg(value_name = "MANIFEST")]
         manifest: Option<String>,
     },
     /// Rehash every object and manifest; quarantine what is corrupt
+    #[command(after_help = "Examples:\n  cowlink store verify")]
     Verify,
     /// Remove objects no kept manifest uses, and leftover temporaries
     ///
     /// Without --keep every manifest is kept and only loose objects (added
     /// with `add` alone, or left by a failed add-tree) go. With --keep,
     /// manifests not named are removed too.
+    #[command(
+        after_help = "Examples:\n  cowlink store gc                # loose objects only\n  cowlink store gc --keep $M      # everything but this tree"
+    )]
     Gc {
         /// Keep this manifest (repeatable); the others are removed
         #[arg(long, value_name = "MANIFEST")]
         keep: Vec<String>,
     },
     /// Objects, bytes and space saved
+    #[command(after_help = "Examples:\n  cowlink store stats --json")]
     Stats,
     /// Upload manifests and the objects they name to the remote
     ///
@@ -187,6 +203,7 @@ enum StoreCommand {
     /// its objects: the remote never names what it lacks. A manifest the
     /// remote already has costs one request. Interrupted (Ctrl-C: exit
     /// 130) or failed, a push is finished by running it again.
+    #[command(after_help = "Examples:\n  cowlink store --remote s3://ci-cache/builds push $M")]
     Push {
         /// Manifest digests [default: every manifest of the local store]
         #[arg(value_name = "MANIFEST")]
@@ -198,12 +215,16 @@ enum StoreCommand {
     /// kept only if its BLAKE3 digest is its name; a wrong one fails the
     /// pull naming it. Manifests are written last. Objects already here
     /// cost nothing, so a pull of what the store has makes no request.
+    #[command(after_help = "Examples:\n  cowlink store --remote s3://ci-cache/builds pull $M")]
     Pull {
         /// Manifest digests
         #[arg(required = true, value_name = "MANIFEST")]
         manifests: Vec<String>,
     },
     /// List or collect the remote
+    #[command(
+        after_help = "Examples:\n  cowlink store remote ls\n  cowlink store remote gc --keep $M"
+    )]
     Remote {
         #[command(subcommand)]
         command: crate::remote::RemoteCommand,

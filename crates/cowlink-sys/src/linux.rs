@@ -592,7 +592,8 @@ fn last_errno() -> Errno {
 // Loop devices (linux/loop.h): attach a file with LOOP_CONFIGURE, detach,
 // switch direct I/O. State is read back from sysfs by the library.
 
-const LOOP_CTL_GET_FREE: libc::c_ulong = linux_raw_sys::loop_device::LOOP_CTL_GET_FREE as _;
+// libc::Ioctl: the request type of ioctl(2), c_ulong in glibc, c_int in musl.
+const LOOP_CTL_GET_FREE: libc::Ioctl = linux_raw_sys::loop_device::LOOP_CTL_GET_FREE as _;
 const LOOP_CONFIGURE: Opcode = linux_raw_sys::loop_device::LOOP_CONFIGURE as Opcode;
 const LOOP_CLR_FD: Opcode = linux_raw_sys::loop_device::LOOP_CLR_FD as Opcode;
 const LOOP_SET_DIRECT_IO: Opcode = linux_raw_sys::loop_device::LOOP_SET_DIRECT_IO as Opcode;

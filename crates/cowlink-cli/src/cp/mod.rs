@@ -28,7 +28,7 @@ use std::os::unix::ffi::OsStrExt;
 use crate::out::{errln, out, outln, prog};
 use crate::{human_bytes, human_duration, Exit};
 
-/// Clone files where the filesystem can share blocks, copy where it cannot.
+/// Clone files where the filesystem can share blocks, copy where it cannot
 ///
 /// `cowlink cp SRC DEST` clones SRC to the file DEST (or into DEST if it is
 /// a directory); `cowlink cp SRC... DIR` clones each SRC into DIR. The copy
