@@ -52,6 +52,7 @@ mod walk;
 
 pub mod bench;
 mod clone;
+pub mod cp;
 pub mod dedupe;
 pub mod drive;
 pub mod extents;
