@@ -136,11 +136,11 @@ fn meta(p: &Path, follow: bool) -> std::io::Result<std::fs::Metadata> {
 
 impl Apply<'_> {
     fn refused(&self, r: Refused, dst: &Path) {
+        // A system error keeps the kind its errno classifies to.
         let e = match r.errno {
             Some(n) => Error::from_errno(Operation::Copy, rustix::io::Errno::from_raw_os_error(n)),
             None => Error::new(Operation::Copy, r.kind),
         }
-        .with_kind(r.kind)
         .with_src(self.src)
         .with_dst(dst)
         .with_reason(r.message.clone());
