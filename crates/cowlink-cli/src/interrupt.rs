@@ -55,6 +55,13 @@ pub fn graceful<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Mark the start (`true`) or end of a cancellable operation that
+/// [`graceful`] cannot wrap (it runs inside a library call).
+pub fn set_graceful(on: bool) {
+    let _ = token();
+    GRACEFUL.store(on, Ordering::SeqCst);
+}
+
 /// Run `f`, which undoes its own steps when [`token`] is cancelled: every
 /// signal during it (a second Ctrl-C too) only cancels, so the undo always
 /// runs to its end.

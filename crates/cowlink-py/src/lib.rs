@@ -24,6 +24,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::clone_file, m)?)?;
     m.add_function(wrap_pyfunction!(ops::clone_range, m)?)?;
     m.add_function(wrap_pyfunction!(ops::copytree, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::copy, m)?)?;
     m.add_function(wrap_pyfunction!(ops::extents, m)?)?;
     m.add_function(wrap_pyfunction!(ops::usage, m)?)?;
     m.add_function(wrap_pyfunction!(ops::probe_filesystem, m)?)?;

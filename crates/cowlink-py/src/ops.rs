@@ -328,3 +328,224 @@ pub fn probe_tree(py: Python<'_>, root: FsPath) -> PyResult<Vec<MountSupport>> {
         })
         .collect()
 }
+
+/// `cp SRC... DST` with GNU cp's rules, from the library's cp (the same
+/// code as the `cowlink cp` command): `src` is one path or a list;
+/// `dst` is the new name, or the directory to copy into. The options are
+/// cp's: `recursive` (-r), `archive` (-a), `dereference` ("always" -L,
+/// "command-line" -H, "never" -P; default as cp), `backup` ("simple",
+/// "numbered", "existing") with `suffix`, `force` (-f),
+/// `remove_destination`, `update` ("all", "none" as -n, "none-fail",
+/// "older" as -u), `interactive` (a callable given the question, e.g.
+/// "overwrite 'b'? ", that returns whether to replace), `link` ("hard" -l,
+/// "symbolic" -s), `copy_contents`, `attributes_only`, `parents`,
+/// `sparse` ("auto", "always", "never"), `resume`, `preserve` (as
+/// clone_file; `archive` means "all"), `default_mode` (--no-preserve=mode),
+/// `target_directory` (-t: `dst` is a directory), `no_target_directory`
+/// (-T). Returns the totals; a single failed operand raises its typed
+/// error (FileExistsError, SameFileError, ...), several raise `TreeError`
+/// with `errors` and `report`. An exception from `interactive` stops the
+/// copy and propagates.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, recursive=false, archive=false, reflink="auto", preserve=None, default_mode=false, dereference=None, backup=None, suffix=None, force=false, remove_destination=false, update="all", interactive=None, link=None, copy_contents=false, attributes_only=false, parents=false, sparse="auto", resume=false, atomic=false, target_directory=false, no_target_directory=false, threads=None, on_progress=None, cancel=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn copy(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    dst: FsPath,
+    recursive: bool,
+    archive: bool,
+    reflink: &str,
+    preserve: Option<&Bound<'_, PyAny>>,
+    default_mode: bool,
+    dereference: Option<&str>,
+    backup: Option<&str>,
+    suffix: Option<std::path::PathBuf>,
+    force: bool,
+    remove_destination: bool,
+    update: &str,
+    interactive: Option<Bound<'_, PyAny>>,
+    link: Option<&str>,
+    copy_contents: bool,
+    attributes_only: bool,
+    parents: bool,
+    sparse: &str,
+    resume: bool,
+    atomic: bool,
+    target_directory: bool,
+    no_target_directory: bool,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<TreeReport> {
+    use cowlink::cp::{Backup, CpEvent, CpOptions, Deref, Sparse, Target, Update};
+    use cowlink::tree::LinkKind;
+    let sources: Vec<std::path::PathBuf> = match src.extract::<FsPath>() {
+        Ok(p) => vec![p.0],
+        Err(_) => {
+            let mut v = Vec::new();
+            for item in src
+                .try_iter()
+                .map_err(|_| PyTypeError::new_err("src must be a path or an iterable of paths"))?
+            {
+                v.push(item?.extract::<FsPath>()?.0);
+            }
+            v
+        }
+    };
+    if let Some(cb) = &interactive {
+        if !cb.is_callable() {
+            return Err(PyTypeError::new_err("interactive must be callable"));
+        }
+    }
+    let link = match link {
+        None => None,
+        Some(w) => Some(choose(
+            "link",
+            w,
+            &[("hard", LinkKind::Hard), ("symbolic", LinkKind::Symbolic)],
+        )?),
+    };
+    let recursive = recursive || archive;
+    let mut preserve = self::preserve(preserve)?;
+    if archive {
+        preserve = Preserve::ALL;
+    }
+    let deref = match dereference {
+        None => Deref::gnu_default(recursive || archive, link),
+        Some(w) => choose(
+            "dereference",
+            w,
+            &[
+                ("always", Deref::Always),
+                ("command-line", Deref::CommandLine),
+                ("never", Deref::Never),
+            ],
+        )?,
+    };
+    let backup = match backup {
+        None => None,
+        Some(w) => Some(choose(
+            "backup",
+            w,
+            &[
+                ("simple", Backup::Simple),
+                ("numbered", Backup::Numbered),
+                ("existing", Backup::Existing),
+            ],
+        )?),
+    };
+    let update = choose(
+        "update",
+        update,
+        &[
+            ("all", Update::All),
+            ("none", Update::None),
+            ("none-fail", Update::NoneFail),
+            ("older", Update::Older),
+        ],
+    )?;
+    if backup.is_some() && update == Update::None {
+        return Err(PyValueError::new_err(
+            "backup and update=\"none\" are mutually exclusive",
+        ));
+    }
+    let sparse = choose(
+        "sparse",
+        sparse,
+        &[
+            ("auto", Sparse::Auto),
+            ("always", Sparse::Always),
+            ("never", Sparse::Never),
+        ],
+    )?;
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+    let o = CpOptions {
+        reflink: self::reflink(reflink)?,
+        preserve,
+        default_mode,
+        attributes_only,
+        deref,
+        backup,
+        suffix: suffix.map(|s| s.into_os_string()).unwrap_or_default(),
+        force,
+        remove_destination,
+        interactive: interactive.is_some(),
+        update,
+        link,
+        copy_contents,
+        preserve_links: archive,
+        recursive,
+        parents,
+        sparse,
+        resume,
+        atomic,
+        dry_run: false,
+        posixly_correct: false,
+        run: control.run(),
+        tally: None,
+    };
+    let target = Target {
+        directory: target_directory,
+        no_directory: no_target_directory,
+        strip_trailing_slashes: false,
+    };
+    let failed: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+    let observe = |ev: &CpEvent<'_>| {
+        let e = match ev {
+            CpEvent::Failed { error, .. } => (*error).clone(),
+            CpEvent::Tree {
+                event: TreeEvent::Failed(e),
+                ..
+            } => (*e).clone(),
+            _ => return,
+        };
+        failed.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+    };
+    let asker: Option<Py<PyAny>> = interactive.map(Bound::unbind);
+    let raised: Mutex<Option<PyErr>> = Mutex::new(None);
+    let run = o.run.clone();
+    let result = control.drive(py, || {
+        let mut ask = |p: &cowlink::cp::Prompt<'_>| -> bool {
+            let Some(cb) = &asker else { return false };
+            Python::attach(|py| match cb.call1(py, (p.question(),)) {
+                Ok(answer) => answer.is_truthy(py).unwrap_or(false),
+                Err(e) => {
+                    *raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    run.cancel.cancel();
+                    false
+                }
+            })
+        };
+        cowlink::cp::copy(&sources, &dst, target, &o, &observe, Some(&mut ask))
+    })?;
+    if let Some(e) = raised.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let report = result.map_err(|e| to_py(py, &e))?;
+    let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    let totals = TreeReport::from(&report.totals);
+    match failed.as_slice() {
+        [] => Ok(totals),
+        [one] => Err(to_py(py, one)),
+        [first, ..] => {
+            let errno = first
+                .raw_os_error()
+                .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
+            let err = TreeError::new_err((
+                errno,
+                format!(
+                    "{} of the operands or entries could not be copied; the first: {first}",
+                    failed.len()
+                ),
+            ));
+            let value = err.value(py);
+            value.setattr("filename", dst.0.as_os_str())?;
+            value.setattr("message", value.getattr("strerror")?)?;
+            value.setattr("kind", "tree")?;
+            value.setattr("errors", error_list(py, &failed)?)?;
+            value.setattr("report", Py::new(py, totals)?)?;
+            Err(err)
+        }
+    }
+}

@@ -168,3 +168,80 @@ def test_the_gil_is_released_during_copytree(ext4: Path) -> None:
     # while the GIL is free; with the GIL held it would manage none.
     assert elapsed > 0.1, "the copy was too quick to tell"
     assert during > 20 * elapsed, (during, elapsed)
+
+
+def test_copy_is_gnu_cp_for_files(cow: Path) -> None:
+    """`cowlink.copy` is `cowlink cp`'s code: a clone, then cp's rules for
+    existing destinations (backups, -n, none-fail, the same file)."""
+    body = data(256 << 10, 1)
+    src = write(cow / "src", body)
+    report = cowlink.copy(src, cow / "dst")
+    assert (cow / "dst").read_bytes() == body
+    assert (report.files, report.cloned, report.copied) == (1, 1, 0)
+    layout = cowlink.extents(cow / "dst")
+    assert layout.shared_bytes == len(body)
+    # A numbered backup of the replaced file, as cp --backup=numbered.
+    write(cow / "dst", b"old")
+    cowlink.copy(src, cow / "dst", backup="numbered")
+    assert (cow / "dst.~1~").read_bytes() == b"old"
+    assert (cow / "dst").read_bytes() == body
+    # update="none" keeps silently; "none-fail" raises FileExistsError.
+    write(cow / "keep", b"mine")
+    cowlink.copy(src, cow / "keep", update="none")
+    assert (cow / "keep").read_bytes() == b"mine"
+    with pytest.raises(FileExistsError):
+        cowlink.copy(src, cow / "keep", update="none-fail")
+    assert (cow / "keep").read_bytes() == b"mine"
+    # cp F F is refused with the typed error, and F is intact.
+    with pytest.raises(cowlink.SameFileError) as same:
+        cowlink.copy(src, src)
+    assert "are the same file" in str(same.value)
+    assert src.read_bytes() == body
+
+
+def test_copy_interactive_calls_the_python_callable(xfs: Path) -> None:
+    src = write(xfs / "src", b"new")
+    dst = write(xfs / "dst", b"old")
+    asked: list[str] = []
+
+    def no(question: str) -> bool:
+        asked.append(question)
+        return False
+
+    cowlink.copy(src, dst, interactive=no)
+    assert asked == [f"overwrite '{dst}'? "]
+    assert dst.read_bytes() == b"old"
+    cowlink.copy(src, dst, interactive=lambda q: True)
+    assert dst.read_bytes() == b"new"
+    write(dst, b"old")
+
+    def boom(question: str) -> bool:
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError):
+        cowlink.copy(src, dst, interactive=boom)
+    assert dst.read_bytes() == b"old"
+    with pytest.raises(TypeError):
+        cowlink.copy(src, dst, interactive=3)  # type: ignore[arg-type]
+
+
+def test_copy_several_sources_into_a_directory(xfs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(xfs / "a" / "b" / "f", b"f")
+    write(xfs / "g", b"g")
+    os.mkdir(xfs / "out")
+    report = cowlink.copy([xfs / "a", xfs / "g"], xfs / "out", recursive=True)
+    assert (xfs / "out" / "a" / "b" / "f").read_bytes() == b"f"
+    assert (xfs / "out" / "g").read_bytes() == b"g"
+    assert report.files == 2
+    # A directory without recursive: the typed error, nothing copied.
+    with pytest.raises(IsADirectoryError):
+        cowlink.copy(xfs / "a", xfs / "out2")
+    assert not (xfs / "out2").exists()
+    # Several sources need a directory.
+    with pytest.raises(NotADirectoryError):
+        cowlink.copy([xfs / "g", xfs / "g"], xfs / "g")
+    # --parents keeps the source's path under the target.
+    monkeypatch.chdir(xfs)
+    os.mkdir(xfs / "par")
+    cowlink.copy("a/b/f", "par", parents=True)
+    assert (xfs / "par" / "a" / "b" / "f").read_bytes() == b"f"

@@ -59,6 +59,7 @@ mod walk;
 #[cfg(target_os = "linux")]
 pub mod bench;
 mod clone;
+pub mod cp;
 pub mod dedupe;
 #[cfg(target_os = "linux")]
 pub mod drive;

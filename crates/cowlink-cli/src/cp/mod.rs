@@ -3,8 +3,6 @@
 //! This file reads the options and reports; `gnu.rs` holds GNU cp's rules
 //! for each command-line operand.
 
-mod gnu;
-
 use cowlink::name::quoted;
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -15,15 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, Tally, TreeEvent, TreeOptions};
+use cowlink::cp::{Backup, CpEvent, CpOptions, Deref, Sparse, Target, Update};
+use cowlink::tree::{Action, LinkKind, SkipReason, Tally, TreeEvent};
 use cowlink::Run;
-use cowlink::{
-    clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Placement, Preserve,
-    Reflink,
-};
+use cowlink::{CloneOptions, Error, ErrorKind, Method, Outcome, Preserve, Reflink};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use std::os::unix::ffi::OsStrExt;
 
 use crate::out::{errln, out, outln, prog};
 use crate::{human_bytes, human_duration, Exit};
@@ -92,7 +87,7 @@ pub struct CpArgs {
         require_equals = true,
         default_missing_value = "older"
     )]
-    update: Option<gnu::Update>,
+    update: Option<UpdateArg>,
 
     /// Same as --update=older
     #[arg(short = 'u')]
@@ -392,6 +387,19 @@ enum PreserveArg {
     All,
 }
 
+/// `--update[=WHICH]` (`-u` is `older`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum UpdateArg {
+    /// Replace every existing destination (the default).
+    All,
+    /// Replace none, silently (as `-n`).
+    None,
+    /// Replace none, and fail for each.
+    NoneFail,
+    /// Replace a destination only if it is older than its source.
+    Older,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum SparseArg {
     Auto,
@@ -664,6 +672,46 @@ impl Reporter {
         }
     }
 
+    /// An event of the library's cp.
+    fn cp_event(&self, ev: &CpEvent<'_>) {
+        match *ev {
+            CpEvent::Tree { src, dst, event } => self.tree_event(event, (src, dst)),
+            CpEvent::TreeStart { dst, dir_existed } => {
+                if dir_existed {
+                    *self.quiet_dir.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(dst.to_path_buf());
+                }
+                crate::interrupt::set_graceful(true);
+            }
+            CpEvent::TreeEnd => crate::interrupt::set_graceful(false),
+            CpEvent::Copied {
+                src,
+                dst,
+                outcome,
+                elapsed,
+                backup,
+            } => self.done(src, dst, outcome, Some(elapsed), backup),
+            CpEvent::Skipped { src, dst, reason } => self.skipped(src, dst, reason),
+            CpEvent::Failed {
+                src,
+                dst,
+                error,
+                message: Some(message),
+            } => {
+                self.eprint(&format!("{}: {message}", prog()));
+                self.record(&Record {
+                    error: Some(error.clone()),
+                    ..Record::new(src, dst, "failed")
+                });
+            }
+            CpEvent::Failed {
+                src, dst, error, ..
+            } => self.failed(src, dst, error),
+            CpEvent::Warning(w) => self.eprint(&format!("{}: {w}", prog())),
+            _ => {}
+        }
+    }
+
     fn summary(&self, elapsed: Duration, dry_run: bool, cancelled: bool) -> Summary {
         let t = self.tally.report();
         Summary {
@@ -733,8 +781,9 @@ fn summary_line(s: &Summary) -> String {
     line
 }
 
-/// Run `cowlink cp`.
-pub fn run(args: CpArgs) -> Result<Exit> {
+/// The library's configuration for these arguments (GNU's defaults and
+/// environment: VERSION_CONTROL, SIMPLE_BACKUP_SUFFIX, POSIXLY_CORRECT).
+fn options(args: &CpArgs) -> Result<CpOptions> {
     let Attrs {
         preserve,
         links,
@@ -749,24 +798,29 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         None
     };
     let deref = if args.dereference {
-        gnu::Deref::Always
+        Deref::Always
     } else if args.deref_args {
-        gnu::Deref::CommandLine
+        Deref::CommandLine
     } else if args.no_dereference
         || args.no_deref_preserve_links
         || args.archive
         || (recursive && link != Some(LinkKind::Hard))
     {
-        gnu::Deref::Never
+        Deref::Never
     } else {
-        gnu::Deref::Always
+        Deref::Always
     };
     let update = if args.no_clobber {
-        gnu::Update::None
+        Update::None
     } else if args.update_older {
-        gnu::Update::Older
+        Update::Older
     } else {
-        args.update.unwrap_or(gnu::Update::All)
+        match args.update {
+            None | Some(UpdateArg::All) => Update::All,
+            Some(UpdateArg::None) => Update::None,
+            Some(UpdateArg::NoneFail) => Update::NoneFail,
+            Some(UpdateArg::Older) => Update::Older,
+        }
     };
     let backup = match (&args.backup, args.backup_default || args.suffix.is_some()) {
         (None, false) => None,
@@ -775,71 +829,105 @@ pub fn run(args: CpArgs) -> Result<Exit> {
                 Some(w) if !w.is_empty() => w.to_string(),
                 _ => std::env::var("VERSION_CONTROL").unwrap_or_default(),
             };
-            let kind = if word.is_empty() {
-                Some(gnu::Backup::Existing)
+            if word.is_empty() {
+                Some(Backup::Existing)
             } else {
-                gnu::Backup::parse(&word).map_err(anyhow::Error::msg)?
-            };
-            let suffix = args
-                .suffix
-                .clone()
-                .filter(|s| !s.is_empty())
-                .or_else(|| std::env::var_os("SIMPLE_BACKUP_SUFFIX").filter(|s| !s.is_empty()))
-                .unwrap_or_else(|| "~".into());
-            kind.map(|k| (k, suffix))
+                Backup::parse(&word).map_err(|e| anyhow::Error::msg(e.reason()))?
+            }
         }
     };
-    if backup.is_some() && update == gnu::Update::None {
+    if backup.is_some() && update == Update::None {
         bail!(
             "options --backup and --no-clobber are mutually exclusive\nTry '{}' for more information.",
             if prog() == "cp" { "cp --help" } else { "cowlink cp --help" }
         );
     }
-    let rules = gnu::Rules {
+    let suffix = args
+        .suffix
+        .clone()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var_os("SIMPLE_BACKUP_SUFFIX").filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "~".into());
+    // 0: the library's default.
+    let threads = args.jobs.map_or(0, crate::capped_threads);
+    Ok(CpOptions {
+        reflink: args.reflink,
+        preserve,
+        default_mode: no_mode,
+        attributes_only: args.attributes_only,
         deref,
         backup,
+        suffix,
         force: args.force,
         remove_destination: args.remove_destination,
         interactive: args.interactive,
         update,
         link,
         copy_contents: args.copy_contents,
-        attributes_only: args.attributes_only,
         preserve_links: links,
         recursive,
-        gnu_verbose: prog() == "cp",
         parents: args.parents,
         sparse: match args.sparse {
-            Some(SparseArg::Always) => Some(gnu::Sparse::Always),
-            Some(SparseArg::Never) => Some(gnu::Sparse::Never),
-            _ => None,
+            Some(SparseArg::Always) => Sparse::Always,
+            Some(SparseArg::Never) => Sparse::Never,
+            _ => Sparse::Auto,
         },
+        resume: args.resume,
+        atomic: args.atomic,
+        dry_run: args.dry_run,
+        posixly_correct: std::env::var_os("POSIXLY_CORRECT").is_some(),
+        run: Run::default()
+            .with_threads(threads)
+            .with_cancel(crate::interrupt::token()),
+        tally: Some(Arc::new(Tally::default())),
+    })
+}
+
+/// Ask on stderr, read the answer from stdin: yes when it starts with y.
+fn ask(reporter: &Reporter, prompt: &cowlink::cp::Prompt<'_>) -> bool {
+    use std::io::BufRead;
+    let question = || {
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "{}: {}", prog(), prompt.question());
+        let _ = err.flush();
     };
-    let options = CloneOptions {
-        reflink: args.reflink,
-        // GNU cp replaces existing files unless told otherwise; links are
-        // made only where nothing is (or -f removed it).
-        overwrite: if matches!(update, gnu::Update::None) {
-            Overwrite::Skip
-        } else if link.is_some() && !args.force {
-            Overwrite::Refuse
-        } else {
-            Overwrite::Replace
-        },
-        preserve,
-        attributes_only: args.attributes_only,
-        default_mode: no_mode && !preserve.mode,
-        // A single file named on the command line is complete or absent
-        // even after a crash; trees choose per directory (`--atomic`).
-        placement: Placement::Atomic,
+    match &reporter.bar {
+        Some(bar) => bar.suspend(question),
+        None => question(),
+    }
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    matches!(line.trim_start().chars().next(), Some('y' | 'Y'))
+}
+
+/// Run `cowlink cp`: arguments → [`CpOptions`] → [`cowlink::cp`] → output.
+pub fn run(args: CpArgs) -> Result<Exit> {
+    let o = options(&args)?;
+    if args.target_directory.is_none() && args.paths.len() < 2 {
+        bail!(
+            "missing destination file operand after {}\nUsage: {} [OPTIONS] SRC... DEST (see --help)",
+            quoted(&args.paths[0]),
+            if prog() == "cp" { "cp" } else { "cowlink cp" }
+        );
+    }
+    let (sources, dest) = match &args.target_directory {
+        Some(dir) => (&args.paths[..], dir.as_path()),
+        None => {
+            let (last, rest) = args.paths.split_last().expect("two or more paths");
+            (rest, last.as_path())
+        }
     };
-    let jobs = plan(&args, &|p| match std::fs::metadata(p) {
+    let target = Target {
+        directory: args.target_directory.is_some(),
+        no_directory: args.no_target_directory,
+        strip_trailing_slashes: args.strip_trailing_slashes,
+    };
+    let ops = cowlink::cp::operands(sources, dest, target, &o, &|p| match std::fs::metadata(p) {
         Ok(m) => Ok(Some(m.is_dir())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
-    })?;
-    // 0: the library's default.
-    let threads = args.jobs.map_or(0, crate::capped_threads);
+    })
+    .map_err(|e| anyhow::Error::msg(e.reason()))?;
     let cancel = crate::interrupt::token();
     // Deep trees hold two descriptors per level; raise the soft limit.
     crate::raise_fd_limit();
@@ -848,7 +936,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     // line every second instead.
     let terminal = std::io::stderr().is_terminal();
     let show_progress =
-        !args.no_progress && !args.dry_run && recursive && (args.progress || terminal);
+        !args.no_progress && !args.dry_run && o.recursive && (args.progress || terminal);
     let bar = (show_progress && terminal).then(|| {
         let bar = ProgressBar::new_spinner();
         bar.set_style(
@@ -856,13 +944,14 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         );
         bar
     });
+    let gnu_verbose = prog() == "cp";
     let reporter = Reporter {
-        options,
+        options: o.clone_options(),
         verbose: args.verbose,
-        gnu_verbose: rules.gnu_verbose,
+        gnu_verbose,
         json: args.json,
-        recursive,
-        tally: Arc::new(Tally::default()),
+        recursive: o.recursive,
+        tally: Arc::clone(o.tally.as_ref().expect("set above")),
         wrote_record: AtomicBool::new(false),
         stdout_failed: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),
@@ -872,26 +961,9 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     if args.json {
         out!("{{\n  \"results\": [");
     }
-    let tree = TreeOptions {
-        file: options,
-        hardlinks: links,
-        dereference: deref == gnu::Deref::Always,
-        atomic: args.atomic,
-        resume: args.resume,
-        link,
-        update_older: update == gnu::Update::Older,
-        copy_contents: args.copy_contents && recursive,
-        dry_run: args.dry_run,
-        run: Run::default()
-            .with_threads(threads)
-            .with_cancel(cancel.clone()),
-        tally: Some(Arc::clone(&reporter.tally)),
-    };
     let start = Instant::now();
     let finished = AtomicBool::new(false);
     let mut any_tree = false;
-    let into_dir =
-        args.target_directory.is_some() || jobs.len() > 1 || jobs.first().is_some_and(|j| j.2);
     std::thread::scope(|s| {
         let ticker = show_progress.then(|| {
             let (reporter, finished) = (&reporter, &finished);
@@ -914,13 +986,11 @@ pub fn run(args: CpArgs) -> Result<Exit> {
                 }
             })
         });
-        let mut seen = gnu::Seen::default();
-        for (src, dst, _) in &jobs {
-            if cancel.is_cancelled() {
-                break;
-            }
-            any_tree |= copy_operand(&reporter, &tree, &rules, &mut seen, src, dst, into_dir);
-        }
+        let observer = |ev: &CpEvent<'_>| reporter.cp_event(ev);
+        let mut answer = |p: &cowlink::cp::Prompt<'_>| ask(&reporter, p);
+        let report =
+            cowlink::cp::copy_operands(&ops, target.directory, &o, &observer, Some(&mut answer));
+        any_tree = report.any_tree;
         finished.store(true, Ordering::Relaxed);
         if let Some(t) = ticker {
             t.thread().unpark();
@@ -935,7 +1005,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
             "\n  ],\n  \"summary\": {}\n}}",
             serde_json::to_string(&summary)?
         );
-    } else if any_tree && !rules.gnu_verbose && (args.verbose || args.dry_run || show_progress) {
+    } else if any_tree && !gnu_verbose && (args.verbose || args.dry_run || show_progress) {
         errln!("{}", summary_line(&summary));
     }
     if prog() == "cp" && reporter.stdout_failed.load(Ordering::Relaxed) {
@@ -958,504 +1028,4 @@ pub fn run(args: CpArgs) -> Result<Exit> {
     } else {
         Exit::Ok
     })
-}
-
-/// What `plan` needs to know of a path: `None` when it does not exist,
-/// else whether it is a directory (following symbolic links).
-type IsDir<'a> = &'a dyn Fn(&Path) -> std::io::Result<Option<bool>>;
-
-/// One operand: source, destination, and whether the destination was
-/// formed inside a target directory.
-type Job = (PathBuf, PathBuf, bool);
-
-/// Resolve the command line into (source, destination, into a directory)
-/// triples with GNU cp's rules: a destination that is a directory receives
-/// the sources under their last component (`DIR/.` is named `.`, so its
-/// content merges into the target), or under their whole path with
-/// `--parents`. Pure but for `is_dir`, so the rules are unit-tested
-/// without files.
-fn plan(args: &CpArgs, is_dir: IsDir<'_>) -> Result<Vec<Job>> {
-    let strip = |p: &PathBuf| -> PathBuf {
-        if !args.strip_trailing_slashes {
-            return p.clone();
-        }
-        let b = p.as_os_str().as_bytes();
-        let end = b.iter().rposition(|c| *c != b'/').map_or(1, |i| i + 1);
-        PathBuf::from(std::ffi::OsStr::from_bytes(&b[..end]))
-    };
-    let sources_all: Vec<PathBuf> = args.paths.iter().map(strip).collect();
-    let (sources, target): (&[PathBuf], &Path) = match &args.target_directory {
-        Some(dir) => {
-            match is_dir(dir) {
-                Ok(Some(true)) => {}
-                Ok(Some(false)) => bail!("target directory {}: Not a directory", quoted(dir)),
-                Ok(None) => bail!(
-                    "target directory {}: No such file or directory",
-                    quoted(dir)
-                ),
-                Err(e) => bail!("target directory {}: {}", quoted(dir), io_words(&e)),
-            }
-            (&sources_all, dir.as_path())
-        }
-        None => {
-            if sources_all.len() < 2 {
-                bail!(
-                    "missing destination file operand after {}\nUsage: {} [OPTIONS] SRC... DEST (see --help)",
-                    quoted(&args.paths[0]),
-                    if prog() == "cp" { "cp" } else { "cowlink cp" }
-                );
-            }
-            let (last, rest) = args.paths.split_last().expect("two or more paths");
-            let rest = &sources_all[..rest.len()];
-            if args.no_target_directory {
-                if rest.len() > 1 {
-                    bail!("extra operand {}", quoted(&args.paths[2]));
-                }
-                return Ok(vec![(rest[0].clone(), last.clone(), false)]);
-            }
-            // As GNU: a last operand that cannot be examined is a file
-            // name for one source (the copy then says why), an error for
-            // several.
-            let last_is_dir = match is_dir(last) {
-                Ok(d) => d,
-                Err(_) if rest.len() == 1 && !args.parents => Some(false),
-                Err(e) => bail!("target {}: {}", quoted(last), io_words(&e)),
-            };
-            if rest.len() == 1 && last_is_dir != Some(true) && !args.parents {
-                let src_is_dir =
-                    is_dir(&rest[0]).ok().flatten() == Some(true) && args.recursive || args.archive;
-                if last.as_os_str().as_bytes().ends_with(b"/") && !src_is_dir {
-                    bail!(
-                        "cannot create regular file {}: Not a directory",
-                        quoted(last)
-                    );
-                }
-                return Ok(vec![(rest[0].clone(), last.clone(), false)]);
-            }
-            match last_is_dir {
-                Some(true) => {}
-                Some(false) if args.parents && rest.len() == 1 => {
-                    bail!("with --parents, the destination must be a directory")
-                }
-                Some(false) => bail!("target {} is not a directory", quoted(last)),
-                None => bail!("target {}: No such file or directory", quoted(last)),
-            }
-            (rest, last.as_path())
-        }
-    };
-    sources
-        .iter()
-        .map(|src| {
-            let dst = if args.parents {
-                let rel = src.as_os_str().as_bytes();
-                let rel = rel.strip_prefix(b"/").unwrap_or(rel);
-                gnu::join(target, std::ffi::OsStr::from_bytes(rel))
-            } else {
-                gnu::join(target, gnu::base_name(src))
-            };
-            Ok((src.clone(), dst, true))
-        })
-        .collect()
-}
-
-/// An I/O error in GNU's words ("Permission denied"), without Rust's
-/// "(os error 13)".
-fn io_words(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    s.split(" (os error").next().unwrap_or(&s).to_string()
-}
-
-/// `--parents`: create the directories between the target and `dst`
-/// that are missing, each with its source directory's permission bits.
-fn make_parents(src: &Path, dst: &Path, preserve: Preserve) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let (Some(sp), Some(dp)) = (src.parent(), dst.parent()) else {
-        return Ok(());
-    };
-    if std::fs::symlink_metadata(src).is_err() {
-        return Ok(()); // the copy says why
-    }
-    let chain: Vec<(&Path, &Path)> = sp.ancestors().zip(dp.ancestors()).collect();
-    for (s, d) in chain.into_iter().rev() {
-        if s.as_os_str().is_empty() {
-            continue;
-        }
-        if std::fs::symlink_metadata(d).is_ok() {
-            // With -p, GNU gives existing directories on the way the
-            // source's permissions again.
-            if preserve.mode && std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
-                let mode = std::fs::metadata(s)?.permissions().mode() & 0o7777;
-                std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
-            }
-            continue;
-        }
-        std::fs::create_dir(d)?;
-        let m = std::fs::metadata(s)?;
-        let mode = m.permissions().mode() & 0o7777;
-        // As GNU since 8.25: the source directory's mode only when modes
-        // are preserved, else the default for new directories.
-        let mode = if preserve.mode {
-            mode
-        } else {
-            0o777 & !umask_now()
-        };
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
-    }
-    Ok(())
-}
-
-/// The process umask, read once from /proc (umask(2) would change it).
-fn umask_now() -> u32 {
-    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *UMASK.get_or_init(|| {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Umask:"))
-            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-            .unwrap_or(0o022)
-    })
-}
-
-/// Copy one command-line operand with GNU cp's rules; returns whether it
-/// was a tree copy.
-fn copy_operand(
-    r: &Reporter,
-    tree: &TreeOptions,
-    rules: &gnu::Rules,
-    seen: &mut gnu::Seen,
-    src: &Path,
-    dst: &Path,
-    into_dir: bool,
-) -> bool {
-    let refuse_errno = |msg: String, errno: Option<i32>| {
-        let e = match errno {
-            Some(n) => Error::from_errno(
-                cowlink::Operation::Clone,
-                rustix::io::Errno::from_raw_os_error(n),
-            ),
-            None => Error::new(cowlink::Operation::Clone, ErrorKind::InvalidInput),
-        }
-        .with_src(src)
-        .with_dst(dst)
-        .with_reason(msg.clone());
-        r.tally.failed();
-        r.eprint(&format!("{}: {msg}", prog()));
-        r.record(&Record {
-            error: Some(e),
-            ..Record::new(src, dst, "failed")
-        });
-    };
-    let refuse = |msg: String| refuse_errno(msg, None);
-    if tree.dry_run {
-        return plan_one(r, tree, src, dst);
-    }
-    if rules.parents {
-        if let Err(e) = make_parents(src, dst, r.options.preserve) {
-            refuse(format!(
-                "cannot make directory {}: {}",
-                quoted(dst.parent().unwrap_or(dst)),
-                io_words(&e)
-            ));
-            return false;
-        }
-    }
-    let job = match rules.plan(src, dst, into_dir, seen, &|w| {
-        r.eprint(&format!("{}: {w}", prog()))
-    }) {
-        Ok(gnu::Plan::Nothing) => return false,
-        Ok(gnu::Plan::Copy(job)) => job,
-        Err(gnu::Refusal(msg, errno)) => {
-            refuse_errno(msg, errno);
-            return false;
-        }
-    };
-    let dst = job.dst.as_path();
-    let t = Instant::now();
-    let fail_msg = |msg: String| {
-        gnu::restore_backup(&job);
-        refuse(msg);
-    };
-    let ok = |bytes: u64, method: Method| {
-        r.tally.file(&Outcome { method, bytes });
-        r.done(
-            src,
-            dst,
-            Outcome { method, bytes },
-            Some(t.elapsed()),
-            job.backup.as_deref(),
-        );
-    };
-    let mut tree_copy = false;
-    if let Some(first) = &job.link_to {
-        if std::fs::symlink_metadata(dst).is_ok_and(|m| !m.is_dir()) {
-            // As GNU: the name is taken by the link to the first copy.
-            let _ = std::fs::remove_file(dst);
-        }
-        match gnu::hardlink(first, dst, false) {
-            Ok(()) => ok(0, Method::Hardlink),
-            Err(m) => fail_msg(m),
-        }
-    } else if let (Some(kind), false) = (tree.link, job.is_dir) {
-        let made = match kind {
-            LinkKind::Hard => gnu::hardlink(src, dst, job.follow),
-            LinkKind::Symbolic => gnu::symlink_to(src, dst),
-        };
-        match made {
-            Ok(()) => ok(0, Method::Hardlink),
-            Err(m) => fail_msg(m),
-        }
-    } else if job.write_into {
-        match gnu::write_into(src, dst) {
-            Ok(n) => ok(n, Method::ReadWrite),
-            Err(e) => fail_msg(format!("cannot write to {}: {}", quoted(dst), io_words(&e))),
-        }
-    } else if job.as_file && !is_regular(src, job.follow) {
-        let mode = std::fs::metadata(src).map(|m| {
-            use std::os::unix::fs::PermissionsExt;
-            m.permissions().mode()
-        });
-        match gnu::copy_contents(src, dst, mode.unwrap_or(0o644)) {
-            Ok(n) => ok(n, Method::ReadWrite),
-            Err(e) => {
-                gnu::restore_backup(&job);
-                r.tally.failed();
-                r.failed(src, dst, &e);
-            }
-        }
-    } else if job.as_file {
-        let mut options = r.options;
-        if tree.resume {
-            if cowlink::is_complete_copy(src, dst) {
-                r.tally.skipped();
-                r.skipped(src, dst, SkipReason::Complete);
-                return false;
-            }
-            options.overwrite = Overwrite::Replace;
-        }
-        match clone_file(src, dst, &options) {
-            Ok(o) => {
-                if let Err(e) = after_file(rules, dst, o.method) {
-                    fail_msg(format!("{}: {}", quoted(dst), io_words(&e)));
-                    return false;
-                }
-                r.tally.file(&o);
-                r.done(src, dst, o, Some(t.elapsed()), job.backup.as_deref());
-            }
-            Err(e) => {
-                gnu::restore_backup(&job);
-                r.tally.failed();
-                r.failed(src, dst, &e);
-            }
-        }
-    } else {
-        if job.dst_dir_existed {
-            *r.quiet_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(dst.to_path_buf());
-        }
-        let from = follow_operand(src, job.follow);
-        let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
-        if let Err(e) = crate::interrupt::graceful(|| copy_tree(&from, dst, tree, &observer)) {
-            gnu::restore_backup(&job);
-            r.tally.failed();
-            r.failed(src, dst, &e);
-        }
-        tree_copy = job.is_dir;
-    }
-    rules.record(&job, seen);
-    tree_copy
-}
-
-/// What GNU does to a copied file beyond the copy: `--sparse=always`
-/// turns runs of zeros into holes, `--sparse=never` fills every hole (a
-/// clone keeps its source's layout either way). (The default mode of
-/// `--no-preserve=mode` is the library's `CloneOptions::default_mode`.)
-fn after_file(rules: &gnu::Rules, dst: &Path, method: Method) -> std::io::Result<()> {
-    use rustix::fs::{fallocate, FallocateFlags};
-    use std::os::unix::fs::FileExt;
-    if method == Method::Reflink || method == Method::Skipped {
-        return Ok(());
-    }
-    match rules.sparse {
-        Some(gnu::Sparse::Always) => {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(dst)?;
-            let len = f.metadata()?.len();
-            const BLOCK: u64 = 4096;
-            let mut buf = vec![0u8; BLOCK as usize];
-            let mut off = 0;
-            while off < len {
-                let n = f.read_at(&mut buf, off)?;
-                if n == 0 {
-                    break;
-                }
-                if n as u64 == BLOCK && buf.iter().all(|b| *b == 0) {
-                    fallocate(
-                        &f,
-                        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-                        off,
-                        BLOCK,
-                    )?;
-                }
-                off += n as u64;
-            }
-        }
-        Some(gnu::Sparse::Never) => {
-            let f = std::fs::OpenOptions::new().write(true).open(dst)?;
-            let len = f.metadata()?.len();
-            if len > 0 {
-                fallocate(&f, FallocateFlags::KEEP_SIZE, 0, len)?;
-            }
-        }
-        None => {}
-    }
-    Ok(())
-}
-
-/// The operand as the tree copy should open it: a followed symlink is
-/// replaced by what it names (the tree copy itself follows none with -H).
-fn follow_operand(src: &Path, follow: bool) -> PathBuf {
-    if follow && std::fs::symlink_metadata(src).is_ok_and(|m| m.file_type().is_symlink()) {
-        std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf())
-    } else {
-        src.to_path_buf()
-    }
-}
-
-fn is_regular(p: &Path, follow: bool) -> bool {
-    if follow {
-        std::fs::metadata(p)
-    } else {
-        std::fs::symlink_metadata(p)
-    }
-    .is_ok_and(|m| m.is_file())
-}
-
-/// A dry run of one command-line source (the tree copy reports what it
-/// would do, for a single file too); returns whether it was a directory.
-fn plan_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
-    let meta = if tree.dereference {
-        std::fs::metadata(src)
-    } else {
-        std::fs::symlink_metadata(src)
-    };
-    let is_dir = meta.is_ok_and(|m| m.is_dir()) || (!r.recursive && src.is_dir());
-    if is_dir && !r.recursive {
-        let e = Error::new(cowlink::Operation::Clone, ErrorKind::IsDirectory)
-            .with_src(src)
-            .with_dst(dst)
-            .with_reason("source is a directory (omitted)");
-        r.tally.failed();
-        r.failed(src, dst, &e);
-        return false;
-    }
-    let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
-    let result = crate::interrupt::graceful(|| copy_tree(src, dst, tree, &observer));
-    if let Err(e) = result {
-        // Nothing could start: not counted by the tree.
-        r.tally.failed();
-        r.failed(src, dst, &e);
-    }
-    is_dir
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cmd {
-        #[command(flatten)]
-        cp: CpArgs,
-    }
-
-    /// `plan` over a made-up tree: `d/` and `e/` are directories, `f`
-    /// a file, everything else missing.
-    fn plan_of(line: &str) -> Result<Vec<(String, String)>> {
-        let args = Cmd::try_parse_from(std::iter::once("cp").chain(line.split(' ')))?.cp;
-        let is_dir = |p: &Path| {
-            Ok(match p.to_str().unwrap().trim_end_matches('/') {
-                "d" | "e" => Some(true),
-                "f" => Some(false),
-                _ => None,
-            })
-        };
-        Ok(plan(&args, &is_dir)?
-            .into_iter()
-            .map(|(s, d, _)| (s.display().to_string(), d.display().to_string()))
-            .collect())
-    }
-
-    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn one_source_to_a_new_name_or_into_a_directory() {
-        assert_eq!(plan_of("a b").unwrap(), pairs(&[("a", "b")]));
-        assert_eq!(plan_of("a f").unwrap(), pairs(&[("a", "f")]));
-        assert_eq!(plan_of("x/a d").unwrap(), pairs(&[("x/a", "d/a")]));
-    }
-
-    #[test]
-    fn several_sources_need_a_directory() {
-        assert_eq!(
-            plan_of("a b d").unwrap(),
-            pairs(&[("a", "d/a"), ("b", "d/b")])
-        );
-        let e = plan_of("a b f").unwrap_err().to_string();
-        assert_eq!(e, "target 'f' is not a directory");
-        let e = plan_of("a b nothere").unwrap_err().to_string();
-        assert_eq!(e, "target 'nothere': No such file or directory");
-    }
-
-    #[test]
-    fn a_trailing_slash_promises_a_directory() {
-        let e = plan_of("a new/").unwrap_err().to_string();
-        assert_eq!(e, "cannot create regular file 'new/': Not a directory");
-        assert_eq!(plan_of("a d/").unwrap(), pairs(&[("a", "d/a")]));
-    }
-
-    #[test]
-    fn t_names_the_directory_and_capital_t_the_file() {
-        assert_eq!(
-            plan_of("-t e a b").unwrap(),
-            pairs(&[("a", "e/a"), ("b", "e/b")])
-        );
-        // -T: the destination is the name itself, even an existing directory.
-        assert_eq!(plan_of("-T a d").unwrap(), pairs(&[("a", "d")]));
-        let e = plan_of("-T a b d").unwrap_err().to_string();
-        assert_eq!(e, "extra operand 'd'");
-    }
-
-    #[test]
-    fn a_missing_destination_is_refused() {
-        let e = plan_of("a").unwrap_err().to_string();
-        assert!(
-            e.starts_with("missing destination file operand after 'a'"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn dir_dot_merges_into_the_target_and_parents_keep_the_path() {
-        // GNU: the last component of `x/.` is `.`, so `cp -r x/. d`
-        // copies x's content into d itself.
-        assert_eq!(plan_of("-r x/. d").unwrap(), pairs(&[("x/.", "d/.")]));
-        assert_eq!(plan_of("x/ d").unwrap(), pairs(&[("x/", "d/x")]));
-        assert_eq!(
-            plan_of("--parents a/b/f d").unwrap(),
-            pairs(&[("a/b/f", "d/a/b/f")])
-        );
-        let e = plan_of("--parents a f").unwrap_err().to_string();
-        assert_eq!(e, "with --parents, the destination must be a directory");
-        assert_eq!(
-            plan_of("--strip-trailing-slashes x/ d").unwrap(),
-            pairs(&[("x", "d/x")])
-        );
-    }
 }
