@@ -94,8 +94,10 @@ impl Fs {
         };
         assert_kind(&root, self);
         let hold = Shared::take();
+        // Module paths hold "::", and a ':' in a path breaks what lists
+        // paths with it (PATH, systemd's unit settings).
         let dir = tempfile::Builder::new()
-            .prefix(&format!("{test}-"))
+            .prefix(&format!("{}-", test.replace("::", "-")))
             .tempdir_in(&root)
             .unwrap_or_else(|e| panic!("cannot make a test dir in {}: {e}", root.display()));
         TestDir { dir, _hold: hold }
