@@ -1,7 +1,10 @@
 """Fixtures: fresh directories on the real filesystems `scripts/testfs up`
-mounts (COWLINK_TEST_XFS, _BTRFS, _EXT4, _TMPFS). Without them a test is
-skipped, and reported as skipped; with COWLINK_REQUIRE_TESTFS=1 (as
-scripts/test sets) a missing filesystem is a failure instead."""
+mounts (COWLINK_TEST_XFS, _BTRFS, _EXT4, _TMPFS). Each fixture asserts the
+filesystem kind (with coreutils' `stat -f`, not the package under test), so
+a broken setup fails instead of testing the root filesystem. There is no
+skip path: without the filesystems a test fails with the reason, never
+passes unrun (scripts/test-python runs these tests after `scripts/testfs
+up`)."""
 
 from __future__ import annotations
 
@@ -19,12 +22,28 @@ import pytest
 REPO = Path(os.environ.get("COWLINK_REPO") or Path(__file__).resolve().parents[3])
 
 
+# What `stat -f -c %T` calls each filesystem (ext4 is "ext2/ext3").
+KINDS = {
+    "COWLINK_TEST_XFS": "xfs",
+    "COWLINK_TEST_BTRFS": "btrfs",
+    "COWLINK_TEST_EXT4": "ext2/ext3",
+    "COWLINK_TEST_TMPFS": "tmpfs",
+}
+
+
+def fs_kind(path: Path) -> str:
+    """The filesystem type of `path`, as coreutils names it."""
+    out = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 def _dir_on(var: str) -> Iterator[Path]:
     root = os.environ.get(var)
     if not root:
-        if os.environ.get("COWLINK_REQUIRE_TESTFS") == "1":
-            pytest.fail(f"{var} is not set but COWLINK_REQUIRE_TESTFS=1")
-        pytest.skip(f"{var} is not set (run under scripts/testfs up)")
+        pytest.fail(f"{var} is not set: run the Python tests through scripts/test (or scripts/testfs up)")
+    kind = fs_kind(Path(root))
+    if kind != KINDS[var]:
+        pytest.fail(f"{var}={root} is {kind}, not {KINDS[var]}")
     d = Path(tempfile.mkdtemp(prefix="py-", dir=root))
     try:
         yield d

@@ -1,16 +1,23 @@
-//! Test support: the real filesystems `scripts/testfs up` mounts.
+//! Test support: the real filesystems `scripts/testfs up` mounts, and the
+//! helpers the integration tests share.
 //!
-//! A test asks for a filesystem with [`Fs::dir`]. The path comes from an
-//! environment variable (`COWLINK_TEST_XFS`, ...). When it is set, the
-//! filesystem kind is asserted with `statfs` first, so a broken setup fails
-//! instead of silently testing the root filesystem. When it is unset the
-//! test is skipped with a message on the real stderr (not captured by the
-//! test harness), unless `COWLINK_REQUIRE_TESTFS=1`, which makes it a
-//! failure: the README test command and CI set it.
+//! A test asks for a filesystem with [`testfs!`] ([`Fs::dir`]). The path
+//! comes from an environment variable (`COWLINK_TEST_XFS`, ...). When it
+//! is set, the filesystem kind is asserted with `statfs` first, so a broken
+//! setup fails instead of silently testing the root filesystem. When it is
+//! unset the test **fails**, naming the variable: there is no skip path, so
+//! a test can never pass without having run. Tests that need these
+//! filesystems (or root, or the test servers) carry
+//! `#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]`
+//! ([`NEEDS_TESTFS`] says it in words): plain `cargo test` reports them as
+//! ignored, and `scripts/test` runs them with `--include-ignored`. A new
+//! filesystem test that forgets the attribute fails under plain
+//! `cargo test` instead of passing.
 #![deny(missing_docs)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
 
 pub mod hostile;
 pub mod relay;
@@ -67,39 +74,180 @@ impl Fs {
     }
 
     /// A fresh, empty directory on this filesystem for one test, removed
-    /// when dropped; `None` (after a loud message) when the filesystem is
-    /// not configured and not required.
+    /// when dropped. While it lives the test shares the test filesystems
+    /// with others; [`serial`] waits until no one else uses them.
     ///
     /// # Panics
-    /// When the variable is unset and `COWLINK_REQUIRE_TESTFS=1`, or set to
-    /// a path that is not this kind of filesystem.
-    pub fn dir(self, test: &str) -> Option<tempfile::TempDir> {
+    /// When the variable is unset (the test was run without
+    /// `scripts/testfs up`: it fails, never passes unrun), or set to a path
+    /// that is not this kind of filesystem.
+    #[track_caller]
+    pub fn dir(self, test: &str) -> TestDir {
         let root = match std::env::var_os(self.var()) {
             Some(v) if !v.is_empty() => PathBuf::from(v),
-            _ => {
-                if std::env::var("COWLINK_REQUIRE_TESTFS").as_deref() == Ok("1") {
-                    panic!(
-                        "{} is not set but COWLINK_REQUIRE_TESTFS=1: run `scripts/testfs up` (as root) \
-                         and export what it prints",
-                        self.var()
-                    );
-                }
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED {test}: {} is not set (run `eval \"$(sudo scripts/testfs up)\"`)",
-                    self.var()
-                );
-                return None;
-            }
+            _ => panic!(
+                "{test} needs {:?}, but {} is not set: run it through scripts/test, or \
+                 `eval \"$(sudo scripts/testfs up)\"` first and pass --include-ignored",
+                self,
+                self.var()
+            ),
         };
         assert_kind(&root, self);
-        Some(
-            tempfile::Builder::new()
-                .prefix(&format!("{test}-"))
-                .tempdir_in(&root)
-                .unwrap_or_else(|e| panic!("cannot make a test dir in {}: {e}", root.display())),
-        )
+        let hold = Shared::take();
+        // Module paths hold "::", and a ':' in a path breaks what lists
+        // paths with it (PATH, systemd's unit settings).
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{}-", test.replace("::", "-")))
+            .tempdir_in(&root)
+            .unwrap_or_else(|e| panic!("cannot make a test dir in {}: {e}", root.display()));
+        TestDir { dir, _hold: hold }
     }
+}
+
+/// The reason every test that needs the test filesystems is ignored by
+/// plain `cargo test`; `#[ignore = ...]` takes a literal, so the tests
+/// spell it out: `needs the loop-mounted test filesystems: run scripts/test`.
+pub const NEEDS_TESTFS: &str = "needs the loop-mounted test filesystems: run scripts/test";
+
+/// A test's directory on one of the test filesystems ([`Fs::dir`]),
+/// removed when dropped; dereferences to its [`tempfile::TempDir`].
+#[derive(Debug)]
+pub struct TestDir {
+    // Dropped first: the directory goes before the share is given back.
+    dir: tempfile::TempDir,
+    _hold: Shared,
+}
+
+impl std::ops::Deref for TestDir {
+    type Target = tempfile::TempDir;
+    fn deref(&self) -> &tempfile::TempDir {
+        &self.dir
+    }
+}
+
+/// Who uses the test filesystems: tests holding a [`TestDir`] share them;
+/// a test holding [`serial`]'s guard (one that measures free space, which
+/// any other test's writes would disturb) has them alone. One lock for the
+/// whole test binary, since all its tests write to the same filesystems.
+struct Users {
+    shared: usize,
+    alone: Option<std::thread::ThreadId>,
+    /// Tests waiting in [`serial`]: new tests wait behind them, so that a
+    /// stream of short tests cannot keep them waiting to the end.
+    waiting: usize,
+}
+
+static USERS: Mutex<Users> = Mutex::new(Users {
+    shared: 0,
+    alone: None,
+    waiting: 0,
+});
+static CHANGED: Condvar = Condvar::new();
+
+thread_local! {
+    /// The shares this thread holds (to refuse `serial()` after `testfs!`,
+    /// which would wait for itself).
+    static HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn users() -> std::sync::MutexGuard<'static, Users> {
+    USERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One test's share of the test filesystems.
+#[derive(Debug)]
+struct Shared {
+    counted: bool,
+}
+
+impl Shared {
+    fn take() -> Shared {
+        let me = std::thread::current().id();
+        let mut u = users();
+        if u.alone == Some(me) {
+            // The test that has them alone makes its own directories.
+            return Shared { counted: false };
+        }
+        // A test that holds a share already takes another at once: waiting
+        // behind a serial test that waits for it would never end.
+        let mine = HELD.with(|h| h.get()) > 0;
+        while u.alone.is_some() || (u.waiting > 0 && !mine) {
+            u = CHANGED.wait(u).unwrap_or_else(|e| e.into_inner());
+        }
+        u.shared += 1;
+        HELD.with(|h| h.set(h.get() + 1));
+        Shared { counted: true }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.counted {
+            users().shared -= 1;
+            HELD.with(|h| h.set(h.get().saturating_sub(1)));
+            CHANGED.notify_all();
+        }
+    }
+}
+
+/// The test filesystems for this test alone, while the guard lives.
+#[derive(Debug)]
+pub struct Serial(());
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        users().alone = None;
+        CHANGED.notify_all();
+    }
+}
+
+/// Wait until no other test of this binary uses the test filesystems,
+/// then keep them for this test until the guard is dropped: for tests
+/// that measure free space or fill a filesystem. Call it first, before
+/// [`testfs!`].
+///
+/// # Panics
+/// When this thread already holds a [`TestDir`] (it would wait for itself).
+pub fn serial() -> Serial {
+    assert_eq!(
+        HELD.with(|h| h.get()),
+        0,
+        "serial() must come before testfs!: this test holds a shared test directory"
+    );
+    let me = std::thread::current().id();
+    let mut u = users();
+    u.waiting += 1;
+    while u.alone.is_some() || u.shared > 0 {
+        u = CHANGED.wait(u).unwrap_or_else(|e| e.into_inner());
+    }
+    u.waiting -= 1;
+    u.alone = Some(me);
+    Serial(())
+}
+
+/// What `rsync` would change to make tree `b` equal tree `a`, itemized
+/// (empty when equal): contents by checksum, modes, owners, groups,
+/// links, devices and specials, hardlinks, ACLs and xattrs, and with
+/// `times` the modification times too (store manifests do not record
+/// directory times, so the store's tests leave them out). `--delete`
+/// reports names only `b` has.
+///
+/// # Panics
+/// When rsync is missing or fails.
+pub fn rsync_diff(a: &Path, b: &Path, times: bool) -> String {
+    let flags = if times { "-aniHAX" } else { "-rlpgoDniHAX" };
+    let out = std::process::Command::new("rsync")
+        .args([flags, "--checksum", "--delete"])
+        .arg(format!("{}/", a.display()))
+        .arg(format!("{}/", b.display()))
+        .output()
+        .expect("rsync is installed (scripts/setup)");
+    assert!(
+        out.status.success(),
+        "rsync failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Panic unless `path` is on filesystem `fs`.
@@ -116,7 +264,9 @@ pub fn assert_kind(path: &Path, fs: Fs) {
     );
 }
 
-/// Skip-or-fail helper: `let Some(dir) = testfs!(Xfs) else { return };`
+/// A fresh directory on a test filesystem, named after the test's module
+/// and line: `let dir = testfs!(Xfs);` ([`Fs::dir`]; fails when the
+/// filesystem is not mounted).
 #[macro_export]
 macro_rules! testfs {
     ($fs:ident) => {
@@ -474,4 +624,18 @@ pub fn go_bin(var: &str, name: &str) -> Option<PathBuf> {
         dirs.push(PathBuf::from(h).join("go/bin"));
     }
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// The process's umask, as `/proc/self/status` reports it (reading it
+/// with `umask(2)` would change it for every thread meanwhile).
+///
+/// # Panics
+/// When `/proc` is not mounted.
+pub fn umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .expect("a Umask: line");
+    u32::from_str_radix(line.trim(), 8).expect("an octal umask")
 }

@@ -7,7 +7,6 @@
 //! or watch that nothing was rewritten. [`S3Server::kill`] and
 //! [`S3Server::start_again`] stop and restart it on the same port and data.
 
-use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,13 +37,13 @@ fn find_bin() -> Option<PathBuf> {
 }
 
 impl S3Server {
-    /// Start a server with an empty bucket [`BUCKET`]; `None` (after a
-    /// loud message) when versitygw is not installed and
-    /// `COWLINK_REQUIRE_TESTFS` is not `1`.
+    /// Start a server with an empty bucket [`BUCKET`].
     ///
     /// # Panics
-    /// When versitygw is missing and required, or does not come up.
-    pub fn start(test: &str) -> Option<S3Server> {
+    /// When versitygw is not installed (the test fails, naming it: tests
+    /// that need it are `#[ignore]`d and run by `scripts/test`), or does
+    /// not come up.
+    pub fn start(test: &str) -> S3Server {
         S3Server::start_keyed(test, ACCESS_KEY, SECRET_KEY)
     }
 
@@ -53,19 +52,12 @@ impl S3Server {
     ///
     /// # Panics
     /// As [`start`](Self::start).
-    pub fn start_keyed(test: &str, access: &str, secret: &str) -> Option<S3Server> {
+    pub fn start_keyed(test: &str, access: &str, secret: &str) -> S3Server {
         let Some(bin) = find_bin() else {
-            if std::env::var("COWLINK_REQUIRE_TESTFS").as_deref() == Ok("1") {
-                panic!(
-                    "versitygw is not installed but COWLINK_REQUIRE_TESTFS=1: run scripts/setup \
-                     (go install github.com/versity/versitygw/cmd/versitygw)"
-                );
-            }
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED {test}: versitygw is not installed (run scripts/setup)"
+            panic!(
+                "{test} needs versitygw, which is not installed: run scripts/setup \
+                 (go install github.com/versity/versitygw/cmd/versitygw)"
             );
-            return None;
         };
         let data = tempfile::Builder::new()
             .prefix("cowlink-s3-")
@@ -85,7 +77,7 @@ impl S3Server {
             secret: secret.to_string(),
         };
         s.start_again();
-        Some(s)
+        s
     }
 
     /// Start the server again (after [`kill`](Self::kill)) on the same

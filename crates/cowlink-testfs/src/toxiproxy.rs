@@ -53,24 +53,14 @@ fn call(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16
 
 impl Toxiproxy {
     /// Start toxiproxy-server and a proxy from a free port of 127.0.0.1 to
-    /// `upstream` (`127.0.0.1:PORT`); `None` (after a loud message) when
-    /// it is not installed and `COWLINK_REQUIRE_TESTFS` is not `1`.
+    /// `upstream` (`127.0.0.1:PORT`).
     ///
     /// # Panics
-    /// When it is missing and required, or does not come up.
-    pub fn start(test: &str, upstream: &str) -> Option<Toxiproxy> {
+    /// When toxiproxy-server is not installed (the test fails, naming it),
+    /// or does not come up.
+    pub fn start(test: &str, upstream: &str) -> Toxiproxy {
         let Some(bin) = find_bin() else {
-            if std::env::var("COWLINK_REQUIRE_TESTFS").as_deref() == Ok("1") {
-                panic!(
-                    "toxiproxy-server is not installed but COWLINK_REQUIRE_TESTFS=1: run \
-                     scripts/setup"
-                );
-            }
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED {test}: toxiproxy-server is not installed (run scripts/setup)"
-            );
-            return None;
+            panic!("{test} needs toxiproxy-server, which is not installed: run scripts/setup");
         };
         let api = free_port();
         let child = Command::new(&bin)
@@ -100,7 +90,7 @@ impl Toxiproxy {
                 }
             }
         }
-        Some(t)
+        t
     }
 
     /// The proxy's endpoint, `http://127.0.0.1:PORT`.

@@ -392,3 +392,222 @@ pub fn clone_range(
         Err(e) => Err(transfer_error(op, src, dst, e, src_fd.as_fd(), dst_fd.as_fd())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `clone_file` and `clone_range` where cloning is not possible: a
+    //! tmpfs directory (`/dev/shm`), which needs neither root nor the test
+    //! filesystems. What cloning does on XFS and Btrfs is tested in the
+    //! integration tests on the loop-mounted filesystems.
+    use super::*;
+    use crate::prim::place::Overwrite;
+    use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+
+    /// A fresh directory on tmpfs, which cannot clone.
+    fn shm() -> tempfile::TempDir {
+        let d = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let magic = fs::statfs(d.path()).unwrap().f_type as u64;
+        assert_eq!(magic, 0x0102_1994, "/dev/shm is not tmpfs");
+        d
+    }
+
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    }
+
+    /// Nothing in `dir` but `names`: no temporary, no partial file.
+    fn only(dir: &Path, names: &[&str]) {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        assert_eq!(v, names, "what {} holds", dir.display());
+    }
+
+    fn opts(reflink: Reflink) -> CloneOptions {
+        CloneOptions {
+            reflink,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn auto_copies_where_cloning_is_not_possible_and_says_so() {
+        let d = shm();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        let data = bytes(300_001, 7);
+        std::fs::write(&a, &data).unwrap();
+        std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let out = clone_file(&a, &b, &opts(Reflink::Auto)).unwrap();
+        assert!(
+            matches!(out.method, Method::CopyOffload | Method::ReadWrite),
+            "{out:?}"
+        );
+        assert_eq!(out.bytes, data.len() as u64);
+        assert!(std::fs::read(&b).unwrap() == data);
+        assert_eq!(std::fs::metadata(&b).unwrap().mode() & 0o7777, 0o640);
+        only(d.path(), &["a", "b"]);
+        // Never: a copy of its own, by read/write (copy_file_range could
+        // share blocks elsewhere).
+        let c = d.path().join("c");
+        let out = clone_file(&a, &c, &opts(Reflink::Never)).unwrap();
+        assert_eq!(
+            out,
+            Outcome {
+                method: Method::ReadWrite,
+                bytes: data.len() as u64
+            }
+        );
+        assert!(std::fs::read(&c).unwrap() == data);
+    }
+
+    #[test]
+    fn always_fails_with_the_typed_kind_and_leaves_nothing() {
+        let d = shm();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        std::fs::write(&a, bytes(10_000, 1)).unwrap();
+        let e = clone_file(&a, &b, &opts(Reflink::Always)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+        assert_eq!(e.src(), Some(a.as_path()));
+        assert_eq!(e.dst(), Some(b.as_path()));
+        assert!(
+            e.reason().contains("tmpfs"),
+            "the reason names the filesystem: {e}"
+        );
+        only(d.path(), &["a"]);
+        // An existing destination is left as it was.
+        std::fs::write(&b, b"old").unwrap();
+        let o = CloneOptions {
+            overwrite: Overwrite::Replace,
+            ..opts(Reflink::Always)
+        };
+        assert_eq!(
+            clone_file(&a, &b, &o).unwrap_err().kind(),
+            ErrorKind::NotSupported
+        );
+        assert_eq!(std::fs::read(&b).unwrap(), b"old");
+        only(d.path(), &["a", "b"]);
+    }
+
+    #[test]
+    fn sparse_files_keep_their_holes_and_empty_files_copy() {
+        let d = shm();
+        let (a, b) = (d.path().join("sparse"), d.path().join("copy"));
+        let f = std::fs::File::create(&a).unwrap();
+        f.write_all_at(&bytes(4096, 2), 0).unwrap();
+        f.write_all_at(&bytes(8192, 3), 1 << 20).unwrap();
+        f.set_len(3 << 20).unwrap(); // a trailing hole
+        drop(f);
+        for reflink in [Reflink::Auto, Reflink::Never] {
+            let _ = std::fs::remove_file(&b);
+            let out = clone_file(&a, &b, &opts(reflink)).unwrap();
+            assert_eq!(out.bytes, 3 << 20);
+            assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+            let m = std::fs::metadata(&b).unwrap();
+            assert_eq!(m.len(), 3 << 20);
+            assert!(
+                m.blocks() * 512 <= 64 * 1024,
+                "{reflink:?}: the holes were filled ({} blocks)",
+                m.blocks()
+            );
+        }
+        // Zero bytes.
+        let (e, e2) = (d.path().join("empty"), d.path().join("empty2"));
+        std::fs::write(&e, b"").unwrap();
+        let out = clone_file(&e, &e2, &opts(Reflink::Auto)).unwrap();
+        assert_eq!(out.bytes, 0);
+        assert_eq!(std::fs::metadata(&e2).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn what_cannot_be_copied_is_refused_by_kind() {
+        let d = shm();
+        let p = |n: &str| d.path().join(n);
+        std::fs::write(p("a"), b"x").unwrap();
+        std::fs::create_dir(p("dir")).unwrap();
+        fs::mknodat(
+            CWD,
+            p("fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("nowhere", p("dangling")).unwrap();
+        for (src, dst, kind) in [
+            ("missing", "x", ErrorKind::NotFound),
+            ("dangling", "x", ErrorKind::NotFound),
+            ("dir", "x", ErrorKind::IsDirectory),
+            ("fifo", "x", ErrorKind::NotRegularFile),
+            ("a", "no/such/dir", ErrorKind::NotFound),
+            ("a", "a", ErrorKind::SameFile),
+        ] {
+            let e = clone_file(p(src), p(dst), &opts(Reflink::Auto)).unwrap_err();
+            assert_eq!(e.kind(), kind, "{src} -> {dst}: {e}");
+        }
+        // Replacing a file with itself is refused too, not a truncation.
+        let o = CloneOptions {
+            overwrite: Overwrite::Replace,
+            ..opts(Reflink::Auto)
+        };
+        let e = clone_file(p("a"), p("a"), &o).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SameFile, "{e}");
+        assert_eq!(std::fs::read(p("a")).unwrap(), b"x");
+        // Skip: kept, and said so.
+        std::fs::write(p("b"), b"old").unwrap();
+        let o = CloneOptions {
+            overwrite: Overwrite::Skip,
+            ..opts(Reflink::Auto)
+        };
+        let out = clone_file(p("a"), p("b"), &o).unwrap();
+        assert_eq!(
+            out,
+            Outcome {
+                method: Method::Skipped,
+                bytes: 0
+            }
+        );
+        assert_eq!(std::fs::read(p("b")).unwrap(), b"old");
+        only(d.path(), &["a", "b", "dangling", "dir", "fifo"]);
+    }
+
+    #[test]
+    fn range_clones_check_alignment_and_bounds_before_the_kernel() {
+        let d = shm();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        std::fs::write(&a, bytes(3 * 4096 + 100, 4)).unwrap();
+        let old = bytes(8192, 5);
+        std::fs::write(&b, &old).unwrap();
+        let kind =
+            |so: u64, dof: u64, len: u64| clone_range(&a, so, &b, dof, len).unwrap_err().kind();
+        // tmpfs blocks are 4 KiB.
+        assert_eq!(kind(100, 0, 4096), ErrorKind::Unaligned);
+        assert_eq!(kind(0, 100, 4096), ErrorKind::Unaligned);
+        assert_eq!(kind(0, 0, 100), ErrorKind::Unaligned);
+        // Past the end of the source, and offsets that overflow.
+        assert_eq!(kind(0, 0, 4 * 4096), ErrorKind::InvalidInput);
+        assert_eq!(kind(4 * 4096, 0, 4096), ErrorKind::InvalidInput);
+        assert_eq!(kind(u64::MAX - 4095, 0, 4096), ErrorKind::InvalidInput);
+        assert_eq!(kind(4096, 0, u64::MAX - 4095), ErrorKind::InvalidInput);
+        // In bounds and aligned, or to the end with an unaligned tail: the
+        // kernel is asked, and tmpfs cannot.
+        assert_eq!(kind(0, 0, 4096), ErrorKind::NotSupported);
+        assert_eq!(kind(4096, 0, 0), ErrorKind::NotSupported);
+        assert_eq!(kind(4096, 4096, 2 * 4096 + 100), ErrorKind::NotSupported);
+        let e = clone_range(&a, 0, &b, 0, 4096).unwrap_err();
+        assert!(
+            e.reason().contains("Unaligned") || e.reason().contains("tmpfs"),
+            "{e}"
+        );
+        // Nothing was written.
+        assert!(std::fs::read(&b).unwrap() == old);
+        // The destination must exist and be a regular file.
+        let e = clone_range(&a, 0, d.path().join("new"), 0, 4096).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(e.reason().contains("existing file"), "{e}");
+        let e = clone_range(&a, 0, d.path(), 0, 4096).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::IsDirectory, "{e}");
+        only(d.path(), &["a", "b"]);
+    }
+}

@@ -248,30 +248,55 @@ fn untried(kind: FsKind, why: String) -> Answer {
 fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
     let a = match scratch_with_data(dirfd) {
         Ok(fd) => fd,
-        Err(e) => {
-            let why = format!(
-                "cannot make a scratch file in {} to try: {}",
-                crate::name::quoted(dir),
-                errno_text(e)
-            );
-            // Not allowed to write there: the filesystem is not the
-            // reason, so no hint about how it was made.
-            if matches!(e, Errno::ACCESS | Errno::PERM | Errno::ROFS) && !kind.never_reflinks() {
-                let dedupe = match kind.is_network_client() {
-                    true => network_dedupe(),
-                    false => Answer::Unknown(why.clone()),
-                };
-                return (Answer::Unknown(why), dedupe);
-            }
-            let dedupe = if kind.is_network_client() {
-                network_dedupe()
-            } else {
-                untried(kind, why.clone())
-            };
-            return (untried(kind, why), dedupe);
+        Err(e) => return no_scratch(dir, kind, e),
+    };
+    let reflink = clone_answer(
+        kind,
+        scratch(dirfd).and_then(|b| cowlink_sys::ficlone(b.as_fd(), a.as_fd())),
+    );
+    let dedupe = if kind.is_network_client() {
+        network_dedupe()
+    } else {
+        match scratch_with_data(dirfd) {
+            Err(e) => Answer::Unknown(format!("cannot make a scratch file: {}", errno_text(e))),
+            Ok(c) => dedupe_answer(
+                kind,
+                cowlink_sys::fideduperange(a.as_fd(), 0, TRIAL_BYTES as u64, &[(c.as_fd(), 0)])
+                    .map(|r| r[0].status),
+            ),
         }
     };
-    let reflink = match scratch(dirfd).and_then(|b| cowlink_sys::ficlone(b.as_fd(), a.as_fd())) {
+    (reflink, dedupe)
+}
+
+/// The answers when no scratch file could be made in `dir` (errno `e`):
+/// the kind decides where it can (a filesystem that never clones), else
+/// unknown. Not being allowed to write there says nothing of the
+/// filesystem, so those answers carry no hint about how it was made.
+fn no_scratch(dir: &Path, kind: FsKind, e: Errno) -> Trial {
+    let why = format!(
+        "cannot make a scratch file in {} to try: {}",
+        crate::name::quoted(dir),
+        errno_text(e)
+    );
+    if matches!(e, Errno::ACCESS | Errno::PERM | Errno::ROFS) && !kind.never_reflinks() {
+        let dedupe = match kind.is_network_client() {
+            true => network_dedupe(),
+            false => Answer::Unknown(why.clone()),
+        };
+        return (Answer::Unknown(why), dedupe);
+    }
+    let dedupe = if kind.is_network_client() {
+        network_dedupe()
+    } else {
+        untried(kind, why.clone())
+    };
+    (untried(kind, why), dedupe)
+}
+
+/// The answer a trial clone on `kind` gives.
+fn clone_answer(kind: FsKind, r: std::result::Result<(), Errno>) -> Answer {
+    match r {
         Ok(()) => Answer::Yes,
         Err(e) if is_not_possible_here(e) => Answer::No(format!(
             "{kind} refused a trial clone ({}): {}",
@@ -279,30 +304,18 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
             kind.reflink_hint()
         )),
         Err(e) => Answer::Unknown(format!("trial clone failed: {}", errno_text(e))),
-    };
-    let dedupe = if kind.is_network_client() {
-        network_dedupe()
-    } else {
-        match scratch_with_data(dirfd) {
-            Err(e) => Answer::Unknown(format!("cannot make a scratch file: {}", errno_text(e))),
-            Ok(c) => match cowlink_sys::fideduperange(
-                a.as_fd(),
-                0,
-                TRIAL_BYTES as u64,
-                &[(c.as_fd(), 0)],
-            ) {
-                Ok(r) => match r[0].status {
-                    cowlink_sys::DedupeStatus::Same => Answer::Yes,
-                    cowlink_sys::DedupeStatus::Differs => {
-                        Answer::Unknown("trial dedupe saw identical data as different".into())
-                    }
-                    cowlink_sys::DedupeStatus::Error(e) => dedupe_refused(kind, e),
-                },
-                Err(e) => dedupe_refused(kind, e),
-            },
+    }
+}
+
+/// The answer a trial dedupe of identical data on `kind` gives.
+fn dedupe_answer(kind: FsKind, r: std::result::Result<cowlink_sys::DedupeStatus, Errno>) -> Answer {
+    match r {
+        Ok(cowlink_sys::DedupeStatus::Same) => Answer::Yes,
+        Ok(cowlink_sys::DedupeStatus::Differs) => {
+            Answer::Unknown("trial dedupe saw identical data as different".into())
         }
-    };
-    (reflink, dedupe)
+        Ok(cowlink_sys::DedupeStatus::Error(e)) | Err(e) => dedupe_refused(kind, e),
+    }
 }
 
 fn dedupe_refused(kind: FsKind, e: Errno) -> Answer {
@@ -447,37 +460,56 @@ fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
     })?;
     let dst_facts = facts_of_dir(dst_dir)?;
     let (sdev, ddev) = (src_facts.device.unwrap_or(0), dst_facts.device.unwrap_or(0));
-    let mut same = sdev == ddev;
-    let different = format!(
-        "different filesystems ({} → {})",
-        src_facts.kind, dst_facts.kind
-    );
-    let reflink = if let Answer::No(r) = &dst_facts.reflink {
-        Answer::No(r.clone())
-    } else if src_is_file && is_active_swap(src) {
-        // Of this file only: not cached for the pair of filesystems.
-        Answer::No(crate::ground::error::SWAP_REASON.into())
-    } else if src_is_file {
-        let answer = cached_or(&PAIR_CACHE, (sdev, ddev), is_definite, || {
-            pair_trial(src, dst_dir, &different)
-        });
-        same |= answer.is_yes();
-        answer
-    } else if same {
-        dst_facts.reflink.clone()
-    } else if src_facts.kind == FsKind::Btrfs && dst_facts.kind == FsKind::Btrfs {
-        Answer::Unknown(
-            "different Btrfs devices (subvolumes of one filesystem can clone); probe a file to be sure".into(),
-        )
-    } else {
-        Answer::No(different)
-    };
+    let swap = src_is_file && is_active_swap(src);
+    let (reflink, same) = pair_verdict(&src_facts, &dst_facts, src_is_file, swap, |different| {
+        cached_or(&PAIR_CACHE, (sdev, ddev), is_definite, || {
+            pair_trial(src, dst_dir, different)
+        })
+    });
     Ok(Support {
         src: src_facts,
         dst: dst_facts,
         same_filesystem: same,
         reflink,
     })
+}
+
+/// Whether a source can clone to a destination, from what is known of
+/// both filesystems, whether the source is a regular file and an active
+/// swap file; `trial` clones the real source (given the words for
+/// "different filesystems") and is called only when nothing else decides.
+/// Returns the answer and whether both are on one filesystem (same device,
+/// or a trial clone proved it).
+fn pair_verdict(
+    src: &FsFacts,
+    dst: &FsFacts,
+    src_is_file: bool,
+    swap: bool,
+    trial: impl FnOnce(&str) -> Answer,
+) -> (Answer, bool) {
+    let same = src.device.unwrap_or(0) == dst.device.unwrap_or(0);
+    let different = format!("different filesystems ({} → {})", src.kind, dst.kind);
+    if let Answer::No(r) = &dst.reflink {
+        (Answer::No(r.clone()), same)
+    } else if swap {
+        // Of this file only: not cached for the pair of filesystems.
+        (Answer::No(crate::ground::error::SWAP_REASON.into()), same)
+    } else if src_is_file {
+        let answer = trial(&different);
+        let proved = answer.is_yes();
+        (answer, same || proved)
+    } else if same {
+        (dst.reflink.clone(), same)
+    } else if src.kind == FsKind::Btrfs && dst.kind == FsKind::Btrfs {
+        (
+            Answer::Unknown(
+                "different Btrfs devices (subvolumes of one filesystem can clone); probe a file to be sure".into(),
+            ),
+            same,
+        )
+    } else {
+        (Answer::No(different), same)
+    }
 }
 
 /// Whether `path` is an active swap file (listed in /proc/swaps, whose
@@ -629,5 +661,214 @@ fn untouched(m: &MountEntry, kind: FsKind) -> FsFacts {
         reflink,
         dedupe,
         clone_limit: CloneLimit::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The probe's reasoning from given facts: what each trial outcome,
+    //! refusal and pair of filesystems means, without a filesystem.
+    use super::*;
+
+    fn facts(kind: FsKind, device: u64, reflink: Answer) -> FsFacts {
+        FsFacts {
+            path: PathBuf::from(format!("/mnt/{device}")),
+            kind,
+            magic: None,
+            device: Some(device),
+            block_size: Some(4096),
+            dedupe: reflink.clone(),
+            reflink,
+            clone_limit: kind.clone_limit(),
+        }
+    }
+
+    const KINDS: [FsKind; 6] = [
+        FsKind::Xfs,
+        FsKind::Btrfs,
+        FsKind::Ext4,
+        FsKind::Tmpfs,
+        FsKind::Nfs,
+        FsKind::Other,
+    ];
+
+    #[test]
+    fn a_trial_clone_answers_yes_no_or_unknown_by_the_errno() {
+        for kind in KINDS {
+            assert_eq!(clone_answer(kind, Ok(())), Answer::Yes);
+            for e in [Errno::OPNOTSUPP, Errno::XDEV, Errno::INVAL] {
+                let a = clone_answer(kind, Err(e));
+                let Answer::No(why) = &a else {
+                    panic!("{kind} {e:?}: {a:?}")
+                };
+                assert!(why.contains(&kind.to_string()), "{why}");
+                assert!(why.contains(kind.reflink_hint()), "{why}");
+            }
+            // An I/O error or no space says nothing of the filesystem.
+            for e in [Errno::IO, Errno::NOSPC, Errno::NOMEM] {
+                assert!(
+                    matches!(clone_answer(kind, Err(e)), Answer::Unknown(_)),
+                    "{kind} {e:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_trial_dedupe_answers_by_status_and_errno() {
+        use cowlink_sys::DedupeStatus as S;
+        let k = FsKind::Xfs;
+        assert_eq!(dedupe_answer(k, Ok(S::Same)), Answer::Yes);
+        assert!(
+            matches!(dedupe_answer(k, Ok(S::Differs)), Answer::Unknown(r) if r.contains("different"))
+        );
+        for r in [
+            Ok(S::Error(Errno::OPNOTSUPP)),
+            Err(Errno::OPNOTSUPP),
+            Err(Errno::INVAL),
+        ] {
+            assert!(
+                matches!(dedupe_answer(k, r), Answer::No(w) if w.contains("refused a trial dedupe"))
+            );
+        }
+        for r in [Ok(S::Error(Errno::IO)), Err(Errno::IO)] {
+            assert!(matches!(dedupe_answer(k, r), Answer::Unknown(_)));
+        }
+    }
+
+    #[test]
+    fn without_a_scratch_file_the_kind_decides_where_it_can() {
+        let dir = Path::new("/m/d");
+        for kind in KINDS {
+            for e in [
+                Errno::ACCESS,
+                Errno::PERM,
+                Errno::ROFS,
+                Errno::NOSPC,
+                Errno::IO,
+            ] {
+                let (reflink, dedupe) = no_scratch(dir, kind, e);
+                let denied = matches!(e, Errno::ACCESS | Errno::PERM | Errno::ROFS);
+                let what = format!("{kind} {e:?}: {reflink:?} {dedupe:?}");
+                if kind.never_reflinks() {
+                    // ext4, tmpfs: no trial is needed to say no.
+                    assert!(
+                        matches!(&reflink, Answer::No(r) if r.contains(kind.reflink_hint())),
+                        "{what}"
+                    );
+                } else {
+                    assert!(
+                        matches!(&reflink, Answer::Unknown(r) if r.contains("/m/d")),
+                        "{what}"
+                    );
+                    // Not allowed to write: no hint about how it was made.
+                    let hinted = reflink.reason().unwrap().contains(kind.reflink_hint());
+                    assert_eq!(hinted, !denied, "{what}");
+                }
+                if kind.is_network_client() {
+                    assert_eq!(dedupe, network_dedupe(), "{what}");
+                } else if !kind.never_reflinks() {
+                    assert!(matches!(dedupe, Answer::Unknown(_)), "{what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_pair_is_decided_by_the_destination_swap_trial_and_devices() {
+        let yes = Answer::Yes;
+        let xfs = |dev| facts(FsKind::Xfs, dev, Answer::Yes);
+        let btrfs = |dev| facts(FsKind::Btrfs, dev, Answer::Yes);
+        let ext4 = |dev| facts(FsKind::Ext4, dev, Answer::No("ext4 never".into()));
+        let called = std::cell::Cell::new(0);
+        let trial = |a: Answer| {
+            let called = &called;
+            move |_: &str| {
+                called.set(called.get() + 1);
+                a
+            }
+        };
+        // A destination that cannot clone decides, without a trial.
+        let (a, same) = pair_verdict(&xfs(1), &ext4(2), true, false, trial(yes.clone()));
+        assert_eq!(
+            (a, same, called.get()),
+            (Answer::No("ext4 never".into()), false, 0)
+        );
+        // An active swap file never clones, whatever the filesystems.
+        let (a, _) = pair_verdict(&xfs(1), &xfs(1), true, true, trial(yes.clone()));
+        assert_eq!(a, Answer::No(crate::ground::error::SWAP_REASON.into()));
+        assert_eq!(called.get(), 0);
+        // A regular source: the trial answers, and a successful one proves
+        // one filesystem across two devices (two mounts, subvolumes).
+        let (a, same) = pair_verdict(&btrfs(1), &btrfs(2), true, false, trial(yes.clone()));
+        assert_eq!((a, same, called.get()), (Answer::Yes, true, 1));
+        let (a, same) = pair_verdict(&xfs(1), &xfs(2), true, false, |d: &str| {
+            Answer::No(d.into())
+        });
+        assert_eq!(
+            (a, same),
+            (
+                Answer::No("different filesystems (xfs → xfs)".into()),
+                false
+            )
+        );
+        // A directory source: the devices and kinds decide.
+        let (a, same) = pair_verdict(
+            &xfs(1),
+            &xfs(1),
+            false,
+            false,
+            trial(Answer::No("x".into())),
+        );
+        assert_eq!((a, same, called.get()), (Answer::Yes, true, 1));
+        let (a, _) = pair_verdict(&btrfs(1), &btrfs(2), false, false, trial(yes.clone()));
+        assert!(matches!(a, Answer::Unknown(r) if r.contains("subvolumes")));
+        let (a, same) = pair_verdict(&btrfs(1), &xfs(2), false, false, trial(yes.clone()));
+        assert_eq!(
+            (a, same),
+            (
+                Answer::No("different filesystems (btrfs → xfs)".into()),
+                false
+            )
+        );
+        assert_eq!(called.get(), 1, "no trial for directories");
+    }
+
+    #[test]
+    fn pseudo_and_autofs_mounts_are_answered_untouched() {
+        let m = |fstype: &str| MountEntry {
+            id: 1,
+            parent: 0,
+            dev: (0, 1),
+            mount_point: PathBuf::from("/x"),
+            options: "rw".into(),
+            fstype: fstype.into(),
+            source: "none".into(),
+        };
+        let f = untouched(&m("proc"), FsKind::Pseudo);
+        assert!(matches!(&f.reflink, Answer::No(r) if r.contains("proc is a pseudo filesystem")));
+        assert_eq!(f.reflink, f.dedupe);
+        let f = untouched(&m("autofs"), FsKind::Autofs);
+        assert!(matches!(&f.reflink, Answer::Unknown(r) if r.contains("autofs")));
+        assert_eq!((f.magic, f.device), (None, None));
+    }
+
+    #[test]
+    fn only_definite_answers_are_cached() {
+        let cache = Mutex::new(HashMap::new());
+        let n = std::cell::Cell::new(0);
+        let ask = |a: Answer| {
+            cached_or(&cache, 7u64, is_definite, || {
+                n.set(n.get() + 1);
+                a
+            })
+        };
+        assert!(matches!(
+            ask(Answer::Unknown("busy".into())),
+            Answer::Unknown(_)
+        ));
+        assert_eq!(ask(Answer::Yes), Answer::Yes, "an unknown is asked again");
+        assert_eq!(ask(Answer::No("x".into())), Answer::Yes, "a yes is kept");
+        assert_eq!(n.get(), 2);
     }
 }

@@ -1030,10 +1030,9 @@ mod tests {
     /// hard link or a symbolic link to it, too); otherwise the other
     /// program's file stays, byte for byte, and the error says why.
     #[test]
+    #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
     fn a_replaced_name_is_never_clobbered() {
-        let Some(t) = cowlink_testfs::testfs!(Xfs) else {
-            return;
-        };
+        let t = cowlink_testfs::testfs!(Xfs);
         type Meddle = fn(&Path, &Path);
         let cases: [(&str, Meddle, bool); 6] = [
             ("untouched", |_, _| {}, true),

@@ -887,4 +887,1001 @@ mod tests {
         assert!(matches!(Used::new(1 << 40, 9), Used::Set(..)));
         assert!(matches!(Used::new(1 << 30, 9), Used::Bits(..)));
     }
+
+    /// Images built in memory (a memfd: no filesystem, no root), field
+    /// by field, so that every header field and table entry can be set to
+    /// what a hostile image would hold.
+    mod built {
+        use super::super::*;
+        use std::os::unix::fs::FileExt;
+
+        /// One qcow2 image: header fields, extensions, tables and raw
+        /// writes. [`Img::bytes`] lays it out; anything not written reads
+        /// as zeros.
+        #[derive(Clone, Debug)]
+        pub(super) struct Img {
+            pub magic: u32,
+            pub version: u32,
+            pub backing_offset: u64,
+            pub backing_len: u32,
+            pub backing_name: Vec<u8>,
+            pub cluster_bits: u32,
+            pub size: u64,
+            pub crypt: u32,
+            pub l1_size: u32,
+            pub l1_offset: u64,
+            pub refcount_offset: u64,
+            pub refcount_clusters: u32,
+            pub snapshots: u32,
+            pub snapshots_offset: u64,
+            pub incompat: u64,
+            pub compat: u64,
+            pub autoclear: u64,
+            pub refcount_order: u32,
+            pub header_len: u32,
+            pub compression: u8,
+            /// Header extensions (type, payload), written after the header.
+            pub exts: Vec<(u32, Vec<u8>)>,
+            /// L1 entries, written at `l1_offset`.
+            pub l1: Vec<u64>,
+            /// Raw bytes at an offset (L2 tables, data).
+            pub writes: Vec<(u64, Vec<u8>)>,
+            /// The file's length (grown to fit what is written unless
+            /// `cut` is set).
+            pub len: u64,
+            /// Cut the file to `len` after laying it out.
+            pub cut: bool,
+        }
+
+        impl Img {
+            /// A valid, empty version 3 image: L1 table in cluster 1.
+            pub fn v3(cluster_bits: u32, size: u64) -> Img {
+                let c = 1u64 << cluster_bits;
+                let per_l1 = (c / 8) * c;
+                let l1_size = size.div_ceil(per_l1).max(1) as u32;
+                // The header's cluster, then the L1 table's clusters.
+                let len = c + (l1_size as u64 * 8).div_ceil(c).max(1) * c;
+                Img {
+                    magic: MAGIC,
+                    version: 3,
+                    backing_offset: 0,
+                    backing_len: 0,
+                    backing_name: Vec::new(),
+                    cluster_bits,
+                    size,
+                    crypt: 0,
+                    l1_size,
+                    l1_offset: c,
+                    refcount_offset: 0,
+                    refcount_clusters: 0,
+                    snapshots: 0,
+                    snapshots_offset: 0,
+                    incompat: 0,
+                    compat: 0,
+                    autoclear: 0,
+                    refcount_order: 4,
+                    header_len: 104,
+                    compression: 0,
+                    exts: Vec::new(),
+                    l1: Vec::new(),
+                    writes: Vec::new(),
+                    len,
+                    cut: false,
+                }
+            }
+
+            /// A valid, empty version 2 image.
+            pub fn v2(cluster_bits: u32, size: u64) -> Img {
+                Img {
+                    version: 2,
+                    header_len: 72,
+                    ..Img::v3(cluster_bits, size)
+                }
+            }
+
+            pub fn cluster(&self) -> u64 {
+                1 << self.cluster_bits
+            }
+
+            /// Write `bytes` at `at`.
+            pub fn put(mut self, at: u64, bytes: &[u8]) -> Img {
+                self.writes.push((at, bytes.to_vec()));
+                self
+            }
+
+            /// A whole L2 table in cluster `n` (`entries` first, zeros
+            /// after: 8-byte words, two per entry with extended L2), with
+            /// L1 entry `i` pointing to it.
+            pub fn l2(mut self, i: usize, n: u64, entries: &[u64]) -> Img {
+                let at = n * self.cluster();
+                if self.l1.len() <= i {
+                    self.l1.resize(i + 1, 0);
+                }
+                self.l1[i] = at | COPIED;
+                let mut raw: Vec<u8> = entries.iter().flat_map(|e| e.to_be_bytes()).collect();
+                raw.resize(raw.len().max(self.cluster() as usize), 0);
+                self.put(at, &raw)
+            }
+
+            /// Lay the image out.
+            pub fn bytes(&self) -> Vec<u8> {
+                let mut b = vec![0u8; self.len as usize];
+                let put = |b: &mut Vec<u8>, at: u64, bytes: &[u8]| {
+                    let end = at as usize + bytes.len();
+                    if b.len() < end {
+                        b.resize(end, 0);
+                    }
+                    b[at as usize..end].copy_from_slice(bytes);
+                };
+                let mut h = Vec::new();
+                h.extend(self.magic.to_be_bytes());
+                h.extend(self.version.to_be_bytes());
+                h.extend(self.backing_offset.to_be_bytes());
+                h.extend(self.backing_len.to_be_bytes());
+                h.extend(self.cluster_bits.to_be_bytes());
+                h.extend(self.size.to_be_bytes());
+                h.extend(self.crypt.to_be_bytes());
+                h.extend(self.l1_size.to_be_bytes());
+                h.extend(self.l1_offset.to_be_bytes());
+                h.extend(self.refcount_offset.to_be_bytes());
+                h.extend(self.refcount_clusters.to_be_bytes());
+                h.extend(self.snapshots.to_be_bytes());
+                h.extend(self.snapshots_offset.to_be_bytes());
+                assert_eq!(h.len(), 72);
+                if self.version >= 3 {
+                    h.extend(self.incompat.to_be_bytes());
+                    h.extend(self.compat.to_be_bytes());
+                    h.extend(self.autoclear.to_be_bytes());
+                    h.extend(self.refcount_order.to_be_bytes());
+                    h.extend(self.header_len.to_be_bytes());
+                    if self.header_len > 104 {
+                        h.push(self.compression);
+                    }
+                }
+                put(&mut b, 0, &h);
+                let mut at = if self.version >= 3 {
+                    self.header_len as u64
+                } else {
+                    72
+                };
+                for (kind, data) in &self.exts {
+                    let mut e = Vec::new();
+                    e.extend(kind.to_be_bytes());
+                    e.extend((data.len() as u32).to_be_bytes());
+                    e.extend(data);
+                    e.resize(8 + data.len().div_ceil(8) * 8, 0);
+                    put(&mut b, at, &e);
+                    at += e.len() as u64;
+                }
+                if !self.backing_name.is_empty() {
+                    put(&mut b, self.backing_offset, &self.backing_name);
+                }
+                let l1: Vec<u8> = self.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
+                if !l1.is_empty() {
+                    put(&mut b, self.l1_offset, &l1);
+                }
+                for (at, bytes) in &self.writes {
+                    put(&mut b, *at, bytes);
+                }
+                if self.cut {
+                    b.truncate(self.len as usize);
+                }
+                b
+            }
+
+            pub fn open(&self) -> Result<Qcow2, Error> {
+                open_bytes(&self.bytes())
+            }
+
+            /// The error opening gives (panics when it opens).
+            pub fn refused(&self) -> Error {
+                match self.open() {
+                    Ok(q) => panic!("opened, but should be refused: {self:?} -> {q:?}"),
+                    Err(e) => e,
+                }
+            }
+
+            /// Open and walk, collected.
+            pub fn map(&self) -> Result<Vec<Piece>, Error> {
+                self.open()?.map()
+            }
+        }
+
+        /// Open `bytes` as an image held in memory.
+        pub fn open_bytes(bytes: &[u8]) -> Result<Qcow2, Error> {
+            let fd =
+                rustix::fs::memfd_create("cowlink-qcow2-test", rustix::fs::MemfdFlags::CLOEXEC)
+                    .expect("memfd_create");
+            let f = File::from(fd);
+            f.write_all_at(bytes, 0).expect("write to the memfd");
+            Qcow2::from_file(Path::new("mem.qcow2"), f, bytes.len() as u64)
+        }
+    }
+
+    use built::{open_bytes, Img};
+
+    const K: u64 = 1024;
+    const M: u64 = 1 << 20;
+
+    fn kind(e: &Error) -> ErrorKind {
+        e.kind()
+    }
+
+    /// The error is of `kind` and its reason says `what`.
+    #[track_caller]
+    fn says(e: Error, k: ErrorKind, what: &str) {
+        assert_eq!(kind(&e), k, "{e}");
+        assert!(e.reason().contains(what), "{e:?} does not say {what:?}");
+        assert_eq!(e.src(), Some(Path::new("mem.qcow2")), "the image is named");
+    }
+
+    fn piece(guest: u64, len: u64, source: Source) -> Piece {
+        Piece {
+            guest,
+            len,
+            source,
+            subcluster: false,
+        }
+    }
+
+    #[test]
+    fn empty_images_of_both_versions_open_and_read_from_the_backing() {
+        for img in [Img::v2(16, 10 * M), Img::v3(16, 10 * M)] {
+            let q = img.open().unwrap();
+            assert_eq!(q.version, img.version);
+            assert_eq!(
+                (q.size, q.cluster_bits, q.cluster_size()),
+                (10 * M, 16, 64 * K)
+            );
+            assert!(!q.extended_l2 && q.backing.is_none() && q.data_name.is_none());
+            assert_eq!(
+                q.map().unwrap(),
+                vec![piece(0, 10 * M, Source::Unallocated)]
+            );
+        }
+    }
+
+    #[test]
+    fn the_magic_and_the_minimal_length_are_required() {
+        let mut img = Img::v3(16, M);
+        img.magic = 0x5146_49fa;
+        says(img.refused(), ErrorKind::Corrupt, "magic");
+        assert!(!has_magic(b"QFI"));
+        assert!(has_magic(b"QFI\xfb"));
+        for n in [0, 3, 4, 71] {
+            let b = Img::v2(16, M).bytes();
+            let e = open_bytes(&b[..n]).unwrap_err();
+            says(e, ErrorKind::Corrupt, "not a qcow2 image");
+        }
+        // A version 3 header cut between 72 and 104 bytes.
+        let b = Img::v3(16, M).bytes();
+        says(
+            open_bytes(&b[..100]).unwrap_err(),
+            ErrorKind::Corrupt,
+            "truncated",
+        );
+    }
+
+    #[test]
+    fn only_versions_2_and_3_exist() {
+        for v in [0, 1, 4, u32::MAX] {
+            let mut img = Img::v3(16, M);
+            img.version = v;
+            says(img.refused(), ErrorKind::Corrupt, "version");
+        }
+    }
+
+    #[test]
+    fn cluster_bits_are_bounded_9_to_21() {
+        for bits in [0, 8, 22, 63, 64, u32::MAX] {
+            let mut img = Img::v3(16, M);
+            img.cluster_bits = bits;
+            says(img.refused(), ErrorKind::Corrupt, "cluster_bits");
+        }
+        for bits in [9, 12, 21] {
+            let q = Img::v3(bits, 4 * M).open().unwrap();
+            assert_eq!(q.cluster_size(), 1 << bits);
+            let m = q.map().unwrap();
+            assert_eq!(m, vec![piece(0, 4 * M, Source::Unallocated)], "bits {bits}");
+        }
+    }
+
+    #[test]
+    fn the_virtual_size_is_bounded_and_counted_in_whole_sectors() {
+        let mut img = Img::v3(16, M);
+        img.size = (1 << 56) + 1;
+        says(img.refused(), ErrorKind::Corrupt, "virtual size");
+        img.size = u64::MAX;
+        says(img.refused(), ErrorKind::Corrupt, "virtual size");
+        // As QEMU: a size that is not whole sectors is cut down.
+        let mut img = Img::v3(16, M);
+        img.size = M + 511;
+        let q = img.open().unwrap();
+        assert_eq!(q.size, M);
+        // Zero size: no ranges at all.
+        let q = Img::v3(16, 0).open().unwrap();
+        assert_eq!(q.size, 0);
+        assert_eq!(q.map().unwrap(), vec![]);
+    }
+
+    #[test]
+    fn encrypted_images_are_not_supported() {
+        for crypt in [1, 2, 77] {
+            let mut img = Img::v3(16, M);
+            img.crypt = crypt;
+            says(img.refused(), ErrorKind::NotSupported, "encrypted");
+        }
+    }
+
+    #[test]
+    fn refcount_and_snapshot_fields_are_not_read() {
+        // The reader reads no refcounts and no snapshots: garbage in their
+        // fields changes nothing (QEMU's own check would find it; a commit
+        // never trusts them).
+        let mut img = Img::v3(16, M);
+        img.refcount_offset = u64::MAX;
+        img.refcount_clusters = u32::MAX;
+        img.snapshots = u32::MAX;
+        img.snapshots_offset = 0x1234_5678_9abc;
+        img.refcount_order = 99;
+        let q = img.open().unwrap();
+        assert_eq!(q.map().unwrap(), vec![piece(0, M, Source::Unallocated)]);
+    }
+
+    #[test]
+    fn the_version_3_header_length_is_checked_as_qemu_does() {
+        // The minor item: header_length 0 was accepted.
+        for len in [0, 72, 103] {
+            let mut img = Img::v3(16, M);
+            img.header_len = len;
+            says(img.refused(), ErrorKind::Corrupt, "header_length");
+        }
+        // Past the first cluster, or past the end of the file.
+        let mut img = Img::v3(9, M);
+        img.header_len = 513;
+        says(img.refused(), ErrorKind::Corrupt, "header_length");
+        let mut img = Img::v3(16, M);
+        img.header_len = 200;
+        img.len = 150;
+        img.l1_offset = 0; // whatever: the header is checked first
+        img.cut = true;
+        says(img.refused(), ErrorKind::Corrupt, "header_length");
+        // Longer headers are fine, and the extensions start after them.
+        let mut img = Img::v3(16, M);
+        img.header_len = 112;
+        img.exts = vec![(0xE279_2ACA, b"raw".to_vec())];
+        img.backing_offset = 1024;
+        img.backing_name = b"base.raw".to_vec();
+        img.backing_len = 8;
+        let q = img.open().unwrap();
+        assert_eq!(
+            q.backing,
+            Some(("base.raw".to_string(), Some("raw".to_string())))
+        );
+    }
+
+    #[test]
+    fn incompatible_features_are_refused_unless_understood() {
+        let mut img = Img::v3(16, M);
+        img.incompat = INCOMPAT_DIRTY;
+        says(img.refused(), ErrorKind::InUse, "dirty");
+        img.incompat = INCOMPAT_CORRUPT;
+        says(img.refused(), ErrorKind::Corrupt, "marked corrupt");
+        for bit in 5..64 {
+            img.incompat = 1 << bit;
+            says(
+                img.refused(),
+                ErrorKind::NotSupported,
+                "unknown incompatible",
+            );
+        }
+        // Version 2 has no feature fields: the bytes there are the
+        // extensions' (zeros here), never features.
+        let mut img = Img::v2(16, M);
+        img.incompat = INCOMPAT_DIRTY | (1 << 40);
+        img.open().unwrap();
+    }
+
+    #[test]
+    fn compatible_and_autoclear_features_are_ignored() {
+        let mut img = Img::v3(16, M);
+        img.compat = u64::MAX;
+        img.autoclear = u64::MAX;
+        assert_eq!(img.map().unwrap(), vec![piece(0, M, Source::Unallocated)]);
+    }
+
+    #[test]
+    fn the_compression_type_counts_only_with_its_feature_bit() {
+        let mut img = Img::v3(16, M);
+        img.header_len = 112;
+        img.compression = 1;
+        assert!(!img.open().unwrap().zstd, "no feature bit: zlib");
+        img.incompat = INCOMPAT_COMPRESSION;
+        assert!(img.open().unwrap().zstd);
+        img.compression = 0;
+        assert!(!img.open().unwrap().zstd);
+        for t in [2, 9, 255] {
+            img.compression = t;
+            says(img.refused(), ErrorKind::NotSupported, "compression type");
+        }
+        // With a 104-byte header there is no compression byte: zlib.
+        let mut img = Img::v3(16, M);
+        img.incompat = INCOMPAT_COMPRESSION;
+        assert!(!img.open().unwrap().zstd);
+    }
+
+    #[test]
+    fn extended_l2_needs_clusters_of_16_kib() {
+        let mut img = Img::v3(13, M);
+        img.incompat = INCOMPAT_EXTL2;
+        says(img.refused(), ErrorKind::Corrupt, "extended L2");
+        let mut img = Img::v3(14, M);
+        img.incompat = INCOMPAT_EXTL2;
+        assert!(img.open().unwrap().extended_l2);
+    }
+
+    #[test]
+    fn the_l1_size_must_cover_the_virtual_size_within_qemus_limit() {
+        // 64 KiB clusters: one L1 entry maps 512 MiB.
+        let mut img = Img::v3(16, 1024 * M);
+        assert_eq!(img.l1_size, 2);
+        img.open().unwrap();
+        img.l1_size = 1;
+        says(img.refused(), ErrorKind::Corrupt, "needs 2");
+        img.l1_size = 0;
+        says(img.refused(), ErrorKind::Corrupt, "L1 table of 0 entries");
+        // The minor item: 32 Mi entries (QEMU allows 4 Mi).
+        img.l1_size = 32 << 20;
+        says(img.refused(), ErrorKind::Corrupt, "at most");
+        img.l1_size = u32::MAX;
+        says(img.refused(), ErrorKind::Corrupt, "at most");
+        // Exactly QEMU's limit is fine, when the table is in the file.
+        let mut img = Img::v3(16, M);
+        img.l1_size = (L1_LIMIT) as u32;
+        img.len = 64 * K + L1_LIMIT * 8;
+        assert_eq!(img.open().unwrap().l1.len() as u64, L1_LIMIT);
+        // A virtual size that needs more than the limit is refused before
+        // anything is allocated: 512-byte clusters map 32 KiB per entry.
+        let mut img = Img::v3(9, 1 << 50);
+        img.l1_size = L1_LIMIT as u32;
+        says(img.refused(), ErrorKind::Corrupt, "needs");
+    }
+
+    #[test]
+    fn the_l1_table_must_be_aligned_and_inside_the_file() {
+        for (off, why) in [
+            (0, "zero"),
+            (64 * K + 8, "misaligned"),
+            (4 * 64 * K, "past the end"),
+            (u64::MAX - 8 * K + 1, "overflows"),
+            ((u64::MAX >> 16) << 16, "overflows, aligned"),
+        ] {
+            let mut img = Img::v3(16, M);
+            img.l1_offset = off;
+            says(img.refused(), ErrorKind::Corrupt, "L1 table at");
+            let _ = why;
+        }
+        // Starting inside the file, ending past it.
+        let mut img = Img::v3(16, 512 * M * 9000);
+        img.len = 2 * 64 * K;
+        img.cut = true;
+        assert!(img.l1_size as u64 * 8 > 64 * K);
+        says(img.refused(), ErrorKind::Corrupt, "past the end");
+    }
+
+    #[test]
+    fn backing_names_are_bounded_plain_text_in_the_first_cluster() {
+        let with = |off: u64, len: u32, name: &[u8]| {
+            let mut img = Img::v3(16, M);
+            img.backing_offset = off;
+            img.backing_len = len;
+            img.backing_name = name.to_vec();
+            img
+        };
+        let q = with(512, 8, b"base.img").open().unwrap();
+        assert_eq!(q.backing, Some(("base.img".to_string(), None)));
+        for img in [
+            with(512, 0, b""),                // empty
+            with(512, 1024, &[b'a'; 1024]),   // longer than 1023 bytes
+            with(64 * K - 4, 8, b"base.img"), // runs past the first cluster
+            with(64 * K, 8, b"base.img"),     // starts past it
+            with(u64::MAX - 2, 8, b""),       // offset + length overflows
+        ] {
+            says(img.refused(), ErrorKind::Corrupt, "backing file name");
+        }
+        for bad in [&b"bad\xff"[..], b"a\0b"] {
+            let img = with(512, bad.len() as u32, bad);
+            says(
+                img.refused(),
+                ErrorKind::Corrupt,
+                "not UTF-8 or holds a NUL",
+            );
+        }
+        // 1023 bytes is QEMU's bound, and fine.
+        let q = with(512, 1023, &[b'n'; 1023]).open().unwrap();
+        assert_eq!(q.backing.unwrap().0.len(), 1023);
+    }
+
+    #[test]
+    fn header_extensions_are_read_bounded_and_checked() {
+        // Backing format and an unknown extension (skipped, padded).
+        let mut img = Img::v3(16, M);
+        img.exts = vec![(0x1234_5678, vec![7; 13]), (0xE279_2ACA, b"qcow2".to_vec())];
+        img.backing_offset = 4096;
+        img.backing_len = 4;
+        img.backing_name = b"b.qc".to_vec();
+        let q = img.open().unwrap();
+        assert_eq!(q.backing, Some(("b.qc".into(), Some("qcow2".into()))));
+        // A format with no backing file is read and then unused.
+        let mut img = Img::v3(16, M);
+        img.exts = vec![(0xE279_2ACA, b"raw".to_vec())];
+        assert_eq!(img.open().unwrap().backing, None);
+        // An extension running into the backing name, or past the first
+        // cluster, is refused, not cut.
+        let mut img = Img::v3(16, M);
+        img.exts = vec![(0xE279_2ACA, vec![b'r'; 64])];
+        img.backing_offset = 150;
+        img.backing_len = 4;
+        img.backing_name = b"base".to_vec();
+        says(img.refused(), ErrorKind::Corrupt, "header extension");
+        // (512-byte clusters: the first cluster ends at 0x200.)
+        let img = Img::v3(9, 4 * K).put(104, &[0, 0, 0, 9, 0, 0, 1, 0xa0]);
+        says(img.refused(), ErrorKind::Corrupt, "runs past");
+        // An end marker with a length that runs past is refused too (QEMU).
+        let img = Img::v3(9, 4 * K).put(104, &[0, 0, 0, 0, 0, 0, 2, 0]);
+        says(img.refused(), ErrorKind::Corrupt, "runs past");
+        // One that ends exactly at the end of the first cluster is fine.
+        let img = Img::v3(9, 4 * K).put(104, &[0, 0, 0, 9, 0, 0, 1, 0x90]);
+        img.open().unwrap();
+        // Empty and NUL-holding names.
+        for bad in [&b""[..], b"x\0y", b"\xfe"] {
+            let mut img = Img::v3(16, M);
+            img.exts = vec![(0xE279_2ACA, bad.to_vec())];
+            says(img.refused(), ErrorKind::Corrupt, "backing format");
+        }
+    }
+
+    #[test]
+    fn an_external_data_file_must_be_named_and_attached() {
+        let mut img = Img::v3(16, M);
+        img.incompat = INCOMPAT_DATA_FILE;
+        says(img.refused(), ErrorKind::NotSupported, "does not name it");
+        img.exts = vec![(0x4441_5441, b"data.raw".to_vec())];
+        let q = img.open().unwrap();
+        assert_eq!(q.data_name.as_deref(), Some("data.raw"));
+        // Not attached: the walk refuses rather than read the image file.
+        says(q.map().unwrap_err(), ErrorKind::NotSupported, "not open");
+        // The name without the feature bit is ignored.
+        img.incompat = 0;
+        assert_eq!(img.open().unwrap().data_name, None);
+        // Named but empty: refused.
+        img.incompat = INCOMPAT_DATA_FILE;
+        img.exts = vec![(0x4441_5441, Vec::new())];
+        says(img.refused(), ErrorKind::Corrupt, "external data file name");
+    }
+
+    fn attached(img: &Img, data_len: u64) -> Qcow2 {
+        let mut q = img.open().unwrap();
+        let fd = rustix::fs::memfd_create("data", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let f = File::from(fd);
+        f.set_len(data_len).unwrap();
+        q.attach_data(PathBuf::from("data.raw"), f, data_len);
+        q
+    }
+
+    #[test]
+    fn clusters_in_an_external_data_file_sit_at_their_guest_offset() {
+        let c = 64 * K;
+        let mut img = Img::v3(16, 4 * c);
+        img.incompat = INCOMPAT_DATA_FILE;
+        img.exts = vec![(0x4441_5441, b"data.raw".to_vec())];
+        // Guest 0 at host 0 (told from unallocated by COPIED), guest c at
+        // c, then unallocated, then (hostile) guest 3c at host 0.
+        let ok = img.clone().l2(0, 2, &[COPIED, c | COPIED, 0]);
+        let q = attached(&ok, 4 * c);
+        assert_eq!(q.external_data(), Some(Path::new("data.raw")));
+        assert_eq!(
+            q.map().unwrap(),
+            vec![
+                piece(0, 2 * c, Source::Data { host: 0 }),
+                piece(2 * c, 2 * c, Source::Unallocated)
+            ]
+        );
+        let moved = img.clone().l2(0, 2, &[0, 0, 0, c | COPIED]);
+        says(
+            attached(&moved, 4 * c).map().unwrap_err(),
+            ErrorKind::Corrupt,
+            "same offset",
+        );
+        let past = img.clone().l2(0, 2, &[0, 0, 0, (3 * c) | COPIED]);
+        says(
+            attached(&past, 3 * c).map().unwrap_err(),
+            ErrorKind::Corrupt,
+            "inside the file",
+        );
+        let compressed = img.clone().l2(0, 2, &[COMPRESSED | 4096]);
+        says(
+            attached(&compressed, 4 * c).map().unwrap_err(),
+            ErrorKind::Corrupt,
+            "compressed",
+        );
+    }
+
+    #[test]
+    fn l1_and_l2_entries_map_to_the_right_sources() {
+        let c = 64 * K;
+        // 8 clusters; L2 in cluster 2, data in clusters 3, 4, 7.
+        let img = Img::v3(16, 8 * c).l2(
+            0,
+            2,
+            &[
+                (3 * c) | COPIED,
+                (4 * c) | COPIED, // contiguous with the first: merged
+                0,                // unallocated
+                1,                // zero flag, no host
+                (6 * c) | 1,      // zero flag with a (preallocated) host
+                (7 * c) | COPIED,
+                0,
+                0,
+            ],
+        );
+        let img = Img { len: 8 * c, ..img };
+        assert_eq!(
+            img.map().unwrap(),
+            vec![
+                piece(0, 2 * c, Source::Data { host: 3 * c }),
+                piece(2 * c, c, Source::Unallocated),
+                piece(3 * c, 2 * c, Source::Zero),
+                piece(5 * c, c, Source::Data { host: 7 * c }),
+                piece(6 * c, 2 * c, Source::Unallocated),
+            ]
+        );
+        // The preallocated zero cluster's host counts as used.
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[(3 * c) | 1, 3 * c]);
+        let img = Img { len: 4 * c, ..img };
+        says(img.map().unwrap_err(), ErrorKind::Corrupt, "already in use");
+    }
+
+    #[test]
+    fn the_last_cluster_is_cut_at_the_virtual_size() {
+        let c = 64 * K;
+        let img = Img::v3(16, c + 4 * K).l2(0, 2, &[3 * c, 5 * c]);
+        let img = Img { len: 6 * c, ..img };
+        assert_eq!(
+            img.map().unwrap(),
+            vec![
+                piece(0, c, Source::Data { host: 3 * c }),
+                piece(c, 4 * K, Source::Data { host: 5 * c })
+            ]
+        );
+    }
+
+    #[test]
+    fn data_running_past_the_end_of_the_file_reads_as_zeros() {
+        // A data cluster that starts inside the file and ends past it (the
+        // last, partly written host cluster).
+        let c = 64 * K;
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[3 * c]);
+        let img = Img {
+            len: 3 * c + 100,
+            cut: true,
+            ..img
+        };
+        assert_eq!(
+            img.map().unwrap(),
+            vec![
+                piece(0, 100, Source::Data { host: 3 * c }),
+                piece(100, c - 100, Source::Zero),
+                piece(c, c, Source::Unallocated)
+            ]
+        );
+    }
+
+    #[test]
+    fn zero_flags_are_refused_in_version_2() {
+        // The minor item: QEMU refuses them.
+        let c = 64 * K;
+        let img = Img::v2(16, 2 * c).l2(0, 2, &[1]);
+        says(img.map().unwrap_err(), ErrorKind::Corrupt, "version 2");
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[1]);
+        assert_eq!(
+            img.map().unwrap(),
+            vec![piece(0, c, Source::Zero), piece(c, c, Source::Unallocated)]
+        );
+    }
+
+    #[test]
+    fn l2_tables_must_be_aligned_and_inside_the_file() {
+        let c = 64 * K;
+        for l1e in [2 * c + 512, 9 * c, OFFSET_MASK & !(c - 1)] {
+            let mut img = Img::v3(16, 2 * c);
+            img.l1 = vec![l1e];
+            says(
+                img.map().unwrap_err(),
+                ErrorKind::Corrupt,
+                "L1 entry 0 points to an L2 table",
+            );
+        }
+        // Bits outside the offset mask are ignored, as in QEMU (COPIED,
+        // reserved bits): only the masked offset counts.
+        let mut img = Img::v3(16, 2 * c);
+        img.l1 = vec![(1 << 63) | 0x1ff];
+        assert_eq!(
+            img.map().unwrap(),
+            vec![piece(0, 2 * c, Source::Unallocated)]
+        );
+    }
+
+    #[test]
+    fn data_clusters_must_be_aligned_and_inside_the_file() {
+        let c = 64 * K;
+        for e in [3 * c + 512, 3 * c, 1 << 54, OFFSET_MASK & !(c - 1)] {
+            let img = Img::v3(16, 2 * c).l2(0, 2, &[e]);
+            says(
+                img.map().unwrap_err(),
+                ErrorKind::Corrupt,
+                "misaligned or past the end",
+            );
+        }
+    }
+
+    #[test]
+    fn no_host_cluster_serves_twice() {
+        let c = 64 * K;
+        for (what, entries) in [
+            ("data twice", vec![3 * c, 3 * c]),
+            ("data on the header", vec![0x1fe | (1 << 63), 0]),
+            ("data on the L1 table", vec![c, 0]),
+            ("data on its own L2 table", vec![2 * c, 0]),
+        ] {
+            let img = Img::v3(16, 2 * c).l2(0, 2, &entries);
+            let img = Img { len: 4 * c, ..img };
+            match img.map() {
+                Err(e) => says(e, ErrorKind::Corrupt, "already in use"),
+                // An entry of only flag bits (no offset) is unallocated.
+                Ok(m) if what == "data on the header" => {
+                    assert_eq!(m[0].source, Source::Unallocated)
+                }
+                Ok(m) => panic!("{what}: accepted: {m:?}"),
+            }
+        }
+        // One L2 table behind two L1 entries: the 1 TiB image with
+        // every L1 entry at one L2 table is refused at the second entry,
+        // in memory bounded by the file, not the virtual size.
+        let mut img = Img::v3(16, 1 << 40);
+        img.l1 = vec![(2 * c) | COPIED; img.l1_size as usize];
+        img.len = 3 * c;
+        let e = img.map().unwrap_err();
+        says(e, ErrorKind::Corrupt, "the L2 table of L1 entry 1");
+    }
+
+    #[test]
+    fn compressed_clusters_are_bounded_by_the_file() {
+        let c = 64 * K;
+        // 64 KiB clusters: x = 62 - 8 = 54 offset bits, then 8 bits of
+        // additional 512-byte sectors.
+        let desc = |host: u64, sectors: u64| COMPRESSED | ((sectors - 1) << 54) | host;
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[desc(3 * c + 100, 2)]);
+        let img = Img { len: 4 * c, ..img };
+        assert_eq!(
+            img.map().unwrap(),
+            vec![
+                piece(
+                    0,
+                    c,
+                    Source::Compressed {
+                        host: 3 * c + 100,
+                        len: 1024 - 100
+                    }
+                ),
+                piece(c, c, Source::Unallocated)
+            ]
+        );
+        // The length is cut at the end of the file.
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[desc(3 * c, 256)]);
+        let img = Img {
+            len: 3 * c + 700,
+            cut: true,
+            ..img
+        };
+        assert_eq!(
+            img.map().unwrap()[0].source,
+            Source::Compressed {
+                host: 3 * c,
+                len: 700
+            }
+        );
+        // Starting past the end: refused.
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[desc(5 * c, 1)]);
+        says(
+            img.map().unwrap_err(),
+            ErrorKind::Corrupt,
+            "compressed cluster",
+        );
+        // Two compressed clusters in one host cluster are fine (QEMU packs
+        // them), and never merged into one range.
+        let img = Img::v3(16, 2 * c).l2(0, 2, &[desc(3 * c, 1), desc(3 * c + 512, 1)]);
+        let img = Img { len: 4 * c, ..img };
+        assert_eq!(img.map().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn compressed_clusters_inflate_or_are_refused() {
+        let c = 64 * K;
+        let plain: Vec<u8> = (0..c).map(|i| (i % 251) as u8).collect();
+        let mut deflated = Vec::new();
+        let mut z = flate2::write::DeflateEncoder::new(&mut deflated, flate2::Compression::fast());
+        std::io::Write::write_all(&mut z, &plain).unwrap();
+        z.finish().unwrap();
+        let zstd = ruzstd::encoding::compress_to_vec(
+            &plain[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        for (frames, is_zstd) in [(deflated, false), (zstd, true)] {
+            let mut img = Img::v3(16, c).put(3 * c, &frames);
+            if is_zstd {
+                img.incompat = INCOMPAT_COMPRESSION;
+                img.header_len = 112;
+                img.compression = 1;
+            }
+            let q = img.open().unwrap();
+            let mut out = vec![0u8; c as usize];
+            q.inflate(3 * c, frames.len() as u64, &mut out).unwrap();
+            assert!(
+                out == plain,
+                "zstd {is_zstd}: the cluster inflates to its bytes"
+            );
+            // Cut short, or garbage: corrupt, never a panic.
+            let e = q
+                .inflate(3 * c, frames.len() as u64 / 2, &mut out)
+                .unwrap_err();
+            says(e, ErrorKind::Corrupt, "does not inflate");
+            let e = q.inflate(4, 64, &mut out).unwrap_err();
+            says(e, ErrorKind::Corrupt, "does not inflate");
+        }
+    }
+
+    #[test]
+    fn extended_l2_subclusters_map_and_their_bitmaps_are_checked() {
+        let c = 64 * K;
+        let sub = c / 32;
+        let ext = |entries: &[(u64, u64)]| {
+            let mut img = Img::v3(16, 2 * c);
+            img.incompat = INCOMPAT_EXTL2;
+            let flat: Vec<u64> = entries.iter().flat_map(|&(e, b)| [e, b]).collect();
+            let img = img.l2(0, 2, &flat);
+            Img { len: 4 * c, ..img }
+        };
+        // All allocated: one whole cluster; a mixed bitmap: subclusters.
+        let m = ext(&[(3 * c, 0xffff_ffff), (0, 0xffff_ffff << 32)])
+            .map()
+            .unwrap();
+        assert_eq!(
+            m,
+            vec![
+                piece(0, c, Source::Data { host: 3 * c }),
+                piece(c, c, Source::Zero)
+            ]
+        );
+        let m = ext(&[(3 * c, 0b01 | (0b10 << 32)), (0, 0)]).map().unwrap();
+        let s = |guest, len, source| Piece {
+            guest,
+            len,
+            source,
+            subcluster: true,
+        };
+        assert_eq!(
+            &m[..3],
+            &[
+                s(0, sub, Source::Data { host: 3 * c }),
+                s(sub, sub, Source::Zero),
+                s(2 * sub, 30 * sub, Source::Unallocated)
+            ]
+        );
+        assert_eq!(m[3], piece(c, c, Source::Unallocated));
+        says(
+            ext(&[(3 * c, 1 | (1 << 32)), (0, 0)]).map().unwrap_err(),
+            ErrorKind::Corrupt,
+            "both allocated and zero",
+        );
+        says(
+            ext(&[(0, 1), (0, 0)]).map().unwrap_err(),
+            ErrorKind::Corrupt,
+            "no host cluster",
+        );
+    }
+
+    /// The reader's promises on any bytes: `Ok` or a typed error, never a
+    /// panic; ranges non-empty, in order, without gaps, covering exactly
+    /// the virtual size and inside the file. Over images derived from
+    /// valid ones by flipping header and table bytes (deterministic
+    /// xorshift; the fuzz target does the same at length).
+    #[test]
+    fn mutated_images_are_refused_or_mapped_within_their_promises() {
+        let c = 4 * K;
+        let bases = [
+            Img::v3(12, 8 * c)
+                .l2(
+                    0,
+                    2,
+                    &[3 * c, (4 * c) | COPIED, 1, COMPRESSED | (5 * c), 0, 6 * c],
+                )
+                .put(7 * c, &[0]),
+            {
+                let mut i = Img::v3(14, 64 * 16 * K);
+                i.incompat = INCOMPAT_EXTL2;
+                let i = i.l2(0, 2, &[3 * 16 * K, 0xffff_ffff, 0, 1 << 40]);
+                Img {
+                    len: 5 * 16 * K,
+                    ..i
+                }
+            },
+            Img::v2(9, 64 * K)
+                .l2(0, 2, &[3 * 512, 4 * 512])
+                .put(5 * 512, &[1]),
+        ];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut opened = 0;
+        for round in 0..3000 {
+            let base = &bases[round % bases.len()];
+            let mut b = base.bytes();
+            let cluster = base.cluster() as usize;
+            for _ in 0..1 + rnd() % 4 {
+                // Mostly the header, the L1 and the L2 table.
+                let region = match rnd() % 3 {
+                    0 => 0..112.min(b.len()),
+                    1 => cluster..cluster + 64,
+                    _ => 2 * cluster..2 * cluster + 64,
+                };
+                let at = region.start + (rnd() as usize % region.len());
+                b[at] ^= 1 << (rnd() % 8);
+            }
+            let Ok(q) = open_bytes(&b) else { continue };
+            opened += 1;
+            let mut next = 0;
+            let len = b.len() as u64;
+            let _ = q.walk(&mut |p| {
+                assert!(p.len > 0, "empty range {p:?}");
+                assert_eq!(p.guest, next, "a gap or overlap before {p:?}");
+                next = p.guest + p.len;
+                assert!(next <= q.size, "{p:?} beyond {}", q.size);
+                match p.source {
+                    Source::Data { host } => assert!(host + p.len <= len, "{p:?} past the end"),
+                    Source::Compressed { host, len: l } => {
+                        assert!(host + l <= len, "{p:?} past the end");
+                        let mut out = vec![0u8; q.cluster_size() as usize];
+                        let _ = q.inflate(host, l, &mut out);
+                    }
+                    Source::Zero | Source::Unallocated => {}
+                }
+                Ok(())
+            });
+        }
+        assert!(
+            opened > 300,
+            "the mutations must leave openable images ({opened})"
+        );
+    }
+
+    #[test]
+    fn an_error_from_the_callback_stops_the_walk() {
+        let c = 64 * K;
+        let img = Img::v3(16, 4 * c).l2(0, 2, &[3 * c, 0, 1, 0]);
+        let img = Img { len: 4 * c, ..img };
+        let q = img.open().unwrap();
+        let mut seen = 0;
+        let e = q
+            .walk(&mut |_| {
+                seen += 1;
+                Err(Error::new(Operation::Image, ErrorKind::Cancelled))
+            })
+            .unwrap_err();
+        assert_eq!((seen, e.kind()), (1, ErrorKind::Cancelled));
+    }
 }

@@ -218,7 +218,13 @@ pub(crate) fn copy_data(
     // has it already. Only then: XFS flushes a truncated file's data when
     // it is closed (its guard for truncate-and-rewrite), which made every
     // small-file copy there ~10× slower.
-    let bytes = short.unwrap_or(size);
+    let mut bytes = short.unwrap_or(size);
+    if short.is_none() && written_to != size {
+        // A trailing hole and a source that shrank look alike to
+        // SEEK_DATA; its size now tells them apart (one fstat, only for
+        // files that end in a hole).
+        bytes = bytes.min(cowlink_sys::fstat(src)?.st_size as u64);
+    }
     if (short.is_some() || written_to != size) && cowlink_sys::fstat(dst)?.st_size as u64 != bytes {
         fs::ftruncate(dst, bytes)?;
     }
@@ -377,5 +383,252 @@ pub(crate) fn preallocate(fd: BorrowedFd<'_>, len: u64) -> std::result::Result<b
         Ok(()) => Ok(true),
         Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The copy step on tmpfs (`/dev/shm`: no root, no test filesystems,
+    //! no clones): holes, short and empty sources, cancel, and what
+    //! [`transfer`] does with each [`Reflink`] mode where cloning is not
+    //! possible.
+    use super::*;
+    use rustix::fd::AsFd;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    fn shm() -> tempfile::TempDir {
+        let d = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let magic = fs::statfs(d.path()).unwrap().f_type as u64;
+        assert_eq!(magic, 0x0102_1994, "/dev/shm is not tmpfs");
+        d
+    }
+
+    fn bytes(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(29) ^ seed).collect()
+    }
+
+    /// A file of `len` bytes with data at each `(offset, bytes)`, holes
+    /// elsewhere.
+    fn sparse(path: &Path, len: u64, data: &[(u64, Vec<u8>)]) -> std::fs::File {
+        let f = std::fs::File::create(path).unwrap();
+        for (at, b) in data {
+            f.write_all_at(b, *at).unwrap();
+        }
+        f.set_len(len).unwrap();
+        std::fs::File::open(path).unwrap()
+    }
+
+    fn never() -> bool {
+        false
+    }
+
+    fn copy(src: &std::fs::File, dst: &std::fs::File, source: Source, offload: bool) -> Outcome {
+        copy_data(src.as_fd(), dst.as_fd(), source, offload, &never).unwrap()
+    }
+
+    #[test]
+    fn data_segments_follow_the_holes() {
+        let d = shm();
+        let p = d.path().join("s");
+        let f = sparse(
+            &p,
+            5 << 20,
+            &[(0, bytes(4096, 1)), (2 << 20, bytes(8192, 2))],
+        );
+        assert_eq!(
+            data_segments(f.as_fd(), 5 << 20).unwrap(),
+            vec![(0, 4096), (2 << 20, (2 << 20) + 8192)]
+        );
+        // All hole, and empty.
+        let f = sparse(&d.path().join("h"), 1 << 20, &[]);
+        assert_eq!(data_segments(f.as_fd(), 1 << 20).unwrap(), vec![]);
+        let f = sparse(&d.path().join("e"), 0, &[]);
+        assert_eq!(data_segments(f.as_fd(), 0).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn sparse_copies_keep_holes_and_length_with_either_method() {
+        let d = shm();
+        let layout = [(4096, bytes(100, 3)), (3 << 20, bytes(5000, 4))];
+        let src = sparse(&d.path().join("s"), 6 << 20, &layout);
+        let source = Source::of(&fs::fstat(&src).unwrap());
+        assert!(source.maybe_sparse);
+        for offload in [true, false] {
+            let p = d.path().join(format!("d-{offload}"));
+            let dst = std::fs::File::options()
+                .create_new(true)
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            let out = copy(&src, &dst, source, offload);
+            assert_eq!(out.bytes, 6 << 20);
+            if !offload {
+                assert_eq!(out.method, Method::ReadWrite);
+            }
+            assert!(std::fs::read(&p).unwrap() == std::fs::read(d.path().join("s")).unwrap());
+            let m = dst.metadata().unwrap();
+            assert_eq!(m.len(), 6 << 20, "the trailing hole is kept as length");
+            assert!(
+                m.blocks() * 512 < 64 << 10,
+                "holes were filled: {} blocks",
+                m.blocks()
+            );
+        }
+    }
+
+    #[test]
+    fn a_source_shorter_than_stat_said_gives_what_was_read_never_padding() {
+        let d = shm();
+        let data = bytes(10_000, 5);
+        std::fs::write(d.path().join("s"), &data).unwrap();
+        let src = std::fs::File::open(d.path().join("s")).unwrap();
+        for (offload, sparse_) in [(true, false), (false, false), (false, true), (true, true)] {
+            let p = d.path().join(format!("d-{offload}-{sparse_}"));
+            let dst = std::fs::File::create(&p).unwrap();
+            // As if the file shrank between stat and the copy.
+            let source = Source {
+                size: 50_000,
+                maybe_sparse: sparse_,
+            };
+            let out = copy(&src, &dst, source, offload);
+            assert_eq!(out.bytes, 10_000, "offload {offload} sparse {sparse_}");
+            assert!(std::fs::read(&p).unwrap() == data);
+        }
+    }
+
+    #[test]
+    fn empty_sources_and_offsets_past_the_end_copy_nothing() {
+        let d = shm();
+        std::fs::write(d.path().join("e"), b"").unwrap();
+        let src = std::fs::File::open(d.path().join("e")).unwrap();
+        for source in [Source::sized(0), Source::of(&fs::fstat(&src).unwrap())] {
+            let p = d.path().join("d");
+            let _ = std::fs::remove_file(&p);
+            let dst = std::fs::File::create(&p).unwrap();
+            assert_eq!(copy(&src, &dst, source, true).bytes, 0);
+            assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+        }
+        // A source whose data starts past the size stat gave: nothing is
+        // read beyond that size.
+        let src = sparse(&d.path().join("late"), 2 << 20, &[(1 << 20, bytes(10, 6))]);
+        let dst = std::fs::File::create(d.path().join("d2")).unwrap();
+        let out = copy(&src, &dst, Source::sized(4096), true);
+        assert_eq!(out.bytes, 4096);
+        assert!(std::fs::read(d.path().join("d2")).unwrap() == vec![0; 4096]);
+    }
+
+    #[test]
+    fn a_cancel_stops_the_copy_with_ecanceled() {
+        let d = shm();
+        std::fs::write(d.path().join("s"), bytes(3 << 20, 7)).unwrap();
+        let src = std::fs::File::open(d.path().join("s")).unwrap();
+        let dst = std::fs::File::create(d.path().join("d")).unwrap();
+        let source = Source::of(&fs::fstat(&src).unwrap());
+        let e = copy_data(src.as_fd(), dst.as_fd(), source, false, &|| true).unwrap_err();
+        assert_eq!(e, Errno::CANCELED);
+    }
+
+    #[test]
+    fn transfer_copies_or_fails_by_mode_where_cloning_is_not_possible() {
+        let d = shm();
+        let data = bytes(200_000, 8);
+        std::fs::write(d.path().join("s"), &data).unwrap();
+        let src = std::fs::File::open(d.path().join("s")).unwrap();
+        let source = Source::of(&fs::fstat(&src).unwrap());
+        let failed = |e: Errno| Error::from_errno(Operation::Clone, e);
+        for (mode, copies) in [
+            (Reflink::Auto, true),
+            (Reflink::Never, true),
+            (Reflink::Always, false),
+        ] {
+            let p = d.path().join(format!("{mode:?}"));
+            let dst = std::fs::File::create(&p).unwrap();
+            let asked = std::cell::Cell::new(false);
+            let before = || {
+                asked.set(true);
+                Ok(())
+            };
+            let r = transfer(
+                src.as_fd(),
+                dst.as_fd(),
+                source,
+                mode,
+                &before,
+                &failed,
+                &never,
+            );
+            match (copies, r) {
+                (true, Ok(out)) => {
+                    assert_ne!(out.method, Method::Reflink, "{mode:?}");
+                    if mode == Reflink::Never {
+                        assert_eq!(out.method, Method::ReadWrite);
+                    }
+                    assert_eq!(out.bytes, data.len() as u64);
+                    assert!(std::fs::read(&p).unwrap() == data);
+                    assert!(asked.get(), "{mode:?}: the caller is asked before a copy");
+                }
+                (false, Err(e)) => {
+                    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+                    assert!(!asked.get(), "no copy was started");
+                    assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+                }
+                (_, r) => panic!("{mode:?}: {r:?}"),
+            }
+        }
+        // The caller may refuse the copy before a byte is written.
+        let dst = std::fs::File::create(d.path().join("refused")).unwrap();
+        let no = || Err(Error::new(Operation::Clone, ErrorKind::NoSpace));
+        let e = transfer(
+            src.as_fd(),
+            dst.as_fd(),
+            source,
+            Reflink::Auto,
+            &no,
+            &failed,
+            &never,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpace);
+        assert_eq!(dst.metadata().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn transfer_errors_name_the_filesystems_and_the_reason() {
+        let d = shm();
+        std::fs::write(d.path().join("s"), b"x").unwrap();
+        let (s, t) = (d.path().join("s"), d.path().join("t"));
+        let src = std::fs::File::open(&s).unwrap();
+        let dst = std::fs::File::create(&t).unwrap();
+        let e = transfer_error(
+            Operation::Clone,
+            &s,
+            &t,
+            Errno::OPNOTSUPP,
+            src.as_fd(),
+            dst.as_fd(),
+        );
+        assert_eq!(e.kind(), ErrorKind::NotSupported);
+        assert!(e.reason().contains("tmpfs"), "{e}");
+        let e = transfer_error(
+            Operation::Clone,
+            &s,
+            &t,
+            Errno::XDEV,
+            src.as_fd(),
+            dst.as_fd(),
+        );
+        assert_eq!(e.kind(), ErrorKind::CrossDevice);
+        assert!(e.reason().contains("different filesystems"), "{e}");
+        let e = transfer_error(
+            Operation::Clone,
+            &s,
+            &t,
+            Errno::NOSPC,
+            src.as_fd(),
+            dst.as_fd(),
+        );
+        assert_eq!(e.kind(), ErrorKind::NoSpace);
+        assert_eq!((e.src(), e.dst()), (Some(s.as_path()), Some(t.as_path())));
     }
 }

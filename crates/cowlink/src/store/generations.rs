@@ -288,3 +288,112 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The generation choice, with a reference limit injected, on tmpfs
+    //! (`/dev/shm`: no root, no test filesystems). Hardlinks count
+    //! references the way clones do on XFS, so the limit is exercised
+    //! without a filesystem that clones.
+    use super::super::{LinkMode, MaterializeOptions, Store};
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt;
+
+    fn shm() -> tempfile::TempDir {
+        let d = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let magic = rustix::fs::statfs(d.path()).unwrap().f_type as u64;
+        assert_eq!(magic, 0x0102_1994, "/dev/shm is not tmpfs");
+        d
+    }
+
+    /// Five files of the same bytes and one other.
+    fn tree(d: &std::path::Path) -> std::path::PathBuf {
+        let src = d.join("src");
+        std::fs::create_dir(&src).unwrap();
+        for i in 0..5 {
+            std::fs::write(src.join(format!("same{i}")), vec![7u8; 10_000]).unwrap();
+        }
+        std::fs::write(src.join("other"), b"other").unwrap();
+        src
+    }
+
+    fn opts(link: LinkMode) -> MaterializeOptions {
+        MaterializeOptions {
+            link,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_reference_limit_moves_on_to_new_generations_of_the_same_bytes() {
+        let d = shm();
+        let st = Store::open(d.path().join("st"))
+            .unwrap()
+            .with_clone_limit(2);
+        let added = st.add_tree(tree(d.path())).unwrap();
+        let dst = d.path().join("dst");
+        let r = st
+            .materialize_tree(&added.manifest, &dst, &opts(LinkMode::Hardlink))
+            .unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!((r.files, r.hardlinked), (6, 6));
+        // Five uses at two per generation: generations 0, 1 and 2.
+        assert_eq!(r.generations_created, 2);
+        let mut by_inode: BTreeMap<u64, usize> = BTreeMap::new();
+        for i in 0..5 {
+            let p = dst.join(format!("same{i}"));
+            assert_eq!(std::fs::read(&p).unwrap(), vec![7u8; 10_000]);
+            *by_inode
+                .entry(std::fs::metadata(&p).unwrap().ino())
+                .or_default() += 1;
+        }
+        let mut uses: Vec<usize> = by_inode.into_values().collect();
+        uses.sort();
+        assert_eq!(uses, [1, 2, 2], "never more than the limit per generation");
+        // A later checkout starts from the newest generation, and verify
+        // finds every generation intact.
+        let r = st
+            .materialize_tree(
+                &added.manifest,
+                d.path().join("dst2"),
+                &opts(LinkMode::Hardlink),
+            )
+            .unwrap();
+        assert_eq!(
+            r.generations_created, 2,
+            "generation 2 had one use left, then 3 and 4"
+        );
+        let v = st.verify().unwrap();
+        assert!(v.corrupt.is_empty(), "{:?}", v.corrupt);
+    }
+
+    #[test]
+    fn where_cloning_is_not_possible_clone_refuses_and_auto_copies() {
+        let d = shm();
+        let st = Store::open(d.path().join("st")).unwrap();
+        let added = st.add_tree(tree(d.path())).unwrap();
+        let dst = d.path().join("clone");
+        let e = st
+            .materialize_tree(&added.manifest, &dst, &opts(LinkMode::Clone))
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::NotSupported, "{e}");
+        assert!(!dst.exists(), "nothing is made when the clone trial fails");
+        for link in [LinkMode::Auto, LinkMode::Copy] {
+            let dst = d.path().join(format!("{link:?}"));
+            let r = st
+                .materialize_tree(&added.manifest, &dst, &opts(link))
+                .unwrap();
+            assert!(r.errors.is_empty(), "{:?}", r.errors);
+            assert_eq!(
+                (r.copied, r.cloned, r.generations_created),
+                (6, 0, 0),
+                "{link:?}"
+            );
+            assert_eq!(std::fs::read(dst.join("other")).unwrap(), b"other");
+            // A copy is a file of its own: writable, not the object.
+            let m = std::fs::metadata(dst.join("same0")).unwrap();
+            assert_eq!(m.nlink(), 1);
+            assert_ne!(m.mode() & 0o200, 0);
+        }
+    }
+}

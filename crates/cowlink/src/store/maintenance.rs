@@ -356,3 +356,79 @@ impl Store {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What gc keeps and removes, on tmpfs (`/dev/shm`: no root, no test
+    //! filesystems).
+    use super::super::{Digest, Store};
+
+    fn shm() -> tempfile::TempDir {
+        let d = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let magic = rustix::fs::statfs(d.path()).unwrap().f_type as u64;
+        assert_eq!(magic, 0x0102_1994, "/dev/shm is not tmpfs");
+        d
+    }
+
+    fn tree(d: &std::path::Path, name: &str, files: &[(&str, &[u8])]) -> std::path::PathBuf {
+        let root = d.join(name);
+        std::fs::create_dir(&root).unwrap();
+        for (n, b) in files {
+            std::fs::write(root.join(n), b).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn gc_keeps_what_kept_manifests_name_and_removes_the_rest() {
+        let d = shm();
+        let st = Store::open(d.path().join("st")).unwrap();
+        let a = st
+            .add_tree(tree(
+                d.path(),
+                "a",
+                &[("shared", b"shared"), ("a-only", b"aaaa")],
+            ))
+            .unwrap();
+        let b = st
+            .add_tree(tree(
+                d.path(),
+                "b",
+                &[("shared", b"shared"), ("b-only", b"bbbbbbb")],
+            ))
+            .unwrap();
+        let loose = st
+            .add(tree(d.path(), "c", &[("f", b"loose")]).join("f"))
+            .unwrap();
+        let (shared, a_only, b_only) = (
+            Digest::of(b"shared"),
+            Digest::of(b"aaaa"),
+            Digest::of(b"bbbbbbb"),
+        );
+        assert!([shared, a_only, b_only, loose]
+            .iter()
+            .all(|o| st.contains(o)));
+        // Unknown manifests to keep: refused, nothing removed.
+        let e = st.gc(Some(&[Digest::of(b"no such manifest")])).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::NotFound, "{e}");
+        assert!([shared, a_only, b_only, loose]
+            .iter()
+            .all(|o| st.contains(o)));
+        // Keep a: b's manifest, b's own object and the loose one go.
+        let r = st.gc(Some(&[a.digest])).unwrap();
+        assert_eq!((r.manifests_kept, r.manifests_removed), (1, 1));
+        assert_eq!((r.objects_removed, r.bytes_removed), (2, 7 + 5));
+        assert!(r.quarantined.is_empty());
+        assert!(st.contains(&shared) && st.contains(&a_only));
+        assert!(!st.contains(&b_only) && !st.contains(&loose));
+        assert_eq!(st.manifests().unwrap(), vec![a.digest]);
+        let _ = b;
+        // Keep everything (no list): nothing more to remove.
+        let r = st.gc(None).unwrap();
+        assert_eq!(
+            (r.manifests_kept, r.manifests_removed, r.objects_removed),
+            (1, 0, 0)
+        );
+        assert!(st.verify().unwrap().corrupt.is_empty());
+    }
+}

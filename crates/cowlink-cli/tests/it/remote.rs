@@ -12,10 +12,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use cowlink_testfs::s3::S3Server;
-use cowlink_testfs::{temporaries, testfs};
+use cowlink_testfs::{rsync_diff, temporaries, testfs};
 
-mod common;
-use common::{bin, text};
+use crate::common;
+use crate::common::{bin, ok, text};
 
 /// `cowlink store --store ST --remote URL ARGS…` with the server's keys.
 fn run(s3: &S3Server, prefix: &str, st: &Path, args: &[&dyn AsRef<OsStr>]) -> Output {
@@ -35,17 +35,6 @@ fn cmd(s3: &S3Server, prefix: &str, st: &Path, args: &[&dyn AsRef<OsStr>]) -> Co
         c.arg(a.as_ref());
     }
     c
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status,
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    text(&o.stdout)
 }
 
 fn json(o: &Output) -> serde_json::Value {
@@ -90,20 +79,6 @@ fn generated(dir: &Path, name: &str, n: usize, size: usize) -> PathBuf {
     root
 }
 
-/// rsync's itemized differences between two trees (contents by
-/// checksum, modes, owners, links, hardlinks, ACLs, xattrs; not times,
-/// which manifests do not record). Empty when equal.
-fn rsync_diff(a: &Path, b: &Path) -> String {
-    let o = Command::new("rsync")
-        .args(["-rlpgoDniHAX", "--checksum", "--delete"])
-        .arg(format!("{}/", a.display()))
-        .arg(format!("{}/", b.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    text(&o.stdout)
-}
-
 /// Every file the server holds below `dir`, with inode and mtime: what
 /// changes if anything is rewritten.
 fn server_files(dir: &Path) -> BTreeMap<PathBuf, (u64, i64, i64)> {
@@ -130,11 +105,10 @@ fn add_tree(st: &Path, tree: &Path) -> String {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_real_tree_round_trips_through_the_server_and_checks_out_as_clones_on_xfs() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("round_trip") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("round_trip");
     let tree = real_tree(x.path());
     let (st, st2) = (x.path().join("st"), x.path().join("st2"));
     let m = add_tree(&st, &tree);
@@ -162,7 +136,7 @@ fn a_real_tree_round_trips_through_the_server_and_checks_out_as_clones_on_xfs() 
         text(&o.stderr)
     );
     assert_eq!(
-        rsync_diff(&tree, &dst),
+        rsync_diff(&tree, &dst, false),
         "",
         "the checkout differs from the tree"
     );
@@ -194,11 +168,10 @@ fn a_real_tree_round_trips_through_the_server_and_checks_out_as_clones_on_xfs() 
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_second_push_or_pull_moves_no_object_bytes() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("incremental") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("incremental");
     let tree = generated(x.path(), "t", 300, 5000);
     // One object above the multipart threshold (16 MiB): sent in parts.
     let big = cowlink_testfs::data(20 << 20, 99);
@@ -254,11 +227,10 @@ fn a_second_push_or_pull_moves_no_object_bytes() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_pull_under_a_low_limit_on_open_files_links_in_smaller_batches() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("low_nofile") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("low_nofile");
     let tree = generated(x.path(), "t", 600, 2000);
     let st = x.path().join("st");
     let m = add_tree(&st, &tree);
@@ -299,15 +271,14 @@ fn a_pull_under_a_low_limit_on_open_files_links_in_smaller_batches() {
         .arg(&co)
         .output()
         .unwrap());
-    assert_eq!(rsync_diff(&tree, &co), "");
+    assert_eq!(rsync_diff(&tree, &co, false), "");
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_tampered_object_is_rejected_by_digest_and_a_missing_one_fails_checkout_cleanly() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("tamper") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("tamper");
     let tree = generated(x.path(), "t", 20, 3000);
     let st = x.path().join("st");
     let m = add_tree(&st, &tree);
@@ -395,11 +366,10 @@ fn objects_in(st: &Path) -> usize {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_pull_cut_off_by_the_server_dying_completes_when_rerun() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(mut s3) = S3Server::start("server_dies") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let mut s3 = S3Server::start("server_dies");
     let tree = generated(x.path(), "t", 1500, 20_000);
     let st = x.path().join("st");
     let m = add_tree(&st, &tree);
@@ -450,15 +420,14 @@ fn a_pull_cut_off_by_the_server_dying_completes_when_rerun() {
     assert_eq!(v["missing"], serde_json::json!([]));
     let dst = x.path().join("dst");
     ok(&common::store(&st2, &[&"checkout", &m, &dst]));
-    assert_eq!(rsync_diff(&tree, &dst), "");
+    assert_eq!(rsync_diff(&tree, &dst, false), "");
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn ctrl_c_mid_push_exits_130_and_a_rerun_finishes() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("sigint") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("sigint");
     let tree = generated(x.path(), "t", 1500, 20_000);
     let st = x.path().join("st");
     let m = add_tree(&st, &tree);
@@ -496,15 +465,14 @@ fn ctrl_c_mid_push_exits_130_and_a_rerun_finishes() {
     let st2 = x.path().join("st2");
     let dst = x.path().join("dst");
     ok(&run(&s3, "si", &st2, &[&"checkout", &m, &dst]));
-    assert_eq!(rsync_diff(&tree, &dst), "");
+    assert_eq!(rsync_diff(&tree, &dst, false), "");
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn wrong_keys_and_a_missing_bucket_fail_at_once_with_a_clear_error() {
-    let Some(e) = testfs!(Ext4) else { return };
-    let Some(s3) = S3Server::start("permanent") else {
-        return;
-    };
+    let e = testfs!(Ext4);
+    let s3 = S3Server::start("permanent");
     let tree = generated(e.path(), "t", 3, 100);
     let st = e.path().join("st");
     add_tree(&st, &tree);
@@ -605,11 +573,10 @@ fn wrong_keys_and_a_missing_bucket_fail_at_once_with_a_clear_error() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn remote_gc_keeps_what_kept_manifests_use_and_drops_the_rest() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("remote_gc") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("remote_gc");
     let a = generated(x.path(), "a", 40, 2000);
     let st = x.path().join("st");
     let ma = add_tree(&st, &a);
@@ -663,7 +630,7 @@ fn remote_gc_keeps_what_kept_manifests_use_and_drops_the_rest() {
     let st2 = x.path().join("st2");
     let dst = x.path().join("dst");
     ok(&run(&s3, "gc", &st2, &[&"checkout", &ma, &dst]));
-    assert_eq!(rsync_diff(&a, &dst), "");
+    assert_eq!(rsync_diff(&a, &dst, false), "");
     // Keeping a manifest the remote lacks removes nothing.
     let o = run(&s3, "gc", &st, &[&"remote", &"gc", &"--keep", &mb]);
     assert_eq!(o.status.code(), Some(1));
@@ -679,11 +646,10 @@ fn remote_gc_keeps_what_kept_manifests_use_and_drops_the_rest() {
 /// removed a live push's objects), and keys that are not exactly
 /// cowlink's are left alone and listed.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn remote_gc_refuses_a_grace_past_ten_years_and_lists_what_it_leaves_alone() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("remote_gc_alone") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("remote_gc_alone");
     let a = generated(x.path(), "a", 3, 1000);
     let st = x.path().join("st");
     add_tree(&st, &a);
@@ -730,11 +696,10 @@ fn remote_gc_refuses_a_grace_past_ten_years_and_lists_what_it_leaves_alone() {
 /// gc aborts it once it is older than --grace. About 6 s: the push runs
 /// through a slow relay so that it is surely mid-object when killed.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn remote_gc_aborts_the_upload_of_a_push_killed_mid_object() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("remote_gc_uploads") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("remote_gc_uploads");
     let a = x.path().join("a");
     fs::create_dir_all(&a).unwrap();
     fs::write(a.join("big"), cowlink_testfs::data(40 << 20, 14)).unwrap();
@@ -792,9 +757,10 @@ fn at(endpoint: &str, st: &Path, args: &[&str]) -> Output {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn server_errors_read_in_plain_words_and_never_write_escapes_to_the_terminal() {
     use cowlink_testfs::hostile::{Hostile, Reply};
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let st = e.path().join("st");
     let tree = generated(e.path(), "t", 2, 100);
     let m = add_tree(&st, &tree);
@@ -841,9 +807,10 @@ fn server_errors_read_in_plain_words_and_never_write_escapes_to_the_terminal() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn retry_after_and_the_timeouts_are_honoured_from_the_command_line() {
     use cowlink_testfs::hostile::{list_page, Hostile, Reply};
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let st = e.path().join("st");
     // Retry-After beyond --retry-timeout: one request, and why.
     let h = Hostile::start(|_| {
@@ -901,14 +868,13 @@ fn retry_after_and_the_timeouts_are_honoured_from_the_command_line() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn profile_keys_are_read_as_the_aws_cli_reads_them() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     // A secret with every character the old reader unquoted, unescaped
     // or cut: a backslash, quotes, '=', ' # ', ';' and '%'.
     let secret = r#"a\b"c'd=e # f ; g%h"#;
-    let Some(s3) = S3Server::start_keyed("profile_keys", "ci-key", secret) else {
-        return;
-    };
+    let s3 = S3Server::start_keyed("profile_keys", "ci-key", secret);
     let tree = generated(e.path(), "t", 4, 100);
     let st = e.path().join("st");
     let m = add_tree(&st, &tree);
@@ -970,16 +936,13 @@ fn partial_in(st: &Path) -> Option<(PathBuf, u64)> {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_pull_interrupted_or_killed_mid_object_resumes_where_it_stopped() {
     use cowlink_testfs::toxiproxy::Toxiproxy;
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("resume") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("resume");
     let upstream = s3.endpoint().trim_start_matches("http://").to_string();
-    let Some(proxy) = Toxiproxy::start("resume", &upstream) else {
-        return;
-    };
+    let proxy = Toxiproxy::start("resume", &upstream);
     let size = 32u64 << 20;
     let src = x.path().join("src");
     fs::create_dir_all(&src).unwrap();

@@ -6,23 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use cowlink_testfs::{data, testfs, write_file};
+use cowlink_testfs::{data, serial, testfs, write_file};
 
-mod common;
-use common::{cowlink, text};
-
-/// The dedupe test measures free space on the shared test filesystems, so
-/// the tests of this file run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
-}
+use crate::common::{cowlink, json, text};
 
 fn clone(a: &Path, b: &Path) {
     let out = cowlink(&[&"cp", &"--reflink=always", &a, &b]);
@@ -30,9 +16,10 @@ fn clone(a: &Path, b: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn extents_says_cow_link_and_with_whom() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (a, b, c) = (x.path().join("a"), x.path().join("b"), x.path().join("c"));
     write_file(&a, &data(1 << 20, 1));
     clone(&a, &b);
@@ -81,9 +68,10 @@ fn extents_says_cow_link_and_with_whom() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn extents_refs_on_btrfs_lists_four_references_by_path() {
     let _serial = serial();
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     let a = b.path().join("a");
     write_file(&a, &data(300 << 10, 3));
     for n in ["c1", "c2", "c3"] {
@@ -107,11 +95,10 @@ fn extents_refs_on_btrfs_lists_four_references_by_path() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn extents_errors_name_the_path_and_reason() {
     let _serial = serial();
-    let (Some(t), Some(x)) = (testfs!(Tmpfs), testfs!(Xfs)) else {
-        return;
-    };
+    let (t, x) = (testfs!(Tmpfs), testfs!(Xfs));
     let f = t.path().join("f");
     fs::write(&f, b"data").unwrap();
     let out = cowlink(&[&"extents", &f]);
@@ -176,9 +163,10 @@ fn extents_errors_name_the_path_and_reason() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn du_reports_exclusive_shared_and_saved() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let set = x.path().join("set");
     fs::create_dir_all(set.join("sub")).unwrap();
     write_file(&set.join("a"), &data(512 << 10, 4));
@@ -224,11 +212,10 @@ fn du_reports_exclusive_shared_and_saved() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn du_errors_exit_1_and_tmpfs_is_named_once() {
     let _serial = serial();
-    let (Some(t), Some(x)) = (testfs!(Tmpfs), testfs!(Xfs)) else {
-        return;
-    };
+    let (t, x) = (testfs!(Tmpfs), testfs!(Xfs));
     for n in ["a", "b", "c"] {
         fs::write(t.path().join(n), b"x").unwrap();
     }
@@ -259,9 +246,10 @@ fn dup_files(dir: &Path, n: usize, size: usize) -> Vec<std::path::PathBuf> {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let files = dup_files(x.path(), 3, 1 << 20);
     let out = cowlink(&[&"dedupe", &"--dry-run", &x.path()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -316,9 +304,10 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn dedupe_refuses_ext4_with_exit_1_and_bad_sizes_with_exit_2() {
     let _serial = serial();
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     dup_files(e.path(), 2, 64 << 10);
     let out = cowlink(&[&"dedupe", &e.path()]);
     assert_eq!(out.status.code(), Some(1));
@@ -336,9 +325,10 @@ fn dedupe_refuses_ext4_with_exit_1_and_bad_sizes_with_exit_2() {
 /// 3000 of a chain of directories (paths of 3,000 and 6,000 bytes) are
 /// found, deduplicated, and their space is measured back by `du`.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn dedupe_works_on_paths_longer_than_path_max() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let root = x.path().join("deep");
     cowlink_testfs::deep_chain(&root, 3000, &[1500, 3000], &data(64 << 10, 9));
     let out = cowlink(&[&"dedupe", &"--json", &root]);
@@ -370,10 +360,11 @@ fn as_nobody(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
 /// a tree search on the directory, anyone else by mapping each file's
 /// extents: the plans agree, and only the files in blocks are grouped.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_inline_files_are_told_apart_with_and_without_root() {
     use std::os::unix::fs::chown;
     let _serial = serial();
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     let top = b.path().join("inline-or-not");
     fs::create_dir_all(&top).unwrap();
     fs::set_permissions(b.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -413,10 +404,11 @@ fn btrfs_inline_files_are_told_apart_with_and_without_root() {
 /// and no refusal), root's files are sources only, the caller's own copy
 /// is the target, and only space that was freed is claimed.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn unprivileged_dedupe_changes_only_its_own_files_and_claims_only_what_it_freed() {
     use std::os::unix::fs::chown;
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let top = x.path().join("shared-area");
     let mine = top.join("mine");
     fs::create_dir_all(&mine).unwrap();
@@ -523,9 +515,10 @@ fn btrfs_du(p: &Path) -> (u64, u64) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn compressed_btrfs_figures_are_the_disk_truth_or_unknown() {
     let _serial = serial();
-    let Some(z) = testfs!(BtrfsZstd) else { return };
+    let z = testfs!(BtrfsZstd);
     let d = z.path().join("d");
     fs::create_dir(&d).unwrap();
     let (a, b, c) = (d.join("a"), d.join("b"), d.join("c"));

@@ -9,27 +9,14 @@ use std::time::{Duration, SystemTime};
 
 use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, Plan};
 use cowlink::extents::extents;
-use cowlink_testfs::{data, testfs, write_file};
+use cowlink_testfs::{data, serial, testfs, write_file};
+
+use crate::same_blocks;
 
 const MIB: u64 = 1 << 20;
 
-/// Free space is measured per filesystem, so tests that write to the same
-/// test filesystems must not run at the same time as the measuring ones.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn plan_of(paths: &[&Path]) -> Plan {
     plan(paths, &DedupeOptions::default()).unwrap()
-}
-
-/// Whether `b` maps every byte to the same disk blocks as `a`.
-fn same_blocks(a: &Path, b: &Path) -> bool {
-    let runs = |p: &Path| extents(p).unwrap().physical_runs();
-    let (x, y) = (runs(a), runs(b));
-    !x.is_empty() && x == y
 }
 
 fn sync(dir: &Path) {
@@ -127,25 +114,26 @@ fn reclaims_space_and_keeps_metadata(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_dedupe_reclaims_space_and_keeps_metadata() {
     let _serial = serial();
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     reclaims_space_and_keeps_metadata(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_dedupe_reclaims_space_and_keeps_metadata() {
     let _serial = serial();
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     reclaims_space_and_keeps_metadata(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_target_changed_after_the_plan_keeps_its_new_content() {
     let _serial = serial();
-    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
-        return;
-    };
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
     for d in [x.path(), b.path()] {
         let files = copies(d, 4, 2 * MIB as usize, 2);
         let p = plan_of(&[d]);
@@ -178,9 +166,10 @@ fn a_target_changed_after_the_plan_keeps_its_new_content() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn near_duplicates_and_hard_links_are_not_deduplicated() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path();
     let base = data(256 << 10, 3);
     write_file(&d.join("base"), &base);
@@ -218,9 +207,10 @@ fn near_duplicates_and_hard_links_are_not_deduplicated() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_file_over_1_gib_deduplicates_completely() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path();
     // Sparse, with data at the start, across the 1 GiB chunk boundary, and
     // an unaligned tail at EOF.
@@ -255,9 +245,10 @@ fn a_file_over_1_gib_deduplicates_completely() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn more_than_127_copies_deduplicate() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let files = copies(x.path(), 140, 16 << 10, 4);
     let p = plan_of(&[x.path()]);
     assert_eq!(p.targets(), 139);
@@ -268,11 +259,10 @@ fn more_than_127_copies_deduplicate() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
     let _serial = serial();
-    let (Some(e), Some(t)) = (testfs!(Ext4), testfs!(Tmpfs)) else {
-        return;
-    };
+    let (e, t) = (testfs!(Ext4), testfs!(Tmpfs));
     for d in [e.path(), t.path()] {
         copies(d, 3, 64 << 10, 5);
     }
@@ -311,9 +301,10 @@ fn filesystems_that_cannot_dedupe_are_refused_and_untouched() {
 /// measured here, grows by a block per target, as the report (from the
 /// extent maps) says.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_small_files_from_one_byte_are_deduplicated_and_measured_back() {
     let _serial = serial();
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     let sizes = [1usize, 100, 1000, 2047, 4095, 4096];
     let mut groups = Vec::new();
@@ -356,9 +347,10 @@ fn xfs_small_files_from_one_byte_are_deduplicated_and_measured_back() {
 /// On Btrfs small files live inline in metadata: they are reported as not
 /// shareable, never counted as reclaimed; larger ones still dedupe.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_inline_files_are_reported_not_claimed() {
     let _serial = serial();
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     let dir = d.path();
     let small = copies(&dir.join("x").tap_mkdir(), 5, 100, 30);
     // Above Btrfs's default max_inline (2 KiB): small, but in a block.
@@ -408,9 +400,10 @@ impl MkDir for PathBuf {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_cancel_mid_execute_stops_between_groups_and_loses_nothing() {
-    let Some(x) = testfs!(Xfs) else { return };
     let _g = serial();
+    let x = testfs!(Xfs);
     // 300 groups of 2 identical 64 KiB files each, one thread, and a
     // watcher that cancels as soon as the first group is done.
     let mut pairs = Vec::new();
@@ -543,16 +536,18 @@ fn overlapped_dedupe_matches_plan_then_execute(dir: &Path, sizes: &[usize]) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_overlapped_dedupe_matches_plan_then_execute() {
     let _serial = serial();
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     overlapped_dedupe_matches_plan_then_execute(d.path(), &[1, 4096, 8192, 8193, 3 << 20]);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_overlapped_dedupe_matches_plan_then_execute() {
     let _serial = serial();
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     // Above Btrfs's inline limit, so every group has blocks to share.
     overlapped_dedupe_matches_plan_then_execute(d.path(), &[4096, 8192, 8193, 3 << 20]);
 }
@@ -562,9 +557,10 @@ fn btrfs_overlapped_dedupe_matches_plan_then_execute() {
 /// never handed over and stay apart, every byte stays as it was, and the
 /// report says cancelled rather than failing.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_cancel_while_hashing_leaves_the_large_groups_untouched() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let dir = x.path();
     let small = copies(&dir.join("small").tap_mkdir(), 20, 2000, 70);
     // Enough larger files that one thread is still reading their edges
@@ -622,11 +618,10 @@ fn a_cancel_while_hashing_leaves_the_large_groups_untouched() {
 /// target, and regroups by a whole-file hash those whose middle differs,
 /// instead of calling them changed.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn execute_regroups_targets_of_an_edge_only_group_that_differ() {
     let _serial = serial();
-    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
-        return;
-    };
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
     for d in [x.path(), b.path()] {
         let mut bytes = data(256 << 10, 8);
         for n in ["a", "b"] {

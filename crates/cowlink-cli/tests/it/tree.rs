@@ -9,24 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cowlink_testfs::{rich_tree, temporaries, testfs};
+use cowlink_testfs::{rich_tree, rsync_diff, temporaries, testfs};
 
-mod common;
-use common::{bin, cowlink, text};
-
-/// What `rsync -aHAX --checksum` would change to make `b` equal `a`
-/// (itemized; empty when equal in content, modes, owners, times, links,
-/// hardlinks, ACLs, xattrs, devices and specials).
-fn rsync_diff(a: &Path, b: &Path) -> String {
-    let out = Command::new("rsync")
-        .args(["-aniHAX", "--checksum"])
-        .arg(format!("{}/", a.display()))
-        .arg(format!("{}/", b.display()))
-        .output()
-        .expect("rsync is installed (scripts/setup)");
-    assert!(out.status.success(), "rsync failed: {}", text(&out.stderr));
-    text(&out.stdout)
-}
+use crate::common;
+use crate::common::{bin, cowlink, text};
 
 /// Every regular file under `dir` (not following symlinks).
 fn regular_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -67,16 +53,16 @@ fn equals_cp_a(root: &Path, reflinks: bool) {
     let method_count = if reflinks { &s["cloned"] } else { &s["copied"] };
     assert_eq!(method_count, &s["files"], "{s}");
 
-    let diff = rsync_diff(&reference, &ours);
+    let diff = rsync_diff(&reference, &ours, true);
     assert!(
         diff.is_empty(),
         "cowlink's copy differs from cp -a's:\n{diff}"
     );
-    assert!(rsync_diff(&src, &ours).is_empty());
+    assert!(rsync_diff(&src, &ours, true).is_empty());
     assert!(temporaries(&ours).is_empty());
     // The comparison can fail: a changed mode is seen.
     fs::set_permissions(ours.join("a/exec"), fs::Permissions::from_mode(0o700)).unwrap();
-    assert!(rsync_diff(&reference, &ours).contains("a/exec"));
+    assert!(rsync_diff(&reference, &ours, true).contains("a/exec"));
 
     if reflinks {
         let mut copies = Vec::new();
@@ -100,26 +86,30 @@ fn equals_cp_a(root: &Path, reflinks: bool) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_a_equals_gnu_cp_a_on_xfs() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     equals_cp_a(x.path(), true);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_a_equals_gnu_cp_a_on_btrfs() {
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     equals_cp_a(b.path(), true);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_a_equals_gnu_cp_a_on_ext4_by_copying() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     equals_cp_a(e.path(), false);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn dry_run_plans_without_touching_the_destination() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     let files = rich_tree(&src, 3);
     let dst = x.path().join("dst");
@@ -141,8 +131,9 @@ fn dry_run_plans_without_touching_the_destination() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn copying_a_directory_into_itself_is_refused() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     fs::create_dir_all(src.join("in")).unwrap();
     let out = cowlink(&[&"cp", &"-r", &src, &src.join("in")]);
@@ -222,9 +213,10 @@ fn interrupt_mid_run(src: &Path, dst: &Path, signal: rustix::process::Signal, th
 /// SIGINT and SIGTERM stop a copy the same way at one thread, two, and
 /// the most `-j` allows (64: more is capped).
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn sigint_and_sigterm_mid_run_exit_130_and_leave_only_complete_files() {
     use rustix::process::Signal;
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     // Copied (ext4 cannot clone): 3,000 files of 64 KiB take long enough to
     // interrupt after the first one.
     let src = e.path().join("src");
@@ -243,8 +235,9 @@ fn sigint_and_sigterm_mid_run_exit_130_and_leave_only_complete_files() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn vanishing_and_unreadable_sources_are_reported_and_the_run_completes() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let src = e.path().join("src");
     let order = flat_tree(&src, 400, 256 << 10);
     // The copy runs unprivileged (root reads anything) on one thread, so
@@ -296,10 +289,9 @@ fn vanishing_and_unreadable_sources_are_reported_and_the_run_completes() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn enospc_mid_tree_reports_and_leaves_no_partial_file() {
-    let (Some(e), Some(small)) = (testfs!(Ext4), testfs!(SmallExt4)) else {
-        return;
-    };
+    let (e, small) = (testfs!(Ext4), testfs!(SmallExt4));
     // 48 files of 2 MiB (96 MiB) onto a 64 MiB filesystem.
     let src = e.path().join("src");
     flat_tree(&src, 48, 2 << 20);
@@ -340,8 +332,9 @@ fn enospc_mid_tree_reports_and_leaves_no_partial_file() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn sigint_inside_a_large_file_copy_stops_it_and_places_nothing() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     // One dense 1 GiB file: copying it (ext4 cannot clone) takes seconds.
     let src = e.path().join("src");
     fs::create_dir(&src).unwrap();
@@ -382,8 +375,9 @@ fn sigint_inside_a_large_file_copy_stops_it_and_places_nothing() {
 /// An absurd thread count is capped (with a message) and the copy
 /// finishes; idle workers park instead of spinning.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn huge_thread_counts_are_capped_and_finish() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (src, dst) = (x.path().join("src"), x.path().join("dst"));
     let names = flat_tree(&src, 247, 100);
     let start = Instant::now();
@@ -410,8 +404,9 @@ fn huge_thread_counts_are_capped_and_finish() {
 /// `cp -a --resume` after an interrupted run recopies the damaged file
 /// and keeps the finished ones.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn resume_through_the_cli_recopies_a_truncated_file() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (src, dst) = (x.path().join("src"), x.path().join("dst"));
     let names = flat_tree(&src, 20, 5000);
     let out = cowlink(&[&"cp", &"-a", &src, &dst]);

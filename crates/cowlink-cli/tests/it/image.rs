@@ -8,18 +8,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use cowlink_testfs::{temporaries, testfs};
+use cowlink_testfs::{serial, temporaries, testfs};
 
-mod common;
-use common::{cowlink, sigint, text};
-
-/// Free space is measured per filesystem, so the tests here, which all
-/// write to the same test filesystems, run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::common;
+use crate::common::{cowlink, sigint, text};
 
 fn run(cmd: &str, args: &[&str], dir: &Path) {
     let out = Command::new(cmd)
@@ -151,10 +143,10 @@ fn base_and_overlay(root: &Path, name: &str, cluster: &str, extra: &str) -> Path
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn commit_clones_clusters_on_xfs_and_btrfs() {
     let _serial = serial();
-    for fs_ in [testfs!(Xfs), testfs!(Btrfs)] {
-        let Some(t) = fs_ else { return };
+    for t in [testfs!(Xfs), testfs!(Btrfs)] {
         for cluster in ["4k", "64k", "2M"] {
             let d = base_and_overlay(t.path(), &format!("commit-{cluster}"), cluster, "");
             let before = free(&d);
@@ -195,9 +187,10 @@ fn commit_clones_clusters_on_xfs_and_btrfs() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     // 512-byte clusters: smaller than the block, copied.
     let d = base_and_overlay(x.path(), "c512", "512", "");
     let r = report(&d, &["commit", "ov.qcow2"]);
@@ -269,9 +262,10 @@ fn small_clusters_subclusters_and_compressed_are_copied_and_reported() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn convert_follows_a_chain_of_three_overlays() {
     let _serial = serial();
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     let d = base_and_overlay(b.path(), "chain", "64k", "");
     for (i, (img, back)) in [("o2.qcow2", "ov.qcow2"), ("o3.qcow2", "o2.qcow2")]
         .into_iter()
@@ -321,9 +315,10 @@ fn convert_follows_a_chain_of_three_overlays() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn ext4_commit_copies_and_says_so() {
     let _serial = serial();
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let d = base_and_overlay(e.path(), "ext4", "64k", "");
     let r = report(&d, &["commit", "ov.qcow2"]);
     identical(&d, "ref.raw", "raw", "base.raw", "raw");
@@ -349,9 +344,10 @@ fn ext4_commit_copies_and_says_so() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn locked_corrupt_and_interrupted_commits_leave_the_base_as_it_was() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = base_and_overlay(x.path(), "refuse", "64k", "");
     let sum = sha(&d.join("base.raw"));
     // qemu-io holding the base open (QEMU locks it): refused, untouched.
@@ -420,11 +416,12 @@ fn locked_corrupt_and_interrupted_commits_leave_the_base_as_it_was() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn sigint_during_a_large_commit_exits_130_and_keeps_the_base() {
     let _serial = serial();
     // ext4 copies, so a commit of a few hundred MiB takes long enough to
     // be interrupted.
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let d = e.path().join("sigint");
     fs::create_dir_all(&d).unwrap();
     run(
@@ -467,10 +464,10 @@ fn sigint_during_a_large_commit_exits_130_and_keeps_the_base() {
 /// that file by convert and commit; a missing or short data file is
 /// refused with nothing written.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn external_data_files_are_cloned_from() {
     let _serial = serial();
-    for fs_ in [testfs!(Xfs), testfs!(Btrfs)] {
-        let Some(t) = fs_ else { return };
+    for t in [testfs!(Xfs), testfs!(Btrfs)] {
         let d = base_and_overlay(t.path(), "data-file", "64k", ",data_file=ov.data");
         qemu_io(&d, "qcow2", "ov.qcow2", &["write -P 0x66 0 64k"]);
         fs::remove_file(d.join("ref.raw")).unwrap();
@@ -548,11 +545,10 @@ fn external_data_files_are_cloned_from() {
 /// base is still cloned to start from, the overlay's clusters are copied
 /// and counted as such, and the result is qemu-img's.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_commit_across_filesystems_copies_the_overlay_and_says_so() {
     let _serial = serial();
-    let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
-        return;
-    };
+    let (x, e) = (testfs!(Xfs), testfs!(Ext4));
     let d = base_and_overlay(e.path(), "across", "64k", "");
     let base = x.path().join("across-base.raw");
     fs::copy(d.join("base.raw"), &base).unwrap();
@@ -733,6 +729,7 @@ fn random_chain(d: &Path, rng: &mut Rng) -> (String, String) {
 /// every file is as it was. COWLINK_IMAGE_CHAINS sets how many (default
 /// 8), COWLINK_IMAGE_SEED the first seed.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn generated_chains_match_qemu_img() {
     let _serial = serial();
     let fss = [testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4)];
@@ -747,9 +744,7 @@ fn generated_chains_match_qemu_img() {
     let (mut equal, mut refused) = (0, 0);
     for k in 0..n {
         let seed = seed0 + k;
-        let Some(t) = &fss[(k % 3) as usize] else {
-            return;
-        };
+        let t = &fss[(k % 3) as usize];
         let mut rng = Rng(seed);
         let d = t.path().join(format!("gen-{seed}"));
         let _ = fs::remove_dir_all(&d);
@@ -826,9 +821,10 @@ fn refused(d: &Path, args: &[&str], words: &[&str]) -> String {
 /// not trusted with its names. Names that are not plain file names, in
 /// backing and data file alike, are refused; so is a chain too deep.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn declared_formats_are_obeyed_and_only_plain_names_followed() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path().join("trust");
     fs::create_dir_all(&d).unwrap();
     let secret = d.join("secret.txt");
@@ -1048,9 +1044,10 @@ fn release(mut child: std::process::Child) {
 /// `qemu-img commit` and a second cowlink commit into the same base; two
 /// commits racing freely never lose an overlay's data.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn locks_keep_qemu_and_other_commits_out() {
     let _serial = serial();
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let d = base_and_overlay(e.path(), "locks", "64k", "");
     let sum = sha(&d.join("base.raw"));
     // qemu-io writing the overlay: convert and commit refused.
@@ -1228,10 +1225,11 @@ impl Drop for Loop {
 /// whole by convert; an overlay larger than the device and a
 /// character-device base are refused with the device untouched.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn device_bases_are_written_in_place_never_replaced() {
     use std::os::unix::fs::FileTypeExt;
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path().join("device");
     fs::create_dir_all(&d).unwrap();
     run(
@@ -1361,9 +1359,10 @@ fn finishes(d: &Path, args: &[&str], secs: u64) -> std::process::Output {
 /// Item 27: a FIFO as the image, the backing file, the base or the data
 /// file is refused at once, never opened for a blocking read.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn fifos_are_refused_without_hanging() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = base_and_overlay(x.path(), "fifo", "64k", "");
     let fifo = |name: &str| {
         let p = d.join(name);
@@ -1440,9 +1439,10 @@ fn put(b: &mut [u8], at: usize, v: &[u8]) {
 /// "invalid argument", a panic or unbounded memory), as QEMU refuses
 /// them; the destination is never made.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn hostile_headers_are_refused_with_reasons() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path().join("hostile");
     fs::create_dir_all(&d).unwrap();
     run(
@@ -1639,9 +1639,10 @@ fn hostile_headers_are_refused_with_reasons() {
 /// partly written, for every cluster size and write pattern: convert and
 /// commit equal qemu-img's reading, and qemu-img check accepts each image.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn virtual_sizes_and_partial_extended_l2_clusters_match_qemu() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     // Sizes: bottom, middle, top (MiB).
     for (i, sizes) in [[8u64, 4, 16], [16, 4, 8], [4, 16, 8], [8, 8, 2]]
         .iter()
@@ -1794,11 +1795,10 @@ fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
 /// --in-place, which writes into the same inode; on Btrfs a NOCOW base
 /// stays NOCOW and a NOCOW overlay commits (copied, and reported so).
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn commits_keep_holes_attributes_and_links() {
     let _serial = serial();
-    let (Some(e), Some(b)) = (testfs!(Ext4), testfs!(Btrfs)) else {
-        return;
-    };
+    let (e, b) = (testfs!(Ext4), testfs!(Btrfs));
     let d = e.path().join("attrs");
     fs::create_dir_all(&d).unwrap();
     run(
@@ -1928,10 +1928,11 @@ fn commits_keep_holes_attributes_and_links() {
 /// a base other than the overlay's qcow2 backing file names that backing
 /// file and its format, not the base's.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn json_names_and_base_refusals_name_the_right_file() {
     use std::os::unix::ffi::OsStrExt;
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = base_and_overlay(x.path(), "names", "64k", "");
     let odd = std::ffi::OsStr::from_bytes(b"ov\xff.qcow2");
     fs::rename(d.join("ov.qcow2"), d.join(odd)).unwrap();
@@ -2021,9 +2022,10 @@ fn json_names_and_base_refusals_name_the_right_file() {
 /// size. COWLINK_QCOW2_MUTATIONS sets the mutations per seed (100 here;
 /// 300 took 32 s in a debug build).
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn qcow2_reader_survives_generated_and_corpus_inputs() {
     let _serial = serial();
-    let Some(t) = testfs!(Tmpfs) else { return };
+    let t = testfs!(Tmpfs);
     let d = t.path().join("qcow2-cases");
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
@@ -2161,10 +2163,11 @@ fn qcow2_reader_survives_generated_and_corpus_inputs() {
 /// of the chain is refused and a loop of links is an error; neither
 /// changes anything.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn convert_writes_through_symlinked_destinations() {
     use std::os::unix::fs::symlink;
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = base_and_overlay(x.path(), "dst-links", "64k", "");
     let want = sha(&d.join("ref.raw"));
     fs::create_dir_all(d.join("sub")).unwrap();
@@ -2250,9 +2253,10 @@ fn convert_writes_through_symlinked_destinations() {
 /// link, the overlay's own backing name), is refused as such, not blamed
 /// on "another program" holding a lock, and changes nothing.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_base_that_is_the_overlay_or_its_data_file_is_named_as_such() {
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path().join("self-base");
     fs::create_dir_all(&d).unwrap();
     run(
@@ -2346,11 +2350,12 @@ fn iflags(p: &Path) -> rustix::fs::IFlags {
 /// extended attributes and inode flags (`+d +A +S`). An immutable or
 /// append-only file is refused up front with the reason, untouched.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn results_keep_the_replaced_files_metadata_never_the_bottoms() {
     use rustix::fs::IFlags;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let _serial = serial();
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = base_and_overlay(x.path(), "owners", "64k", "");
     let chown = |p: &Path, uid: u32| {
         std::os::unix::fs::lchown(p, Some(uid), Some(uid)).unwrap();

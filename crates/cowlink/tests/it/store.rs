@@ -7,12 +7,13 @@ use std::fs;
 use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use cowlink::extents::extents;
 use cowlink::store::{
     Digest, EntryKind, LinkMode, LinkVerdict, Manifest, ManifestEntry, MaterializeOptions, Store,
 };
 use cowlink::{ErrorKind, Method};
 use cowlink_testfs::{data, names, temporaries, testfs, write_file};
+
+use crate::same_blocks;
 
 const KIB: usize = 1024;
 
@@ -40,15 +41,6 @@ fn source_tree(root: &Path) -> Vec<&'static str> {
     symlink("missing", root.join("dangling")).unwrap();
     fs::set_permissions(root.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
     files.iter().map(|f| f.0).collect()
-}
-
-/// Whether `b` maps its bytes to the same disk blocks as `a`.
-fn same_blocks(a: &Path, b: &Path) -> bool {
-    let (x, y) = (
-        extents(a).unwrap().physical_runs(),
-        extents(b).unwrap().physical_runs(),
-    );
-    !x.is_empty() && x == y
 }
 
 fn digest_of(m: &Manifest, rel: &str) -> Digest {
@@ -151,20 +143,23 @@ fn clones_share_and_writes_stay_private(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn clones_share_and_writes_stay_private_on_xfs() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     clones_share_and_writes_stay_private(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn clones_share_and_writes_stay_private_on_btrfs() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     clones_share_and_writes_stay_private(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn hardlink_mode_is_write_through_and_verify_quarantines() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), &data(64 * KIB, 9));
     let store = Store::open(dir.join("store")).unwrap();
@@ -203,8 +198,9 @@ fn hardlink_mode_is_write_through_and_verify_quarantines() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn ext4_clone_is_refused_and_auto_copies_identically() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let dir = d.path();
     let src = dir.join("src");
     let files = source_tree(&src);
@@ -232,8 +228,9 @@ fn ext4_clone_is_refused_and_auto_copies_identically() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn copy_mode_gives_blocks_of_their_own() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     let dir = d.path();
     write_file(&dir.join("f"), &data(256 * KIB, 4));
     let store = Store::open(dir.join("store")).unwrap();
@@ -259,8 +256,9 @@ fn entry(path: &str, kind: EntryKind) -> ManifestEntry {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn hostile_manifests_write_nothing() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), b"payload");
     let store = Store::open(dir.join("store")).unwrap();
@@ -370,8 +368,9 @@ fn hostile_manifests_write_nothing() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_reference_limit_rolls_over_to_new_generations() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), &data(128 * KIB, 6));
     let store = Store::open(dir.join("store")).unwrap().with_clone_limit(3);
@@ -446,8 +445,9 @@ fn a_reference_limit_rolls_over_to_new_generations() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn gc_keeps_what_kept_manifests_use() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     let dir = d.path();
     let (a, b) = (dir.join("a"), dir.join("b"));
     fs::create_dir_all(&a).unwrap();
@@ -486,8 +486,9 @@ fn gc_keeps_what_kept_manifests_use() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn stale_temporaries_go_when_the_store_is_opened() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let root = d.path().join("store");
     drop(Store::open(&root).unwrap());
     let stale = root.join("tmp/.object.cowlink-4000001-1.tmp");
@@ -500,8 +501,9 @@ fn stale_temporaries_go_when_the_store_is_opened() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn bad_inputs_get_clear_errors() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     // Not a store, not empty: refused, nothing written.
     fs::create_dir(dir.join("docs")).unwrap();
@@ -559,8 +561,9 @@ fn bad_inputs_get_clear_errors() {
 /// link to the user's files is refused by every command, and nothing
 /// behind the link is deleted or moved.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_symlink_in_the_layout_is_never_followed() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     let store_dir = dir.join("store");
     write_file(&dir.join("f"), &data(8 * KIB, 1));
@@ -599,8 +602,9 @@ fn a_symlink_in_the_layout_is_never_followed() {
 /// An object file replaced by a symbolic link to a user's file: verify
 /// quarantines the link itself, never the file it points to.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn verify_moves_a_planted_link_not_its_target() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), &data(8 * KIB, 2));
     let store = Store::open(dir.join("store")).unwrap();
@@ -631,8 +635,9 @@ fn one_file_manifest(digest: Digest, size: u64, mode: u32) -> Manifest {
 /// Set-id bits from a manifest are dropped unless asked for; a size that
 /// disagrees with the object is an error.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn manifests_cannot_set_setid_bits_or_lie_about_sizes() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), &data(5000, 4));
     let store = Store::open(dir.join("store")).unwrap();
@@ -666,8 +671,9 @@ fn manifests_cannot_set_setid_bits_or_lie_about_sizes() {
 /// An object changed after it was stored is never placed: checkout
 /// notices (the mtime is no longer the store's mark), rehashes, refuses.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn checkout_never_spreads_a_changed_object() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     let src = dir.join("src");
     fs::create_dir(&src).unwrap();
@@ -715,10 +721,9 @@ fn checkout_never_spreads_a_changed_object() {
 /// one error that says how much below it was left out; the checkout goes
 /// on with the rest and reports each failure.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_directory_that_cannot_be_made_is_reported_with_what_it_left_out() {
-    let (Some(x), Some(t)) = (testfs!(Xfs), testfs!(TinyExt4)) else {
-        return;
-    };
+    let (x, t) = (testfs!(Xfs), testfs!(TinyExt4));
     write_file(&x.path().join("f"), &data(3000, 9));
     let store = Store::open(x.path().join("store")).unwrap();
     let digest = store.add(x.path().join("f")).unwrap();
@@ -852,8 +857,9 @@ fn kernel_walk(dest: &Path, link: &Path) -> Option<bool> {
 /// resolves (or fails with `ELOOP`). The checkout's own name is no name of the
 /// generator, so a resolution that leaves it never comes back.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn link_verdicts_agree_with_the_kernel_on_random_trees() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), b"payload");
     let store = Store::open(dir.join("store")).unwrap();
@@ -980,8 +986,9 @@ fn special(p: &Path, kind: &str) {
 /// quarantine/; a manifest file named by the caller is refused, never
 /// moved.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn special_files_in_the_store_are_refused_then_quarantined() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), b"payload");
     let store = Store::open(dir.join("store")).unwrap();
@@ -1059,8 +1066,9 @@ fn special_files_in_the_store_are_refused_then_quarantined() {
 
 /// Set-id bits of directories are dropped like those of files.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn directories_lose_setid_bits_unless_asked() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     let store = Store::open(dir.join("store")).unwrap();
     let m = Manifest::new(vec![
@@ -1094,8 +1102,9 @@ fn directories_lose_setid_bits_unless_asked() {
 /// opened by name in its parent, and a deferred mode is set on the
 /// descriptor once its directory is done.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn deep_and_read_only_trees_check_out_whole() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     write_file(&dir.join("f"), b"payload");
     let store = Store::open(dir.join("store")).unwrap();
@@ -1155,10 +1164,10 @@ fn deep_and_read_only_trees_check_out_whole() {
 }
 
 #[allow(dead_code)]
-#[path = "../../../fuzz/fuzz_targets/manifest_check.rs"]
+#[path = "../../../../fuzz/fuzz_targets/manifest_check.rs"]
 mod manifest_check;
 #[allow(dead_code)]
-#[path = "../../../fuzz/fuzz_targets/symlinks_check.rs"]
+#[path = "../../../../fuzz/fuzz_targets/symlinks_check.rs"]
 mod symlinks_check;
 
 /// The fuzz targets' seed corpora (fuzz/seeds/manifest, fuzz/seeds/symlinks)
@@ -1192,9 +1201,10 @@ fn fuzz_corpora_replay() {
 /// that link, where it would resolve outside. Each round races a thread
 /// exchanging the two directories against one checkout.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn the_destination_checked_empty_is_the_one_filled() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     let store = Store::open(dir.join("store")).unwrap();
     let outside = dir.join("outside");
@@ -1254,8 +1264,9 @@ fn the_destination_checked_empty_is_the_one_filled() {
 /// directory in the store (directly, new, through a linked parent) is
 /// tried; none is created or filled.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_checkout_into_the_store_is_refused() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     let root = dir.join("store");
     let store = Store::open(&root).unwrap();

@@ -41,11 +41,10 @@ fn pulls_whole(x: &Path, remote: &Remote, m: &Digest, name: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_never_removes_the_objects_of_a_push_in_progress_but_does_those_of_a_dead_one() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_vs_push") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_vs_push");
     let store = Store::open(x.path().join("st")).unwrap();
     let kept = store.add_tree(tree(x.path(), "kept", 1, 5)).unwrap().digest;
     let live = store.add_tree(tree(x.path(), "live", 2, 7)).unwrap().digest;
@@ -85,11 +84,10 @@ fn gc_never_removes_the_objects_of_a_push_in_progress_but_does_those_of_a_dead_o
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_push_waits_while_a_remote_gc_holds_its_lock() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("push_waits") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("push_waits");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 4, 3)).unwrap().digest;
     let r = remote(&s3, "w");
@@ -112,11 +110,10 @@ fn a_push_waits_while_a_remote_gc_holds_its_lock() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_cancel_ends_the_wait_for_a_remote_gc_and_leaves_no_marker() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("push_cancel") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("push_cancel");
     let cancel = CancelToken::default();
     let store = Store::open(x.path().join("st"))
         .unwrap()
@@ -181,11 +178,10 @@ fn object_file(s3: &S3Server, prefix: &str, d: &Digest) -> std::path::PathBuf {
 /// servers' one-second clock. (With the timer off, the first gc takes the
 /// push for dead and removes its 5 small objects.)
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_push_busy_with_one_object_longer_than_the_grace_period_keeps_its_objects() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("push_outlives_grace") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("push_outlives_grace");
     let store = Store::open(x.path().join("st")).unwrap();
     let root = tree(x.path(), "t", 6, 5);
     // One large object: 16 MiB (one PUT) at 2 MiB/s takes 8 s.
@@ -233,11 +229,10 @@ fn a_push_busy_with_one_object_longer_than_the_grace_period_keeps_its_objects() 
 /// Issue 44, item 7: before it publishes, a push checks again that
 /// every object is there, and uploads again one a gc removed meanwhile.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn publish_uploads_again_an_object_that_vanished_after_the_upload() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("publish_recheck") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("publish_recheck");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 7, 4)).unwrap().digest;
     let r = remote(&s3, "q");
@@ -285,11 +280,10 @@ fn near_misses(h: &str) -> Vec<String> {
 /// of real objects and of the manifest) is left whole and named in the
 /// report; a grace over ten years is refused, naming it.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_leaves_every_near_miss_of_its_layout_alone() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_near_misses") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_near_misses");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 8, 3)).unwrap().digest;
     let r = remote(&s3, "n");
@@ -358,11 +352,10 @@ fn gc_leaves_every_near_miss_of_its_layout_alone() {
 /// present only under its exact key with its exact size; a near miss
 /// never stands in for it.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_near_miss_key_never_counts_as_present_when_a_push_lists_objects() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("push_near_misses") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("push_near_misses");
     let store = Store::open(x.path().join("st")).unwrap();
     let n = 1001;
     let a = tree(x.path(), "a", 9, n);
@@ -409,13 +402,12 @@ fn a_near_miss_key_never_counts_as_present_when_a_push_lists_objects() {
 /// live push names, stay. About 5 s: ages are whole seconds of the
 /// server's clock.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_aborts_old_incomplete_uploads_and_keeps_young_ones() {
     use object_store::multipart::MultipartStore;
     use object_store::path::Path as Key;
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_uploads") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_uploads");
     let client = object_store::aws::AmazonS3Builder::new()
         .with_bucket_name(cowlink_testfs::s3::BUCKET)
         .with_region("us-east-1")
@@ -486,11 +478,10 @@ fn gc_aborts_old_incomplete_uploads_and_keeps_young_ones() {
 /// otherwise (here with dots and non-ASCII) still protects its push's
 /// objects while young, and gc never removes it, young or old.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn an_older_versions_marker_protects_while_young_and_is_never_removed() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_old_marker") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_old_marker");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 11, 4)).unwrap().digest;
     let r = remote(&s3, "o");
@@ -592,8 +583,9 @@ fn serving(
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn what_a_server_claims_never_sizes_a_buffer() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (m, mbytes, o, data) = one_file_store(x.path(), 5000);
     let tib = "1099511627776";
     // A manifest said to be a terabyte: refused unread (the old client
@@ -766,11 +758,10 @@ fn hostile_keys_in_a_listing_are_left_out_not_fatal() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn hostile_keys_on_a_real_server_break_neither_ls_nor_gc() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("hostile_keys") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("hostile_keys");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 9, 3)).unwrap().digest;
     let r = remote(&s3, "c");
@@ -794,8 +785,9 @@ fn hostile_keys_on_a_real_server_break_neither_ls_nor_gc() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn every_s3_error_reads_in_plain_words_and_no_server_text_reaches_the_terminal() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let hostile = [
         "\u{1b}[2J\u{1b}[Hyour keys were stolen",
         "line one\nline two",
@@ -934,8 +926,9 @@ fn retries_end_on_time_not_on_a_count_and_honour_retry_after() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_dripping_body_succeeds_and_a_stalled_one_fails_on_idleness() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (m, mbytes, o, data) = one_file_store(x.path(), 4000);
     // 2.4 s of bytes, never 0.8 s without one: flowing, so it succeeds
     // however long it takes.
@@ -996,19 +989,18 @@ fn a_dripping_body_succeeds_and_a_stalled_one_fails_on_idleness() {
 }
 
 /// versitygw behind Toxiproxy, and a remote through the proxy.
-fn proxied(test: &str) -> Option<(S3Server, Toxiproxy)> {
-    let s3 = S3Server::start(test)?;
+fn proxied(test: &str) -> (S3Server, Toxiproxy) {
+    let s3 = S3Server::start(test);
     let upstream = s3.endpoint().trim_start_matches("http://").to_string();
-    let t = Toxiproxy::start(test, &upstream)?;
-    Some((s3, t))
+    let t = Toxiproxy::start(test, &upstream);
+    (s3, t)
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_pull_through_latency_a_slow_link_and_resets_gets_every_byte() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some((s3, proxy)) = proxied("toxic_pull") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let (s3, proxy) = proxied("toxic_pull");
     let src = x.path().join("src");
     fs::create_dir_all(&src).unwrap();
     let data = cowlink_testfs::data(3 << 20, 11);
@@ -1058,11 +1050,10 @@ fn a_pull_through_latency_a_slow_link_and_resets_gets_every_byte() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_stalled_connection_fails_on_idleness_within_the_retry_timeout() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some((s3, proxy)) = proxied("toxic_stall") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let (s3, proxy) = proxied("toxic_stall");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 5, 3)).unwrap().digest;
     store.push(&remote(&s3, "c"), &[m]).unwrap();
@@ -1080,8 +1071,9 @@ fn a_stalled_connection_fails_on_idleness_within_the_retry_timeout() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_multipart_completion_answered_200_with_an_error_is_retried() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("big");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), cowlink_testfs::data(17 << 20, 3)).unwrap();
@@ -1260,8 +1252,9 @@ fn random_listings_end_where_the_rules_say() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_head_that_failed_after_its_retries_is_not_asked_again_as_a_get() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 6, 2)).unwrap().digest;
     // Connections closed unanswered: HEAD is retried until the timeout,
@@ -1297,11 +1290,10 @@ fn a_head_that_failed_after_its_retries_is_not_asked_again_as_a_get() {
 /// exact bytes. A manifest on the server in another layout, even under
 /// the digest of its own bytes, is refused and nothing is stored.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn manifests_cross_the_remote_in_their_canonical_bytes_only() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("canonical") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("canonical");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 11, 4)).unwrap().digest;
     let r = remote(&s3, "c");
@@ -1342,11 +1334,10 @@ fn manifests_cross_the_remote_in_their_canonical_bytes_only() {
 /// `locks/` failed every gc, every listing and every push, blaming the
 /// server.) A table of such keys, planted in every area.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn keys_the_client_cannot_parse_are_left_alone_and_block_nothing() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_unparseable") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_unparseable");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 21, 3)).unwrap().digest;
     let r = remote(&s3, "h");
@@ -1429,11 +1420,10 @@ fn keys_the_client_cannot_parse_are_left_alone_and_block_nothing() {
 /// keys were judged against the prefix as typed, not as the server spells
 /// it: gc left everything alone and `ls` showed nothing.)
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_prefix_the_client_encodes_is_judged_as_the_server_spells_it() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_encoded_prefix") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_encoded_prefix");
     let store = Store::open(x.path().join("st")).unwrap();
     let a = store.add_tree(tree(x.path(), "a", 22, 3)).unwrap().digest;
     let b = store.add_tree(tree(x.path(), "b", 23, 2)).unwrap().digest;
@@ -1474,11 +1464,10 @@ fn a_prefix_the_client_encodes_is_judged_as_the_server_spells_it() {
 /// time is after the gc began (the server's clock: here planted an hour
 /// ahead). Before, both went, and the pushes had reported success.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_with_keep_never_removes_a_manifest_published_while_it_runs() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_keep_vs_publish") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_keep_vs_publish");
     let store = Store::open(x.path().join("st")).unwrap();
     let old = store.add_tree(tree(x.path(), "old", 24, 2)).unwrap().digest;
     let kept = store
@@ -1530,12 +1519,11 @@ fn gc_with_keep_never_removes_a_manifest_published_while_it_runs() {
 /// grace of zero and keeping nothing but one manifest, removes nothing of
 /// the others, nor their incomplete uploads.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_of_one_prefix_never_touches_a_neighbouring_prefix_or_the_root() {
     use object_store::multipart::MultipartStore;
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_neighbours") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_neighbours");
     let store = Store::open(x.path().join("st")).unwrap();
     let a = store.add_tree(tree(x.path(), "a", 28, 3)).unwrap().digest;
     let b = store.add_tree(tree(x.path(), "b", 29, 2)).unwrap().digest;
@@ -1593,11 +1581,10 @@ fn gc_of_one_prefix_never_touches_a_neighbouring_prefix_or_the_root() {
 /// no manifest on the remote ever lacks an object. (About 15 s: each
 /// push waits out the gc running when it starts.)
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn pushes_and_gcs_at_once_never_leave_a_manifest_without_its_objects() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_push_race") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_push_race");
     let rounds = 4;
     // Each machine's store: manifests that share half their files.
     let stores: Vec<(Store, Vec<Digest>)> = (0..2u64)
@@ -1679,11 +1666,10 @@ fn pushes_and_gcs_at_once_never_leave_a_manifest_without_its_objects() {
 /// and an old near miss stay. Ages are planted by the server's clock
 /// (the files' times).
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_removes_the_lock_of_a_gc_that_died_and_nothing_else_there() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_dead_lock") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_dead_lock");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 30, 2)).unwrap().digest;
     let r = remote(&s3, "d");
@@ -1724,11 +1710,10 @@ fn gc_removes_the_lock_of_a_gc_that_died_and_nothing_else_there() {
 /// the marker's time is renewed on the server, as its push's timer would;
 /// a gc done within 0.4 s would fail this test, never pass it wrongly.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_keeps_a_stale_marker_rewritten_while_it_runs() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("gc_marker_revived") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("gc_marker_revived");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 31, 2)).unwrap().digest;
     let r = remote(&s3, "s");
@@ -1774,11 +1759,10 @@ fn gc_keeps_a_stale_marker_rewritten_while_it_runs() {
 /// not wait for it and gc removes it. One a little ahead (a live gc's,
 /// the clock moved back by seconds) still holds a push until it goes.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_lock_far_in_the_future_holds_no_push() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("lock_future") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("lock_future");
     let store = Store::open(x.path().join("st")).unwrap();
     let a = store.add_tree(tree(x.path(), "a", 32, 2)).unwrap().digest;
     let b = store.add_tree(tree(x.path(), "b", 33, 2)).unwrap().digest;
@@ -1831,11 +1815,10 @@ fn a_lock_far_in_the_future_holds_no_push() {
 /// fails neither `remote ls` nor a gc; a refusal (wrong secret) is not
 /// retried.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_listing_outlives_a_server_down_for_a_moment() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(mut s3) = S3Server::start("list_retry") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let mut s3 = S3Server::start("list_retry");
     let store = Store::open(x.path().join("st")).unwrap();
     let m = store.add_tree(tree(x.path(), "t", 34, 2)).unwrap().digest;
     let r = remote(&s3, "r");
@@ -1909,11 +1892,10 @@ fn pull_bounded(
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_partial_download_is_resumed_and_a_wrong_one_is_downloaded_again_whole() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("partial_resume") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("partial_resume");
     let (m, o, data) = large_object_pushed(x.path(), &s3, "pr");
     let size = data.len() as u64;
     let have = 5u64 << 20;
@@ -1996,12 +1978,11 @@ fn a_partial_download_is_resumed_and_a_wrong_one_is_downloaded_again_whole() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn odd_files_at_a_partials_name_are_never_followed_read_or_resumed() {
     use std::os::unix::fs::MetadataExt;
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some(s3) = S3Server::start("partial_odd") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let s3 = S3Server::start("partial_odd");
     let (m, o, data) = large_object_pushed(x.path(), &s3, "po");
     let size = data.len() as u64;
     let have = 3usize << 20;
@@ -2085,11 +2066,10 @@ fn odd_files_at_a_partials_name_are_never_followed_read_or_resumed() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_partial_another_pull_holds_is_left_alone_and_two_pulls_at_once_both_succeed() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some((s3, proxy)) = proxied("partial_two") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let (s3, proxy) = proxied("partial_two");
     let (m, o, data) = large_object_pushed(x.path(), &s3, "c");
 
     // A partial locked by someone else: not written, not removed; the
@@ -2140,8 +2120,9 @@ fn a_partial_another_pull_holds_is_left_alone_and_two_pulls_at_once_both_succeed
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn gc_removes_stale_partials_and_neither_gc_nor_verify_counts_one_as_an_object() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let dir = x.path().join("st");
     let st = Store::open(&dir).unwrap();
     let m = st.add_tree(tree(x.path(), "t", 41, 3)).unwrap().digest;
@@ -2188,11 +2169,10 @@ fn gc_removes_stale_partials_and_neither_gc_nor_verify_counts_one_as_an_object()
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_pull_cut_off_by_the_network_keeps_its_partial_and_the_next_resumes_it() {
-    let Some(x) = testfs!(Xfs) else { return };
-    let Some((s3, proxy)) = proxied("partial_net") else {
-        return;
-    };
+    let x = testfs!(Xfs);
+    let (s3, proxy) = proxied("partial_net");
     let (m, o, data) = large_object_pushed(x.path(), &s3, "c");
     let size = data.len() as u64;
     let (st, partial) = store_with_partial_path(x.path(), "st", &o);
@@ -2227,8 +2207,9 @@ fn a_pull_cut_off_by_the_network_keeps_its_partial_and_the_next_resumes_it() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_server_that_ignores_range_gets_the_object_downloaded_whole() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (1 << 20));
     let body = data.clone();
     let h = serving(m, mbytes, o, move |_| Reply::bytes(body.clone()));

@@ -93,14 +93,16 @@ fn clone_then_diverge(dir: &Path, source_block_still_shared: bool) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_clone_is_fully_shared_until_one_block_is_rewritten() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     clone_then_diverge(d.path(), false);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_clone_is_fully_shared_until_one_block_is_rewritten() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     clone_then_diverge(d.path(), true);
 }
 
@@ -149,20 +151,18 @@ fn holes_and_unwritten(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn holes_and_unwritten_ranges_on_xfs_btrfs_ext4() {
-    let (Some(x), Some(b), Some(e)) = (testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4)) else {
-        return;
-    };
+    let (x, b, e) = (testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4));
     for d in [&x, &b, &e] {
         holes_and_unwritten(d.path());
     }
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn thousands_of_extents_are_all_listed() {
-    let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
-        return;
-    };
+    let (x, e) = (testfs!(Xfs), testfs!(Ext4));
     // Every other 4 KiB block written: 3000 separate extents, more than
     // ten FIEMAP batches.
     for d in [&x, &e] {
@@ -259,8 +259,9 @@ fn usage_of_shared_tree(root: &Path) -> Vec<(PathBuf, Usage)> {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn du_of_a_constructed_tree_on_xfs() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     usage_of_shared_tree(d.path());
     // Data not written back yet (delayed allocation) is exclusive.
     let fresh = d.path().join("fresh");
@@ -298,8 +299,9 @@ fn btrfs_du(path: &Path) -> (u64, u64, u64) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn du_of_a_constructed_tree_on_btrfs_agrees_with_btrfs_filesystem_du() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     let rows = usage_of_shared_tree(d.path());
     for (path, u) in rows {
         assert_eq!(
@@ -328,8 +330,9 @@ fn du_of_a_constructed_tree_on_btrfs_agrees_with_btrfs_filesystem_du() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_refs_count_every_clone_and_name_it() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     let a = d.path().join("a");
     write_file(&a, &data(512 << 10, 8));
     let names: Vec<PathBuf> = ["b", "c", "d"].iter().map(|n| d.path().join(n)).collect();
@@ -354,8 +357,9 @@ fn btrfs_refs_count_every_clone_and_name_it() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_refs_elsewhere_is_not_supported() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let a = x.path().join("a");
     write_file(&a, &data(8192, 9));
     let l = extents(&a).unwrap();
@@ -365,8 +369,9 @@ fn btrfs_refs_elsewhere_is_not_supported() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn tmpfs_has_no_extents_and_says_so() {
-    let Some(t) = testfs!(Tmpfs) else { return };
+    let t = testfs!(Tmpfs);
     let p = t.path().join("f");
     fs::write(&p, b"hello").unwrap();
     let e = extents(&p).unwrap_err();
@@ -387,8 +392,9 @@ fn tmpfs_has_no_extents_and_says_so() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn typed_errors_for_missing_files_and_directories() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let e = extents(x.path().join("missing")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(e.to_string().contains("missing"), "{e}");

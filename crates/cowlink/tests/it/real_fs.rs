@@ -14,7 +14,7 @@ use cowlink::{
     clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Placement,
     Preserve, Reflink,
 };
-use cowlink_testfs::{data, names, testfs, write_file};
+use cowlink_testfs::{data, names, testfs, umask, write_file};
 
 fn opts(reflink: Reflink) -> CloneOptions {
     CloneOptions {
@@ -68,14 +68,16 @@ fn assert_clone_shares(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_clone_shares_extents_and_writes_stay_separate() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     assert_clone_shares(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_clone_shares_extents_and_writes_stay_separate() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     assert_clone_shares(d.path());
 }
 
@@ -98,23 +100,24 @@ fn assert_fallback(dir: &Path, same_fs_method: Method) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn ext4_auto_copies_with_copy_file_range_and_always_fails() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     assert_fallback(d.path(), Method::CopyOffload);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn tmpfs_auto_copies_and_always_fails() {
-    let Some(d) = testfs!(Tmpfs) else { return };
+    let d = testfs!(Tmpfs);
     // tmpfs accepts copy_file_range within itself too.
     assert_fallback(d.path(), Method::CopyOffload);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_to_btrfs_auto_copies_always_is_cross_device() {
-    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
-        return;
-    };
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
     let src = x.path().join("src");
     let content = data(2 << 20, 3);
     write_file(&src, &content);
@@ -136,10 +139,9 @@ fn allocated(p: &Path) -> u64 {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn sparse_file_stays_sparse_on_ext4() {
-    let (Some(d), Some(x)) = (testfs!(Ext4), testfs!(Xfs)) else {
-        return;
-    };
+    let (d, x) = (testfs!(Ext4), testfs!(Xfs));
     let src = d.path().join("sparse");
     {
         let f = fs::File::create(&src).unwrap();
@@ -173,8 +175,9 @@ fn sparse_file_stays_sparse_on_ext4() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn exec_bit_always_and_ns_times_with_preserve() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let src = d.path().join("tool");
     write_file(&src, b"#!/bin/sh\necho hi\n");
     fs::set_permissions(&src, fs::Permissions::from_mode(0o755)).unwrap();
@@ -212,8 +215,9 @@ fn filetime_ns(p: &Path, sec: i64, nsec: i64) -> (i64, i64) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xattrs_preserved_on_request() {
-    let Some(d) = testfs!(Btrfs) else { return };
+    let d = testfs!(Btrfs);
     let src = d.path().join("x");
     write_file(&src, b"attrs");
     rustix::fs::setxattr(
@@ -239,8 +243,9 @@ fn xattrs_preserved_on_request() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn existing_destination_refused_unless_replace_and_never_written_through() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let (src, dst, other) = (
         d.path().join("src"),
         d.path().join("dst"),
@@ -274,21 +279,10 @@ fn existing_destination_refused_unless_replace_and_never_written_through() {
     assert_eq!(names(d.path()), ["adir", "dst", "other-link", "src"]);
 }
 
-/// The process umask, as the kernel applies it to new files.
-fn umask() -> u32 {
-    let status = fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Umask:"))
-        .unwrap();
-    u32::from_str_radix(line.trim(), 8).unwrap()
-}
-
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
-    let (Some(x), Some(e4)) = (testfs!(Xfs), testfs!(Ext4)) else {
-        return;
-    };
+    let (x, e4) = (testfs!(Xfs), testfs!(Ext4));
     let direct = |reflink, overwrite| CloneOptions {
         reflink,
         overwrite,
@@ -357,8 +351,9 @@ fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn bad_sources_give_typed_errors_and_create_nothing() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let p = d.path();
     fs::create_dir(p.join("dir")).unwrap();
     rustix::fs::mknodat(
@@ -425,10 +420,9 @@ fn free_bytes(dir: &Path) -> u64 {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn enospc_on_tiny_ext4_fails_cleanly() {
-    let (Some(t), Some(x)) = (testfs!(TinyExt4), testfs!(Xfs)) else {
-        return;
-    };
+    let (t, x) = (testfs!(TinyExt4), testfs!(Xfs));
     let src = x.path().join("big");
     write_file(&src, &data(8 << 20, 6));
     let filler = fill(t.path(), 2 << 20);
@@ -459,8 +453,9 @@ fn enospc_on_tiny_ext4_fails_cleanly() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn enospc_on_tiny_xfs_fails_cleanly() {
-    let Some(t) = testfs!(TinyXfs) else { return };
+    let t = testfs!(TinyXfs);
     let src = t.path().join("src");
     write_file(&src, &data(16 << 20, 8));
     let filler = fill(t.path(), 4 << 20);
@@ -472,8 +467,9 @@ fn enospc_on_tiny_xfs_fails_cleanly() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn clone_range_checks_alignment_and_shares_only_the_range() {
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let (src, dst) = (d.path().join("src"), d.path().join("dst"));
     let s = data(4 * 4096, 9);
     let t = data(4 * 4096, 10);
@@ -525,12 +521,9 @@ fn clone_range_checks_alignment_and_shares_only_the_range() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn probe_reports_kinds_and_answers_on_all_four() {
-    let (Some(x), Some(b), Some(e), Some(t)) =
-        (testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4), testfs!(Tmpfs))
-    else {
-        return;
-    };
+    let (x, b, e, t) = (testfs!(Xfs), testfs!(Btrfs), testfs!(Ext4), testfs!(Tmpfs));
     probe::clear_cache();
     for (dir, kind, yes) in [
         (x.path(), FsKind::Xfs, true),

@@ -7,8 +7,8 @@ use std::process::Command;
 
 use cowlink_testfs::{names, testfs};
 
-mod common;
-use common::{cowlink, text};
+use crate::common;
+use crate::common::{cowlink, text};
 
 fn shared(p: &Path) -> bool {
     let e = cowlink::extents::extents(p).unwrap().extents;
@@ -16,10 +16,9 @@ fn shared(p: &Path) -> bool {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_verbose_says_cloned_on_xfs_and_copied_on_ext4() {
-    let (Some(x), Some(e)) = (testfs!(Xfs), testfs!(Ext4)) else {
-        return;
-    };
+    let (x, e) = (testfs!(Xfs), testfs!(Ext4));
     let src = x.path().join("a");
     fs::write(&src, vec![7u8; 300_000]).unwrap();
     let out = cowlink(&[&"cp", &"-v", &src, &x.path().join("b")]);
@@ -41,10 +40,9 @@ fn cp_verbose_says_cloned_on_xfs_and_copied_on_ext4() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_always_across_filesystems_fails_with_reason_and_hint() {
-    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
-        return;
-    };
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
     let src = x.path().join("a");
     fs::write(&src, b"data").unwrap();
     let dst = b.path().join("a");
@@ -66,8 +64,9 @@ fn cp_always_across_filesystems_fails_with_reason_and_hint() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_json_reports_method_bytes_and_errors() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (a, missing) = (x.path().join("a"), x.path().join("missing"));
     fs::write(&a, vec![1u8; 5000]).unwrap();
     let out_dir = x.path().join("out");
@@ -88,8 +87,9 @@ fn cp_json_reports_method_bytes_and_errors() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_existing_destination_is_replaced_keeping_its_mode_n_keeps_it() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (a, b) = (x.path().join("a"), x.path().join("b"));
     fs::write(&a, b"new").unwrap();
     fs::write(&b, b"old").unwrap();
@@ -122,8 +122,9 @@ fn cp_existing_destination_is_replaced_keeping_its_mode_n_keeps_it() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_usage_errors_exit_2() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let a = x.path().join("a");
     fs::write(&a, b"x").unwrap();
     for args in [
@@ -153,8 +154,9 @@ fn cp_usage_errors_exit_2() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_directory_without_r_is_refused_with_hint() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     fs::create_dir(x.path().join("d")).unwrap();
     let out = cowlink(&[&"cp", &x.path().join("d"), &x.path().join("e")]);
     assert_eq!(out.status.code(), Some(1));
@@ -167,8 +169,9 @@ fn cp_directory_without_r_is_refused_with_hint() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_unreadable_source_as_unprivileged_user_is_permission_denied() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     if Command::new("setpriv").arg("--version").output().is_err() {
         panic!("setpriv (util-linux) is needed for this test; scripts/setup installs it");
     }
@@ -199,8 +202,9 @@ fn cp_unreadable_source_as_unprivileged_user_is_permission_denied() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_r_copies_a_tree_with_links_and_modes() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     fs::create_dir_all(src.join("sub/deeper")).unwrap();
     fs::write(src.join("top.txt"), b"top").unwrap();
@@ -245,10 +249,9 @@ fn cp_r_copies_a_tree_with_links_and_modes() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn probe_answers_in_text_json_and_exit_code() {
-    let (Some(x), Some(b)) = (testfs!(Xfs), testfs!(Btrfs)) else {
-        return;
-    };
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
     let out = cowlink(&[&"probe", &"--json", &x.path()]);
     assert!(out.status.success());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -297,8 +300,9 @@ fn probe_answers_in_text_json_and_exit_code() {
 /// arguments included, says "no answer" within its 5 s deadline instead of
 /// hanging. The forms run in parallel, so the test takes one deadline.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn probe_never_hangs_on_a_mount_that_never_answers() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let dead = cowlink_testfs::DeadFuse::mount()
         .unwrap_or_else(|why| panic!("the unresponsive FUSE mount could not be made: {why}"));
     let d = dead.path().to_path_buf();
@@ -348,8 +352,9 @@ fn probe_never_hangs_on_a_mount_that_never_answers() {
 /// Pseudo files report sizes that reading does not give back: procfs 0,
 /// sysfs a page. The copy holds exactly what reading gives, as GNU cp's.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_pseudo_files_are_read_to_their_end() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path();
     // procfs: stat says 0 bytes.
     for (src, name) in [
@@ -437,8 +442,9 @@ impl Drop for Swap {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_active_swap_file_is_copied_by_auto_and_refused_by_always_with_reason() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let d = x.path();
     let swap = Swap::on(&d.join("swapfile"));
     let src = &swap.0;
@@ -477,8 +483,9 @@ fn cp_active_swap_file_is_copied_by_auto_and_refused_by_always_with_reason() {
 /// missing path is a failed operation (1) reported once, by its name; an
 /// empty path or `-j 0` is a usage error (2); `-j` above the cap says so.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn exit_codes_and_messages_follow_one_rule() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let missing = x.path().join("missing");
     let m = missing.to_str().unwrap();
     let dest = x.path().join("dest");
@@ -550,8 +557,9 @@ fn exit_codes_and_messages_follow_one_rule() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_nocow_refusal_is_named_and_auto_copies() {
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     let src = b.path().join("nocow");
     fs::File::create(&src).unwrap();
     let st = Command::new("chattr").arg("+C").arg(&src).status().unwrap();
@@ -580,8 +588,9 @@ fn btrfs_nocow_refusal_is_named_and_auto_copies() {
 /// As in GNU cp: long options may be abbreviated, a repeated option is
 /// allowed and the last one wins, and repeated `--preserve` lists add up.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cp_takes_abbreviated_and_repeated_options_as_gnu_cp_does() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let a = x.path().join("a");
     fs::write(&a, b"gnu").unwrap();
     // The last --reflink wins: never clone, so a copy.

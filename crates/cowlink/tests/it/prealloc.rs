@@ -9,17 +9,9 @@ use std::path::Path;
 
 use cowlink::extents::extents;
 use cowlink::{ErrorKind, PreallocOptions, PreallocWriter};
-use cowlink_testfs::{data, names, testfs};
+use cowlink_testfs::{data, names, serial, testfs};
 
 const MIB: u64 = 1 << 20;
-
-/// Two tests measure free space on filesystems the others fill and empty:
-/// the tests of this file run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Four threads each write a 256 MiB file in 8 KiB chunks at the same
 /// time; every file ends with the right bytes in at most a few extents.
@@ -78,23 +70,26 @@ fn four_writers_few_extents(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn four_writers_few_extents_on_ext4() {
     let _serial = serial();
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     four_writers_few_extents(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn four_writers_few_extents_on_xfs() {
     let _serial = serial();
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     four_writers_few_extents(d.path());
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cancel_and_drop_leave_nothing_and_short_writes_are_trimmed() {
     let _serial = serial();
-    let Some(d) = testfs!(Xfs) else { return };
+    let d = testfs!(Xfs);
     let dir = d.path();
     // (Free space is not compared here: XFS frees unlinked inodes in the
     // background, so earlier tests' deletions land at random moments.)
@@ -140,9 +135,10 @@ fn cancel_and_drop_leave_nothing_and_short_writes_are_trimmed() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn enospc_at_fallocate_fails_before_any_data() {
     let _serial = serial();
-    let Some(d) = testfs!(TinyExt4) else { return };
+    let d = testfs!(TinyExt4);
     let dir = d.path();
     let free = || rustix::fs::statvfs(dir).unwrap().f_bavail;
     let before = free();

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use cowlink::tree::{copy_tree, Quiet, TreeEvent, TreeOptions};
 use cowlink::{ErrorKind, Overwrite};
-use cowlink_testfs::{temporaries, testfs};
+use cowlink_testfs::{temporaries, testfs, umask};
 
 fn tree_of(dir: &Path, dirs: usize, files: usize, len: usize) {
     for d in 0..dirs {
@@ -23,8 +23,9 @@ fn tree_of(dir: &Path, dirs: usize, files: usize, len: usize) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn cancel_stops_promptly_and_leaves_only_complete_files() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let (src, dst) = (e.path().join("src"), e.path().join("dst"));
     tree_of(&src, 20, 100, 20_000);
     let options = TreeOptions::archive();
@@ -59,8 +60,9 @@ fn cancel_stops_promptly_and_leaves_only_complete_files() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn hardlinks_are_kept_only_when_asked() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     fs::create_dir_all(src.join("a")).unwrap();
     fs::create_dir_all(src.join("b")).unwrap();
@@ -84,8 +86,9 @@ fn hardlinks_are_kept_only_when_asked() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn dereference_follows_links_and_reports_loops() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     fs::create_dir_all(src.join("real")).unwrap();
     fs::write(src.join("real/file"), b"data").unwrap();
@@ -124,8 +127,9 @@ fn dereference_follows_links_and_reports_loops() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn merging_into_an_existing_tree_refuses_or_replaces_files() {
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     let src = b.path().join("src");
     tree_of(&src, 2, 3, 5000);
     let dst = b.path().join("dst");
@@ -161,8 +165,9 @@ fn merging_into_an_existing_tree_refuses_or_replaces_files() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn non_directory_sources_are_copied_as_one_entry() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     symlink("target-elsewhere", x.path().join("link")).unwrap();
     let report = copy_tree(
         &x.path().join("link"),
@@ -188,8 +193,9 @@ fn non_directory_sources_are_copied_as_one_entry() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_directory_where_a_file_is_needed_fails_that_entry_only() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     tree_of(&src, 1, 2, 100);
     let dst = x.path().join("dst");
@@ -220,10 +226,9 @@ fn sparse_file(p: &Path, n: u64, seg: usize) {
 /// directory this run created) nor the atomic one (`--atomic`) leaves
 /// anything under the final name, and the space comes back.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_failure_mid_transfer_leaves_no_name_direct_or_atomic() {
-    let (Some(x), Some(small)) = (testfs!(Xfs), testfs!(FillExt4)) else {
-        return;
-    };
+    let (x, small) = (testfs!(Xfs), testfs!(FillExt4));
     let src = x.path().join("src");
     fs::create_dir(&src).unwrap();
     fs::write(src.join("small"), b"fits").unwrap();
@@ -259,8 +264,9 @@ fn a_failure_mid_transfer_leaves_no_name_direct_or_atomic() {
 /// created the file is visible under its name during the copy (direct
 /// placement), and the cancel removes it.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_cancel_mid_transfer_removes_the_direct_file() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let (src, dst) = (e.path().join("src"), e.path().join("dst"));
     fs::create_dir(&src).unwrap();
     sparse_file(&src.join("big"), 8, 64 << 20); // 512 MiB of data, copied in chunks
@@ -290,8 +296,9 @@ fn a_cancel_mid_transfer_removes_the_direct_file() {
 /// wrong mtime, a file never written) is found and recopied by `resume`;
 /// finished files are kept.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn resume_recopies_what_an_interrupted_run_left() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (src, dst) = (x.path().join("src"), x.path().join("dst"));
     tree_of(&src, 3, 10, 9000);
     let options = TreeOptions::archive();
@@ -345,8 +352,9 @@ fn resume_recopies_what_an_interrupted_run_left() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn overwrite_skip_keeps_existing_files_and_counts_them_in_the_report() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (src, dst) = (x.path().join("src"), x.path().join("dst"));
     fs::create_dir_all(src.join("sub")).unwrap();
     fs::create_dir_all(dst.join("sub")).unwrap();
@@ -396,17 +404,11 @@ fn overwrite_skip_keeps_existing_files_and_counts_them_in_the_report() {
     assert_eq!(fs::read_to_string(dst.join("a")).unwrap(), "old a");
 }
 
-/// The process umask, as /proc reports it.
-fn umask() -> u32 {
-    let status = fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
-    u32::from_str_radix(line[6..].trim(), 8).unwrap()
-}
-
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn default_mode_gives_new_entries_the_mode_new_files_get() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(b) = testfs!(Btrfs) else { return };
+    let b = testfs!(Btrfs);
     let src = b.path().join("ro");
     fs::create_dir_all(src.join("sub")).unwrap();
     fs::write(src.join("f"), b"f").unwrap();
@@ -439,10 +441,11 @@ fn default_mode_gives_new_entries_the_mode_new_files_get() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn copy_contents_reads_fifos_and_new_dirs_stay_closed_until_done() {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     fs::create_dir_all(src.join("sub")).unwrap();
     fs::set_permissions(src.join("sub"), fs::Permissions::from_mode(0o777)).unwrap();
@@ -500,9 +503,10 @@ fn copy_contents_reads_fifos_and_new_dirs_stay_closed_until_done() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_file_an_interrupted_run_left_is_copied_again_by_update_and_resume() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     fs::create_dir_all(&src).unwrap();
     let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);

@@ -11,18 +11,18 @@ use std::process::{Command, Output};
 
 use cowlink_testfs::{names, testfs};
 
-mod common;
-use common::{bin, text};
+use crate::common;
+use crate::common::{bin, ok, text};
 
 /// A test's world: where images go, and private state, unit and fstab
 /// places.
 struct World {
-    _dir: tempfile::TempDir,
+    _dir: cowlink_testfs::TestDir,
     root: PathBuf,
 }
 
 impl World {
-    fn new(dir: tempfile::TempDir) -> World {
+    fn new(dir: cowlink_testfs::TestDir) -> World {
         let root = dir.path().to_path_buf();
         fs::create_dir(root.join("etc")).unwrap();
         World { _dir: dir, root }
@@ -74,17 +74,6 @@ impl Drop for World {
             let _ = Command::new("losetup").arg("-d").arg(&d).status();
         }
     }
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
 }
 
 /// A refusal: exit 2 and an error naming `words`.
@@ -321,20 +310,23 @@ fn lifecycle(w: &World, fs_name: &str, magic: u64) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn an_xfs_drive_is_made_mounted_and_removed_without_leftovers() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     lifecycle(&World::new(d), "xfs", 0x5846_5342);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_btrfs_drive_is_made_mounted_and_removed_without_leftovers() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     lifecycle(&World::new(d), "btrfs", 0x9123_683e);
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn refusals_leave_nothing_behind() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let img = w.p("r.img");
     let before = names(&w.root);
@@ -397,8 +389,9 @@ fn refusals_leave_nothing_behind() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_failing_mkfs_leaves_no_image_loop_device_or_mount_point() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     for (fs_name, size) in [("xfs", "100M"), ("btrfs", "50M")] {
         let (img, mnt) = (w.p("small.img"), w.p("small"));
@@ -413,8 +406,9 @@ fn a_failing_mkfs_leaves_no_image_loop_device_or_mount_point() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_missing_mkfs_is_refused_naming_its_package_and_nothing_is_made() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("x.img"), w.p("x"));
     for (fs_name, package) in [("xfs", "xfsprogs"), ("btrfs", "btrfs-progs")] {
@@ -456,8 +450,9 @@ fn a_missing_mkfs_is_refused_naming_its_package_and_nothing_is_made() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn persist_dry_run_prints_a_valid_unit_and_changes_nothing() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("p.img"), w.p("p dir"));
     let out = ok(&w.drive(&[
@@ -537,8 +532,9 @@ fn persist_dry_run_prints_a_valid_unit_and_changes_nothing() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn persist_writes_the_boot_entry_and_remove_takes_it_away() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let fstab = w.p("etc/fstab");
     fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
@@ -605,8 +601,9 @@ fn persist_writes_the_boot_entry_and_remove_takes_it_away() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn an_old_boot_unit_is_flagged_and_mount_persist_writes_it_again() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let fstab = w.p("etc/fstab");
     fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
@@ -670,8 +667,9 @@ fn an_old_boot_unit_is_flagged_and_mount_persist_writes_it_again() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn remove_and_unmount_are_refused_while_a_process_holds_a_file_on_the_drive() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("busy.img"), w.p("busy"));
     ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
@@ -784,8 +782,9 @@ fn records_have_ids(w: &World) -> bool {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn remove_refuses_every_file_drive_create_did_not_make() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // A drive of our own, so that records exist beside the foreign files.
     let (img, mnt) = (w.p("own.img"), w.p("own"));
@@ -944,8 +943,9 @@ fn run_bounded(c: &mut Command, secs: u64) -> Output {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn legacy_records_keep_working_and_are_migrated_only_for_what_create_made() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("old.img"), w.p("old"));
     ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
@@ -996,8 +996,9 @@ fn legacy_records_keep_working_and_are_migrated_only_for_what_create_made() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_mounted_image_is_found_by_identity_through_any_name() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // Names sysfs mangles or that look like its markers.
     for name in [
@@ -1039,8 +1040,9 @@ fn a_mounted_image_is_found_by_identity_through_any_name() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn unmount_refuses_every_mount_cowlink_did_not_make() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("own.img"), w.p("own"));
     ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
@@ -1093,8 +1095,9 @@ fn unmount_refuses_every_mount_cowlink_did_not_make() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_mount_point_holding_the_image_is_refused() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     fs::create_dir_all(w.p("d/sd")).unwrap();
     let img = w.p("d/sd/x.img");
@@ -1135,8 +1138,9 @@ fn a_mount_point_holding_the_image_is_refused() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_signal_at_each_step_of_create_undoes_every_step() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let fstab = w.p("etc/fstab");
     fs::write(&fstab, "UUID=x / ext4 defaults 0 1\n").unwrap();
@@ -1238,8 +1242,9 @@ fn a_signal_at_each_step_of_create_undoes_every_step() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn unit_file_paths_are_escaped_quoted_or_refused() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // An injection attempt: refused before anything is made.
     let evil = w.p("x\n[Service]\nExecStartPre=touch cowlink-pwned\n");
@@ -1314,8 +1319,9 @@ fn unit_file_paths_are_escaped_quoted_or_refused() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn sizes_beyond_any_file_are_refused_in_words() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("big.img"), w.p("big"));
     for extra in [
@@ -1345,8 +1351,9 @@ fn sizes_beyond_any_file_are_refused_in_words() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn list_without_root_says_unknown_not_no_when_no_trial_can_run() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&w.root, fs::Permissions::from_mode(0o755)).unwrap();
@@ -1388,8 +1395,9 @@ fn list_without_root_says_unknown_not_no_when_no_trial_can_run() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_file_that_takes_a_drive_s_inode_is_not_the_drive() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("gone.img"), w.p("gone"));
     ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
@@ -1431,8 +1439,9 @@ fn a_file_that_takes_a_drive_s_inode_is_not_the_drive() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn ctrl_c_to_the_process_group_while_mkfs_runs_undoes_everything() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // A mkfs that says it started and then waits: the terminal's Ctrl-C
     // reaches it and cowlink together (the whole foreground group).
@@ -1500,8 +1509,9 @@ fn all_at_once(cs: Vec<Command>) -> Vec<Output> {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn drive_commands_run_at_once_never_attach_or_mount_one_image_twice() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // Btrfs: the kernel mounts two loop devices over one Btrfs image as two
     // filesystems (XFS would refuse the duplicate UUID), so only cowlink's
@@ -1560,8 +1570,9 @@ fn drive_commands_run_at_once_never_attach_or_mount_one_image_twice() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_drive_is_its_own_though_a_stale_record_holds_its_inode() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // A drive's image deleted by hand leaves its record; a later drive's
     // image gets the same device and inode (written into the stale record
@@ -1607,8 +1618,9 @@ fn a_drive_is_its_own_though_a_stale_record_holds_its_inode() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_drive_never_takes_or_removes_another_drive_s_boot_unit_on_a_shared_mount_point() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // Two drives recorded on one mount point (one mounted at a time); the
     // first is brought back at boot by a unit named after that point.
@@ -1667,8 +1679,9 @@ fn a_drive_never_takes_or_removes_another_drive_s_boot_unit_on_a_shared_mount_po
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_drive_moved_behind_cowlink_s_back_is_removed_by_its_new_name_and_a_link_is_not() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // (what is done to the drive after create, the name it then has, whether
     // `mount` under the recorded name still works)
@@ -1759,8 +1772,9 @@ fn a_drive_moved_behind_cowlink_s_back_is_removed_by_its_new_name_and_a_link_is_
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn hostile_records_never_make_a_user_file_a_drive() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // A drive, so that the state directory is real; then records edited
     // to name a user's files by their device and inode.
@@ -1806,8 +1820,9 @@ fn hostile_records_never_make_a_user_file_a_drive() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_drive_is_never_mounted_over_cowlink_s_own_records_units_or_fstab() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("d.img"), w.p("d"));
     ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
@@ -1846,8 +1861,9 @@ fn a_drive_is_never_mounted_over_cowlink_s_own_records_units_or_fstab() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn mount_leaves_a_user_s_own_loop_device_over_the_image_alone() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (img, mnt) = (w.p("d.img"), w.p("d"));
     ok(&w.drive(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]));
@@ -1884,8 +1900,9 @@ fn mount_leaves_a_user_s_own_loop_device_over_the_image_alone() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn mkfs_killed_by_the_terminal_s_signal_is_an_interrupt_whichever_is_seen_first() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     // The signal reaches mkfs, and cowlink sees mkfs dead of it before its
     // own handler has run (made certain here: only mkfs gets it).
@@ -1910,8 +1927,9 @@ fn mkfs_killed_by_the_terminal_s_signal_is_an_interrupt_whichever_is_seen_first(
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_copy_of_a_drive_is_the_user_s_file_not_a_drive() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     for fs_name in ["xfs", "btrfs"] {
         let (img, mnt) = (w.p("d.img"), w.p("d"));
@@ -1964,8 +1982,9 @@ fn a_copy_of_a_drive_is_the_user_s_file_not_a_drive() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn remove_never_follows_a_symlink_named_to_another_drive() {
-    let Some(d) = testfs!(Ext4) else { return };
+    let d = testfs!(Ext4);
     let w = World::new(d);
     let (a, b) = (w.p("a.img"), w.p("b.img"));
     ok(&w.drive(&[&"create", &a, &"--size", &"1G", &"--mount", &w.p("a")]));

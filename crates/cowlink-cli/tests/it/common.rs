@@ -1,5 +1,4 @@
 //! Helpers shared by the binary's integration tests.
-#![allow(dead_code)] // each test file uses its own subset
 
 use std::process::{Command, Output};
 
@@ -54,4 +53,28 @@ pub fn shares_extents_with(a: &std::path::Path, b: &std::path::Path) -> bool {
             .iter()
             .map(|x| x.physical)
             .eq(eb.iter().map(|x| x.physical))
+}
+
+/// The command succeeded (else fail with its status and output); its
+/// stdout.
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The command's stdout as JSON (whatever its exit status).
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    })
 }

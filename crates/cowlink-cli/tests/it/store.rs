@@ -5,29 +5,12 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cowlink_testfs::{data, names, temporaries, testfs, write_file};
 
-mod common;
-use common::{bin, store, text};
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
-}
+use crate::common::{bin, json, ok, store, text};
 
 /// Every regular file below `root`, relative, with its bytes.
 fn contents(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
@@ -65,8 +48,9 @@ fn tree(root: &Path, n: usize, seed0: u64, size: usize) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn round_trip_and_listing() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (src, st, out) = (
         x.path().join("src"),
         x.path().join("store"),
@@ -150,8 +134,9 @@ fn round_trip_and_listing() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn store_location_follows_flag_env_and_xdg() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let f = x.path().join("f");
     write_file(&f, b"where am I");
     let run = |envs: &[(&str, &Path)]| {
@@ -181,8 +166,9 @@ fn store_location_follows_flag_env_and_xdg() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn eight_processes_add_and_check_out_concurrently() {
-    let Some(x) = testfs!(Btrfs) else { return };
+    let x = testfs!(Btrfs);
     let st = x.path().join("store");
     // Tree i holds contents i*100 .. i*100+300: neighbours share 2/3.
     let srcs: Vec<PathBuf> = (0..8).map(|i| x.path().join(format!("src{i}"))).collect();
@@ -243,8 +229,9 @@ fn eight_processes_add_and_check_out_concurrently() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn kill_9_during_add_leaves_a_consistent_store() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (src, st) = (x.path().join("src"), x.path().join("store"));
     tree(&src, 4000, 7, 30_000);
     let mut child = bin()
@@ -295,8 +282,9 @@ fn kill_9_during_add_leaves_a_consistent_store() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn hostile_manifest_files_are_rejected() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let st = x.path().join("store");
     let f = x.path().join("f");
     write_file(&f, b"payload");
@@ -361,8 +349,9 @@ fn hostile_manifest_files_are_rejected() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn ext4_checkout_needs_auto_and_then_copies() {
-    let Some(e) = testfs!(Ext4) else { return };
+    let e = testfs!(Ext4);
     let (src, st) = (e.path().join("src"), e.path().join("store"));
     tree(&src, 20, 3, 5000);
     let m = ok(&store(&st, &[&"add-tree", &src])).trim().to_string();
@@ -417,8 +406,9 @@ fn read_at(dir: &std::fs::File, name: &str) -> Vec<u8> {
 /// store and comes back out whole: the store works relative to directory
 /// descriptors, as `cp -a` does, and leaves no loose object.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn trees_deeper_than_path_max_round_trip() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let src = x.path().join("src");
     let body = data(20_000, 5);
     cowlink_testfs::deep_chain(&src, 3000, &[1500, 3000], &body);
@@ -455,8 +445,9 @@ fn trees_deeper_than_path_max_round_trip() {
 /// quoting rule; a manifest file that is a FIFO or a device is refused
 /// at once and left as it is; a link to a manifest file is followed.
 #[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn ls_quotes_names_and_refuses_special_manifest_files() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let st = x.path().join("store");
     let f = x.path().join("f");
     write_file(&f, b"payload");

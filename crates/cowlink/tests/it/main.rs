@@ -1,0 +1,22 @@
+//! The library's integration tests, one binary (one link instead of one
+//! per file): a module per area. Most need the loop-mounted test
+//! filesystems and are `#[ignore]`d with the reason; `scripts/test` runs
+//! them with `--include-ignored`. Shared helpers are in `cowlink-testfs`,
+//! and here when they need the library.
+
+use std::path::Path;
+
+mod dedupe;
+mod inspect;
+mod prealloc;
+mod real_fs;
+mod remote;
+mod store;
+mod tree;
+
+/// Whether `b` maps every byte to the same disk blocks as `a` (FIEMAP).
+fn same_blocks(a: &Path, b: &Path) -> bool {
+    let runs = |p: &Path| cowlink::extents::extents(p).unwrap().physical_runs();
+    let (x, y) = (runs(a), runs(b));
+    !x.is_empty() && x == y
+}
