@@ -1,6 +1,6 @@
 //! `cowlink drive`: make, mount and inspect a dev drive (a loop-mounted
-//! image holding a filesystem that clones). The library's
-//! [`cowlink::drive`] does the work; this module resolves the owner and
+//! image holding a filesystem that clones). The crate
+//! [`cowlink_drive`] does the work; this module resolves the owner and
 //! where state lives, asks for root with the exact `sudo` line, and
 //! renders the reports.
 
@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use cowlink::drive::{
-    self, Change, CreateOptions, DriveFs, DriveInfo, PersistKind, PersistWith, Places,
-};
 use cowlink::name::quoted;
+use cowlink_drive::{
+    self as drive, Change, CreateOptions, DriveFs, DriveInfo, PersistKind, PersistWith, Places,
+};
 
 use crate::out::{errln, outln};
 use crate::{human_bytes, Exit};

@@ -39,9 +39,20 @@
 //! - features: [`clone`](clone_file) (whole file and range),
 //!   [`PreallocWriter`], [`tree`] (directory copy), [`extents`] (FIEMAP),
 //!   [`usage`](mod@usage) (true disk usage), [`dedupe`], [`store`]
-//!   (content-addressed store), [`probe`] (capabilities), [`bench`](mod@bench)
-//!   (what to use on a volume, and volumes compared), [`image`] (qcow2),
-//!   [`drive`] (a loop-mounted volume that clones).
+//!   (content-addressed store), [`probe`] (capabilities).
+//!
+//! Cargo features, all off by default, so a build tool or the Python
+//! wheel compiles only the file-level core (no async runtime, no image
+//! decoders):
+//! - `remote`: the S3-compatible tier of the store (`store::remote`;
+//!   brings tokio and object_store);
+//! - `image`: qcow2 disk images, read, committed and converted by cloning
+//!   ranges (`image`; brings the zlib and zstd decoders);
+//! - `bench`: what to use on a volume, and volumes compared (`bench`);
+//! - `clap`: `clap::ValueEnum` on the mode enums, for command lines.
+//!
+//! Dev drives (a loop-mounted volume that clones: root, mkfs, systemd)
+//! are the separate crate `cowlink-drive`.
 //!
 //! Platforms: Linux clones; on other systems the core builds and copies.
 //! Every call only some systems have goes through `cowlink-sys`, the
@@ -56,14 +67,13 @@ mod ground;
 mod prim;
 mod walk;
 
-#[cfg(target_os = "linux")]
+#[cfg(all(feature = "bench", target_os = "linux"))]
 pub mod bench;
 mod clone;
 pub mod cp;
 pub mod dedupe;
-#[cfg(target_os = "linux")]
-pub mod drive;
 pub mod extents;
+#[cfg(feature = "image")]
 pub mod image;
 mod prealloc;
 pub mod probe;

@@ -10,6 +10,9 @@ mod dedupe;
 mod inspect;
 mod prealloc;
 mod real_fs;
+// The S3 tier is a feature; `cargo test --workspace` (scripts/test) has it
+// on, because the command enables it.
+#[cfg(feature = "remote")]
 mod remote;
 mod store;
 mod tree;

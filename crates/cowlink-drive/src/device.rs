@@ -14,7 +14,7 @@ use rustix::io::Errno;
 use serde::Serialize;
 
 use super::DriveFs;
-use crate::ground::mountinfo::{self, MountEntry};
+use cowlink::mountinfo::{self, MountEntry};
 
 /// A file's identity: the device and inode `stat` gives. This, never a
 /// path string, is how a drive's image and mount point are recognised.

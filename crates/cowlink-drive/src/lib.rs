@@ -38,6 +38,13 @@
 //! files); `persist` the boot entry (a systemd unit or an fstab line).
 //!
 //! Everything here but [`list`], [`status`] and a dry run needs root.
+//!
+//! A crate of its own, apart from the `cowlink` library: it runs as root,
+//! runs mkfs and writes systemd units, which a build tool or the Python
+//! wheel embedding the library should neither compile nor carry. It uses
+//! only the library's public API (errors, names, the mount table, probe);
+//! its loop-device ioctls are in `cowlink-sys`. Linux only.
+#![deny(missing_docs)]
 
 mod device;
 mod persist;
@@ -55,8 +62,8 @@ use device::FileId;
 pub use device::{Holder, LoopState};
 pub use persist::{PersistKind, PersistPlan, PersistWith, Places};
 
-use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
-use crate::ground::name::quoted;
+use cowlink::name::quoted;
+use cowlink::{Error, ErrorKind, Operation};
 
 /// The filesystem a drive holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -135,7 +142,7 @@ pub struct CreateOptions {
     pub dry_run: bool,
     /// Cancelled (Ctrl-C, SIGTERM): the step under way finishes, every
     /// step made is undone, and [`create`] fails with `Cancelled`.
-    pub cancel: crate::CancelToken,
+    pub cancel: cowlink::CancelToken,
     /// For tests of the undo: after this step (0 = before any, 1 = mount
     /// point made … 8 = boot entry written) wait, saying so on stderr,
     /// until cancelled.
@@ -410,7 +417,7 @@ fn own(op: Operation, places: &Places, image: &Path, meta: &fs::Metadata) -> Res
     if !meta.is_file() {
         return Err(not_ours(format!(
             "it is not a cowlink drive: a drive's image is a regular file, this is {}",
-            crate::prim::files::file_type_name(meta.mode())
+            file_type_name(&meta.file_type())
         )));
     }
     let id = FileId::of(meta);
@@ -529,7 +536,7 @@ struct StateLock(#[allow(dead_code)] rustix::fd::OwnedFd);
 fn lock_state(
     op: Operation,
     places: &Places,
-    cancel: Option<&crate::CancelToken>,
+    cancel: Option<&cowlink::CancelToken>,
 ) -> Result<StateLock, Error> {
     use rustix::fs::{FlockOperation, Mode, OFlags};
     let dir = &places.state_dir;
@@ -906,6 +913,29 @@ fn mount_attached(
     Ok(())
 }
 
+/// The kernel's text for an errno ("no such file or directory"), worded
+/// as the core library words it in every error it reports, for reasons
+/// that say which step failed.
+fn errno_text(e: rustix::io::Errno) -> String {
+    Error::from_errno(Operation::DriveStatus, e).reason()
+}
+
+/// "a directory", "a FIFO", ...: what a path that should be a drive's
+/// image is instead, in words.
+fn file_type_name(t: &fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    match t {
+        t if t.is_dir() => "a directory",
+        t if t.is_fifo() => "a FIFO",
+        t if t.is_socket() => "a socket",
+        t if t.is_char_device() => "a character device",
+        t if t.is_block_device() => "a block device",
+        t if t.is_symlink() => "a symbolic link",
+        t if t.is_file() => "a regular file",
+        _ => "of unknown type",
+    }
+}
+
 /// A path a boot entry cannot hold, as an error.
 fn unexpressible(op: Operation, p: &Path, why: String) -> Error {
     Error::new(op, ErrorKind::InvalidInput)
@@ -1116,13 +1146,13 @@ fn info(r: &Record, places: &Places) -> DriveInfo {
             d.fs_used = Some((s.f_blocks - s.f_bfree) * s.f_frsize);
         }
         d.owner_uid = fs::metadata(&r.mount).ok().map(|m| m.uid());
-        if let Ok(f) = crate::probe::filesystem(&r.mount) {
+        if let Ok(f) = cowlink::probe::filesystem(&r.mount) {
             // Unknown (without root: no scratch file could be made) is
             // not "no".
             d.reflink = match &f.reflink {
-                crate::probe::Answer::Yes => Some(true),
-                crate::probe::Answer::No(_) => Some(false),
-                crate::probe::Answer::Unknown(_) => None,
+                cowlink::probe::Answer::Yes => Some(true),
+                cowlink::probe::Answer::No(_) => Some(false),
+                cowlink::probe::Answer::Unknown(_) => None,
             };
             d.reflink_reason = f.reflink.reason().map(str::to_owned);
         }
