@@ -12,7 +12,6 @@ use pyo3::prelude::*;
 
 use crate::control::{CancelToken, Control};
 use crate::errors::to_py;
-use crate::ops::choose;
 use crate::path::FsPath;
 use crate::records::{error_list, record, word};
 
@@ -337,14 +336,14 @@ impl Store {
     /// `link`: "clone" (the default; fails where the filesystem cannot
     /// clone), "auto" (clone, else copy), "copy", or "hardlink" (writes
     /// through to the store: only for trees nobody writes).
-    #[pyo3(signature = (digest, dest, *, link="clone", verify=false, threads=None, on_progress=None, cancel=None))]
+    #[pyo3(signature = (digest, dest, *, link=None, verify=false, threads=None, on_progress=None, cancel=None))]
     #[allow(clippy::too_many_arguments)]
     fn checkout(
         &self,
         py: Python<'_>,
         digest: &str,
         dest: FsPath,
-        link: &str,
+        link: Option<&str>,
         verify: bool,
         threads: Option<usize>,
         on_progress: Option<Bound<'_, PyAny>>,
@@ -352,16 +351,7 @@ impl Store {
     ) -> PyResult<CheckoutReport> {
         let d = self::digest(digest)?;
         let options = MaterializeOptions {
-            link: choose(
-                "link",
-                link,
-                &[
-                    ("clone", LinkMode::Clone),
-                    ("auto", LinkMode::Auto),
-                    ("copy", LinkMode::Copy),
-                    ("hardlink", LinkMode::Hardlink),
-                ],
-            )?,
+            link: crate::ops::link_arg(py, link, None, LinkMode::Clone)?,
             verify,
             ..MaterializeOptions::default()
         };

@@ -15,15 +15,19 @@ use rustix::io::Errno;
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
 use crate::prim::files::{create_reason, file_type_name, open_source, split_dest};
 use crate::prim::meta::{self, Preserve};
-use crate::prim::mode::{Method, Outcome, Reflink};
-use crate::prim::place::{left_unfinished, NewFile, Overwrite, Placement, UNFINISHED_MARK};
+use crate::prim::mode::{LinkMode, Method, Outcome};
+use crate::prim::place::{
+    left_unfinished, place_name, NewFile, Overwrite, Placement, UNFINISHED_MARK,
+};
 use crate::prim::transfer::{transfer, transfer_error, Source};
 
 /// Options for [`clone_file`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CloneOptions {
-    /// Share blocks always, when possible, or never.
-    pub reflink: Reflink,
+    /// How the file is placed: [`LinkMode::Auto`] by default (clone where
+    /// possible, else copy); [`LinkMode::Hardlink`] links the destination
+    /// to the source's inode (metadata and `attributes_only` do not apply).
+    pub link: LinkMode,
     /// What to do when the destination exists.
     pub overwrite: Overwrite,
     /// Metadata to carry beyond permission bits.
@@ -52,6 +56,21 @@ pub struct CloneOptions {
     pub placement: Placement,
 }
 
+impl Default for CloneOptions {
+    /// Clone where possible, else copy ([`LinkMode::Auto`]); refuse an
+    /// existing destination; permission bits only; atomic placement.
+    fn default() -> Self {
+        CloneOptions {
+            link: LinkMode::Auto,
+            overwrite: Overwrite::default(),
+            preserve: Preserve::default(),
+            attributes_only: false,
+            default_mode: false,
+            placement: Placement::default(),
+        }
+    }
+}
+
 /// Clone `src` to the new file `dst`, or copy it when `options.reflink`
 /// allows and cloning is not possible here.
 ///
@@ -66,7 +85,7 @@ pub struct CloneOptions {
 /// destination directory), `IsDirectory`, `NotRegularFile` (FIFO, device,
 /// socket), `PermissionDenied`, `AlreadyExists` (unless
 /// [`Overwrite::Replace`]), `SameFile`, `CrossDevice` and `NotSupported`
-/// (with [`Reflink::Always`] only), `NoSpace`, `ReadOnly`, `Io`.
+/// (with [`LinkMode::Clone`] or [`LinkMode::Hardlink`] only), `NoSpace`, `ReadOnly`, `Io`.
 ///
 /// Uses `ioctl(FICLONE)`, then `copy_file_range(2)` and `pread`/`pwrite`.
 pub fn clone_file(
@@ -87,8 +106,8 @@ pub fn clone_file(
 }
 
 fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome> {
-    let op = match options.reflink {
-        Reflink::Never => Operation::Copy,
+    let op = match options.link {
+        LinkMode::Copy => Operation::Copy,
         _ => Operation::Clone,
     };
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
@@ -125,6 +144,9 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     let precheck = || check_existing(op, src, dst, &st, &parent, options.overwrite);
     if options.overwrite == Overwrite::Replace {
         precheck()?;
+    }
+    if options.link == LinkMode::Hardlink {
+        return hardlink(src, dst, &st, &parent, options.overwrite, &err);
     }
     // Direct placement only for a new name: replacing is always atomic.
     let placement = match options.overwrite {
@@ -177,7 +199,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
             sfd,
             dfd,
             Source::of(&st),
-            options.reflink,
+            options.link,
             &before_copy,
             &failed,
             &|| false,
@@ -239,6 +261,43 @@ fn replaced_regular(dst: &Path, overwrite: Overwrite) -> Option<Stat> {
 /// Refuse early (before moving any data) when the destination exists and
 /// may not be replaced, is a directory, or is the source itself. The final
 /// link or rename re-checks atomically; this only avoids wasted work.
+/// [`LinkMode::Hardlink`]: `dst` becomes another name of the source's
+/// inode (symbolic links in `src` followed, as for a copy), at once, or
+/// with [`Overwrite::Replace`] at a temporary name renamed over the old
+/// one. Metadata is the source's own: nothing to preserve or set.
+fn hardlink(
+    src: &Path,
+    dst: &Path,
+    st: &Stat,
+    parent: &Path,
+    overwrite: Overwrite,
+    err: &dyn Fn(Errno) -> Error,
+) -> Result<Outcome> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err(e).with_reason(create_reason(e, parent)))?;
+    let name = dst.file_name().unwrap_or_default().as_bytes();
+    let name = std::ffi::CString::new(name).map_err(|_| err(Errno::INVAL))?;
+    let replace = overwrite == Overwrite::Replace;
+    place_name(dir.as_fd(), &name, replace, |d, n| {
+        fs::linkat(CWD, src, d, n, AtFlags::SYMLINK_FOLLOW)
+    })
+    .map_err(|e| match e {
+        Errno::EXIST => err(e).with_reason("destination already exists"),
+        Errno::XDEV => err(e).with_reason("a hardlink cannot cross filesystems"),
+        Errno::MLINK => err(e).with_reason("the source has the most links its filesystem allows"),
+        _ => err(e),
+    })?;
+    Ok(Outcome {
+        method: Method::Hardlink,
+        bytes: st.st_size as u64,
+    })
+}
+
 fn check_existing(
     op: Operation,
     src: &Path,

@@ -18,8 +18,8 @@ use clap::{Args, ValueEnum};
 use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, Tally, TreeEvent, TreeOptions};
 use cowlink::Run;
 use cowlink::{
-    clone_file, CloneOptions, Error, ErrorKind, Method, Outcome, Overwrite, Placement, Preserve,
-    Reflink,
+    clone_file, CloneOptions, Error, ErrorKind, LinkMode, Method, Outcome, Overwrite, Placement,
+    Preserve,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -47,6 +47,14 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink cp -a build/ staging/           # a tree, with all metadata
 ///   cowlink cp -a --dry-run build/ staging/ # what would be done
 ///   cowlink cp -a --json src/ dst/ | jq .summary
+/// GNU's `--reflink=always|auto|never`, onto the library's one
+/// [`LinkMode`] (always: clone, auto: auto, never: copy).
+fn reflink_arg() -> impl clap::builder::TypedValueParser<Value = LinkMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["auto", "always", "never"])
+        .map(|w: String| LinkMode::from_reflink(&w).expect("one of the possible values"))
+}
+
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CpArgs {
@@ -55,14 +63,14 @@ pub struct CpArgs {
     /// physical copy
     #[arg(
         long,
-        value_enum,
+        value_parser = reflink_arg(),
         value_name = "WHEN",
         default_value = "auto",
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "always"
     )]
-    reflink: Reflink,
+    reflink: LinkMode,
 
     /// Existing destination files are replaced by default, atomically
     /// (other hardlinks of a replaced file keep their content) and keeping
@@ -615,8 +623,8 @@ impl Reporter {
     }
 
     fn hint(&self, e: &Error) -> &'static str {
-        match (self.options.reflink, e.kind()) {
-            (Reflink::Always, ErrorKind::CrossDevice | ErrorKind::NotSupported) => {
+        match (self.options.link, e.kind()) {
+            (LinkMode::Clone, ErrorKind::CrossDevice | ErrorKind::NotSupported) => {
                 "; use --reflink=auto to copy"
             }
             (_, ErrorKind::IsDirectory)
@@ -816,7 +824,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         },
     };
     let options = CloneOptions {
-        reflink: args.reflink,
+        link: args.reflink,
         // GNU cp replaces existing files unless told otherwise; links are
         // made only where nothing is (or -f removed it).
         overwrite: if matches!(update, gnu::Update::None) {

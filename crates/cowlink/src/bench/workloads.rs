@@ -13,7 +13,7 @@ use super::{Latency, Metadata, Plan, SizeRow, Stage, WriterRow, KIB, MIB};
 use crate::clone::{clone_file, CloneOptions};
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::prealloc::PreallocWriter;
-use crate::prim::mode::Reflink;
+use crate::prim::mode::LinkMode;
 use crate::run::Run;
 
 /// How a writer writes a large file.
@@ -123,11 +123,11 @@ impl Workloads<'_> {
     /// Copy vs clone vs hardlink of one source of `size` bytes.
     pub(super) fn size_row(&self, size: u64, reflink_works: bool) -> Result<SizeRow, Error> {
         let copy_opts = CloneOptions {
-            reflink: Reflink::Never,
+            link: LinkMode::Copy,
             ..Default::default()
         };
         let clone_opts = CloneOptions {
-            reflink: Reflink::Always,
+            link: LinkMode::Clone,
             ..Default::default()
         };
         (self.stage)(Stage::Sizes(size));

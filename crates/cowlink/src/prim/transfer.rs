@@ -21,11 +21,11 @@
 //!
 //! [`transfer`] is the clone-or-copy step every feature runs on an open
 //! source and an empty destination: FICLONE, then (when the
-//! [`Reflink`] mode allows and the kernel says cloning is not possible
+//! [`LinkMode`] allows and the kernel says cloning is not possible
 //! here) the copy below; it returns the [`Method`] used.
 //!
 //! `copy_file_range` may itself clone on XFS/Btrfs. [`copy_data`] therefore
-//! takes `offload: false` for `Reflink::Never`, which must produce blocks of
+//! takes `offload: false` for `LinkMode::Copy`, which must produce blocks of
 //! its own, and uses only read/write then.
 
 use std::path::Path;
@@ -35,7 +35,7 @@ use rustix::fs::{self, FallocateFlags, SeekFrom};
 use rustix::io::{self, Errno};
 
 use super::files::kind_of;
-use super::mode::{Method, Outcome, Reflink, Step};
+use super::mode::{LinkMode, Method, Outcome, Step};
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 
@@ -279,7 +279,7 @@ fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(),
 }
 
 /// Move the data of `sfd` (`source`) into the empty file `dfd`:
-/// clone, or copy when `reflink` allows and cloning is not possible here.
+/// clone, or copy when `link` allows and cloning is not possible here.
 /// `before_copy` runs before a data copy (to refuse early instead of
 /// copying in vain); `failed` turns an errno into the caller's error;
 /// `cancelled` can stop a data copy between chunks (ECANCELED).
@@ -287,7 +287,7 @@ pub(crate) fn transfer(
     sfd: BorrowedFd<'_>,
     dfd: BorrowedFd<'_>,
     source: Source,
-    reflink: Reflink,
+    link: LinkMode,
     before_copy: &dyn Fn() -> Result<()>,
     failed: &dyn Fn(Errno) -> Error,
     cancelled: &dyn Fn() -> bool,
@@ -300,13 +300,13 @@ pub(crate) fn transfer(
         before_copy()?;
         copy_data(sfd, dfd, source, offload, cancelled).map_err(failed)
     };
-    let mut step = reflink.first_step();
+    let mut step = link.first_step();
     loop {
         step = match step {
             Step::Clone => match cowlink_sys::ficlone(dfd, sfd) {
                 Ok(()) => return Ok(cloned),
                 // One source only: a reference limit is a failure here.
-                Err(e) => reflink.after(e, false),
+                Err(e) => link.after(e, false),
             },
             Step::Copy { offload } => return copy(offload),
             Step::NextSource => Step::Fail(Errno::MLINK),

@@ -19,7 +19,7 @@ use super::manifest::Digest;
 use super::materialize::{merr, How, Want};
 use super::Store;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
-use crate::prim::mode::{Method, Outcome, Reflink, Step};
+use crate::prim::mode::{Method, Outcome, Step};
 use crate::prim::transfer::{transfer_error, Source};
 
 impl Store {
@@ -212,7 +212,7 @@ impl Store {
                 .map_err(failed)
             };
             // `place` sends hardlinks elsewhere: here the mode is a data mode.
-            let mode = how.link.reflink().unwrap_or(Reflink::Always);
+            let mode = how.link;
             let mut step = mode.first_step();
             // The shared fallback rule; this store's generations are the
             // other sources a reference limit moves on to.

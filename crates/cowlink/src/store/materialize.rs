@@ -39,9 +39,9 @@ use crate::prim::mode::{LinkMode, Method, Outcome};
 use crate::prim::place::{NewFile, Overwrite, Placement};
 
 /// Options for [`Store::materialize_tree`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MaterializeOptions {
-    /// How to place files.
+    /// How to place files: [`LinkMode::Clone`] by default.
     pub link: LinkMode,
     /// Rehash every object before placing it. Without it an object is
     /// rehashed only when it shows signs of change since it was stored
@@ -63,6 +63,21 @@ pub struct MaterializeOptions {
     /// (refused by default: a later write through such a link by another
     /// program would land outside the destination).
     pub external_symlinks: bool,
+}
+
+impl Default for MaterializeOptions {
+    /// Clones ([`LinkMode::Clone`]), rehashing only objects that show a
+    /// sign of change, set-id bits dropped, not crash-atomic, external
+    /// symbolic links refused.
+    fn default() -> Self {
+        MaterializeOptions {
+            link: LinkMode::Clone,
+            verify: false,
+            setid: false,
+            atomic: false,
+            external_symlinks: false,
+        }
+    }
 }
 
 /// What [`Store::materialize_tree`] did.

@@ -506,7 +506,7 @@ pub fn copy_tree(
         .map_or(crate::ground::fskind::FsKind::Other, |d| {
             crate::prim::files::kind_of(d.as_fd())
         });
-    let clone_bound = options.file.reflink != crate::prim::mode::Reflink::Never;
+    let clone_bound = options.file.link.may_clone();
     let threads = options.run.workers_for(fs, clone_bound);
     options.run.enter(crate::run::Phase::Copy, 0, 0);
     pool::run_with(&copier, vec![root], threads);

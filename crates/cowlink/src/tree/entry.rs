@@ -18,7 +18,7 @@ use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
-use crate::prim::mode::{Method, Outcome, Reflink};
+use crate::prim::mode::{LinkMode, Method, Outcome};
 use crate::prim::place::{
     left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
 };
@@ -95,8 +95,8 @@ struct Entry<'e, 'a> {
 
 impl Entry<'_, '_> {
     fn op(&self) -> Operation {
-        match self.eng.opts.file.reflink {
-            Reflink::Never => Operation::Copy,
+        match self.eng.opts.file.link {
+            LinkMode::Copy => Operation::Copy,
             _ => Operation::Clone,
         }
     }
@@ -206,7 +206,9 @@ impl Entry<'_, '_> {
                 });
                 return Ok(());
             }
-            if let Some(kind) = self.eng.opts.link {
+            // `file.link` Hardlink is `link` Hard: one word for a tree.
+            let hard = (opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
+            if let Some(kind) = self.eng.opts.link.or(hard) {
                 return self.link_to_source(kind);
             }
             if self.already_done(&st) {
@@ -335,7 +337,7 @@ impl Entry<'_, '_> {
             sfd,
             dfd,
             Source::of(st),
-            opts.reflink,
+            opts.link,
             &before_copy,
             &failed,
             &cancelled,

@@ -15,7 +15,7 @@
 //! those of the source even though entries were created inside it.
 //!
 //! Every regular file goes through the same steps as [`crate::clone_file`]:
-//! clone, or copy when the [`Reflink`](crate::Reflink) mode allows; placed
+//! clone, or copy when the [`LinkMode`](crate::LinkMode) allows; placed
 //! as [`Placement`](crate::Placement) decides: created under its name in a
 //! directory this run made (removed on error or cancel), or written to an
 //! unnamed temporary and linked into place complete over existing names
@@ -79,7 +79,9 @@ pub struct TreeOptions {
     /// Make links to the source files instead of copies (`cp -rl`,
     /// `cp -rs`): directories are still created, symbolic links and
     /// special files still recreated; each regular file becomes a hardlink
-    /// to, or a symbolic link naming, its source.
+    /// to, or a symbolic link naming, its source. `file.link` set to
+    /// [`LinkMode::Hardlink`](crate::LinkMode::Hardlink) is the same as
+    /// `Some(LinkKind::Hard)` here.
     pub link: Option<LinkKind>,
     /// Keep an existing destination file that is not older than its source
     /// (`cp -u`, `--update=older`), counted as skipped
