@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
-use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Store};
+use cowlink::store::{CheckoutOptions, Digest, EntryKind, LinkMode, Manifest, Store};
 use cowlink::{Progress, Run};
 use serde::Serialize;
 
@@ -116,9 +116,8 @@ enum StoreCommand {
         /// The new file (must not exist)
         #[arg(value_name = "DEST", value_parser = crate::PathArg)]
         dest: PathBuf,
-        /// How to place it
-        #[arg(long, value_enum, default_value_t = LinkMode::Clone)]
-        mode: LinkMode,
+        #[command(flatten)]
+        link: LinkArg,
     },
     /// Recreate a stored tree in a new or empty directory
     ///
@@ -181,6 +180,29 @@ enum StoreCommand {
     },
 }
 
+/// `--link HOW`, and its old spelling `--mode`: hidden, it still works
+/// (with a warning on stderr) for one release.
+#[derive(Args, Debug)]
+struct LinkArg {
+    /// How to place files [default: clone]
+    #[arg(long, value_enum, value_name = "HOW", conflicts_with = "mode")]
+    link: Option<LinkMode>,
+    /// The deprecated spelling of --link
+    #[arg(long, value_enum, value_name = "HOW", hide = true)]
+    mode: Option<LinkMode>,
+}
+
+impl LinkArg {
+    /// The mode asked for ([`LinkMode::Clone`] when none was), warning
+    /// about the old spelling.
+    fn get(&self) -> LinkMode {
+        if self.mode.is_some() {
+            errln!("cowlink: warning: --mode is deprecated; use --link");
+        }
+        self.link.or(self.mode).unwrap_or(LinkMode::Clone)
+    }
+}
+
 /// `cowlink store checkout`'s arguments.
 #[derive(Args, Debug)]
 struct CheckoutArgs {
@@ -190,9 +212,8 @@ struct CheckoutArgs {
     /// The destination directory (created; if it exists it must be empty)
     #[arg(value_name = "DEST", value_parser = crate::PathArg)]
     dest: PathBuf,
-    /// How to place files
-    #[arg(long, value_enum, default_value_t = LinkMode::Clone)]
-    mode: LinkMode,
+    #[command(flatten)]
+    link: LinkArg,
     /// Also create symbolic links that are absolute or point outside
     /// the tree
     #[arg(long)]
@@ -278,7 +299,9 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
     match args.command {
         StoreCommand::Add { files } => add(&cx, &files),
         StoreCommand::AddTree { dir } => add_tree(&cx, &dir),
-        StoreCommand::Materialize { digest, dest, mode } => materialize(&cx, &digest, &dest, mode),
+        StoreCommand::Materialize { digest, dest, link } => {
+            materialize(&cx, &digest, &dest, link.get())
+        }
         StoreCommand::Checkout(a) => checkout(&cx, a),
         StoreCommand::Ls { manifest: None } => ls_trees(&cx),
         StoreCommand::Ls { manifest: Some(m) } => ls_entries(&cx, &m),
@@ -374,9 +397,9 @@ fn add_tree(cx: &Ctx, tree: &Path) -> Result<Exit> {
 }
 
 /// `store materialize DIGEST DEST`: one object at a new file.
-fn materialize(cx: &Ctx, d: &str, dest: &Path, mode: LinkMode) -> Result<Exit> {
+fn materialize(cx: &Ctx, d: &str, dest: &Path, link: LinkMode) -> Result<Exit> {
     let (store, json, mut out) = (&cx.store, cx.json, crate::out::stdout());
-    let o = store.materialize(&digest(d)?, dest, mode)?;
+    let o = store.materialize(&digest(d)?, dest, link)?;
     if json {
         crate::out::json(&mut out, &o)?;
     } else {
@@ -398,7 +421,7 @@ fn checkout(cx: &Ctx, a: CheckoutArgs) -> Result<Exit> {
     let CheckoutArgs {
         manifest,
         dest,
-        mode,
+        link,
         allow_external_symlinks,
         verify,
         keep_setid,
@@ -421,22 +444,22 @@ fn checkout(cx: &Ctx, a: CheckoutArgs) -> Result<Exit> {
         }
     }
     let m = load_manifest(store, &manifest)?;
-    let opts = MaterializeOptions {
-        link: mode,
+    let opts = CheckoutOptions {
+        link: link.get(),
         external_symlinks: allow_external_symlinks,
         verify,
         setid: keep_setid,
         atomic,
     };
     let bar = cx.spin();
-    let r = crate::interrupt::graceful(|| store.materialize_tree(&m, &dest, &opts));
+    let r = crate::interrupt::graceful(|| store.checkout(&m, &dest, &opts));
     bar.finish();
     let r = r.map_err(|e| {
         if e.kind() == cowlink::ErrorKind::NotSupported
             && opts.link == cowlink::store::LinkMode::Clone
         {
             let why = format!(
-                "{}; use --mode auto to copy where cloning is not possible",
+                "{}; use --link auto to copy where cloning is not possible",
                 e.reason()
             );
             e.with_reason(why)
@@ -445,7 +468,7 @@ fn checkout(cx: &Ctx, a: CheckoutArgs) -> Result<Exit> {
         }
     })?;
     for e in &r.errors {
-        errln!("cowlink: {e}{}", mode_hint(e, opts.link));
+        errln!("cowlink: {e}{}", link_hint(e, opts.link));
     }
     if r.cancelled {
         return interrupted(&format!(
@@ -669,10 +692,10 @@ fn stats(cx: &Ctx) -> Result<Exit> {
 
 /// The hint for a checkout error that copying would have avoided: the
 /// library says what failed, the command line says which flag helps.
-fn mode_hint(e: &cowlink::Error, mode: LinkMode) -> &'static str {
-    match mode {
+fn link_hint(e: &cowlink::Error, link: LinkMode) -> &'static str {
+    match link {
         LinkMode::Clone | LinkMode::Hardlink if e.copy_would_work() => {
-            "; use --mode auto to copy instead"
+            "; use --link auto to copy instead"
         }
         _ => "",
     }

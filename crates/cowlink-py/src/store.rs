@@ -5,7 +5,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use cowlink::store::{Digest, LinkMode, MaterializeOptions, Store as LibStore};
+use cowlink::store::{CheckoutOptions, Digest, LinkMode, Store as LibStore};
 use cowlink::Run;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -350,10 +350,10 @@ impl Store {
         cancel: Option<Bound<'_, CancelToken>>,
     ) -> PyResult<CheckoutReport> {
         let d = self::digest(digest)?;
-        let options = MaterializeOptions {
+        let options = CheckoutOptions {
             link: crate::ops::link_arg(py, link, None, LinkMode::Clone)?,
             verify,
-            ..MaterializeOptions::default()
+            ..CheckoutOptions::default()
         };
         let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
         let store = self.lease(py, control.run())?;
@@ -361,7 +361,7 @@ impl Store {
             .drive(py, || {
                 store
                     .manifest(&d)
-                    .and_then(|m| store.materialize_tree(&m, &dest, &options))
+                    .and_then(|m| store.checkout(&m, &dest, &options))
             })?
             .map_err(|e| self.fail(py, &e))?;
         Ok(CheckoutReport {
