@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, Tally, TreeEvent, TreeOptions};
-use cowlink::Run;
+use cowlink::tree::{copy_tree, Action, LinkKind, SkipReason, TreeEvent, TreeOptions};
 use cowlink::{
     clone_file, CloneOptions, Error, ErrorKind, LinkMode, Method, Outcome, Overwrite, Placement,
     Preserve,
 };
+use cowlink::{Progress, Run};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::os::unix::ffi::OsStrExt;
@@ -482,7 +482,7 @@ struct Reporter {
     quiet_dir: Mutex<Option<PathBuf>>,
     json: bool,
     recursive: bool,
-    tally: Arc<Tally>,
+    tally: Arc<Progress>,
     /// Whether a JSON record was written yet (for the commas).
     wrote_record: AtomicBool,
     /// Whether writing a line to stdout failed (the work goes on).
@@ -673,7 +673,7 @@ impl Reporter {
     }
 
     fn summary(&self, elapsed: Duration, dry_run: bool, cancelled: bool) -> Summary {
-        let t = self.tally.report();
+        let t = self.tally.totals();
         Summary {
             files: t.files,
             dirs: t.dirs,
@@ -694,7 +694,7 @@ impl Reporter {
 
     /// The progress bar's message: counts, bytes, rate, method mix.
     fn progress_message(&self, elapsed: Duration) -> String {
-        let t = self.tally.report();
+        let t = self.tally.totals();
         let rate = t.bytes as f64 / elapsed.as_secs_f64().max(0.001);
         format!(
             "{} files, {} dirs, {} ({}/s) · {} cloned, {} copied{}",
@@ -870,7 +870,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         gnu_verbose: rules.gnu_verbose,
         json: args.json,
         recursive,
-        tally: Arc::new(Tally::default()),
+        tally: Arc::new(Progress::new()),
         wrote_record: AtomicBool::new(false),
         stdout_failed: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),
@@ -892,8 +892,8 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         dry_run: args.dry_run,
         run: Run::default()
             .with_threads(threads)
-            .with_cancel(cancel.clone()),
-        tally: Some(Arc::clone(&reporter.tally)),
+            .with_cancel(cancel.clone())
+            .with_progress(Arc::clone(&reporter.tally)),
     };
     let start = Instant::now();
     let finished = AtomicBool::new(false);
@@ -1147,7 +1147,7 @@ fn copy_operand(
         .with_src(src)
         .with_dst(dst)
         .with_reason(msg.clone());
-        r.tally.failed();
+        r.tally.count_failed();
         r.eprint(&format!("{}: {msg}", prog()));
         r.record(&Record {
             error: Some(e),
@@ -1185,7 +1185,7 @@ fn copy_operand(
         refuse(msg);
     };
     let ok = |bytes: u64, method: Method| {
-        r.tally.file(&Outcome { method, bytes });
+        r.tally.count_file(&Outcome { method, bytes });
         r.done(
             src,
             dst,
@@ -1227,7 +1227,7 @@ fn copy_operand(
             Ok(n) => ok(n, Method::ReadWrite),
             Err(e) => {
                 gnu::restore_backup(&job);
-                r.tally.failed();
+                r.tally.count_failed();
                 r.failed(src, dst, &e);
             }
         }
@@ -1235,7 +1235,7 @@ fn copy_operand(
         let mut options = r.options;
         if tree.resume {
             if cowlink::is_complete_copy(src, dst) {
-                r.tally.skipped();
+                r.tally.count_skipped();
                 r.skipped(src, dst, SkipReason::Complete);
                 return false;
             }
@@ -1247,12 +1247,12 @@ fn copy_operand(
                     fail_msg(format!("{}: {}", quoted(dst), io_words(&e)));
                     return false;
                 }
-                r.tally.file(&o);
+                r.tally.count_file(&o);
                 r.done(src, dst, o, Some(t.elapsed()), job.backup.as_deref());
             }
             Err(e) => {
                 gnu::restore_backup(&job);
-                r.tally.failed();
+                r.tally.count_failed();
                 r.failed(src, dst, &e);
             }
         }
@@ -1264,7 +1264,7 @@ fn copy_operand(
         let observer = |ev: &TreeEvent<'_>| r.tree_event(ev, (src, dst));
         if let Err(e) = crate::interrupt::graceful(|| copy_tree(&from, dst, tree, &observer)) {
             gnu::restore_backup(&job);
-            r.tally.failed();
+            r.tally.count_failed();
             r.failed(src, dst, &e);
         }
         tree_copy = job.is_dir;
@@ -1354,7 +1354,7 @@ fn plan_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
             .with_src(src)
             .with_dst(dst)
             .with_reason("source is a directory (omitted)");
-        r.tally.failed();
+        r.tally.count_failed();
         r.failed(src, dst, &e);
         return false;
     }
@@ -1362,7 +1362,7 @@ fn plan_one(r: &Reporter, tree: &TreeOptions, src: &Path, dst: &Path) -> bool {
     let result = crate::interrupt::graceful(|| copy_tree(src, dst, tree, &observer));
     if let Err(e) = result {
         // Nothing could start: not counted by the tree.
-        r.tally.failed();
+        r.tally.count_failed();
         r.failed(src, dst, &e);
     }
     is_dir

@@ -69,7 +69,7 @@ pub(super) fn totals(groups: &[Group]) -> (u64, u64) {
 /// plan) is confirmed by the kernel's comparison; a target found different
 /// is hashed whole with its source and grouped again, as `dedupe` does.
 pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
-    let tally = Tally::new(&opts.run);
+    let tally = Counters::new(&opts.run);
     let (files, bytes) = totals(&plan.groups);
     tally.show(files, bytes);
     let mut ex = Executor::new(&opts.run, &tally, opts.measure);
@@ -86,15 +86,15 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
 /// Dedupe progress that may begin before [`Phase::Dedupe`] is shown (while
 /// the plan still hashes): work done early is held back and handed over
 /// when the phase is entered, so the hashing's counters stay its own.
-pub(super) struct Tally<'a> {
+pub(super) struct Counters<'a> {
     run: &'a Run,
     /// Shown yet, and files and bytes done before it was.
     held: Mutex<(bool, u64, u64)>,
 }
 
-impl<'a> Tally<'a> {
+impl<'a> Counters<'a> {
     pub(super) fn new(run: &'a Run) -> Self {
-        Tally {
+        Counters {
             run,
             held: Mutex::new((false, 0, 0)),
         }
@@ -125,7 +125,7 @@ impl<'a> Tally<'a> {
 /// The free space of a filesystem is read before its first group runs.
 pub(super) struct Executor<'a> {
     run: &'a Run,
-    tally: &'a Tally<'a>,
+    tally: &'a Counters<'a>,
     pool: Option<rayon::ThreadPool>,
     /// Free space per filesystem before anything ran there, keyed by device
     /// (`None`: it could not be read); `None` when not measuring.
@@ -141,7 +141,7 @@ pub(super) struct Executor<'a> {
 impl<'a> Executor<'a> {
     /// `measure`: read the free space (after a `syncfs`) before the first
     /// group on each filesystem and at the end, for the report.
-    pub(super) fn new(run: &'a Run, tally: &'a Tally<'a>, measure: bool) -> Self {
+    pub(super) fn new(run: &'a Run, tally: &'a Counters<'a>, measure: bool) -> Self {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(run.threads_or(crate::run::cores))
             .build()
@@ -263,7 +263,7 @@ fn dedupe_group(
     report: &mut DedupeReport,
     differ: &mut Vec<(PathBuf, PathBuf)>,
     run: &Run,
-    tally: &Tally<'_>,
+    tally: &Counters<'_>,
     free_before: Option<&FreeBefore>,
 ) -> Option<u64> {
     let op = Operation::Dedupe;

@@ -435,7 +435,7 @@ enum Compare {
 /// blocks, the rest are untouched).
 pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan, DedupeReport)> {
     let run = &opts.run;
-    let tally = execute::Tally::new(run);
+    let tally = execute::Counters::new(run);
     std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Group>>();
         // The executor keeps the groups it was handed: after a cancel

@@ -17,10 +17,10 @@ use super::ctx::Ctx;
 use super::entry;
 use super::links::LinkTable;
 use super::node::DirNode;
-use super::tally::{Count, Tally};
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::place::Placement;
+use crate::run::{Count, Progress};
 use crate::walk::pool::{self, Next};
 
 /// The copy's side of the walk: the run's [`Ctx`].
@@ -422,7 +422,7 @@ pub fn copy_tree(
         ctx: Ctx {
             opts: options,
             observer,
-            counts: Tally::default(),
+            counts: Progress::default(),
             links: LinkTable::default(),
             root_dst: None,
         },

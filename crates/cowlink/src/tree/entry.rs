@@ -13,7 +13,6 @@ use rustix::io::Errno;
 
 use super::ctx::Ctx;
 use super::node::DirNode;
-use super::tally::Count;
 use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::files::file_type_name;
@@ -23,6 +22,7 @@ use crate::prim::place::{
     left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
 };
 use crate::prim::transfer::{transfer, transfer_error, Source};
+use crate::run::Count;
 
 fn os(name: &CStr) -> &Path {
     Path::new(OsStr::from_bytes(name.to_bytes()))

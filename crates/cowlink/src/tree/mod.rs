@@ -37,7 +37,6 @@ mod ctx;
 mod entry;
 mod links;
 mod node;
-mod tally;
 
 use std::path::Path;
 
@@ -46,7 +45,6 @@ use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
 pub use copy::copy_tree;
-pub use tally::Tally;
 
 pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
 
@@ -103,9 +101,6 @@ pub struct TreeOptions {
     ///
     /// [`Phase::Copy`]: crate::run::Phase::Copy
     pub run: crate::run::Run,
-    /// A running total to count into as well as the copy's own report:
-    /// read it while the copy runs, or share it between several copies.
-    pub tally: Option<std::sync::Arc<Tally>>,
 }
 
 impl TreeOptions {
@@ -319,4 +314,23 @@ pub struct TreeReport {
     pub errors: u64,
     /// The run was cancelled before it finished.
     pub cancelled: bool,
+}
+
+impl TreeReport {
+    /// A report of `totals` (a [`Progress`](crate::Progress)'s).
+    pub fn from_totals(t: crate::run::Totals, cancelled: bool) -> TreeReport {
+        TreeReport {
+            files: t.files,
+            dirs: t.dirs,
+            symlinks: t.symlinks,
+            hardlinks: t.hardlinks,
+            specials: t.specials,
+            bytes: t.bytes,
+            cloned: t.cloned,
+            copied: t.copied,
+            skipped: t.skipped,
+            errors: t.errors,
+            cancelled,
+        }
+    }
 }
