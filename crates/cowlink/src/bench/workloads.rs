@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Latency, Metadata, Plan, SizeRow, Stage, WriterRow, KIB, MIB};
+use super::{BenchPlan, Latency, Metadata, SizeRow, Stage, WriterRow, KIB, MIB};
 use crate::clone::{clone_file, CloneOptions};
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::prealloc::PreallocWriter;
@@ -65,7 +65,7 @@ impl Serialize for Strategy {
 /// What every workload needs.
 pub(super) struct Workloads<'a> {
     pub work: &'a Path,
-    pub plan: &'a Plan,
+    pub plan: &'a BenchPlan,
     pub run: &'a Run,
     pub stage: &'a (dyn Fn(Stage) + Sync),
 }

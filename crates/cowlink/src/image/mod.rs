@@ -51,7 +51,7 @@ use crate::prim::place::{Overwrite, PendingFile};
 use crate::run::Run;
 use chain::{open_node, Format, Node, NodeKind};
 use lock::Access;
-pub use qcow2::{Piece, Qcow2, Source};
+pub use qcow2::{Piece, PieceSource, Qcow2};
 
 /// Why a range was copied rather than cloned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -198,17 +198,17 @@ fn apply(
             return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_src(layer.path()));
         }
         match p.source {
-            Source::Unallocated => report.skipped_bytes += p.len,
-            Source::Zero => {
+            PieceSource::Unallocated => report.skipped_bytes += p.len,
+            PieceSource::Zero => {
                 punch(dst, p.guest, p.len).map_err(&e)?;
                 report.zeroed_bytes += p.len;
             }
-            Source::Compressed { host, len } => {
+            PieceSource::Compressed { host, len } => {
                 layer.inflate(host, len, &mut inflated)?;
                 write_all_at(dst, &inflated[..p.len as usize], p.guest).map_err(&e)?;
                 report.copied_for(CopyReason::Compressed, p.len);
             }
-            Source::Data { host } => {
+            PieceSource::Data { host } => {
                 let plan = data_plan(&p, host, clones, block);
                 let Some((start, end)) = plan.clone else {
                     copy_range(src, host, dst, p.guest, p.len).map_err(&e)?;
@@ -693,10 +693,10 @@ pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, 
     report.no_clone_reason = why;
     q.walk(&mut |p| {
         match p.source {
-            Source::Unallocated => report.skipped_bytes += p.len,
-            Source::Zero => report.zeroed_bytes += p.len,
-            Source::Compressed { .. } => report.copied_for(CopyReason::Compressed, p.len),
-            Source::Data { host } => {
+            PieceSource::Unallocated => report.skipped_bytes += p.len,
+            PieceSource::Zero => report.zeroed_bytes += p.len,
+            PieceSource::Compressed { .. } => report.copied_for(CopyReason::Compressed, p.len),
+            PieceSource::Data { host } => {
                 let plan = data_plan(&p, host, clones, block);
                 let cloned = plan.clone.map_or(0, |(start, end)| end - start);
                 if cloned > 0 {

@@ -47,7 +47,7 @@ const INCOMPAT_EXTL2: u64 = 16;
 
 /// Where the bytes of one guest range come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum PieceSource {
     /// Stored uncompressed in the image file at this host offset.
     Data {
         /// Host offset of the range's first byte.
@@ -75,7 +75,7 @@ pub struct Piece {
     /// Length in bytes.
     pub len: u64,
     /// Where the bytes come from.
-    pub source: Source,
+    pub source: PieceSource,
     /// Whether the range is smaller than a cluster because of extended L2
     /// subclusters (reported apart: such ranges are seldom clonable).
     pub subcluster: bool,
@@ -423,7 +423,7 @@ impl Qcow2 {
         &self.path
     }
 
-    /// Where [`Source::Data`] offsets point: the external data file, if
+    /// Where [`PieceSource::Data`] offsets point: the external data file, if
     /// the image has one, else the image file itself.
     pub fn data_file(&self) -> (&Path, &File) {
         match &self.data {
@@ -483,10 +483,11 @@ impl Qcow2 {
                 let contiguous =
                     last.guest + last.len == p.guest && last.subcluster == p.subcluster;
                 let merged = match (last.source, p.source) {
-                    (Source::Data { host: a }, Source::Data { host: b }) => a + last.len == b,
-                    (Source::Zero, Source::Zero) | (Source::Unallocated, Source::Unallocated) => {
-                        true
+                    (PieceSource::Data { host: a }, PieceSource::Data { host: b }) => {
+                        a + last.len == b
                     }
+                    (PieceSource::Zero, PieceSource::Zero)
+                    | (PieceSource::Unallocated, PieceSource::Unallocated) => true,
                     _ => false,
                 };
                 if contiguous && merged {
@@ -515,7 +516,7 @@ impl Qcow2 {
                 push(Piece {
                     guest,
                     len: inside,
-                    source: Source::Data { host },
+                    source: PieceSource::Data { host },
                     subcluster,
                 })?;
             }
@@ -523,7 +524,7 @@ impl Qcow2 {
                 push(Piece {
                     guest: guest + inside,
                     len: len - inside,
-                    source: Source::Zero,
+                    source: PieceSource::Zero,
                     subcluster,
                 })?;
             }
@@ -541,7 +542,7 @@ impl Qcow2 {
                 push(Piece {
                     guest: base,
                     len: span,
-                    source: Source::Unallocated,
+                    source: PieceSource::Unallocated,
                     subcluster: false,
                 })?;
                 continue;
@@ -583,7 +584,7 @@ impl Qcow2 {
                     push(Piece {
                         guest,
                         len,
-                        source: Source::Compressed {
+                        source: PieceSource::Compressed {
                             host,
                             len: clen.min(self.file_len - host),
                         },
@@ -628,7 +629,7 @@ impl Qcow2 {
                         push(Piece {
                             guest,
                             len,
-                            source: Source::Zero,
+                            source: PieceSource::Zero,
                             subcluster: false,
                         })?;
                     } else if has_host {
@@ -637,7 +638,7 @@ impl Qcow2 {
                         push(Piece {
                             guest,
                             len,
-                            source: Source::Unallocated,
+                            source: PieceSource::Unallocated,
                             subcluster: false,
                         })?;
                     }
@@ -668,9 +669,9 @@ impl Qcow2 {
                         continue;
                     }
                     let source = if zeros >> k & 1 != 0 {
-                        Source::Zero
+                        PieceSource::Zero
                     } else {
-                        Source::Unallocated
+                        PieceSource::Unallocated
                     };
                     push(Piece {
                         guest: g,
@@ -843,17 +844,17 @@ pub fn exercise(path: &Path) -> Result<u64, Error> {
         assert!(next <= q.size, "{p:?} beyond the virtual size {}", q.size);
         n += 1;
         match p.source {
-            Source::Data { host } => {
+            PieceSource::Data { host } => {
                 assert!(
                     host + p.len <= data_len,
                     "{p:?} past the data's end {data_len}"
                 )
             }
-            Source::Compressed { host, len } => {
+            PieceSource::Compressed { host, len } => {
                 assert!(host + len <= q.file_len, "{p:?} past the end");
                 let _ = q.inflate(host, len, &mut out);
             }
-            Source::Zero | Source::Unallocated => {}
+            PieceSource::Zero | PieceSource::Unallocated => {}
         }
         Ok(())
     })?;
