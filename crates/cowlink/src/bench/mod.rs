@@ -317,10 +317,11 @@ struct Parts {
 /// workload fails (the error names the file), or the run was cancelled
 /// ([`ErrorKind::Cancelled`]). The work directory is removed in every case.
 pub fn bench(
-    dir: &Path,
+    dir: impl AsRef<Path>,
     options: &BenchOptions,
     stage: &(dyn Fn(Stage) + Sync),
 ) -> Result<BenchReport, Error> {
+    let dir = dir.as_ref();
     let start = Instant::now();
     let site = Site::open(dir, stage)?;
     let plan = BenchPlan::new(options.level);

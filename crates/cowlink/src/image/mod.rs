@@ -663,7 +663,8 @@ fn check_all(layers: &[Qcow2]) -> Result<(), Error> {
 /// predicted from the filesystems. `each` sees every range in guest order.
 /// Writes nothing, not even a probe; takes QEMU's read locks while it
 /// reads.
-pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, Error> {
+pub fn map(overlay: impl AsRef<Path>, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, Error> {
+    let overlay = overlay.as_ref();
     let node = open_node(overlay, "image", false, Access::Read)?;
     if Format::probe(&node)? != Format::Qcow2 {
         return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
@@ -762,7 +763,8 @@ fn errno_words(e: Errno) -> String {
 /// is not raw), `NotRegularFile` (a FIFO, a character device), `NotFound`
 /// (no base), `InvalidInput` (hard links), `Cancelled`, `NoSpace`, `Io`.
 /// After any of them a replaced base is as it was.
-pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
+pub fn commit(overlay: impl AsRef<Path>, options: &ImageOptions) -> Result<ImageReport, Error> {
+    let overlay = overlay.as_ref();
     let node = open_node(overlay, "overlay", false, Access::Read)?;
     if Format::probe(&node)? != Format::Qcow2 {
         return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
@@ -901,7 +903,12 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
 /// As [`commit`], plus `InvalidInput` for a loop in the backing chain or
 /// one deeper than [`chain::MAX_DEPTH`], and `SameFile` when `dst` is an
 /// image of the chain.
-pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
+pub fn convert(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &ImageOptions,
+) -> Result<ImageReport, Error> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let chain = chain::open_chain(src)?;
     // A destination named through symbolic links is the file they name
     // (as `qemu-img convert` writes through them): that file is replaced,

@@ -199,7 +199,8 @@ impl Used {
 
 impl Qcow2 {
     /// Whether the file at `path` starts with the qcow2 magic.
-    pub fn is_qcow2(path: &Path) -> std::io::Result<bool> {
+    pub fn is_qcow2(path: impl AsRef<Path>) -> std::io::Result<bool> {
+        let path = path.as_ref();
         let f = File::open(path)?;
         let mut b = [0u8; 4];
         Ok(f.read_exact_at(&mut b, 0).is_ok() && has_magic(&b))
@@ -208,7 +209,8 @@ impl Qcow2 {
     /// Open and check the image at `path` (header, extensions, L1 table).
     /// The external data file, if the image names one, is not opened:
     /// [`Qcow2::attach_data`] gives it.
-    pub fn open(path: &Path) -> Result<Qcow2, Error> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Qcow2, Error> {
+        let path = path.as_ref();
         let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(path);
         let file = File::open(path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
@@ -820,7 +822,8 @@ fn extensions(
 /// in guest order without gaps, cover exactly the virtual size, and point
 /// inside the file. The fuzz target and the property tests call this.
 #[doc(hidden)]
-pub fn exercise(path: &Path) -> Result<u64, Error> {
+pub fn exercise(path: impl AsRef<Path>) -> Result<u64, Error> {
+    let path = path.as_ref();
     use super::chain;
     let mut q = Qcow2::open(path)?;
     if let Some((name, fmt)) = &q.backing {

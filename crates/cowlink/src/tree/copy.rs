@@ -402,11 +402,12 @@ fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, C
 /// else is a per-entry failure, passed to `observer` and counted in
 /// [`TreeReport::errors`].
 pub fn copy_tree(
-    src: &Path,
-    dst: &Path,
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
     options: &TreeOptions,
     observer: &dyn Observer,
 ) -> Result<TreeReport, Error> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let op = Operation::CopyTree;
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
     let st = if options.dereference {
