@@ -272,7 +272,7 @@ fn compare_words(c: &bench::Comparison) -> Vec<String> {
                         names[0]
                     ),
                 },
-                (None, bench::Group::Clone) => {
+                (None, bench::BenchGroup::Clone) => {
                     let (a, b) = (c.reports[0].reflink.works, c.reports[i].reflink.works);
                     match (a, b) {
                         (false, true) => format!(

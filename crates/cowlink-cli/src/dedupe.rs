@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use cowlink::dedupe::{self, DedupeOptions, Plan};
+use cowlink::dedupe::{self, DedupeOptions, DedupePlan};
 use cowlink::{Progress, Run};
 use serde::Serialize;
 
@@ -81,7 +81,7 @@ pub struct DedupeArgs {
 
 #[derive(Serialize)]
 struct JsonOut<'a> {
-    plan: &'a Plan,
+    plan: &'a DedupePlan,
     #[serde(skip_serializing_if = "Option::is_none")]
     result: Option<&'a dedupe::DedupeReport>,
     elapsed_ms: u128,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use cowlink::image::{self, CopyReason, ImageOptions, ImageReport, Piece, Source};
+use cowlink::image::{self, CopyReason, ImageOptions, ImageReport, Piece, PieceSource};
 use cowlink::name::quoted;
 use cowlink::{ErrorKind, Run};
 use serde::Serialize;
@@ -203,10 +203,10 @@ struct RangeOut {
 
 fn range_out(p: &Piece) -> RangeOut {
     let (fate, host) = match p.source {
-        Source::Data { host } => ("data", Some(host)),
-        Source::Compressed { host, .. } => ("compressed", Some(host)),
-        Source::Zero => ("zero", None),
-        Source::Unallocated => ("unallocated", None),
+        PieceSource::Data { host } => ("data", Some(host)),
+        PieceSource::Compressed { host, .. } => ("compressed", Some(host)),
+        PieceSource::Zero => ("zero", None),
+        PieceSource::Unallocated => ("unallocated", None),
     };
     RangeOut {
         guest: p.guest,

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
-use cowlink::store::{Digest, EntryKind, LinkMode, Manifest, MaterializeOptions, Store};
+use cowlink::store::{CheckoutOptions, Digest, EntryKind, LinkMode, Manifest, Store};
 use cowlink::{Progress, Run};
 use serde::Serialize;
 
@@ -121,9 +121,8 @@ enum StoreCommand {
         /// The new file (must not exist)
         #[arg(value_name = "DEST", value_parser = crate::PathArg)]
         dest: PathBuf,
-        /// How to place it
-        #[arg(long, value_enum, default_value_t = LinkMode::Clone)]
-        mode: LinkMode,
+        #[command(flatten)]
+        link: LinkArg,
     },
     /// Recreate a stored tree in a new or empty directory
     ///
@@ -137,36 +136,7 @@ enum StoreCommand {
     #[command(
         after_help = "Examples:\n  cowlink store checkout $M ws1             # clone the tree into ws1\n  cowlink store checkout --atomic $M ws2    # complete or absent even after a crash"
     )]
-    Checkout {
-        /// A manifest digest from add-tree, or a manifest JSON file
-        #[arg(value_name = "MANIFEST")]
-        manifest: String,
-        /// The destination directory (created; if it exists it must be empty)
-        #[arg(value_name = "DEST", value_parser = crate::PathArg)]
-        dest: PathBuf,
-        /// How to place files
-        #[arg(long, value_enum, default_value_t = LinkMode::Clone)]
-        mode: LinkMode,
-        /// Also create symbolic links that are absolute or point outside
-        /// the tree
-        #[arg(long)]
-        allow_external_symlinks: bool,
-        /// Rehash every object before placing it (default: only objects
-        /// that show a sign of change since they were stored: a size that
-        /// differs or a modification time that is not the store's mark)
-        #[arg(long)]
-        verify: bool,
-        /// Keep set-user-ID and set-group-ID bits the manifest asks for
-        /// (dropped by default: a manifest is untrusted input)
-        #[arg(long)]
-        keep_setid: bool,
-        /// Make every file complete-or-absent even after a crash or
-        /// kill -9 (slower: an unnamed file linked into place per file)
-        #[arg(long)]
-        atomic: bool,
-        // With --remote (or COWLINK_REMOTE), what the store lacks is
-        // pulled first: see the global remote options.
-    },
+    Checkout(CheckoutArgs),
     /// List stored trees, or the entries of one
     #[command(
         after_help = "Examples:\n  cowlink store ls            # stored trees\n  cowlink store ls $M         # the entries of one"
@@ -231,6 +201,61 @@ enum StoreCommand {
     },
 }
 
+/// `--link HOW`, and its old spelling `--mode`: hidden, it still works
+/// (with a warning on stderr) for one release.
+#[derive(Args, Debug)]
+struct LinkArg {
+    /// How to place files [default: clone]
+    #[arg(long, value_enum, value_name = "HOW", conflicts_with = "mode")]
+    link: Option<LinkMode>,
+    /// The deprecated spelling of --link
+    #[arg(long, value_enum, value_name = "HOW", hide = true)]
+    mode: Option<LinkMode>,
+}
+
+impl LinkArg {
+    /// The mode asked for ([`LinkMode::Clone`] when none was), warning
+    /// about the old spelling.
+    fn get(&self) -> LinkMode {
+        if self.mode.is_some() {
+            errln!("cowlink: warning: --mode is deprecated; use --link");
+        }
+        self.link.or(self.mode).unwrap_or(LinkMode::Clone)
+    }
+}
+
+/// `cowlink store checkout`'s arguments.
+#[derive(Args, Debug)]
+struct CheckoutArgs {
+    /// A manifest digest from add-tree, or a manifest JSON file
+    #[arg(value_name = "MANIFEST")]
+    manifest: String,
+    /// The destination directory (created; if it exists it must be empty)
+    #[arg(value_name = "DEST", value_parser = crate::PathArg)]
+    dest: PathBuf,
+    #[command(flatten)]
+    link: LinkArg,
+    /// Also create symbolic links that are absolute or point outside
+    /// the tree
+    #[arg(long)]
+    allow_external_symlinks: bool,
+    /// Rehash every object before placing it (default: only objects
+    /// that show a sign of change since they were stored: a size that
+    /// differs or a modification time that is not the store's mark)
+    #[arg(long)]
+    verify: bool,
+    /// Keep set-user-ID and set-group-ID bits the manifest asks for
+    /// (dropped by default: a manifest is untrusted input)
+    #[arg(long)]
+    keep_setid: bool,
+    /// Make every file complete-or-absent even after a crash or
+    /// kill -9 (slower: an unnamed file linked into place per file)
+    #[arg(long)]
+    atomic: bool,
+    // With --remote (or COWLINK_REMOTE), what the store lacks is
+    // pulled first: see the global remote options.
+}
+
 /// The store directory from the flag, the environment or the XDG default.
 fn store_dir(flag: Option<PathBuf>) -> Result<PathBuf> {
     let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
@@ -250,7 +275,31 @@ fn digest(s: &str) -> Result<Digest> {
     s.parse::<Digest>().map_err(|e| anyhow!("{e}"))
 }
 
-/// Run `cowlink store`.
+/// What every subcommand works with: the open store and the global
+/// options.
+struct Ctx {
+    dir: PathBuf,
+    store: Store,
+    progress: Arc<Progress>,
+    json: bool,
+    remote: crate::remote::RemoteArgs,
+    start: Instant,
+}
+
+impl Ctx {
+    /// A progress line on stderr (on a terminal, not with --json).
+    fn spin(&self) -> crate::progress::Spinner {
+        crate::progress::for_run(!self.json, &self.progress)
+    }
+}
+
+/// A cancelled operation says what state it left and exits 130.
+fn interrupted(what: &str) -> Result<Exit> {
+    errln!("cowlink: interrupted; {what}");
+    Ok(Exit::Interrupted)
+}
+
+/// Run `cowlink store`: open the store, then one function per subcommand.
 pub fn run(args: StoreArgs) -> Result<Exit> {
     let dir = store_dir(args.store)?;
     let progress = Arc::new(Progress::new());
@@ -260,389 +309,422 @@ pub fn run(args: StoreArgs) -> Result<Exit> {
             .with_cancel(crate::interrupt::token())
             .with_progress(Arc::clone(&progress)),
     );
-    let json = args.json;
-    let spin = || crate::progress::for_run(!json, &progress);
-    // A cancelled operation says what state it left and exits 130.
-    let interrupted = |what: &str| {
-        errln!("cowlink: interrupted; {what}");
-        Ok(Exit::Interrupted)
+    let cx = Ctx {
+        dir,
+        store,
+        progress,
+        json: args.json,
+        remote: args.remote,
+        start: Instant::now(),
     };
-    let start = Instant::now();
-    let mut out = crate::out::stdout();
     match args.command {
-        StoreCommand::Add { files } => {
-            let mut failed = false;
-            let mut results = Vec::new();
-            for f in &files {
-                match store.add_file(f) {
-                    Ok(a) => {
-                        if !json {
-                            let how = if a.method == cowlink::Method::Reflink {
-                                "cloned"
-                            } else {
-                                "copied"
-                            };
-                            let new = if a.new { "new" } else { "already stored" };
-                            writeln!(out, "{}  {}  ({how}, {new})", a.digest, shown(f))?;
-                        }
-                        results.push(AddOut {
-                            path: f,
-                            added: Some(a),
-                            error: None,
-                        });
-                    }
-                    Err(e) => {
-                        errln!("cowlink: {e}");
-                        results.push(AddOut {
-                            path: f,
-                            added: None,
-                            error: Some(e),
-                        });
-                        failed = true;
-                    }
-                }
-            }
-            if json {
-                crate::out::json(&mut out, &results)?;
-            }
-            Ok(if failed { Exit::Failed } else { Exit::Ok })
+        StoreCommand::Add { files } => add(&cx, &files),
+        StoreCommand::AddTree { dir } => add_tree(&cx, &dir),
+        StoreCommand::Materialize { digest, dest, link } => {
+            materialize(&cx, &digest, &dest, link.get())
         }
-        StoreCommand::AddTree { dir: tree } => {
-            let bar = spin();
-            let r = crate::interrupt::graceful(|| store.add_tree(&tree)).map_err(|e| {
-                if e.kind() == cowlink::ErrorKind::NotADirectory && e.src() == Some(tree.as_path())
-                {
-                    let why = format!("{}; use `cowlink store add` for a file", e.reason());
-                    e.with_reason(why)
-                } else {
-                    e
-                }
-            });
-            bar.finish();
-            if crate::interrupt::interrupted() {
-                return interrupted(
-                    "no manifest was written; objects already stored stay until `cowlink store gc`",
-                );
-            }
-            let r = r?;
-            if json {
-                crate::out::json(&mut out, &r)?;
-            } else {
-                writeln!(out, "{}", r.digest)?;
-                errln!(
-                    "stored {} ({}; {}, {} cloned, {} copied), {}, {} in {}",
-                    count(r.files, "file", "files"),
-                    human_bytes(r.bytes),
-                    count(r.new_objects, "new object", "new objects"),
-                    r.cloned,
-                    r.files - r.cloned,
-                    count(r.dirs, "directory", "directories"),
-                    count(r.symlinks, "symbolic link", "symbolic links"),
-                    human_duration(start.elapsed())
-                );
-            }
-            Ok(Exit::Ok)
-        }
-        StoreCommand::Materialize {
-            digest: d,
-            dest,
-            mode,
-        } => {
-            let o = store.materialize(&digest(&d)?, &dest, mode)?;
-            if json {
-                crate::out::json(&mut out, &o)?;
-            } else {
-                writeln!(
-                    out,
-                    "{} {} ({})",
-                    o.method.describe(),
-                    quoted(&dest),
-                    human_bytes(o.bytes)
-                )?;
-            }
-            Ok(Exit::Ok)
-        }
-        StoreCommand::Checkout {
-            manifest,
-            dest,
-            mode,
-            allow_external_symlinks,
-            verify,
-            keep_setid,
-            atomic,
-        } => {
-            // With a remote, fetch what is missing first (nothing is
-            // requested when the store has it all).
-            if args.remote.url().is_some() {
-                let wanted = match manifest.parse::<Digest>() {
-                    Ok(d) => d,
-                    Err(_) => {
-                        return Err(anyhow!(
-                            "with --remote the manifest must be a digest (64 hex digits), not '{manifest}'"
-                        ))
-                    }
-                };
-                let pulled =
-                    crate::remote::pull(&store, &args.remote, &[wanted], json, true, spin)?;
-                if pulled != Exit::Ok {
-                    return Ok(pulled);
-                }
-            }
-            let m = load_manifest(&store, &manifest)?;
-            let opts = MaterializeOptions {
-                link: mode,
-                external_symlinks: allow_external_symlinks,
-                verify,
-                setid: keep_setid,
-                atomic,
-            };
-            let bar = spin();
-            let r = crate::interrupt::graceful(|| store.materialize_tree(&m, &dest, &opts));
-            bar.finish();
-            let r = r.map_err(|e| {
-                if e.kind() == cowlink::ErrorKind::NotSupported
-                    && opts.link == cowlink::store::LinkMode::Clone
-                {
-                    let why = format!(
-                        "{}; use --mode auto to copy where cloning is not possible",
-                        e.reason()
-                    );
-                    e.with_reason(why)
-                } else {
-                    e
-                }
-            })?;
-            for e in &r.errors {
-                errln!("cowlink: {e}{}", mode_hint(e, opts.link));
-            }
-            if r.cancelled {
-                return interrupted(&format!(
-                    "{} placed whole in {}, the rest were not started",
-                    match r.files {
-                        1 => "1 file was".to_string(),
-                        n => format!("{n} files were"),
-                    },
-                    quoted(&dest)
-                ));
-            }
-            if json {
-                crate::out::json(&mut out, &r)?;
-            } else {
-                writeln!(
-                    out,
-                    "checked out {} ({}): {} cloned, {} copied, {} hardlinked; {}, {}{}{} in {}",
-                    count(r.files, "file", "files"),
-                    human_bytes(r.bytes),
-                    r.cloned,
-                    r.copied,
-                    r.hardlinked,
-                    count(r.dirs, "directory", "directories"),
-                    count(r.symlinks, "symbolic link", "symbolic links"),
-                    if r.generations_created > 0 {
-                        format!(
-                            "; {} (reference limit)",
-                            count(
-                                r.generations_created,
-                                "new object generation",
-                                "new object generations"
-                            )
-                        )
-                    } else {
-                        String::new()
-                    },
-                    if r.errors.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; {}", count(r.errors.len() as u64, "error", "errors"))
-                    },
-                    human_duration(start.elapsed())
-                )?;
-            }
-            Ok(if r.errors.is_empty() {
-                Exit::Ok
-            } else {
-                Exit::Failed
-            })
-        }
-        StoreCommand::Ls { manifest: None } => {
-            let rows = store.list()?;
-            if json {
-                crate::out::json(&mut out, &rows)?;
-            } else if rows.is_empty() {
-                errln!(
-                    "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
-                    shown(&dir)
-                );
-            } else {
-                writeln!(out, "{:<64}  {:>8}  {:>10}", "MANIFEST", "FILES", "SIZE")?;
-                for r in &rows {
-                    match &r.error {
-                        None => writeln!(
-                            out,
-                            "{}  {:>8}  {:>10}",
-                            r.digest,
-                            r.totals.files,
-                            human_bytes(r.totals.bytes)
-                        )?,
-                        Some(e) => writeln!(out, "{}  unreadable: {e}", r.digest)?,
-                    }
-                }
-            }
-            Ok(if rows.iter().any(|r| r.error.is_some()) {
-                Exit::Failed
-            } else {
-                Exit::Ok
-            })
-        }
-        StoreCommand::Ls { manifest: Some(m) } => {
-            let m = load_manifest(&store, &m)?;
-            if json {
-                crate::out::json(&mut out, &m)?;
-            } else {
-                for e in &m.entries {
-                    // Names and targets from the manifest (untrusted) go
-                    // through the one quoting rule: no newline splits a
-                    // row, no escape sequence reaches the terminal.
-                    let name = shown(Path::new(&e.path));
-                    match &e.kind {
-                        EntryKind::Dir { mode } => {
-                            writeln!(out, "d {mode:04o} {:>12} {:64}  {name}/", "", "")?
-                        }
-                        EntryKind::File { digest, size, mode } => {
-                            writeln!(out, "f {mode:04o} {size:>12} {digest}  {name}")?
-                        }
-                        EntryKind::Symlink { target } => writeln!(
-                            out,
-                            "l {:4} {:>12} {:64}  {name} -> {}",
-                            "",
-                            "",
-                            "",
-                            shown(Path::new(target))
-                        )?,
-                    }
-                }
-            }
-            Ok(Exit::Ok)
-        }
-        StoreCommand::Verify => {
-            let bar = spin();
-            let r = crate::interrupt::graceful(|| store.verify());
-            bar.finish();
-            if crate::interrupt::interrupted() {
-                return interrupted("verify stopped before every object was read");
-            }
-            let r = r?;
-            if json {
-                crate::out::json(&mut out, &r)?;
-            } else {
-                for c in &r.corrupt {
-                    let to = c.quarantined.as_ref().map_or_else(
-                        || " (could not be moved)".to_string(),
-                        |q| format!(", moved to {}", shown(q)),
-                    );
-                    errln!("cowlink: corrupt: {}: {}{to}", shown(&c.path), c.problem);
-                }
-                for (m, o) in &r.missing {
-                    errln!("cowlink: missing: object {o} (used by manifest {m})");
-                }
-                writeln!(
-                    out,
-                    "checked {} ({}) and {} in {}: {}",
-                    count(r.objects, "object", "objects"),
-                    human_bytes(r.bytes),
-                    count(r.manifests, "manifest", "manifests"),
-                    human_duration(start.elapsed()),
-                    if r.is_clean() {
-                        "all good".to_string()
-                    } else {
-                        format!("{} corrupt, {} missing", r.corrupt.len(), r.missing.len())
-                    }
-                )?;
-            }
-            Ok(if r.is_clean() { Exit::Ok } else { Exit::Failed })
-        }
-        StoreCommand::Gc { keep } => {
-            let keep = keep.iter().map(|k| digest(k)).collect::<Result<Vec<_>>>()?;
-            let r = store.gc((!keep.is_empty()).then_some(keep.as_slice()))?;
-            for c in &r.quarantined {
-                let to = c.quarantined.as_ref().map_or_else(
-                    || " (could not be moved)".to_string(),
-                    |q| format!(", moved to {}", shown(q)),
-                );
-                errln!("cowlink: corrupt: {}: {}{to}", shown(&c.path), c.problem);
-            }
-            if json {
-                crate::out::json(&mut out, &r)?;
-            } else {
-                let partials = match r.partials_removed {
-                    0 => String::new(),
-                    n => format!(
-                        ", {} ({})",
-                        count(n, "stale partial download", "stale partial downloads"),
-                        human_bytes(r.partial_bytes_removed)
-                    ),
-                };
-                writeln!(
-                    out,
-                    "kept {}; removed {}, {} ({}), {} leftover temporaries{partials}",
-                    count(r.manifests_kept, "manifest", "manifests"),
-                    count(r.manifests_removed, "manifest", "manifests"),
-                    count(r.objects_removed, "object", "objects"),
-                    human_bytes(r.bytes_removed),
-                    r.temporaries_removed
-                )?;
-            }
-            Ok(Exit::Ok)
-        }
+        StoreCommand::Checkout(a) => checkout(&cx, a),
+        StoreCommand::Ls { manifest: None } => ls_trees(&cx),
+        StoreCommand::Ls { manifest: Some(m) } => ls_entries(&cx, &m),
+        StoreCommand::Verify => verify(&cx),
+        StoreCommand::Gc { keep } => gc(&cx, &keep),
+        StoreCommand::Stats => stats(&cx),
         StoreCommand::Push { manifests } => {
-            crate::remote::push(&store, &args.remote, &manifests, json, spin)
+            crate::remote::push(&cx.store, &cx.remote, &manifests, cx.json, || cx.spin())
         }
         StoreCommand::Pull { manifests } => {
-            crate::remote::pull_args(&store, &args.remote, &manifests, json, spin)
+            crate::remote::pull_args(&cx.store, &cx.remote, &manifests, cx.json, || cx.spin())
         }
-        StoreCommand::Remote { command } => crate::remote::remote(&args.remote, command, json),
-        StoreCommand::Stats => {
-            let s = store.stats()?;
-            if json {
-                crate::out::json(&mut out, &s)?;
-            } else {
-                writeln!(out, "store:        {}", shown(&dir))?;
-                writeln!(
-                    out,
-                    "objects:      {} ({}){}",
-                    s.objects,
-                    human_bytes(s.object_bytes),
-                    if s.generations > 0 {
-                        format!(" + {} extra generations", s.generations)
+        StoreCommand::Remote { command } => crate::remote::remote(&cx.remote, command, cx.json),
+    }
+}
+
+/// `store add FILE…`: each file's digest.
+fn add(cx: &Ctx, files: &[PathBuf]) -> Result<Exit> {
+    let (store, json, mut out) = (&cx.store, cx.json, crate::out::stdout());
+    let mut failed = false;
+    let mut results = Vec::new();
+    for f in files {
+        match store.add_file(f) {
+            Ok(a) => {
+                if !json {
+                    let how = if a.method == cowlink::Method::Reflink {
+                        "cloned"
                     } else {
-                        String::new()
-                    }
-                )?;
-                writeln!(out, "allocated:    {}", human_bytes(s.allocated_bytes))?;
-                writeln!(
-                    out,
-                    "manifests:    {} listing {} ({})",
-                    s.manifests,
-                    count(s.manifest_files, "file", "files"),
-                    human_bytes(s.manifest_bytes)
-                )?;
-                writeln!(
-                    out,
-                    "saved:        {} (each content stored once)",
-                    human_bytes(s.bytes_saved)
-                )?;
+                        "copied"
+                    };
+                    let new = if a.new { "new" } else { "already stored" };
+                    writeln!(out, "{}  {}  ({how}, {new})", a.digest, shown(f))?;
+                }
+                results.push(AddOut {
+                    path: f,
+                    added: Some(a),
+                    error: None,
+                });
             }
-            Ok(Exit::Ok)
+            Err(e) => {
+                errln!("cowlink: {e}");
+                results.push(AddOut {
+                    path: f,
+                    added: None,
+                    error: Some(e),
+                });
+                failed = true;
+            }
         }
     }
+    if json {
+        crate::out::json(&mut out, &results)?;
+    }
+    Ok(if failed { Exit::Failed } else { Exit::Ok })
+}
+
+/// `store add-tree DIR`: the manifest's digest.
+fn add_tree(cx: &Ctx, tree: &Path) -> Result<Exit> {
+    let (store, json, mut out, start) = (&cx.store, cx.json, crate::out::stdout(), cx.start);
+    let bar = cx.spin();
+    let r = crate::interrupt::graceful(|| store.add_tree(tree)).map_err(|e| {
+        if e.kind() == cowlink::ErrorKind::NotADirectory && e.src() == Some(tree) {
+            let why = format!("{}; use `cowlink store add` for a file", e.reason());
+            e.with_reason(why)
+        } else {
+            e
+        }
+    });
+    bar.finish();
+    if crate::interrupt::interrupted() {
+        return interrupted(
+            "no manifest was written; objects already stored stay until `cowlink store gc`",
+        );
+    }
+    let r = r?;
+    if json {
+        crate::out::json(&mut out, &r)?;
+    } else {
+        writeln!(out, "{}", r.digest)?;
+        errln!(
+            "stored {} ({}; {}, {} cloned, {} copied), {}, {} in {}",
+            count(r.files, "file", "files"),
+            human_bytes(r.bytes),
+            count(r.new_objects, "new object", "new objects"),
+            r.cloned,
+            r.files - r.cloned,
+            count(r.dirs, "directory", "directories"),
+            count(r.symlinks, "symbolic link", "symbolic links"),
+            human_duration(start.elapsed())
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+/// `store materialize DIGEST DEST`: one object at a new file.
+fn materialize(cx: &Ctx, d: &str, dest: &Path, link: LinkMode) -> Result<Exit> {
+    let (store, json, mut out) = (&cx.store, cx.json, crate::out::stdout());
+    let o = store.materialize(&digest(d)?, dest, link)?;
+    if json {
+        crate::out::json(&mut out, &o)?;
+    } else {
+        writeln!(
+            out,
+            "{} {} ({})",
+            o.method.describe(),
+            quoted(dest),
+            human_bytes(o.bytes)
+        )?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// `store checkout MANIFEST DEST`: a stored tree, pulled first with a
+/// remote.
+fn checkout(cx: &Ctx, a: CheckoutArgs) -> Result<Exit> {
+    let (store, json, mut out, start) = (&cx.store, cx.json, crate::out::stdout(), cx.start);
+    let CheckoutArgs {
+        manifest,
+        dest,
+        link,
+        allow_external_symlinks,
+        verify,
+        keep_setid,
+        atomic,
+    } = a;
+    // With a remote, fetch what is missing first (nothing is
+    // requested when the store has it all).
+    if cx.remote.url().is_some() {
+        let wanted = match manifest.parse::<Digest>() {
+            Ok(d) => d,
+            Err(_) => {
+                return Err(anyhow!(
+                    "with --remote the manifest must be a digest (64 hex digits), not '{manifest}'"
+                ))
+            }
+        };
+        let pulled = crate::remote::pull(store, &cx.remote, &[wanted], json, true, || cx.spin())?;
+        if pulled != Exit::Ok {
+            return Ok(pulled);
+        }
+    }
+    let m = load_manifest(store, &manifest)?;
+    let opts = CheckoutOptions {
+        link: link.get(),
+        external_symlinks: allow_external_symlinks,
+        verify,
+        setid: keep_setid,
+        atomic,
+    };
+    let bar = cx.spin();
+    let r = crate::interrupt::graceful(|| store.checkout(&m, &dest, &opts));
+    bar.finish();
+    let r = r.map_err(|e| {
+        if e.kind() == cowlink::ErrorKind::NotSupported
+            && opts.link == cowlink::store::LinkMode::Clone
+        {
+            let why = format!(
+                "{}; use --link auto to copy where cloning is not possible",
+                e.reason()
+            );
+            e.with_reason(why)
+        } else {
+            e
+        }
+    })?;
+    for e in &r.errors {
+        errln!("cowlink: {e}{}", link_hint(e, opts.link));
+    }
+    if r.cancelled {
+        return interrupted(&format!(
+            "{} placed whole in {}, the rest were not started",
+            match r.files {
+                1 => "1 file was".to_string(),
+                n => format!("{n} files were"),
+            },
+            quoted(&dest)
+        ));
+    }
+    if json {
+        crate::out::json(&mut out, &r)?;
+    } else {
+        writeln!(
+            out,
+            "checked out {} ({}): {} cloned, {} copied, {} hardlinked; {}, {}{}{} in {}",
+            count(r.files, "file", "files"),
+            human_bytes(r.bytes),
+            r.cloned,
+            r.copied,
+            r.hardlinked,
+            count(r.dirs, "directory", "directories"),
+            count(r.symlinks, "symbolic link", "symbolic links"),
+            if r.generations_created > 0 {
+                format!(
+                    "; {} (reference limit)",
+                    count(
+                        r.generations_created,
+                        "new object generation",
+                        "new object generations"
+                    )
+                )
+            } else {
+                String::new()
+            },
+            if r.errors.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", count(r.errors.len() as u64, "error", "errors"))
+            },
+            human_duration(start.elapsed())
+        )?;
+    }
+    Ok(if r.errors.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+/// `store ls`: the stored trees.
+fn ls_trees(cx: &Ctx) -> Result<Exit> {
+    let (store, json, mut out, dir) = (&cx.store, cx.json, crate::out::stdout(), &cx.dir);
+    let rows = store.list()?;
+    if json {
+        crate::out::json(&mut out, &rows)?;
+    } else if rows.is_empty() {
+        errln!(
+            "no trees in the store {} (add one with `cowlink store add-tree DIR`)",
+            shown(dir)
+        );
+    } else {
+        writeln!(out, "{:<64}  {:>8}  {:>10}", "MANIFEST", "FILES", "SIZE")?;
+        for r in &rows {
+            match &r.error {
+                None => writeln!(
+                    out,
+                    "{}  {:>8}  {:>10}",
+                    r.digest,
+                    r.totals.files,
+                    human_bytes(r.totals.bytes)
+                )?,
+                Some(e) => writeln!(out, "{}  unreadable: {e}", r.digest)?,
+            }
+        }
+    }
+    Ok(if rows.iter().any(|r| r.error.is_some()) {
+        Exit::Failed
+    } else {
+        Exit::Ok
+    })
+}
+
+/// `store ls MANIFEST`: one tree's entries.
+fn ls_entries(cx: &Ctx, m: &str) -> Result<Exit> {
+    let (store, json, mut out) = (&cx.store, cx.json, crate::out::stdout());
+    let m = load_manifest(store, m)?;
+    if json {
+        crate::out::json(&mut out, &m)?;
+    } else {
+        for e in &m.entries {
+            // Names and targets from the manifest (untrusted) go
+            // through the one quoting rule: no newline splits a
+            // row, no escape sequence reaches the terminal.
+            let name = shown(Path::new(&e.path));
+            match &e.kind {
+                EntryKind::Dir { mode } => {
+                    writeln!(out, "d {mode:04o} {:>12} {:64}  {name}/", "", "")?
+                }
+                EntryKind::File { digest, size, mode } => {
+                    writeln!(out, "f {mode:04o} {size:>12} {digest}  {name}")?
+                }
+                EntryKind::Symlink { target } => writeln!(
+                    out,
+                    "l {:4} {:>12} {:64}  {name} -> {}",
+                    "",
+                    "",
+                    "",
+                    shown(Path::new(target))
+                )?,
+            }
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+/// `store verify`: rehash everything, quarantine what is corrupt.
+fn verify(cx: &Ctx) -> Result<Exit> {
+    let (store, json, mut out, start) = (&cx.store, cx.json, crate::out::stdout(), cx.start);
+    let bar = cx.spin();
+    let r = crate::interrupt::graceful(|| store.verify());
+    bar.finish();
+    if crate::interrupt::interrupted() {
+        return interrupted("verify stopped before every object was read");
+    }
+    let r = r?;
+    if json {
+        crate::out::json(&mut out, &r)?;
+    } else {
+        for c in &r.corrupt {
+            let to = c.quarantined.as_ref().map_or_else(
+                || " (could not be moved)".to_string(),
+                |q| format!(", moved to {}", shown(q)),
+            );
+            errln!("cowlink: corrupt: {}: {}{to}", shown(&c.path), c.problem);
+        }
+        for (m, o) in &r.missing {
+            errln!("cowlink: missing: object {o} (used by manifest {m})");
+        }
+        writeln!(
+            out,
+            "checked {} ({}) and {} in {}: {}",
+            count(r.objects, "object", "objects"),
+            human_bytes(r.bytes),
+            count(r.manifests, "manifest", "manifests"),
+            human_duration(start.elapsed()),
+            if r.is_clean() {
+                "all good".to_string()
+            } else {
+                format!("{} corrupt, {} missing", r.corrupt.len(), r.missing.len())
+            }
+        )?;
+    }
+    Ok(if r.is_clean() { Exit::Ok } else { Exit::Failed })
+}
+
+/// `store gc [--keep M]…`.
+fn gc(cx: &Ctx, keep: &[String]) -> Result<Exit> {
+    let (store, json, mut out) = (&cx.store, cx.json, crate::out::stdout());
+    let keep = keep.iter().map(|k| digest(k)).collect::<Result<Vec<_>>>()?;
+    let r = store.gc((!keep.is_empty()).then_some(keep.as_slice()))?;
+    for c in &r.quarantined {
+        let to = c.quarantined.as_ref().map_or_else(
+            || " (could not be moved)".to_string(),
+            |q| format!(", moved to {}", shown(q)),
+        );
+        errln!("cowlink: corrupt: {}: {}{to}", shown(&c.path), c.problem);
+    }
+    if json {
+        crate::out::json(&mut out, &r)?;
+    } else {
+        let partials = match r.partials_removed {
+            0 => String::new(),
+            n => format!(
+                ", {} ({})",
+                count(n, "stale partial download", "stale partial downloads"),
+                human_bytes(r.partial_bytes_removed)
+            ),
+        };
+        writeln!(
+            out,
+            "kept {}; removed {}, {} ({}), {} leftover temporaries{partials}",
+            count(r.manifests_kept, "manifest", "manifests"),
+            count(r.manifests_removed, "manifest", "manifests"),
+            count(r.objects_removed, "object", "objects"),
+            human_bytes(r.bytes_removed),
+            r.temporaries_removed
+        )?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// `store stats`.
+fn stats(cx: &Ctx) -> Result<Exit> {
+    let (store, json, mut out, dir) = (&cx.store, cx.json, crate::out::stdout(), &cx.dir);
+    let s = store.stats()?;
+    if json {
+        crate::out::json(&mut out, &s)?;
+    } else {
+        writeln!(out, "store:        {}", shown(dir))?;
+        writeln!(
+            out,
+            "objects:      {} ({}){}",
+            s.objects,
+            human_bytes(s.object_bytes),
+            if s.generations > 0 {
+                format!(" + {} extra generations", s.generations)
+            } else {
+                String::new()
+            }
+        )?;
+        writeln!(out, "allocated:    {}", human_bytes(s.allocated_bytes))?;
+        writeln!(
+            out,
+            "manifests:    {} listing {} ({})",
+            s.manifests,
+            count(s.manifest_files, "file", "files"),
+            human_bytes(s.manifest_bytes)
+        )?;
+        writeln!(
+            out,
+            "saved:        {} (each content stored once)",
+            human_bytes(s.bytes_saved)
+        )?;
+    }
+    Ok(Exit::Ok)
 }
 
 /// The hint for a checkout error that copying would have avoided: the
 /// library says what failed, the command line says which flag helps.
-fn mode_hint(e: &cowlink::Error, mode: LinkMode) -> &'static str {
-    match mode {
+fn link_hint(e: &cowlink::Error, link: LinkMode) -> &'static str {
+    match link {
         LinkMode::Clone | LinkMode::Hardlink if e.copy_would_work() => {
-            "; use --mode auto to copy instead"
+            "; use --link auto to copy instead"
         }
         _ => "",
     }

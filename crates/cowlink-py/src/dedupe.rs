@@ -37,7 +37,7 @@ record!(
 /// `to_json()` and `Plan.from_json()` keep it between runs (the same format
 /// as the `plan` object of `cowlink dedupe --dry-run --json`).
 #[pyclass(module = "cowlink", frozen)]
-pub struct Plan(pub lib::Plan);
+pub struct Plan(pub lib::DedupePlan);
 
 #[pymethods]
 impl Plan {
@@ -108,7 +108,7 @@ impl Plan {
     /// so the totals cannot overflow.
     fn from_json(text: &str) -> PyResult<Plan> {
         let bad = |why: String| PyValueError::new_err(format!("not a cowlink dedupe plan: {why}"));
-        let plan: lib::Plan = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let plan: lib::DedupePlan = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let mut total = 0u64;
         for (i, g) in plan.groups.iter().enumerate() {
             let most = g.size.checked_mul(g.targets.len() as u64);

@@ -5,7 +5,9 @@
 use std::sync::Mutex;
 
 use cowlink::tree::{TreeEvent, TreeOptions};
-use cowlink::{CloneOptions, Error, ErrorKind, Operation, Overwrite, Placement, Preserve, Reflink};
+use cowlink::{
+    CloneOptions, Error, ErrorKind, LinkMode, Operation, Overwrite, Placement, Preserve,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -32,16 +34,58 @@ pub fn choose<T: Copy>(what: &str, given: &str, choices: &[(&str, T)]) -> PyResu
         })
 }
 
-fn reflink(given: &str) -> PyResult<Reflink> {
-    choose(
-        "reflink",
-        given,
-        &[
-            ("auto", Reflink::Auto),
-            ("always", Reflink::Always),
-            ("never", Reflink::Never),
-        ],
-    )
+/// The one link-mode argument, `link`: "clone" (or fail), "auto" (clone,
+/// else copy), "copy" or "hardlink"; `None` is `default`. `reflink`, its
+/// old spelling with `cp --reflink`'s words ("always", "auto", "never"),
+/// still works for one release with a `DeprecationWarning`; both at once
+/// is a `TypeError`.
+pub fn link_arg(
+    py: Python<'_>,
+    link: Option<&str>,
+    reflink: Option<&str>,
+    default: LinkMode,
+) -> PyResult<LinkMode> {
+    match (link, reflink) {
+        (Some(_), Some(_)) => Err(pyo3::exceptions::PyTypeError::new_err(
+            "give link= only (reflink= is its deprecated spelling)",
+        )),
+        (Some(l), None) => choose(
+            "link",
+            l,
+            &[
+                ("clone", LinkMode::Clone),
+                ("auto", LinkMode::Auto),
+                ("copy", LinkMode::Copy),
+                ("hardlink", LinkMode::Hardlink),
+            ],
+        ),
+        (None, Some(r)) => {
+            let mode = choose(
+                "reflink",
+                r,
+                &[
+                    ("auto", LinkMode::Auto),
+                    ("always", LinkMode::Clone),
+                    ("never", LinkMode::Copy),
+                ],
+            )?;
+            let new = match mode {
+                LinkMode::Clone => "clone",
+                LinkMode::Copy => "copy",
+                _ => "auto",
+            };
+            let msg = format!("reflink={r:?} is deprecated; use link={new:?}");
+            let msg = std::ffi::CString::new(msg).expect("no NUL in the message");
+            PyErr::warn(
+                py,
+                &py.get_type::<pyo3::exceptions::PyDeprecationWarning>(),
+                &msg,
+                1,
+            )?;
+            Ok(mode)
+        }
+        (None, None) => Ok(default),
+    }
 }
 
 fn overwrite(given: &str) -> PyResult<Overwrite> {
@@ -101,7 +145,12 @@ fn preserve_names(names: &[String]) -> PyResult<Preserve> {
 }
 
 /// Clone `src` to the new file `dst`, or copy it where cloning cannot work
-/// and `reflink` allows; returns how (`Outcome.method`) and how many bytes.
+/// and `link` allows; returns how (`Outcome.method`) and how many bytes.
+///
+/// `link`: "auto" (the default: clone, else copy), "clone" (clone or
+/// fail), "copy", or "hardlink" (another name for the source's inode:
+/// writing to one changes the other). `reflink` ("always", "auto",
+/// "never") is its deprecated spelling.
 ///
 /// After an error there is nothing at `dst` (or the old `dst` is
 /// untouched). With `atomic` (the default) the file appears under `dst`
@@ -111,18 +160,20 @@ fn preserve_names(names: &[String]) -> PyResult<Preserve> {
 /// cleared when done: cheaper per file, and only a kill or crash can leave
 /// a partial, marked file. Replacing an existing file is atomic either way.
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, reflink="auto", overwrite="refuse", preserve=None, atomic=true))]
+#[pyo3(signature = (src, dst, *, link=None, overwrite="refuse", preserve=None, atomic=true, reflink=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn clone_file(
     py: Python<'_>,
     src: FsPath,
     dst: FsPath,
-    reflink: &str,
+    link: Option<&str>,
     overwrite: &str,
     preserve: Option<&Bound<'_, PyAny>>,
     atomic: bool,
+    reflink: Option<&str>,
 ) -> PyResult<Outcome> {
     let options = CloneOptions {
-        reflink: self::reflink(reflink)?,
+        link: link_arg(py, link, reflink, LinkMode::Auto)?,
         overwrite: self::overwrite(overwrite)?,
         preserve: self::preserve(preserve)?,
         placement: if atomic {
@@ -168,8 +219,11 @@ pub fn clone_range(
 /// the copy; at the end they are raised together as `TreeError` (with
 /// `errors` and `report`). Ctrl-C, or an exception from `on_progress`,
 /// stops the copy cleanly (no partial file is left) and propagates.
+///
+/// `link` places each file as in `clone_file` ("auto" by default);
+/// `reflink` is its deprecated spelling.
 #[pyfunction]
-#[pyo3(signature = (src, dst, *, archive=true, threads=None, dirs_exist_ok=false, reflink="auto", atomic=false, on_progress=None, cancel=None))]
+#[pyo3(signature = (src, dst, *, archive=true, threads=None, dirs_exist_ok=false, link=None, atomic=false, on_progress=None, cancel=None, reflink=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn copytree(
     py: Python<'_>,
@@ -178,17 +232,18 @@ pub fn copytree(
     archive: bool,
     threads: Option<usize>,
     dirs_exist_ok: bool,
-    reflink: &str,
+    link: Option<&str>,
     atomic: bool,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
+    reflink: Option<&str>,
 ) -> PyResult<TreeReport> {
     let mut options = if archive {
         TreeOptions::archive()
     } else {
         TreeOptions::default()
     };
-    options.file.reflink = self::reflink(reflink)?;
+    options.file.link = link_arg(py, link, reflink, LinkMode::Auto)?;
     options.atomic = atomic;
     if dirs_exist_ok {
         // As shutil.copytree: files already there are replaced.
@@ -461,7 +516,17 @@ pub fn copy(
     )?;
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let o = CpOptions {
-        reflink: self::reflink(reflink)?,
+        // GNU cp's own word for it (`--reflink=always|auto|never`), as
+        // this call follows cp's flags.
+        link_mode: choose(
+            "reflink",
+            reflink,
+            &[
+                ("auto", LinkMode::Auto),
+                ("always", LinkMode::Clone),
+                ("never", LinkMode::Copy),
+            ],
+        )?,
         preserve,
         default_mode,
         attributes_only,
@@ -483,7 +548,6 @@ pub fn copy(
         dry_run: false,
         posixly_correct: false,
         run: control.run(),
-        tally: None,
     };
     let target = Target {
         directory: target_directory,

@@ -5,14 +5,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use cowlink::store::{Digest, LinkMode, MaterializeOptions, Store as LibStore};
+use cowlink::store::{CheckoutOptions, Digest, LinkMode, Store as LibStore};
 use cowlink::Run;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::control::{CancelToken, Control};
 use crate::errors::to_py;
-use crate::ops::choose;
 use crate::path::FsPath;
 use crate::records::{error_list, record, word};
 
@@ -337,33 +336,24 @@ impl Store {
     /// `link`: "clone" (the default; fails where the filesystem cannot
     /// clone), "auto" (clone, else copy), "copy", or "hardlink" (writes
     /// through to the store: only for trees nobody writes).
-    #[pyo3(signature = (digest, dest, *, link="clone", verify=false, threads=None, on_progress=None, cancel=None))]
+    #[pyo3(signature = (digest, dest, *, link=None, verify=false, threads=None, on_progress=None, cancel=None))]
     #[allow(clippy::too_many_arguments)]
     fn checkout(
         &self,
         py: Python<'_>,
         digest: &str,
         dest: FsPath,
-        link: &str,
+        link: Option<&str>,
         verify: bool,
         threads: Option<usize>,
         on_progress: Option<Bound<'_, PyAny>>,
         cancel: Option<Bound<'_, CancelToken>>,
     ) -> PyResult<CheckoutReport> {
         let d = self::digest(digest)?;
-        let options = MaterializeOptions {
-            link: choose(
-                "link",
-                link,
-                &[
-                    ("clone", LinkMode::Clone),
-                    ("auto", LinkMode::Auto),
-                    ("copy", LinkMode::Copy),
-                    ("hardlink", LinkMode::Hardlink),
-                ],
-            )?,
+        let options = CheckoutOptions {
+            link: crate::ops::link_arg(py, link, None, LinkMode::Clone)?,
             verify,
-            ..MaterializeOptions::default()
+            ..CheckoutOptions::default()
         };
         let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
         let store = self.lease(py, control.run())?;
@@ -371,7 +361,7 @@ impl Store {
             .drive(py, || {
                 store
                     .manifest(&d)
-                    .and_then(|m| store.materialize_tree(&m, &dest, &options))
+                    .and_then(|m| store.checkout(&m, &dest, &options))
             })?
             .map_err(|e| self.fail(py, &e))?;
         Ok(CheckoutReport {

@@ -43,7 +43,7 @@ def test_clone_file_not_atomic_creates_under_the_name_and_never_over_a_file(cow:
     src.chmod(0o750)
     umask = os.umask(0)
     os.umask(umask)
-    out = cowlink.clone_file(src, cow / "dst", reflink="always", atomic=False)
+    out = cowlink.clone_file(src, cow / "dst", link="clone", atomic=False)
     assert out.method == "reflink"
     assert (cow / "dst").read_bytes() == src.read_bytes()
     assert cowlink.extents(cow / "dst").shared_fraction == 1.0
@@ -72,7 +72,7 @@ def test_ext4_auto_copies_and_says_so(ext4: Path) -> None:
 def test_always_on_ext4_raises_not_supported_and_creates_nothing(ext4: Path) -> None:
     src = write(ext4 / "src", b"abc")
     with pytest.raises(cowlink.NotSupportedError) as e:
-        cowlink.clone_file(src, ext4 / "dst", reflink="always")
+        cowlink.clone_file(src, ext4 / "dst", link="clone")
     assert e.value.errno == 95
     assert e.value.filename == str(src)
     assert e.value.filename2 == str(ext4 / "dst")
@@ -83,7 +83,7 @@ def test_always_on_ext4_raises_not_supported_and_creates_nothing(ext4: Path) -> 
 def test_across_filesystems_is_a_cross_device_error(xfs: Path, btrfs: Path) -> None:
     src = write(xfs / "src", b"abc")
     with pytest.raises(cowlink.CrossDeviceError) as e:
-        cowlink.clone_file(src, btrfs / "dst", reflink="always")
+        cowlink.clone_file(src, btrfs / "dst", link="clone")
     assert e.value.errno == 18
     assert e.value.filename == str(src)
     assert not (btrfs / "dst").exists()
@@ -107,10 +107,58 @@ def test_preserve_and_overwrite(xfs: Path) -> None:
     assert (xfs / "dst").read_bytes() == b"one"
     cowlink.clone_file(src, xfs / "dst", overwrite="replace", preserve="all")
     assert (xfs / "dst").read_bytes() == b"two"
-    with pytest.raises(ValueError, match="reflink must be one of"):
-        cowlink.clone_file(src, xfs / "x", reflink="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="link must be one of"):
+        cowlink.clone_file(src, xfs / "x", link="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown attribute"):
         cowlink.clone_file(src, xfs / "x", preserve=["colour"])  # type: ignore[list-item]
+
+
+def test_link_hardlink_is_the_same_inode(xfs: Path, btrfs: Path) -> None:
+    src = write(xfs / "src", b"abc")
+    out = cowlink.clone_file(src, xfs / "h", link="hardlink")
+    assert (out.method, out.bytes) == ("hardlink", 3)
+    assert os.stat(xfs / "h").st_ino == os.stat(src).st_ino
+    assert os.stat(src).st_nlink == 2
+    with pytest.raises(FileExistsError):
+        cowlink.clone_file(src, xfs / "h", link="hardlink")
+    # Across filesystems there is no hardlink, and no copy either.
+    with pytest.raises(cowlink.CrossDeviceError):
+        cowlink.clone_file(src, btrfs / "h", link="hardlink")
+    assert not (btrfs / "h").exists()
+    # A tree copy with link="hardlink" links every file (as cp -rl).
+    write(xfs / "t" / "sub" / "f", b"xyz")
+    r = cowlink.copytree(xfs / "t", xfs / "t2", link="hardlink")
+    assert r.hardlinks == 1 and r.files == 0
+    assert os.stat(xfs / "t2" / "sub" / "f").st_ino == os.stat(xfs / "t" / "sub" / "f").st_ino
+
+
+def test_the_old_reflink_spelling_still_works_and_warns(xfs: Path, ext4: Path) -> None:
+    src = write(xfs / "src", data(200_000, 3))
+    with pytest.warns(DeprecationWarning, match='reflink="always" is deprecated; use link="clone"'):
+        out = cowlink.clone_file(src, xfs / "always", reflink="always")
+    assert out.method == "reflink"
+    assert cowlink.extents(xfs / "always").shared_fraction == 1.0
+    with pytest.warns(DeprecationWarning, match='use link="copy"'):
+        out = cowlink.clone_file(src, xfs / "never", reflink="never")
+    assert out.method == "read_write"
+    assert (xfs / "never").read_bytes() == src.read_bytes()
+    assert cowlink.extents(xfs / "never").shared_bytes == 0
+    # Its old meaning is kept: always on ext4 fails and creates nothing.
+    e4 = write(ext4 / "src", b"abc")
+    with pytest.warns(DeprecationWarning), pytest.raises(cowlink.NotSupportedError):
+        cowlink.clone_file(e4, ext4 / "dst", reflink="always")
+    assert sorted(os.listdir(ext4)) == ["src"]
+    with pytest.raises(ValueError, match="reflink must be one of"):
+        cowlink.clone_file(src, xfs / "x", reflink="clone")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="link= only"):
+        cowlink.clone_file(src, xfs / "x", link="auto", reflink="auto")
+    # The tree copy takes it too.
+    write(xfs / "t" / "f", data(10_000, 4))
+    with pytest.warns(DeprecationWarning, match='use link="copy"'):
+        r = cowlink.copytree(xfs / "t", xfs / "t2", reflink="never")
+    assert (r.files, r.copied, r.cloned) == (1, 1, 0)
+    assert (xfs / "t2" / "f").read_bytes() == data(10_000, 4)
+    assert not (xfs / "x").exists()
 
 
 def test_clone_range(xfs: Path) -> None:

@@ -100,14 +100,14 @@ Case = tuple[OSError, int, "Path | None", "Path | None"]
 def _not_supported(xfs: Path, ext4: Path, btrfs: Path) -> Case:
     src = write(ext4 / "s", b"x")
     with pytest.raises(cowlink.NotSupportedError) as e:
-        cowlink.clone_file(src, ext4 / "d", reflink="always")
+        cowlink.clone_file(src, ext4 / "d", link="clone")
     return e.value, errno.EOPNOTSUPP, src, ext4 / "d"
 
 
 def _cross_device(xfs: Path, ext4: Path, btrfs: Path) -> Case:
     src = write(xfs / "s", b"x" * 10000)
     with pytest.raises(cowlink.CrossDeviceError) as e:
-        cowlink.clone_file(src, btrfs / "d", reflink="always")
+        cowlink.clone_file(src, btrfs / "d", link="clone")
     return e.value, errno.EXDEV, src, btrfs / "d"
 
 

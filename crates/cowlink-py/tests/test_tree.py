@@ -53,7 +53,7 @@ def test_copytree_equals_cp_a_on_the_rich_fixture(cow: Path) -> None:
 def test_copytree_not_archive_is_cp_r(xfs: Path) -> None:
     write(xfs / "src" / "f", b"abc")
     os.utime(xfs / "src" / "f", ns=(1_000_000_000, 1_000_000_000))
-    r = cowlink.copytree(xfs / "src", xfs / "dst", archive=False, reflink="never")
+    r = cowlink.copytree(xfs / "src", xfs / "dst", archive=False, link="copy")
     assert r.copied == 1 and r.cloned == 0
     assert os.stat(xfs / "dst" / "f").st_mtime_ns != 1_000_000_000
 
@@ -93,7 +93,7 @@ def test_keyboard_interrupt_from_on_progress_leaves_nothing_partial(ext4: Path) 
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        cowlink.copytree(src, ext4 / "dst", reflink="never", threads=1, on_progress=interrupt)
+        cowlink.copytree(src, ext4 / "dst", link="copy", threads=1, on_progress=interrupt)
     assert calls == 1
     done = assert_nothing_partial(src, ext4 / "dst")
     assert done < MANY, "the copy was not interrupted"
@@ -113,7 +113,7 @@ def test_sigint_stops_a_copy_in_another_process(ext4: Path) -> None:
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "def started(p):\n"
             "    print('started', flush=True)\n"
-            "cowlink.copytree(sys.argv[1], sys.argv[2], reflink='never', threads=1, on_progress=started)\n",
+            "cowlink.copytree(sys.argv[1], sys.argv[2], link='copy', threads=1, on_progress=started)\n",
             str(src),
             str(ext4 / "dst"),
         ],
@@ -158,7 +158,7 @@ def test_the_gil_is_released_during_copytree(ext4: Path) -> None:
         time.sleep(0.05)
         before = ticks
         started = time.monotonic()
-        cowlink.copytree(src, ext4 / "dst", reflink="never", threads=1)
+        cowlink.copytree(src, ext4 / "dst", link="copy", threads=1)
         elapsed = time.monotonic() - started
         during = ticks - before
     finally:

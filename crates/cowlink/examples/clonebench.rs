@@ -3,8 +3,8 @@
 //! than a clone, so hyperfine cannot time single clones).
 //!
 //! For each size one source file is written and synced; then N times each:
-//! - copy:  `clone_file` with `Reflink::Never` (a physical read/write copy)
-//! - clone: `clone_file` with `Reflink::Always`
+//! - copy:  `clone_file` with `LinkMode::Copy` (a physical read/write copy)
+//! - clone: `clone_file` with `LinkMode::Clone`
 //! - bare:  open(src), openat(dst, O_CREAT|O_EXCL), ioctl(FICLONE), close ×2
 //! - bare + atomic link: open(src), O_TMPFILE, ioctl(FICLONE), linkat, close ×2
 //!
@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cowlink::{clone_file, CloneOptions, Reflink};
+use cowlink::{clone_file, CloneOptions, LinkMode};
 use rustix::fs::{self, Mode, OFlags};
 
 const KIB: u64 = 1024;
@@ -130,11 +130,11 @@ fn main() {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let never = CloneOptions {
-        reflink: Reflink::Never,
+        link: LinkMode::Copy,
         ..Default::default()
     };
     let always = CloneOptions {
-        reflink: Reflink::Always,
+        link: LinkMode::Clone,
         ..Default::default()
     };
     for &size in &sizes {

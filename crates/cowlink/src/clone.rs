@@ -16,15 +16,19 @@ use rustix::io::Errno;
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
 use crate::prim::files::{create_reason, file_type_name, open_source, split_dest};
 use crate::prim::meta::{self, Preserve};
-use crate::prim::mode::{Method, Outcome, Reflink};
-use crate::prim::place::{left_unfinished, NewFile, Overwrite, Placement, UNFINISHED_MARK};
+use crate::prim::mode::{LinkMode, Method, Outcome};
+use crate::prim::place::{
+    left_unfinished, place_name, NewFile, Overwrite, Placement, UNFINISHED_MARK,
+};
 use crate::prim::transfer::{transfer, transfer_error, Source};
 
 /// Options for [`clone_file`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CloneOptions {
-    /// Share blocks always, when possible, or never.
-    pub reflink: Reflink,
+    /// How the file is placed: [`LinkMode::Auto`] by default (clone where
+    /// possible, else copy); [`LinkMode::Hardlink`] links the destination
+    /// to the source's inode (metadata and `attributes_only` do not apply).
+    pub link: LinkMode,
     /// What to do when the destination exists.
     pub overwrite: Overwrite,
     /// Metadata to carry beyond permission bits.
@@ -53,6 +57,21 @@ pub struct CloneOptions {
     pub placement: Placement,
 }
 
+impl Default for CloneOptions {
+    /// Clone where possible, else copy ([`LinkMode::Auto`]); refuse an
+    /// existing destination; permission bits only; atomic placement.
+    fn default() -> Self {
+        CloneOptions {
+            link: LinkMode::Auto,
+            overwrite: Overwrite::default(),
+            preserve: Preserve::default(),
+            attributes_only: false,
+            default_mode: false,
+            placement: Placement::default(),
+        }
+    }
+}
+
 /// Clone `src` to the new file `dst`, or copy it when `options.reflink`
 /// allows and cloning is not possible here.
 ///
@@ -67,7 +86,7 @@ pub struct CloneOptions {
 /// destination directory), `IsDirectory`, `NotRegularFile` (FIFO, device,
 /// socket), `PermissionDenied`, `AlreadyExists` (unless
 /// [`Overwrite::Replace`]), `SameFile`, `CrossDevice` and `NotSupported`
-/// (with [`Reflink::Always`] only), `NoSpace`, `ReadOnly`, `Io`.
+/// (with [`LinkMode::Clone`] or [`LinkMode::Hardlink`] only), `NoSpace`, `ReadOnly`, `Io`.
 ///
 /// Uses `ioctl(FICLONE)`, then `copy_file_range(2)` and `pread`/`pwrite`.
 pub fn clone_file(
@@ -88,8 +107,8 @@ pub fn clone_file(
 }
 
 fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome> {
-    let op = match options.reflink {
-        Reflink::Never => Operation::Copy,
+    let op = match options.link {
+        LinkMode::Copy => Operation::Copy,
         _ => Operation::Clone,
     };
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
@@ -126,6 +145,9 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     let precheck = || check_existing(op, src, dst, &st, &parent, options.overwrite);
     if options.overwrite == Overwrite::Replace {
         precheck()?;
+    }
+    if options.link == LinkMode::Hardlink {
+        return hardlink(src, dst, &st, &parent, options.overwrite, &err);
     }
     // Direct placement only for a new name: replacing is always atomic.
     let placement = match options.overwrite {
@@ -178,7 +200,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
             sfd,
             dfd,
             Source::of(&st),
-            options.reflink,
+            options.link,
             &before_copy,
             &failed,
             &|| false,
@@ -240,6 +262,43 @@ fn replaced_regular(dst: &Path, overwrite: Overwrite) -> Option<Stat> {
 /// Refuse early (before moving any data) when the destination exists and
 /// may not be replaced, is a directory, or is the source itself. The final
 /// link or rename re-checks atomically; this only avoids wasted work.
+/// [`LinkMode::Hardlink`]: `dst` becomes another name of the source's
+/// inode (symbolic links in `src` followed, as for a copy), at once, or
+/// with [`Overwrite::Replace`] at a temporary name renamed over the old
+/// one. Metadata is the source's own: nothing to preserve or set.
+fn hardlink(
+    src: &Path,
+    dst: &Path,
+    st: &Stat,
+    parent: &Path,
+    overwrite: Overwrite,
+    err: &dyn Fn(Errno) -> Error,
+) -> Result<Outcome> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err(e).with_reason(create_reason(e, parent)))?;
+    let name = dst.file_name().unwrap_or_default().as_bytes();
+    let name = std::ffi::CString::new(name).map_err(|_| err(Errno::INVAL))?;
+    let replace = overwrite == Overwrite::Replace;
+    place_name(dir.as_fd(), &name, replace, |d, n| {
+        fs::linkat(CWD, src, d, n, AtFlags::SYMLINK_FOLLOW)
+    })
+    .map_err(|e| match e {
+        Errno::EXIST => err(e).with_reason("destination already exists"),
+        Errno::XDEV => err(e).with_reason("a hardlink cannot cross filesystems"),
+        Errno::MLINK => err(e).with_reason("the source has the most links its filesystem allows"),
+        _ => err(e),
+    })?;
+    Ok(Outcome {
+        method: Method::Hardlink,
+        bytes: st.st_size as u64,
+    })
+}
+
 fn check_existing(
     op: Operation,
     src: &Path,
@@ -425,9 +484,9 @@ mod tests {
         assert_eq!(v, names, "what {} holds", dir.display());
     }
 
-    fn opts(reflink: Reflink) -> CloneOptions {
+    fn opts(link: LinkMode) -> CloneOptions {
         CloneOptions {
-            reflink,
+            link,
             ..Default::default()
         }
     }
@@ -439,7 +498,7 @@ mod tests {
         let data = bytes(300_001, 7);
         std::fs::write(&a, &data).unwrap();
         std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o640)).unwrap();
-        let out = clone_file(&a, &b, &opts(Reflink::Auto)).unwrap();
+        let out = clone_file(&a, &b, &opts(LinkMode::Auto)).unwrap();
         assert!(
             matches!(out.method, Method::CopyOffload | Method::ReadWrite),
             "{out:?}"
@@ -451,7 +510,7 @@ mod tests {
         // Never: a copy of its own, by read/write (copy_file_range could
         // share blocks elsewhere).
         let c = d.path().join("c");
-        let out = clone_file(&a, &c, &opts(Reflink::Never)).unwrap();
+        let out = clone_file(&a, &c, &opts(LinkMode::Copy)).unwrap();
         assert_eq!(
             out,
             Outcome {
@@ -467,7 +526,7 @@ mod tests {
         let d = shm();
         let (a, b) = (d.path().join("a"), d.path().join("b"));
         std::fs::write(&a, bytes(10_000, 1)).unwrap();
-        let e = clone_file(&a, &b, &opts(Reflink::Always)).unwrap_err();
+        let e = clone_file(&a, &b, &opts(LinkMode::Clone)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
         assert_eq!(e.src(), Some(a.as_path()));
         assert_eq!(e.dst(), Some(b.as_path()));
@@ -480,7 +539,7 @@ mod tests {
         std::fs::write(&b, b"old").unwrap();
         let o = CloneOptions {
             overwrite: Overwrite::Replace,
-            ..opts(Reflink::Always)
+            ..opts(LinkMode::Clone)
         };
         assert_eq!(
             clone_file(&a, &b, &o).unwrap_err().kind(),
@@ -499,23 +558,23 @@ mod tests {
         f.write_all_at(&bytes(8192, 3), 1 << 20).unwrap();
         f.set_len(3 << 20).unwrap(); // a trailing hole
         drop(f);
-        for reflink in [Reflink::Auto, Reflink::Never] {
+        for link in [LinkMode::Auto, LinkMode::Copy] {
             let _ = std::fs::remove_file(&b);
-            let out = clone_file(&a, &b, &opts(reflink)).unwrap();
+            let out = clone_file(&a, &b, &opts(link)).unwrap();
             assert_eq!(out.bytes, 3 << 20);
             assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
             let m = std::fs::metadata(&b).unwrap();
             assert_eq!(m.len(), 3 << 20);
             assert!(
                 m.blocks() * 512 <= 64 * 1024,
-                "{reflink:?}: the holes were filled ({} blocks)",
+                "{link:?}: the holes were filled ({} blocks)",
                 m.blocks()
             );
         }
         // Zero bytes.
         let (e, e2) = (d.path().join("empty"), d.path().join("empty2"));
         std::fs::write(&e, b"").unwrap();
-        let out = clone_file(&e, &e2, &opts(Reflink::Auto)).unwrap();
+        let out = clone_file(&e, &e2, &opts(LinkMode::Auto)).unwrap();
         assert_eq!(out.bytes, 0);
         assert_eq!(std::fs::metadata(&e2).unwrap().len(), 0);
     }
@@ -543,13 +602,13 @@ mod tests {
             ("a", "no/such/dir", ErrorKind::NotFound),
             ("a", "a", ErrorKind::SameFile),
         ] {
-            let e = clone_file(p(src), p(dst), &opts(Reflink::Auto)).unwrap_err();
+            let e = clone_file(p(src), p(dst), &opts(LinkMode::Auto)).unwrap_err();
             assert_eq!(e.kind(), kind, "{src} -> {dst}: {e}");
         }
         // Replacing a file with itself is refused too, not a truncation.
         let o = CloneOptions {
             overwrite: Overwrite::Replace,
-            ..opts(Reflink::Auto)
+            ..opts(LinkMode::Auto)
         };
         let e = clone_file(p("a"), p("a"), &o).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::SameFile, "{e}");
@@ -558,7 +617,7 @@ mod tests {
         std::fs::write(p("b"), b"old").unwrap();
         let o = CloneOptions {
             overwrite: Overwrite::Skip,
-            ..opts(Reflink::Auto)
+            ..opts(LinkMode::Auto)
         };
         let out = clone_file(p("a"), p("b"), &o).unwrap();
         assert_eq!(

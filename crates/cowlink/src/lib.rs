@@ -7,7 +7,7 @@
 //! tells in advance whether two paths can clone.
 //!
 //! ```no_run
-//! use cowlink::{clone_file, CloneOptions, Method, Reflink};
+//! use cowlink::{clone_file, CloneOptions, LinkMode, Method};
 //!
 //! let outcome = clone_file("big.img", "copy.img", &CloneOptions::default())?;
 //! if outcome.method == Method::Reflink {
@@ -15,7 +15,7 @@
 //! }
 //!
 //! // Clone or fail, never copy:
-//! let strict = CloneOptions { reflink: Reflink::Always, ..Default::default() };
+//! let strict = CloneOptions { link: LinkMode::Clone, ..Default::default() };
 //! let support = cowlink::probe::between("big.img", "/mnt/other")?;
 //! if !support.reflink.is_yes() {
 //!     eprintln!("cannot clone: {}", support.reflink.reason().unwrap_or(""));
@@ -27,7 +27,7 @@
 //! Layers, bottom up (each imports only from those below it):
 //! - `ground`: the one [`error`] type, filesystem kinds ([`FsKind`]), the
 //!   [`mountinfo`] table, how [`name`]s are shown in output, hashing;
-//! - `prim`: file primitives: the link-mode words ([`Reflink`],
+//! - `prim`: file primitives: the link-mode words ([`LinkMode`],
 //!   [`Method`], [`Outcome`]), moving data (clone or copy), placing a
 //!   destination name ([`Placement`], [`Overwrite`]), metadata
 //!   ([`Preserve`]);
@@ -88,7 +88,7 @@ pub use ground::fskind::{CloneLimit, FsKind};
 pub use ground::{error, mountinfo, name};
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
-pub use prim::mode::{LinkMode, Method, Outcome, Reflink};
+pub use prim::mode::{LinkMode, Method, Outcome};
 pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished, Overwrite, Placement};
-pub use run::{CancelToken, Phase, Progress, Run};
+pub use run::{CancelToken, Phase, Progress, Run, Totals};
 pub use usage::{usage, Usage};

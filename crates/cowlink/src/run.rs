@@ -15,14 +15,21 @@
 //!   object is stored whole or not at all), start nothing new, and the
 //!   operation returns: reports say `cancelled`, operations that return a
 //!   `Result` fail with [`ErrorKind::Cancelled`](crate::ErrorKind::Cancelled).
-//! - **Progress**: a [`Phase`] and four counters, read from any thread while
-//!   the operation runs (a display thread polls [`Progress::snapshot`]).
+//! - **Progress**: the one progress type: a [`Phase`] and four counters
+//!   that start from zero in each phase, plus [`Totals`] by kind (files,
+//!   bytes, cloned, copied, skipped, errors...) that no phase resets, all
+//!   lock-free atomics read from any thread while the operation runs (a
+//!   display thread polls [`Progress::snapshot`] and
+//!   [`Progress::totals`]). A tree copy counts into both; a front end
+//!   copying many arguments counts its single files in with
+//!   [`Progress::count_file`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ground::fskind::FsKind;
+use crate::prim::mode::{Method, Outcome};
 
 /// The most worker threads any operation uses, whatever is asked: past a
 /// few per core, threads only contend for the filesystem's locks.
@@ -299,10 +306,30 @@ impl Phase {
     }
 }
 
-/// Live counters, written by the worker threads and read by a display.
+/// What a running total counts ([`Totals`] has one field per kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    Files,
+    Dirs,
+    Symlinks,
+    Hardlinks,
+    Specials,
+    Bytes,
+    Cloned,
+    Copied,
+    Skipped,
+    Errors,
+}
+
+/// Live counters, written by the worker threads and read by a display:
+/// the one progress type of every long operation.
 ///
-/// Each phase starts with its counters at zero; a total of 0 means "not
-/// known": a walk's is never known, a checkout's is known up front.
+/// Two sets: the current [`Phase`] with its files and bytes done and
+/// expected ([`Progress::snapshot`]), which each phase starts at zero (a
+/// total of 0 means "not known": a walk's is never known, a checkout's is
+/// known up front); and [`Totals`] by kind ([`Progress::totals`]), which
+/// only grow, so one `Progress` can total several operations (a tree copy
+/// counts into the one in its [`Run`]).
 #[derive(Debug, Default)]
 pub struct Progress {
     phase: AtomicU8,
@@ -310,6 +337,32 @@ pub struct Progress {
     files_total: AtomicU64,
     bytes_done: AtomicU64,
     bytes_total: AtomicU64,
+    totals: [AtomicU64; 10],
+}
+
+/// What was placed so far, by kind: a [`Progress`]'s running totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Totals {
+    /// Regular files cloned or copied.
+    pub files: u64,
+    /// Directories created.
+    pub dirs: u64,
+    /// Symbolic links created.
+    pub symlinks: u64,
+    /// Hardlinks made.
+    pub hardlinks: u64,
+    /// FIFOs, sockets and device nodes recreated.
+    pub specials: u64,
+    /// Bytes of the files cloned or copied.
+    pub bytes: u64,
+    /// Files whose blocks are shared (cloned).
+    pub cloned: u64,
+    /// Files copied.
+    pub copied: u64,
+    /// Entries kept as they were.
+    pub skipped: u64,
+    /// Entries that failed.
+    pub errors: u64,
 }
 
 /// A copy of a [`Progress`]'s counters at one moment.
@@ -346,6 +399,60 @@ impl Progress {
             files_total: self.files_total.load(Ordering::Relaxed),
             bytes_done: self.bytes_done.load(Ordering::Relaxed),
             bytes_total: self.bytes_total.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Add `n` to the running total of `c`.
+    pub(crate) fn add(&self, c: Count, n: u64) {
+        self.totals[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Count a file placed on its own (by [`clone_file`](crate::clone_file)):
+    /// a file and its bytes, cloned or copied; [`Method::Skipped`] counts
+    /// as skipped and [`Method::Hardlink`] as a hardlink only.
+    pub fn count_file(&self, outcome: &Outcome) {
+        match outcome.method {
+            Method::Skipped => self.add(Count::Skipped, 1),
+            Method::Hardlink => self.add(Count::Hardlinks, 1),
+            m => {
+                self.add(Count::Files, 1);
+                self.add(Count::Bytes, outcome.bytes);
+                self.add(
+                    match m {
+                        Method::Reflink => Count::Cloned,
+                        _ => Count::Copied,
+                    },
+                    1,
+                );
+            }
+        }
+    }
+
+    /// Count an entry kept as it was (an existing or already complete
+    /// destination).
+    pub fn count_skipped(&self) {
+        self.add(Count::Skipped, 1);
+    }
+
+    /// Count a failed entry.
+    pub fn count_failed(&self) {
+        self.add(Count::Errors, 1);
+    }
+
+    /// The running totals now.
+    pub fn totals(&self) -> Totals {
+        let get = |c: Count| self.totals[c as usize].load(Ordering::Relaxed);
+        Totals {
+            files: get(Count::Files),
+            dirs: get(Count::Dirs),
+            symlinks: get(Count::Symlinks),
+            hardlinks: get(Count::Hardlinks),
+            specials: get(Count::Specials),
+            bytes: get(Count::Bytes),
+            cloned: get(Count::Cloned),
+            copied: get(Count::Copied),
+            skipped: get(Count::Skipped),
+            errors: get(Count::Errors),
         }
     }
 
@@ -486,6 +593,45 @@ mod tests {
             p.enter(ph, 0, 0);
             assert_eq!(p.phase(), ph);
         }
+    }
+
+    #[test]
+    fn totals_count_by_method_and_outlive_phases() {
+        let t = Progress::new();
+        t.count_file(&Outcome {
+            method: Method::Reflink,
+            bytes: 10,
+        });
+        t.count_file(&Outcome {
+            method: Method::CopyOffload,
+            bytes: 5,
+        });
+        t.count_file(&Outcome {
+            method: Method::Skipped,
+            bytes: 0,
+        });
+        t.count_file(&Outcome {
+            method: Method::Hardlink,
+            bytes: 7,
+        });
+        t.count_failed();
+        t.add(Count::Dirs, 2);
+        t.enter(Phase::Copy, 3, 0);
+        let r = t.totals();
+        assert_eq!(
+            (
+                r.files,
+                r.bytes,
+                r.cloned,
+                r.copied,
+                r.skipped,
+                r.errors,
+                r.dirs,
+                r.hardlinks
+            ),
+            (2, 15, 1, 1, 1, 1, 2, 1)
+        );
+        assert_eq!(t.snapshot().files_done, 0, "a phase resets only its own");
     }
 
     #[test]

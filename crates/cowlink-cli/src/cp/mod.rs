@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use cowlink::cp::{Backup, CpEvent, CpOptions, Deref, Sparse, Target, Update};
-use cowlink::tree::{Action, LinkKind, SkipReason, Tally, TreeEvent};
+use cowlink::run::Progress;
+use cowlink::tree::{Action, LinkKind, SkipReason, TreeEvent};
 use cowlink::Run;
-use cowlink::{CloneOptions, Error, ErrorKind, Method, Outcome, Preserve, Reflink};
+use cowlink::{CloneOptions, Error, ErrorKind, LinkMode, Method, Outcome, Preserve};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -42,6 +43,14 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink cp -a build/ staging/           # a tree, with all metadata
 ///   cowlink cp -a --dry-run build/ staging/ # what would be done
 ///   cowlink cp -a --json src/ dst/ | jq .summary
+/// GNU's `--reflink=always|auto|never`, onto the library's one
+/// [`LinkMode`] (always: clone, auto: auto, never: copy).
+fn reflink_arg() -> impl clap::builder::TypedValueParser<Value = LinkMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["auto", "always", "never"])
+        .map(|w: String| LinkMode::from_reflink(&w).expect("one of the possible values"))
+}
+
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CpArgs {
@@ -50,14 +59,14 @@ pub struct CpArgs {
     /// physical copy
     #[arg(
         long,
-        value_enum,
+        value_parser = reflink_arg(),
         value_name = "WHEN",
         default_value = "auto",
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "always"
     )]
-    reflink: Reflink,
+    reflink: LinkMode,
 
     /// Existing destination files are replaced by default, atomically
     /// (other hardlinks of a replaced file keep their content) and keeping
@@ -482,7 +491,7 @@ struct Reporter {
     quiet_dir: Mutex<Option<PathBuf>>,
     json: bool,
     recursive: bool,
-    tally: Arc<Tally>,
+    tally: Arc<Progress>,
     /// Whether a JSON record was written yet (for the commas).
     wrote_record: AtomicBool,
     /// Whether writing a line to stdout failed (the work goes on).
@@ -623,8 +632,8 @@ impl Reporter {
     }
 
     fn hint(&self, e: &Error) -> &'static str {
-        match (self.options.reflink, e.kind()) {
-            (Reflink::Always, ErrorKind::CrossDevice | ErrorKind::NotSupported) => {
+        match (self.options.link, e.kind()) {
+            (LinkMode::Clone, ErrorKind::CrossDevice | ErrorKind::NotSupported) => {
                 "; use --reflink=auto to copy"
             }
             (_, ErrorKind::IsDirectory)
@@ -713,7 +722,7 @@ impl Reporter {
     }
 
     fn summary(&self, elapsed: Duration, dry_run: bool, cancelled: bool) -> Summary {
-        let t = self.tally.report();
+        let t = self.tally.totals();
         Summary {
             files: t.files,
             dirs: t.dirs,
@@ -734,7 +743,7 @@ impl Reporter {
 
     /// The progress bar's message: counts, bytes, rate, method mix.
     fn progress_message(&self, elapsed: Duration) -> String {
-        let t = self.tally.report();
+        let t = self.tally.totals();
         let rate = t.bytes as f64 / elapsed.as_secs_f64().max(0.001);
         format!(
             "{} files, {} dirs, {} ({}/s) · {} cloned, {} copied{}",
@@ -851,7 +860,7 @@ fn options(args: &CpArgs) -> Result<CpOptions> {
     // 0: the library's default.
     let threads = args.jobs.map_or(0, crate::capped_threads);
     Ok(CpOptions {
-        reflink: args.reflink,
+        link_mode: args.reflink,
         preserve,
         default_mode: no_mode,
         attributes_only: args.attributes_only,
@@ -878,8 +887,8 @@ fn options(args: &CpArgs) -> Result<CpOptions> {
         posixly_correct: std::env::var_os("POSIXLY_CORRECT").is_some(),
         run: Run::default()
             .with_threads(threads)
-            .with_cancel(crate::interrupt::token()),
-        tally: Some(Arc::new(Tally::default())),
+            .with_cancel(crate::interrupt::token())
+            .with_progress(Arc::new(Progress::new())),
     })
 }
 
@@ -951,7 +960,7 @@ pub fn run(args: CpArgs) -> Result<Exit> {
         gnu_verbose,
         json: args.json,
         recursive: o.recursive,
-        tally: Arc::clone(o.tally.as_ref().expect("set above")),
+        tally: Arc::clone(o.run.progress.as_ref().expect("set above")),
         wrote_record: AtomicBool::new(false),
         stdout_failed: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),

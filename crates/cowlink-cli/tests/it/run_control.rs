@@ -152,7 +152,7 @@ fn sigint_stops_store_add_tree_and_checkout_leaving_the_store_consistent() {
     co.arg("store")
         .arg("--store")
         .arg(&st)
-        .args(["checkout", "--mode", "copy", "-j", "1", &digest])
+        .args(["checkout", "--link", "copy", "-j", "1", &digest])
         .arg(&dst);
     // Directories are filled in no set order: wait for any file.
     let out = interrupt_when(spawn(&mut co), |_| {

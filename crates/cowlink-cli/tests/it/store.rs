@@ -364,7 +364,7 @@ fn ext4_checkout_needs_auto_and_then_copies() {
     assert!(
         msg.contains("ext4 cannot clone")
             && msg.contains("nothing was written")
-            && msg.contains("--mode auto"),
+            && msg.contains("--link auto"),
         "{msg}"
     );
     assert!(!e.path().join("clone").exists());
@@ -373,12 +373,84 @@ fn ext4_checkout_needs_auto_and_then_copies() {
     let out = store(&st, &[&"checkout", &m, &e.path().join("empty")]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(fs::read_dir(e.path().join("empty")).unwrap().count(), 0);
-    let co = ok(&store(
+    let new = store(
         &st,
-        &[&"checkout", &"--mode", &"auto", &m, &e.path().join("auto")],
-    ));
+        &[&"checkout", &"--link", &"auto", &m, &e.path().join("auto")],
+    );
+    let co = ok(&new);
     assert!(co.contains("0 cloned, 20 copied"), "{co}");
+    assert!(
+        !text(&new.stderr).contains("deprecated"),
+        "{}",
+        text(&new.stderr)
+    );
     assert_eq!(contents(&src), contents(&e.path().join("auto")));
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn the_old_mode_flag_still_works_warns_and_is_hidden() {
+    let e = testfs!(Ext4);
+    let (src, st) = (e.path().join("src"), e.path().join("store"));
+    tree(&src, 5, 9, 3000);
+    let m = ok(&store(&st, &[&"add-tree", &src])).trim().to_string();
+    // `--mode auto` is `--link auto`, with a warning on stderr.
+    let old = store(
+        &st,
+        &[&"checkout", &"--mode", &"auto", &m, &e.path().join("old")],
+    );
+    let co = ok(&old);
+    assert!(co.contains("0 cloned, 5 copied"), "{co}");
+    assert!(
+        text(&old.stderr).contains("warning: --mode is deprecated; use --link"),
+        "{}",
+        text(&old.stderr)
+    );
+    assert_eq!(contents(&src), contents(&e.path().join("old")));
+    // And for one object.
+    let digest = ok(&store(&st, &[&"add", &src.join("d0/f0")]));
+    let digest = digest.split_whitespace().next().unwrap().to_string();
+    let one = store(
+        &st,
+        &[
+            &"materialize",
+            &"--mode",
+            &"copy",
+            &digest,
+            &e.path().join("one"),
+        ],
+    );
+    assert!(ok(&one).starts_with("copied"), "{}", text(&one.stdout));
+    assert!(text(&one.stderr).contains("--mode is deprecated"));
+    assert_eq!(
+        fs::read(e.path().join("one")).unwrap(),
+        fs::read(src.join("d0/f0")).unwrap()
+    );
+    // Both spellings at once are refused before anything is written.
+    let both = store(
+        &st,
+        &[
+            &"checkout",
+            &"--link",
+            &"copy",
+            &"--mode",
+            &"auto",
+            &m,
+            &e.path().join("both"),
+        ],
+    );
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
+    assert!(!e.path().join("both").exists());
+    // Help shows --link only.
+    let help = bin()
+        .args(["store", "checkout", "--help"])
+        .output()
+        .unwrap();
+    let help = ok(&help);
+    assert!(
+        help.contains("--link <HOW>") && !help.contains("--mode"),
+        "{help}"
+    );
 }
 
 /// Open the directory `levels` levels of `d` below `root`, one `openat`

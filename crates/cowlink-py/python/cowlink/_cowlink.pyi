@@ -8,6 +8,11 @@ from typing import Literal, Optional, Union
 from typing_extensions import Buffer, Self
 
 StrPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+# How a file is placed: "clone" (or fail), "auto" (clone, else copy),
+# "copy", "hardlink". None: the function's default ("auto" for clone_file
+# and copytree, "clone" for Store.checkout).
+LinkMode = Literal["clone", "auto", "copy", "hardlink"]
+# Deprecated: `reflink=` with cp's words; use `link=`.
 ReflinkMode = Literal["auto", "always", "never"]
 OverwriteMode = Literal["refuse", "replace", "skip"]
 PreserveName = Literal["mode", "ownership", "timestamps", "xattrs"]
@@ -238,10 +243,11 @@ def clone_file(
     src: StrPath,
     dst: StrPath,
     *,
-    reflink: ReflinkMode = "auto",
+    link: Optional[LinkMode] = None,
     overwrite: OverwriteMode = "refuse",
     preserve: Preserve = None,
     atomic: bool = True,
+    reflink: Optional[ReflinkMode] = None,
 ) -> Outcome: ...
 def clone_range(
     src: StrPath,
@@ -258,10 +264,11 @@ def copytree(
     archive: bool = True,
     threads: Optional[int] = None,
     dirs_exist_ok: bool = False,
-    reflink: ReflinkMode = "auto",
+    link: Optional[LinkMode] = None,
     atomic: bool = False,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
+    reflink: Optional[ReflinkMode] = None,
 ) -> TreeReport: ...
 def copy(
     src: Union[StrPath, Sequence[StrPath]],
@@ -501,7 +508,7 @@ class Store:
         digest: str,
         dest: StrPath,
         *,
-        link: Literal["clone", "auto", "copy", "hardlink"] = "clone",
+        link: Optional[LinkMode] = None,
         verify: bool = False,
         threads: Optional[int] = None,
         on_progress: OnProgress = None,

@@ -15,13 +15,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{BenchOptions, BenchReport, Parts, Plan, Site, Stage, Strategy};
+use super::{BenchOptions, BenchPlan, BenchReport, Parts, Site, Stage, Strategy};
 use crate::ground::error::{Error, ErrorKind, Operation};
 
 /// A family of workloads judged together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Group {
+pub enum BenchGroup {
     /// Copying files (no clone), all sizes.
     Copy,
     /// Cloning files, all sizes.
@@ -36,16 +36,16 @@ pub enum Group {
     ReadBack,
 }
 
-impl Group {
+impl BenchGroup {
     /// The group in words, for a verdict sentence.
     pub fn words(self) -> &'static str {
         match self {
-            Group::Copy => "copying files",
-            Group::Clone => "cloning files",
-            Group::Hardlink => "hard links",
-            Group::Metadata => "small-file metadata work",
-            Group::Write => "large-file writes",
-            Group::ReadBack => "large-file reads",
+            BenchGroup::Copy => "copying files",
+            BenchGroup::Clone => "cloning files",
+            BenchGroup::Hardlink => "hard links",
+            BenchGroup::Metadata => "small-file metadata work",
+            BenchGroup::Write => "large-file writes",
+            BenchGroup::ReadBack => "large-file reads",
         }
     }
 }
@@ -56,7 +56,7 @@ pub struct WorkloadResult {
     /// What was measured ("copy 16.0 MiB", "metadata stat", "write buffered-1m").
     pub workload: String,
     /// Its group.
-    pub group: Group,
+    pub group: BenchGroup,
     /// The unit of [`values`](Self::values): "µs" (lower is better) or a
     /// rate, "files/s" or "MB/s" (higher is better).
     pub unit: &'static str,
@@ -72,7 +72,7 @@ pub struct WorkloadResult {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GroupResult {
     /// The group.
-    pub group: Group,
+    pub group: BenchGroup,
     /// Per directory, relative to the first (`None` where the group could
     /// not run, e.g. no reflink).
     pub slowdown: Vec<Option<f64>>,
@@ -140,7 +140,7 @@ pub fn compare(
         .zip(&stages)
         .map(|(d, st)| Site::open(d, st.as_ref()))
         .collect::<Result<_, _>>()?;
-    let plan = Plan::new(options.level);
+    let plan = BenchPlan::new(options.level);
     let mut steps: Vec<Step> = plan.sizes.iter().map(|&s| Step::Size(s)).collect();
     steps.push(Step::Metadata);
     steps.extend(Strategy::ALL.map(Step::Writer));
@@ -218,19 +218,19 @@ fn side_by_side(reports: &[BenchReport]) -> Vec<WorkloadResult> {
         let sz = size_words(row.bytes);
         push(
             format!("copy {sz}"),
-            Group::Copy,
+            BenchGroup::Copy,
             "µs",
             at(&|s| Some(s.copy.median_us)),
         );
         push(
             format!("clone {sz}"),
-            Group::Clone,
+            BenchGroup::Clone,
             "µs",
             at(&|s| s.clone.map(|c| c.median_us)),
         );
         push(
             format!("hardlink {sz}"),
-            Group::Hardlink,
+            BenchGroup::Hardlink,
             "µs",
             at(&|s| Some(s.hardlink.median_us)),
         );
@@ -240,25 +240,25 @@ fn side_by_side(reports: &[BenchReport]) -> Vec<WorkloadResult> {
     };
     push(
         "metadata create".into(),
-        Group::Metadata,
+        BenchGroup::Metadata,
         "files/s",
         meta(&|m| m.create_per_s),
     );
     push(
         "metadata stat".into(),
-        Group::Metadata,
+        BenchGroup::Metadata,
         "files/s",
         meta(&|m| m.stat_per_s),
     );
     push(
         "metadata read".into(),
-        Group::Metadata,
+        BenchGroup::Metadata,
         "files/s",
         meta(&|m| m.read_per_s),
     );
     push(
         "metadata delete".into(),
-        Group::Metadata,
+        BenchGroup::Metadata,
         "files/s",
         meta(&|m| m.delete_per_s),
     );
@@ -269,13 +269,13 @@ fn side_by_side(reports: &[BenchReport]) -> Vec<WorkloadResult> {
         let name = w.strategy.name();
         push(
             format!("write {name}"),
-            Group::Write,
+            BenchGroup::Write,
             "MB/s",
             at(&|w| w.write_mb_per_s),
         );
         push(
             format!("read back {name}"),
-            Group::ReadBack,
+            BenchGroup::ReadBack,
             "MB/s",
             at(&|w| w.readback_mb_per_s),
         );
@@ -286,12 +286,12 @@ fn side_by_side(reports: &[BenchReport]) -> Vec<WorkloadResult> {
 /// The geometric mean of each group's slowdowns, per directory.
 fn group_results(rows: &[WorkloadResult], n: usize) -> Vec<GroupResult> {
     let groups = [
-        Group::Copy,
-        Group::Clone,
-        Group::Hardlink,
-        Group::Metadata,
-        Group::Write,
-        Group::ReadBack,
+        BenchGroup::Copy,
+        BenchGroup::Clone,
+        BenchGroup::Hardlink,
+        BenchGroup::Metadata,
+        BenchGroup::Write,
+        BenchGroup::ReadBack,
     ];
     groups
         .into_iter()
@@ -316,7 +316,7 @@ fn group_results(rows: &[WorkloadResult], n: usize) -> Vec<GroupResult> {
 mod tests {
     use super::*;
 
-    fn row(group: Group, unit: &'static str, values: &[Option<f64>]) -> WorkloadResult {
+    fn row(group: BenchGroup, unit: &'static str, values: &[Option<f64>]) -> WorkloadResult {
         let higher = unit != "µs";
         let b = values[0];
         WorkloadResult {
@@ -334,18 +334,26 @@ mod tests {
     #[test]
     fn groups_take_the_geometric_mean_and_skip_what_could_not_run() {
         let rows = vec![
-            row(Group::Metadata, "files/s", &[Some(1000.0), Some(500.0)]),
-            row(Group::Metadata, "files/s", &[Some(1000.0), Some(2000.0)]),
-            row(Group::Copy, "µs", &[Some(10.0), Some(40.0)]),
-            row(Group::Clone, "µs", &[None, Some(5.0)]),
+            row(
+                BenchGroup::Metadata,
+                "files/s",
+                &[Some(1000.0), Some(500.0)],
+            ),
+            row(
+                BenchGroup::Metadata,
+                "files/s",
+                &[Some(1000.0), Some(2000.0)],
+            ),
+            row(BenchGroup::Copy, "µs", &[Some(10.0), Some(40.0)]),
+            row(BenchGroup::Clone, "µs", &[None, Some(5.0)]),
         ];
         let g = group_results(&rows, 2);
-        let of = |k: Group| g.iter().find(|r| r.group == k).unwrap().slowdown.clone();
+        let of = |k: BenchGroup| g.iter().find(|r| r.group == k).unwrap().slowdown.clone();
         // 2× slower and 2× faster cancel out.
-        assert!((of(Group::Metadata)[1].unwrap() - 1.0).abs() < 1e-9);
-        assert_eq!(of(Group::Copy), [Some(1.0), Some(4.0)]);
-        assert_eq!(of(Group::Clone), [None, None]);
-        assert_eq!(of(Group::Write), [None, None]);
+        assert!((of(BenchGroup::Metadata)[1].unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(of(BenchGroup::Copy), [Some(1.0), Some(4.0)]);
+        assert_eq!(of(BenchGroup::Clone), [None, None]);
+        assert_eq!(of(BenchGroup::Write), [None, None]);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-pub use compare::{compare, Comparison, Group, GroupResult, WorkloadResult};
+pub use compare::{compare, BenchGroup, Comparison, GroupResult, WorkloadResult};
 pub use verdict::{verdict, Advice, Verdict, WriterAdvice, REFERENCE_SIZE};
 pub use workloads::Strategy;
 
@@ -52,7 +52,7 @@ pub enum Level {
 
 /// Workload sizes for a [`Level`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub struct BenchPlan {
     /// File sizes for the copy/clone/hardlink comparison.
     pub sizes: Vec<u64>,
     /// Operations timed per size and method.
@@ -65,9 +65,9 @@ pub struct Plan {
     pub writer_file_size: u64,
 }
 
-impl Plan {
+impl BenchPlan {
     /// The workloads of `level`.
-    pub fn new(level: Level) -> Plan {
+    pub fn new(level: Level) -> BenchPlan {
         let mut sizes = vec![0, 1, KIB, 16 * KIB, 256 * KIB, MIB, 16 * MIB];
         if level == Level::Full {
             sizes.extend([256 * MIB, 1024 * MIB]);
@@ -77,7 +77,7 @@ impl Plan {
             Level::Standard => (15, 10_000, 2, 32 * MIB),
             Level::Full => (10, 10_000, 4, 64 * MIB),
         };
-        Plan {
+        BenchPlan {
             sizes,
             copies,
             meta_files,
@@ -124,7 +124,7 @@ impl Latency {
     /// Median, min and max of `v`.
     ///
     /// # Panics
-    /// If `v` is empty (every [`Plan`] times at least 5 operations).
+    /// If `v` is empty (every [`BenchPlan`] times at least 5 operations).
     pub fn of(mut v: Vec<Duration>) -> Latency {
         v.sort();
         let us = |d: Duration| d.as_secs_f64() * 1e6;
@@ -273,7 +273,7 @@ impl Site {
 
     fn workloads<'a>(
         &'a self,
-        plan: &'a Plan,
+        plan: &'a BenchPlan,
         run: &'a Run,
         stage: &'a (dyn Fn(Stage) + Sync),
     ) -> workloads::Workloads<'a> {
@@ -317,13 +317,14 @@ struct Parts {
 /// workload fails (the error names the file), or the run was cancelled
 /// ([`ErrorKind::Cancelled`]). The work directory is removed in every case.
 pub fn bench(
-    dir: &Path,
+    dir: impl AsRef<Path>,
     options: &BenchOptions,
     stage: &(dyn Fn(Stage) + Sync),
 ) -> Result<BenchReport, Error> {
+    let dir = dir.as_ref();
     let start = Instant::now();
     let site = Site::open(dir, stage)?;
-    let plan = Plan::new(options.level);
+    let plan = BenchPlan::new(options.level);
     let w = site.workloads(&plan, &options.run, stage);
     let parts = Parts {
         sizes: w.sizes(site.reflink.works)?,
@@ -352,9 +353,9 @@ mod tests {
     #[test]
     fn plans_grow_with_the_level() {
         let (q, s, f) = (
-            Plan::new(Level::Quick),
-            Plan::new(Level::Standard),
-            Plan::new(Level::Full),
+            BenchPlan::new(Level::Quick),
+            BenchPlan::new(Level::Standard),
+            BenchPlan::new(Level::Full),
         );
         assert_eq!(q.sizes, s.sizes);
         assert_eq!(f.sizes.last(), Some(&(1024 * MIB)));

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Latency, Metadata, Plan, SizeRow, Stage, WriterRow, KIB, MIB};
+use super::{BenchPlan, Latency, Metadata, SizeRow, Stage, WriterRow, KIB, MIB};
 use crate::clone::{clone_file, CloneOptions};
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::prealloc::PreallocWriter;
-use crate::prim::mode::Reflink;
+use crate::prim::mode::LinkMode;
 use crate::run::Run;
 
 /// How a writer writes a large file.
@@ -65,7 +65,7 @@ impl Serialize for Strategy {
 /// What every workload needs.
 pub(super) struct Workloads<'a> {
     pub work: &'a Path,
-    pub plan: &'a Plan,
+    pub plan: &'a BenchPlan,
     pub run: &'a Run,
     pub stage: &'a (dyn Fn(Stage) + Sync),
 }
@@ -123,11 +123,11 @@ impl Workloads<'_> {
     /// Copy vs clone vs hardlink of one source of `size` bytes.
     pub(super) fn size_row(&self, size: u64, reflink_works: bool) -> Result<SizeRow, Error> {
         let copy_opts = CloneOptions {
-            reflink: Reflink::Never,
+            link: LinkMode::Copy,
             ..Default::default()
         };
         let clone_opts = CloneOptions {
-            reflink: Reflink::Always,
+            link: LinkMode::Clone,
             ..Default::default()
         };
         (self.stage)(Stage::Sizes(size));

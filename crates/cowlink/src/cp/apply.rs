@@ -19,7 +19,8 @@ use super::{io_words, Ask, CpEvent, CpObserver, CpOptions, CpReport, Deref, Oper
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::name::quoted;
 use crate::prim::mode::{Method, Outcome};
-use crate::tree::{copy_tree, LinkKind, SkipReason, Tally, TreeEvent};
+use crate::run::Progress;
+use crate::tree::{copy_tree, LinkKind, SkipReason, TreeEvent};
 
 /// What earlier operands did, for the rules that span operands.
 #[derive(Default)]
@@ -85,11 +86,12 @@ pub fn copy_operands(
     mut ask: Option<Ask<'_>>,
 ) -> CpReport {
     let tally = o
-        .tally
+        .run
+        .progress
         .clone()
-        .unwrap_or_else(|| Arc::new(Tally::default()));
+        .unwrap_or_else(|| Arc::new(Progress::new()));
     let mut tree = o.tree_options();
-    tree.tally = Some(Arc::clone(&tally));
+    tree.run = tree.run.clone().with_progress(Arc::clone(&tally));
     let into_dir = into_target || ops.len() > 1 || ops.first().is_some_and(|j| j.into_dir);
     let mut seen = Seen::default();
     let mut any_tree = false;
@@ -112,15 +114,14 @@ pub fn copy_operands(
         };
         any_tree |= a.operand(into_dir, &mut seen, ask);
     }
-    let mut totals = tally.report();
-    totals.cancelled = o.run.cancelled();
+    let totals = crate::tree::TreeReport::from_totals(tally.totals(), o.run.cancelled());
     CpReport { totals, any_tree }
 }
 
 struct Apply<'a> {
     o: &'a CpOptions,
     tree: &'a crate::tree::TreeOptions,
-    tally: &'a Tally,
+    tally: &'a Progress,
     observer: &'a dyn CpObserver,
     src: &'a Path,
     dst: &'a Path,
@@ -144,7 +145,7 @@ impl Apply<'_> {
         .with_src(self.src)
         .with_dst(dst)
         .with_reason(r.message.clone());
-        self.tally.failed();
+        self.tally.count_failed();
         self.observer.event(&CpEvent::Failed {
             src: self.src,
             dst,
@@ -154,7 +155,7 @@ impl Apply<'_> {
     }
 
     fn failed(&self, dst: &Path, e: &Error) {
-        self.tally.failed();
+        self.tally.count_failed();
         self.observer.event(&CpEvent::Failed {
             src: self.src,
             dst,
@@ -473,7 +474,7 @@ impl Apply<'_> {
             self.failed(dst, e);
         };
         let ok = |outcome: Outcome| {
-            self.tally.file(&outcome);
+            self.tally.count_file(&outcome);
             self.observer.event(&CpEvent::Copied {
                 src,
                 dst,
@@ -529,7 +530,7 @@ impl Apply<'_> {
                     _ => false,
                 };
                 if complete {
-                    self.tally.skipped();
+                    self.tally.count_skipped();
                     self.observer.event(&CpEvent::Skipped {
                         src,
                         dst,
@@ -541,7 +542,7 @@ impl Apply<'_> {
             }
             match crate::clone_file(src, dst, &options) {
                 Ok(outcome) if outcome.method == Method::Skipped => {
-                    self.tally.skipped();
+                    self.tally.count_skipped();
                     self.observer.event(&CpEvent::Skipped {
                         src,
                         dst,

@@ -23,7 +23,6 @@ pub mod decide;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use apply::copy_operands;
@@ -31,8 +30,8 @@ pub use decide::{FileKind, KeepReason, Prompt, Refusal, StatFacts};
 
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::prim::meta::Preserve;
-use crate::prim::mode::{Outcome, Reflink};
-use crate::tree::{LinkKind, SkipReason, Tally, TreeEvent, TreeReport};
+use crate::prim::mode::{LinkMode, Outcome};
+use crate::tree::{LinkKind, SkipReason, TreeEvent, TreeReport};
 
 /// Which symbolic links among the sources are followed (`-L`, `-H`, `-P`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,11 +123,13 @@ pub enum Sparse {
 }
 
 /// Everything GNU cp decides, as one configuration. `Default` is plain
-/// `cp SRC DEST` with `--reflink=auto`.
-#[derive(Debug, Clone, Default)]
+/// `cp SRC DEST` with `--reflink=auto` ([`LinkMode::Auto`]).
+#[derive(Debug, Clone)]
 pub struct CpOptions {
-    /// When to share blocks.
-    pub reflink: Reflink,
+    /// How data is placed: GNU's `--reflink=always|auto|never` are
+    /// [`LinkMode::Clone`], [`LinkMode::Auto`] and [`LinkMode::Copy`]
+    /// ([`LinkMode::from_reflink`]).
+    pub link_mode: LinkMode,
     /// Metadata to carry beyond the permission bits.
     pub preserve: Preserve,
     /// `--no-preserve=mode`: new files get the default mode (`0666`/`0777`
@@ -176,10 +177,38 @@ pub struct CpOptions {
     /// Write through dangling destination symlinks (GNU does with
     /// `POSIXLY_CORRECT` set).
     pub posixly_correct: bool,
-    /// Threads, cancellation and progress of tree copies.
+    /// Threads, cancellation and progress: every file copied, skipped or
+    /// failed is counted into `run.progress` (read it while the copy runs).
     pub run: crate::run::Run,
-    /// A running total to count into (read it while the copy runs).
-    pub tally: Option<Arc<Tally>>,
+}
+
+impl Default for CpOptions {
+    fn default() -> Self {
+        CpOptions {
+            link_mode: LinkMode::Auto,
+            preserve: Preserve::default(),
+            default_mode: false,
+            attributes_only: false,
+            deref: Deref::default(),
+            backup: None,
+            suffix: OsString::new(),
+            force: false,
+            remove_destination: false,
+            interactive: false,
+            update: Update::default(),
+            link: None,
+            copy_contents: false,
+            preserve_links: false,
+            recursive: false,
+            parents: false,
+            sparse: Sparse::default(),
+            resume: false,
+            atomic: false,
+            dry_run: false,
+            posixly_correct: false,
+            run: crate::run::Run::default(),
+        }
+    }
 }
 
 impl CpOptions {
@@ -202,7 +231,7 @@ impl CpOptions {
             preserve.timestamps = true;
         }
         crate::CloneOptions {
-            reflink: self.reflink,
+            link: self.link_mode,
             // GNU replaces existing files unless told otherwise; links are
             // made only where nothing is (or -f removed it).
             overwrite: if self.update == Update::None {
@@ -234,7 +263,6 @@ impl CpOptions {
             copy_contents: self.copy_contents && self.recursive,
             dry_run: self.dry_run,
             run: self.run.clone(),
-            tally: self.tally.clone(),
         }
     }
 

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs;
 
-use super::{open_read, DedupeOptions, Group, Plan, CHUNK};
+use super::{open_read, DedupeGroup, DedupeOptions, DedupePlan, CHUNK};
 use crate::ground::error::{Error, Operation};
 use crate::ground::lock;
 use crate::run::{Phase, Run};
@@ -28,7 +28,7 @@ pub struct DedupeReport {
     pub bytes_compared: u64,
     /// Space given back. Without [`DedupeOptions::measure`]: the bytes
     /// the targets now sharing in full held alone, from their extent maps
-    /// when planned (a group's [`Group::reclaimable`], in proportion to
+    /// when planned (a group's [`DedupeGroup::reclaimable`], in proportion to
     /// its targets done). With it: free space gained, from `statfs` before
     /// and after, each after a `syncfs`, summed over the filesystems
     /// involved.
@@ -41,7 +41,7 @@ pub struct DedupeReport {
     #[serde(flatten, serialize_with = "crate::name::json::changed")]
     pub changed: Vec<PathBuf>,
     /// Targets of groups formed from the file edges alone
-    /// ([`Group::blake3`] `None`) that the kernel found different from
+    /// ([`DedupeGroup::blake3`] `None`) that the kernel found different from
     /// their source: not changed, just not identical after all. They were
     /// hashed whole with their sources and grouped again.
     pub regrouped: u64,
@@ -55,7 +55,7 @@ pub struct DedupeReport {
 
 /// What the Dedupe phase counts for `groups`: their targets, and the
 /// targets' bytes.
-pub(super) fn totals(groups: &[Group]) -> (u64, u64) {
+pub(super) fn totals(groups: &[DedupeGroup]) -> (u64, u64) {
     let files = groups.iter().map(|g| g.targets.len() as u64).sum();
     let bytes = groups.iter().map(|g| g.size * g.targets.len() as u64).sum();
     (files, bytes)
@@ -68,8 +68,8 @@ pub(super) fn totals(groups: &[Group]) -> (u64, u64) {
 /// A group without a whole-file hash (from [`dedupe`](super::dedupe)'s
 /// plan) is confirmed by the kernel's comparison; a target found different
 /// is hashed whole with its source and grouped again, as `dedupe` does.
-pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
-    let tally = Tally::new(&opts.run);
+pub fn execute(plan: &DedupePlan, opts: &DedupeOptions) -> DedupeReport {
+    let tally = Counters::new(&opts.run);
     let (files, bytes) = totals(&plan.groups);
     tally.show(files, bytes);
     let mut ex = Executor::new(&opts.run, &tally, opts.measure);
@@ -86,15 +86,15 @@ pub fn execute(plan: &Plan, opts: &DedupeOptions) -> DedupeReport {
 /// Dedupe progress that may begin before [`Phase::Dedupe`] is shown (while
 /// the plan still hashes): work done early is held back and handed over
 /// when the phase is entered, so the hashing's counters stay its own.
-pub(super) struct Tally<'a> {
+pub(super) struct Counters<'a> {
     run: &'a Run,
     /// Shown yet, and files and bytes done before it was.
     held: Mutex<(bool, u64, u64)>,
 }
 
-impl<'a> Tally<'a> {
+impl<'a> Counters<'a> {
     pub(super) fn new(run: &'a Run) -> Self {
-        Tally {
+        Counters {
             run,
             held: Mutex::new((false, 0, 0)),
         }
@@ -125,7 +125,7 @@ impl<'a> Tally<'a> {
 /// The free space of a filesystem is read before its first group runs.
 pub(super) struct Executor<'a> {
     run: &'a Run,
-    tally: &'a Tally<'a>,
+    tally: &'a Counters<'a>,
     pool: Option<rayon::ThreadPool>,
     /// Free space per filesystem before anything ran there, keyed by device
     /// (`None`: it could not be read); `None` when not measuring.
@@ -141,7 +141,7 @@ pub(super) struct Executor<'a> {
 impl<'a> Executor<'a> {
     /// `measure`: read the free space (after a `syncfs`) before the first
     /// group on each filesystem and at the end, for the report.
-    pub(super) fn new(run: &'a Run, tally: &'a Tally<'a>, measure: bool) -> Self {
+    pub(super) fn new(run: &'a Run, tally: &'a Counters<'a>, measure: bool) -> Self {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(run.threads_or(crate::run::cores))
             .build()
@@ -158,9 +158,9 @@ impl<'a> Executor<'a> {
     }
 
     /// Carry out `groups` (in parallel) and wait for them.
-    pub(super) fn start(&mut self, groups: &[Group]) {
+    pub(super) fn start(&mut self, groups: &[DedupeGroup]) {
         // Disk order (approximately: path order) rather than size order.
-        let mut order: Vec<&Group> = groups.iter().collect();
+        let mut order: Vec<&DedupeGroup> = groups.iter().collect();
         order.sort_by(|a, b| a.source.cmp(&b.source));
         let (run, tally, free_before) = (self.run, self.tally, self.free_before.as_ref());
         type Part = (Option<u64>, DedupeReport, Vec<(PathBuf, PathBuf)>);
@@ -259,11 +259,11 @@ fn free_space(fd: &OwnedFd) -> Option<u64> {
 /// `differ` (source, target), not to the report's `changed`. The free
 /// space is read first when `free_before` is given (measuring).
 fn dedupe_group(
-    g: &Group,
+    g: &DedupeGroup,
     report: &mut DedupeReport,
     differ: &mut Vec<(PathBuf, PathBuf)>,
     run: &Run,
-    tally: &Tally<'_>,
+    tally: &Counters<'_>,
     free_before: Option<&FreeBefore>,
 ) -> Option<u64> {
     let op = Operation::Dedupe;

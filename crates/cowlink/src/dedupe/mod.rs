@@ -98,7 +98,7 @@ pub struct DedupeOptions {
     /// Smallest file considered, in bytes (default 1: every non-empty
     /// file holds a block of its own on XFS, so even a 1-byte duplicate
     /// gives back a block; Btrfs keeps small files inline in its metadata,
-    /// and those are reported in [`Plan::inline_skipped`] instead).
+    /// and those are reported in [`DedupePlan::inline_skipped`] instead).
     pub min_size: u64,
     /// Threads for walking, hashing and executing (0: one per core),
     /// cancellation, and progress: [`Phase::Scan`] (entries seen),
@@ -132,7 +132,7 @@ impl Default for DedupeOptions {
 /// plan back takes the exact bytes when they are there.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "GroupWire")]
-pub struct Group {
+pub struct DedupeGroup {
     /// Size of every file in the group.
     pub size: u64,
     /// BLAKE3 of the whole content, hex. `None` for a group that
@@ -156,7 +156,7 @@ pub struct Group {
     pub reclaimable: u64,
 }
 
-/// [`Group`] as JSON has it: each path field next to its exact bytes.
+/// [`DedupeGroup`] as JSON has it: each path field next to its exact bytes.
 #[derive(serde::Deserialize)]
 struct GroupWire {
     size: u64,
@@ -175,10 +175,10 @@ struct GroupWire {
     reclaimable: u64,
 }
 
-impl From<GroupWire> for Group {
-    fn from(w: GroupWire) -> Group {
+impl From<GroupWire> for DedupeGroup {
+    fn from(w: GroupWire) -> DedupeGroup {
         use crate::name::json::{read_many, read_one};
-        Group {
+        DedupeGroup {
             size: w.size,
             blake3: w.blake3,
             source: read_one(w.source, w.source_bytes),
@@ -191,9 +191,9 @@ impl From<GroupWire> for Group {
 
 /// What [`plan`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Plan {
+pub struct DedupePlan {
     /// Groups with at least one target, largest reclaim first.
-    pub groups: Vec<Group>,
+    pub groups: Vec<DedupeGroup>,
     /// Regular files the walk saw.
     pub files_scanned: u64,
     /// Files of at least `min_size` on a filesystem that can deduplicate.
@@ -222,7 +222,7 @@ pub struct Plan {
     pub errors: Vec<Error>,
 }
 
-impl Plan {
+impl DedupePlan {
     /// Targets in all groups.
     pub fn targets(&self) -> u64 {
         self.groups.iter().map(|g| g.targets.len() as u64).sum()
@@ -400,8 +400,8 @@ impl Visitor for Collect {
 ///
 /// # Errors
 /// Only when no path could be walked at all; per-file problems and
-/// refused filesystems are listed in [`Plan::errors`].
-pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<Plan> {
+/// refused filesystems are listed in [`DedupePlan::errors`].
+pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<DedupePlan> {
     find(paths, opts, Compare::Hash, None)
 }
 
@@ -421,7 +421,7 @@ enum Compare {
 /// the two overlapping: the groups of small files (at most two edges, read
 /// whole with their layout) are final before the larger files are read,
 /// and are deduplicated while that goes on. Larger files are grouped on
-/// their edges alone ([`Group::blake3`] is `None`): the kernel's comparison
+/// their edges alone ([`DedupeGroup::blake3`] is `None`): the kernel's comparison
 /// confirms every byte, and a target it finds different is taken out of
 /// its group and grouped again with a whole-file hash
 /// ([`DedupeReport::regrouped`]). The returned plan is what was carried
@@ -432,11 +432,14 @@ enum Compare {
 /// says [`DedupeReport::cancelled`], and the plan holds the groups that
 /// were handed to the executor by then (groups already done share their
 /// blocks, the rest are untouched).
-pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan, DedupeReport)> {
+pub fn dedupe<P: AsRef<Path>>(
+    paths: &[P],
+    opts: &DedupeOptions,
+) -> Result<(DedupePlan, DedupeReport)> {
     let run = &opts.run;
-    let tally = execute::Tally::new(run);
+    let tally = execute::Counters::new(run);
     std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<Group>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<DedupeGroup>>();
         // The executor keeps the groups it was handed: after a cancel
         // while planning they are the plan.
         let worker = s.spawn(|| {
@@ -455,7 +458,7 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
             paths,
             opts,
             Compare::Kernel,
-            Some(&mut |groups: Vec<Group>| {
+            Some(&mut |groups: Vec<DedupeGroup>| {
                 let (f, b) = execute::totals(&groups);
                 (files, bytes) = (files + f, bytes + b);
                 let _ = tx.send(groups);
@@ -476,9 +479,9 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
                 Ok((plan, ex.finish()))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
-                let plan = Plan {
+                let plan = DedupePlan {
                     groups: handed,
-                    ..Plan::default()
+                    ..DedupePlan::default()
                 };
                 Ok((plan, ex.finish()))
             }
@@ -499,7 +502,7 @@ pub fn dedupe<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<(Plan
 /// wrote to it since). Such targets are rare; keeping every larger
 /// target's path and bytes in a map for them held a copy of those paths
 /// through the whole run.
-fn settle(plan: &mut Plan, opts: &DedupeOptions, ex: &mut execute::Executor<'_>) {
+fn settle(plan: &mut DedupePlan, opts: &DedupeOptions, ex: &mut execute::Executor<'_>) {
     let unsettled = ex.take_unsettled();
     if unsettled.is_empty() {
         return;
@@ -509,7 +512,7 @@ fn settle(plan: &mut Plan, opts: &DedupeOptions, ex: &mut execute::Executor<'_>)
         .map(|(s, t)| (s.as_path(), t.as_path()))
         .collect();
     for g in plan.groups.iter_mut().filter(|g| g.blake3.is_none()) {
-        let Group {
+        let DedupeGroup {
             source,
             targets,
             reclaimable,
@@ -539,7 +542,7 @@ fn settle(plan: &mut Plan, opts: &DedupeOptions, ex: &mut execute::Executor<'_>)
 /// The plan, with whole-file hashes, of the sources and targets of
 /// `unsettled` (pairs the kernel found different), planned quietly (no
 /// progress of its own). `None` when it could not be made (cancelled).
-fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<Plan> {
+fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<DedupePlan> {
     let mut paths: Vec<&Path> = unsettled
         .iter()
         .flat_map(|(s, t)| [s.as_path(), t.as_path()])
@@ -578,8 +581,8 @@ fn find<P: AsRef<Path>>(
     paths: &[P],
     opts: &DedupeOptions,
     compare: Compare,
-    mut hand_over: Option<&mut dyn FnMut(Vec<Group>)>,
-) -> Result<Plan> {
+    mut hand_over: Option<&mut dyn FnMut(Vec<DedupeGroup>)>,
+) -> Result<DedupePlan> {
     let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
     let run = &opts.run;
     let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
@@ -605,7 +608,7 @@ fn find<P: AsRef<Path>>(
         // Nothing could be walked: the (first) path's own error.
         return Err(errors.swap_remove(0));
     }
-    let mut plan = Plan {
+    let mut plan = DedupePlan {
         files_scanned,
         ..Default::default()
     };
@@ -919,8 +922,8 @@ mod tests {
     #[test]
     fn a_plan_reads_back_from_its_json_with_exact_names() {
         let odd = |b: &[u8]| PathBuf::from(OsStr::from_bytes(b));
-        let plan = Plan {
-            groups: vec![Group {
+        let plan = DedupePlan {
+            groups: vec![DedupeGroup {
                 size: 8192,
                 blake3: Some("ab".repeat(32)),
                 source: odd(b"/d/caf\xe9"),
@@ -930,11 +933,11 @@ mod tests {
             }],
             files_scanned: 4,
             candidates: 4,
-            ..Plan::default()
+            ..DedupePlan::default()
         };
         let text = serde_json::to_string(&plan).expect("serialize");
         assert!(text.contains("source_bytes") && text.contains("targets_bytes"));
-        let back: Plan = serde_json::from_str(&text).expect("read back");
+        let back: DedupePlan = serde_json::from_str(&text).expect("read back");
         assert_eq!(back, plan);
         // A plan whose names are all UTF-8 has no companions, and reads back.
         let mut plain = plan.clone();
@@ -943,7 +946,7 @@ mod tests {
         let text = serde_json::to_string(&plain).expect("serialize");
         assert!(!text.contains("_bytes"));
         assert_eq!(
-            serde_json::from_str::<Plan>(&text).expect("read back"),
+            serde_json::from_str::<DedupePlan>(&text).expect("read back"),
             plain
         );
     }

@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use super::Group;
+use super::DedupeGroup;
 use crate::extents::Extent;
 
 /// Where the candidates' names are kept: each directory's path once, by
@@ -466,7 +466,11 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
 /// because the caller may not change them.
 ///
 /// The groups' paths are built from `names`.
-pub(super) fn groups(cl: &mut Clusters, sets: &[Span], names: &Names) -> (Vec<Group>, u64, u64) {
+pub(super) fn groups(
+    cl: &mut Clusters,
+    sets: &[Span],
+    names: &Names,
+) -> (Vec<DedupeGroup>, u64, u64) {
     let Clusters {
         files, clusters, ..
     } = cl;
@@ -506,7 +510,7 @@ pub(super) fn groups(cl: &mut Clusters, sets: &[Span], names: &Names) -> (Vec<Gr
         }
         targets.sort_unstable();
         targets.shrink_to_fit();
-        out.push(Group {
+        out.push(DedupeGroup {
             size: src[0].size,
             blake3: Some(crate::ground::hash::hex(&hash)),
             source: names.path(src[0].name),
@@ -520,7 +524,7 @@ pub(super) fn groups(cl: &mut Clusters, sets: &[Span], names: &Names) -> (Vec<Gr
 }
 
 /// The plan's order: largest reclaimable first, ties by source path.
-pub(super) fn order(groups: &mut [Group]) {
+pub(super) fn order(groups: &mut [DedupeGroup]) {
     // Sources are distinct (a file is in one group at most), so the order
     // is total and an unstable sort, which needs no scratch copy, gives it.
     groups.sort_unstable_by(|a, b| {

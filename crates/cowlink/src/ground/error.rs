@@ -165,7 +165,7 @@ pub const SWAP_REASON: &str =
 pub enum Operation {
     /// Whole-file clone or copy (`clone_file`).
     Clone,
-    /// Data copy without cloning (`Reflink::Never`).
+    /// Data copy without cloning (`LinkMode::Copy`).
     Copy,
     /// Range clone (`clone_range`).
     CloneRange,
@@ -399,7 +399,7 @@ impl serde::Serialize for Error {
 impl Error {
     /// Whether copying the data instead would have worked where this
     /// error stopped a clone or hardlink (different filesystems, no
-    /// reflink support...): the [`Reflink::Auto`](crate::Reflink::Auto)
+    /// reflink support...): the [`LinkMode::Auto`](crate::LinkMode::Auto)
     /// fallback rule. Front ends use it to suggest the copying mode.
     pub fn copy_would_work(&self) -> bool {
         self.errno.is_some_and(is_not_possible_here)

@@ -85,7 +85,8 @@ fn parse_line(line: &str) -> Option<MountEntry> {
 /// The mounts a path walk from `root` can reach: the mount containing
 /// `root` and every visible mount below it, in mountinfo order. A mount
 /// hidden by a later mount on the same point is left out.
-pub fn at_or_under(mounts: &[MountEntry], root: &Path) -> Vec<MountEntry> {
+pub fn at_or_under(mounts: &[MountEntry], root: impl AsRef<Path>) -> Vec<MountEntry> {
+    let root = root.as_ref();
     // The last mount on a mount point is the visible one.
     let mut visible: Vec<&MountEntry> = Vec::new();
     for m in mounts {

@@ -297,7 +297,8 @@ pub struct Chain {
 
 /// Open the chain under the qcow2 image `top` (named by the user, so
 /// probed: it must be qcow2), every file read-locked.
-pub fn open_chain(top: &Path) -> Result<Chain, Error> {
+pub fn open_chain(top: impl AsRef<Path>) -> Result<Chain, Error> {
+    let top = top.as_ref();
     let node = open_node(top, "image", false, Access::Read)?;
     if Format::probe(&node)? != Format::Qcow2 {
         return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)

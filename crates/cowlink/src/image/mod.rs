@@ -52,7 +52,7 @@ use crate::prim::place::{Overwrite, PendingFile};
 use crate::run::Run;
 use chain::{open_node, Format, Node, NodeKind};
 use lock::Access;
-pub use qcow2::{Piece, Qcow2, Source};
+pub use qcow2::{Piece, PieceSource, Qcow2};
 
 /// Why a range was copied rather than cloned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -199,17 +199,17 @@ fn apply(
             return Err(Error::new(Operation::Image, ErrorKind::Cancelled).with_src(layer.path()));
         }
         match p.source {
-            Source::Unallocated => report.skipped_bytes += p.len,
-            Source::Zero => {
+            PieceSource::Unallocated => report.skipped_bytes += p.len,
+            PieceSource::Zero => {
                 punch(dst, p.guest, p.len).map_err(&e)?;
                 report.zeroed_bytes += p.len;
             }
-            Source::Compressed { host, len } => {
+            PieceSource::Compressed { host, len } => {
                 layer.inflate(host, len, &mut inflated)?;
                 write_all_at(dst, &inflated[..p.len as usize], p.guest).map_err(&e)?;
                 report.copied_for(CopyReason::Compressed, p.len);
             }
-            Source::Data { host } => {
+            PieceSource::Data { host } => {
                 let plan = data_plan(&p, host, clones, block);
                 let Some((start, end)) = plan.clone else {
                     copy_range(src, host, dst, p.guest, p.len).map_err(&e)?;
@@ -658,7 +658,8 @@ fn check_all(layers: &[Qcow2]) -> Result<(), Error> {
 /// predicted from the filesystems. `each` sees every range in guest order.
 /// Writes nothing, not even a probe; takes QEMU's read locks while it
 /// reads.
-pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, Error> {
+pub fn map(overlay: impl AsRef<Path>, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, Error> {
+    let overlay = overlay.as_ref();
     let node = open_node(overlay, "image", false, Access::Read)?;
     if Format::probe(&node)? != Format::Qcow2 {
         return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
@@ -688,10 +689,10 @@ pub fn map(overlay: &Path, each: &mut dyn FnMut(&Piece)) -> Result<ImageReport, 
     report.no_clone_reason = why;
     q.walk(&mut |p| {
         match p.source {
-            Source::Unallocated => report.skipped_bytes += p.len,
-            Source::Zero => report.zeroed_bytes += p.len,
-            Source::Compressed { .. } => report.copied_for(CopyReason::Compressed, p.len),
-            Source::Data { host } => {
+            PieceSource::Unallocated => report.skipped_bytes += p.len,
+            PieceSource::Zero => report.zeroed_bytes += p.len,
+            PieceSource::Compressed { .. } => report.copied_for(CopyReason::Compressed, p.len),
+            PieceSource::Data { host } => {
                 let plan = data_plan(&p, host, clones, block);
                 let cloned = plan.clone.map_or(0, |(start, end)| end - start);
                 if cloned > 0 {
@@ -757,7 +758,8 @@ fn errno_words(e: Errno) -> String {
 /// is not raw), `NotRegularFile` (a FIFO, a character device), `NotFound`
 /// (no base), `InvalidInput` (hard links), `Cancelled`, `NoSpace`, `Io`.
 /// After any of them a replaced base is as it was.
-pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
+pub fn commit(overlay: impl AsRef<Path>, options: &ImageOptions) -> Result<ImageReport, Error> {
+    let overlay = overlay.as_ref();
     let node = open_node(overlay, "overlay", false, Access::Read)?;
     if Format::probe(&node)? != Format::Qcow2 {
         return Err(Error::new(Operation::Image, ErrorKind::InvalidInput)
@@ -898,7 +900,12 @@ pub fn commit(overlay: &Path, options: &ImageOptions) -> Result<ImageReport, Err
 /// As [`commit`], plus `InvalidInput` for a loop in the backing chain or
 /// one deeper than [`chain::MAX_DEPTH`], and `SameFile` when `dst` is an
 /// image of the chain.
-pub fn convert(src: &Path, dst: &Path, options: &ImageOptions) -> Result<ImageReport, Error> {
+pub fn convert(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &ImageOptions,
+) -> Result<ImageReport, Error> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let chain = chain::open_chain(src)?;
     // A destination named through symbolic links is the file they name
     // (as `qemu-img convert` writes through them): that file is replaced,

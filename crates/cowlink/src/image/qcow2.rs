@@ -47,7 +47,7 @@ const INCOMPAT_EXTL2: u64 = 16;
 
 /// Where the bytes of one guest range come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum PieceSource {
     /// Stored uncompressed in the image file at this host offset.
     Data {
         /// Host offset of the range's first byte.
@@ -75,7 +75,7 @@ pub struct Piece {
     /// Length in bytes.
     pub len: u64,
     /// Where the bytes come from.
-    pub source: Source,
+    pub source: PieceSource,
     /// Whether the range is smaller than a cluster because of extended L2
     /// subclusters (reported apart: such ranges are seldom clonable).
     pub subcluster: bool,
@@ -199,7 +199,8 @@ impl Used {
 
 impl Qcow2 {
     /// Whether the file at `path` starts with the qcow2 magic.
-    pub fn is_qcow2(path: &Path) -> std::io::Result<bool> {
+    pub fn is_qcow2(path: impl AsRef<Path>) -> std::io::Result<bool> {
+        let path = path.as_ref();
         let f = File::open(path)?;
         let mut b = [0u8; 4];
         Ok(f.read_exact_at(&mut b, 0).is_ok() && has_magic(&b))
@@ -208,7 +209,8 @@ impl Qcow2 {
     /// Open and check the image at `path` (header, extensions, L1 table).
     /// The external data file, if the image names one, is not opened:
     /// [`Qcow2::attach_data`] gives it.
-    pub fn open(path: &Path) -> Result<Qcow2, Error> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Qcow2, Error> {
+        let path = path.as_ref();
         let io = |e: std::io::Error| Error::from_io(Operation::Image, &e).with_src(path);
         let file = File::open(path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
@@ -423,7 +425,7 @@ impl Qcow2 {
         &self.path
     }
 
-    /// Where [`Source::Data`] offsets point: the external data file, if
+    /// Where [`PieceSource::Data`] offsets point: the external data file, if
     /// the image has one, else the image file itself.
     pub fn data_file(&self) -> (&Path, &File) {
         match &self.data {
@@ -483,10 +485,11 @@ impl Qcow2 {
                 let contiguous =
                     last.guest + last.len == p.guest && last.subcluster == p.subcluster;
                 let merged = match (last.source, p.source) {
-                    (Source::Data { host: a }, Source::Data { host: b }) => a + last.len == b,
-                    (Source::Zero, Source::Zero) | (Source::Unallocated, Source::Unallocated) => {
-                        true
+                    (PieceSource::Data { host: a }, PieceSource::Data { host: b }) => {
+                        a + last.len == b
                     }
+                    (PieceSource::Zero, PieceSource::Zero)
+                    | (PieceSource::Unallocated, PieceSource::Unallocated) => true,
                     _ => false,
                 };
                 if contiguous && merged {
@@ -515,7 +518,7 @@ impl Qcow2 {
                 push(Piece {
                     guest,
                     len: inside,
-                    source: Source::Data { host },
+                    source: PieceSource::Data { host },
                     subcluster,
                 })?;
             }
@@ -523,7 +526,7 @@ impl Qcow2 {
                 push(Piece {
                     guest: guest + inside,
                     len: len - inside,
-                    source: Source::Zero,
+                    source: PieceSource::Zero,
                     subcluster,
                 })?;
             }
@@ -541,7 +544,7 @@ impl Qcow2 {
                 push(Piece {
                     guest: base,
                     len: span,
-                    source: Source::Unallocated,
+                    source: PieceSource::Unallocated,
                     subcluster: false,
                 })?;
                 continue;
@@ -583,7 +586,7 @@ impl Qcow2 {
                     push(Piece {
                         guest,
                         len,
-                        source: Source::Compressed {
+                        source: PieceSource::Compressed {
                             host,
                             len: clen.min(self.file_len - host),
                         },
@@ -628,7 +631,7 @@ impl Qcow2 {
                         push(Piece {
                             guest,
                             len,
-                            source: Source::Zero,
+                            source: PieceSource::Zero,
                             subcluster: false,
                         })?;
                     } else if has_host {
@@ -637,7 +640,7 @@ impl Qcow2 {
                         push(Piece {
                             guest,
                             len,
-                            source: Source::Unallocated,
+                            source: PieceSource::Unallocated,
                             subcluster: false,
                         })?;
                     }
@@ -668,9 +671,9 @@ impl Qcow2 {
                         continue;
                     }
                     let source = if zeros >> k & 1 != 0 {
-                        Source::Zero
+                        PieceSource::Zero
                     } else {
-                        Source::Unallocated
+                        PieceSource::Unallocated
                     };
                     push(Piece {
                         guest: g,
@@ -819,7 +822,8 @@ fn extensions(
 /// in guest order without gaps, cover exactly the virtual size, and point
 /// inside the file. The fuzz target and the property tests call this.
 #[doc(hidden)]
-pub fn exercise(path: &Path) -> Result<u64, Error> {
+pub fn exercise(path: impl AsRef<Path>) -> Result<u64, Error> {
+    let path = path.as_ref();
     use super::chain;
     let mut q = Qcow2::open(path)?;
     if let Some((name, fmt)) = &q.backing {
@@ -843,17 +847,17 @@ pub fn exercise(path: &Path) -> Result<u64, Error> {
         assert!(next <= q.size, "{p:?} beyond the virtual size {}", q.size);
         n += 1;
         match p.source {
-            Source::Data { host } => {
+            PieceSource::Data { host } => {
                 assert!(
                     host + p.len <= data_len,
                     "{p:?} past the data's end {data_len}"
                 )
             }
-            Source::Compressed { host, len } => {
+            PieceSource::Compressed { host, len } => {
                 assert!(host + len <= q.file_len, "{p:?} past the end");
                 let _ = q.inflate(host, len, &mut out);
             }
-            Source::Zero | Source::Unallocated => {}
+            PieceSource::Zero | PieceSource::Unallocated => {}
         }
         Ok(())
     })?;
@@ -1115,7 +1119,7 @@ mod tests {
         assert_eq!(e.src(), Some(Path::new("mem.qcow2")), "the image is named");
     }
 
-    fn piece(guest: u64, len: u64, source: Source) -> Piece {
+    fn piece(guest: u64, len: u64, source: PieceSource) -> Piece {
         Piece {
             guest,
             len,
@@ -1136,7 +1140,7 @@ mod tests {
             assert!(!q.extended_l2 && q.backing.is_none() && q.data_name.is_none());
             assert_eq!(
                 q.map().unwrap(),
-                vec![piece(0, 10 * M, Source::Unallocated)]
+                vec![piece(0, 10 * M, PieceSource::Unallocated)]
             );
         }
     }
@@ -1182,7 +1186,11 @@ mod tests {
             let q = Img::v3(bits, 4 * M).open().unwrap();
             assert_eq!(q.cluster_size(), 1 << bits);
             let m = q.map().unwrap();
-            assert_eq!(m, vec![piece(0, 4 * M, Source::Unallocated)], "bits {bits}");
+            assert_eq!(
+                m,
+                vec![piece(0, 4 * M, PieceSource::Unallocated)],
+                "bits {bits}"
+            );
         }
     }
 
@@ -1225,7 +1233,10 @@ mod tests {
         img.snapshots_offset = 0x1234_5678_9abc;
         img.refcount_order = 99;
         let q = img.open().unwrap();
-        assert_eq!(q.map().unwrap(), vec![piece(0, M, Source::Unallocated)]);
+        assert_eq!(
+            q.map().unwrap(),
+            vec![piece(0, M, PieceSource::Unallocated)]
+        );
     }
 
     #[test]
@@ -1287,7 +1298,10 @@ mod tests {
         let mut img = Img::v3(16, M);
         img.compat = u64::MAX;
         img.autoclear = u64::MAX;
-        assert_eq!(img.map().unwrap(), vec![piece(0, M, Source::Unallocated)]);
+        assert_eq!(
+            img.map().unwrap(),
+            vec![piece(0, M, PieceSource::Unallocated)]
+        );
     }
 
     #[test]
@@ -1483,8 +1497,8 @@ mod tests {
         assert_eq!(
             q.map().unwrap(),
             vec![
-                piece(0, 2 * c, Source::Data { host: 0 }),
-                piece(2 * c, 2 * c, Source::Unallocated)
+                piece(0, 2 * c, PieceSource::Data { host: 0 }),
+                piece(2 * c, 2 * c, PieceSource::Unallocated)
             ]
         );
         let moved = img.clone().l2(0, 2, &[0, 0, 0, c | COPIED]);
@@ -1529,11 +1543,11 @@ mod tests {
         assert_eq!(
             img.map().unwrap(),
             vec![
-                piece(0, 2 * c, Source::Data { host: 3 * c }),
-                piece(2 * c, c, Source::Unallocated),
-                piece(3 * c, 2 * c, Source::Zero),
-                piece(5 * c, c, Source::Data { host: 7 * c }),
-                piece(6 * c, 2 * c, Source::Unallocated),
+                piece(0, 2 * c, PieceSource::Data { host: 3 * c }),
+                piece(2 * c, c, PieceSource::Unallocated),
+                piece(3 * c, 2 * c, PieceSource::Zero),
+                piece(5 * c, c, PieceSource::Data { host: 7 * c }),
+                piece(6 * c, 2 * c, PieceSource::Unallocated),
             ]
         );
         // The preallocated zero cluster's host counts as used.
@@ -1550,8 +1564,8 @@ mod tests {
         assert_eq!(
             img.map().unwrap(),
             vec![
-                piece(0, c, Source::Data { host: 3 * c }),
-                piece(c, 4 * K, Source::Data { host: 5 * c })
+                piece(0, c, PieceSource::Data { host: 3 * c }),
+                piece(c, 4 * K, PieceSource::Data { host: 5 * c })
             ]
         );
     }
@@ -1570,9 +1584,9 @@ mod tests {
         assert_eq!(
             img.map().unwrap(),
             vec![
-                piece(0, 100, Source::Data { host: 3 * c }),
-                piece(100, c - 100, Source::Zero),
-                piece(c, c, Source::Unallocated)
+                piece(0, 100, PieceSource::Data { host: 3 * c }),
+                piece(100, c - 100, PieceSource::Zero),
+                piece(c, c, PieceSource::Unallocated)
             ]
         );
     }
@@ -1586,7 +1600,10 @@ mod tests {
         let img = Img::v3(16, 2 * c).l2(0, 2, &[1]);
         assert_eq!(
             img.map().unwrap(),
-            vec![piece(0, c, Source::Zero), piece(c, c, Source::Unallocated)]
+            vec![
+                piece(0, c, PieceSource::Zero),
+                piece(c, c, PieceSource::Unallocated)
+            ]
         );
     }
 
@@ -1608,7 +1625,7 @@ mod tests {
         img.l1 = vec![(1 << 63) | 0x1ff];
         assert_eq!(
             img.map().unwrap(),
-            vec![piece(0, 2 * c, Source::Unallocated)]
+            vec![piece(0, 2 * c, PieceSource::Unallocated)]
         );
     }
 
@@ -1640,7 +1657,7 @@ mod tests {
                 Err(e) => says(e, ErrorKind::Corrupt, "already in use"),
                 // An entry of only flag bits (no offset) is unallocated.
                 Ok(m) if what == "data on the header" => {
-                    assert_eq!(m[0].source, Source::Unallocated)
+                    assert_eq!(m[0].source, PieceSource::Unallocated)
                 }
                 Ok(m) => panic!("{what}: accepted: {m:?}"),
             }
@@ -1669,12 +1686,12 @@ mod tests {
                 piece(
                     0,
                     c,
-                    Source::Compressed {
+                    PieceSource::Compressed {
                         host: 3 * c + 100,
                         len: 1024 - 100
                     }
                 ),
-                piece(c, c, Source::Unallocated)
+                piece(c, c, PieceSource::Unallocated)
             ]
         );
         // The length is cut at the end of the file.
@@ -1686,7 +1703,7 @@ mod tests {
         };
         assert_eq!(
             img.map().unwrap()[0].source,
-            Source::Compressed {
+            PieceSource::Compressed {
                 host: 3 * c,
                 len: 700
             }
@@ -1759,8 +1776,8 @@ mod tests {
         assert_eq!(
             m,
             vec![
-                piece(0, c, Source::Data { host: 3 * c }),
-                piece(c, c, Source::Zero)
+                piece(0, c, PieceSource::Data { host: 3 * c }),
+                piece(c, c, PieceSource::Zero)
             ]
         );
         let m = ext(&[(3 * c, 0b01 | (0b10 << 32)), (0, 0)]).map().unwrap();
@@ -1773,12 +1790,12 @@ mod tests {
         assert_eq!(
             &m[..3],
             &[
-                s(0, sub, Source::Data { host: 3 * c }),
-                s(sub, sub, Source::Zero),
-                s(2 * sub, 30 * sub, Source::Unallocated)
+                s(0, sub, PieceSource::Data { host: 3 * c }),
+                s(sub, sub, PieceSource::Zero),
+                s(2 * sub, 30 * sub, PieceSource::Unallocated)
             ]
         );
-        assert_eq!(m[3], piece(c, c, Source::Unallocated));
+        assert_eq!(m[3], piece(c, c, PieceSource::Unallocated));
         says(
             ext(&[(3 * c, 1 | (1 << 32)), (0, 0)]).map().unwrap_err(),
             ErrorKind::Corrupt,
@@ -1852,13 +1869,15 @@ mod tests {
                 next = p.guest + p.len;
                 assert!(next <= q.size, "{p:?} beyond {}", q.size);
                 match p.source {
-                    Source::Data { host } => assert!(host + p.len <= len, "{p:?} past the end"),
-                    Source::Compressed { host, len: l } => {
+                    PieceSource::Data { host } => {
+                        assert!(host + p.len <= len, "{p:?} past the end")
+                    }
+                    PieceSource::Compressed { host, len: l } => {
                         assert!(host + l <= len, "{p:?} past the end");
                         let mut out = vec![0u8; q.cluster_size() as usize];
                         let _ = q.inflate(host, l, &mut out);
                     }
-                    Source::Zero | Source::Unallocated => {}
+                    PieceSource::Zero | PieceSource::Unallocated => {}
                 }
                 Ok(())
             });

@@ -1,93 +1,77 @@
 //! The words for how data reaches a destination, and the one rule for
-//! falling back: the mode asked for ([`Reflink`] for clones and copies,
-//! [`LinkMode`] for store checkouts, which adds hardlinks to it), the
-//! method actually used ([`Method`], in an [`Outcome`]), and [`Step`], the
-//! small state machine every feature drives: clone first (unless a copy
-//! was asked for); after a failed clone, [`Reflink::after`] says whether to
-//! copy, to retry from another physical copy of the same bytes (a store
-//! object's next generation, when a per-block reference limit was hit), or
-//! to fail. `prim::transfer` drives it for files and trees, the store's
-//! checkout drives it with its generations.
+//! falling back: the [`LinkMode`] asked for (clone, clone-else-copy,
+//! copy, hardlink: one type for `clone_file`, the tree copy, `cp
+//! --reflink`, store checkouts and Python), the method actually used
+//! ([`Method`], in an [`Outcome`]), and [`Step`], the small state machine
+//! every feature drives: clone first (unless a copy was asked for); after
+//! a failed clone, [`LinkMode::after`] says whether to copy, to retry from
+//! another physical copy of the same bytes (a store object's next
+//! generation, when a per-block reference limit was hit), or to fail.
+//! `prim::transfer` drives it for files and trees, the store's checkout
+//! drives it with its generations.
 
 use rustix::io::Errno;
 
 use crate::ground::error::is_not_possible_here;
 
-/// Whether to share blocks, with `cp --reflink` semantics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "snake_case")]
-pub enum Reflink {
-    /// Clone or fail: never copies (`copy_file_range` may silently copy, so
-    /// it never backs this mode).
-    #[cfg_attr(
-        feature = "clap",
-        value(help = "Clone, or fail where cloning is not possible")
-    )]
-    Always,
-    /// Clone when possible, else the fastest correct copy (the default).
-    #[default]
-    #[cfg_attr(feature = "clap", value(help = "Clone where possible, else copy"))]
-    Auto,
-    /// Never share blocks: always a physical copy with read/write.
-    #[cfg_attr(feature = "clap", value(help = "Always a physical copy"))]
-    Never,
-}
-
-/// How a checked-out file relates to its store object: the [`Reflink`]
-/// modes under the store's names, plus hardlinks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+/// How a file is placed, and with what fallback.
+///
+/// The policy words of `cp --reflink` map onto it: `always` is
+/// [`LinkMode::Clone`], `auto` is [`LinkMode::Auto`], `never` is
+/// [`LinkMode::Copy`] ([`LinkMode::from_reflink`]). There is no
+/// `Default`: each operation documents its own, and keeps it
+/// (`clone_file`, the tree copy and `cp`: [`LinkMode::Auto`]; store
+/// checkouts: [`LinkMode::Clone`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum LinkMode {
-    /// Share the object's blocks (a reflink): instant, no space, and a
-    /// write to the file copies only what it touches, never reaching the
-    /// store. Fails where the filesystem cannot clone (the default;
-    /// [`Reflink::Always`]).
-    #[default]
+    /// Share the source's blocks (a reflink), or fail where the filesystem
+    /// cannot (`cp --reflink=always`): never copies (`copy_file_range` may
+    /// silently copy, so it never backs this mode). A write to the result
+    /// copies only what it touches and never reaches the source.
     #[cfg_attr(
         feature = "clap",
-        value(help = "Share the object's blocks; fail where the filesystem cannot")
+        value(help = "Share the source's blocks; fail where the filesystem cannot")
     )]
     Clone,
-    /// A physical copy with blocks of its own ([`Reflink::Never`]).
-    #[cfg_attr(feature = "clap", value(help = "Physical copy"))]
-    Copy,
-    /// A hardlink to the object itself. **Write-through**: the file *is*
-    /// the object, so writing to it (after making it writable) corrupts
-    /// the store and every other place it was materialized. Its mode is the
-    /// object's (read-only), not the manifest's. Only for callers that
-    /// never write and want the last microsecond.
-    #[cfg_attr(
-        feature = "clap",
-        value(help = "Hardlink to the object: WRITE-THROUGH, a write corrupts the store")
-    )]
-    Hardlink,
-    /// Clone where possible, else copy ([`Reflink::Auto`]).
+    /// Clone where possible, else the fastest correct copy
+    /// (`cp --reflink=auto`).
     #[cfg_attr(feature = "clap", value(help = "Clone where possible, else copy"))]
     Auto,
+    /// A physical copy with blocks of its own, by read/write
+    /// (`cp --reflink=never`).
+    #[cfg_attr(feature = "clap", value(help = "Physical copy"))]
+    Copy,
+    /// A hardlink to the source itself, or fail (across filesystems, say).
+    /// **Write-through**: the result *is* the source, so writing to it
+    /// changes the source (for a store checkout: corrupts the store and
+    /// every other place the object was checked out). Its mode and times
+    /// are the source's. Only for callers that never write and want the
+    /// last microsecond.
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "Hardlink to the source: WRITE-THROUGH, a write changes the source")
+    )]
+    Hardlink,
 }
 
 impl LinkMode {
-    /// The [`Reflink`] mode this is, for data placed by clone or copy
-    /// (`None` for [`LinkMode::Hardlink`]).
-    pub fn reflink(self) -> Option<Reflink> {
-        match self {
-            LinkMode::Clone => Some(Reflink::Always),
-            LinkMode::Auto => Some(Reflink::Auto),
-            LinkMode::Copy => Some(Reflink::Never),
-            LinkMode::Hardlink => None,
+    /// The mode `cp --reflink=WHEN` names: `always`, `auto` or `never`
+    /// (`None` for anything else).
+    pub fn from_reflink(when: &str) -> Option<LinkMode> {
+        match when {
+            "always" => Some(LinkMode::Clone),
+            "auto" => Some(LinkMode::Auto),
+            "never" => Some(LinkMode::Copy),
+            _ => None,
         }
     }
-}
 
-impl From<Reflink> for LinkMode {
-    fn from(r: Reflink) -> LinkMode {
-        match r {
-            Reflink::Always => LinkMode::Clone,
-            Reflink::Auto => LinkMode::Auto,
-            Reflink::Never => LinkMode::Copy,
-        }
+    /// Whether this mode may share blocks with the source (clone-bound
+    /// work: [`Clone`](Self::Clone) and [`Auto`](Self::Auto)).
+    pub fn may_clone(self) -> bool {
+        matches!(self, LinkMode::Clone | LinkMode::Auto)
     }
 }
 
@@ -97,7 +81,7 @@ pub(crate) enum Step {
     /// Share the source's blocks.
     Clone,
     /// Copy the data; `offload` allows `copy_file_range` (which may share
-    /// or copy server-side: never used for [`Reflink::Never`]).
+    /// or copy server-side: never used for [`LinkMode::Copy`]).
     Copy {
         /// Whether `copy_file_range` may be used.
         offload: bool,
@@ -109,12 +93,13 @@ pub(crate) enum Step {
     Fail(Errno),
 }
 
-impl Reflink {
-    /// The first step for this mode.
+impl LinkMode {
+    /// The first step for this mode. [`LinkMode::Hardlink`] is placed by
+    /// the caller; for data it clones or fails, as [`LinkMode::Clone`].
     pub(crate) fn first_step(self) -> Step {
         match self {
-            Reflink::Never => Step::Copy { offload: false },
-            Reflink::Always | Reflink::Auto => Step::Clone,
+            LinkMode::Copy => Step::Copy { offload: false },
+            LinkMode::Clone | LinkMode::Auto | LinkMode::Hardlink => Step::Clone,
         }
     }
 
@@ -125,7 +110,7 @@ impl Reflink {
     pub(crate) fn after(self, errno: Errno, other_source: bool) -> Step {
         match errno {
             Errno::MLINK | Errno::OVERFLOW if other_source => Step::NextSource,
-            e if self == Reflink::Auto && is_not_possible_here(e) => Step::Copy { offload: true },
+            e if self == LinkMode::Auto && is_not_possible_here(e) => Step::Copy { offload: true },
             e => Step::Fail(e),
         }
     }
@@ -142,8 +127,7 @@ pub enum Method {
     CopyOffload,
     /// Copied through user space with read/write.
     ReadWrite,
-    /// A hardlink to the same inode (store checkouts with
-    /// [`LinkMode::Hardlink`]).
+    /// A hardlink to the same inode ([`LinkMode::Hardlink`]).
     Hardlink,
     /// Nothing was written: the destination existed and
     /// [`Overwrite::Skip`](crate::Overwrite::Skip) keeps it (`bytes` is 0).
@@ -178,30 +162,33 @@ mod tests {
 
     #[test]
     fn the_fallback_state_machine() {
-        use Reflink::*;
-        assert_eq!(Never.first_step(), Step::Copy { offload: false });
-        assert_eq!(Always.first_step(), Step::Clone);
+        use LinkMode::*;
+        assert_eq!(Copy.first_step(), Step::Copy { offload: false });
+        assert_eq!(Clone.first_step(), Step::Clone);
         assert_eq!(Auto.first_step(), Step::Clone);
-        // Not possible here: auto copies, always fails.
+        assert_eq!(Hardlink.first_step(), Step::Clone);
+        // Not possible here: auto copies, clone fails.
         for e in [Errno::XDEV, Errno::OPNOTSUPP, Errno::INVAL, Errno::TXTBSY] {
             assert_eq!(Auto.after(e, false), Step::Copy { offload: true });
-            assert_eq!(Always.after(e, true), Step::Fail(e));
+            assert_eq!(Clone.after(e, true), Step::Fail(e));
         }
         // Real errors are never hidden by a copy.
         for e in [Errno::NOSPC, Errno::IO, Errno::ACCESS, Errno::NOENT] {
             assert_eq!(Auto.after(e, true), Step::Fail(e));
         }
         // A reference limit: another source if there is one, else a failure.
-        assert_eq!(Always.after(Errno::MLINK, true), Step::NextSource);
+        assert_eq!(Clone.after(Errno::MLINK, true), Step::NextSource);
         assert_eq!(Auto.after(Errno::OVERFLOW, true), Step::NextSource);
         assert_eq!(Auto.after(Errno::MLINK, false), Step::Fail(Errno::MLINK));
     }
 
     #[test]
-    fn link_modes_are_reflink_modes_plus_hardlink() {
-        for r in [Reflink::Always, Reflink::Auto, Reflink::Never] {
-            assert_eq!(LinkMode::from(r).reflink(), Some(r));
-        }
-        assert_eq!(LinkMode::Hardlink.reflink(), None);
+    fn cp_reflink_words_map_onto_link_modes() {
+        assert_eq!(LinkMode::from_reflink("always"), Some(LinkMode::Clone));
+        assert_eq!(LinkMode::from_reflink("auto"), Some(LinkMode::Auto));
+        assert_eq!(LinkMode::from_reflink("never"), Some(LinkMode::Copy));
+        assert_eq!(LinkMode::from_reflink("clone"), None);
+        assert!(LinkMode::Auto.may_clone() && LinkMode::Clone.may_clone());
+        assert!(!LinkMode::Copy.may_clone() && !LinkMode::Hardlink.may_clone());
     }
 }

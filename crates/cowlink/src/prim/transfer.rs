@@ -21,11 +21,11 @@
 //!
 //! [`transfer`] is the clone-or-copy step every feature runs on an open
 //! source and an empty destination: FICLONE, then (when the
-//! [`Reflink`] mode allows and the kernel says cloning is not possible
+//! [`LinkMode`] allows and the kernel says cloning is not possible
 //! here) the copy below; it returns the [`Method`] used.
 //!
 //! `copy_file_range` may itself clone on XFS/Btrfs. [`copy_data`] therefore
-//! takes `offload: false` for `Reflink::Never`, which must produce blocks of
+//! takes `offload: false` for `LinkMode::Copy`, which must produce blocks of
 //! its own, and uses only read/write then.
 
 use std::path::Path;
@@ -35,7 +35,7 @@ use rustix::fs;
 use rustix::io::{self, Errno};
 
 use super::files::kind_of;
-use super::mode::{Method, Outcome, Reflink, Step};
+use super::mode::{LinkMode, Method, Outcome, Step};
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 
@@ -284,7 +284,7 @@ fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(),
 }
 
 /// Move the data of `sfd` (`source`) into the empty file `dfd`:
-/// clone, or copy when `reflink` allows and cloning is not possible here.
+/// clone, or copy when `link` allows and cloning is not possible here.
 /// `before_copy` runs before a data copy (to refuse early instead of
 /// copying in vain); `failed` turns an errno into the caller's error;
 /// `cancelled` can stop a data copy between chunks (ECANCELED).
@@ -292,7 +292,7 @@ pub(crate) fn transfer(
     sfd: BorrowedFd<'_>,
     dfd: BorrowedFd<'_>,
     source: Source,
-    reflink: Reflink,
+    link: LinkMode,
     before_copy: &dyn Fn() -> Result<()>,
     failed: &dyn Fn(Errno) -> Error,
     cancelled: &dyn Fn() -> bool,
@@ -305,13 +305,13 @@ pub(crate) fn transfer(
         before_copy()?;
         copy_data(sfd, dfd, source, offload, cancelled).map_err(failed)
     };
-    let mut step = reflink.first_step();
+    let mut step = link.first_step();
     loop {
         step = match step {
             Step::Clone => match cowlink_sys::ficlone(dfd, sfd) {
                 Ok(()) => return Ok(cloned),
                 // One source only: a reference limit is a failure here.
-                Err(e) => reflink.after(e, false),
+                Err(e) => link.after(e, false),
             },
             Step::Copy { offload } => return copy(offload),
             Step::NextSource => Step::Fail(Errno::MLINK),
@@ -538,9 +538,9 @@ mod tests {
         let source = Source::of(&fs::fstat(&src).unwrap());
         let failed = |e: Errno| Error::from_errno(Operation::Clone, e);
         for (mode, copies) in [
-            (Reflink::Auto, true),
-            (Reflink::Never, true),
-            (Reflink::Always, false),
+            (LinkMode::Auto, true),
+            (LinkMode::Copy, true),
+            (LinkMode::Clone, false),
         ] {
             let p = d.path().join(format!("{mode:?}"));
             let dst = std::fs::File::create(&p).unwrap();
@@ -561,7 +561,7 @@ mod tests {
             match (copies, r) {
                 (true, Ok(out)) => {
                     assert_ne!(out.method, Method::Reflink, "{mode:?}");
-                    if mode == Reflink::Never {
+                    if mode == LinkMode::Copy {
                         assert_eq!(out.method, Method::ReadWrite);
                     }
                     assert_eq!(out.bytes, data.len() as u64);
@@ -583,7 +583,7 @@ mod tests {
             src.as_fd(),
             dst.as_fd(),
             source,
-            Reflink::Auto,
+            LinkMode::Auto,
             &no,
             &failed,
             &never,

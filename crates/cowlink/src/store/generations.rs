@@ -19,7 +19,7 @@ use super::manifest::Digest;
 use super::materialize::{merr, How, Want};
 use super::Store;
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
-use crate::prim::mode::{Method, Outcome, Reflink, Step};
+use crate::prim::mode::{Method, Outcome, Step};
 use crate::prim::transfer::{transfer_error, Source};
 
 impl Store {
@@ -213,7 +213,7 @@ impl Store {
                 .map_err(failed)
             };
             // `place` sends hardlinks elsewhere: here the mode is a data mode.
-            let mode = how.link.reflink().unwrap_or(Reflink::Always);
+            let mode = how.link;
             let mut step = mode.first_step();
             // The shared fallback rule; this store's generations are the
             // other sources a reference limit moves on to.
@@ -295,7 +295,7 @@ mod tests {
     //! (`/dev/shm`: no root, no test filesystems). Hardlinks count
     //! references the way clones do on XFS, so the limit is exercised
     //! without a filesystem that clones.
-    use super::super::{LinkMode, MaterializeOptions, Store};
+    use super::super::{CheckoutOptions, LinkMode, Store};
     use std::collections::BTreeMap;
     use std::os::unix::fs::MetadataExt;
 
@@ -317,8 +317,8 @@ mod tests {
         src
     }
 
-    fn opts(link: LinkMode) -> MaterializeOptions {
-        MaterializeOptions {
+    fn opts(link: LinkMode) -> CheckoutOptions {
+        CheckoutOptions {
             link,
             ..Default::default()
         }
@@ -333,7 +333,7 @@ mod tests {
         let added = st.add_tree(tree(d.path())).unwrap();
         let dst = d.path().join("dst");
         let r = st
-            .materialize_tree(&added.manifest, &dst, &opts(LinkMode::Hardlink))
+            .checkout(&added.manifest, &dst, &opts(LinkMode::Hardlink))
             .unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert_eq!((r.files, r.hardlinked), (6, 6));
@@ -353,7 +353,7 @@ mod tests {
         // A later checkout starts from the newest generation, and verify
         // finds every generation intact.
         let r = st
-            .materialize_tree(
+            .checkout(
                 &added.manifest,
                 d.path().join("dst2"),
                 &opts(LinkMode::Hardlink),
@@ -374,15 +374,13 @@ mod tests {
         let added = st.add_tree(tree(d.path())).unwrap();
         let dst = d.path().join("clone");
         let e = st
-            .materialize_tree(&added.manifest, &dst, &opts(LinkMode::Clone))
+            .checkout(&added.manifest, &dst, &opts(LinkMode::Clone))
             .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::NotSupported, "{e}");
         assert!(!dst.exists(), "nothing is made when the clone trial fails");
         for link in [LinkMode::Auto, LinkMode::Copy] {
             let dst = d.path().join(format!("{link:?}"));
-            let r = st
-                .materialize_tree(&added.manifest, &dst, &opts(link))
-                .unwrap();
+            let r = st.checkout(&added.manifest, &dst, &opts(link)).unwrap();
             assert!(r.errors.is_empty(), "{:?}", r.errors);
             assert_eq!(
                 (r.copied, r.cloned, r.generations_created),

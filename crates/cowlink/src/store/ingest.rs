@@ -15,7 +15,7 @@ use rustix::io::Errno;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::prim::files::open_source;
-use crate::prim::mode::{Method, Reflink};
+use crate::prim::mode::{LinkMode, Method};
 use crate::prim::place::Overwrite;
 use crate::prim::transfer::{transfer, transfer_error, Source};
 use crate::run::Phase;
@@ -234,7 +234,7 @@ impl Store {
             src,
             pending.fd(),
             Source::of(st),
-            Reflink::Auto,
+            LinkMode::Auto,
             &|| Ok(()),
             &failed,
             &|| false,

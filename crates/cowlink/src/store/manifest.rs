@@ -7,7 +7,7 @@
 //!
 //! Manifests are untrusted input: one read from the store may have been
 //! written by anyone who could write there, one passed to
-//! [`Store::materialize_tree`](super::Store::materialize_tree) may come
+//! [`Store::checkout`](super::Store::checkout) may come
 //! from anywhere. [`Manifest::validate`] refuses absolute paths, `.` and
 //! `..` components, empty components, NUL bytes, duplicate paths, entries
 //! below a file or a symbolic link (which could redirect a write outside

@@ -1,6 +1,6 @@
 //! Placing store objects at destinations: one file
 //! ([`Store::materialize`]) or a whole manifest
-//! ([`Store::materialize_tree`]).
+//! ([`Store::checkout`]).
 //!
 //! A single object is written to an unnamed temporary and linked into
 //! place complete. A tree goes to a new or empty directory, where nothing
@@ -38,10 +38,10 @@ use crate::prim::files::split_dest;
 use crate::prim::mode::{LinkMode, Method, Outcome};
 use crate::prim::place::{NewFile, Overwrite, Placement};
 
-/// Options for [`Store::materialize_tree`].
-#[derive(Debug, Clone, Default)]
-pub struct MaterializeOptions {
-    /// How to place files.
+/// Options for [`Store::checkout`].
+#[derive(Debug, Clone)]
+pub struct CheckoutOptions {
+    /// How to place files: [`LinkMode::Clone`] by default.
     pub link: LinkMode,
     /// Rehash every object before placing it. Without it an object is
     /// rehashed only when it shows signs of change since it was stored
@@ -65,9 +65,24 @@ pub struct MaterializeOptions {
     pub external_symlinks: bool,
 }
 
-/// What [`Store::materialize_tree`] did.
+impl Default for CheckoutOptions {
+    /// Clones ([`LinkMode::Clone`]), rehashing only objects that show a
+    /// sign of change, set-id bits dropped, not crash-atomic, external
+    /// symbolic links refused.
+    fn default() -> Self {
+        CheckoutOptions {
+            link: LinkMode::Clone,
+            verify: false,
+            setid: false,
+            atomic: false,
+            external_symlinks: false,
+        }
+    }
+}
+
+/// What [`Store::checkout`] did.
 #[derive(Debug, Default, serde::Serialize)]
-pub struct MaterializeReport {
+pub struct CheckoutReport {
     /// Regular files placed.
     pub files: u64,
     /// Directories created (the destination itself not counted).
@@ -506,12 +521,12 @@ impl Store {
     /// `InvalidInput` for an invalid manifest, `AlreadyExists` when `dest`
     /// is a non-empty directory, `NotADirectory`, and creation errors of
     /// `dest` itself.
-    pub fn materialize_tree(
+    pub fn checkout(
         &self,
         manifest: &Manifest,
         dest: impl AsRef<Path>,
-        options: &MaterializeOptions,
-    ) -> Result<MaterializeReport> {
+        options: &CheckoutOptions,
+    ) -> Result<CheckoutReport> {
         let dest = dest.as_ref();
         // Named by its digest only when invalid: computing it serializes
         // and hashes the whole manifest (8 MB for 50,000 files).
@@ -550,7 +565,7 @@ impl Store {
                 ));
         }
         let root = root.as_fd();
-        let mut report = MaterializeReport::default();
+        let mut report = CheckoutReport::default();
         let errors = Mutex::new(Vec::new());
         let fail = |e: Error| errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
 

@@ -27,7 +27,7 @@
 //! atomically when the object exists: that is the dedupe. Readers never
 //! see a partial object and a crash leaves nothing under a final name.
 //!
-//! [`Store::materialize_tree`] (in `materialize`) places files with
+//! [`Store::checkout`] (in `materialize`) places files with
 //! [`LinkMode`]: clones by default, so writing to a materialized file never
 //! touches the store. When a filesystem refuses another clone or link of an
 //! object (a per-block reference limit), a fresh physical copy becomes a
@@ -71,7 +71,7 @@ pub use manifest::{
 pub use crate::prim::mode::LinkMode;
 pub use ingest::{Added, AddedTree};
 pub use maintenance::{Corrupt, GcReport, StoreStats, VerifyReport};
-pub use materialize::{MaterializeOptions, MaterializeReport};
+pub use materialize::{CheckoutOptions, CheckoutReport};
 pub use paths::{LinkVerdict, MAX_LINKS};
 
 /// A store rooted at a directory. Cheap to share between threads; every

@@ -18,10 +18,10 @@ use super::ctx::Ctx;
 use super::entry;
 use super::links::LinkTable;
 use super::node::DirNode;
-use super::tally::{Count, Tally};
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::place::Placement;
+use crate::run::{Count, Progress};
 use crate::walk::pool::{self, Next};
 
 /// The copy's side of the walk: the run's [`Ctx`].
@@ -400,11 +400,12 @@ fn parent_node(src: &Path, dst: &Path, dry_run: bool) -> Result<(Arc<DirNode>, C
 /// else is a per-entry failure, passed to `observer` and counted in
 /// [`TreeReport::errors`].
 pub fn copy_tree(
-    src: &Path,
-    dst: &Path,
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
     options: &TreeOptions,
     observer: &dyn Observer,
 ) -> Result<TreeReport, Error> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let op = Operation::CopyTree;
     let err = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
     let st = if options.dereference {
@@ -420,7 +421,7 @@ pub fn copy_tree(
         ctx: Ctx {
             opts: options,
             observer,
-            counts: Tally::default(),
+            counts: Progress::default(),
             links: LinkTable::default(),
             root_dst: None,
         },
@@ -504,7 +505,7 @@ pub fn copy_tree(
         .map_or(crate::ground::fskind::FsKind::Other, |d| {
             crate::prim::files::kind_of(d.as_fd())
         });
-    let clone_bound = options.file.reflink != crate::prim::mode::Reflink::Never;
+    let clone_bound = options.file.link.may_clone();
     let threads = options.run.workers_for(fs, clone_bound);
     options.run.enter(crate::run::Phase::Copy, 0, 0);
     pool::run_with(&copier, vec![root], threads);

@@ -5,16 +5,16 @@
 use rustix::fd::OwnedFd;
 
 use super::links::LinkTable;
-use super::tally::{Count, Tally};
 use super::{Observer, TreeEvent, TreeOptions, TreeReport};
 use crate::ground::error::Error;
+use crate::run::{Count, Progress};
 
 /// The run as entry copies see it.
 pub(super) struct Ctx<'a> {
     pub(super) opts: &'a TreeOptions,
     pub(super) observer: &'a dyn Observer,
     /// This copy's totals (its report).
-    pub(super) counts: Tally,
+    pub(super) counts: Progress,
     pub(super) links: LinkTable,
     /// The destination root (a second descriptor), for `linkat` of hardlinks.
     pub(super) root_dst: Option<OwnedFd>,
@@ -25,11 +25,11 @@ impl Ctx<'_> {
         self.observer.event(&event);
     }
 
-    /// Count `n` of `c`, in this copy's totals and the caller's tally.
+    /// Count `n` of `c`, in this copy's totals and the run's progress.
     pub(super) fn count(&self, c: Count, n: u64) {
         self.counts.add(c, n);
-        if let Some(t) = &self.opts.tally {
-            t.add(c, n);
+        if let Some(p) = &self.opts.run.progress {
+            p.add(c, n);
         }
     }
 
@@ -44,9 +44,6 @@ impl Ctx<'_> {
     }
 
     pub(super) fn report(&self) -> TreeReport {
-        TreeReport {
-            cancelled: self.cancelled(),
-            ..self.counts.report()
-        }
+        TreeReport::from_totals(self.counts.totals(), self.cancelled())
     }
 }

@@ -14,16 +14,16 @@ use rustix::io::Errno;
 
 use super::ctx::Ctx;
 use super::node::DirNode;
-use super::tally::Count;
 use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
-use crate::prim::mode::{Method, Outcome, Reflink};
+use crate::prim::mode::{LinkMode, Method, Outcome};
 use crate::prim::place::{
     left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
 };
 use crate::prim::transfer::{transfer, transfer_error, Source};
+use crate::run::Count;
 
 fn os(name: &CStr) -> &Path {
     Path::new(OsStr::from_bytes(name.to_bytes()))
@@ -96,8 +96,8 @@ struct Entry<'e, 'a> {
 
 impl Entry<'_, '_> {
     fn op(&self) -> Operation {
-        match self.eng.opts.file.reflink {
-            Reflink::Never => Operation::Copy,
+        match self.eng.opts.file.link {
+            LinkMode::Copy => Operation::Copy,
             _ => Operation::Clone,
         }
     }
@@ -209,7 +209,9 @@ impl Entry<'_, '_> {
                 });
                 return Ok(());
             }
-            if let Some(kind) = self.eng.opts.link {
+            // `file.link` Hardlink is `link` Hard: one word for a tree.
+            let hard = (opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
+            if let Some(kind) = self.eng.opts.link.or(hard) {
                 return self.link_to_source(kind);
             }
             if self.already_done(&st) {
@@ -338,7 +340,7 @@ impl Entry<'_, '_> {
             sfd,
             dfd,
             Source::of(st),
-            opts.reflink,
+            opts.link,
             &before_copy,
             &failed,
             &cancelled,

@@ -15,7 +15,7 @@
 //! those of the source even though entries were created inside it.
 //!
 //! Every regular file goes through the same steps as [`crate::clone_file`]:
-//! clone, or copy when the [`Reflink`](crate::Reflink) mode allows; placed
+//! clone, or copy when the [`LinkMode`](crate::LinkMode) allows; placed
 //! as [`Placement`](crate::Placement) decides: created under its name in a
 //! directory this run made (removed on error or cancel), or written to an
 //! unnamed temporary and linked into place complete over existing names
@@ -37,7 +37,6 @@ mod ctx;
 mod entry;
 mod links;
 mod node;
-mod tally;
 
 use std::path::Path;
 
@@ -46,7 +45,6 @@ use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
 pub use copy::copy_tree;
-pub use tally::Tally;
 
 pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
 
@@ -79,7 +77,9 @@ pub struct TreeOptions {
     /// Make links to the source files instead of copies (`cp -rl`,
     /// `cp -rs`): directories are still created, symbolic links and
     /// special files still recreated; each regular file becomes a hardlink
-    /// to, or a symbolic link naming, its source.
+    /// to, or a symbolic link naming, its source. `file.link` set to
+    /// [`LinkMode::Hardlink`](crate::LinkMode::Hardlink) is the same as
+    /// `Some(LinkKind::Hard)` here.
     pub link: Option<LinkKind>,
     /// Keep an existing destination file that is not older than its source
     /// (`cp -u`, `--update=older`), counted as skipped
@@ -101,9 +101,6 @@ pub struct TreeOptions {
     ///
     /// [`Phase::Copy`]: crate::run::Phase::Copy
     pub run: crate::run::Run,
-    /// A running total to count into as well as the copy's own report:
-    /// read it while the copy runs, or share it between several copies.
-    pub tally: Option<std::sync::Arc<Tally>>,
 }
 
 impl TreeOptions {
@@ -317,4 +314,23 @@ pub struct TreeReport {
     pub errors: u64,
     /// The run was cancelled before it finished.
     pub cancelled: bool,
+}
+
+impl TreeReport {
+    /// A report of `totals` (a [`Progress`](crate::Progress)'s).
+    pub fn from_totals(t: crate::run::Totals, cancelled: bool) -> TreeReport {
+        TreeReport {
+            files: t.files,
+            dirs: t.dirs,
+            symlinks: t.symlinks,
+            hardlinks: t.hardlinks,
+            specials: t.specials,
+            bytes: t.bytes,
+            cloned: t.cloned,
+            copied: t.copied,
+            skipped: t.skipped,
+            errors: t.errors,
+            cancelled,
+        }
+    }
 }

@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, Plan};
+use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, DedupePlan};
 use cowlink::extents::extents;
 use cowlink_testfs::{data, serial, testfs, write_file};
 
@@ -15,7 +15,7 @@ use crate::same_blocks;
 
 const MIB: u64 = 1 << 20;
 
-fn plan_of(paths: &[&Path]) -> Plan {
+fn plan_of(paths: &[&Path]) -> DedupePlan {
     plan(paths, &DedupeOptions::default()).unwrap()
 }
 
@@ -489,9 +489,9 @@ fn overlapped_dedupe_matches_plan_then_execute(dir: &Path, sizes: &[usize]) {
     let planned = plan_of(&[dir]);
     assert!(planned.groups.iter().all(|g| g.blake3.is_some()));
     let (p, r) = dedupe(&[dir], &DedupeOptions::default()).unwrap();
-    let unhashed = |gs: &[cowlink::dedupe::Group]| -> Vec<cowlink::dedupe::Group> {
+    let unhashed = |gs: &[cowlink::dedupe::DedupeGroup]| -> Vec<cowlink::dedupe::DedupeGroup> {
         gs.iter()
-            .map(|g| cowlink::dedupe::Group {
+            .map(|g| cowlink::dedupe::DedupeGroup {
                 blake3: None,
                 ..g.clone()
             })
@@ -642,7 +642,7 @@ fn execute_regroups_targets_of_an_edge_only_group_that_differ() {
             d.join("c").display(),
             d.join("d").display()
         );
-        let p: Plan = serde_json::from_str(&text).unwrap();
+        let p: DedupePlan = serde_json::from_str(&text).unwrap();
         assert_eq!(p.groups[0].blake3, None);
         let r = execute(&p, &DedupeOptions::default());
         assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");

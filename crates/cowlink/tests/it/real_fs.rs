@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 
 use cowlink::extents::{extents, Extent};
 use cowlink::{
-    clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, Method, Overwrite, Placement,
-    Preserve, Reflink,
+    clone_file, clone_range, probe, CloneOptions, ErrorKind, FsKind, LinkMode, Method, Overwrite,
+    Placement, Preserve,
 };
 use cowlink_testfs::{data, names, testfs, umask, write_file};
 
-fn opts(reflink: Reflink) -> CloneOptions {
+fn opts(link: LinkMode) -> CloneOptions {
     CloneOptions {
-        reflink,
+        link,
         ..Default::default()
     }
 }
@@ -87,13 +87,13 @@ fn assert_fallback(dir: &Path, same_fs_method: Method) {
     let (a, b, c) = (dir.join("a"), dir.join("b"), dir.join("c"));
     let content = data(3 << 20 | 123, 2);
     write_file(&a, &content);
-    let o = clone_file(&a, &b, &opts(Reflink::Auto)).unwrap();
+    let o = clone_file(&a, &b, &opts(LinkMode::Auto)).unwrap();
     assert_eq!(o.method, same_fs_method);
     assert_eq!(fs::read(&b).unwrap(), content);
-    let e = clone_file(&a, &c, &opts(Reflink::Always)).unwrap_err();
+    let e = clone_file(&a, &c, &opts(LinkMode::Clone)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
     assert!(e.to_string().contains("does not support reflink"), "{e}");
-    let n = clone_file(&a, &c, &opts(Reflink::Never)).unwrap();
+    let n = clone_file(&a, &c, &opts(LinkMode::Copy)).unwrap();
     assert_eq!(n.method, Method::ReadWrite);
     assert_eq!(fs::read(&c).unwrap(), content);
     assert_eq!(names(dir), ["a", "b", "c"]);
@@ -121,10 +121,10 @@ fn xfs_to_btrfs_auto_copies_always_is_cross_device() {
     let src = x.path().join("src");
     let content = data(2 << 20, 3);
     write_file(&src, &content);
-    let o = clone_file(&src, b.path().join("auto"), &opts(Reflink::Auto)).unwrap();
+    let o = clone_file(&src, b.path().join("auto"), &opts(LinkMode::Auto)).unwrap();
     assert_ne!(o.method, Method::Reflink);
     assert_eq!(fs::read(b.path().join("auto")).unwrap(), content);
-    let e = clone_file(&src, b.path().join("always"), &opts(Reflink::Always)).unwrap_err();
+    let e = clone_file(&src, b.path().join("always"), &opts(LinkMode::Clone)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::CrossDevice);
     assert!(
         e.to_string()
@@ -155,11 +155,11 @@ fn sparse_file_stays_sparse_on_ext4() {
     let want = fs::read(&src).unwrap();
     // Same filesystem (copy_file_range), user-space copy, and from XFS.
     let xsrc = x.path().join("sparse");
-    clone_file(&src, &xsrc, &opts(Reflink::Never)).unwrap();
+    clone_file(&src, &xsrc, &opts(LinkMode::Copy)).unwrap();
     for (from, name, mode) in [
-        (&src, "auto", Reflink::Auto),
-        (&src, "never", Reflink::Never),
-        (&xsrc, "from-xfs", Reflink::Auto),
+        (&src, "auto", LinkMode::Auto),
+        (&src, "never", LinkMode::Copy),
+        (&xsrc, "from-xfs", LinkMode::Auto),
     ] {
         let dst = d.path().join(name);
         let o = clone_file(from, &dst, &opts(mode)).unwrap();
@@ -283,8 +283,8 @@ fn existing_destination_refused_unless_replace_and_never_written_through() {
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
     let (x, e4) = (testfs!(Xfs), testfs!(Ext4));
-    let direct = |reflink, overwrite| CloneOptions {
-        reflink,
+    let direct = |link, overwrite| CloneOptions {
+        link,
         overwrite,
         placement: Placement::Direct,
         ..Default::default()
@@ -294,7 +294,7 @@ fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
     let content = data(1 << 20, 11);
     write_file(&src, &content);
     fs::set_permissions(&src, fs::Permissions::from_mode(0o750)).unwrap();
-    let o = clone_file(&src, &dst, &direct(Reflink::Always, Overwrite::Refuse)).unwrap();
+    let o = clone_file(&src, &dst, &direct(LinkMode::Clone, Overwrite::Refuse)).unwrap();
     assert_eq!(o.method, Method::Reflink);
     assert_eq!(fs::read(&dst).unwrap(), content);
     assert_eq!(
@@ -307,14 +307,14 @@ fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
 
     // Never over an existing file: refused, the old content intact.
     write_file(&src, b"newer");
-    let e = clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Refuse)).unwrap_err();
+    let e = clone_file(&src, &dst, &direct(LinkMode::Auto, Overwrite::Refuse)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
     assert_eq!(fs::read(&dst).unwrap(), content);
-    let o = clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Skip)).unwrap();
+    let o = clone_file(&src, &dst, &direct(LinkMode::Auto, Overwrite::Skip)).unwrap();
     assert_eq!(o.method, Method::Skipped);
     // A file a killed run left (it carries the mark) is named as such.
     fs::set_permissions(&dst, fs::Permissions::from_mode(0o1640)).unwrap();
-    let e = clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Refuse)).unwrap_err();
+    let e = clone_file(&src, &dst, &direct(LinkMode::Auto, Overwrite::Refuse)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
     assert!(
         e.to_string().contains("interrupted run left unfinished"),
@@ -322,7 +322,7 @@ fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
     );
     // Replacing stays atomic: a hardlink of the old file keeps its content.
     fs::hard_link(&dst, p.join("old-link")).unwrap();
-    clone_file(&src, &dst, &direct(Reflink::Auto, Overwrite::Replace)).unwrap();
+    clone_file(&src, &dst, &direct(LinkMode::Auto, Overwrite::Replace)).unwrap();
     assert_eq!(fs::read(&dst).unwrap(), b"newer");
     assert_eq!(fs::read(p.join("old-link")).unwrap(), content);
     assert_eq!(names(p), ["dst", "old-link", "src"]);
@@ -334,7 +334,7 @@ fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
     let o = clone_file(
         e4.join("src"),
         e4.join("copy"),
-        &direct(Reflink::Auto, Overwrite::Refuse),
+        &direct(LinkMode::Auto, Overwrite::Refuse),
     )
     .unwrap();
     assert_eq!(o.method, Method::CopyOffload);
@@ -343,7 +343,7 @@ fn direct_placement_clones_under_the_name_and_leaves_nothing_on_error() {
     let e = clone_file(
         e4.join("src"),
         e4.join("never"),
-        &direct(Reflink::Always, Overwrite::Refuse),
+        &direct(LinkMode::Clone, Overwrite::Refuse),
     )
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
@@ -374,7 +374,7 @@ fn bad_sources_give_typed_errors_and_create_nothing() {
         ("missing", ErrorKind::NotFound, "source does not exist"),
     ];
     for (name, kind, text) in cases {
-        for mode in [Reflink::Auto, Reflink::Always, Reflink::Never] {
+        for mode in [LinkMode::Auto, LinkMode::Clone, LinkMode::Copy] {
             let e = clone_file(p.join(name), out.join(name), &opts(mode)).unwrap_err();
             assert_eq!(e.kind(), kind, "{name}: {e}");
             assert!(e.to_string().contains(text), "{name}: {e}");
@@ -430,9 +430,9 @@ fn enospc_on_tiny_ext4_fails_cleanly() {
     // Created under its name (direct) or unnamed, the file goes.
     let direct = CloneOptions {
         placement: Placement::Direct,
-        ..opts(Reflink::Auto)
+        ..opts(LinkMode::Auto)
     };
-    for o in [opts(Reflink::Auto), opts(Reflink::Never), direct] {
+    for o in [opts(LinkMode::Auto), opts(LinkMode::Copy), direct] {
         let e = clone_file(&src, t.path().join("big"), &o).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
         assert_eq!(names(t.path()), ["filler"]);
@@ -444,7 +444,7 @@ fn enospc_on_tiny_ext4_fails_cleanly() {
         let f = fs::File::create(&sparse).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&f, &data(6 << 20, 7), 4096).unwrap();
     }
-    let e = clone_file(&sparse, t.path().join("sparse"), &opts(Reflink::Auto)).unwrap_err();
+    let e = clone_file(&sparse, t.path().join("sparse"), &opts(LinkMode::Auto)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
     assert_eq!(names(t.path()), ["filler"]);
     // The unnamed temporary's blocks are released again.
@@ -460,7 +460,7 @@ fn enospc_on_tiny_xfs_fails_cleanly() {
     write_file(&src, &data(16 << 20, 8));
     let filler = fill(t.path(), 4 << 20);
     // A physical copy needs 16 MiB: refused. (A clone needs almost none.)
-    let e = clone_file(&src, t.path().join("copy"), &opts(Reflink::Never)).unwrap_err();
+    let e = clone_file(&src, t.path().join("copy"), &opts(LinkMode::Copy)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
     assert_eq!(names(t.path()), ["filler", "src"]);
     fs::remove_file(filler).unwrap();

@@ -8,7 +8,7 @@ use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use cowlink::store::{
-    Digest, EntryKind, LinkMode, LinkVerdict, Manifest, ManifestEntry, MaterializeOptions, Store,
+    CheckoutOptions, Digest, EntryKind, LinkMode, LinkVerdict, Manifest, ManifestEntry, Store,
 };
 use cowlink::{ErrorKind, Method};
 use cowlink_testfs::{data, names, temporaries, testfs, write_file};
@@ -93,9 +93,7 @@ fn clones_share_and_writes_stay_private(dir: &Path) {
 
     let (m1, m2) = (dir.join("m1"), dir.join("m2"));
     for d in [&m1, &m2] {
-        let r = store
-            .materialize_tree(&m, d, &MaterializeOptions::default())
-            .unwrap();
+        let r = store.checkout(&m, d, &CheckoutOptions::default()).unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         assert_eq!((r.files, r.cloned, r.copied, r.symlinks), (7, 7, 0, 2));
         assert_same_tree(&src, d, &files);
@@ -211,17 +209,17 @@ fn ext4_clone_is_refused_and_auto_copies_identically() {
     // Refused before anything is written (was: a partial tree of
     // directories and symlinks, every file failing).
     let e = store
-        .materialize_tree(&m, dir.join("clone"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("clone"), &CheckoutOptions::default())
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
     assert!(e.to_string().contains("nothing was written"), "{e}");
     assert!(!dir.join("clone").exists());
     assert!(temporaries(dir).is_empty());
-    let auto = MaterializeOptions {
+    let auto = CheckoutOptions {
         link: LinkMode::Auto,
         ..Default::default()
     };
-    let r = store.materialize_tree(&m, dir.join("auto"), &auto).unwrap();
+    let r = store.checkout(&m, dir.join("auto"), &auto).unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!((r.files, r.cloned, r.copied), (7, 0, 7));
     assert_same_tree(&src, &dir.join("auto"), &files);
@@ -305,7 +303,7 @@ fn hostile_manifests_write_nothing() {
         let dest = dir.join(format!("dest{i}"));
         let m = Manifest::new(entries);
         let e = store
-            .materialize_tree(&m, &dest, &MaterializeOptions::default())
+            .checkout(&m, &dest, &CheckoutOptions::default())
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
         assert!(e.to_string().contains(why), "case {i}: {e}");
@@ -314,13 +312,11 @@ fn hostile_manifests_write_nothing() {
     assert!(names(&dir.join("victim")).is_empty());
     // Escaping links are placed only when explicitly allowed.
     let m = Manifest::new(vec![link("out", "/etc")]);
-    let allow = MaterializeOptions {
+    let allow = CheckoutOptions {
         external_symlinks: true,
         ..Default::default()
     };
-    store
-        .materialize_tree(&m, dir.join("allowed"), &allow)
-        .unwrap();
+    store.checkout(&m, dir.join("allowed"), &allow).unwrap();
     assert_eq!(
         fs::read_link(dir.join("allowed/out")).unwrap(),
         Path::new("/etc")
@@ -330,7 +326,7 @@ fn hostile_manifests_write_nothing() {
     symlink("../victim", dir.join("busy/x")).unwrap();
     let m = Manifest::new(vec![file("x/evil")]);
     let e = store
-        .materialize_tree(&m, dir.join("busy"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("busy"), &CheckoutOptions::default())
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
     assert!(names(&dir.join("victim")).is_empty());
@@ -391,7 +387,7 @@ fn a_reference_limit_rolls_over_to_new_generations() {
             .collect(),
     );
     let r = store
-        .materialize_tree(&m, dir.join("out"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("out"), &CheckoutOptions::default())
         .unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!((r.files, r.cloned), (10, 10));
@@ -478,7 +474,7 @@ fn gc_keeps_what_kept_manifests_use() {
     assert_eq!(store.manifests().unwrap(), [ta.digest]);
     let out = dir.join("out");
     let r = store
-        .materialize_tree(&ta.manifest, &out, &MaterializeOptions::default())
+        .checkout(&ta.manifest, &out, &CheckoutOptions::default())
         .unwrap();
     assert!(r.errors.is_empty());
     assert_eq!(fs::read(out.join("only-a")).unwrap(), data(8 * KIB, 2));
@@ -644,23 +640,21 @@ fn manifests_cannot_set_setid_bits_or_lie_about_sizes() {
     let digest = store.add(dir.join("f")).unwrap();
     let m = one_file_manifest(digest, 5000, 0o6755);
     let r = store
-        .materialize_tree(&m, dir.join("plain"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("plain"), &CheckoutOptions::default())
         .unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(mode(&dir.join("plain/f")), 0o755, "set-id bits dropped");
-    let opts = MaterializeOptions {
+    let opts = CheckoutOptions {
         setid: true,
         ..Default::default()
     };
-    let r = store
-        .materialize_tree(&m, dir.join("asked"), &opts)
-        .unwrap();
+    let r = store.checkout(&m, dir.join("asked"), &opts).unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(mode(&dir.join("asked/f")), 0o6755, "kept when asked");
 
     let liar = one_file_manifest(digest, 4000, 0o644);
     let r = store
-        .materialize_tree(&liar, dir.join("liar"), &MaterializeOptions::default())
+        .checkout(&liar, dir.join("liar"), &CheckoutOptions::default())
         .unwrap();
     assert_eq!(r.errors.len(), 1);
     assert_eq!(r.errors[0].kind(), ErrorKind::InvalidInput);
@@ -689,7 +683,7 @@ fn checkout_never_spreads_a_changed_object() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"X", 100).unwrap();
     drop(f);
     let r = store
-        .materialize_tree(&m, dir.join("out"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("out"), &CheckoutOptions::default())
         .unwrap();
     assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
     assert_eq!(r.errors[0].kind(), ErrorKind::Corrupt, "{}", r.errors[0]);
@@ -703,11 +697,11 @@ fn checkout_never_spreads_a_changed_object() {
     let f = fs::OpenOptions::new().write(true).open(&obj).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &data(64 * KIB, 5)[100..101], 100).unwrap();
     drop(f);
-    let opts = MaterializeOptions {
+    let opts = CheckoutOptions {
         verify: true,
         ..Default::default()
     };
-    let r = store.materialize_tree(&m, dir.join("out2"), &opts).unwrap();
+    let r = store.checkout(&m, dir.join("out2"), &opts).unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(fs::read(dir.join("out2/a")).unwrap(), data(64 * KIB, 5));
     assert_eq!(
@@ -755,11 +749,11 @@ fn a_directory_that_cannot_be_made_is_reported_with_what_it_left_out() {
         taken += 1;
     }
     assert!(taken > 100, "only {taken} inodes could be taken");
-    let opts = MaterializeOptions {
+    let opts = CheckoutOptions {
         link: LinkMode::Copy,
         ..Default::default()
     };
-    let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+    let r = store.checkout(&m, &dest, &opts).unwrap();
     fs::remove_dir_all(&fill).unwrap();
     assert_eq!((r.files, r.dirs, r.symlinks), (0, 0, 0));
     assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
@@ -774,7 +768,7 @@ fn a_directory_that_cannot_be_made_is_reported_with_what_it_left_out() {
     assert_eq!(fs::read_dir(&dest).unwrap().count(), 0, "nothing partial");
 
     // With inodes back, the same manifest is placed whole.
-    let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+    let r = store.checkout(&m, &dest, &opts).unwrap();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!((r.files, r.dirs, r.symlinks), (4, 2, 1));
     assert_eq!(fs::read(dest.join("d/e/c")).unwrap(), data(3000, 9));
@@ -866,7 +860,7 @@ fn link_verdicts_agree_with_the_kernel_on_random_trees() {
     let digest = store.add(dir.join("f")).unwrap();
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let names = ["a", "b", "c"];
-    let allow = MaterializeOptions {
+    let allow = CheckoutOptions {
         external_symlinks: true,
         ..Default::default()
     };
@@ -912,7 +906,7 @@ fn link_verdicts_agree_with_the_kernel_on_random_trees() {
         }
         trees += 1;
         let dest = dir.join(format!("dest-{case}"));
-        let r = store.materialize_tree(&m, &dest, &allow).unwrap();
+        let r = store.checkout(&m, &dest, &allow).unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         // Refused without permission exactly when a link is not inside.
         let refused = m.validate("m", false).is_err();
@@ -1005,11 +999,11 @@ fn special_files_in_the_store_are_refused_then_quarantined() {
         assert!(!store.contains(obj), "a special file is no object");
         let m = one_file_manifest(*obj, 4, 0o644);
         let dest = dir.join(format!("out{i}"));
-        let opts = MaterializeOptions {
+        let opts = CheckoutOptions {
             link: LinkMode::Auto,
             ..Default::default()
         };
-        let r = store.materialize_tree(&m, &dest, &opts).unwrap();
+        let r = store.checkout(&m, &dest, &opts).unwrap();
         assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
         assert_eq!(r.errors[0].kind(), ErrorKind::Corrupt, "{}", r.errors[0]);
         assert!(
@@ -1078,7 +1072,7 @@ fn directories_lose_setid_bits_unless_asked() {
         entry("sgid/sub", EntryKind::Dir { mode: 0o2700 }),
     ]);
     store
-        .materialize_tree(&m, dir.join("plain"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("plain"), &CheckoutOptions::default())
         .unwrap();
     assert_eq!(mode(&dir.join("plain/sgid")), 0o775);
     assert_eq!(mode(&dir.join("plain/suid")), 0o755);
@@ -1088,11 +1082,11 @@ fn directories_lose_setid_bits_unless_asked() {
         "sticky is no set-id bit"
     );
     assert_eq!(mode(&dir.join("plain/sgid/sub")), 0o700);
-    let keep = MaterializeOptions {
+    let keep = CheckoutOptions {
         setid: true,
         ..Default::default()
     };
-    store.materialize_tree(&m, dir.join("kept"), &keep).unwrap();
+    store.checkout(&m, dir.join("kept"), &keep).unwrap();
     assert_eq!(mode(&dir.join("kept/sgid")), 0o2775);
     assert_eq!(mode(&dir.join("kept/suid")), 0o4755);
     assert_eq!(mode(&dir.join("kept/sgid/sub")), 0o2700);
@@ -1129,11 +1123,11 @@ fn deep_and_read_only_trees_check_out_whole() {
         },
     ));
     let m = Manifest::new(entries);
-    let opts = MaterializeOptions {
+    let opts = CheckoutOptions {
         link: LinkMode::Auto,
         ..Default::default()
     };
-    let r = store.materialize_tree(&m, dir.join("deep"), &opts).unwrap();
+    let r = store.checkout(&m, dir.join("deep"), &opts).unwrap();
     assert!(
         r.errors.is_empty(),
         "{:?}",
@@ -1238,7 +1232,7 @@ fn the_destination_checked_empty_is_the_one_filled() {
                     }
                 }
             });
-            let _ = store.materialize_tree(&m, &dest, &MaterializeOptions::default());
+            let _ = store.checkout(&m, &dest, &CheckoutOptions::default());
             stop.store(true, Ordering::Relaxed);
         });
         for p in [&dest, &full] {
@@ -1293,7 +1287,7 @@ fn a_checkout_into_the_store_is_refused() {
     for dest in &dests {
         let existed = dest.exists();
         let e = store
-            .materialize_tree(&m, dest, &MaterializeOptions::default())
+            .checkout(&m, dest, &CheckoutOptions::default())
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{}: {e}", dest.display());
         assert!(e.to_string().contains("inside the store"), "{e}");
@@ -1311,7 +1305,7 @@ fn a_checkout_into_the_store_is_refused() {
     assert!(names(&root.join("objects").join(shard)).is_empty());
     assert_eq!(store.add(dir.join("victim")).unwrap(), victim);
     store
-        .materialize_tree(&m, dir.join("elsewhere"), &MaterializeOptions::default())
+        .checkout(&m, dir.join("elsewhere"), &CheckoutOptions::default())
         .unwrap();
     assert_eq!(
         fs::read(dir.join("elsewhere").join(victim.to_hex())).unwrap(),

@@ -170,8 +170,8 @@ fn non_directory_sources_are_copied_as_one_entry() {
     let x = testfs!(Xfs);
     symlink("target-elsewhere", x.path().join("link")).unwrap();
     let report = copy_tree(
-        &x.path().join("link"),
-        &x.path().join("copy"),
+        x.path().join("link"),
+        x.path().join("copy"),
         &TreeOptions::archive(),
         &Quiet,
     )
@@ -182,8 +182,8 @@ fn non_directory_sources_are_copied_as_one_entry() {
         Path::new("target-elsewhere")
     );
     let err = copy_tree(
-        &x.path().join("missing"),
-        &x.path().join("copy2"),
+        x.path().join("missing"),
+        x.path().join("copy2"),
         &TreeOptions::default(),
         &Quiet,
     )
