@@ -24,6 +24,14 @@ use serde::Serialize;
 use crate::out::{errln, out, outln, prog};
 use crate::{human_bytes, human_duration, Exit};
 
+/// GNU's `--reflink=always|auto|never`, onto the library's one
+/// [`LinkMode`] (always: clone, auto: auto, never: copy).
+fn reflink_arg() -> impl clap::builder::TypedValueParser<Value = LinkMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["auto", "always", "never"])
+        .map(|w: String| LinkMode::from_reflink(&w).expect("one of the possible values"))
+}
+
 /// Clone files where the filesystem can share blocks, copy where it cannot
 ///
 /// `cowlink cp SRC DEST` clones SRC to the file DEST (or into DEST if it is
@@ -43,14 +51,6 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink cp -a build/ staging/           # a tree, with all metadata
 ///   cowlink cp -a --dry-run build/ staging/ # what would be done
 ///   cowlink cp -a --json src/ dst/ | jq .summary
-/// GNU's `--reflink=always|auto|never`, onto the library's one
-/// [`LinkMode`] (always: clone, auto: auto, never: copy).
-fn reflink_arg() -> impl clap::builder::TypedValueParser<Value = LinkMode> {
-    use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(["auto", "always", "never"])
-        .map(|w: String| LinkMode::from_reflink(&w).expect("one of the possible values"))
-}
-
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CpArgs {
