@@ -2250,3 +2250,130 @@ fn a_server_that_ignores_range_gets_the_object_downloaded_whole() {
         .collect();
     assert_eq!(ranges, [Some(format!("bytes={}-", 2 << 20)), None]);
 }
+
+/// How a hostile endpoint answers a request for the rest of an object
+/// (`Range: bytes=N-`); a request without a range gets the object whole.
+#[derive(Debug, Clone, Copy)]
+enum RangeLie {
+    /// 206 and the right range: a well-behaved server.
+    Honest,
+    /// 206 claiming the whole object, and the whole object.
+    WholeAs206,
+    /// 206 naming another start than the one asked for.
+    OtherStart,
+    /// 206 without a `Content-Range`.
+    NoContentRange,
+    /// 206 with a `Content-Range` that does not parse.
+    GarbledContentRange,
+    /// 206, the right `Content-Range`, the bytes of another range.
+    WrongBytes,
+    /// 206, the right `Content-Range`, a body one byte short.
+    Shorter,
+    /// 206, the right `Content-Range`, a body one byte long.
+    Longer,
+    /// 206 with another total size in `Content-Range`.
+    OtherTotal,
+    /// 200 with another object's bytes.
+    OtherBody200,
+}
+
+fn range_answer(lie: RangeLie, data: &[u8], r: &Request) -> Reply {
+    let size = data.len();
+    let Some(start) = r
+        .header("range")
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.strip_suffix('-'))
+        .and_then(|v| v.parse::<usize>().ok())
+    else {
+        return Reply::bytes(data.to_vec());
+    };
+    let partial = |range: String, body: Vec<u8>| {
+        let r = Reply::Full {
+            status: 206,
+            headers: vec![(
+                "Last-Modified".into(),
+                "Wed, 01 Jan 2025 00:00:00 GMT".into(),
+            )],
+            body,
+        };
+        if range.is_empty() {
+            r
+        } else {
+            r.with_header("Content-Range", &range)
+        }
+    };
+    let right = format!("bytes {start}-{}/{size}", size - 1);
+    match lie {
+        RangeLie::Honest => partial(right, data[start..].to_vec()),
+        RangeLie::WholeAs206 => partial(format!("bytes 0-{}/{size}", size - 1), data.to_vec()),
+        RangeLie::OtherStart => partial(
+            format!("bytes {}-{}/{size}", start - 1, size - 1),
+            data[start - 1..].to_vec(),
+        ),
+        RangeLie::NoContentRange => partial(String::new(), data[start..].to_vec()),
+        RangeLie::GarbledContentRange => partial("bytes x-y/z".into(), data[start..].to_vec()),
+        RangeLie::WrongBytes => partial(right, data[..size - start].to_vec()),
+        RangeLie::Shorter => partial(right, data[start..size - 1].to_vec()),
+        RangeLie::Longer => {
+            let mut b = data[start..].to_vec();
+            b.push(0);
+            partial(right, b)
+        }
+        RangeLie::OtherTotal => partial(format!("bytes {start}-{}/{}", size, size + 1), {
+            let mut b = data[start..].to_vec();
+            b.push(0);
+            b
+        }),
+        RangeLie::OtherBody200 => Reply::bytes(vec![0x5a; size]),
+    }
+}
+
+#[test]
+fn a_server_that_answers_a_range_wrongly_never_stores_a_wrong_object_or_wedges_the_pull() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (1 << 20));
+    let size = data.len() as u64;
+    let have = 2usize << 20;
+    let lies = [
+        RangeLie::Honest,
+        RangeLie::WholeAs206,
+        RangeLie::OtherStart,
+        RangeLie::NoContentRange,
+        RangeLie::GarbledContentRange,
+        RangeLie::WrongBytes,
+        RangeLie::Shorter,
+        RangeLie::Longer,
+        RangeLie::OtherTotal,
+        RangeLie::OtherBody200,
+    ];
+    for lie in lies {
+        let body = data.clone();
+        let h = serving(m, mbytes.clone(), o, move |r| range_answer(lie, &body, r));
+        let (st, partial) = store_with_partial_path(x.path(), &format!("{lie:?}"), &o);
+        fs::write(&partial, &data[..have]).unwrap();
+        let r = remote_at(&h.endpoint(), quick(2000, 1000));
+        // Whatever the server claims, the object stored is the right one,
+        // and a pull against the same server gets it at the latest on its
+        // second try: a server whose range answers cannot be used costs a
+        // whole download, never a partial that fails every pull after.
+        let mut errors = Vec::new();
+        for _ in 0..2 {
+            match st.pull(&r, &[m]) {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(!st.contains(&o), "{lie:?}: {e}");
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        assert!(
+            st.contains(&o),
+            "{lie:?}: two pulls failed, the partial kept at {} bytes: {errors:?}",
+            fs::metadata(&partial).map_or(0, |m| m.len())
+        );
+        assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "{lie:?}");
+        assert!(st.verify().unwrap().is_clean(), "{lie:?}");
+        assert!(!partial.exists(), "{lie:?}");
+        assert!(size > have as u64);
+    }
+}
