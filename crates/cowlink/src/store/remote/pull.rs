@@ -477,18 +477,17 @@ async fn fetch(
         };
         let got = match remote.client.get_opts(&key, opts).await {
             // Resuming a partial, a server (or a proxy in between) that
-            // ignores Range: the caller may start over from byte 0.
-            // (After a break, the break is the news: see below.)
-            Err(e)
-                if n > 0
-                    && broke.is_none()
-                    && super::error_chain(&e).contains("non-partial response") =>
-            {
+            // ignores Range, or answers it with another range or a
+            // `Content-Range` that is missing or does not parse: the
+            // caller starts over from byte 0, once. Failing instead would
+            // keep the partial, and every later pull would fail the same
+            // way. (After a break, the break is the news: see below.)
+            Err(e) if n > 0 && broke.is_none() && unusable_range_answer(&e) => {
                 return Err(Error::new(op, ErrorKind::NotSupported)
                     .with_src(&shown)
                     .with_reason(
-                        "the server answered a request for the rest of the object with the \
-                         whole object (it ignores Range)",
+                        "the server answered a request for the rest of the object with \
+                         something else than that range (it ignores or mangles Range)",
                     ));
             }
             got => got,
@@ -565,4 +564,25 @@ async fn fetch(
         )));
     }
     Ok(n - have)
+}
+
+/// Whether object_store refused the answer to a range request for what
+/// its headers say about the range: not a `206`, no `Content-Range` or
+/// one that does not parse, another range than the one asked for, or a
+/// total size too small for it. Its error type is private, so its
+/// messages are matched (object_store 0.14's `GetResultError` and
+/// `InvalidGetRange`); a message it changes falls back to a plain failure
+/// that keeps the partial, never to a wrong object.
+fn unusable_range_answer(e: &object_store::Error) -> bool {
+    const SAID: [&str; 5] = [
+        "non-partial response",
+        "Content-Range header",
+        "value for CONTENT_RANGE",
+        "Wanted range starting at",
+        "Range started at",
+    ];
+    let chain = super::error_chain(e);
+    let other_range = chain.contains("Requested ") && chain.contains(", got ");
+    matches!(e, object_store::Error::Generic { .. })
+        && (other_range || SAID.iter().any(|s| chain.contains(s)))
 }
