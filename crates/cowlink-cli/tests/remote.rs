@@ -1079,3 +1079,103 @@ fn a_pull_interrupted_or_killed_mid_object_resumes_where_it_stopped() {
     );
     assert!(!stale.exists());
 }
+
+/// Issue 44 (trust) meets resume: a pull killed (SIGKILL) after a large
+/// object was verified, while it waits, sealed read-only in its partial,
+/// for the rest of its batch, keeps those verified bytes for the next
+/// pull, also for a user who is not root (for whom a 0444 file cannot be
+/// opened for writing). Run as `nobody` with `setpriv`, through a proxy
+/// that delays each answer so that the many small objects keep the batch
+/// open long after the large one is done.
+#[test]
+fn a_pull_killed_while_its_verified_large_object_waits_keeps_it_for_a_rerun_as_non_root() {
+    use cowlink_testfs::toxiproxy::Toxiproxy;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("resume_sealed") else {
+        return;
+    };
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let Some(proxy) = Toxiproxy::start("resume_sealed", &upstream) else {
+        return;
+    };
+    let size = cowlink::store::remote::RESUME_MIN + (1 << 20);
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(size as usize, 45);
+    fs::write(src.join("big"), &data).unwrap();
+    for i in 0..400 {
+        fs::write(
+            src.join(format!("s{i}")),
+            cowlink_testfs::data(2048, 1000 + i),
+        )
+        .unwrap();
+    }
+    let st = x.path().join("st");
+    let m = add_tree(&st, &src);
+    ok(&run(&s3, "ks", &st, &[&"push"]));
+
+    // A store of nobody's.
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let st2 = x.path().join("st2");
+    drop(cowlink::store::Store::open(&st2).unwrap());
+    let o = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&st2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let nobody = |endpoint: &str, json: bool| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .envs(s3.env())
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("HOME", x.path())
+            .env_remove("COWLINK_REMOTE")
+            .arg("store")
+            .arg("--store")
+            .arg(&st2)
+            .arg("--remote")
+            .arg(s3.url("ks"));
+        if json {
+            c.arg("--json");
+        }
+        c.arg("pull").arg(&m);
+        c
+    };
+    let hex = cowlink::store::Digest::of(&data).to_hex();
+    let partial = st2.join("tmp").join(format!("{hex}.partial"));
+
+    proxy.add("slow", "latency", "downstream", "{\"latency\":150}");
+    let mut child = nobody(&proxy.endpoint(), false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Verified and sealed: whole, and read-only.
+    wait_until(30, "the large object verified", || {
+        fs::metadata(&partial)
+            .is_ok_and(|m| m.len() == size && m.permissions().mode() & 0o777 == 0o444)
+    });
+    child.kill().unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "the pull ended before the kill");
+    assert!(
+        !st2.join("objects").join(&hex[..2]).join(&hex).exists(),
+        "the object was linked before the kill: no window tested"
+    );
+    proxy.remove("slow");
+
+    let r: serde_json::Value =
+        serde_json::from_str(&ok(&nobody(&s3.endpoint(), true).output().unwrap())).unwrap();
+    assert_eq!(r["bytes_resumed"], size, "{r}");
+    assert_eq!(r["objects_resumed"], 1, "{r}");
+    assert!(!partial.exists());
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(fs::read(dst.join("big")).unwrap(), data);
+}
