@@ -1179,3 +1179,90 @@ fn a_pull_killed_while_its_verified_large_object_waits_keeps_it_for_a_rerun_as_n
     ok(&common::store(&st2, &[&"checkout", &m, &dst]));
     assert_eq!(fs::read(dst.join("big")).unwrap(), data);
 }
+
+/// Two pulls by a user who is not root into one store: the first holds a
+/// verified large object, sealed read-only in its partial, while the many
+/// small objects of its batch arrive slowly; the second, started then,
+/// must leave that partial alone (removing its name would make the first
+/// fail to link it), and both must succeed.
+#[test]
+fn a_second_pull_as_non_root_leaves_the_sealed_partial_another_pull_holds() {
+    use cowlink_testfs::toxiproxy::Toxiproxy;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("resume_sealed2") else {
+        return;
+    };
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let Some(proxy) = Toxiproxy::start("resume_sealed2", &upstream) else {
+        return;
+    };
+    let size = cowlink::store::remote::RESUME_MIN + (1 << 20);
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(size as usize, 46);
+    fs::write(src.join("big"), &data).unwrap();
+    for i in 0..200 {
+        fs::write(
+            src.join(format!("s{i}")),
+            cowlink_testfs::data(2048, 2000 + i),
+        )
+        .unwrap();
+    }
+    let st = x.path().join("st");
+    let m = add_tree(&st, &src);
+    ok(&run(&s3, "ks2", &st, &[&"push"]));
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let st2 = x.path().join("st2");
+    drop(cowlink::store::Store::open(&st2).unwrap());
+    let o = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&st2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let nobody = |endpoint: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .envs(s3.env())
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("HOME", x.path())
+            .env_remove("COWLINK_REMOTE")
+            .args(["store", "--store"])
+            .arg(&st2)
+            .arg("--remote")
+            .arg(s3.url("ks2"))
+            .arg("pull")
+            .arg(&m)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let hex = cowlink::store::Digest::of(&data).to_hex();
+    let partial = st2.join("tmp").join(format!("{hex}.partial"));
+    let Some(narrow) = Toxiproxy::start("resume_sealed2b", &upstream) else {
+        return;
+    };
+    narrow.add("slow", "bandwidth", "downstream", "{\"rate\":1024}");
+    proxy.add("slow", "latency", "downstream", "{\"latency\":150}");
+    let first = nobody(&proxy.endpoint()).spawn().unwrap();
+    wait_until(30, "the large object verified", || {
+        fs::metadata(&partial)
+            .is_ok_and(|m| m.len() == size && m.permissions().mode() & 0o777 == 0o444)
+    });
+    // The second pull slower than what is left of the first, so that
+    // the first links its batch while the second still downloads.
+    let second = nobody(&narrow.endpoint()).spawn().unwrap();
+    let first = first.wait_with_output().unwrap();
+    let second = second.wait_with_output().unwrap();
+    ok(&first);
+    ok(&second);
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    assert!(!partial.exists());
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(fs::read(dst.join("big")).unwrap(), data);
+}
