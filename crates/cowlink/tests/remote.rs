@@ -2377,3 +2377,67 @@ fn a_server_that_answers_a_range_wrongly_never_stores_a_wrong_object_or_wedges_t
         assert!(size > have as u64);
     }
 }
+
+#[test]
+fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(t) = testfs!(TinyExt4) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (4 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |r| {
+        range_answer(RangeLie::Honest, &body, r)
+    });
+    let free = || {
+        let v = rustix::fs::statvfs(t.path()).unwrap();
+        v.f_bavail * v.f_frsize
+    };
+    // (free bytes left for the object, the partial an earlier pull left;
+    // root may use the blocks ext4 reserves, about 1.3 MiB more)
+    let cases = [
+        (1u64 << 20, 0usize),
+        (6 << 20, 0),
+        (6 << 20, 3 << 20),
+        (1 << 20, 8 << 20),
+    ];
+    for (i, (room, prefix)) in cases.into_iter().enumerate() {
+        let name = format!("s{i}");
+        let (st, partial) = store_with_partial_path(t.path(), &name, &o);
+        if prefix > 0 {
+            fs::write(&partial, &data[..prefix]).unwrap();
+        }
+        let filler = t.path().join("filler");
+        let take = free().saturating_sub(room);
+        let ok = std::process::Command::new("fallocate")
+            .args(["-l", &take.to_string()])
+            .arg(&filler)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let r = remote_at(&h.endpoint(), quick(2000, 1000));
+        let e = st.pull(&r, &[m]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpace, "case {i}: {e}");
+        assert!(!st.contains(&o), "case {i}");
+        // Nothing but the partial, and only a prefix of the object.
+        for ent in fs::read_dir(t.path().join(&name).join("tmp")).unwrap() {
+            let p = ent.unwrap().path();
+            assert_eq!(p, partial, "case {i}: a temporary was left");
+            let kept = fs::read(&p).unwrap();
+            assert_eq!(kept[..], data[..kept.len()], "case {i}");
+        }
+        fs::remove_file(&filler).unwrap();
+        let rep = st.pull(&r, &[m]).unwrap();
+        assert_eq!(rep.objects_downloaded, 1, "case {i}");
+        assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "case {i}");
+        assert!(st.verify().unwrap().is_clean(), "case {i}");
+        assert_eq!(
+            fs::read_dir(t.path().join(&name).join("tmp"))
+                .unwrap()
+                .count(),
+            0,
+            "case {i}"
+        );
+        // Free the room for the next case.
+        drop(st);
+        fs::remove_dir_all(t.path().join(&name)).unwrap();
+    }
+}
