@@ -2441,3 +2441,55 @@ fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
         fs::remove_dir_all(t.path().join(&name)).unwrap();
     }
 }
+
+#[test]
+fn a_partial_resumes_the_same_on_btrfs_ext4_xfs_and_tmpfs() {
+    use cowlink_testfs::Fs;
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (3 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |r| {
+        range_answer(RangeLie::Honest, &body, r)
+    });
+    let size = data.len() as u64;
+    for fs_ in [Fs::Btrfs, Fs::Ext4, Fs::Xfs, Fs::Tmpfs] {
+        let Some(t) = fs_.dir(&format!("resume-{fs_:?}")) else {
+            return;
+        };
+        // A right prefix, one off by a byte, and the whole object.
+        for (name, have, flip) in [
+            ("prefix", 5usize << 20, false),
+            ("bad", 5 << 20, true),
+            ("whole", data.len(), false),
+        ] {
+            let (st, partial) = store_with_partial_path(t.path(), name, &o);
+            let mut p = data[..have].to_vec();
+            if flip {
+                p[have / 2] ^= 1;
+            }
+            fs::write(&partial, &p).unwrap();
+            let rep = st
+                .pull(&remote_at(&h.endpoint(), quick(2000, 1000)), &[m])
+                .unwrap_or_else(|e| panic!("{fs_:?} {name}: {e}"));
+            let resumed = if flip { 0 } else { have as u64 };
+            assert_eq!(rep.bytes_resumed, resumed, "{fs_:?} {name}");
+            assert_eq!(rep.objects_downloaded, 1, "{fs_:?} {name}");
+            assert_eq!(
+                fs::read(st.object_path(&o)).unwrap(),
+                data,
+                "{fs_:?} {name}"
+            );
+            let meta = fs::metadata(st.object_path(&o)).unwrap();
+            assert!(meta.permissions().readonly(), "{fs_:?} {name}");
+            assert_eq!(meta.len(), size);
+            assert!(st.verify().unwrap().is_clean(), "{fs_:?} {name}");
+            assert_eq!(
+                fs::read_dir(t.path().join(name).join("tmp"))
+                    .unwrap()
+                    .count(),
+                0,
+                "{fs_:?} {name}"
+            );
+        }
+    }
+}
