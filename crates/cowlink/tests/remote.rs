@@ -2493,3 +2493,89 @@ fn a_partial_resumes_the_same_on_btrfs_ext4_xfs_and_tmpfs() {
         }
     }
 }
+
+#[test]
+fn a_partial_swapped_under_a_pull_never_reaches_outside_or_stores_wrong_bytes() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (2 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |r| {
+        range_answer(RangeLie::Honest, &body, r)
+    });
+    let outside = x.path().join("outside");
+    fs::write(&outside, &data[..1 << 20]).unwrap();
+    let before = fs::metadata(&outside).unwrap();
+    let mut stored = 0;
+    for round in 0..8 {
+        let name = format!("r{round}");
+        let (st, partial) = store_with_partial_path(x.path(), &name, &o);
+        let tmp = partial.parent().unwrap().to_path_buf();
+        let stop = AtomicBool::new(false);
+        let res = std::thread::scope(|s| {
+            // Plants, at the partial's name and over and over, a link to
+            // the outside file, a hard link to it, a FIFO, a wrong prefix
+            // and a right one, each swapped in by an atomic rename.
+            s.spawn(|| {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let c = tmp.join(format!("cand{i}"));
+                    match (i + round) % 5 {
+                        0 => std::os::unix::fs::symlink(&outside, &c).unwrap(),
+                        1 => fs::hard_link(&outside, &c).unwrap(),
+                        2 => {
+                            rustix::fs::mknodat(
+                                rustix::fs::CWD,
+                                &c,
+                                rustix::fs::FileType::Fifo,
+                                rustix::fs::Mode::from_raw_mode(0o600),
+                                0,
+                            )
+                            .unwrap();
+                        }
+                        3 => fs::write(&c, vec![0x77u8; 1 << 20]).unwrap(),
+                        _ => fs::write(&c, &data[..1 << 20]).unwrap(),
+                    }
+                    let _ = fs::rename(&c, &partial);
+                    i += 1;
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            });
+            let r = remote_at(&h.endpoint(), quick(2000, 1000));
+            let (st, rep) = pull_bounded(st, r, m);
+            stop.store(true, Ordering::Relaxed);
+            (st, rep)
+        });
+        let (st, rep) = res;
+        // Whatever was at the name, and even when it was swapped after
+        // the pull locked and verified its file, the object is stored.
+        match rep {
+            Ok(_) => {
+                stored += 1;
+                assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "round {round}");
+                assert_ne!(
+                    fs::metadata(st.object_path(&o)).unwrap().ino(),
+                    before.ino(),
+                    "round {round}"
+                );
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        assert!(st.verify().unwrap().is_clean(), "round {round}");
+    }
+    let after = fs::metadata(&outside).unwrap();
+    // (Its link count is not compared: the planter's last hard links
+    // stay in the stores' tmp/.)
+    assert_eq!(fs::read(&outside).unwrap(), &data[..1 << 20]);
+    assert_eq!(
+        (after.mtime(), after.mtime_nsec(), after.ino(), after.len()),
+        (
+            before.mtime(),
+            before.mtime_nsec(),
+            before.ino(),
+            before.len()
+        )
+    );
+    assert_eq!(stored, 8);
+}
