@@ -28,7 +28,10 @@
 //! process or another, downloads into its own unnamed temporary), and
 //! only after checking, lock held, that the name still names the file it
 //! opened: a partial just named as an object by the pull that finished it
-//! is never written again.
+//! is never written again. When its name is removed or replaced under the
+//! lock all the same (an `rm` in `tmp/`), the verified file, which has no
+//! name left to link, is copied into an unnamed temporary, hashed again,
+//! and that copy is stored.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, FlockOperation, Mode, OFlags};
@@ -254,7 +257,11 @@ impl Store {
     /// (atomic, never replacing: `EEXIST` when the store has the object
     /// already), never whatever the name in `tmp/` holds by then. The
     /// partial's name is removed afterwards if it still names this file.
-    pub(super) fn persist_partial(&self, p: Partial, d: &Digest) -> Result<(), Errno> {
+    ///
+    /// `ENOENT` when the file has no name left (its name in `tmp/` was
+    /// removed or replaced under the lock, by something that ignores it):
+    /// the caller still holds `p` and may copy it out.
+    pub(super) fn persist_partial(&self, p: &Partial, d: &Digest) -> Result<(), Errno> {
         let tmp = self.tmp.as_ref().expect("tmp/ is open once the store is");
         let rel = object_rel(d, 0);
         let (dir, name) = self.parent_in_layout(&rel)?;

@@ -233,7 +233,14 @@ impl Store {
             let d = v.digest;
             let r = match v.file {
                 Landed::Unnamed(pending) => self.persist_object(pending, &d, 0),
-                Landed::Partial(p) => self.persist_partial(p, &d),
+                Landed::Partial(p) => match self.persist_partial(&p, &d) {
+                    // Its name was removed or replaced under the lock
+                    // (`rm` in tmp/, a tool that ignores the lock): a file
+                    // without a name cannot be linked, so its verified
+                    // bytes are copied out instead of being thrown away.
+                    Err(Errno::NOENT) => self.persist_copy(&p, &d, v.size)?,
+                    r => r,
+                },
             };
             match r {
                 Ok(()) | Err(Errno::EXIST) => {}
@@ -241,6 +248,51 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+impl Store {
+    /// Store the object `d` (`size` bytes) from the verified partial `p`
+    /// that has no name left: copied into an unnamed temporary, hashed
+    /// again on the way (the copy is what is named), made durable and
+    /// named. `Ok(Err(_))` is the naming's own failure (`EEXIST` when the
+    /// store has the object already).
+    fn persist_copy(
+        &self,
+        p: &Partial,
+        d: &Digest,
+        size: u64,
+    ) -> Result<std::result::Result<(), Errno>> {
+        let tmp = self.root().join("tmp");
+        let local = |e: Errno| store_err(&tmp, e);
+        let pending = self.temporary("object")?;
+        crate::prim::transfer::preallocate(pending.fd(), size).map_err(local)?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < size {
+            let want = (size - at).min(buf.len() as u64) as usize;
+            let n = match rustix::io::pread(p.fd(), &mut buf[..want], at) {
+                Ok(0) => return Err(local(Errno::IO)),
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(local(e)),
+            };
+            hasher.update(&buf[..n]);
+            write_all(pending.fd(), &buf[..n]).map_err(local)?;
+            at += n as u64;
+        }
+        if hasher.finalize().as_bytes() != d.as_bytes() {
+            return Err(Error::new(Operation::Pull, ErrorKind::Corrupt)
+                .with_src(&tmp)
+                .with_reason(format!(
+                    "object {d} changed in its partial file after it was verified (something \
+                     wrote to it without the lock), and was not stored"
+                )));
+        }
+        seal(pending.fd(), false).map_err(local)?;
+        fs::fsync(pending.fd()).map_err(local)?;
+        Ok(self.persist_object(pending, d, 0))
     }
 }
 
