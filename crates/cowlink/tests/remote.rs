@@ -2381,14 +2381,24 @@ fn a_server_that_answers_a_range_wrongly_never_stores_a_wrong_object_or_wedges_t
 #[test]
 fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
     let Some(x) = testfs!(Xfs) else { return };
-    let Some(t) = testfs!(TinyExt4) else { return };
-    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (4 << 20));
+    for tiny in [cowlink_testfs::Fs::TinyExt4, cowlink_testfs::Fs::TinyXfs] {
+        let Some(t) = tiny.dir("full-disk-pull") else {
+            return;
+        };
+        full_disk_pull(t.path(), x.path());
+    }
+}
+
+/// The cases of [`a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes`]
+/// on the small filesystem `t`.
+fn full_disk_pull(t: &Path, x: &Path) {
+    let (m, mbytes, o, data) = one_file_store(x, RESUME_MIN as usize + (4 << 20));
     let body = data.clone();
     let h = serving(m, mbytes, o, move |r| {
         range_answer(RangeLie::Honest, &body, r)
     });
     let free = || {
-        let v = rustix::fs::statvfs(t.path()).unwrap();
+        let v = rustix::fs::statvfs(t).unwrap();
         v.f_bavail * v.f_frsize
     };
     // (free bytes left for the object, the partial an earlier pull left;
@@ -2401,11 +2411,11 @@ fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
     ];
     for (i, (room, prefix)) in cases.into_iter().enumerate() {
         let name = format!("s{i}");
-        let (st, partial) = store_with_partial_path(t.path(), &name, &o);
+        let (st, partial) = store_with_partial_path(t, &name, &o);
         if prefix > 0 {
             fs::write(&partial, &data[..prefix]).unwrap();
         }
-        let filler = t.path().join("filler");
+        let filler = t.join("filler");
         let take = free().saturating_sub(room);
         let ok = std::process::Command::new("fallocate")
             .args(["-l", &take.to_string()])
@@ -2418,7 +2428,7 @@ fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
         assert_eq!(e.kind(), ErrorKind::NoSpace, "case {i}: {e}");
         assert!(!st.contains(&o), "case {i}");
         // Nothing but the partial, and only a prefix of the object.
-        for ent in fs::read_dir(t.path().join(&name).join("tmp")).unwrap() {
+        for ent in fs::read_dir(t.join(&name).join("tmp")).unwrap() {
             let p = ent.unwrap().path();
             assert_eq!(p, partial, "case {i}: a temporary was left");
             let kept = fs::read(&p).unwrap();
@@ -2430,15 +2440,13 @@ fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
         assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "case {i}");
         assert!(st.verify().unwrap().is_clean(), "case {i}");
         assert_eq!(
-            fs::read_dir(t.path().join(&name).join("tmp"))
-                .unwrap()
-                .count(),
+            fs::read_dir(t.join(&name).join("tmp")).unwrap().count(),
             0,
             "case {i}"
         );
         // Free the room for the next case.
         drop(st);
-        fs::remove_dir_all(t.path().join(&name)).unwrap();
+        fs::remove_dir_all(t.join(&name)).unwrap();
     }
 }
 
