@@ -1042,3 +1042,298 @@ fn a_pull_interrupted_or_killed_mid_object_resumes_where_it_stopped() {
     );
     assert!(!stale.exists());
 }
+
+/// Issue 44 (trust) meets resume: a pull killed (SIGKILL) after a large
+/// object was verified, while it waits, sealed read-only in its partial,
+/// for the rest of its batch, keeps those verified bytes for the next
+/// pull, also for a user who is not root (for whom a 0444 file cannot be
+/// opened for writing). Run as `nobody` with `setpriv`, through a proxy
+/// that delays each answer so that the many small objects keep the batch
+/// open long after the large one is done.
+#[test]
+fn a_pull_killed_while_its_verified_large_object_waits_keeps_it_for_a_rerun_as_non_root() {
+    use cowlink_testfs::toxiproxy::Toxiproxy;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("resume_sealed") else {
+        return;
+    };
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let Some(proxy) = Toxiproxy::start("resume_sealed", &upstream) else {
+        return;
+    };
+    let size = cowlink::store::remote::RESUME_MIN + (1 << 20);
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(size as usize, 45);
+    fs::write(src.join("big"), &data).unwrap();
+    for i in 0..400 {
+        fs::write(
+            src.join(format!("s{i}")),
+            cowlink_testfs::data(2048, 1000 + i),
+        )
+        .unwrap();
+    }
+    let st = x.path().join("st");
+    let m = add_tree(&st, &src);
+    ok(&run(&s3, "ks", &st, &[&"push"]));
+
+    // A store of nobody's.
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let st2 = x.path().join("st2");
+    drop(cowlink::store::Store::open(&st2).unwrap());
+    let o = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&st2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let nobody = |endpoint: &str, json: bool| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .envs(s3.env())
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("HOME", x.path())
+            .env_remove("COWLINK_REMOTE")
+            .arg("store")
+            .arg("--store")
+            .arg(&st2)
+            .arg("--remote")
+            .arg(s3.url("ks"));
+        if json {
+            c.arg("--json");
+        }
+        c.arg("pull").arg(&m);
+        c
+    };
+    let hex = cowlink::store::Digest::of(&data).to_hex();
+    let partial = st2.join("tmp").join(format!("{hex}.partial"));
+
+    proxy.add("slow", "latency", "downstream", "{\"latency\":150}");
+    let mut child = nobody(&proxy.endpoint(), false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Verified and sealed: whole, and read-only.
+    wait_until(30, "the large object verified", || {
+        fs::metadata(&partial)
+            .is_ok_and(|m| m.len() == size && m.permissions().mode() & 0o777 == 0o444)
+    });
+    child.kill().unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "the pull ended before the kill");
+    assert!(
+        !st2.join("objects").join(&hex[..2]).join(&hex).exists(),
+        "the object was linked before the kill: no window tested"
+    );
+    proxy.remove("slow");
+
+    let r: serde_json::Value =
+        serde_json::from_str(&ok(&nobody(&s3.endpoint(), true).output().unwrap())).unwrap();
+    assert_eq!(r["bytes_resumed"], size, "{r}");
+    assert_eq!(r["objects_resumed"], 1, "{r}");
+    assert!(!partial.exists());
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(fs::read(dst.join("big")).unwrap(), data);
+}
+
+/// Two pulls by a user who is not root into one store: the first holds a
+/// verified large object, sealed read-only in its partial, while the many
+/// small objects of its batch arrive slowly; the second, started then,
+/// must leave that partial alone (removing its name would make the first
+/// fail to link it), and both must succeed.
+#[test]
+fn a_second_pull_as_non_root_leaves_the_sealed_partial_another_pull_holds() {
+    use cowlink_testfs::toxiproxy::Toxiproxy;
+    use std::os::unix::fs::PermissionsExt;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("resume_sealed2") else {
+        return;
+    };
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let Some(proxy) = Toxiproxy::start("resume_sealed2", &upstream) else {
+        return;
+    };
+    let size = cowlink::store::remote::RESUME_MIN + (1 << 20);
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data = cowlink_testfs::data(size as usize, 46);
+    fs::write(src.join("big"), &data).unwrap();
+    for i in 0..200 {
+        fs::write(
+            src.join(format!("s{i}")),
+            cowlink_testfs::data(2048, 2000 + i),
+        )
+        .unwrap();
+    }
+    let st = x.path().join("st");
+    let m = add_tree(&st, &src);
+    ok(&run(&s3, "ks2", &st, &[&"push"]));
+    fs::set_permissions(x.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let st2 = x.path().join("st2");
+    drop(cowlink::store::Store::open(&st2).unwrap());
+    let o = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&st2)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let nobody = |endpoint: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .envs(s3.env())
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("HOME", x.path())
+            .env_remove("COWLINK_REMOTE")
+            .args(["store", "--store"])
+            .arg(&st2)
+            .arg("--remote")
+            .arg(s3.url("ks2"))
+            .arg("pull")
+            .arg(&m)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let hex = cowlink::store::Digest::of(&data).to_hex();
+    let partial = st2.join("tmp").join(format!("{hex}.partial"));
+    let Some(narrow) = Toxiproxy::start("resume_sealed2b", &upstream) else {
+        return;
+    };
+    narrow.add("slow", "bandwidth", "downstream", "{\"rate\":1024}");
+    proxy.add("slow", "latency", "downstream", "{\"latency\":150}");
+    let first = nobody(&proxy.endpoint()).spawn().unwrap();
+    wait_until(30, "the large object verified", || {
+        fs::metadata(&partial)
+            .is_ok_and(|m| m.len() == size && m.permissions().mode() & 0o777 == 0o444)
+    });
+    // The second pull slower than what is left of the first, so that
+    // the first links its batch while the second still downloads.
+    let second = nobody(&narrow.endpoint()).spawn().unwrap();
+    let first = first.wait_with_output().unwrap();
+    let second = second.wait_with_output().unwrap();
+    ok(&first);
+    ok(&second);
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    assert!(!partial.exists());
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(fs::read(dst.join("big")).unwrap(), data);
+}
+
+/// Pulls of three large objects killed (SIGKILL) at generated moments,
+/// one or two at once through a slow proxy, with a `store gc` queued
+/// behind them now and then: after each round the store verifies clean
+/// and every partial holds a prefix of its object; at the end a pull at
+/// full speed finishes and the checkout is right.
+#[test]
+fn pulls_killed_at_generated_moments_with_gc_between_leave_a_sound_store() {
+    use cowlink_testfs::toxiproxy::Toxiproxy;
+    let Some(x) = testfs!(Xfs) else { return };
+    let Some(s3) = S3Server::start("resume_loop") else {
+        return;
+    };
+    let upstream = s3.endpoint().trim_start_matches("http://").to_string();
+    let Some(proxy) = Toxiproxy::start("resume_loop", &upstream) else {
+        return;
+    };
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let min = cowlink::store::remote::RESUME_MIN as usize;
+    let mut big = BTreeMap::new();
+    for (i, extra) in [(0u64, 1usize << 20), (1, 2 << 20), (2, 4 << 20)] {
+        let d = cowlink_testfs::data(min + extra, 60 + i);
+        fs::write(src.join(format!("big{i}")), &d).unwrap();
+        big.insert(cowlink::store::Digest::of(&d).to_hex(), d);
+    }
+    for i in 0..20 {
+        fs::write(
+            src.join(format!("s{i}")),
+            cowlink_testfs::data(3000, 90 + i),
+        )
+        .unwrap();
+    }
+    let st = x.path().join("st");
+    let m = add_tree(&st, &src);
+    ok(&run(&s3, "kl", &st, &[&"push"]));
+    let st2 = x.path().join("st2");
+    proxy.add("slow", "bandwidth", "downstream", "{\"rate\":6144}");
+    let slow = || {
+        cmd(&s3, "kl", &st2, &[&"pull", &m])
+            .env("AWS_ENDPOINT_URL", proxy.endpoint())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut partials_seen = 0;
+    for round in 0..10 {
+        let mut pulls = vec![slow()];
+        if next(2) == 1 {
+            pulls.push(slow());
+        }
+        let gc = (next(3) == 0).then(|| {
+            common::bin()
+                .args(["store", "--store"])
+                .arg(&st2)
+                .arg("gc")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(100 + next(2500)));
+        for p in &mut pulls {
+            let _ = p.kill();
+            p.wait().unwrap();
+        }
+        if let Some(g) = gc {
+            ok(&g.wait_with_output().unwrap());
+        }
+        let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+        assert_eq!(v["corrupt"], serde_json::json!([]), "round {round}");
+        assert_eq!(v["missing"], serde_json::json!([]), "round {round}");
+        for e in fs::read_dir(st2.join("tmp")).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let hex = name
+                .strip_suffix(".partial")
+                .unwrap_or_else(|| panic!("round {round}: a temporary was left: {name}"));
+            let kept = fs::read(&p).unwrap();
+            let whole = &big[hex];
+            assert!(kept.len() <= whole.len(), "round {round}");
+            assert!(kept[..] == whole[..kept.len()], "round {round}: {name}");
+            partials_seen += 1;
+        }
+    }
+    assert!(partials_seen > 0, "no kill ever landed mid-object");
+    proxy.remove("slow");
+    ok(&run(&s3, "kl", &st2, &[&"pull", &m]));
+    let v = json(&common::store(&st2, &[&"--json", &"verify"]));
+    assert_eq!(v["corrupt"], serde_json::json!([]));
+    assert_eq!(v["missing"], serde_json::json!([]));
+    assert_eq!(
+        fs::read_dir(st2.join("tmp")).unwrap().count(),
+        0,
+        "a partial outlived its object"
+    );
+    let dst = x.path().join("dst");
+    ok(&common::store(&st2, &[&"checkout", &m, &dst]));
+    assert_eq!(rsync_diff(&src, &dst), "");
+}

@@ -2231,3 +2231,340 @@ fn a_server_that_ignores_range_gets_the_object_downloaded_whole() {
         .collect();
     assert_eq!(ranges, [Some(format!("bytes={}-", 2 << 20)), None]);
 }
+
+/// How a hostile endpoint answers a request for the rest of an object
+/// (`Range: bytes=N-`); a request without a range gets the object whole.
+#[derive(Debug, Clone, Copy)]
+enum RangeLie {
+    /// 206 and the right range: a well-behaved server.
+    Honest,
+    /// 206 claiming the whole object, and the whole object.
+    WholeAs206,
+    /// 206 naming another start than the one asked for.
+    OtherStart,
+    /// 206 without a `Content-Range`.
+    NoContentRange,
+    /// 206 with a `Content-Range` that does not parse.
+    GarbledContentRange,
+    /// 206, the right `Content-Range`, the bytes of another range.
+    WrongBytes,
+    /// 206, the right `Content-Range`, a body one byte short.
+    Shorter,
+    /// 206, the right `Content-Range`, a body one byte long.
+    Longer,
+    /// 206 with another total size in `Content-Range`.
+    OtherTotal,
+    /// 200 with another object's bytes.
+    OtherBody200,
+}
+
+fn range_answer(lie: RangeLie, data: &[u8], r: &Request) -> Reply {
+    let size = data.len();
+    let Some(start) = r
+        .header("range")
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.strip_suffix('-'))
+        .and_then(|v| v.parse::<usize>().ok())
+    else {
+        return Reply::bytes(data.to_vec());
+    };
+    let partial = |range: String, body: Vec<u8>| {
+        let r = Reply::Full {
+            status: 206,
+            headers: vec![(
+                "Last-Modified".into(),
+                "Wed, 01 Jan 2025 00:00:00 GMT".into(),
+            )],
+            body,
+        };
+        if range.is_empty() {
+            r
+        } else {
+            r.with_header("Content-Range", &range)
+        }
+    };
+    let right = format!("bytes {start}-{}/{size}", size - 1);
+    match lie {
+        RangeLie::Honest => partial(right, data[start..].to_vec()),
+        RangeLie::WholeAs206 => partial(format!("bytes 0-{}/{size}", size - 1), data.to_vec()),
+        RangeLie::OtherStart => partial(
+            format!("bytes {}-{}/{size}", start - 1, size - 1),
+            data[start - 1..].to_vec(),
+        ),
+        RangeLie::NoContentRange => partial(String::new(), data[start..].to_vec()),
+        RangeLie::GarbledContentRange => partial("bytes x-y/z".into(), data[start..].to_vec()),
+        RangeLie::WrongBytes => partial(right, data[..size - start].to_vec()),
+        RangeLie::Shorter => partial(right, data[start..size - 1].to_vec()),
+        RangeLie::Longer => {
+            let mut b = data[start..].to_vec();
+            b.push(0);
+            partial(right, b)
+        }
+        RangeLie::OtherTotal => partial(format!("bytes {start}-{}/{}", size, size + 1), {
+            let mut b = data[start..].to_vec();
+            b.push(0);
+            b
+        }),
+        RangeLie::OtherBody200 => Reply::bytes(vec![0x5a; size]),
+    }
+}
+
+#[test]
+fn a_server_that_answers_a_range_wrongly_never_stores_a_wrong_object_or_wedges_the_pull() {
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (1 << 20));
+    let size = data.len() as u64;
+    let have = 2usize << 20;
+    let lies = [
+        RangeLie::Honest,
+        RangeLie::WholeAs206,
+        RangeLie::OtherStart,
+        RangeLie::NoContentRange,
+        RangeLie::GarbledContentRange,
+        RangeLie::WrongBytes,
+        RangeLie::Shorter,
+        RangeLie::Longer,
+        RangeLie::OtherTotal,
+        RangeLie::OtherBody200,
+    ];
+    for lie in lies {
+        let body = data.clone();
+        let h = serving(m, mbytes.clone(), o, move |r| range_answer(lie, &body, r));
+        let (st, partial) = store_with_partial_path(x.path(), &format!("{lie:?}"), &o);
+        fs::write(&partial, &data[..have]).unwrap();
+        let r = remote_at(&h.endpoint(), quick(2000, 1000));
+        // Whatever the server claims, the object stored is the right one,
+        // and a pull against the same server gets it at the latest on its
+        // second try: a server whose range answers cannot be used costs a
+        // whole download, never a partial that fails every pull after.
+        let mut errors = Vec::new();
+        for _ in 0..2 {
+            match st.pull(&r, &[m]) {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(!st.contains(&o), "{lie:?}: {e}");
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        assert!(
+            st.contains(&o),
+            "{lie:?}: two pulls failed, the partial kept at {} bytes: {errors:?}",
+            fs::metadata(&partial).map_or(0, |m| m.len())
+        );
+        assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "{lie:?}");
+        assert!(st.verify().unwrap().is_clean(), "{lie:?}");
+        assert!(!partial.exists(), "{lie:?}");
+        assert!(size > have as u64);
+    }
+}
+
+#[test]
+fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
+    let Some(x) = testfs!(Xfs) else { return };
+    for tiny in [cowlink_testfs::Fs::TinyExt4, cowlink_testfs::Fs::TinyXfs] {
+        let Some(t) = tiny.dir("full-disk-pull") else {
+            return;
+        };
+        full_disk_pull(t.path(), x.path());
+    }
+}
+
+/// The cases of [`a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes`]
+/// on the small filesystem `t`.
+fn full_disk_pull(t: &Path, x: &Path) {
+    let (m, mbytes, o, data) = one_file_store(x, RESUME_MIN as usize + (4 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |r| {
+        range_answer(RangeLie::Honest, &body, r)
+    });
+    let free = || {
+        let v = rustix::fs::statvfs(t).unwrap();
+        v.f_bavail * v.f_frsize
+    };
+    // (free bytes left for the object, the partial an earlier pull left;
+    // root may use the blocks ext4 reserves, about 1.3 MiB more)
+    let cases = [
+        (1u64 << 20, 0usize),
+        (6 << 20, 0),
+        (6 << 20, 3 << 20),
+        (1 << 20, 8 << 20),
+    ];
+    for (i, (room, prefix)) in cases.into_iter().enumerate() {
+        let name = format!("s{i}");
+        let (st, partial) = store_with_partial_path(t, &name, &o);
+        if prefix > 0 {
+            fs::write(&partial, &data[..prefix]).unwrap();
+        }
+        let filler = t.join("filler");
+        let take = free().saturating_sub(room);
+        let ok = std::process::Command::new("fallocate")
+            .args(["-l", &take.to_string()])
+            .arg(&filler)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let r = remote_at(&h.endpoint(), quick(2000, 1000));
+        let e = st.pull(&r, &[m]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpace, "case {i}: {e}");
+        assert!(!st.contains(&o), "case {i}");
+        // Nothing but the partial, and only a prefix of the object.
+        for ent in fs::read_dir(t.join(&name).join("tmp")).unwrap() {
+            let p = ent.unwrap().path();
+            assert_eq!(p, partial, "case {i}: a temporary was left");
+            let kept = fs::read(&p).unwrap();
+            assert_eq!(kept[..], data[..kept.len()], "case {i}");
+        }
+        fs::remove_file(&filler).unwrap();
+        let rep = st.pull(&r, &[m]).unwrap();
+        assert_eq!(rep.objects_downloaded, 1, "case {i}");
+        assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "case {i}");
+        assert!(st.verify().unwrap().is_clean(), "case {i}");
+        assert_eq!(
+            fs::read_dir(t.join(&name).join("tmp")).unwrap().count(),
+            0,
+            "case {i}"
+        );
+        // Free the room for the next case.
+        drop(st);
+        fs::remove_dir_all(t.join(&name)).unwrap();
+    }
+}
+
+#[test]
+fn a_partial_resumes_the_same_on_btrfs_ext4_xfs_and_tmpfs() {
+    use cowlink_testfs::Fs;
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (3 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |r| {
+        range_answer(RangeLie::Honest, &body, r)
+    });
+    let size = data.len() as u64;
+    for fs_ in [Fs::Btrfs, Fs::Ext4, Fs::Xfs, Fs::Tmpfs] {
+        let Some(t) = fs_.dir(&format!("resume-{fs_:?}")) else {
+            return;
+        };
+        // A right prefix, one off by a byte, and the whole object.
+        for (name, have, flip) in [
+            ("prefix", 5usize << 20, false),
+            ("bad", 5 << 20, true),
+            ("whole", data.len(), false),
+        ] {
+            let (st, partial) = store_with_partial_path(t.path(), name, &o);
+            let mut p = data[..have].to_vec();
+            if flip {
+                p[have / 2] ^= 1;
+            }
+            fs::write(&partial, &p).unwrap();
+            let rep = st
+                .pull(&remote_at(&h.endpoint(), quick(2000, 1000)), &[m])
+                .unwrap_or_else(|e| panic!("{fs_:?} {name}: {e}"));
+            let resumed = if flip { 0 } else { have as u64 };
+            assert_eq!(rep.bytes_resumed, resumed, "{fs_:?} {name}");
+            assert_eq!(rep.objects_downloaded, 1, "{fs_:?} {name}");
+            assert_eq!(
+                fs::read(st.object_path(&o)).unwrap(),
+                data,
+                "{fs_:?} {name}"
+            );
+            let meta = fs::metadata(st.object_path(&o)).unwrap();
+            assert!(meta.permissions().readonly(), "{fs_:?} {name}");
+            assert_eq!(meta.len(), size);
+            assert!(st.verify().unwrap().is_clean(), "{fs_:?} {name}");
+            assert_eq!(
+                fs::read_dir(t.path().join(name).join("tmp"))
+                    .unwrap()
+                    .count(),
+                0,
+                "{fs_:?} {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_partial_swapped_under_a_pull_never_reaches_outside_or_stores_wrong_bytes() {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(x) = testfs!(Xfs) else { return };
+    let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (2 << 20));
+    let body = data.clone();
+    let h = serving(m, mbytes, o, move |r| {
+        range_answer(RangeLie::Honest, &body, r)
+    });
+    let outside = x.path().join("outside");
+    fs::write(&outside, &data[..1 << 20]).unwrap();
+    let before = fs::metadata(&outside).unwrap();
+    let mut stored = 0;
+    for round in 0..8 {
+        let name = format!("r{round}");
+        let (st, partial) = store_with_partial_path(x.path(), &name, &o);
+        let tmp = partial.parent().unwrap().to_path_buf();
+        let stop = AtomicBool::new(false);
+        let res = std::thread::scope(|s| {
+            // Plants, at the partial's name and over and over, a link to
+            // the outside file, a hard link to it, a FIFO, a wrong prefix
+            // and a right one, each swapped in by an atomic rename.
+            s.spawn(|| {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let c = tmp.join(format!("cand{i}"));
+                    match (i + round) % 5 {
+                        0 => std::os::unix::fs::symlink(&outside, &c).unwrap(),
+                        1 => fs::hard_link(&outside, &c).unwrap(),
+                        2 => {
+                            rustix::fs::mknodat(
+                                rustix::fs::CWD,
+                                &c,
+                                rustix::fs::FileType::Fifo,
+                                rustix::fs::Mode::from_raw_mode(0o600),
+                                0,
+                            )
+                            .unwrap();
+                        }
+                        3 => fs::write(&c, vec![0x77u8; 1 << 20]).unwrap(),
+                        _ => fs::write(&c, &data[..1 << 20]).unwrap(),
+                    }
+                    let _ = fs::rename(&c, &partial);
+                    i += 1;
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            });
+            let r = remote_at(&h.endpoint(), quick(2000, 1000));
+            let (st, rep) = pull_bounded(st, r, m);
+            stop.store(true, Ordering::Relaxed);
+            (st, rep)
+        });
+        let (st, rep) = res;
+        // Whatever was at the name, and even when it was swapped after
+        // the pull locked and verified its file, the object is stored.
+        match rep {
+            Ok(_) => {
+                stored += 1;
+                assert_eq!(fs::read(st.object_path(&o)).unwrap(), data, "round {round}");
+                assert_ne!(
+                    fs::metadata(st.object_path(&o)).unwrap().ino(),
+                    before.ino(),
+                    "round {round}"
+                );
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        assert!(st.verify().unwrap().is_clean(), "round {round}");
+    }
+    let after = fs::metadata(&outside).unwrap();
+    // (Its link count is not compared: the planter's last hard links
+    // stay in the stores' tmp/.)
+    assert_eq!(fs::read(&outside).unwrap(), &data[..1 << 20]);
+    assert_eq!(
+        (after.mtime(), after.mtime_nsec(), after.ino(), after.len()),
+        (
+            before.mtime(),
+            before.mtime_nsec(),
+            before.ino(),
+            before.len()
+        )
+    );
+    assert_eq!(stored, 8);
+}

@@ -17,12 +17,21 @@
 //!   could change a stored object after its digest was checked.
 //! - No larger than the object.
 //!
+//! A verified object waits, sealed read-only (0444), in its partial
+//! until its batch is made durable and linked. A pull killed then leaves
+//! it whole: such a file of ours is made writable again under its lock
+//! and resumed (rehashed, never trusted), not removed; one another pull
+//! holds that way is left alone.
+//!
 //! A pull writes a partial only while it holds an exclusive `flock` on
 //! it (taken without waiting: a second pull of the same object, in this
 //! process or another, downloads into its own unnamed temporary), and
 //! only after checking, lock held, that the name still names the file it
 //! opened: a partial just named as an object by the pull that finished it
-//! is never written again.
+//! is never written again. When its name is removed or replaced under the
+//! lock all the same (an `rm` in `tmp/`), the verified file, which has no
+//! name left to link, is copied into an unnamed temporary, hashed again,
+//! and that copy is stored.
 
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, FlockOperation, Mode, OFlags};
@@ -72,6 +81,62 @@ impl Partial {
     }
 }
 
+/// What [`reclaim`] made of a partial we could not open for writing.
+enum Reclaim {
+    /// Ours, locked, and made writable again (0600): open it again.
+    Writable,
+    /// Another pull holds its lock (a verified object waiting for its
+    /// batch, sealed 0444): neither touched nor removed.
+    Busy,
+    /// Not ours to resume (another user's, linked elsewhere, larger
+    /// than the object, not a regular file, gone): to be removed.
+    NotOurs,
+}
+
+/// A partial at `name` that cannot be opened for writing. A pull seals a
+/// verified object read-only (0444) in its partial while it waits for the
+/// `syncfs` of its batch, which may take long (up to 512 objects); killed
+/// then, it leaves the whole object there. Removing it, as a partial that
+/// may not be resumed, would throw away bytes already verified (only
+/// root could open it for writing), and while that pull still runs it
+/// would unlink the name under it, so that it could not link the object
+/// (`ENOENT`) and failed. So, lock held, a file of ours with one link and
+/// no more bytes than the object is made writable for its owner again;
+/// it is still trusted for nothing (rehashed as any partial).
+fn reclaim(tmp: &OwnedFd, name: &str, size: u64) -> Result<Reclaim, Errno> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let fd = match fs::openat(tmp, name, flags | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(fd) => fd,
+        // Removed or renamed meanwhile: look again.
+        Err(Errno::NOENT) => return Ok(Reclaim::Writable),
+        Err(Errno::LOOP | Errno::NXIO | Errno::ACCESS | Errno::PERM) => {
+            return Ok(Reclaim::NotOurs)
+        }
+        Err(e) => return Err(e),
+    };
+    if fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+        return Ok(Reclaim::Busy);
+    }
+    let st = fs::fstat(&fd)?;
+    match fs::statat(tmp, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(now) if now.st_ino == st.st_ino && now.st_dev == st.st_dev => {}
+        Ok(_) | Err(Errno::NOENT) => return Ok(Reclaim::Writable),
+        Err(e) => return Err(e),
+    }
+    let ours = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+        && st.st_uid == rustix::process::geteuid().as_raw()
+        && st.st_nlink == 1
+        && u64::try_from(st.st_size).is_ok_and(|n| n <= size);
+    if !ours {
+        return Ok(Reclaim::NotOurs);
+    }
+    match fs::fchmod(&fd, cowlink_sys::raw_mode(0o600)) {
+        Ok(()) => Ok(Reclaim::Writable),
+        Err(Errno::PERM | Errno::ACCESS | Errno::ROFS) => Ok(Reclaim::NotOurs),
+        Err(e) => Err(e),
+    }
+}
+
 impl Store {
     /// The partial download of `d` (`size` bytes), locked: the one a
     /// pull left, when it may be resumed, else a new empty one. `None`
@@ -111,10 +176,23 @@ impl Store {
                     match fs::openat(tmp, name.as_str(), flags | OFlags::NONBLOCK, Mode::empty()) {
                         Ok(fd) => fd,
                         Err(Errno::NOENT) => continue,
+                        // Read-only: perhaps a verified object a pull was
+                        // killed holding (sealed 0444 while it waited for
+                        // its batch), or one a pull holds that way now.
+                        Err(Errno::ACCESS) => match reclaim(tmp, &name, size)? {
+                            Reclaim::Writable => continue,
+                            Reclaim::Busy => return Ok(None),
+                            Reclaim::NotOurs => {
+                                if unlink(&name)? {
+                                    continue;
+                                }
+                                return Ok(None);
+                            }
+                        },
                         // Switched for a link or a FIFO since the lstat,
-                        // or not writable by us (another user's, or made
-                        // read-only): not resumable.
-                        Err(Errno::LOOP | Errno::NXIO | Errno::ACCESS | Errno::PERM) => {
+                        // or not writable by anyone (immutable): not
+                        // resumable.
+                        Err(Errno::LOOP | Errno::NXIO | Errno::PERM) => {
                             if unlink(&name)? {
                                 continue;
                             }
@@ -179,7 +257,11 @@ impl Store {
     /// (atomic, never replacing: `EEXIST` when the store has the object
     /// already), never whatever the name in `tmp/` holds by then. The
     /// partial's name is removed afterwards if it still names this file.
-    pub(super) fn persist_partial(&self, p: Partial, d: &Digest) -> Result<(), Errno> {
+    ///
+    /// `ENOENT` when the file has no name left (its name in `tmp/` was
+    /// removed or replaced under the lock, by something that ignores it):
+    /// the caller still holds `p` and may copy it out.
+    pub(super) fn persist_partial(&self, p: &Partial, d: &Digest) -> Result<(), Errno> {
         let tmp = self.tmp.as_ref().expect("tmp/ is open once the store is");
         let rel = object_rel(d, 0);
         let (dir, name) = self.parent_in_layout(&rel)?;

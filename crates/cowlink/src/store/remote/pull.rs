@@ -233,7 +233,14 @@ impl Store {
             let d = v.digest;
             let r = match v.file {
                 Landed::Unnamed(pending) => self.persist_object(pending, &d, 0),
-                Landed::Partial(p) => self.persist_partial(p, &d),
+                Landed::Partial(p) => match self.persist_partial(&p, &d) {
+                    // Its name was removed or replaced under the lock
+                    // (`rm` in tmp/, a tool that ignores the lock): a file
+                    // without a name cannot be linked, so its verified
+                    // bytes are copied out instead of being thrown away.
+                    Err(Errno::NOENT) => self.persist_copy(&p, &d, v.size)?,
+                    r => r,
+                },
             };
             match r {
                 Ok(()) | Err(Errno::EXIST) => {}
@@ -241,6 +248,51 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+impl Store {
+    /// Store the object `d` (`size` bytes) from the verified partial `p`
+    /// that has no name left: copied into an unnamed temporary, hashed
+    /// again on the way (the copy is what is named), made durable and
+    /// named. `Ok(Err(_))` is the naming's own failure (`EEXIST` when the
+    /// store has the object already).
+    fn persist_copy(
+        &self,
+        p: &Partial,
+        d: &Digest,
+        size: u64,
+    ) -> Result<std::result::Result<(), Errno>> {
+        let tmp = self.root().join("tmp");
+        let local = |e: Errno| store_err(&tmp, e);
+        let pending = self.temporary("object")?;
+        crate::prim::transfer::preallocate(pending.fd(), size).map_err(local)?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < size {
+            let want = (size - at).min(buf.len() as u64) as usize;
+            let n = match rustix::io::pread(p.fd(), &mut buf[..want], at) {
+                Ok(0) => return Err(local(Errno::IO)),
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(local(e)),
+            };
+            hasher.update(&buf[..n]);
+            write_all(pending.fd(), &buf[..n]).map_err(local)?;
+            at += n as u64;
+        }
+        if hasher.finalize().as_bytes() != d.as_bytes() {
+            return Err(Error::new(Operation::Pull, ErrorKind::Corrupt)
+                .with_src(&tmp)
+                .with_reason(format!(
+                    "object {d} changed in its partial file after it was verified (something \
+                     wrote to it without the lock), and was not stored"
+                )));
+        }
+        seal(pending.fd(), false).map_err(local)?;
+        fs::fsync(pending.fd()).map_err(local)?;
+        Ok(self.persist_object(pending, d, 0))
     }
 }
 
@@ -477,18 +529,17 @@ async fn fetch(
         };
         let got = match remote.client.get_opts(&key, opts).await {
             // Resuming a partial, a server (or a proxy in between) that
-            // ignores Range: the caller may start over from byte 0.
-            // (After a break, the break is the news: see below.)
-            Err(e)
-                if n > 0
-                    && broke.is_none()
-                    && super::error_chain(&e).contains("non-partial response") =>
-            {
+            // ignores Range, or answers it with another range or a
+            // `Content-Range` that is missing or does not parse: the
+            // caller starts over from byte 0, once. Failing instead would
+            // keep the partial, and every later pull would fail the same
+            // way. (After a break, the break is the news: see below.)
+            Err(e) if n > 0 && broke.is_none() && unusable_range_answer(&e) => {
                 return Err(Error::new(op, ErrorKind::NotSupported)
                     .with_src(&shown)
                     .with_reason(
-                        "the server answered a request for the rest of the object with the \
-                         whole object (it ignores Range)",
+                        "the server answered a request for the rest of the object with \
+                         something else than that range (it ignores or mangles Range)",
                     ));
             }
             got => got,
@@ -565,4 +616,25 @@ async fn fetch(
         )));
     }
     Ok(n - have)
+}
+
+/// Whether object_store refused the answer to a range request for what
+/// its headers say about the range: not a `206`, no `Content-Range` or
+/// one that does not parse, another range than the one asked for, or a
+/// total size too small for it. Its error type is private, so its
+/// messages are matched (object_store 0.14's `GetResultError` and
+/// `InvalidGetRange`); a message it changes falls back to a plain failure
+/// that keeps the partial, never to a wrong object.
+fn unusable_range_answer(e: &object_store::Error) -> bool {
+    const SAID: [&str; 5] = [
+        "non-partial response",
+        "Content-Range header",
+        "value for CONTENT_RANGE",
+        "Wanted range starting at",
+        "Range started at",
+    ];
+    let chain = super::error_chain(e);
+    let other_range = chain.contains("Requested ") && chain.contains(", got ");
+    matches!(e, object_store::Error::Generic { .. })
+        && (other_range || SAID.iter().any(|s| chain.contains(s)))
 }
