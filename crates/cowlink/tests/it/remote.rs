@@ -2310,8 +2310,9 @@ fn range_answer(lie: RangeLie, data: &[u8], r: &Request) -> Reply {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_server_that_answers_a_range_wrongly_never_stores_a_wrong_object_or_wedges_the_pull() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (1 << 20));
     let size = data.len() as u64;
     let have = 2usize << 20;
@@ -2360,12 +2361,11 @@ fn a_server_that_answers_a_range_wrongly_never_stores_a_wrong_object_or_wedges_t
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_full_disk_mid_pull_leaves_a_clean_store_and_the_next_pull_finishes() {
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     for tiny in [cowlink_testfs::Fs::TinyExt4, cowlink_testfs::Fs::TinyXfs] {
-        let Some(t) = tiny.dir("full-disk-pull") else {
-            return;
-        };
+        let t = tiny.dir("full-disk-pull");
         full_disk_pull(t.path(), x.path());
     }
 }
@@ -2432,9 +2432,10 @@ fn full_disk_pull(t: &Path, x: &Path) {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_partial_resumes_the_same_on_btrfs_ext4_xfs_and_tmpfs() {
     use cowlink_testfs::Fs;
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (3 << 20));
     let body = data.clone();
     let h = serving(m, mbytes, o, move |r| {
@@ -2442,9 +2443,7 @@ fn a_partial_resumes_the_same_on_btrfs_ext4_xfs_and_tmpfs() {
     });
     let size = data.len() as u64;
     for fs_ in [Fs::Btrfs, Fs::Ext4, Fs::Xfs, Fs::Tmpfs] {
-        let Some(t) = fs_.dir(&format!("resume-{fs_:?}")) else {
-            return;
-        };
+        let t = fs_.dir(&format!("resume-{fs_:?}"));
         // A right prefix, one off by a byte, and the whole object.
         for (name, have, flip) in [
             ("prefix", 5usize << 20, false),
@@ -2484,10 +2483,11 @@ fn a_partial_resumes_the_same_on_btrfs_ext4_xfs_and_tmpfs() {
 }
 
 #[test]
+#[ignore = "needs the loop-mounted test filesystems and the S3 test servers: run scripts/test"]
 fn a_partial_swapped_under_a_pull_never_reaches_outside_or_stores_wrong_bytes() {
     use std::os::unix::fs::MetadataExt;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let Some(x) = testfs!(Xfs) else { return };
+    let x = testfs!(Xfs);
     let (m, mbytes, o, data) = one_file_store(x.path(), RESUME_MIN as usize + (2 << 20));
     let body = data.clone();
     let h = serving(m, mbytes, o, move |r| {
