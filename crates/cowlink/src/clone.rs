@@ -277,7 +277,7 @@ fn hardlink(
     use std::os::unix::ffi::OsStrExt;
     let dir = fs::open(
         parent,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| err(e).with_reason(create_reason(e, parent)))?;

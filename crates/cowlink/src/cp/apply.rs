@@ -725,7 +725,7 @@ fn make_parents(src: &Path, dst: &Path, o: &CpOptions) -> std::io::Result<()> {
 /// layout either way). `always` punches holes over whole zero blocks of
 /// the copy; `never` allocates every hole.
 fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<()> {
-    use rustix::fs::{fallocate, FallocateFlags};
+    use rustix::fd::AsFd;
     use std::os::unix::fs::FileExt;
     if method == Method::Reflink || method == Method::Skipped {
         return Ok(());
@@ -746,12 +746,7 @@ fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<(
                     break;
                 }
                 if n as u64 == BLOCK && buf.iter().all(|b| *b == 0) {
-                    fallocate(
-                        &f,
-                        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-                        off,
-                        BLOCK,
-                    )?;
+                    cowlink_sys::punch_hole(f.as_fd(), off, BLOCK)?;
                 }
                 off += n as u64;
             }
@@ -760,7 +755,7 @@ fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<(
             let f = std::fs::OpenOptions::new().write(true).open(dst)?;
             let len = f.metadata()?.len();
             if len > 0 {
-                fallocate(&f, FallocateFlags::KEEP_SIZE, 0, len)?;
+                cowlink_sys::allocate_keep_size(f.as_fd(), 0, len)?;
             }
         }
         Sparse::Auto => {}
