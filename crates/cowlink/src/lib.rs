@@ -57,8 +57,8 @@
 //! Platforms: Linux clones; on other systems the core builds and copies.
 //! Every call only some systems have goes through `cowlink-sys`, the
 //! platform layer (one module per platform behind the same functions):
-//! there, cloning answers "not supported" (so [`Reflink::Auto`] copies
-//! and [`Reflink::Always`] fails with that reason) and [`probe`] reports
+//! there, cloning answers "not supported" (so [`LinkMode::Auto`] copies
+//! and [`LinkMode::Clone`] fails with that reason) and [`probe`] reports
 //! the filesystem kind as [`FsKind::Unknown`] with the reason.
 //! `bench` and `drive` are Linux only.
 #![deny(missing_docs)]

@@ -1,6 +1,6 @@
 //! GNU cp's decisions, pure: given what stat says of a source and of its
 //! destination, and the options, what happens. Nothing here makes a
-//! system call; [`super::apply`] gathers the facts, calls these functions
+//! system call; `apply` gathers the facts, calls these functions
 //! per operand and carries out the answer. The order of the checks is
 //! GNU's (copy.c `copy_internal`, `same_file_ok`), so the refusals come
 //! with the same precedence as there.
