@@ -479,7 +479,7 @@ fn cp_active_swap_file_is_copied_by_auto_and_refused_by_always_with_reason() {
     assert!(out.status.success(), "{}", text(&out.stdout));
 }
 
-/// One rule for every subcommand (README, "Exit codes and messages"): a
+/// One rule for every subcommand (docs/guide.md, "Exit codes, messages and output"): a
 /// missing path is a failed operation (1) reported once, by its name; an
 /// empty path or `-j 0` is a usage error (2); `-j` above the cap says so.
 #[test]
