@@ -724,6 +724,17 @@ fn make_parents(src: &Path, dst: &Path, o: &CpOptions) -> std::io::Result<()> {
 /// `--sparse=always|never` on a copied file (a clone keeps its source's
 /// layout either way). `always` punches holes over whole zero blocks of
 /// the copy; `never` allocates every hole.
+/// `dst` opened without blocking, if it is a regular file: cp writes
+/// into FIFOs and devices as GNU does, and reading one back here would
+/// block or never end, so those get no hole handling.
+fn regular(o: &mut std::fs::OpenOptions, dst: &Path) -> std::io::Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = o
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(dst)?;
+    Ok(f.metadata()?.is_file().then_some(f))
+}
+
 fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<()> {
     use rustix::fd::AsFd;
     use std::os::unix::fs::FileExt;
@@ -732,10 +743,9 @@ fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<(
     }
     match sparse {
         Sparse::Always => {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(dst)?;
+            let Some(f) = regular(std::fs::OpenOptions::new().read(true).write(true), dst)? else {
+                return Ok(());
+            };
             let len = f.metadata()?.len();
             const BLOCK: u64 = 4096;
             let mut buf = vec![0u8; BLOCK as usize];
@@ -752,7 +762,9 @@ fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<(
             }
         }
         Sparse::Never => {
-            let f = std::fs::OpenOptions::new().write(true).open(dst)?;
+            let Some(f) = regular(std::fs::OpenOptions::new().write(true), dst)? else {
+                return Ok(());
+            };
             let len = f.metadata()?.len();
             if len > 0 {
                 cowlink_sys::allocate_keep_size(f.as_fd(), 0, len)?;
