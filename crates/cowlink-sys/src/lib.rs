@@ -9,8 +9,10 @@
 //! which answers "not possible here" (`EOPNOTSUPP`, `ENOTTY` for the
 //! Btrfs calls) so the core's fallbacks run: `auto` copies instead of
 //! cloning, a unnamed temporary becomes a named one, FIEMAP reports no
-//! extents. The answer types ([`FsStat`], [`DedupeResult`], ...) are
-//! shared. A port (macOS `clonefile`, FreeBSD `copy_file_range`) adds or
+//! extents. `windows.rs` has no descriptors to offer: it gives the
+//! core's `std::fs`-based Windows path the errno type, the volume facts and
+//! `FSCTL_DUPLICATE_EXTENTS_TO_FILE` (the ReFS clone). The answer types
+//! ([`FsStat`], [`DedupeResult`], ...) are shared. A port (macOS `clonefile`, FreeBSD `copy_file_range`) adds or
 //! fills a module here and changes no caller.
 //!
 //! Every function takes borrowed descriptors and returns the system's
@@ -22,6 +24,17 @@
 
 mod types;
 pub use types::*;
+
+/// The error every call answers with: the system's errno on Unix. On
+/// Windows, a POSIX error number translated from the Win32 code, so the
+/// core classifies errors one way everywhere.
+#[cfg(unix)]
+pub use rustix::io::Errno;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+pub use windows::*;
 
 #[cfg(target_os = "linux")]
 mod linux;

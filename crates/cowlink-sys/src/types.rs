@@ -1,7 +1,7 @@
 //! The types the platform layer's calls answer with: the same on every
 //! target, so callers never name a platform.
 
-use rustix::io::Errno;
+use crate::Errno;
 
 /// How many destinations one `FIDEDUPERANGE` call accepts: the request must
 /// fit in one 4 KiB page (header of 24 bytes, 32 bytes per destination;
