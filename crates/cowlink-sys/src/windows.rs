@@ -12,6 +12,8 @@
 //!   `FSCTL_DUPLICATE_EXTENTS_TO_FILE`, the block-sharing clone of ReFS
 //!   and Dev Drives. Elsewhere (NTFS, FAT, network shares) the volume
 //!   refuses it and the answer is `EOPNOTSUPP`, so `auto` copies;
+//! - [`scratch_file`]: a file the system removes when it is closed, for
+//!   the probe's trials;
 //! - [`fs_stat_path`]: what is known of a volume without a volume API
 //!   (no type name, a 4 KiB block size).
 //!
@@ -21,10 +23,12 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
+use std::os::windows::fs::OpenOptionsExt;
 use std::os::windows::io::AsRawHandle;
 use std::path::Path;
 
 use windows_sys::Win32::Foundation as w;
+use windows_sys::Win32::Storage::FileSystem::{DELETE, FILE_FLAG_DELETE_ON_CLOSE};
 use windows_sys::Win32::System::Ioctl::{
     DUPLICATE_EXTENTS_DATA, FSCTL_DUPLICATE_EXTENTS_TO_FILE, FSCTL_GET_INTEGRITY_INFORMATION,
     FSCTL_GET_INTEGRITY_INFORMATION_BUFFER,
@@ -88,6 +92,7 @@ errnos! {
     NOSYS = 38, "function not implemented";
     NOTEMPTY = 39, "directory not empty";
     LOOP = 40, "too many levels of symbolic links";
+    OVERFLOW = 75, "value too large for defined data type";
     OPNOTSUPP = 95, "operation not supported";
     STALE = 116, "stale file handle";
     DQUOT = 122, "disk quota exceeded";
@@ -340,4 +345,19 @@ pub fn clone_file_data(dst: &File, src: &File, len: u64) -> Result<(), Errno> {
         return Ok(());
     }
     clone_file_range(dst, src, 0, len.div_ceil(cluster) * cluster, 0)
+}
+
+/// A new scratch file `name` in `dir`, removed by the system when its
+/// handle closes (`FILE_FLAG_DELETE_ON_CLOSE`), so a trial leaves nothing
+/// behind even if the process dies: Windows' counterpart of `O_TMPFILE`.
+/// `EEXIST` when the name is taken.
+pub fn scratch_file(dir: &Path, name: &str) -> Result<File, Errno> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .access_mode(w::GENERIC_READ | w::GENERIC_WRITE | DELETE)
+        .custom_flags(FILE_FLAG_DELETE_ON_CLOSE)
+        .open(dir.join(name))
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
 }
