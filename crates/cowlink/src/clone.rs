@@ -6,20 +6,32 @@
 //! written through `prim::place::PendingFile`, so it appears complete,
 //! with its metadata, or not at all.
 
+#[cfg(unix)]
 use std::path::Path;
 
+#[cfg(unix)]
 use cowlink_sys::Stat;
+#[cfg(unix)]
 use rustix::fd::AsFd;
+#[cfg(unix)]
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, CWD};
+#[cfg(unix)]
 use rustix::io::Errno;
 
+#[cfg(unix)]
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
+#[cfg(unix)]
 use crate::prim::files::{create_reason, file_type_name, open_source, split_dest};
-use crate::prim::meta::{self, Preserve};
-use crate::prim::mode::{LinkMode, Method, Outcome};
-use crate::prim::place::{
-    left_unfinished, place_name, NewFile, Overwrite, Placement, UNFINISHED_MARK,
-};
+#[cfg(unix)]
+use crate::prim::meta;
+use crate::prim::meta::Preserve;
+use crate::prim::mode::LinkMode;
+#[cfg(unix)]
+use crate::prim::mode::{Method, Outcome};
+#[cfg(unix)]
+use crate::prim::place::{left_unfinished, place_name, NewFile, UNFINISHED_MARK};
+use crate::prim::place::{Overwrite, Placement};
+#[cfg(unix)]
 use crate::prim::transfer::{transfer, transfer_error, Source};
 
 /// Options for [`clone_file`].
@@ -89,6 +101,7 @@ impl Default for CloneOptions {
 /// (with [`LinkMode::Clone`] or [`LinkMode::Hardlink`] only), `NoSpace`, `ReadOnly`, `Io`.
 ///
 /// Uses `ioctl(FICLONE)`, then `copy_file_range(2)` and `pread`/`pwrite`.
+#[cfg(unix)]
 pub fn clone_file(
     src: impl AsRef<Path>,
     dst: impl AsRef<Path>,
@@ -106,6 +119,7 @@ pub fn clone_file(
     }
 }
 
+#[cfg(unix)]
 fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome> {
     let op = match options.link {
         LinkMode::Copy => Operation::Copy,
@@ -250,6 +264,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
 }
 
 /// The regular file `dst` that this call is about to replace, if any.
+#[cfg(unix)]
 fn replaced_regular(dst: &Path, overwrite: Overwrite) -> Option<Stat> {
     if overwrite != Overwrite::Replace {
         return None;
@@ -266,6 +281,7 @@ fn replaced_regular(dst: &Path, overwrite: Overwrite) -> Option<Stat> {
 /// inode (symbolic links in `src` followed, as for a copy), at once, or
 /// with [`Overwrite::Replace`] at a temporary name renamed over the old
 /// one. Metadata is the source's own: nothing to preserve or set.
+#[cfg(unix)]
 fn hardlink(
     src: &Path,
     dst: &Path,
@@ -299,6 +315,7 @@ fn hardlink(
     })
 }
 
+#[cfg(unix)]
 fn check_existing(
     op: Operation,
     src: &Path,
@@ -370,6 +387,7 @@ fn check_existing(
 /// `NotFound`, `IsDirectory`, `NotRegularFile`, `PermissionDenied`,
 /// `InvalidInput` (range past the end of `src`, overlapping ranges in one
 /// file), `NoSpace`, `Io`.
+#[cfg(unix)]
 pub fn clone_range(
     src: impl AsRef<Path>,
     src_offset: u64,

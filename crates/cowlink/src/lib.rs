@@ -65,30 +65,49 @@
 
 mod ground;
 mod prim;
+#[cfg(not(unix))]
+mod stdfs;
+#[cfg(unix)]
 mod walk;
 
 #[cfg(all(feature = "bench", target_os = "linux"))]
 pub mod bench;
 mod clone;
+#[cfg(unix)]
 pub mod cp;
+#[cfg(unix)]
 pub mod dedupe;
+#[cfg(unix)]
 pub mod extents;
-#[cfg(feature = "image")]
+#[cfg(all(feature = "image", unix))]
 pub mod image;
+#[cfg(unix)]
 mod prealloc;
 pub mod probe;
 pub mod run;
+#[cfg(unix)]
 pub mod store;
 pub mod tree;
+#[cfg(unix)]
 pub mod usage;
 
-pub use clone::{clone_file, clone_range, CloneOptions};
+pub use clone::CloneOptions;
+#[cfg(unix)]
+pub use clone::{clone_file, clone_range};
 pub use ground::error::{Error, ErrorKind, Operation, Result};
 pub use ground::fskind::{CloneLimit, FsKind};
-pub use ground::{error, mountinfo, name};
+#[cfg(unix)]
+pub use ground::mountinfo;
+pub use ground::{error, name};
+#[cfg(unix)]
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
 pub use prim::mode::{LinkMode, Method, Outcome};
-pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished, Overwrite, Placement};
+#[cfg(unix)]
+pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished};
+pub use prim::place::{Overwrite, Placement};
 pub use run::{CancelToken, Phase, Progress, Run, Totals};
+#[cfg(not(unix))]
+pub use stdfs::{clone_file, clone_range};
+#[cfg(unix)]
 pub use usage::{usage, Usage};

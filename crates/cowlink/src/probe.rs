@@ -17,22 +17,36 @@
 //! filesystems are not touched, and what cannot be known is answered
 //! [`Answer::Unknown`] with the reason.
 
+#[cfg(unix)]
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+#[cfg(unix)]
+use std::path::Path;
+use std::path::PathBuf;
+#[cfg(unix)]
 use std::sync::{mpsc, LazyLock, Mutex};
+#[cfg(unix)]
 use std::time::Duration;
 
+#[cfg(unix)]
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+#[cfg(unix)]
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
+#[cfg(unix)]
 use rustix::io::Errno;
 
+#[cfg(unix)]
 use crate::ground::error::{errno_text, is_not_possible_here, Error, Operation, Result};
 use crate::ground::fskind::{CloneLimit, FsKind};
+#[cfg(unix)]
 use crate::ground::mountinfo::{self, MountEntry};
+#[cfg(not(unix))]
+pub use crate::stdfs::{between, clear_cache, filesystem, tree};
 
 /// How long one filesystem may take to answer before it is "unknown".
+#[cfg(unix)]
 const DEADLINE: Duration = Duration::from_secs(5);
 /// Size of the scratch data written for a trial.
+#[cfg(unix)]
 const TRIAL_BYTES: usize = 4096;
 
 /// Yes, no, or unknown — with the reason for the latter two.
@@ -93,6 +107,7 @@ pub struct FsFacts {
     pub clone_limit: CloneLimit,
 }
 
+#[cfg(unix)]
 impl FsFacts {
     fn unknown(path: PathBuf, kind: FsKind, reason: String) -> FsFacts {
         FsFacts {
@@ -138,13 +153,17 @@ pub struct MountSupport {
 }
 
 /// (reflink, dedupe) answers of one filesystem.
+#[cfg(unix)]
 type Trial = (Answer, Answer);
 /// Per filesystem (device number): its trial answers.
+#[cfg(unix)]
 static FS_CACHE: LazyLock<Mutex<HashMap<u64, Trial>>> = LazyLock::new(Default::default);
 /// Per (source device, destination device): can one clone to the other.
+#[cfg(unix)]
 static PAIR_CACHE: LazyLock<Mutex<HashMap<(u64, u64), Answer>>> = LazyLock::new(Default::default);
 
 /// Forget every cached answer (after remounting, for example).
+#[cfg(unix)]
 pub fn clear_cache() {
     FS_CACHE.lock().unwrap_or_else(|p| p.into_inner()).clear();
     PAIR_CACHE.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -153,6 +172,7 @@ pub fn clear_cache() {
 /// Look up `key`, or compute and remember it. Only definite answers are
 /// remembered: "unknown" may be about one directory (not writable), not
 /// about the filesystem.
+#[cfg(unix)]
 fn cached_or<K: std::hash::Hash + Eq, V: Clone>(
     cache: &Mutex<HashMap<K, V>>,
     key: K,
@@ -172,12 +192,14 @@ fn cached_or<K: std::hash::Hash + Eq, V: Clone>(
     v
 }
 
+#[cfg(unix)]
 fn is_definite(a: &Answer) -> bool {
     !matches!(a, Answer::Unknown(_))
 }
 
 /// Run `f` on a helper thread; `None` if it has not answered by `deadline`
 /// (the thread is left to finish on its own, e.g. on a stale NFS mount).
+#[cfg(unix)]
 fn with_deadline<T: Send + 'static>(
     deadline: Duration,
     f: impl FnOnce() -> T + Send + 'static,
@@ -194,6 +216,7 @@ fn with_deadline<T: Send + 'static>(
     }
 }
 
+#[cfg(unix)]
 fn no_answer(path: &Path, kind: FsKind) -> FsFacts {
     FsFacts::unknown(
         path.to_path_buf(),
@@ -207,6 +230,7 @@ fn no_answer(path: &Path, kind: FsKind) -> FsFacts {
 
 /// An unnamed scratch file in `dir`, opened read-write. Falls back to a
 /// named file that is unlinked at once where `O_TMPFILE` is unsupported.
+#[cfg(unix)]
 fn scratch(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     match cowlink_sys::open_unnamed(dir, Path::new("."), OFlags::RDWR, Mode::RUSR | Mode::WUSR) {
         Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
@@ -225,6 +249,7 @@ fn scratch(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     }
 }
 
+#[cfg(unix)]
 fn scratch_with_data(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
     let fd = scratch(dir)?;
     let data = [0x5au8; TRIAL_BYTES];
@@ -236,6 +261,7 @@ fn scratch_with_data(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
 }
 
 /// Why no trial could be made, completed with what we know of the kind.
+#[cfg(unix)]
 fn untried(kind: FsKind, why: String) -> Answer {
     if kind.never_reflinks() {
         Answer::No(format!("{kind}: {}", kind.reflink_hint()))
@@ -245,6 +271,7 @@ fn untried(kind: FsKind, why: String) -> Answer {
 }
 
 /// Trial clone and trial dedupe in `dir`.
+#[cfg(unix)]
 fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
     let a = match scratch_with_data(dirfd) {
         Ok(fd) => fd,
@@ -273,6 +300,7 @@ fn trial(dir: &Path, dirfd: BorrowedFd<'_>, kind: FsKind) -> Trial {
 /// the kind decides where it can (a filesystem that never clones), else
 /// unknown. Not being allowed to write there says nothing of the
 /// filesystem, so those answers carry no hint about how it was made.
+#[cfg(unix)]
 fn no_scratch(dir: &Path, kind: FsKind, e: Errno) -> Trial {
     let why = format!(
         "cannot make a scratch file in {} to try: {}",
@@ -295,6 +323,7 @@ fn no_scratch(dir: &Path, kind: FsKind, e: Errno) -> Trial {
 }
 
 /// The answer a trial clone on `kind` gives.
+#[cfg(unix)]
 fn clone_answer(kind: FsKind, r: std::result::Result<(), Errno>) -> Answer {
     match r {
         Ok(()) => Answer::Yes,
@@ -308,6 +337,7 @@ fn clone_answer(kind: FsKind, r: std::result::Result<(), Errno>) -> Answer {
 }
 
 /// The answer a trial dedupe of identical data on `kind` gives.
+#[cfg(unix)]
 fn dedupe_answer(kind: FsKind, r: std::result::Result<cowlink_sys::DedupeStatus, Errno>) -> Answer {
     match r {
         Ok(cowlink_sys::DedupeStatus::Same) => Answer::Yes,
@@ -318,6 +348,7 @@ fn dedupe_answer(kind: FsKind, r: std::result::Result<cowlink_sys::DedupeStatus,
     }
 }
 
+#[cfg(unix)]
 fn dedupe_refused(kind: FsKind, e: Errno) -> Answer {
     if is_not_possible_here(e) {
         Answer::No(format!("{kind} refused a trial dedupe ({})", errno_text(e)))
@@ -326,6 +357,7 @@ fn dedupe_refused(kind: FsKind, e: Errno) -> Answer {
     }
 }
 
+#[cfg(unix)]
 fn network_dedupe() -> Answer {
     Answer::No(
         "refused on network filesystem clients: their dedupe has cloned without comparing on some kernels".into(),
@@ -333,6 +365,7 @@ fn network_dedupe() -> Answer {
 }
 
 /// Facts for the directory `dir` (which must exist), without a deadline.
+#[cfg(unix)]
 fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
     let err = |e: Errno| Error::from_errno(Operation::Probe, e).with_src(dir);
     let dirfd = fs::open(
@@ -373,6 +406,7 @@ fn facts_of_dir(dir: &Path) -> Result<FsFacts> {
 
 /// The directory a path's facts are about: itself if a directory, else
 /// its parent.
+#[cfg(unix)]
 fn dir_of(path: &Path) -> Result<PathBuf> {
     match cowlink_sys::stat(path) {
         Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::Directory => {
@@ -383,6 +417,7 @@ fn dir_of(path: &Path) -> Result<PathBuf> {
     }
 }
 
+#[cfg(unix)]
 fn parent_of(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -395,6 +430,7 @@ fn parent_of(path: &Path) -> PathBuf {
 /// # Errors
 /// `NotFound` or `PermissionDenied` for the path itself. A filesystem that
 /// does not answer within the deadline gives `Unknown` answers, not an error.
+#[cfg(unix)]
 pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
     // Even the first `stat` of the path can hang (a FUSE server or NFS
     // server that never answers): everything runs under the deadline.
@@ -412,6 +448,7 @@ pub fn filesystem(path: impl AsRef<Path>) -> Result<FsFacts> {
 ///
 /// # Errors
 /// `NotFound` when `src` or `dst`'s directory does not exist.
+#[cfg(unix)]
 pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> {
     let (src, dst) = (src.as_ref().to_path_buf(), dst.as_ref().to_path_buf());
     let (s, d) = (src.clone(), dst.clone());
@@ -431,6 +468,7 @@ pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> 
 }
 
 /// `between` without the deadline: check both paths, then probe.
+#[cfg(unix)]
 fn between_checked(src: PathBuf, dst: PathBuf) -> Result<Support> {
     let src_st = cowlink_sys::stat(&src)
         .map_err(|e| Error::from_errno(Operation::Probe, e).with_src(&src))?;
@@ -451,6 +489,7 @@ fn between_checked(src: PathBuf, dst: PathBuf) -> Result<Support> {
     between_inner(&src, src_st.st_mode, &dst_dir)
 }
 
+#[cfg(unix)]
 fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
     let src_is_file = cowlink_sys::file_type(src_mode) == FileType::RegularFile;
     let src_facts = facts_of_dir(&if src_is_file {
@@ -480,6 +519,7 @@ fn between_inner(src: &Path, src_mode: u32, dst_dir: &Path) -> Result<Support> {
 /// "different filesystems") and is called only when nothing else decides.
 /// Returns the answer and whether both are on one filesystem (same device,
 /// or a trial clone proved it).
+#[cfg(unix)]
 fn pair_verdict(
     src: &FsFacts,
     dst: &FsFacts,
@@ -514,6 +554,7 @@ fn pair_verdict(
 
 /// Whether `path` is an active swap file (listed in /proc/swaps, whose
 /// names are escaped as in mountinfo).
+#[cfg(unix)]
 fn is_active_swap(path: &Path) -> bool {
     let Ok(st) = cowlink_sys::stat(path) else {
         return false;
@@ -531,6 +572,7 @@ fn is_active_swap(path: &Path) -> bool {
 }
 
 /// Clone the first block of the real source into a scratch file in `dst_dir`.
+#[cfg(unix)]
 fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
     let sfd = match fs::open(
         src,
@@ -583,6 +625,7 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
 ///
 /// # Errors
 /// Only when `root` cannot be resolved or mountinfo cannot be read.
+#[cfg(unix)]
 pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
     let root = root.as_ref();
     let r = root.to_path_buf();
@@ -641,6 +684,7 @@ pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
         .collect())
 }
 
+#[cfg(unix)]
 fn untouched(m: &MountEntry, kind: FsKind) -> FsFacts {
     let (reflink, dedupe) = if kind == FsKind::Autofs {
         let why = "autofs trigger: not probed, to avoid mounting or hanging".to_string();

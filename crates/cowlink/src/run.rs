@@ -23,6 +23,10 @@
 //!   [`Progress::totals`]). A tree copy counts into both; a front end
 //!   copying many arguments counts its single files in with
 //!   [`Progress::count_file`].
+// Off Unix only the counters and the cancel token serve (the tree copy
+// there runs on the calling thread): the thread tuning, used by the
+// descriptor-based engines, is compiled but idle.
+#![cfg_attr(not(unix), allow(dead_code))]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rustix::io::Errno;
+use cowlink_sys::Errno;
 
 /// Result alias used throughout cowlink.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -278,8 +278,8 @@ impl Error {
     /// An error from a standard-library I/O error: its errno when it has
     /// one, else [`ErrorKind::Io`] with the error's text as the reason.
     pub fn from_io(op: Operation, e: &io::Error) -> Self {
-        match e.raw_os_error() {
-            Some(n) => Error::from_errno(op, Errno::from_raw_os_error(n)),
+        match Errno::from_io_error(e) {
+            Some(n) => Error::from_errno(op, n),
             None => Error::new(op, ErrorKind::Io).with_reason(e.to_string()),
         }
     }

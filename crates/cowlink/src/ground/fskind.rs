@@ -164,12 +164,13 @@ impl FsKind {
     }
 
     /// The kind of the filesystem the open file `fd` is on.
-    pub(crate) fn of_fd(fd: rustix::fd::BorrowedFd<'_>) -> Result<FsKind, rustix::io::Errno> {
+    #[cfg(unix)]
+    pub(crate) fn of_fd(fd: rustix::fd::BorrowedFd<'_>) -> Result<FsKind, cowlink_sys::Errno> {
         cowlink_sys::fs_stat(fd).map(|s| FsKind::of_stat(&s))
     }
 
     /// The kind of the filesystem `path` is on.
-    pub(crate) fn of_path(path: &std::path::Path) -> Result<FsKind, rustix::io::Errno> {
+    pub(crate) fn of_path(path: &std::path::Path) -> Result<FsKind, cowlink_sys::Errno> {
         cowlink_sys::fs_stat_path(path).map(|s| FsKind::of_stat(&s))
     }
 

@@ -5,12 +5,15 @@
 
 pub mod error;
 pub mod fskind;
+#[cfg(unix)]
 pub(crate) mod hash;
+#[cfg(unix)]
 pub mod mountinfo;
 pub mod name;
 
 /// Lock a mutex, taking the data even if a thread panicked holding it (the
 /// collectors only push to vectors, which a panic cannot leave half-done).
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -19,7 +19,6 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Whether `c` would change what a terminal shows rather than show itself:
@@ -73,7 +72,7 @@ fn needs_escape(bytes: &[u8]) -> bool {
 /// `p` for text output where it stands alone (a table column, a list):
 /// as it is when it is printable UTF-8, else `$'…'`.
 pub fn shown(p: &Path) -> Cow<'_, str> {
-    let bytes = p.as_os_str().as_bytes();
+    let bytes = p.as_os_str().as_encoded_bytes();
     if needs_escape(bytes) {
         Cow::Owned(ansi_c(bytes))
     } else {
@@ -84,7 +83,7 @@ pub fn shown(p: &Path) -> Cow<'_, str> {
 /// `p` inside a sentence: `'name'`, or `$'…'` when the name must be
 /// escaped or holds a `'`.
 pub fn quoted(p: &Path) -> String {
-    let bytes = p.as_os_str().as_bytes();
+    let bytes = p.as_os_str().as_encoded_bytes();
     if needs_escape(bytes) || bytes.contains(&b'\'') {
         ansi_c(bytes)
     } else {
@@ -107,7 +106,6 @@ pub fn quoted(p: &Path) -> String {
 pub mod json {
     use super::*;
     use serde::ser::{SerializeMap, Serializer};
-    use std::os::unix::ffi::OsStringExt;
 
     /// Something that holds paths and can write them as a field pair.
     pub trait Names {
@@ -121,7 +119,9 @@ pub mod json {
     }
 
     fn bytes_of(p: &Path) -> Option<&[u8]> {
-        p.to_str().is_none().then(|| p.as_os_str().as_bytes())
+        p.to_str()
+            .is_none()
+            .then_some(p.as_os_str().as_encoded_bytes())
     }
 
     impl Names for Path {
@@ -208,9 +208,24 @@ pub mod json {
     /// bytes when present, else the string.
     pub fn read_one(lossy: String, exact: Option<Vec<u8>>) -> PathBuf {
         match exact {
-            Some(b) => PathBuf::from(std::ffi::OsString::from_vec(b)),
+            Some(b) => path_from_bytes(b),
             None => PathBuf::from(lossy),
         }
+    }
+
+    /// A path from the exact bytes of a `*_bytes` field: any bytes on Unix.
+    /// Elsewhere a name is UTF-16 and its exact bytes were WTF-8, which
+    /// only an unchecked conversion takes back: the bytes are read lossily
+    /// instead (U+FFFD for a lone surrogate).
+    #[cfg(unix)]
+    fn path_from_bytes(b: Vec<u8>) -> PathBuf {
+        use std::os::unix::ffi::OsStringExt;
+        PathBuf::from(std::ffi::OsString::from_vec(b))
+    }
+
+    #[cfg(not(unix))]
+    fn path_from_bytes(b: Vec<u8>) -> PathBuf {
+        PathBuf::from(String::from_utf8_lossy(&b).into_owned())
     }
 
     /// A list of paths read back from its field and `*_bytes` companion
@@ -255,6 +270,7 @@ pub mod json {
 mod tests {
     use super::*;
     use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
 
     fn p(b: &[u8]) -> &Path {
         Path::new(OsStr::from_bytes(b))

@@ -11,9 +11,13 @@
 //! group bits), then times last (every other change touches ctime only, but
 //! data writes would move mtime).
 
+#[cfg(unix)]
 use cowlink_sys::Stat;
+#[cfg(unix)]
 use rustix::fd::BorrowedFd;
+#[cfg(unix)]
 use rustix::fs::{self, Gid, Timespec, Timestamps, Uid};
+#[cfg(unix)]
 use rustix::io::Errno;
 
 /// Which metadata to carry beyond the permission bits.
@@ -56,11 +60,13 @@ impl Preserve {
 
 /// A metadata step that failed, for the error message.
 #[derive(Debug)]
+#[cfg(unix)]
 pub(crate) struct MetaError {
     pub(crate) what: String,
     pub(crate) errno: Errno,
 }
 
+#[cfg(unix)]
 fn fail(what: impl Into<String>) -> impl FnOnce(Errno) -> MetaError {
     move |errno| MetaError {
         what: what.into(),
@@ -69,6 +75,7 @@ fn fail(what: impl Into<String>) -> impl FnOnce(Errno) -> MetaError {
 }
 
 /// Apply `preserve` from `src` (with its `st`) to the open file `dst`.
+#[cfg(unix)]
 pub(crate) fn apply(
     src: BorrowedFd<'_>,
     st: &Stat,
@@ -88,12 +95,14 @@ pub(crate) fn apply(
 /// that would set the same values again are skipped (a tree copy saves
 /// two system calls per file this way).
 #[derive(Debug, Clone, Copy)]
+#[cfg(unix)]
 pub(crate) struct Created {
     pub(crate) uid: u32,
     pub(crate) gid: u32,
     pub(crate) mode: u32,
 }
 
+#[cfg(unix)]
 impl Created {
     /// What `open(O_CREAT)` gives a file made with `mode` in a directory
     /// whose new files get group `gid`, if the umask is known.
@@ -108,6 +117,7 @@ impl Created {
 }
 
 /// Clear the unfinished mark of a file whose mode is otherwise final.
+#[cfg(unix)]
 pub(crate) fn clear_mark(dst: BorrowedFd<'_>) -> Result<(), MetaError> {
     let st = cowlink_sys::fstat(dst).map_err(fail("read the mode"))?;
     let mode = st.st_mode & 0o7777 & !crate::prim::place::UNFINISHED_MARK;
@@ -115,6 +125,7 @@ pub(crate) fn clear_mark(dst: BorrowedFd<'_>) -> Result<(), MetaError> {
 }
 
 /// Like [`apply`] for a file just created with the properties `created`.
+#[cfg(unix)]
 pub(crate) fn apply_created(
     src: BorrowedFd<'_>,
     st: &Stat,
@@ -156,6 +167,7 @@ pub(crate) fn apply_created(
 /// The permission bits a copy of a file of mode `st_mode` is created with
 /// (the umask then applies): the source's, or with `default_mode` those
 /// any new file (`0666`) or directory or socket (`0777`) gets.
+#[cfg(unix)]
 pub(crate) fn creation_bits(st_mode: u32, default_mode: bool) -> u32 {
     if !default_mode {
         return st_mode & 0o777;
@@ -169,6 +181,7 @@ pub(crate) fn creation_bits(st_mode: u32, default_mode: bool) -> u32 {
 /// The process umask, read once through the platform layer (reading it
 /// with umask(2) would change it for a moment under other threads);
 /// `None` where the platform cannot tell.
+#[cfg(unix)]
 pub(crate) fn umask() -> Option<u32> {
     static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *UMASK.get_or_init(cowlink_sys::umask)
@@ -178,6 +191,7 @@ pub(crate) fn umask() -> Option<u32> {
 /// may stay: as cp does, a file whose owner (or group) could not be kept
 /// loses its set-user-ID (set-group-ID) bit, so nobody gains a privilege
 /// by copying.
+#[cfg(unix)]
 fn chown(dst: BorrowedFd<'_>, st: &Stat) -> Result<u32, MetaError> {
     let uid = Uid::from_raw(st.st_uid);
     let gid = Gid::from_raw(st.st_gid);
@@ -197,6 +211,7 @@ fn chown(dst: BorrowedFd<'_>, st: &Stat) -> Result<u32, MetaError> {
 /// Like [`apply`], with the mode to set (if any) given by the caller: a
 /// directory copy may need its mode restored even when modes are not
 /// preserved (it was opened up to work inside).
+#[cfg(unix)]
 pub(crate) fn apply_with_mode(
     src: BorrowedFd<'_>,
     st: &Stat,
@@ -224,6 +239,7 @@ pub(crate) fn apply_with_mode(
 }
 
 /// A stat's access and modification times, to the nanosecond.
+#[cfg(unix)]
 pub(crate) fn times_of(st: &Stat) -> Timestamps {
     Timestamps {
         last_access: Timespec {
@@ -239,12 +255,14 @@ pub(crate) fn times_of(st: &Stat) -> Timestamps {
 
 /// Copy every extended attribute of `src` to `dst`; says whether there
 /// were any.
+#[cfg(unix)]
 fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError> {
     copy_xattrs_matching(src, dst, |_| true)
 }
 
 /// Copy the POSIX ACLs only (`cp -p`: an ACL is part of the mode);
 /// a filesystem without them has none to copy.
+#[cfg(unix)]
 fn copy_acls(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError> {
     match copy_xattrs_matching(src, dst, is_acl) {
         Err(m) if m.errno == Errno::OPNOTSUPP => Ok(false),
@@ -254,11 +272,13 @@ fn copy_acls(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool, MetaError
 
 /// The POSIX ACL attributes: part of the mode for `cp -p`, which carries
 /// them without `--preserve=xattr`.
+#[cfg(unix)]
 fn is_acl(name: &[u8]) -> bool {
     cowlink_sys::is_acl_xattr(name)
 }
 
 /// Copy the extended attributes of `src` whose names `keep` accepts.
+#[cfg(unix)]
 fn copy_xattrs_matching(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
@@ -291,6 +311,7 @@ fn copy_xattrs_matching(
     Ok(any)
 }
 
+#[cfg(unix)]
 fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
     // Most files have no or few attributes: one call with a small buffer,
     // asking for the size only when it is too small.
@@ -317,6 +338,7 @@ fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
     }
 }
 
+#[cfg(unix)]
 fn get_xattr(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<Vec<u8>, Errno> {
     loop {
         let n = cowlink_sys::get_xattr_len(fd, name)?;

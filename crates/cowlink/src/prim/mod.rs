@@ -4,8 +4,10 @@
 //! (`meta`), and the checks on sources and destinations (`files`). Nothing
 //! here walks a tree or knows a feature.
 
+#[cfg(unix)]
 pub(crate) mod files;
 pub mod meta;
 pub mod mode;
 pub mod place;
+#[cfg(unix)]
 pub(crate) mod transfer;

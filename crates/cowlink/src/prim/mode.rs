@@ -10,7 +10,7 @@
 //! `prim::transfer` drives it for files and trees, the store's checkout
 //! drives it with its generations.
 
-use rustix::io::Errno;
+use cowlink_sys::Errno;
 
 use crate::ground::error::is_not_possible_here;
 

@@ -30,13 +30,20 @@
 //! renamed with `RENAME_NOREPLACE` on success. Only that fallback can leave a
 //! temporary behind, and only if the process is killed.
 
+#[cfg(unix)]
 use std::ffi::{OsStr, OsString};
+#[cfg(unix)]
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+#[cfg(unix)]
 use std::path::{Path, PathBuf};
+#[cfg(unix)]
 use std::sync::atomic::{AtomicU64, Ordering};
 
+#[cfg(unix)]
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+#[cfg(unix)]
 use rustix::fs::{self, AtFlags, Mode, OFlags};
+#[cfg(unix)]
 use rustix::io::Errno;
 
 /// What to do when the destination name already exists.
@@ -62,6 +69,7 @@ pub enum Overwrite {
     Skip,
 }
 
+#[cfg(unix)]
 enum TempName {
     /// `O_TMPFILE`: no name until `persist`.
     Anonymous,
@@ -74,16 +82,19 @@ enum TempName {
 /// Names (the directory to create in, the final name, temporaries) are
 /// relative to `dir`: the current directory for path-based calls, an open
 /// directory for the tree engine (no path resolution per file).
+#[cfg(unix)]
 pub(crate) struct PendingFile<'d> {
     file: OwnedFd,
     dir: BorrowedFd<'d>,
     temp: TempName,
 }
 
+#[cfg(unix)]
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A temporary name next to `name`, unique within this process and short
 /// enough for NAME_MAX.
+#[cfg(unix)]
 pub(crate) fn temp_name(name: &OsStr) -> OsString {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let stem = &name.as_bytes()[..name.len().min(200)];
@@ -95,10 +106,12 @@ pub(crate) fn temp_name(name: &OsStr) -> OsString {
 }
 
 /// The temporary path next to `dst` (which has a file name).
+#[cfg(unix)]
 fn temp_path(dst: &Path) -> PathBuf {
     dst.with_file_name(temp_name(dst.file_name().unwrap_or_default()))
 }
 
+#[cfg(unix)]
 impl<'d> PendingFile<'d> {
     /// Create an unnamed, writable file in the directory `parent` (relative
     /// to `dir`) that will become `dst` (relative to `dir`), with `mode`
@@ -218,6 +231,7 @@ impl<'d> PendingFile<'d> {
     }
 }
 
+#[cfg(unix)]
 impl Drop for PendingFile<'_> {
     fn drop(&mut self) {
         if let TempName::Named(tmp) = &self.temp {
@@ -259,6 +273,7 @@ impl Placement {
 /// `stat`) to a resumed run: a regular file with the same size and
 /// modification time, to the nanosecond. A file an interrupted run left
 /// never does, because times are set after the data.
+#[cfg(unix)]
 pub(crate) fn looks_complete(src: &cowlink_sys::Stat, dst: &cowlink_sys::Stat) -> bool {
     cowlink_sys::file_type(dst.st_mode) == fs::FileType::RegularFile
         && !left_unfinished(src.st_mode, dst.st_mode)
@@ -270,12 +285,14 @@ pub(crate) fn looks_complete(src: &cowlink_sys::Stat, dst: &cowlink_sys::Stat) -
 /// (direct placement): the sticky bit, which means nothing on a Linux
 /// regular file. It is set at creation and cleared with the file's final
 /// mode, so a file a `kill -9` or power cut interrupted keeps it.
+#[cfg(unix)]
 pub(crate) const UNFINISHED_MARK: u32 = 0o1000;
 
 /// Whether `dst` (a destination's mode bits) carries the mark of a file an
 /// interrupted copy left unfinished, where its source `src` has no sticky
 /// bit of its own. Such a file is never kept as up to date (`cp -u`,
 /// `--resume`): it is copied again.
+#[cfg(unix)]
 pub fn left_unfinished(src_mode: u32, dst_mode: u32) -> bool {
     cowlink_sys::file_type(dst_mode) == fs::FileType::RegularFile
         && dst_mode & UNFINISHED_MARK != 0
@@ -285,6 +302,7 @@ pub fn left_unfinished(src_mode: u32, dst_mode: u32) -> bool {
 /// The permission bits a file replacing `old` keeps from it (`cp` without
 /// `-p`): all of them, less the unfinished mark of a file an interrupted
 /// run left.
+#[cfg(unix)]
 pub(crate) fn kept_mode(src_mode: u32, old_mode: u32) -> u32 {
     if left_unfinished(src_mode, old_mode) {
         old_mode & 0o7777 & !UNFINISHED_MARK
@@ -295,6 +313,7 @@ pub(crate) fn kept_mode(src_mode: u32, old_mode: u32) -> u32 {
 
 /// `looks_complete` by path, for a single file: `src` followed, `dst`
 /// not. False when either cannot be read.
+#[cfg(unix)]
 pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
     match (
         cowlink_sys::stat(src.as_ref()),
@@ -307,13 +326,16 @@ pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
 
 /// Direct files being written, by id, with the path to remove on a forced
 /// exit.
+#[cfg(unix)]
 static UNFINISHED: std::sync::Mutex<Vec<(u64, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+#[cfg(unix)]
 static UNFINISHED_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Remove every file that a direct placement of this process has created
 /// but not finished, and return how many. For a process about to exit
 /// without unwinding (a second Ctrl-C); afterwards no partial file of
 /// this process is left under a final name.
+#[cfg(unix)]
 pub fn remove_unfinished() -> usize {
     let list = UNFINISHED.lock().unwrap_or_else(|p| p.into_inner());
     list.iter()
@@ -322,12 +344,14 @@ pub fn remove_unfinished() -> usize {
 }
 
 /// A new destination file being written, placed per [`Placement`].
+#[cfg(unix)]
 pub(crate) enum NewFile<'d> {
     Atomic(PendingFile<'d>),
     Direct(DirectFile<'d>),
 }
 
 /// A file created under its final name; removed on drop unless finished.
+#[cfg(unix)]
 pub(crate) struct DirectFile<'d> {
     file: OwnedFd,
     dir: BorrowedFd<'d>,
@@ -336,6 +360,7 @@ pub(crate) struct DirectFile<'d> {
     finished: bool,
 }
 
+#[cfg(unix)]
 impl<'d> NewFile<'d> {
     /// Create the file that becomes `dst` (relative to `dir`; `parent` is
     /// its directory, relative to `dir`) with `mode` (less the umask).
@@ -392,6 +417,7 @@ impl<'d> NewFile<'d> {
     }
 }
 
+#[cfg(unix)]
 impl Drop for DirectFile<'_> {
     fn drop(&mut self) {
         if !self.finished {
@@ -415,6 +441,7 @@ impl Drop for DirectFile<'_> {
 /// Create the name `name` in `dir` with `make(dir, name)` (`symlinkat`,
 /// `linkat`, `mknodat`): directly, or, when it exists and `replace` is
 /// set, at a temporary name then `rename`d over it (atomic replace).
+#[cfg(unix)]
 pub(crate) fn place_name(
     dir: BorrowedFd<'_>,
     name: &std::ffi::CStr,

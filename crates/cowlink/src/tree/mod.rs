@@ -32,10 +32,15 @@
 //! the walker engine (`crate::walk::pool`): directories and their
 //! completion. `copy` calls `entry`, never the reverse.
 
+#[cfg(unix)]
 mod copy;
+#[cfg(unix)]
 mod ctx;
+#[cfg(unix)]
 mod entry;
+#[cfg(unix)]
 mod links;
+#[cfg(unix)]
 mod node;
 
 use std::path::Path;
@@ -44,6 +49,9 @@ use crate::clone::CloneOptions;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
+#[cfg(not(unix))]
+pub use crate::stdfs::copy_tree;
+#[cfg(unix)]
 pub use copy::copy_tree;
 
 pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
@@ -108,6 +116,7 @@ impl TreeOptions {
     /// complete, as GNU cp does: with owners preserved, everything for the
     /// group and others (the directory may be about to change hands); with
     /// modes preserved, their write bits.
+    #[cfg(unix)]
     pub(crate) fn dir_withheld(&self) -> u32 {
         if self.file.preserve.ownership {
             0o077
@@ -120,6 +129,7 @@ impl TreeOptions {
 
     /// The permission bits a copy of an entry of mode `st_mode` is created
     /// with (see [`CloneOptions::default_mode`]).
+    #[cfg(unix)]
     pub(crate) fn new_bits(&self, st_mode: u32) -> u32 {
         crate::prim::meta::creation_bits(
             st_mode,
