@@ -14,6 +14,7 @@
 //!   refuses it and the answer is `EOPNOTSUPP`, so `auto` copies;
 //! - [`scratch_file`]: a file the system removes when it is closed, for
 //!   the probe's trials;
+//! - [`open_for_times`]: a handle to set a directory's times through;
 //! - [`fs_stat_path`]: what is known of a volume without a volume API
 //!   (no type name, a 4 KiB block size).
 //!
@@ -28,7 +29,9 @@ use std::os::windows::io::AsRawHandle;
 use std::path::Path;
 
 use windows_sys::Win32::Foundation as w;
-use windows_sys::Win32::Storage::FileSystem::{DELETE, FILE_FLAG_DELETE_ON_CLOSE};
+use windows_sys::Win32::Storage::FileSystem::{
+    DELETE, FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_DELETE_ON_CLOSE, FILE_WRITE_ATTRIBUTES,
+};
 use windows_sys::Win32::System::Ioctl::{
     DUPLICATE_EXTENTS_DATA, FSCTL_DUPLICATE_EXTENTS_TO_FILE, FSCTL_GET_INTEGRITY_INFORMATION,
     FSCTL_GET_INTEGRITY_INFORMATION_BUFFER,
@@ -359,5 +362,16 @@ pub fn scratch_file(dir: &Path, name: &str) -> Result<File, Errno> {
         .access_mode(w::GENERIC_READ | w::GENERIC_WRITE | DELETE)
         .custom_flags(FILE_FLAG_DELETE_ON_CLOSE)
         .open(dir.join(name))
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+}
+
+/// `path` (a file or a directory) opened only to set its attributes and
+/// times (`FILE_WRITE_ATTRIBUTES`; `FILE_FLAG_BACKUP_SEMANTICS`, without
+/// which Windows opens no directory).
+pub fn open_for_times(path: &Path) -> Result<File, Errno> {
+    std::fs::OpenOptions::new()
+        .access_mode(FILE_WRITE_ATTRIBUTES)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
         .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
 }

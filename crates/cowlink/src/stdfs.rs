@@ -41,6 +41,59 @@ use crate::probe::{Answer, FsFacts, MountSupport, Support};
 use crate::run::{Phase, Progress};
 use crate::tree::{Action, LinkKind, Observer, SkipReason, TreeEvent, TreeOptions, TreeReport};
 
+#[cfg(windows)]
+use cowlink_sys as sys;
+
+/// Built on Linux under test, with Linux's counterparts of the Windows
+/// calls (`FICLONE`, `FICLONERANGE`, a scratch file unlinked at once), so
+/// that this module's logic runs on the real test filesystems.
+#[cfg(all(test, unix))]
+mod sys {
+    use std::fs::File;
+    use std::os::fd::AsFd;
+    use std::path::Path;
+
+    use cowlink_sys::Errno;
+
+    pub fn clone_cluster_size(file: &File) -> Result<u64, Errno> {
+        cowlink_sys::fs_stat(file.as_fd()).map(|s| s.block_size)
+    }
+
+    pub fn clone_file_range(
+        dst: &File,
+        src: &File,
+        src_offset: u64,
+        len: u64,
+        dst_offset: u64,
+    ) -> Result<(), Errno> {
+        // Windows takes a last cluster that runs past the source's end;
+        // Linux takes the same request as a range ending at the end.
+        let size = cowlink_sys::fstat(src.as_fd())?.st_size as u64;
+        let len = len.min(size.saturating_sub(src_offset));
+        cowlink_sys::ficlonerange(dst.as_fd(), src.as_fd(), src_offset, len, dst_offset)
+    }
+
+    pub fn clone_file_data(dst: &File, src: &File, _len: u64) -> Result<(), Errno> {
+        cowlink_sys::ficlone(dst.as_fd(), src.as_fd())
+    }
+
+    pub fn scratch_file(dir: &Path, name: &str) -> Result<File, Errno> {
+        let path = dir.join(name);
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        let _ = std::fs::remove_file(&path);
+        Ok(f)
+    }
+
+    pub fn open_for_times(path: &Path) -> Result<File, Errno> {
+        File::open(path).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+    }
+}
+
 fn io_errno(e: &io::Error) -> Errno {
     Errno::from_io_error(e).unwrap_or(Errno::IO)
 }
@@ -145,7 +198,8 @@ fn copy_data(src: &mut File, dst: &File) -> io::Result<u64> {
     }
 }
 
-fn apply_meta(file: &File, path: &Path, st: &Metadata, options: &CloneOptions) -> io::Result<()> {
+/// The source's times on `file`, when `options` preserve them.
+fn set_times(file: &File, st: &Metadata, options: &CloneOptions) -> io::Result<()> {
     if options.preserve.timestamps {
         let mut times = fs::FileTimes::new().set_modified(st.modified()?);
         if let Ok(a) = st.accessed() {
@@ -153,9 +207,14 @@ fn apply_meta(file: &File, path: &Path, st: &Metadata, options: &CloneOptions) -
         }
         file.set_times(times)?;
     }
-    // The source's read-only attribute is its permission bits here; a
-    // default mode (`--no-preserve=mode`) gives a writable copy. Last: a
-    // read-only file takes no more changes.
+    Ok(())
+}
+
+/// The source's read-only attribute (its permission bits here) on the
+/// placed name; a default mode (`--no-preserve=mode`) gives a writable
+/// copy. Set after placing: a read-only temporary could not be removed
+/// once hardlinked into place.
+fn set_readonly(path: &Path, st: &Metadata, options: &CloneOptions) -> io::Result<()> {
     let default_mode = options.default_mode && !options.preserve.mode;
     if st.permissions().readonly() && !default_mode {
         fs::set_permissions(path, st.permissions())?;
@@ -211,8 +270,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
     }
     let replace = options.overwrite == Overwrite::Replace;
     match fs::symlink_metadata(dst) {
-        Ok(old) if !replace => {
-            let _ = old;
+        Ok(_) if !replace => {
             return Err(Error::new(op, ErrorKind::AlreadyExists)
                 .with_src(src)
                 .with_dst(dst)
@@ -259,7 +317,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         let mut step = options.link.first_step();
         loop {
             match step {
-                Step::Clone => match cowlink_sys::clone_file_data(pending.file(), &src_file, len) {
+                Step::Clone => match sys::clone_file_data(pending.file(), &src_file, len) {
                     Ok(()) => break Method::Reflink,
                     Err(e) => {
                         pending.file().set_len(0).map_err(|e| err(&e))?;
@@ -280,8 +338,9 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
             }
         }
     };
-    apply_meta(pending.file(), &pending.path, &st, options).map_err(|e| err(&e))?;
+    set_times(pending.file(), &st, options).map_err(|e| err(&e))?;
     pending.place(dst, replace).map_err(|e| err(&e))?;
+    set_readonly(dst, &st, options).map_err(|e| err(&e))?;
     Ok(Outcome {
         method,
         bytes: if options.attributes_only { 0 } else { len },
@@ -340,7 +399,7 @@ pub fn clone_range(
             )));
     };
     let sys = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
-    let cluster = cowlink_sys::clone_cluster_size(&src_file).map_err(sys)?;
+    let cluster = sys::clone_cluster_size(&src_file).map_err(sys)?;
     for (what, v) in [
         ("source offset", src_offset),
         ("destination offset", dst_offset),
@@ -368,12 +427,22 @@ pub fn clone_range(
     // and the length set here keeps what lies beyond.
     let dst_end = dst_offset.saturating_add(effective_len);
     let old_len = dst_file.metadata().map_err(|e| err(&e))?.len();
+    // A partial last cluster is shared whole: it would overwrite what the
+    // destination holds past the range, so only at the destination's end.
+    if effective_len % cluster != 0 && dst_end < old_len {
+        return Err(Error::new(op, ErrorKind::Unaligned)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason(format!(
+                "length {effective_len} is not a multiple of the volume's cluster size \
+                 ({cluster} bytes): an unaligned tail may only be cloned to the end of the destination"
+            )));
+    }
     if dst_end > old_len {
         dst_file.set_len(dst_end).map_err(|e| err(&e))?;
     }
     let shared = effective_len.div_ceil(cluster) * cluster;
-    cowlink_sys::clone_file_range(&dst_file, &src_file, src_offset, shared, dst_offset)
-        .map_err(sys)?;
+    sys::clone_file_range(&dst_file, &src_file, src_offset, shared, dst_offset).map_err(sys)?;
     dst_file
         .set_len(dst_end.max(old_len))
         .map_err(|e| err(&e))?;
@@ -532,9 +601,9 @@ fn symlink_like(src: &Path, target: &Path, dst: &Path) -> io::Result<()> {
     }
 }
 
-#[cfg(not(windows))]
-fn symlink_like(_src: &Path, _target: &Path, _dst: &Path) -> io::Result<()> {
-    Err(io::Error::from(Errno::OPNOTSUPP))
+#[cfg(unix)]
+fn symlink_like(_src: &Path, target: &Path, dst: &Path) -> io::Result<()> {
+    std::os::unix::fs::symlink(target, dst)
 }
 
 /// Copy `src` to `dst` with `cp -r` semantics for the entry itself (the
@@ -580,6 +649,12 @@ pub fn copy_tree(
             tree.failed(e);
         }
         return Ok(TreeReport::from_totals(tree.counts.totals(), false));
+    }
+    if same_file(src, dst) {
+        return Err(Error::new(op, ErrorKind::SameFile)
+            .with_src(src)
+            .with_dst(dst)
+            .with_reason("source and destination are the same directory"));
     }
     if let (Ok(s), Some(parent)) = (fs::canonicalize(src), dst.parent()) {
         let parent = if parent.as_os_str().is_empty() {
@@ -667,10 +742,11 @@ pub fn copy_tree(
         }
         finish.push((job, st));
     }
-    if !options.dry_run {
+    if !options.dry_run && options.file.preserve.timestamps {
         for (job, st) in finish.iter().rev() {
-            let set =
-                File::open(&job.dst).and_then(|f| apply_meta(&f, &job.dst, st, &options.file));
+            let set = sys::open_for_times(&job.dst)
+                .map_err(io::Error::from)
+                .and_then(|f| set_times(&f, st, &options.file));
             if let Err(e) = set {
                 tree.failed(Error::from_io(op, &e).with_src(&job.src).with_dst(&job.dst));
             }
@@ -714,7 +790,7 @@ fn scratch(dir: &Path, data: &[u8]) -> std::result::Result<File, Errno> {
             std::process::id(),
             NEXT_TEMP.fetch_add(1, Ordering::Relaxed)
         );
-        match cowlink_sys::scratch_file(dir, &name) {
+        match sys::scratch_file(dir, &name) {
             Ok(mut f) => {
                 f.write_all(data).map_err(|e| io_errno(&e))?;
                 return Ok(f);
@@ -728,7 +804,7 @@ fn scratch(dir: &Path, data: &[u8]) -> std::result::Result<File, Errno> {
 fn facts_of_dir(dir: &Path) -> FsFacts {
     let kind = FsKind::of_path(dir).unwrap_or(FsKind::Unknown);
     let reflink = match (scratch(dir, &[0x5a; 4096]), scratch(dir, &[])) {
-        (Ok(a), Ok(b)) => clone_answer(cowlink_sys::clone_file_data(&b, &a, 4096)),
+        (Ok(a), Ok(b)) => clone_answer(sys::clone_file_data(&b, &a, 4096)),
         (Err(e), _) | (_, Err(e)) => {
             Answer::Unknown(format!("cannot write a scratch file here to try: {e}"))
         }
@@ -786,10 +862,10 @@ pub fn between(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> Result<Support> 
         match (File::open(src), scratch(&dst_dir, &[])) {
             (Ok(s), Ok(d)) => {
                 let len = s.metadata().map(|m| m.len()).unwrap_or(0);
-                let r = cowlink_sys::clone_cluster_size(&s).and_then(|c| {
+                let r = sys::clone_cluster_size(&s).and_then(|c| {
                     let n = len.min(c);
                     d.set_len(n).map_err(|e| io_errno(&e))?;
-                    cowlink_sys::clone_file_range(&d, &s, 0, c, 0)
+                    sys::clone_file_range(&d, &s, 0, c, 0)
                 });
                 clone_answer(r)
             }
@@ -830,3 +906,314 @@ pub fn tree(root: impl AsRef<Path>) -> Result<Vec<MountSupport>> {
 /// Forget cached answers: nothing is cached on this system, every probe
 /// runs its trial.
 pub fn clear_cache() {}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use cowlink_testfs::{data, names, temporaries, testfs, write_file};
+    use std::os::fd::AsFd;
+    use std::time::{Duration, SystemTime};
+
+    fn shares_blocks(p: &Path) -> bool {
+        let f = File::open(p).unwrap();
+        let mut out = Vec::new();
+        let len = f.metadata().unwrap().len();
+        cowlink_sys::fiemap(f.as_fd(), 0, len, cowlink_sys::FIEMAP_FLAG_SYNC, &mut out).unwrap();
+        !out.is_empty()
+            && out
+                .iter()
+                .all(|e| e.flags & cowlink_sys::FIEMAP_EXTENT_SHARED != 0)
+    }
+
+    fn opts(link: LinkMode, overwrite: Overwrite) -> CloneOptions {
+        CloneOptions {
+            link,
+            overwrite,
+            ..CloneOptions::default()
+        }
+    }
+
+    /// Where the volume clones, `auto` and `always` share blocks; where it
+    /// cannot, `auto` copies and `always` fails as not supported, leaving
+    /// nothing behind.
+    #[test]
+    #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+    fn clones_where_possible_and_auto_copies_elsewhere() {
+        let bytes = data(300_000, 1);
+        let xfs = testfs!(Xfs);
+        let (src, dst) = (xfs.path().join("src"), xfs.path().join("dst"));
+        write_file(&src, &bytes);
+        let out = clone_file(&src, &dst, &opts(LinkMode::Auto, Overwrite::Refuse)).unwrap();
+        assert_eq!(
+            out,
+            Outcome {
+                method: Method::Reflink,
+                bytes: 300_000
+            }
+        );
+        assert_eq!(fs::read(&dst).unwrap(), bytes);
+        assert!(shares_blocks(&dst));
+        let copy = xfs.path().join("copy");
+        let out = clone_file(&src, &copy, &opts(LinkMode::Copy, Overwrite::Refuse)).unwrap();
+        assert_eq!(out.method, Method::ReadWrite);
+        assert_eq!(fs::read(&copy).unwrap(), bytes);
+        assert!(!shares_blocks(&copy));
+
+        let ext4 = testfs!(Ext4);
+        let (src, dst) = (ext4.path().join("src"), ext4.path().join("dst"));
+        write_file(&src, &bytes);
+        let e = clone_file(&src, &dst, &opts(LinkMode::Clone, Overwrite::Refuse)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+        assert_eq!(names(ext4.path()), ["src"]);
+        let out = clone_file(&src, &dst, &opts(LinkMode::Auto, Overwrite::Refuse)).unwrap();
+        assert_eq!(out.method, Method::ReadWrite);
+        assert_eq!(fs::read(&dst).unwrap(), bytes);
+        assert_eq!(names(ext4.path()), ["dst", "src"]);
+    }
+
+    /// An existing destination: refused (untouched), kept (`Skipped`) or
+    /// replaced; the source itself and a directory are never replaced; no
+    /// temporary is left.
+    #[test]
+    fn existing_destinations_are_refused_kept_or_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+        fs::write(&src, b"new").unwrap();
+        fs::write(&dst, b"old").unwrap();
+        let e = clone_file(&src, &dst, &opts(LinkMode::Auto, Overwrite::Refuse)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+        assert!(e.to_string().contains("dst"), "{e}");
+        assert_eq!(fs::read(&dst).unwrap(), b"old");
+        let out = clone_file(&src, &dst, &opts(LinkMode::Auto, Overwrite::Skip)).unwrap();
+        assert_eq!(out.method, Method::Skipped);
+        assert_eq!(fs::read(&dst).unwrap(), b"old");
+        let out = clone_file(&src, &dst, &opts(LinkMode::Copy, Overwrite::Replace)).unwrap();
+        assert_eq!((out.method, out.bytes), (Method::ReadWrite, 3));
+        assert_eq!(fs::read(&dst).unwrap(), b"new");
+        let e = clone_file(&src, &src, &opts(LinkMode::Auto, Overwrite::Replace)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SameFile);
+        fs::create_dir(d.path().join("dir")).unwrap();
+        let e = clone_file(
+            &src,
+            d.path().join("dir"),
+            &opts(LinkMode::Auto, Overwrite::Replace),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::IsDirectory);
+        let e = clone_file(
+            d.path().join("dir"),
+            d.path().join("x"),
+            &CloneOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::IsDirectory);
+        let e = clone_file(
+            d.path().join("missing"),
+            d.path().join("x"),
+            &CloneOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(temporaries(d.path()).is_empty());
+        assert_eq!(names(d.path()), ["dir", "dst", "src"]);
+    }
+
+    /// A read-only source gives a read-only copy (after it is placed, so the
+    /// temporary could be removed) and its times with `timestamps`.
+    #[test]
+    fn read_only_and_times_are_carried() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+        fs::write(&src, b"x").unwrap();
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        File::options()
+            .write(true)
+            .open(&src)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        let mut ro = fs::metadata(&src).unwrap().permissions();
+        ro.set_readonly(true);
+        fs::set_permissions(&src, ro).unwrap();
+        let mut o = CloneOptions::default();
+        o.preserve.timestamps = true;
+        clone_file(&src, &dst, &o).unwrap();
+        let m = fs::metadata(&dst).unwrap();
+        assert!(m.permissions().readonly());
+        assert_eq!(m.modified().unwrap(), when);
+        assert!(temporaries(d.path()).is_empty());
+    }
+
+    /// The walker copies files, directories and symbolic links, sets
+    /// directory times last, counts what it did, skips what `Skip` keeps,
+    /// and refuses to copy a directory into itself.
+    #[test]
+    fn tree_copy_carries_files_dirs_links_and_times() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        fs::create_dir_all(src.join("a/b")).unwrap();
+        fs::create_dir(src.join("empty")).unwrap();
+        fs::write(src.join("top"), b"top").unwrap();
+        fs::write(src.join("a/b/deep"), data(70_000, 2)).unwrap();
+        std::os::unix::fs::symlink("a/b/deep", src.join("link")).unwrap();
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_200_000_000);
+        for dir in ["a/b", "a", "empty"] {
+            File::open(src.join(dir))
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+        }
+        let dst = d.path().join("dst");
+        let mut options = TreeOptions::default();
+        options.file.preserve.timestamps = true;
+        let seen = std::sync::Mutex::new(Vec::new());
+        let observer = |e: &TreeEvent<'_>| {
+            if let TreeEvent::Failed(e) = e {
+                seen.lock().unwrap().push(e.to_string());
+            }
+        };
+        let report = copy_tree(&src, &dst, &options, &observer).unwrap();
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "{:?}",
+            seen.lock().unwrap()
+        );
+        assert_eq!(
+            (
+                report.files,
+                report.dirs,
+                report.symlinks,
+                report.bytes,
+                report.errors
+            ),
+            (2, 4, 1, 70_003, 0)
+        );
+        assert_eq!(fs::read(dst.join("a/b/deep")).unwrap(), data(70_000, 2));
+        assert_eq!(
+            fs::read_link(dst.join("link")).unwrap(),
+            Path::new("a/b/deep")
+        );
+        for dir in ["a/b", "a", "empty"] {
+            assert_eq!(
+                fs::metadata(dst.join(dir)).unwrap().modified().unwrap(),
+                when,
+                "{dir}"
+            );
+        }
+        assert!(temporaries(&dst).is_empty());
+
+        // Again with Skip: everything exists and is kept.
+        fs::write(dst.join("top"), b"changed").unwrap();
+        let mut keep = TreeOptions::default();
+        keep.file.overwrite = Overwrite::Skip;
+        let report = copy_tree(&src, &dst, &keep, &crate::tree::Quiet).unwrap();
+        assert_eq!((report.files, report.skipped), (0, 2));
+        assert_eq!(fs::read(dst.join("top")).unwrap(), b"changed");
+
+        let e = copy_tree(&src, src.join("a/inside"), &options, &crate::tree::Quiet).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(!src.join("a/inside").exists());
+        let e = copy_tree(&src, &src, &options, &crate::tree::Quiet).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::SameFile, "{e}");
+        let e = copy_tree(
+            d.path().join("none"),
+            d.path().join("x"),
+            &options,
+            &crate::tree::Quiet,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+    }
+
+    /// A dry run reports and creates nothing; a cancelled run starts
+    /// nothing and says so.
+    #[test]
+    fn dry_runs_create_nothing_and_cancels_stop() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        fs::create_dir_all(src.join("a")).unwrap();
+        fs::write(src.join("a/f"), b"12345").unwrap();
+        let planned = std::sync::Mutex::new(Vec::new());
+        let observer = |e: &TreeEvent<'_>| {
+            if let TreeEvent::Planned { action, .. } = e {
+                planned.lock().unwrap().push(action.clone());
+            }
+        };
+        let options = TreeOptions {
+            dry_run: true,
+            ..TreeOptions::default()
+        };
+        copy_tree(&src, d.path().join("dst"), &options, &observer).unwrap();
+        assert!(!d.path().join("dst").exists());
+        assert!(planned.lock().unwrap().contains(&Action::File { bytes: 5 }));
+        let cancelled = TreeOptions::default();
+        cancelled.run.cancel.cancel();
+        let r = copy_tree(&src, d.path().join("dst"), &cancelled, &crate::tree::Quiet).unwrap();
+        assert!(r.cancelled);
+        assert_eq!(r.files, 0);
+    }
+
+    /// Range clones check alignment against the cluster (block) size and
+    /// the source's end, and share the blocks.
+    #[test]
+    #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+    fn ranges_clone_aligned_and_refuse_unaligned() {
+        let t = testfs!(Xfs);
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        let bytes = data(64 * 1024, 3);
+        write_file(&src, &bytes);
+        write_file(&dst, &[]);
+        let e = clone_range(&src, 100, &dst, 0, 4096).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unaligned, "{e}");
+        let e = clone_range(&src, 0, &dst, 0, 128 * 1024).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        let out = clone_range(&src, 8192, &dst, 4096, 16384).unwrap();
+        assert_eq!((out.method, out.bytes), (Method::Reflink, 16384));
+        let got = fs::read(&dst).unwrap();
+        assert_eq!(got.len(), 4096 + 16384);
+        assert_eq!(&got[4096..], &bytes[8192..8192 + 16384]);
+        assert!(got[..4096].iter().all(|&b| b == 0));
+        // To the end of the source, with an unaligned tail: only where it
+        // also ends the destination, whose bytes past it stay.
+        let tail = t.path().join("tail");
+        write_file(&tail, &bytes[..10_000]);
+        let e = clone_range(&tail, 0, &dst, 0, 0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unaligned, "{e}");
+        assert_eq!(&fs::read(&dst).unwrap()[4096..], &bytes[8192..8192 + 16384]);
+        let out = clone_range(&tail, 0, &dst, 12288, 0).unwrap();
+        assert_eq!(out.bytes, 10_000);
+        let got = fs::read(&dst).unwrap();
+        assert_eq!(got.len(), 12288 + 10_000);
+        assert_eq!(&got[12288..], &bytes[..10_000]);
+        assert_eq!(&got[4096..12288], &bytes[8192..16384]);
+    }
+
+    /// The probe's trial: yes where the volume clones, no with the reason
+    /// where it cannot, and no scratch file left either way.
+    #[test]
+    #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+    fn the_probe_tries_and_leaves_nothing() {
+        let xfs = testfs!(Xfs);
+        let ext4 = testfs!(Ext4);
+        let facts = filesystem(xfs.path()).unwrap();
+        assert_eq!(facts.reflink, Answer::Yes);
+        let facts = filesystem(ext4.path()).unwrap();
+        assert!(
+            matches!(facts.reflink, Answer::No(_)),
+            "{:?}",
+            facts.reflink
+        );
+        write_file(&xfs.path().join("f"), &data(10_000, 4));
+        let pair = between(xfs.path().join("f"), xfs.path()).unwrap();
+        assert!(pair.same_filesystem);
+        assert_eq!(pair.reflink, Answer::Yes);
+        assert_eq!(names(xfs.path()), ["f"]);
+        assert!(names(ext4.path()).is_empty());
+        let e = filesystem(xfs.path().join("missing")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert_eq!(
+            tree(xfs.path()).unwrap_err().kind(),
+            ErrorKind::NotSupported
+        );
+    }
+}
