@@ -13,7 +13,10 @@
 //!   which fails atomically when the name exists;
 //! - the tree copy walks one directory at a time on the calling thread
 //!   (`TreeOptions::run.threads` is ignored), keeping a list of the
-//!   directories whose times are set last;
+//!   directories whose times are set last; a cancel stops it between
+//!   entries, not inside one file's copy; `atomic` and `copy_contents`
+//!   change nothing (every name is placed atomically, and Windows has no
+//!   FIFOs or devices in a tree);
 //! - metadata is what `std::fs` carries: the read-only attribute and, with
 //!   `preserve.timestamps`, the access and modification times. Owners,
 //!   ACLs and alternate streams are not copied; hardlinks inside a tree
@@ -577,7 +580,7 @@ impl Tree<'_> {
         Ok(())
     }
 
-    /// Create (or merge into) the directory `job.dst`. `Ok(false)` in a dry
+    /// Create (or merge into) the directory `job.dst`; nothing in a dry
     /// run.
     fn dir(&self, job: &Job) -> io::Result<()> {
         if self.opts.dry_run {
