@@ -118,6 +118,6 @@ pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished};
 pub use prim::place::{Overwrite, Placement};
 pub use run::{CancelToken, Phase, Progress, Run, Totals};
 #[cfg(not(unix))]
-pub use stdfs::{clone_file, clone_range};
+pub use stdfs::{clone_file, clone_range, remove_unfinished};
 #[cfg(unix)]
 pub use usage::{usage, Usage};

@@ -455,6 +455,13 @@ pub fn clone_range(
     })
 }
 
+/// Remove every file a direct placement of this process left unfinished
+/// under its final name: none here, where every name is placed from a
+/// temporary (a forced exit can leave only a `.NAME.cowlink-tmp-*`).
+pub fn remove_unfinished() -> usize {
+    0
+}
+
 /// One entry to copy: where from, where to.
 struct Job {
     src: PathBuf,
