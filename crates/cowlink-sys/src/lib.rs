@@ -10,14 +10,15 @@
 //! Btrfs calls) so the core's fallbacks run: `auto` copies instead of
 //! cloning, a unnamed temporary becomes a named one, FIEMAP reports no
 //! extents. `windows.rs` has no descriptors to offer: it gives the
-//! core's `std::fs`-based Windows path the errno type, the volume facts and
-//! `FSCTL_DUPLICATE_EXTENTS_TO_FILE` (the ReFS clone). The answer types
-//! ([`FsStat`], [`DedupeResult`], ...) are shared. A port (macOS `clonefile`, FreeBSD `copy_file_range`) adds or
-//! fills a module here and changes no caller.
+//! core's `std::fs`-based Windows path the errno type, the volume facts,
+//! scratch files and `FSCTL_DUPLICATE_EXTENTS_TO_FILE` (the ReFS clone).
+//! The answer types ([`FsStat`], [`DedupeResult`], ...) are shared. A
+//! port (macOS `clonefile`, FreeBSD `copy_file_range`) adds or fills a
+//! module here and changes no caller.
 //!
-//! Every function takes borrowed descriptors and returns the system's
-//! answer as a [`rustix::io::Errno`]; it never decides what an error
-//! *means*. Classification, fallbacks and messages live in the safe
+//! Every function takes borrowed descriptors (handles on Windows) and
+//! returns the system's answer as an [`Errno`]; it never decides what an
+//! error *means*. Classification, fallbacks and messages live in the safe
 //! `cowlink` crate.
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
