@@ -180,6 +180,18 @@ impl Drop for Pending {
     }
 }
 
+/// A refused clone, with the reason where the volume cannot clone at all.
+fn clone_error(op: Operation, e: Errno) -> Error {
+    let err = Error::from_errno(op, e);
+    match e {
+        Errno::OPNOTSUPP => {
+            err.with_reason("this volume cannot share blocks (only ReFS and Dev Drives can)")
+        }
+        Errno::XDEV => err.with_reason("different volumes: a clone stays within one volume"),
+        _ => err,
+    }
+}
+
 fn same_file(a: &Path, b: &Path) -> bool {
     matches!((fs::canonicalize(a), fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
 }
@@ -336,7 +348,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
                         Step::Fail(e) => e,
                         _ => Errno::MLINK,
                     };
-                    return Err(Error::from_errno(op, e).with_src(src).with_dst(dst));
+                    return Err(clone_error(op, e).with_src(src).with_dst(dst));
                 }
             }
         }
@@ -401,8 +413,8 @@ pub fn clone_range(
                 "range {src_offset}+{effective_len} goes past the end of the source ({src_size} bytes)"
             )));
     };
-    let sys = |e: Errno| Error::from_errno(op, e).with_src(src).with_dst(dst);
-    let cluster = sys::clone_cluster_size(&src_file).map_err(sys)?;
+    let refused = |e: Errno| clone_error(op, e).with_src(src).with_dst(dst);
+    let cluster = sys::clone_cluster_size(&src_file).map_err(refused)?;
     for (what, v) in [
         ("source offset", src_offset),
         ("destination offset", dst_offset),
@@ -445,7 +457,7 @@ pub fn clone_range(
         dst_file.set_len(dst_end).map_err(|e| err(&e))?;
     }
     let shared = effective_len.div_ceil(cluster) * cluster;
-    sys::clone_file_range(&dst_file, &src_file, src_offset, shared, dst_offset).map_err(sys)?;
+    sys::clone_file_range(&dst_file, &src_file, src_offset, shared, dst_offset).map_err(refused)?;
     dst_file
         .set_len(dst_end.max(old_len))
         .map_err(|e| err(&e))?;
