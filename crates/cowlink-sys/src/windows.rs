@@ -15,8 +15,7 @@
 //! - [`scratch_file`]: a file the system removes when it is closed, for
 //!   the probe's trials;
 //! - [`open_for_times`]: a handle to set a directory's times through;
-//! - [`fs_stat_path`]: what is known of a volume without a volume API
-//!   (no type name, a 4 KiB block size).
+//! - [`fs_stat_path`]: the volume's file system name and cluster size.
 //!
 //! Not here, and so not in the core on Windows: dedupe, FIEMAP, the Btrfs
 //! look-ups, OFD locks, `O_TMPFILE`, extended attributes, the mount table.
@@ -30,7 +29,8 @@ use std::path::Path;
 
 use windows_sys::Win32::Foundation as w;
 use windows_sys::Win32::Storage::FileSystem::{
-    DELETE, FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_DELETE_ON_CLOSE, FILE_WRITE_ATTRIBUTES,
+    GetDiskFreeSpaceW, GetVolumeInformationW, GetVolumePathNameW, DELETE,
+    FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_DELETE_ON_CLOSE, FILE_WRITE_ATTRIBUTES,
 };
 use windows_sys::Win32::System::Ioctl::{
     DUPLICATE_EXTENTS_DATA, FSCTL_DUPLICATE_EXTENTS_TO_FILE, FSCTL_GET_INTEGRITY_INFORMATION,
@@ -232,15 +232,72 @@ impl From<Errno> for io::Error {
 /// is the volume's answer (ReFS and Dev Drives yes, NTFS no).
 pub const CLONE_UNAVAILABLE: Option<&str> = None;
 
-/// What Windows has of a volume without a volume API: no type name, and
-/// 4 KiB blocks (the cluster size of NTFS and ReFS volumes by default).
-/// `path` must exist.
+/// `s` as a NUL-terminated UTF-16 string, for the wide Win32 calls.
+fn wide(s: &std::ffi::OsStr) -> Vec<u16> {
+    use std::os::windows::ffi::OsStrExt;
+    s.encode_wide().chain(std::iter::once(0)).collect()
+}
+
+/// The volume `path` is on: its file system's name (`NTFS`, `ReFS`,
+/// `FAT32`) from `GetVolumeInformationW` and its cluster size from
+/// `GetDiskFreeSpaceW`, both asked of the volume's root
+/// (`GetVolumePathNameW`, so a volume mounted in a folder answers for
+/// itself). No magic number: Windows names file systems.
 pub fn fs_stat_path(path: &Path) -> Result<FsStat, Errno> {
     std::fs::metadata(path).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+    let name = wide(path.as_os_str());
+    let mut root = [0u16; 1024];
+    // SAFETY: `name` is NUL-terminated; `root` is a local buffer whose
+    // length in characters is passed.
+    if unsafe { GetVolumePathNameW(name.as_ptr(), root.as_mut_ptr(), root.len() as u32) } == 0 {
+        return Err(last_error());
+    }
+    let mut fs_name = [0u16; 64];
+    let (mut serial, mut max_component, mut flags) = (0u32, 0u32, 0u32);
+    // SAFETY: `root` was NUL-terminated by the call above; the name
+    // buffer is a local whose length in characters is passed; the volume
+    // label is not asked for (null, length 0).
+    let ok = unsafe {
+        GetVolumeInformationW(
+            root.as_ptr(),
+            std::ptr::null_mut(),
+            0,
+            &mut serial,
+            &mut max_component,
+            &mut flags,
+            fs_name.as_mut_ptr(),
+            fs_name.len() as u32,
+        )
+    };
+    let type_name = (ok != 0).then(|| {
+        let end = fs_name
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(fs_name.len());
+        String::from_utf16_lossy(&fs_name[..end]).to_lowercase()
+    });
+    let (mut per_cluster, mut sector, mut free, mut total) = (0u32, 0u32, 0u32, 0u32);
+    // SAFETY: as above; the four outputs are locals.
+    let ok = unsafe {
+        GetDiskFreeSpaceW(
+            root.as_ptr(),
+            &mut per_cluster,
+            &mut sector,
+            &mut free,
+            &mut total,
+        )
+    };
+    let block_size = if ok != 0 {
+        u64::from(per_cluster) * u64::from(sector)
+    } else {
+        0
+    };
     Ok(FsStat {
         magic: None,
-        type_name: None,
-        block_size: 4096,
+        type_name,
+        // 4 KiB, the default cluster of NTFS and ReFS, where the volume
+        // does not say.
+        block_size: if block_size == 0 { 4096 } else { block_size },
     })
 }
 

@@ -92,6 +92,10 @@ mod sys {
         Ok(f)
     }
 
+    pub fn fs_stat_path(path: &Path) -> Result<cowlink_sys::FsStat, Errno> {
+        cowlink_sys::fs_stat_path(path)
+    }
+
     pub fn open_for_times(path: &Path) -> Result<File, Errno> {
         File::open(path).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
     }
@@ -824,7 +828,8 @@ fn scratch(dir: &Path, data: &[u8]) -> std::result::Result<File, Errno> {
 }
 
 fn facts_of_dir(dir: &Path) -> FsFacts {
-    let kind = FsKind::of_path(dir).unwrap_or(FsKind::Unknown);
+    let stat = sys::fs_stat_path(dir).ok();
+    let kind = stat.as_ref().map_or(FsKind::Unknown, FsKind::of_stat);
     let reflink = match (scratch(dir, &[0x5a; 4096]), scratch(dir, &[])) {
         (Ok(a), Ok(b)) => clone_answer(sys::clone_file_data(&b, &a, 4096)),
         (Err(e), _) | (_, Err(e)) => {
@@ -836,7 +841,7 @@ fn facts_of_dir(dir: &Path) -> FsFacts {
         kind,
         magic: None,
         device: None,
-        block_size: None,
+        block_size: stat.map(|s| s.block_size),
         reflink,
         dedupe: no_dedupe(),
         clone_limit: kind.clone_limit(),

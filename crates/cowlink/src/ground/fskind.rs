@@ -170,6 +170,7 @@ impl FsKind {
     }
 
     /// The kind of the filesystem `path` is on.
+    #[cfg(unix)]
     pub(crate) fn of_path(path: &std::path::Path) -> Result<FsKind, cowlink_sys::Errno> {
         cowlink_sys::fs_stat_path(path).map(|s| FsKind::of_stat(&s))
     }
