@@ -432,3 +432,76 @@ pub fn open_for_times(path: &Path) -> Result<File, Errno> {
         .open(path)
         .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn win32_codes_become_the_posix_numbers_the_core_classifies() {
+        let of = |code: i32| Errno::from_io_error(&io::Error::from_raw_os_error(code));
+        assert_eq!(of(2), Some(Errno::NOENT)); // ERROR_FILE_NOT_FOUND
+        assert_eq!(of(3), Some(Errno::NOENT)); // ERROR_PATH_NOT_FOUND
+        assert_eq!(of(5), Some(Errno::ACCESS));
+        assert_eq!(of(17), Some(Errno::XDEV)); // ERROR_NOT_SAME_DEVICE
+        assert_eq!(of(80), Some(Errno::EXIST)); // ERROR_FILE_EXISTS
+        assert_eq!(of(183), Some(Errno::EXIST)); // ERROR_ALREADY_EXISTS
+        assert_eq!(of(1), Some(Errno::OPNOTSUPP)); // ERROR_INVALID_FUNCTION
+        assert_eq!(of(50), Some(Errno::OPNOTSUPP)); // ERROR_NOT_SUPPORTED
+        assert_eq!(of(112), Some(Errno::NOSPC)); // ERROR_DISK_FULL
+        assert_eq!(of(145), Some(Errno::NOTEMPTY));
+        assert_eq!(of(32), Some(Errno::BUSY)); // ERROR_SHARING_VIOLATION
+        let custom = io::Error::new(io::ErrorKind::NotFound, "gone");
+        assert_eq!(Errno::from_io_error(&custom), Some(Errno::NOENT));
+        assert_eq!(Errno::from_io_error(&io::Error::other("?")), None);
+    }
+
+    #[test]
+    fn errnos_read_and_convert_as_on_linux() {
+        assert_eq!(Errno::NOENT.raw_os_error(), 2);
+        assert_eq!(Errno::OPNOTSUPP.raw_os_error(), 95);
+        assert_eq!(Errno::NOENT.to_string(), "no such file or directory");
+        assert_eq!(Errno::XDEV.kind(), io::ErrorKind::CrossesDevices);
+        assert_eq!(io::Error::from(Errno::EXIST).to_string(), "file exists");
+        assert_eq!(Errno::from_raw_os_error(9999).to_string(), "error 9999");
+    }
+
+    #[test]
+    fn scratch_files_vanish_on_close_and_names_stay_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = scratch_file(dir.path(), "s").unwrap();
+        io::Write::write_all(&mut f, b"data").unwrap();
+        assert_eq!(scratch_file(dir.path(), "s").unwrap_err(), Errno::EXIST);
+        drop(f);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn directory_times_are_set_through_a_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+        open_for_times(dir.path())
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        assert_eq!(
+            std::fs::metadata(dir.path()).unwrap().modified().unwrap(),
+            when
+        );
+    }
+
+    #[test]
+    fn volume_facts_name_the_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = fs_stat_path(dir.path()).unwrap();
+        assert!(st.block_size.is_power_of_two(), "{st:?}");
+        assert!(
+            st.type_name.as_ref().is_some_and(|n| !n.is_empty()),
+            "{st:?}"
+        );
+        assert_eq!(
+            fs_stat_path(&dir.path().join("missing")).unwrap_err(),
+            Errno::NOENT
+        );
+    }
+}
