@@ -78,6 +78,7 @@ pub mod image;
 mod prealloc;
 pub mod probe;
 pub mod run;
+pub mod snapshot;
 pub mod store;
 pub mod tree;
 pub mod usage;
