@@ -613,7 +613,12 @@ impl SnapshotSet {
             return Ok(());
         };
         let mounts = crate::mountinfo::parse(&text);
-        if let Some(m) = crate::mountinfo::at_or_under(&mounts, &canon).first() {
+        // The mount the snapshot is on is not inside it; one on the
+        // snapshot's own directory is.
+        if let Some(m) = crate::mountinfo::at_or_under(&mounts, &canon)
+            .iter()
+            .find(|m| m.mount_point.starts_with(&canon))
+        {
             return Err(Error::new(Operation::Snapshot, ErrorKind::InUse)
                 .with_src(path)
                 .with_reason(format!(
