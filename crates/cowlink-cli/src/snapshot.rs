@@ -276,6 +276,7 @@ fn prune(
                 Verdict::Policy => "keep",
                 Verdict::Newest => "keep (newest)",
                 Verdict::InUse => "keep (in progress)",
+                Verdict::Replaced => "keep (not ours)",
                 Verdict::Remove | Verdict::Unfinished if pruned.failed.contains(&s.name) => {
                     "NOT removed"
                 }

@@ -1123,3 +1123,14 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
         resolve,
     )
 }
+
+/// `statx(fd, "", AT_EMPTY_PATH, STATX_BTIME)`: the file's creation time
+/// as `(seconds, nanoseconds)` since the epoch, or `None` when the
+/// filesystem does not record one. With the inode number it tells a
+/// directory from a later one that reused its inode, and unlike `st_dev`
+/// it survives a remount.
+pub fn birth_time(fd: BorrowedFd<'_>) -> Result<Option<(i64, u32)>, Errno> {
+    let st = rfs::statx(fd, "", AtFlags::EMPTY_PATH, rfs::StatxFlags::BTIME)?;
+    Ok((st.stx_mask & rfs::StatxFlags::BTIME.bits() != 0)
+        .then_some((st.stx_btime.tv_sec, st.stx_btime.tv_nsec)))
+}

@@ -150,6 +150,11 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     Ok(fd)
 }
 
+/// No `statx` here: no creation time known.
+pub fn birth_time(_fd: BorrowedFd<'_>) -> Result<Option<(i64, u32)>, Errno> {
+    Ok(None)
+}
+
 /// No open-file-description locks here: `EOPNOTSUPP`.
 pub fn ofd_lock_held(_fd: BorrowedFd<'_>) -> Result<Option<i16>, Errno> {
     Err(Errno::OPNOTSUPP)

@@ -54,12 +54,68 @@ pub(crate) struct Record {
     pub kind: Kind,
     /// The complete snapshot it was cloned from.
     pub base: Option<String>,
-    /// Device and inode of the snapshot's directory, once it exists: what
-    /// prune checks before it removes anything.
-    pub dev: Option<u64>,
-    pub ino: Option<u64>,
+    /// Who the snapshot's directory is, once it exists: what prune checks
+    /// before it removes anything, and `begin` before it clones from it.
+    pub id: Option<DirId>,
     /// When `complete` was called (microseconds since the epoch).
     pub completed: Option<u64>,
+}
+
+/// A directory's identity: its inode number with its creation time (so
+/// a later directory that reused the inode is told apart), and on Btrfs
+/// its subvolume id (every subvolume's root is inode 256). The device
+/// number is compared only where no creation time is known: it changes
+/// when a filesystem is mounted from another device, and a Btrfs
+/// subvolume's changes on every mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DirId {
+    pub dev: u64,
+    pub ino: u64,
+    pub birth: Option<(i64, u32)>,
+    pub subvol: Option<u64>,
+}
+
+impl DirId {
+    /// The identity of the directory `name` in `dir` (not followed if a
+    /// link), or `None` when there is no directory by that name.
+    pub fn of(dir: BorrowedFd<'_>, name: &str) -> std::result::Result<Option<DirId>, Errno> {
+        let fd = match fs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        DirId::of_fd(fd.as_fd()).map(Some)
+    }
+
+    /// The identity of the open directory `fd`.
+    pub fn of_fd(fd: BorrowedFd<'_>) -> std::result::Result<DirId, Errno> {
+        let st = cowlink_sys::fstat(fd)?;
+        let subvol = (st.st_ino == cowlink_sys::BTRFS_SUBVOL_ROOT_INO)
+            .then(|| cowlink_sys::btrfs_root_id(fd).ok())
+            .flatten();
+        Ok(DirId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            birth: cowlink_sys::birth_time(fd).unwrap_or(None),
+            subvol,
+        })
+    }
+
+    /// Whether `now` is the directory this identity was taken of.
+    pub fn same(&self, now: &DirId) -> bool {
+        self.ino == now.ino
+            && self.subvol == now.subvol
+            && match (self.birth, now.birth) {
+                (Some(a), Some(b)) => a == b,
+                _ => self.dev == now.dev,
+            }
+    }
 }
 
 /// Records by snapshot name, in name order.

@@ -12,10 +12,11 @@
 //!     blocks/<name>/             per-file block-hash records of <name>
 //! ```
 //!
-//! A record (`{"format":1,"state":…,"kind":…,"base":…,"dev":…,"ino":…,
-//! "completed":…}`) is what makes a directory a snapshot: `list` shows
-//! only recorded names, and `prune` removes only a recorded directory
-//! whose device and inode are still those recorded. Anything else the
+//! A record (`{"format":1,"state":…,"kind":…,"base":…,"id":{"dev":…,
+//! "ino":…,"birth":[s,ns],"subvol":…},"completed":…}`) is what makes a
+//! directory a snapshot: `list` shows only recorded names, and `prune`
+//! removes only a recorded directory that is still the one recorded
+//! (inode and creation time, and subvolume id on Btrfs). Anything else the
 //! user puts under ROOT is never touched. `state` goes `cloning` (being
 //! made from `base`) → `open` (made; the caller fills it) → `complete`
 //! (sealed by [`Begun::complete`] after a `syncfs`), and `removing` once a
@@ -352,8 +353,7 @@ impl SnapshotSet {
                     state: State::Cloning,
                     kind,
                     base,
-                    dev: None,
-                    ino: None,
+                    id: None,
                     completed: None,
                 };
                 let name = time.name();
@@ -363,14 +363,7 @@ impl SnapshotSet {
         };
         if rec.state == State::Cloning {
             rec.kind = self.make(&name, &rec, resumed)?;
-            let st = cowlink_sys::statat(
-                &self.inner.root_fd,
-                name.as_str(),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| err(root.join(&name), e))?;
-            rec.dev = Some(st.st_dev);
-            rec.ino = Some(st.st_ino);
+            rec.id = Some(self.id_of(&name)?);
             rec.state = State::Open;
             book.write(&name, &rec)?;
         }
@@ -387,14 +380,20 @@ impl SnapshotSet {
 
     /// Whether `name` is still the directory its record describes.
     fn is_recorded_dir(&self, name: &str, r: &Record) -> bool {
-        match cowlink_sys::statat(&self.inner.root_fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => {
-                cowlink_sys::file_type(st.st_mode) == FileType::Directory
-                    && r.dev == Some(st.st_dev)
-                    && r.ino == Some(st.st_ino)
-            }
-            Err(_) => false,
+        match (r.id, book::DirId::of(self.inner.root_fd.as_fd(), name)) {
+            (Some(want), Ok(Some(now))) => want.same(&now),
+            _ => false,
         }
+    }
+
+    /// The identity of the snapshot directory `name`, which must exist.
+    fn id_of(&self, name: &str) -> Result<book::DirId> {
+        let path = self.inner.root.join(name);
+        book::DirId::of(self.inner.root_fd.as_fd(), name)
+            .map_err(|e| err(&path, e))?
+            .ok_or_else(|| {
+                err(&path, Errno::NOENT).with_reason("the snapshot's directory is missing")
+            })
     }
 
     fn on_btrfs(&self) -> bool {
@@ -528,37 +527,54 @@ impl SnapshotSet {
         };
         let lock = book.lock()?;
         let (records, errors) = book.records()?;
-        let snaps: Vec<Snapshot> = records
-            .iter()
-            .map(|(n, r)| self.snapshot(n.clone(), r))
-            .collect();
-        let cands: Vec<policy::Candidate> = snaps
-            .iter()
-            .map(|s| policy::Candidate {
-                name: s.name.clone(),
-                time: s.time,
-                state: s.state,
-                base: s.base.clone(),
-            })
-            .collect();
-        let verdicts = policy::decide(&cands, keep);
         let mut out = Pruned {
             errors,
             ..Pruned::default()
         };
-        for ((snap, verdict), (_, rec)) in snaps.into_iter().zip(verdicts).zip(records) {
+        // A complete snapshot whose directory is gone is only a record to
+        // forget; one whose directory is not the one recorded is left out
+        // of the policy (it may not count as the newest) and left alone.
+        let mut cands = Vec::new();
+        let mut entries = Vec::new();
+        for (name, rec) in records {
+            let snap = self.snapshot(name, &rec);
+            let mut state = rec.state;
+            let mut foreign = false;
+            if state == State::Complete {
+                match book::DirId::of(self.inner.root_fd.as_fd(), &snap.name) {
+                    Ok(None) => state = State::Removing,
+                    Ok(Some(now)) if rec.id.is_some_and(|want| want.same(&now)) => {}
+                    _ => foreign = true,
+                }
+            }
+            if foreign {
+                out.errors.push(replaced(&snap.path));
+            } else {
+                cands.push(policy::Candidate {
+                    name: snap.name.clone(),
+                    time: snap.time,
+                    state,
+                    base: snap.base.clone(),
+                });
+            }
+            entries.push((snap, rec, foreign));
+        }
+        let mut verdicts = policy::decide(&cands, keep).into_iter();
+        for (snap, rec, foreign) in entries {
+            let verdict = if foreign {
+                Verdict::Replaced
+            } else {
+                verdicts.next().expect("one verdict per candidate")
+            };
             if verdict.keeps() || dry_run {
                 out.snapshots.push((snap, verdict));
                 continue;
             }
-            match self.remove_one(book, &snap, rec) {
-                Ok(()) => out.snapshots.push((snap, verdict)),
-                Err(e) => {
-                    out.errors.push(e);
-                    out.failed.push(snap.name.clone());
-                    out.snapshots.push((snap, verdict));
-                }
+            if let Err(e) = self.remove_one(book, &snap, rec) {
+                out.errors.push(e);
+                out.failed.push(snap.name.clone());
             }
+            out.snapshots.push((snap, verdict));
         }
         drop(lock);
         Ok(out)
@@ -566,36 +582,23 @@ impl SnapshotSet {
 
     fn remove_one(&self, book: &Book, snap: &Snapshot, mut rec: Record) -> Result<()> {
         let root_fd = self.inner.root_fd.as_fd();
-        let refuse = |why: &str| {
-            Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
-                .with_src(&snap.path)
-                .with_reason(why.to_string())
-        };
-        match cowlink_sys::statat(root_fd, snap.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Err(Errno::NOENT) => {}
-            Err(e) => return Err(err(&snap.path, e)),
-            Ok(st) => {
-                if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
-                    return Err(refuse(
-                        "not removed: it is no longer a directory this tool made",
-                    ));
-                }
-                if rec.dev != Some(st.st_dev) || rec.ino != Some(st.st_ino) {
-                    return Err(refuse(
-                        "not removed: it is not the directory this tool made (device and inode differ from its record)",
-                    ));
-                }
-                self.refuse_mounts(&snap.path)?;
-                if rec.state != State::Removing {
-                    rec.state = State::Removing;
-                    book.write(&snap.name, &rec)?;
-                }
-                let subvolume = st.st_ino == cowlink_sys::BTRFS_SUBVOL_ROOT_INO && self.on_btrfs();
-                let deleted = subvolume
-                    && cowlink_sys::btrfs_subvol_delete(root_fd, &book::cstr(&snap.name)).is_ok();
-                if !deleted {
-                    remove::remove_tree(root_fd, &snap.name, &snap.path)?;
-                }
+        // Nothing (or no directory) by that name: only the record goes.
+        if let Some(now) = book::DirId::of(root_fd, &snap.name).map_err(|e| err(&snap.path, e))? {
+            if !rec.id.is_some_and(|want| want.same(&now)) {
+                return Err(replaced(&snap.path));
+            }
+            self.refuse_mounts(&snap.path)?;
+            if rec.state != State::Removing {
+                rec.state = State::Removing;
+                book.write(&snap.name, &rec)?;
+            }
+            // A subvolume goes in one call where allowed (root, or
+            // user_subvol_rm_allowed); else file by file, then the empty
+            // subvolume by rmdir.
+            let deleted = now.subvol.is_some()
+                && cowlink_sys::btrfs_subvol_delete(root_fd, &book::cstr(&snap.name)).is_ok();
+            if !deleted {
+                remove::remove_tree(root_fd, &snap.name, &snap.path)?;
             }
         }
         book.forget_blocks(&snap.name)?;
@@ -628,6 +631,14 @@ impl SnapshotSet {
         }
         Ok(())
     }
+}
+
+fn replaced(path: &Path) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
+        .with_src(path)
+        .with_reason(
+            "left alone: it is not the directory this tool made (its inode or creation time differs from the record)",
+        )
 }
 
 /// [`SnapshotSet::list_usage`]'s answer.
@@ -746,10 +757,8 @@ impl Begun {
             Mode::empty(),
         )
         .map_err(|e| err(&self.path, e))?;
-        let st = cowlink_sys::fstat(&dir).map_err(|e| err(&self.path, e))?;
-        if self.record.dev.is_some_and(|d| d != st.st_dev)
-            || self.record.ino.is_some_and(|i| i != st.st_ino)
-        {
+        let now = book::DirId::of_fd(dir.as_fd()).map_err(|e| err(&self.path, e))?;
+        if !self.record.id.is_some_and(|want| want.same(&now)) {
             return Err(Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
                 .with_src(&self.path)
                 .with_reason("the snapshot's directory was replaced while it was open"));

@@ -46,6 +46,9 @@ pub enum Verdict {
     Newest,
     /// In progress, or still read by one in progress: always kept.
     InUse,
+    /// Its directory is not the one this tool made (the user replaced
+    /// it): never removed, and not counted by the rules.
+    Replaced,
     /// Removed by the prune.
     Remove,
     /// Its removal was begun by an earlier prune and is finished now.

@@ -353,10 +353,13 @@ fn prune_removes_only_its_own_old_snapshots() {
     fs::write(root.join(&made[1]).join("theirs"), b"t").unwrap();
 
     let pruned = set.prune(&keep, false).unwrap();
-    assert_eq!(pruned.failed, vec![made[1].clone()]);
+    assert_eq!(pruned.snapshots[1].1, Verdict::Replaced);
+    assert!(pruned.failed.is_empty());
     assert_eq!(pruned.errors.len(), 1);
     assert!(
-        pruned.errors[0].to_string().contains("device and inode"),
+        pruned.errors[0]
+            .to_string()
+            .contains("not the directory this tool made"),
         "{}",
         pruned.errors[0]
     );
@@ -385,7 +388,27 @@ fn prune_removes_only_its_own_old_snapshots() {
     let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
     assert!(root.join(&made[4]).exists());
     assert!(!root.join(&made[3]).exists());
-    assert_eq!(pruned.failed, vec![made[1].clone()]);
+    assert!(pruned.failed.is_empty());
+    assert_eq!(pruned.errors.len(), 1);
+    assert!(root.join(&made[1]).join("theirs").exists());
+
+    // The newest complete snapshot's directory replaced by the user: it
+    // is not counted as the newest, so the one before it stays as such.
+    let b = set.begin().unwrap();
+    let newest = b.complete().unwrap().name;
+    fs::remove_dir_all(root.join(&newest)).unwrap();
+    fs::create_dir(root.join(&newest)).unwrap();
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    let v: Vec<(String, Verdict)> = pruned
+        .snapshots
+        .iter()
+        .map(|(s, v)| (s.name.clone(), *v))
+        .collect();
+    assert!(v.contains(&(made[4].clone(), Verdict::Newest)), "{v:?}");
+    assert!(v.contains(&(newest.clone(), Verdict::Replaced)), "{v:?}");
+    assert!(root.join(&made[4]).exists() && root.join(&newest).exists());
+    // And the next snapshot clones the newest one that is still ours.
+    assert_eq!(set.begin().unwrap().base(), Some(made[4].as_str()));
 }
 
 #[test]
