@@ -322,6 +322,15 @@ impl Book {
         self.path.join(BLOCKS).join(name)
     }
 
+    /// Make `blocks/<name>/` if missing, each level opened without
+    /// following a link.
+    pub fn blocks_dir_create(&self, name: &str) -> Result<()> {
+        let blocks = open_dir_at(self.meta.as_fd(), BLOCKS, &self.path.join(BLOCKS), true)?
+            .expect("created when missing");
+        open_dir_at(blocks.as_fd(), name, &self.blocks_dir(name), true)?;
+        Ok(())
+    }
+
     /// Remove the block-hash records of `name` (they describe files that
     /// are gone). They are plain files cowlink wrote, under a directory
     /// opened without following links.

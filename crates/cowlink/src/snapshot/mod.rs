@@ -361,6 +361,26 @@ impl SnapshotSet {
                 (name, rec, false)
             }
         };
+        // An open snapshot whose directory went away is made again; one
+        // whose directory was replaced by something else is refused.
+        if rec.state == State::Open && !self.is_recorded_dir(&name, &rec) {
+            let taken = cowlink_sys::statat(
+                &self.inner.root_fd,
+                name.as_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok();
+            if taken {
+                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+                    .with_src(root.join(&name))
+                    .with_reason(
+                        "the snapshot in progress cannot be resumed: its directory was replaced by something this tool did not make",
+                    ));
+            }
+            rec.state = State::Cloning;
+            rec.id = None;
+            book.write(&name, &rec)?;
+        }
         if rec.state == State::Cloning {
             rec.kind = self.make(&name, &rec, resumed)?;
             rec.id = Some(self.id_of(&name)?);
@@ -737,8 +757,7 @@ impl Begun {
     /// # Errors
     /// It cannot be made.
     pub fn blocks_dir_create(&self) -> Result<&Path> {
-        std::fs::create_dir_all(&self.blocks)
-            .map_err(|e| Error::from_io(Operation::Snapshot, &e).with_src(&self.blocks))?;
+        self.set.book()?.blocks_dir_create(&self.name)?;
         Ok(&self.blocks)
     }
 

@@ -107,6 +107,23 @@ fn cycles_on_xfs_clone_the_newest_complete_snapshot() {
     let again = set.begin().unwrap();
     assert!(again.resumed());
     assert_eq!(again.name(), l[2].name);
+    let blocks = again.blocks_dir_create().unwrap().to_path_buf();
+    assert_eq!(blocks, root.join(".cowlink/blocks").join(again.name()));
+    assert!(blocks.is_dir());
+    drop(again);
+
+    // Its directory removed behind its back: made again as a clone.
+    fs::remove_dir_all(&l[2].path).unwrap();
+    let again = set.begin().unwrap();
+    assert_eq!((again.name(), again.resumed()), (l[2].name.as_str(), true));
+    assert_eq!(fs::read(again.path().join("sub/a")).unwrap(), b"changed");
+    drop(again);
+    // Replaced by something else: refused, left as it is.
+    fs::remove_dir_all(&l[2].path).unwrap();
+    fs::write(&l[2].path, b"theirs").unwrap();
+    let e = set.begin().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+    assert_eq!(fs::read(&l[2].path).unwrap(), b"theirs");
 }
 
 #[test]
