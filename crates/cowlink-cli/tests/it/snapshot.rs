@@ -148,4 +148,16 @@ fn prune_keeps_by_rule_and_dry_run_removes_nothing() {
     assert!(!root.join(&names[0]).exists());
     assert!(root.join(&names[1]).exists() && root.join(&names[2]).exists());
     assert!(root.join("users-own").exists());
+
+    // Another process holds the set: refused, naming it, exit 2.
+    let begun = SnapshotSet::open(&root).unwrap().begin().unwrap();
+    let out = cowlink(&[&"snapshot", &"prune", &root, &"--keep-last", &"1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("in use by process {}", std::process::id())),
+        "{err}"
+    );
+    assert!(root.join(&names[1]).exists());
+    drop(begun);
 }
