@@ -73,6 +73,7 @@ fn ls_shows_each_snapshot_with_exclusive_and_shared_bytes() {
     assert_eq!(snaps.len(), 4);
     assert_eq!(snaps[0]["name"], names[0].as_str());
     assert_eq!(snaps[0]["state"], "complete");
+    assert!(snaps[0]["time_us"].as_u64().unwrap() < snaps[1]["time_us"].as_u64().unwrap());
     assert_eq!(snaps[3]["state"], "open");
     assert_eq!(snaps[0]["usage"]["exclusive"], 64 << 10);
     assert_eq!(v["total"]["shared_inside"], 320 << 10);

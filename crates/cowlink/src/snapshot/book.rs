@@ -392,3 +392,58 @@ fn write_atomic(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> std::result::R
     }
     fs::fsync(dir)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records are untrusted: links, non-files, oversized, malformed or
+    /// unknown fields are reported and never read as snapshots; names that
+    /// are not snapshot names are ignored.
+    #[test]
+    fn bad_records_are_reported_not_used() {
+        let t = tempfile::tempdir().unwrap();
+        let root = fs::open(t.path(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let book = Book::open(root.as_fd(), t.path(), true).unwrap().unwrap();
+        let good = Record {
+            format: 1,
+            state: State::Complete,
+            kind: Kind::Tree,
+            base: None,
+            id: None,
+            completed: Some(1),
+        };
+        let n = |i: u64| Stamp(1_700_000_000_000_000 + i).name();
+        book.write(&n(0), &good).unwrap();
+        let recs = t.path().join(".cowlink/records");
+        let put = |i: u64, text: &[u8]| {
+            std::fs::write(recs.join(format!("{}.json", n(i))), text).unwrap()
+        };
+        put(1, b"{not json");
+        put(2, br#"{"format":2,"state":"complete","kind":"tree","base":null,"id":null,"completed":null}"#);
+        put(3, br#"{"format":1,"state":"complete","kind":"tree","base":"../../etc","id":null,"completed":null}"#);
+        put(4, br#"{"format":1,"state":"complete","kind":"tree","base":null,"id":null,"completed":null,"extra":1}"#);
+        put(5, &vec![b' '; RECORD_CAP as usize + 1]);
+        std::os::unix::fs::symlink("/etc/passwd", recs.join(format!("{}.json", n(6)))).unwrap();
+        std::fs::create_dir(recs.join(format!("{}.json", n(7)))).unwrap();
+        std::fs::write(recs.join("notes.json"), b"{}").unwrap();
+        std::fs::write(recs.join(format!("{}.txt", n(8))), b"{}").unwrap();
+        let (ok, bad) = book.records().unwrap();
+        assert_eq!(ok, vec![(n(0), good)]);
+        assert_eq!(bad.len(), 7, "{bad:?}");
+        // The format mark of another version is refused.
+        std::fs::write(
+            t.path().join(".cowlink/snapshots"),
+            b"cowlink snapshot set 2\n",
+        )
+        .unwrap();
+        let e = Book::open(root.as_fd(), t.path(), true).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        // A link in place of the bookkeeping directory is refused.
+        let t2 = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(t.path().join(".cowlink"), t2.path().join(META)).unwrap();
+        let root2 = fs::open(t2.path(), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let e = Book::open(root2.as_fd(), t2.path(), true).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+    }
+}

@@ -98,8 +98,9 @@ pub struct Snapshot {
     /// `ROOT/name`.
     #[serde(serialize_with = "crate::name::json::path")]
     pub path: PathBuf,
-    /// The time it was begun.
-    #[serde(skip)]
+    /// The time it was begun (microseconds since the epoch, UTC; the
+    /// name says the same).
+    #[serde(rename = "time_us")]
     pub time: Stamp,
     /// Where it is in its life; only [`State::Complete`] ones are whole.
     pub state: State,

@@ -22,7 +22,8 @@ pub(crate) const NAME_LEN: usize = 23;
 const MAX_US: u64 = 253_402_300_800_000_000 - 1;
 
 /// A snapshot's time: microseconds since the Unix epoch, UTC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
 pub struct Stamp(pub u64);
 
 impl Stamp {
@@ -213,6 +214,40 @@ mod tests {
         );
         // Before the first Monday after the epoch.
         assert_eq!(Stamp(0).week(), -3);
+    }
+
+    /// Any string: parsing never panics, and what it accepts is exactly
+    /// what `name` writes for that time.
+    #[test]
+    fn parse_accepts_only_its_own_names() {
+        let mut x: u64 = 0xDEAD_BEEF_1234_5678;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let alphabet = b"0123456789TZ.:-/ \xff";
+        for _ in 0..50_000 {
+            // A valid name with a few bytes changed, or random bytes.
+            let mut b = Stamp(next() % MAX_US).name().into_bytes();
+            if next() % 4 == 0 {
+                b = (0..next() % 30)
+                    .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                    .collect();
+            } else {
+                for _ in 0..1 + next() % 3 {
+                    let i = (next() % b.len() as u64) as usize;
+                    b[i] = alphabet[(next() % alphabet.len() as u64) as usize];
+                }
+            }
+            let Ok(s) = std::str::from_utf8(&b) else {
+                continue;
+            };
+            if let Some(t) = Stamp::parse(s) {
+                assert_eq!(t.name(), s);
+            }
+        }
     }
 
     #[test]
