@@ -485,6 +485,49 @@ fn prune_never_follows_a_link_or_enters_a_mount() {
     assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
     assert_eq!(fs::read(outside.join("sub/precious")).unwrap(), b"q");
     assert!(Path::new("/etc").exists());
+
+    // A mount the mount table check does not look for (inside the
+    // snapshot's block-hash records): the descriptor walk itself stops at
+    // it (openat2 RESOLVE_NO_XDEV) and the prune is finished later.
+    let b = set.begin().unwrap();
+    let blocks = b.blocks_dir_create().unwrap().to_path_buf();
+    let old = b.complete().unwrap();
+    set.begin().unwrap().complete().unwrap();
+    fs::create_dir(blocks.join("mnt")).unwrap();
+    let status = Command::new("mount")
+        .arg("--bind")
+        .arg(&outside)
+        .arg(blocks.join("mnt"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let guard = Unmount(blocks.join("mnt"));
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert_eq!(pruned.failed, vec![old.name.clone()]);
+    assert_eq!(
+        pruned.errors[0].kind(),
+        ErrorKind::InUse,
+        "{}",
+        pruned.errors[0]
+    );
+    assert!(
+        pruned.errors[0].to_string().contains("mount point"),
+        "{}",
+        pruned.errors[0]
+    );
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
+    assert_eq!(fs::read(outside.join("sub/precious")).unwrap(), b"q");
+    let (l, _) = set.list().unwrap();
+    assert_eq!(
+        l.iter().find(|s| s.name == old.name).unwrap().state,
+        State::Removing
+    );
+    drop(guard);
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    assert_eq!(pruned.snapshots[0].1, Verdict::Unfinished);
+    assert!(!blocks.exists());
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
 }
 
 #[test]
