@@ -271,7 +271,7 @@ impl SnapshotSet {
 
     /// Each snapshot with its disk usage: what only it holds and what it
     /// shares, from one walk of all of them together (the du engine,
-    /// [`crate::usage`]).
+    /// [`crate::usage`](mod@crate::usage)).
     ///
     /// # Errors
     /// The records cannot be read. Errors of the walk are in the answer.
