@@ -228,6 +228,7 @@ fn ls(args: &SnapshotArgs, root: &std::path::Path, threads: Option<usize>) -> Re
 #[derive(Serialize)]
 struct PruneJson<'a> {
     dry_run: bool,
+    cancelled: bool,
     snapshots: Vec<PruneEntry<'a>>,
     errors: &'a [cowlink::Error],
 }
@@ -248,7 +249,8 @@ fn prune(
     keep: &KeepPolicy,
     dry_run: bool,
 ) -> Result<Exit> {
-    let set = SnapshotSet::open_existing(root)?;
+    let set = SnapshotSet::open_existing(root)?
+        .with_run(Run::default().with_cancel(crate::interrupt::token()));
     let pruned = crate::interrupt::graceful(|| set.prune(keep, dry_run))?;
     let mut out = crate::out::stdout();
     if args.json {
@@ -266,6 +268,7 @@ fn prune(
             &mut out,
             &PruneJson {
                 dry_run,
+                cancelled: pruned.cancelled,
                 snapshots,
                 errors: &pruned.errors,
             },
@@ -289,6 +292,10 @@ fn prune(
         for e in &pruned.errors {
             errln!("cowlink: {e}");
         }
+    }
+    if pruned.cancelled {
+        errln!("cowlink: interrupted; the snapshots not listed were not looked at");
+        return Ok(Exit::Interrupted);
     }
     Ok(if pruned.errors.is_empty() {
         Exit::Ok

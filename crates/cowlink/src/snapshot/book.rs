@@ -334,12 +334,12 @@ impl Book {
     /// Remove the block-hash records of `name` (they describe files that
     /// are gone). They are plain files cowlink wrote, under a directory
     /// opened without following links.
-    pub fn forget_blocks(&self, name: &str) -> Result<()> {
+    pub fn forget_blocks(&self, name: &str, cancel: &crate::run::CancelToken) -> Result<()> {
         let Some(blocks) = open_dir_at(self.meta.as_fd(), BLOCKS, &self.path.join(BLOCKS), false)?
         else {
             return Ok(());
         };
-        match super::remove::remove_tree(blocks.as_fd(), name, &self.blocks_dir(name)) {
+        match super::remove::remove_tree(blocks.as_fd(), name, &self.blocks_dir(name), cancel) {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             r => r,
         }

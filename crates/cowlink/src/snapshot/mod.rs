@@ -534,7 +534,7 @@ impl SnapshotSet {
     }
 
     /// Decide which snapshots `keep` keeps and, unless `dry_run`, remove
-    /// the others. Only recorded, complete snapshots (and those a former
+    /// the others, stopping early when the set's run is cancelled. Only recorded, complete snapshots (and those a former
     /// prune began to remove) are ever removed; never the newest complete
     /// one, one in progress, or the base of one being cloned. A directory
     /// whose device and inode are not the recorded ones is not removed.
@@ -591,9 +591,22 @@ impl SnapshotSet {
                 out.snapshots.push((snap, verdict));
                 continue;
             }
-            if let Err(e) = self.remove_one(book, &snap, rec) {
-                out.errors.push(e);
-                out.failed.push(snap.name.clone());
+            if self.inner.run.cancelled() {
+                out.cancelled = true;
+                break;
+            }
+            match self.remove_one(book, &snap, rec) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::Cancelled => {
+                    out.cancelled = true;
+                    out.failed.push(snap.name.clone());
+                    out.snapshots.push((snap, verdict));
+                    break;
+                }
+                Err(e) => {
+                    out.errors.push(e);
+                    out.failed.push(snap.name.clone());
+                }
             }
             out.snapshots.push((snap, verdict));
         }
@@ -619,10 +632,10 @@ impl SnapshotSet {
             let deleted = now.subvol.is_some()
                 && cowlink_sys::btrfs_subvol_delete(root_fd, &book::cstr(&snap.name)).is_ok();
             if !deleted {
-                remove::remove_tree(root_fd, &snap.name, &snap.path)?;
+                remove::remove_tree(root_fd, &snap.name, &snap.path, &self.inner.run.cancel)?;
             }
         }
-        book.forget_blocks(&snap.name)?;
+        book.forget_blocks(&snap.name, &self.inner.run.cancel)?;
         book.forget(&snap.name)
     }
 
@@ -698,6 +711,10 @@ pub struct Pruned {
     pub failed: Vec<String>,
     /// Unreadable records and failed removals.
     pub errors: Vec<Error>,
+    /// The run was cancelled: `snapshots` ends with the last one looked
+    /// at (a removal cut short is in `failed` and is finished by the next
+    /// prune).
+    pub cancelled: bool,
 }
 
 /// A snapshot begun by [`SnapshotSet::begin`], holding the set's lock.

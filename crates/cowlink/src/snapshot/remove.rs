@@ -37,12 +37,25 @@ fn fail(path: &Path, e: Errno) -> Error {
 /// Remove the directory `name` in `parent` and everything in it, without
 /// following a symbolic link or crossing a mount point. `shown` is its
 /// path, for errors.
-pub(crate) fn remove_tree(parent: BorrowedFd<'_>, name: &str, shown: &Path) -> Result<()> {
+///
+/// Stops with `Cancelled` at the next directory once `cancel` is
+/// cancelled (what is left is removed by the next call).
+pub(crate) fn remove_tree(
+    parent: BorrowedFd<'_>,
+    name: &str,
+    shown: &Path,
+    cancel: &crate::run::CancelToken,
+) -> Result<()> {
     let cname = CString::new(name).map_err(|_| fail(shown, Errno::INVAL))?;
     let top = cowlink_sys::open_dir_same_mount(parent, &cname).map_err(|e| fail(shown, e))?;
     // (descriptor, its name in the level above, its path)
     let mut stack: Vec<(OwnedFd, CString, PathBuf)> = vec![(top, cname, shown.to_path_buf())];
     while let Some((fd, _, path)) = stack.last() {
+        if cancel.is_cancelled() {
+            return Err(Error::new(Operation::Snapshot, ErrorKind::Cancelled)
+                .with_src(shown)
+                .with_reason("cancelled while removing; the next prune finishes it"));
+        }
         match empty_one_level(fd.as_fd(), path)? {
             Some((sub, sub_name, sub_path)) => stack.push((sub, sub_name, sub_path)),
             None => {
@@ -134,19 +147,29 @@ mod tests {
             fs::Mode::empty(),
         )
         .unwrap();
-        remove_tree(parent.as_fd(), "snap", &snap).unwrap();
+        let go = crate::run::CancelToken::new();
+        remove_tree(parent.as_fd(), "snap", &snap, &go).unwrap();
         assert!(!snap.exists());
         assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"x");
         assert_eq!(std::fs::read(outside.join("sub/keep2")).unwrap(), b"y");
         // The top itself may not be a link.
         symlink(&outside, t.path().join("link")).unwrap();
-        let e = remove_tree(parent.as_fd(), "link", &t.path().join("link")).unwrap_err();
+        let e = remove_tree(parent.as_fd(), "link", &t.path().join("link"), &go).unwrap_err();
         assert!(
             matches!(e.errno(), Some(Errno::LOOP | Errno::NOTDIR)),
             "{e}"
         );
         assert!(outside.join("keep").exists());
-        let e = remove_tree(parent.as_fd(), "missing", &t.path().join("missing")).unwrap_err();
+        let e = remove_tree(parent.as_fd(), "missing", &t.path().join("missing"), &go).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound);
+        // Cancelled: stops, and what is left is removed by the next call.
+        std::fs::create_dir_all(t.path().join("c/d")).unwrap();
+        let stop = crate::run::CancelToken::new();
+        stop.cancel();
+        let e = remove_tree(parent.as_fd(), "c", &t.path().join("c"), &stop).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Cancelled);
+        assert!(t.path().join("c/d").exists());
+        remove_tree(parent.as_fd(), "c", &t.path().join("c"), &go).unwrap();
+        assert!(!t.path().join("c").exists());
     }
 }

@@ -367,6 +367,20 @@ fn prune_removes_only_its_own_old_snapshots() {
         assert!(root.join(n).exists(), "a dry run removed {n}");
     }
 
+    // Cancelled before it starts: nothing removed, and it says so.
+    let stop = cowlink::CancelToken::new();
+    stop.cancel();
+    let stopped = set
+        .clone()
+        .with_run(cowlink::Run::default().with_cancel(stop))
+        .prune(&keep, false)
+        .unwrap();
+    assert!(stopped.cancelled);
+    assert!(stopped.snapshots.is_empty() && stopped.failed.is_empty());
+    for n in &made {
+        assert!(root.join(n).exists(), "a cancelled prune removed {n}");
+    }
+
     // One of the old ones was replaced by the user: not the directory the
     // record describes, so it stays.
     fs::rename(root.join(&made[1]), root.join("moved")).unwrap();
