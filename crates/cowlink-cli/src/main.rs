@@ -18,6 +18,7 @@ mod image;
 mod probe;
 mod progress;
 mod remote;
+mod snapshot;
 mod store;
 
 use std::process::ExitCode;
@@ -64,7 +65,7 @@ enum Command {
     Cp(cp::CpArgs),
     Probe(probe::ProbeArgs),
     // Documented by ProbeArgs, ExtentsArgs, DuArgs, DedupeArgs, StoreArgs,
-    // BenchArgs, ImageArgs, DriveArgs, CompletionsArgs and ManArgs (a
+    // BenchArgs, ImageArgs, SnapshotArgs, DriveArgs, CompletionsArgs and ManArgs (a
     // one-line summary, then long help with examples; the test
     // `tests::every_command_has_summary_and_examples` holds them to it).
     Extents(extents::ExtentsArgs),
@@ -73,6 +74,7 @@ enum Command {
     Store(store::StoreArgs),
     Bench(bench::BenchArgs),
     Image(image::ImageArgs),
+    Snapshot(snapshot::SnapshotArgs),
     Drive(drive::DriveArgs),
     Completions(docgen::CompletionsArgs),
     Man(docgen::ManArgs),
@@ -169,6 +171,7 @@ fn main() -> ExitCode {
         Command::Store(args) => store::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
+        Command::Snapshot(args) => snapshot::run(args),
         Command::Drive(args) => drive::run(args),
         Command::Completions(args) => docgen::completions(args, Cli::command()),
         Command::Man(args) => docgen::man(args, Cli::command()),

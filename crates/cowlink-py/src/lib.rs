@@ -13,6 +13,7 @@ mod errors;
 mod ops;
 mod path;
 mod records;
+mod snapshot;
 mod store;
 mod writer;
 
@@ -57,6 +58,11 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::GcReport>()?;
     m.add_class::<store::StoreStats>()?;
     m.add_class::<writer::PreallocWriter>()?;
+    m.add_class::<snapshot::SnapshotSet>()?;
+    m.add_class::<snapshot::Begun>()?;
+    m.add_class::<snapshot::Snapshot>()?;
+    m.add_class::<snapshot::Verdict>()?;
+    m.add_class::<snapshot::PruneReport>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -999,3 +999,138 @@ pub fn mknodat(
 pub fn file_type_bits(t: rfs::FileType) -> u32 {
     t.as_raw_mode()
 }
+
+// Btrfs subvolumes (linux/btrfs.h): create, snapshot and delete, each an
+// ioctl on the parent directory with the new or old name in a
+// `struct btrfs_ioctl_vol_args`. Snapshot sets use them so that a snapshot
+// of a subvolume costs constant time.
+
+const BTRFS_IOC_SUBVOL_CREATE: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_SUBVOL_CREATE as Opcode;
+const BTRFS_IOC_SNAP_CREATE: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_SNAP_CREATE as Opcode;
+const BTRFS_IOC_SNAP_DESTROY: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_SNAP_DESTROY as Opcode;
+
+/// The inode number of every Btrfs subvolume's root directory
+/// (`BTRFS_FIRST_FREE_OBJECTID`): a directory on Btrfs with this inode
+/// number is a subvolume.
+pub const BTRFS_SUBVOL_ROOT_INO: u64 = linux_raw_sys::btrfs::BTRFS_FIRST_FREE_OBJECTID as u64;
+
+/// `struct btrfs_ioctl_vol_args` with `fd` and `name` (one component, no
+/// `/`, at most `BTRFS_PATH_NAME_MAX` bytes: `ENAMETOOLONG`, `EINVAL`).
+fn vol_args(
+    fd: i64,
+    name: &CStr,
+) -> Result<Box<linux_raw_sys::btrfs::btrfs_ioctl_vol_args>, Errno> {
+    let bytes = name.to_bytes();
+    if bytes.len() > linux_raw_sys::btrfs::BTRFS_PATH_NAME_MAX as usize {
+        return Err(Errno::NAMETOOLONG);
+    }
+    if bytes.is_empty() || bytes.contains(&b'/') {
+        return Err(Errno::INVAL);
+    }
+    let mut arg = Box::new(linux_raw_sys::btrfs::btrfs_ioctl_vol_args {
+        fd,
+        name: [0; 4088],
+    });
+    for (d, s) in arg.name.iter_mut().zip(bytes) {
+        *d = *s as std::ffi::c_char;
+    }
+    Ok(arg)
+}
+
+/// `ioctl(dir, BTRFS_IOC_SUBVOL_CREATE, {name})`: a new, empty subvolume
+/// named `name` in the directory `dir` (on Btrfs; `ENOTTY` elsewhere,
+/// `EEXIST` when the name is taken).
+pub fn btrfs_subvol_create(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    let mut arg = vol_args(0, name)?;
+    // SAFETY: BTRFS_IOC_SUBVOL_CREATE is `_IOW(0x94, 14, struct
+    // btrfs_ioctl_vol_args)`; `arg` is exactly that struct (4096 bytes,
+    // size asserted below), initialised, with a NUL-terminated name, and
+    // lives for the call.
+    unsafe {
+        ioctl(
+            dir,
+            Updater::<BTRFS_IOC_SUBVOL_CREATE, linux_raw_sys::btrfs::btrfs_ioctl_vol_args>::new(
+                &mut *arg,
+            ),
+        )
+    }
+}
+
+/// `ioctl(dir, BTRFS_IOC_SNAP_CREATE, {source, name})`: a writable
+/// snapshot of the subvolume whose root directory `source` is, named
+/// `name` in `dir`, in constant time. Subvolumes nested in the source
+/// appear in the snapshot as empty directories. `EINVAL` when `source`
+/// is not a subvolume's root, `EXDEV` across filesystems.
+pub fn btrfs_snapshot_create(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    source: BorrowedFd<'_>,
+) -> Result<(), Errno> {
+    let mut arg = vol_args(i64::from(source.as_raw_fd()), name)?;
+    // SAFETY: BTRFS_IOC_SNAP_CREATE is `_IOW(0x94, 1, struct
+    // btrfs_ioctl_vol_args)`; `arg` is exactly that struct, initialised,
+    // with a NUL-terminated name and `fd` a descriptor that stays open for
+    // the call (`source` is borrowed across it).
+    unsafe {
+        ioctl(
+            dir,
+            Updater::<BTRFS_IOC_SNAP_CREATE, linux_raw_sys::btrfs::btrfs_ioctl_vol_args>::new(
+                &mut *arg,
+            ),
+        )
+    }
+}
+
+/// `ioctl(dir, BTRFS_IOC_SNAP_DESTROY, {name})`: delete the subvolume
+/// named `name` in `dir` with everything in it (the kernel drops the
+/// subvolume's tree; it follows no link and enters no mount). Needs
+/// `CAP_SYS_ADMIN` or the `user_subvol_rm_allowed` mount option (`EPERM`
+/// otherwise); `EBUSY` when it is mounted or a mount point.
+pub fn btrfs_subvol_delete(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    let mut arg = vol_args(0, name)?;
+    // SAFETY: BTRFS_IOC_SNAP_DESTROY is `_IOW(0x94, 15, struct
+    // btrfs_ioctl_vol_args)`; `arg` is exactly that struct, initialised,
+    // with a NUL-terminated name, and lives for the call.
+    unsafe {
+        ioctl(
+            dir,
+            Updater::<BTRFS_IOC_SNAP_DESTROY, linux_raw_sys::btrfs::btrfs_ioctl_vol_args>::new(
+                &mut *arg,
+            ),
+        )
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_vol_args>() == 4096);
+
+/// `openat2(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+/// RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+/// RESOLVE_NO_XDEV)`: open the subdirectory `name` of `dir` only if
+/// reaching it follows no symbolic link and crosses no mount point (a
+/// bind mount of the same filesystem included): `EXDEV` then, `ELOOP` or
+/// `ENOTDIR` for a link. For removing a tree without leaving it.
+pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    use rustix::fs::ResolveFlags;
+    let resolve = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
+    rfs::openat2(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        resolve,
+    )
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH, STATX_BTIME)`: the file's creation time
+/// as `(seconds, nanoseconds)` since the epoch, or `None` when the
+/// filesystem does not record one. With the inode number it tells a
+/// directory from a later one that reused its inode, and unlike `st_dev`
+/// it survives a remount.
+pub fn birth_time(fd: BorrowedFd<'_>) -> Result<Option<(i64, u32)>, Errno> {
+    let st = rfs::statx(fd, "", AtFlags::EMPTY_PATH, rfs::StatxFlags::BTIME)?;
+    Ok((st.stx_mask & rfs::StatxFlags::BTIME.bits() != 0)
+        .then_some((st.stx_btime.tv_sec, st.stx_btime.tv_nsec)))
+}

@@ -111,6 +111,50 @@ pub fn btrfs_first_file_extent(
     Err(Errno::NOTTY)
 }
 
+/// Where a directory is a Btrfs subvolume's root; never met here.
+pub const BTRFS_SUBVOL_ROOT_INO: u64 = 256;
+
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_subvol_create(_dir: BorrowedFd<'_>, _name: &CStr) -> Result<(), Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_snapshot_create(
+    _dir: BorrowedFd<'_>,
+    _name: &CStr,
+    _source: BorrowedFd<'_>,
+) -> Result<(), Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_subvol_delete(_dir: BorrowedFd<'_>, _name: &CStr) -> Result<(), Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// Open the subdirectory `name` of `dir` without following a link
+/// (`O_NOFOLLOW`) and without crossing into another filesystem (`EXDEV`
+/// when its `st_dev` differs from `dir`'s). Without `openat2` a bind
+/// mount of the same filesystem is not told apart.
+pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rfs::fstat(&fd)?.st_dev != rfs::fstat(dir)?.st_dev {
+        return Err(Errno::XDEV);
+    }
+    Ok(fd)
+}
+
+/// No `statx` here: no creation time known.
+pub fn birth_time(_fd: BorrowedFd<'_>) -> Result<Option<(i64, u32)>, Errno> {
+    Ok(None)
+}
+
 /// No open-file-description locks here: `EOPNOTSUPP`.
 pub fn ofd_lock_held(_fd: BorrowedFd<'_>) -> Result<Option<i16>, Errno> {
     Err(Errno::OPNOTSUPP)

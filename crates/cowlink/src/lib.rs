@@ -96,6 +96,8 @@ mod prealloc;
 pub mod probe;
 pub mod run;
 #[cfg(unix)]
+pub mod snapshot;
+#[cfg(unix)]
 pub mod store;
 pub mod tree;
 #[cfg(unix)]

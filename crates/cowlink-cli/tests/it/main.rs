@@ -16,5 +16,6 @@ mod inspect;
 mod output;
 mod remote;
 mod run_control;
+mod snapshot;
 mod store;
 mod tree;

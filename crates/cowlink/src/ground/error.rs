@@ -208,6 +208,8 @@ pub enum Operation {
     Pull,
     /// Configuring, listing or collecting a remote store.
     Remote,
+    /// Beginning, completing, listing or pruning a snapshot set.
+    Snapshot,
 }
 
 impl Operation {
@@ -235,6 +237,7 @@ impl Operation {
             Operation::Push => "push",
             Operation::Pull => "pull",
             Operation::Remote => "use the remote",
+            Operation::Snapshot => "snapshot",
         }
     }
 }

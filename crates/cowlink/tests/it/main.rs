@@ -14,6 +14,7 @@ mod real_fs;
 // on, because the command enables it.
 #[cfg(feature = "remote")]
 mod remote;
+mod snapshot;
 mod store;
 mod tree;
 

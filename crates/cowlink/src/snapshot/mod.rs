@@ -1,0 +1,809 @@
+//! Snapshot sets: versions of a tree under one root, each a clone of the
+//! one before, so every unchanged block is stored once.
+//!
+//! ```text
+//! ROOT/
+//!   20261126T024549.123456Z/     a snapshot (ISO 8601 basic UTC, µs)
+//!   20261127T024601.004211Z/     the next one, a clone of the first
+//!   .cowlink/                    bookkeeping, never inside a snapshot
+//!     snapshots                  format mark: "cowlink snapshot set 1"
+//!     lock                       flock(2) while a run writes; holds its pid
+//!     records/<name>.json        one per snapshot this tool made
+//!     blocks/<name>/             per-file block-hash records of <name>
+//! ```
+//!
+//! A record (`{"format":1,"state":…,"kind":…,"base":…,"id":{"dev":…,
+//! "ino":…,"birth":[s,ns],"subvol":…},"completed":…}`) is what makes a
+//! directory a snapshot: `list` shows only recorded names, and `prune`
+//! removes only a recorded directory that is still the one recorded
+//! (inode and creation time, and subvolume id on Btrfs). Anything else the
+//! user puts under ROOT is never touched. `state` goes `cloning` (being
+//! made from `base`) → `open` (made; the caller fills it) → `complete`
+//! (sealed by [`Begun::complete`] after a `syncfs`), and `removing` once a
+//! prune has begun to remove it. Records are replaced atomically and
+//! durably, so a crash at any point leaves a state the next run reads
+//! right: a snapshot is listed complete only after its contents were
+//! written back and its mark was.
+//!
+//! [`SnapshotSet::begin`] takes the set's lock (a second run is refused,
+//! naming the holder's pid), then either resumes the snapshot in progress
+//! under its original name (a `cloning` one finishes its clone first:
+//! files already complete are kept, see [`TreeOptions::resume`]) or makes
+//! a new one as a clone of the newest complete snapshot:
+//! - on Btrfs, a subvolume snapshot (`BTRFS_IOC_SNAP_CREATE`, constant
+//!   time) when that snapshot is a subvolume; the first snapshot of a set
+//!   on Btrfs is made a subvolume for that reason;
+//! - elsewhere the tree copy in [`LinkMode::Clone`] with everything
+//!   preserved (`cp -a --reflink=always`): clone or fail, never a silent
+//!   full copy. On a filesystem that cannot clone, `begin` fails.
+//!
+//! The caller writes into [`Begun::path`] (sync does) and calls
+//! [`Begun::complete`]. Dropping a [`Begun`] without completing it leaves
+//! the snapshot in progress for the next `begin` to resume.
+//!
+//! [`TreeOptions::resume`]: crate::tree::TreeOptions::resume
+//! [`LinkMode::Clone`]: crate::LinkMode::Clone
+
+mod book;
+mod policy;
+mod remove;
+mod stamp;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::ground::error::{Error, ErrorKind, Operation, Result};
+use crate::ground::fskind::FsKind;
+use crate::ground::lock;
+use crate::usage::{Usage, UsageOptions};
+use book::{err, Book, Record};
+
+pub use policy::{KeepPolicy, Verdict};
+pub use stamp::Stamp;
+
+/// Where a snapshot is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Being made as a clone of its base; the next `begin` finishes it.
+    Cloning,
+    /// Made; being filled by its caller (a sync); resumed by the next
+    /// `begin`.
+    Open,
+    /// Sealed: its contents were written back before the mark.
+    Complete,
+    /// A prune began to remove it; the next prune finishes.
+    Removing,
+}
+
+/// How a snapshot's directory was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A directory whose files are clones of the base's (or empty).
+    Tree,
+    /// A Btrfs subvolume (a snapshot of the base's subvolume, or new).
+    Subvolume,
+}
+
+/// One snapshot of a set.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    /// Its name under the root.
+    pub name: String,
+    /// `ROOT/name`.
+    #[serde(serialize_with = "crate::name::json::path")]
+    pub path: PathBuf,
+    /// The time it was begun (microseconds since the epoch, UTC; the
+    /// name says the same).
+    #[serde(rename = "time_us")]
+    pub time: Stamp,
+    /// Where it is in its life; only [`State::Complete`] ones are whole.
+    pub state: State,
+    /// Tree or subvolume.
+    pub kind: Kind,
+    /// The snapshot it was cloned from.
+    pub base: Option<String>,
+    /// Whether its directory exists (a snapshot being cloned or removed
+    /// may have none).
+    pub present: bool,
+}
+
+impl Snapshot {
+    /// Whether it is complete.
+    pub fn is_complete(&self) -> bool {
+        self.state == State::Complete
+    }
+}
+
+struct Inner {
+    root: PathBuf,
+    root_fd: OwnedFd,
+    book: Option<Book>,
+    run: crate::run::Run,
+}
+
+/// A snapshot root, opened (see the module notes for the layout).
+#[derive(Clone)]
+pub struct SnapshotSet {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SnapshotSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotSet")
+            .field("root", &self.inner.root)
+            .finish()
+    }
+}
+
+fn open_root(root: &Path) -> Result<OwnedFd> {
+    fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::NOENT => err(root, e).with_reason("the snapshot root does not exist"),
+        Errno::NOTDIR => err(root, e).with_reason("the snapshot root is not a directory"),
+        e => err(root, e),
+    })
+}
+
+impl SnapshotSet {
+    /// Open the snapshot set at `root` for writing, making `root` (one
+    /// level: its parent must exist) and its bookkeeping when missing.
+    ///
+    /// # Errors
+    /// `root` cannot be made or opened; its `.cowlink` is not a directory
+    /// or holds another format (`Corrupt`).
+    pub fn open(root: impl AsRef<Path>) -> Result<SnapshotSet> {
+        let root = root.as_ref();
+        match fs::mkdir(root, cowlink_sys::raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => {
+                return Err(
+                    err(root, e).with_reason(format!("cannot create the snapshot root: {e}"))
+                )
+            }
+        }
+        let root_fd = open_root(root)?;
+        let book = Book::open(root_fd.as_fd(), root, true)?;
+        Ok(SnapshotSet::from_parts(root, root_fd, book))
+    }
+
+    /// Open an existing snapshot root to read it (list, prune), creating
+    /// nothing. A directory without bookkeeping is a set with no
+    /// snapshots.
+    ///
+    /// # Errors
+    /// `root` is missing or not a directory; bookkeeping of another format.
+    pub fn open_existing(root: impl AsRef<Path>) -> Result<SnapshotSet> {
+        let root = root.as_ref();
+        let root_fd = open_root(root)?;
+        let book = Book::open(root_fd.as_fd(), root, false)?;
+        Ok(SnapshotSet::from_parts(root, root_fd, book))
+    }
+
+    fn from_parts(root: &Path, root_fd: OwnedFd, book: Option<Book>) -> SnapshotSet {
+        SnapshotSet {
+            inner: Arc::new(Inner {
+                root: root.to_path_buf(),
+                root_fd,
+                book,
+                run: crate::run::Run::default(),
+            }),
+        }
+    }
+
+    /// Run long steps (the clone of a tree, the usage walk) with `run`'s
+    /// threads, cancel token and progress.
+    pub fn with_run(self, run: crate::run::Run) -> SnapshotSet {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|a| Inner {
+            root: a.root.clone(),
+            root_fd: rustix::io::fcntl_dupfd_cloexec(&a.root_fd, 0)
+                .expect("dup of a live descriptor"),
+            book: a.book.as_ref().map(|b| Book {
+                meta: rustix::io::fcntl_dupfd_cloexec(&b.meta, 0)
+                    .expect("dup of a live descriptor"),
+                records: rustix::io::fcntl_dupfd_cloexec(&b.records, 0)
+                    .expect("dup of a live descriptor"),
+                path: b.path.clone(),
+            }),
+            run: a.run.clone(),
+        });
+        SnapshotSet {
+            inner: Arc::new(Inner { run, ..inner }),
+        }
+    }
+
+    /// The root as given.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    fn book(&self) -> Result<&Book> {
+        self.inner.book.as_ref().ok_or_else(|| {
+            Error::new(Operation::Snapshot, ErrorKind::NotFound)
+                .with_src(&self.inner.root)
+                .with_reason("not a snapshot set (no .cowlink bookkeeping)")
+        })
+    }
+
+    /// Every snapshot this tool recorded, oldest first, and the records
+    /// that could not be read (their snapshots are left alone).
+    ///
+    /// # Errors
+    /// The records' directory cannot be read.
+    pub fn list(&self) -> Result<(Vec<Snapshot>, Vec<Error>)> {
+        let Some(book) = &self.inner.book else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let (records, bad) = book.records()?;
+        let snaps = records
+            .into_iter()
+            .map(|(name, r)| self.snapshot(name, &r))
+            .collect();
+        Ok((snaps, bad))
+    }
+
+    fn snapshot(&self, name: String, r: &Record) -> Snapshot {
+        let present = cowlink_sys::statat(
+            &self.inner.root_fd,
+            name.as_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .is_ok_and(|st| cowlink_sys::file_type(st.st_mode) == FileType::Directory);
+        Snapshot {
+            path: self.inner.root.join(&name),
+            time: Stamp::parse(&name).expect("records are listed by valid names"),
+            name,
+            state: r.state,
+            kind: r.kind,
+            base: r.base.clone(),
+            present,
+        }
+    }
+
+    /// Each snapshot with its disk usage: what only it holds and what it
+    /// shares, from one walk of all of them together (the du engine,
+    /// [`crate::usage`](mod@crate::usage)).
+    ///
+    /// # Errors
+    /// The records cannot be read. Errors of the walk are in the answer.
+    pub fn list_usage(&self) -> Result<Listing> {
+        let (snaps, mut errors) = self.list()?;
+        let paths: Vec<PathBuf> = snaps
+            .iter()
+            .filter(|s| s.present)
+            .map(|s| s.path.clone())
+            .collect();
+        let report = crate::usage::usage_report(
+            &paths,
+            &UsageOptions {
+                run: self.inner.run.clone(),
+                per_dir: false,
+            },
+        );
+        let mut usages = report.args.into_iter();
+        let entries = snaps
+            .into_iter()
+            .map(|s| {
+                let usage = if s.present {
+                    usages.next().map(|u| u.usage)
+                } else {
+                    None
+                };
+                SnapshotUsage { snapshot: s, usage }
+            })
+            .collect();
+        errors.extend(report.errors);
+        Ok(Listing {
+            snapshots: entries,
+            total: report.total,
+            errors,
+            cancelled: report.cancelled,
+        })
+    }
+
+    /// Begin a snapshot: resume the one in progress, or make a new one as
+    /// a clone of the newest complete one (see the module notes). The set
+    /// stays locked until the answer is completed or dropped.
+    ///
+    /// # Errors
+    /// Another run holds the set (`InUse`, naming its pid); the clone
+    /// failed (the snapshot stays in progress, to be resumed); the
+    /// bookkeeping cannot be written.
+    pub fn begin(&self) -> Result<Begun> {
+        let book = self.book()?;
+        let lock = book.lock()?;
+        let (records, _) = book.records()?;
+        let root = &self.inner.root;
+        let unfinished = records
+            .iter()
+            .rev()
+            .find(|(_, r)| matches!(r.state, State::Cloning | State::Open));
+        let (name, mut rec, resumed) = match unfinished {
+            Some((name, r)) => (name.clone(), r.clone(), true),
+            None => {
+                let newest = records.iter().filter_map(|(n, _)| Stamp::parse(n)).max();
+                let mut time = Stamp::now().after(newest);
+                // A name already used by something else under the root
+                // (the user's own directory, however unlikely) is skipped.
+                while cowlink_sys::statat(
+                    &self.inner.root_fd,
+                    time.name().as_str(),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .is_ok()
+                {
+                    time = Stamp(time.0 + 1);
+                }
+                let base = records
+                    .iter()
+                    .rev()
+                    .find(|(n, r)| r.state == State::Complete && self.is_recorded_dir(n, r))
+                    .map(|(n, _)| n.clone());
+                let kind = self.plan_kind(base.as_deref());
+                let rec = Record {
+                    format: 1,
+                    state: State::Cloning,
+                    kind,
+                    base,
+                    id: None,
+                    completed: None,
+                };
+                let name = time.name();
+                book.write(&name, &rec)?;
+                (name, rec, false)
+            }
+        };
+        // An open snapshot whose directory went away is made again; one
+        // whose directory was replaced by something else is refused.
+        if rec.state == State::Open && !self.is_recorded_dir(&name, &rec) {
+            let taken = cowlink_sys::statat(
+                &self.inner.root_fd,
+                name.as_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok();
+            if taken {
+                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+                    .with_src(root.join(&name))
+                    .with_reason(
+                        "the snapshot in progress cannot be resumed: its directory was replaced by something this tool did not make",
+                    ));
+            }
+            rec.state = State::Cloning;
+            rec.id = None;
+            book.write(&name, &rec)?;
+        }
+        if rec.state == State::Cloning {
+            rec.kind = self.make(&name, &rec, resumed)?;
+            rec.id = Some(self.id_of(&name)?);
+            rec.state = State::Open;
+            book.write(&name, &rec)?;
+        }
+        Ok(Begun {
+            set: self.clone(),
+            path: root.join(&name),
+            blocks: book.blocks_dir(&name),
+            name,
+            record: rec,
+            resumed,
+            _lock: lock,
+        })
+    }
+
+    /// Whether `name` is still the directory its record describes.
+    fn is_recorded_dir(&self, name: &str, r: &Record) -> bool {
+        match (r.id, book::DirId::of(self.inner.root_fd.as_fd(), name)) {
+            (Some(want), Ok(Some(now))) => want.same(&now),
+            _ => false,
+        }
+    }
+
+    /// The identity of the snapshot directory `name`, which must exist.
+    fn id_of(&self, name: &str) -> Result<book::DirId> {
+        let path = self.inner.root.join(name);
+        book::DirId::of(self.inner.root_fd.as_fd(), name)
+            .map_err(|e| err(&path, e))?
+            .ok_or_else(|| {
+                err(&path, Errno::NOENT).with_reason("the snapshot's directory is missing")
+            })
+    }
+
+    fn on_btrfs(&self) -> bool {
+        crate::prim::files::kind_of(self.inner.root_fd.as_fd()) == FsKind::Btrfs
+    }
+
+    /// Subvolume when the root is on Btrfs and the base (if any) is a
+    /// subvolume; a tree otherwise.
+    fn plan_kind(&self, base: Option<&str>) -> Kind {
+        if !self.on_btrfs() {
+            return Kind::Tree;
+        }
+        match base {
+            None => Kind::Subvolume,
+            Some(b) => match cowlink_sys::statat(&self.inner.root_fd, b, AtFlags::SYMLINK_NOFOLLOW)
+            {
+                Ok(st) if st.st_ino == cowlink_sys::BTRFS_SUBVOL_ROOT_INO => Kind::Subvolume,
+                _ => Kind::Tree,
+            },
+        }
+    }
+
+    /// Make (or finish making) the directory of `name` as `rec` says;
+    /// the kind it was made as.
+    fn make(&self, name: &str, rec: &Record, resumed: bool) -> Result<Kind> {
+        let root_fd = self.inner.root_fd.as_fd();
+        let path = self.inner.root.join(name);
+        let cname = book::cstr(name);
+        let existing = cowlink_sys::statat(root_fd, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        if let Some(st) = &existing {
+            if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
+                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+                    .with_src(&path)
+                    .with_reason("the name of the snapshot in progress is taken by something that is not a directory"));
+            }
+            // A subvolume is made in one step: if it is there, it is whole.
+            if rec.kind == Kind::Subvolume
+                && st.st_ino == cowlink_sys::BTRFS_SUBVOL_ROOT_INO
+                && self.on_btrfs()
+            {
+                return Ok(Kind::Subvolume);
+            }
+        }
+        if existing.is_none() && rec.kind == Kind::Subvolume {
+            let made = match &rec.base {
+                None => cowlink_sys::btrfs_subvol_create(root_fd, &cname),
+                Some(b) => {
+                    let base_fd = fs::openat(
+                        root_fd,
+                        b.as_str(),
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| err(self.inner.root.join(b), e))?;
+                    cowlink_sys::btrfs_snapshot_create(root_fd, &cname, base_fd.as_fd())
+                }
+            };
+            match made {
+                Ok(()) => return Ok(Kind::Subvolume),
+                // Not allowed or not possible here: a tree of clones does
+                // the same in linear time.
+                Err(
+                    Errno::PERM | Errno::ACCESS | Errno::NOTTY | Errno::OPNOTSUPP | Errno::INVAL,
+                ) => {}
+                Err(e) => {
+                    return Err(
+                        err(&path, e).with_reason(format!("cannot make a Btrfs subvolume: {e}"))
+                    )
+                }
+            }
+        }
+        match &rec.base {
+            None => match fs::mkdirat(root_fd, name, cowlink_sys::raw_mode(0o755)) {
+                Ok(()) | Err(Errno::EXIST) => Ok(Kind::Tree),
+                Err(e) => Err(err(&path, e)),
+            },
+            Some(b) => {
+                self.clone_tree(
+                    &self.inner.root.join(b),
+                    &path,
+                    resumed || existing.is_some(),
+                )?;
+                Ok(Kind::Tree)
+            }
+        }
+    }
+
+    /// `cp -a --reflink=always base path`, merging into what a crash left
+    /// when `resume`.
+    fn clone_tree(&self, base: &Path, path: &Path, resume: bool) -> Result<()> {
+        let mut opts = crate::tree::TreeOptions::archive();
+        opts.file.link = crate::prim::mode::LinkMode::Clone;
+        opts.resume = resume;
+        opts.run = self.inner.run.clone();
+        let first: Mutex<Option<Error>> = Mutex::new(None);
+        let observer = |ev: &crate::tree::TreeEvent<'_>| {
+            if let crate::tree::TreeEvent::Failed(e) = ev {
+                lock(&first).get_or_insert_with(|| (*e).clone());
+            }
+        };
+        let report = crate::tree::copy_tree(base, path, &opts, &observer)?;
+        if let Some(e) = first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(Error::new(Operation::Snapshot, e.kind())
+                .with_src(path)
+                .with_reason(format!(
+                    "{} of the clone of {} failed, the first: {e} (the snapshot stays in progress; run again to resume)",
+                    report.errors,
+                    crate::name::quoted(base)
+                )));
+        }
+        if report.cancelled {
+            return Err(Error::new(Operation::Snapshot, ErrorKind::Cancelled)
+                .with_src(path)
+                .with_reason("cancelled while cloning (the snapshot stays in progress)"));
+        }
+        Ok(())
+    }
+
+    /// Decide which snapshots `keep` keeps and, unless `dry_run`, remove
+    /// the others, stopping early when the set's run is cancelled. Only recorded, complete snapshots (and those a former
+    /// prune began to remove) are ever removed; never the newest complete
+    /// one, one in progress, or the base of one being cloned. A directory
+    /// whose device and inode are not the recorded ones is not removed.
+    ///
+    /// # Errors
+    /// Another run holds the set; the records cannot be read. Errors
+    /// removing one snapshot are in the answer, and the prune goes on.
+    pub fn prune(&self, keep: &KeepPolicy, dry_run: bool) -> Result<Pruned> {
+        let Some(book) = &self.inner.book else {
+            return Ok(Pruned::default());
+        };
+        let lock = book.lock()?;
+        let (records, errors) = book.records()?;
+        let mut out = Pruned {
+            errors,
+            ..Pruned::default()
+        };
+        // A complete snapshot whose directory is gone is only a record to
+        // forget; one whose directory is not the one recorded is left out
+        // of the policy (it may not count as the newest) and left alone.
+        let mut cands = Vec::new();
+        let mut entries = Vec::new();
+        for (name, rec) in records {
+            let snap = self.snapshot(name, &rec);
+            let mut state = rec.state;
+            let mut foreign = false;
+            if state == State::Complete {
+                match book::DirId::of(self.inner.root_fd.as_fd(), &snap.name) {
+                    Ok(None) => state = State::Removing,
+                    Ok(Some(now)) if rec.id.is_some_and(|want| want.same(&now)) => {}
+                    _ => foreign = true,
+                }
+            }
+            if foreign {
+                out.errors.push(replaced(&snap.path));
+            } else {
+                cands.push(policy::Candidate {
+                    name: snap.name.clone(),
+                    time: snap.time,
+                    state,
+                    base: snap.base.clone(),
+                });
+            }
+            entries.push((snap, rec, foreign));
+        }
+        let mut verdicts = policy::decide(&cands, keep).into_iter();
+        for (snap, rec, foreign) in entries {
+            let verdict = if foreign {
+                Verdict::Replaced
+            } else {
+                verdicts.next().expect("one verdict per candidate")
+            };
+            if verdict.keeps() || dry_run {
+                out.snapshots.push((snap, verdict));
+                continue;
+            }
+            if self.inner.run.cancelled() {
+                out.cancelled = true;
+                break;
+            }
+            match self.remove_one(book, &snap, rec) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::Cancelled => {
+                    out.cancelled = true;
+                    out.failed.push(snap.name.clone());
+                    out.snapshots.push((snap, verdict));
+                    break;
+                }
+                Err(e) => {
+                    out.errors.push(e);
+                    out.failed.push(snap.name.clone());
+                }
+            }
+            out.snapshots.push((snap, verdict));
+        }
+        drop(lock);
+        Ok(out)
+    }
+
+    fn remove_one(&self, book: &Book, snap: &Snapshot, mut rec: Record) -> Result<()> {
+        let root_fd = self.inner.root_fd.as_fd();
+        // Nothing (or no directory) by that name: only the record goes.
+        if let Some(now) = book::DirId::of(root_fd, &snap.name).map_err(|e| err(&snap.path, e))? {
+            if !rec.id.is_some_and(|want| want.same(&now)) {
+                return Err(replaced(&snap.path));
+            }
+            self.refuse_mounts(&snap.path)?;
+            if rec.state != State::Removing {
+                rec.state = State::Removing;
+                book.write(&snap.name, &rec)?;
+            }
+            // A subvolume goes in one call where allowed (root, or
+            // user_subvol_rm_allowed); else file by file, then the empty
+            // subvolume by rmdir.
+            let deleted = now.subvol.is_some()
+                && cowlink_sys::btrfs_subvol_delete(root_fd, &book::cstr(&snap.name)).is_ok();
+            if !deleted {
+                remove::remove_tree(root_fd, &snap.name, &snap.path, &self.inner.run.cancel)?;
+            }
+        }
+        book.forget_blocks(&snap.name, &self.inner.run.cancel)?;
+        book.forget(&snap.name)
+    }
+
+    /// Refuse to remove `path` when a mount point is at or under it (the
+    /// descriptor walk would stop there too; this says so before anything
+    /// is removed).
+    fn refuse_mounts(&self, path: &Path) -> Result<()> {
+        let Ok(canon) = std::fs::canonicalize(path) else {
+            return Ok(());
+        };
+        let Ok(text) = cowlink_sys::mount_table() else {
+            return Ok(());
+        };
+        let mounts = crate::mountinfo::parse(&text);
+        // The mount the snapshot is on is not inside it; one on the
+        // snapshot's own directory is.
+        if let Some(m) = crate::mountinfo::at_or_under(&mounts, &canon)
+            .iter()
+            .find(|m| m.mount_point.starts_with(&canon))
+        {
+            return Err(Error::new(Operation::Snapshot, ErrorKind::InUse)
+                .with_src(path)
+                .with_reason(format!(
+                    "not removed: {} is mounted inside it; unmount it first",
+                    crate::name::quoted(&m.mount_point)
+                )));
+        }
+        Ok(())
+    }
+}
+
+fn replaced(path: &Path) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
+        .with_src(path)
+        .with_reason(
+            "left alone: it is not the directory this tool made (its inode or creation time differs from the record)",
+        )
+}
+
+/// [`SnapshotSet::list_usage`]'s answer.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Listing {
+    /// Each snapshot, oldest first.
+    pub snapshots: Vec<SnapshotUsage>,
+    /// All snapshots together.
+    pub total: Usage,
+    /// Records that could not be read, and errors of the walk.
+    pub errors: Vec<Error>,
+    /// The walk was cancelled: the figures are partial.
+    pub cancelled: bool,
+}
+
+/// One snapshot and its usage.
+#[derive(Debug, serde::Serialize)]
+pub struct SnapshotUsage {
+    /// The snapshot.
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+    /// Its figures, measured with the other snapshots: `exclusive` is
+    /// what only it holds (what removing it frees), `shared` what it
+    /// shares with another snapshot or file. `None` when its directory is
+    /// missing.
+    pub usage: Option<Usage>,
+}
+
+/// [`SnapshotSet::prune`]'s answer.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    /// Every recorded snapshot, oldest first, with its verdict (in a dry
+    /// run, what would be done).
+    pub snapshots: Vec<(Snapshot, Verdict)>,
+    /// Names whose removal failed (see `errors`).
+    pub failed: Vec<String>,
+    /// Unreadable records and failed removals.
+    pub errors: Vec<Error>,
+    /// The run was cancelled: `snapshots` ends with the last one looked
+    /// at (a removal cut short is in `failed` and is finished by the next
+    /// prune).
+    pub cancelled: bool,
+}
+
+/// A snapshot begun by [`SnapshotSet::begin`], holding the set's lock.
+#[derive(Debug)]
+pub struct Begun {
+    set: SnapshotSet,
+    name: String,
+    path: PathBuf,
+    blocks: PathBuf,
+    record: Record,
+    resumed: bool,
+    _lock: OwnedFd,
+}
+
+impl Begun {
+    /// The snapshot's directory: write the new version here.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its name under the root.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether this is an interrupted snapshot resumed under its name.
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+
+    /// The complete snapshot it was cloned from (`None` for the first).
+    pub fn base(&self) -> Option<&str> {
+        self.record.base.as_deref()
+    }
+
+    /// The base's directory, for a sync to compare against.
+    pub fn base_path(&self) -> Option<PathBuf> {
+        self.record
+            .base
+            .as_ref()
+            .map(|b| self.set.inner.root.join(b))
+    }
+
+    /// How its directory was made.
+    pub fn kind(&self) -> Kind {
+        self.record.kind
+    }
+
+    /// Where the block-hash records of this snapshot's files go
+    /// (`ROOT/.cowlink/blocks/<name>/`, not made until asked for: see
+    /// [`Begun::blocks_dir_create`]).
+    pub fn blocks_dir(&self) -> &Path {
+        &self.blocks
+    }
+
+    /// [`Begun::blocks_dir`], made if missing.
+    ///
+    /// # Errors
+    /// It cannot be made.
+    pub fn blocks_dir_create(&self) -> Result<&Path> {
+        self.set.book()?.blocks_dir_create(&self.name)?;
+        Ok(&self.blocks)
+    }
+
+    /// Seal the snapshot: write its filesystem back (`syncfs`), then its
+    /// completion mark (durably). It is listed complete from then on, and
+    /// the lock is released.
+    ///
+    /// # Errors
+    /// The write-back or the mark failed; the snapshot stays in progress.
+    pub fn complete(mut self) -> Result<Snapshot> {
+        let inner = &self.set.inner;
+        let dir = fs::openat(
+            &inner.root_fd,
+            self.name.as_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| err(&self.path, e))?;
+        let now = book::DirId::of_fd(dir.as_fd()).map_err(|e| err(&self.path, e))?;
+        if !self.record.id.is_some_and(|want| want.same(&now)) {
+            return Err(Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
+                .with_src(&self.path)
+                .with_reason("the snapshot's directory was replaced while it was open"));
+        }
+        cowlink_sys::sync_filesystem(dir.as_fd()).map_err(|e| err(&self.path, e))?;
+        self.record.state = State::Complete;
+        self.record.completed = Some(Stamp::now().0);
+        self.set.book()?.write(&self.name, &self.record)?;
+        Ok(self.set.snapshot(self.name.clone(), &self.record))
+    }
+}

@@ -1,0 +1,569 @@
+//! Snapshot sets on the real test filesystems: begin/complete cycles,
+//! clones (FIEMAP), Btrfs subvolumes, a `kill -9` mid-clone resumed under
+//! the same name, the lock, prune on disk (foreign directories, links and
+//! mounts inside a snapshot), and the usage listing.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cowlink::snapshot::{KeepPolicy, Kind, SnapshotSet, State, Verdict};
+use cowlink::ErrorKind;
+use cowlink_testfs::{data, rsync_diff, testfs};
+
+use crate::same_blocks;
+
+/// A small tree with the kinds of entry a snapshot must carry.
+fn fill(dir: &Path) {
+    fs::create_dir_all(dir.join("sub/deeper")).unwrap();
+    fs::write(dir.join("big"), data(1 << 20, 1)).unwrap();
+    fs::write(dir.join("sub/a"), data(64 << 10, 2)).unwrap();
+    fs::write(dir.join("sub/deeper/b"), data(4096 * 3, 3)).unwrap();
+    fs::hard_link(dir.join("sub/a"), dir.join("a-link")).unwrap();
+    symlink("sub/a", dir.join("rel-link")).unwrap();
+    fs::set_permissions(dir.join("sub/a"), fs::Permissions::from_mode(0o750)).unwrap();
+}
+
+use std::os::unix::fs::PermissionsExt;
+
+fn names_under(root: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn cycles_on_xfs_clone_the_newest_complete_snapshot() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    assert_eq!(set.list().unwrap().0, vec![]);
+
+    let first = set.begin().unwrap();
+    assert!(!first.resumed());
+    assert_eq!(first.base(), None);
+    assert_eq!(first.kind(), Kind::Tree);
+    fill(first.path());
+    let p1 = first.path().to_path_buf();
+    // In progress: listed, not complete.
+    let (l, _) = SnapshotSet::open_existing(&root).unwrap().list().unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].state, State::Open);
+    let s1 = first.complete().unwrap();
+    assert!(s1.is_complete());
+    assert_eq!(s1.path, p1);
+
+    let second = set.begin().unwrap();
+    assert_eq!(second.base(), Some(s1.name.as_str()));
+    assert!(
+        second.name() > s1.name.as_str(),
+        "names sort as they are made"
+    );
+    let p2 = second.path().to_path_buf();
+    // A clone: equal in every attribute, and sharing the blocks.
+    assert_eq!(rsync_diff(&p1, &p2, true), "");
+    for f in ["big", "sub/a", "sub/deeper/b"] {
+        assert!(same_blocks(&p1.join(f), &p2.join(f)), "{f} is not shared");
+    }
+    assert_eq!(
+        fs::metadata(p2.join("a-link")).unwrap().ino(),
+        fs::metadata(p2.join("sub/a")).unwrap().ino()
+    );
+    assert_eq!(
+        fs::read_link(p2.join("rel-link")).unwrap(),
+        Path::new("sub/a")
+    );
+    assert_eq!(
+        fs::metadata(p2.join("sub/a")).unwrap().mode() & 0o7777,
+        0o750
+    );
+    // A write to the new one leaves the old one as it was.
+    fs::write(p2.join("sub/a"), b"changed").unwrap();
+    assert_eq!(fs::read(p1.join("sub/a")).unwrap(), data(64 << 10, 2));
+    let s2 = second.complete().unwrap();
+
+    // The third is cloned from the second, not the first.
+    let third = set.begin().unwrap();
+    assert_eq!(third.base(), Some(s2.name.as_str()));
+    assert_eq!(fs::read(third.path().join("sub/a")).unwrap(), b"changed");
+    drop(third);
+    // Nothing but the snapshots and the bookkeeping under the root.
+    let (l, bad) = set.list().unwrap();
+    assert!(bad.is_empty());
+    let states: Vec<State> = l.iter().map(|s| s.state).collect();
+    assert_eq!(states, [State::Complete, State::Complete, State::Open]);
+    let mut want: Vec<String> = l.iter().map(|s| s.name.clone()).collect();
+    want.push(".cowlink".into());
+    want.sort();
+    assert_eq!(names_under(&root), want);
+
+    // Dropped without completing: the next begin resumes it by name.
+    let again = set.begin().unwrap();
+    assert!(again.resumed());
+    assert_eq!(again.name(), l[2].name);
+    let blocks = again.blocks_dir_create().unwrap().to_path_buf();
+    assert_eq!(blocks, root.join(".cowlink/blocks").join(again.name()));
+    assert!(blocks.is_dir());
+    drop(again);
+
+    // Its directory removed behind its back: made again as a clone.
+    fs::remove_dir_all(&l[2].path).unwrap();
+    let again = set.begin().unwrap();
+    assert_eq!((again.name(), again.resumed()), (l[2].name.as_str(), true));
+    assert_eq!(fs::read(again.path().join("sub/a")).unwrap(), b"changed");
+    drop(again);
+    // Replaced by something else: refused, left as it is.
+    fs::remove_dir_all(&l[2].path).unwrap();
+    fs::write(&l[2].path, b"theirs").unwrap();
+    let e = set.begin().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+    assert_eq!(fs::read(&l[2].path).unwrap(), b"theirs");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_snapshots_are_subvolume_snapshots() {
+    let b = testfs!(Btrfs);
+    let root = b.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let first = set.begin().unwrap();
+    assert_eq!(first.kind(), Kind::Subvolume);
+    // A subvolume's root directory has inode 256.
+    assert_eq!(fs::metadata(first.path()).unwrap().ino(), 256);
+    fill(first.path());
+    let s1 = first.complete().unwrap();
+
+    let second = set.begin().unwrap();
+    assert_eq!(second.kind(), Kind::Subvolume);
+    let md = fs::metadata(second.path()).unwrap();
+    assert_eq!(md.ino(), 256);
+    assert_ne!(
+        md.dev(),
+        fs::metadata(&s1.path).unwrap().dev(),
+        "a separate subvolume"
+    );
+    assert_eq!(rsync_diff(&s1.path, second.path(), true), "");
+    for f in ["big", "sub/a", "sub/deeper/b"] {
+        assert!(
+            same_blocks(&s1.path.join(f), &second.path().join(f)),
+            "{f} is not shared"
+        );
+    }
+    fs::write(second.path().join("big"), b"new").unwrap();
+    let s2 = second.complete().unwrap();
+    assert_eq!(fs::read(s1.path.join("big")).unwrap(), data(1 << 20, 1));
+
+    // Prune deletes the older subvolume, keeps the newest.
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    assert!(!s1.path.exists());
+    assert_eq!(fs::read(s2.path.join("big")).unwrap(), b"new");
+    let (l, _) = set.list().unwrap();
+    assert_eq!(
+        l.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+        vec![s2.name.clone()]
+    );
+    // The next one still snapshots the newest.
+    let third = set.begin().unwrap();
+    assert_eq!(
+        (third.kind(), third.base()),
+        (Kind::Subvolume, Some(s2.name.as_str()))
+    );
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_second_run_is_refused_naming_the_holder() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let begun = SnapshotSet::open(&root).unwrap().begin().unwrap();
+    let other = SnapshotSet::open(&root).unwrap();
+    let e = other.begin().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InUse);
+    assert!(
+        e.to_string()
+            .contains(&format!("process {}", std::process::id())),
+        "{e}"
+    );
+    let e = other.prune(&KeepPolicy::default(), true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InUse);
+    // From another thread at once: exactly one of two begins wins.
+    let name = begun.name().to_string();
+    begun.complete().unwrap();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    SnapshotSet::open(&root).unwrap().begin().map(|b| {
+                        std::thread::sleep(Duration::from_millis(300));
+                        b.name().to_string()
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    let e = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+    assert_eq!(e.kind(), ErrorKind::InUse);
+    // Released with the begun snapshot: a third run gets in and resumes it.
+    let won = results.iter().find_map(|r| r.as_ref().ok()).unwrap();
+    assert_ne!(won, &name);
+    let b = SnapshotSet::open(&root).unwrap().begin().unwrap();
+    assert!(b.resumed());
+    assert_eq!(b.name(), won);
+}
+
+/// Where the child of the kill test makes its snapshot.
+const CHILD_ROOT: &str = "COWLINK_SNAPSHOT_TEST_CHILD_ROOT";
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn killed_mid_clone_is_resumed_under_its_name() {
+    if let Some(root) = std::env::var_os(CHILD_ROOT) {
+        // The child: begin (slowly, one thread) and wait to be killed.
+        let set = SnapshotSet::open(PathBuf::from(root))
+            .unwrap()
+            .with_run(cowlink::Run::default().with_threads(1));
+        let b = set.begin().unwrap();
+        eprintln!("clone finished before the kill: {}", b.name());
+        std::thread::sleep(Duration::from_secs(120));
+        unreachable!("the parent kills this process");
+    }
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let first = set.begin().unwrap();
+    // 4,000 small files: cloned one by one on one thread, they give the
+    // parent a window of a few hundred milliseconds to kill the child in.
+    for d in 0..8 {
+        let sub = first.path().join(format!("d{d:02}"));
+        fs::create_dir(&sub).unwrap();
+        for f in 0..500 {
+            fs::write(sub.join(format!("f{f}")), data(4096, (d * 1000 + f) as u64)).unwrap();
+        }
+    }
+    let s1 = first.complete().unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "snapshot::killed_mid_clone_is_resumed_under_its_name",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ROOT, &root)
+        .spawn()
+        .unwrap();
+    // Kill it once the new snapshot holds some, not all, of the files.
+    let t0 = Instant::now();
+    let victim = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the child made no snapshot"
+        );
+        if let Some(name) = names_under(&root)
+            .into_iter()
+            .find(|n| n != ".cowlink" && *n != s1.name)
+        {
+            let sub = root.join(&name).join("d03");
+            if sub.exists() && fs::read_dir(&sub).map(|r| r.count()).unwrap_or(0) > 10 {
+                break name;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (l, _) = set.list().unwrap();
+    let v = l.iter().find(|s| s.name == victim).unwrap();
+    assert_eq!(
+        v.state,
+        State::Cloning,
+        "killed after the clone ended: make the tree bigger"
+    );
+    assert!(!v.is_complete());
+    let cloned = |p: &Path| {
+        (0..8)
+            .map(|d| fs::read_dir(p.join(format!("d{d:02}"))).map_or(0, |r| r.count()))
+            .sum::<usize>()
+    };
+    assert!(cloned(&v.path) < 4000, "the clone was whole when killed");
+
+    let resumed = set.begin().unwrap();
+    assert!(resumed.resumed());
+    assert_eq!(resumed.name(), victim);
+    assert_eq!(resumed.base(), Some(s1.name.as_str()));
+    assert_eq!(rsync_diff(&s1.path, resumed.path(), true), "");
+    assert_eq!(cloned(resumed.path()), 4000);
+    for f in ["d00/f0", "d07/f499", "d03/f10"] {
+        assert!(
+            same_blocks(&s1.path.join(f), &resumed.path().join(f)),
+            "{f} is not shared"
+        );
+    }
+    let done = resumed.complete().unwrap();
+    let (l, _) = set.list().unwrap();
+    assert_eq!(l.len(), 2);
+    assert!(l.iter().all(|s| s.is_complete()));
+    assert_eq!(l[1].name, done.name);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn prune_removes_only_its_own_old_snapshots() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let mut made = Vec::new();
+    for i in 0..5u8 {
+        let b = set.begin().unwrap();
+        fs::write(b.path().join("n"), [i]).unwrap();
+        made.push(b.complete().unwrap().name);
+    }
+    let open = set.begin().unwrap().name().to_string();
+    // The user's own directories, one named like a snapshot.
+    let foreign = ["mine", "20200101T000000.000000Z"];
+    for f in foreign {
+        fs::create_dir(root.join(f)).unwrap();
+        fs::write(root.join(f).join("keep"), b"k").unwrap();
+    }
+
+    let keep = KeepPolicy {
+        last: 2,
+        ..Default::default()
+    };
+    let dry = set.prune(&keep, true).unwrap();
+    let verdicts: Vec<Verdict> = dry.snapshots.iter().map(|(_, v)| *v).collect();
+    assert_eq!(
+        verdicts,
+        [
+            Verdict::Remove,
+            Verdict::Remove,
+            Verdict::Remove,
+            Verdict::Policy,
+            Verdict::Newest,
+            Verdict::InUse
+        ]
+    );
+    assert_eq!(
+        dry.snapshots
+            .iter()
+            .map(|(s, _)| s.name.clone())
+            .collect::<Vec<_>>()[..5],
+        made[..]
+    );
+    for n in &made {
+        assert!(root.join(n).exists(), "a dry run removed {n}");
+    }
+
+    // Cancelled before it starts: nothing removed, and it says so.
+    let stop = cowlink::CancelToken::new();
+    stop.cancel();
+    let stopped = set
+        .clone()
+        .with_run(cowlink::Run::default().with_cancel(stop))
+        .prune(&keep, false)
+        .unwrap();
+    assert!(stopped.cancelled);
+    assert!(stopped.snapshots.is_empty() && stopped.failed.is_empty());
+    for n in &made {
+        assert!(root.join(n).exists(), "a cancelled prune removed {n}");
+    }
+
+    // One of the old ones was replaced by the user: not the directory the
+    // record describes, so it stays.
+    fs::rename(root.join(&made[1]), root.join("moved")).unwrap();
+    fs::create_dir(root.join(&made[1])).unwrap();
+    fs::write(root.join(&made[1]).join("theirs"), b"t").unwrap();
+
+    let pruned = set.prune(&keep, false).unwrap();
+    assert_eq!(pruned.snapshots[1].1, Verdict::Replaced);
+    assert!(pruned.failed.is_empty());
+    assert_eq!(pruned.errors.len(), 1);
+    assert!(
+        pruned.errors[0]
+            .to_string()
+            .contains("not the directory this tool made"),
+        "{}",
+        pruned.errors[0]
+    );
+    assert!(!root.join(&made[0]).exists());
+    assert!(!root.join(&made[2]).exists());
+    assert_eq!(fs::read(root.join(&made[1]).join("theirs")).unwrap(), b"t");
+    for n in [&made[3], &made[4], &open] {
+        assert!(root.join(n).exists(), "{n} was removed");
+    }
+    for f in foreign.iter().chain(&["moved"]) {
+        assert!(root.join(f).exists(), "{f} was removed");
+    }
+    assert_eq!(fs::read(root.join("mine/keep")).unwrap(), b"k");
+    let (l, _) = set.list().unwrap();
+    let left: Vec<&str> = l.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        left,
+        [
+            made[1].as_str(),
+            made[3].as_str(),
+            made[4].as_str(),
+            open.as_str()
+        ]
+    );
+    // keep 0 of everything: still the newest complete one.
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert!(root.join(&made[4]).exists());
+    assert!(!root.join(&made[3]).exists());
+    assert!(pruned.failed.is_empty());
+    assert_eq!(pruned.errors.len(), 1);
+    assert!(root.join(&made[1]).join("theirs").exists());
+
+    // The newest complete snapshot's directory replaced by the user: it
+    // is not counted as the newest, so the one before it stays as such.
+    let b = set.begin().unwrap();
+    let newest = b.complete().unwrap().name;
+    fs::remove_dir_all(root.join(&newest)).unwrap();
+    fs::create_dir(root.join(&newest)).unwrap();
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    let v: Vec<(String, Verdict)> = pruned
+        .snapshots
+        .iter()
+        .map(|(s, v)| (s.name.clone(), *v))
+        .collect();
+    assert!(v.contains(&(made[4].clone(), Verdict::Newest)), "{v:?}");
+    assert!(v.contains(&(newest.clone(), Verdict::Replaced)), "{v:?}");
+    assert!(root.join(&made[4]).exists() && root.join(&newest).exists());
+    // And the next snapshot clones the newest one that is still ours.
+    assert_eq!(set.begin().unwrap().base(), Some(made[4].as_str()));
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn prune_never_follows_a_link_or_enters_a_mount() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let outside = x.path().join("outside");
+    fs::create_dir_all(outside.join("sub")).unwrap();
+    fs::write(outside.join("precious"), b"p").unwrap();
+    fs::write(outside.join("sub/precious"), b"q").unwrap();
+    let set = SnapshotSet::open(&root).unwrap();
+    let b = set.begin().unwrap();
+    symlink(&outside, b.path().join("to-outside")).unwrap();
+    symlink("/", b.path().join("to-root")).unwrap();
+    fs::create_dir(b.path().join("dir")).unwrap();
+    symlink(outside.join("sub"), b.path().join("dir/to-sub")).unwrap();
+    fs::create_dir(b.path().join("mnt")).unwrap();
+    let old = b.complete().unwrap();
+    set.begin().unwrap().complete().unwrap();
+
+    // A bind mount inside the old snapshot: prune refuses it whole.
+    let status = Command::new("mount")
+        .arg("--bind")
+        .arg(&outside)
+        .arg(old.path.join("mnt"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let guard = Unmount(old.path.join("mnt"));
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert_eq!(pruned.failed, vec![old.name.clone()]);
+    assert_eq!(pruned.errors[0].kind(), ErrorKind::InUse);
+    assert!(
+        pruned.errors[0].to_string().contains("mounted inside it"),
+        "{}",
+        pruned.errors[0]
+    );
+    assert!(old.path.join("to-outside").exists());
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
+    drop(guard);
+
+    // Unmounted: removed, links and all, the targets untouched.
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    assert!(!old.path.exists());
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
+    assert_eq!(fs::read(outside.join("sub/precious")).unwrap(), b"q");
+    assert!(Path::new("/etc").exists());
+
+    // A mount the mount table check does not look for (inside the
+    // snapshot's block-hash records): the descriptor walk itself stops at
+    // it (openat2 RESOLVE_NO_XDEV) and the prune is finished later.
+    let b = set.begin().unwrap();
+    let blocks = b.blocks_dir_create().unwrap().to_path_buf();
+    let old = b.complete().unwrap();
+    set.begin().unwrap().complete().unwrap();
+    fs::create_dir(blocks.join("mnt")).unwrap();
+    let status = Command::new("mount")
+        .arg("--bind")
+        .arg(&outside)
+        .arg(blocks.join("mnt"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let guard = Unmount(blocks.join("mnt"));
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert_eq!(pruned.failed, vec![old.name.clone()]);
+    assert_eq!(
+        pruned.errors[0].kind(),
+        ErrorKind::InUse,
+        "{}",
+        pruned.errors[0]
+    );
+    assert!(
+        pruned.errors[0].to_string().contains("mount point"),
+        "{}",
+        pruned.errors[0]
+    );
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
+    assert_eq!(fs::read(outside.join("sub/precious")).unwrap(), b"q");
+    let (l, _) = set.list().unwrap();
+    assert_eq!(
+        l.iter().find(|s| s.name == old.name).unwrap().state,
+        State::Removing
+    );
+    drop(guard);
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    assert_eq!(pruned.snapshots[0].1, Verdict::Unfinished);
+    assert!(!blocks.exists());
+    assert_eq!(fs::read(outside.join("precious")).unwrap(), b"p");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn listing_shows_what_each_snapshot_holds_alone() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let b = set.begin().unwrap();
+    fs::write(b.path().join("same"), data(256 << 10, 1)).unwrap();
+    fs::write(b.path().join("changes"), data(64 << 10, 2)).unwrap();
+    b.complete().unwrap();
+    let b = set.begin().unwrap();
+    fs::write(b.path().join("changes"), data(128 << 10, 3)).unwrap();
+    b.complete().unwrap();
+    // Written back, so every extent has its address.
+    rustix::fs::sync();
+    let listing = set.list_usage().unwrap();
+    assert!(listing.errors.is_empty(), "{:?}", listing.errors);
+    let u: Vec<_> = listing.snapshots.iter().map(|s| s.usage.unwrap()).collect();
+    assert_eq!((u[0].exclusive, u[0].shared), (64 << 10, 256 << 10));
+    assert_eq!((u[1].exclusive, u[1].shared), (128 << 10, 256 << 10));
+    assert_eq!(listing.total.shared_inside, 256 << 10);
+    assert_eq!(listing.total.on_disk, (64 + 128 + 256) << 10);
+}
