@@ -933,6 +933,18 @@ pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Er
     rfs::fsetxattr(fd, name, value, rfs::XattrFlags::empty())
 }
 
+/// `fremovexattr(2)`: remove the attribute `name`. `ENODATA`: it was not
+/// there.
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    rfs::fremovexattr(fd, name)
+}
+
+/// The kernel's table of file locks (`/proc/locks`), for naming the
+/// process that holds a lock another run wants.
+pub fn lock_table() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/locks")
+}
+
 /// The mount table as the kernel describes it (`/proc/self/mountinfo`
 /// text, parsed by the core's `mountinfo`).
 pub fn mount_table() -> std::io::Result<String> {

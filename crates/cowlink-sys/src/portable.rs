@@ -386,6 +386,26 @@ pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Er
     }
 }
 
+/// Removing extended attributes: through rustix on macOS, `EOPNOTSUPP`
+/// elsewhere.
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    #[cfg(target_vendor = "apple")]
+    return rfs::fremovexattr(fd, name);
+    #[cfg(not(target_vendor = "apple"))]
+    {
+        let _ = (fd, name);
+        Err(Errno::OPNOTSUPP)
+    }
+}
+
+/// No `/proc/locks` here: the holder of a lock cannot be named.
+pub fn lock_table() -> std::io::Result<String> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "no lock table on this system",
+    ))
+}
+
 /// No mount table in Linux's format here: an `Unsupported` error.
 pub fn mount_table() -> std::io::Result<String> {
     Err(std::io::Error::new(
