@@ -32,10 +32,10 @@
 //! the walker engine (`crate::walk::pool`): directories and their
 //! completion. `copy` calls `entry`, never the reverse.
 
-mod copy;
+pub(crate) mod copy;
 mod ctx;
 mod entry;
-mod links;
+pub(crate) mod links;
 mod node;
 
 use std::path::Path;
