@@ -79,6 +79,7 @@ mod prealloc;
 pub mod probe;
 pub mod run;
 pub mod store;
+pub mod sync;
 pub mod tree;
 pub mod usage;
 

@@ -208,6 +208,8 @@ pub enum Operation {
     Pull,
     /// Configuring, listing or collecting a remote store.
     Remote,
+    /// Keeping a destination tree in step with a source (`sync`).
+    Sync,
 }
 
 impl Operation {
@@ -235,6 +237,7 @@ impl Operation {
             Operation::Push => "push",
             Operation::Pull => "pull",
             Operation::Remote => "use the remote",
+            Operation::Sync => "sync",
         }
     }
 }
