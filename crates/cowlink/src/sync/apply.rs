@@ -188,6 +188,13 @@ fn open_below(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, Errno> {
     Ok(cur)
 }
 
+/// XFS's own names for a POSIX ACL, listed to root beside the
+/// `system.posix_acl_*` names that carry the same ACL: not attributes of
+/// their own (setting the ACL makes them), so never compared or removed.
+fn is_xfs_acl(name: &[u8]) -> bool {
+    name == b"trusted.SGI_ACL_FILE" || name == b"trusted.SGI_ACL_DEFAULT"
+}
+
 /// The extended attributes of `fd`, sorted by name, with their values.
 fn xattrs(fd: BorrowedFd<'_>) -> Result<Vec<(CString, Vec<u8>)>, Errno> {
     let names = match meta::list_xattrs(fd) {
@@ -196,7 +203,10 @@ fn xattrs(fd: BorrowedFd<'_>) -> Result<Vec<(CString, Vec<u8>)>, Errno> {
         Err(e) => return Err(e),
     };
     let mut v = Vec::new();
-    for n in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+    for n in names
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty() && !is_xfs_acl(n))
+    {
         let name = CString::new(n).map_err(|_| Errno::INVAL)?;
         match meta::get_xattr(fd, &name) {
             Ok(val) => v.push((name, val)),
@@ -452,21 +462,27 @@ impl Syncer<'_> {
                          subvolume inside the destination); sync does not cross it",
                     ));
                 }
-                if action == Action::ReplaceType {
-                    remove_entry(dir, name, self.root_dev).map_err(|x| {
-                        e.dst_err(x)
-                            .with_reason("cannot remove the entry a directory replaces")
-                    })?;
-                }
-                let made =
-                    make_dir(dir, name, st.st_mode & 0o777, 0o077, false).map_err(|(x, why)| {
-                        match why {
+                if action == Action::Keep && self.rules.owners {
+                    // Privileged, an existing directory needs no u+rwx
+                    // added to work in: its mode is not touched at all.
+                    let fd = open_dir(dir, name).map_err(|x| e.dst_err(x))?;
+                    (Some(fd), false, None, Placement::Atomic)
+                } else {
+                    if action == Action::ReplaceType {
+                        remove_entry(dir, name, self.root_dev).map_err(|x| {
+                            e.dst_err(x)
+                                .with_reason("cannot remove the entry a directory replaces")
+                        })?;
+                    }
+                    let made = make_dir(dir, name, st.st_mode & 0o777, 0o077, false).map_err(
+                        |(x, why)| match why {
                             Some(why) => e.dst_err(x).with_reason(why),
                             None => e.dst_err(x),
-                        }
-                    })?;
-                let created = action != Action::Keep;
-                (Some(made.fd), created, made.new_gid, made.placement)
+                        },
+                    )?;
+                    let created = action != Action::Keep;
+                    (Some(made.fd), created, made.new_gid, made.placement)
+                }
             }
         };
         let reader = rustix::io::fcntl_dupfd_cloexec(&src, 0)
@@ -517,7 +533,7 @@ impl Syncer<'_> {
             // Reported when it was created; its metadata is part of that.
         } else if action == Action::Metadata {
             self.item(&node.rel, EntryKind::Dir, action, changes);
-        } else if node.parent.is_some() {
+        } else if !node.rel.as_os_str().is_empty() {
             self.item(&node.rel, EntryKind::Dir, Action::Keep, changes);
         }
         if self.opts.dry_run || (action == Action::Keep && !node.created) {
@@ -991,6 +1007,7 @@ pub(super) fn run(
     // The destination itself is the user's word: it may be reached
     // through a link. Only its last component is created.
     let dirflags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dst_created = false;
     let mut dst_fd = match fs::open(dst, dirflags, Mode::empty()) {
         Ok(fd) => Some(fd),
         Err(Errno::NOENT) if opts.dry_run => None,
@@ -1001,6 +1018,7 @@ pub(super) fn run(
                     errno_text(e)
                 ))
             })?;
+            dst_created = true;
             Some(fs::open(dst, dirflags, Mode::empty()).map_err(err)?)
         }
         Err(e) => {
@@ -1087,7 +1105,7 @@ pub(super) fn run(
         src: src_fd,
         dst: dst_fd.take(),
         reader: Mutex::new(reader),
-        created: false,
+        created: dst_created,
         new_gid: None,
         placement: Placement::Atomic,
         finish: contents,

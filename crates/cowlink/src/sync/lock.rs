@@ -21,6 +21,11 @@ pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<()
     } else {
         FlockOperation::NonBlockingLockExclusive
     };
+    // A process that forks (another thread running a command) lends
+    // the child its open file descriptions, and so its locks, until the
+    // child's exec closes them: a lock no other process took is waited
+    // for, a moment, before it counts as held.
+    let mut waits = 0;
     loop {
         match fs::flock(dir, op) {
             Ok(()) => return Ok(()),
@@ -31,6 +36,11 @@ pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<()
                 let holder = cowlink_sys::lock_table()
                     .ok()
                     .and_then(|t| holder(&t, ino, me));
+                if holder.is_none() && waits < 50 {
+                    waits += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
                 let who = match holder {
                     Some(pid) => format!("process {pid}"),
                     None => "another process".to_string(),

@@ -15,6 +15,7 @@ mod real_fs;
 #[cfg(feature = "remote")]
 mod remote;
 mod store;
+mod sync;
 mod tree;
 
 /// Whether `b` maps every byte to the same disk blocks as `a` (FIEMAP).
