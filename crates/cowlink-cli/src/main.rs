@@ -19,6 +19,7 @@ mod probe;
 mod progress;
 mod remote;
 mod store;
+mod sync;
 
 use std::process::ExitCode;
 
@@ -71,6 +72,7 @@ enum Command {
     Du(du::DuArgs),
     Dedupe(dedupe::DedupeArgs),
     Store(store::StoreArgs),
+    Sync(sync::SyncArgs),
     Bench(bench::BenchArgs),
     Image(image::ImageArgs),
     Drive(drive::DriveArgs),
@@ -167,6 +169,7 @@ fn main() -> ExitCode {
         Command::Du(args) => du::run(args),
         Command::Dedupe(args) => dedupe::run(args),
         Command::Store(args) => store::run(args),
+        Command::Sync(args) => sync::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
         Command::Drive(args) => drive::run(args),

@@ -17,4 +17,5 @@ mod output;
 mod remote;
 mod run_control;
 mod store;
+mod sync;
 mod tree;

@@ -55,6 +55,9 @@ pub(super) struct Node {
     src: OwnedFd,
     /// `None` in a dry run where the destination directory does not exist.
     dst: Option<OwnedFd>,
+    /// The destination directory's stat before this run changed anything
+    /// in it: what its itemized line compares.
+    dst_before: Option<Stat>,
     reader: Mutex<Option<Dir>>,
     /// Created by this run (so it holds nothing old).
     created: bool,
@@ -488,12 +491,17 @@ impl Syncer<'_> {
         let reader = rustix::io::fcntl_dupfd_cloexec(&src, 0)
             .and_then(Dir::new)
             .map_err(|x| e.src_err(x))?;
+        let dst_before = match &dst {
+            Some(d) => Some(cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?),
+            None => None,
+        };
         Ok(Some(Arc::new(Node {
             src_path: e.src,
             dst_path: e.dst,
             rel: e.rel,
             src,
             dst,
+            dst_before,
             reader: Mutex::new(Some(reader)),
             created,
             new_gid,
@@ -527,12 +535,20 @@ impl Syncer<'_> {
             same_xattrs,
             ..Seen::default()
         };
-        let (action, changes) =
-            plan::decide(&Facts::of(&st), Some(&Facts::of(&d)), &seen, &self.rules);
+        let (action, _) = plan::decide(&Facts::of(&st), Some(&Facts::of(&d)), &seen, &self.rules);
+        // The line compares what the directory was before entries changed
+        // in it (which moves its times); what is set compares what it is.
+        let before = node.dst_before.as_ref().unwrap_or(&d);
+        let (told, changes) = plan::decide(
+            &Facts::of(&st),
+            Some(&Facts::of(before)),
+            &seen,
+            &self.rules,
+        );
         if node.created {
             // Reported when it was created; its metadata is part of that.
-        } else if action == Action::Metadata {
-            self.item(&node.rel, EntryKind::Dir, action, changes);
+        } else if told == Action::Metadata {
+            self.item(&node.rel, EntryKind::Dir, told, changes);
         } else if !node.rel.as_os_str().is_empty() {
             self.item(&node.rel, EntryKind::Dir, Action::Keep, changes);
         }
@@ -1098,12 +1114,17 @@ pub(super) fn run(
     } else {
         None
     };
+    let dst_before = match &dst_fd {
+        Some(fd) => Some(cowlink_sys::fstat(fd).map_err(err)?),
+        None => None,
+    };
     let top = Arc::new(Node {
         src_path: src_parent,
         dst_path: dst.to_path_buf(),
         rel: PathBuf::new(),
         src: src_fd,
         dst: dst_fd.take(),
+        dst_before,
         reader: Mutex::new(reader),
         created: dst_created,
         new_gid: None,
