@@ -56,6 +56,7 @@ from ._cowlink import (
     Store,
     StoreStats,
     Support,
+    SyncReport,
     TreeError,
     TreeReport,
     UnalignedError,
@@ -67,6 +68,7 @@ from ._cowlink import (
     copy,
     copytree,
     extents,
+    sync,
     usage,
 )
 
@@ -98,6 +100,7 @@ __all__ = [
     "Store",
     "StoreStats",
     "Support",
+    "SyncReport",
     "TreeError",
     "TreeReport",
     "UnalignedError",
@@ -111,5 +114,6 @@ __all__ = [
     "dedupe",
     "extents",
     "probe",
+    "sync",
     "usage",
 ]
