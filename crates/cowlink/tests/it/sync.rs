@@ -750,3 +750,43 @@ fn generated_edits_converge_across_filesystems() {
     let (e, b) = (testfs!(Ext4), testfs!(Btrfs));
     generated_edits_converge_on(&e, &b, 0xbeef);
 }
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn another_device_inside_dst_is_never_entered_nor_deleted() {
+    let b = testfs!(Btrfs);
+    let (src, dst) = (b.path().join("src"), b.path().join("dst"));
+    fs::create_dir_all(src.join("vol")).unwrap();
+    fs::write(src.join("vol/f"), b"new").unwrap();
+    fs::create_dir(&dst).unwrap();
+    // A subvolume has a device of its own, as a mount point does.
+    let made = std::process::Command::new("btrfs")
+        .args(["-q", "subvolume", "create"])
+        .arg(dst.join("vol"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    fs::write(dst.join("vol/f"), b"theirs").unwrap();
+    let failed = Mutex::new(Vec::new());
+    let observer = |ev: &SyncEvent<'_>| {
+        if let SyncEvent::Failed(e) = ev {
+            failed.lock().unwrap().push(e.to_string());
+        }
+    };
+    let r = sync(slash(&src), &dst, &SyncOptions::default(), &observer).unwrap();
+    assert_eq!(r.errors, 1);
+    let first = failed.lock().unwrap()[0].clone();
+    assert!(first.contains("does not cross"), "{first}");
+    assert_eq!(fs::read(dst.join("vol/f")).unwrap(), b"theirs");
+    // Nor removed by --delete when the source lacks it.
+    fs::remove_dir_all(src.join("vol")).unwrap();
+    let r = sync(slash(&src), &dst, &delete(), &observer).unwrap();
+    assert_eq!(r.errors, 1, "{r:?}");
+    assert_eq!(fs::read(dst.join("vol/f")).unwrap(), b"theirs");
+    let gone = std::process::Command::new("btrfs")
+        .args(["-q", "subvolume", "delete"])
+        .arg(dst.join("vol"))
+        .status()
+        .unwrap();
+    assert!(gone.success());
+}
