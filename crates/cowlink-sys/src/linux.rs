@@ -939,6 +939,41 @@ pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
     rfs::fremovexattr(fd, name)
 }
 
+/// The path of `name` in the open directory `dir` through `/proc`, so a
+/// path call resolves nothing but that one name.
+fn proc_path_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<std::ffi::CString, Errno> {
+    let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    p.extend_from_slice(name.to_bytes());
+    std::ffi::CString::new(p).map_err(|_| Errno::INVAL)
+}
+
+/// `llistxattr(2)` of the entry `name` in `dir`, without opening it or
+/// following it when it is a symbolic link: one call where
+/// open + `flistxattr` + close are three. `ERANGE`: `buf` is too small
+/// (an empty `buf` asks for the length).
+pub fn list_xattrs_at(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    let p = proc_path_at(dir, name)?;
+    if buf.is_empty() {
+        return rfs::llistxattr_query(p.as_c_str());
+    }
+    rfs::llistxattr(p.as_c_str(), buf)
+}
+
+/// `lgetxattr(2)` of the entry `name` in `dir` (as [`list_xattrs_at`]).
+/// An empty `buf` asks for the length.
+pub fn get_xattr_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    attr: &CStr,
+    buf: &mut [u8],
+) -> Result<usize, Errno> {
+    let p = proc_path_at(dir, name)?;
+    if buf.is_empty() {
+        return rfs::lgetxattr_query(p.as_c_str(), attr);
+    }
+    rfs::lgetxattr(p.as_c_str(), attr, buf)
+}
+
 /// The kernel's table of file locks (`/proc/locks`), for naming the
 /// process that holds a lock another run wants.
 pub fn lock_table() -> std::io::Result<String> {

@@ -398,6 +398,24 @@ pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
     }
 }
 
+/// No `/proc` here to reach an entry by name: `EOPNOTSUPP`, and callers
+/// open the entry instead.
+pub fn list_xattrs_at(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    let _ = (dir, name, buf);
+    Err(Errno::OPNOTSUPP)
+}
+
+/// As [`list_xattrs_at`]: `EOPNOTSUPP`.
+pub fn get_xattr_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    attr: &CStr,
+    buf: &mut [u8],
+) -> Result<usize, Errno> {
+    let _ = (dir, name, attr, buf);
+    Err(Errno::OPNOTSUPP)
+}
+
 /// No `/proc/locks` here: the holder of a lock cannot be named.
 pub fn lock_table() -> std::io::Result<String> {
     Err(std::io::Error::new(
