@@ -221,6 +221,58 @@ fn xattrs(fd: BorrowedFd<'_>) -> Result<Vec<(CString, Vec<u8>)>, Errno> {
     Ok(v)
 }
 
+/// The extended attributes of the entry `name` of `dir` (not followed),
+/// read by name: two calls for a file without any, where opening it
+/// takes four.
+fn xattrs_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<Vec<(CString, Vec<u8>)>, Errno> {
+    let mut buf = vec![0u8; 256];
+    let got = loop {
+        match cowlink_sys::list_xattrs_at(dir, name, &mut buf) {
+            Ok(n) => break n,
+            Err(Errno::RANGE) => {
+                let n = cowlink_sys::list_xattrs_at(dir, name, &mut [])?;
+                buf.resize(n.max(buf.len() * 2), 0);
+            }
+            // No way to reach it by name here: open it.
+            Err(Errno::OPNOTSUPP) => return xattrs(open_file(dir, name)?.as_fd()),
+            Err(e) => return Err(e),
+        }
+    };
+    buf.truncate(got);
+    let mut v = Vec::new();
+    for n in buf
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty() && !is_xfs_acl(n))
+    {
+        let attr = CString::new(n).map_err(|_| Errno::INVAL)?;
+        let mut val = Vec::new();
+        loop {
+            let len = match cowlink_sys::get_xattr_at(dir, name, &attr, &mut []) {
+                Ok(len) => len,
+                Err(Errno::NODATA) => break,
+                Err(e) => return Err(e),
+            };
+            val.resize(len, 0);
+            if len == 0 {
+                v.push((attr, val));
+                break;
+            }
+            match cowlink_sys::get_xattr_at(dir, name, &attr, &mut val) {
+                Ok(got) => {
+                    val.truncate(got);
+                    v.push((attr, val));
+                    break;
+                }
+                Err(Errno::RANGE) => continue,
+                Err(Errno::NODATA) => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
 /// Remove from `dst` the extended attributes `src_has` lacks.
 fn drop_extra_xattrs(src_has: &[(CString, Vec<u8>)], dst: BorrowedFd<'_>) -> Result<(), Errno> {
     for (name, _) in xattrs(dst)? {
@@ -697,23 +749,22 @@ impl Syncer<'_> {
         let mut seen = Seen::default();
         let mut sfd = None;
         let mut src_x = None;
-        if needs.content || needs.xattrs {
+        if needs.content {
             let dir = e.dst_dir().expect("a destination entry was found");
             let a = open_file(e.node.src.as_fd(), e.name).map_err(|x| e.src_err(x))?;
             let b = open_file(dir, e.name).map_err(|x| e.dst_err(x))?;
-            if needs.content {
-                let h = |fd: BorrowedFd<'_>| crate::ground::hash::hash_fd_at(fd, s.size, &|_| {});
-                let ha = h(a.as_fd()).map_err(|x| e.src_err(x))?;
-                let hb = h(b.as_fd()).map_err(|x| e.dst_err(x))?;
-                seen.same_content = Some(ha == hb);
-            }
-            if needs.xattrs {
-                let xa = xattrs(a.as_fd()).map_err(|x| e.src_err(x))?;
-                let xb = xattrs(b.as_fd()).map_err(|x| e.dst_err(x))?;
-                seen.same_xattrs = Some(xa == xb);
-                src_x = Some(xa);
-            }
+            let h = |fd: BorrowedFd<'_>| crate::ground::hash::hash_fd_at(fd, s.size, &|_| {});
+            let ha = h(a.as_fd()).map_err(|x| e.src_err(x))?;
+            let hb = h(b.as_fd()).map_err(|x| e.dst_err(x))?;
+            seen.same_content = Some(ha == hb);
             sfd = Some(a);
+        }
+        if needs.xattrs {
+            let dir = e.dst_dir().expect("a destination entry was found");
+            let xa = xattrs_at(e.node.src.as_fd(), e.name).map_err(|x| e.src_err(x))?;
+            let xb = xattrs_at(dir, e.name).map_err(|x| e.dst_err(x))?;
+            seen.same_xattrs = Some(xa == xb);
+            src_x = Some(xa);
         }
         if needs.target {
             let dir = e.dst_dir().expect("a destination entry was found");
