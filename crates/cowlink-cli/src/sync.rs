@@ -150,10 +150,12 @@ struct Printer {
 }
 
 impl Printer {
+    /// One JSON record; the first opens the document, so a sync that
+    /// cannot start leaves stdout empty.
     fn record(&self, text: &str) {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let sep = if self.first.swap(false, Ordering::Relaxed) {
-            "\n    "
+            "{\n  \"changes\": [\n    "
         } else {
             ",\n    "
         };
@@ -273,9 +275,6 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
         first: AtomicBool::new(true),
         out: Mutex::new(crate::out::Out::new(std::io::stdout())),
     };
-    if args.json {
-        out!("{{\n  \"changes\": [");
-    }
     let start = Instant::now();
     let spinner = crate::progress::for_run(show_progress, &progress);
     // Ctrl-C: workers finish the entry they are on; every name is old or
@@ -288,6 +287,12 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
     spinner.finish();
     let report = result?;
     if args.json {
+        if printer.first.load(Ordering::Relaxed) {
+            out!("{{\n  \"changes\": [");
+        }
+        let mut out = printer.out.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = out.flush();
+        drop(out);
         outln!(
             "\n  ],\n  \"summary\": {}\n}}",
             serde_json::to_string(&report)?

@@ -216,7 +216,15 @@ fn exclude_from_reads_patterns_and_a_missing_source_fails() {
         &dst,
     ]));
     assert!(dst.join("a.c").exists() && !dst.join("build").exists());
-    let out = cowlink(&[&"sync", &x.path().join("nope/"), &dst]);
+    let out = cowlink(&[&"sync", &"--json", &x.path().join("nope/"), &dst]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("source does not exist"));
+    assert_eq!(text(&out.stdout), "", "no half JSON document");
+    // A source inside the destination would be deleted by --delete.
+    let inner = dst.join("inner");
+    fs::create_dir(&inner).unwrap();
+    let out = cowlink(&[&"sync", &"--delete", &slash(&inner), &dst]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("source is inside the destination"));
+    assert!(inner.exists());
 }

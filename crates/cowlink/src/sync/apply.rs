@@ -543,9 +543,12 @@ impl Syncer<'_> {
         let reader = rustix::io::fcntl_dupfd_cloexec(&src, 0)
             .and_then(Dir::new)
             .map_err(|x| e.src_err(x))?;
-        let dst_before = match &dst {
-            Some(d) => Some(cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?),
-            None => None,
+        // What the directory was before this run: `old`, taken before
+        // any u+rwx was added to work in it.
+        let dst_before = match (&dst, action) {
+            (Some(_), Action::Keep) => old,
+            (Some(d), _) => Some(cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?),
+            (None, _) => None,
         };
         Ok(Some(Arc::new(Node {
             src_path: e.src,
@@ -1068,6 +1071,14 @@ pub(super) fn run(
                 .with_src(src)
                 .with_dst(dst)
                 .with_reason("the destination is inside the source"));
+        }
+        if opts.delete && s.starts_with(&d) {
+            return Err(Error::new(OP, ErrorKind::InvalidInput)
+                .with_src(src)
+                .with_dst(dst)
+                .with_reason(
+                    "the source is inside the destination, where --delete would remove it",
+                ));
         }
     }
     let filter = Filter::new(&opts.exclude)?;
