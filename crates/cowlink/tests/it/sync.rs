@@ -182,9 +182,20 @@ fn new_and_changed_files_are_clones_of_the_source() {
     assert_eq!((r.cloned, r.copied), (1, 0));
     assert!(crate::same_blocks(&src.join("f"), &dst.join("f")));
     fs::write(src.join("f"), cowlink_testfs::data(1 << 20, 2)).unwrap();
-    let r = mirror(&src, &dst, &SyncOptions::default());
-    assert_eq!((r.replaced, r.cloned), (1, 1));
+    fs::write(src.join("g"), b"new").unwrap();
+    // The run's progress counts what was placed, as a tree copy's does.
+    let progress = std::sync::Arc::new(cowlink::Progress::new());
+    let opts = SyncOptions {
+        run: cowlink::Run::default()
+            .with_threads(2)
+            .with_progress(progress.clone()),
+        ..SyncOptions::default()
+    };
+    let r = mirror(&src, &dst, &opts);
+    assert_eq!((r.created, r.replaced, r.cloned), (1, 1, 2));
     assert!(crate::same_blocks(&src.join("f"), &dst.join("f")));
+    let t = progress.totals();
+    assert_eq!((t.files, t.cloned, t.bytes), (2, 2, (1 << 20) + 3));
 }
 
 fn set_mtime(p: &Path, secs: i64) {
