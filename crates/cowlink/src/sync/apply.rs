@@ -885,6 +885,13 @@ impl Syncer<'_> {
     fn basis(&self, e: &Entry<'_>, sfd: BorrowedFd<'_>, st: &Stat) -> Option<OwnedFd> {
         let (parent, name) = split(&e.rel);
         let name = cstr(name).ok()?;
+        let hash = |f: BorrowedFd<'_>| {
+            crate::ground::hash::hash_fd_at(f, st.st_size as u64, &|_| {})
+                .ok()
+                .map(|(h, _)| h)
+        };
+        // The source's hash, once, and only if a candidate needs it.
+        let mut src_hash = None;
         for (_, root) in &self.basis_dirs {
             let Ok(dir) = open_below(root.as_fd(), parent) else {
                 continue;
@@ -900,10 +907,8 @@ impl Syncer<'_> {
                 continue;
             }
             let equal = if self.rules.checksum {
-                let h = |f: BorrowedFd<'_>| {
-                    crate::ground::hash::hash_fd_at(f, st.st_size as u64, &|_| {}).ok()
-                };
-                h(sfd).is_some() && h(sfd) == h(fd.as_fd())
+                let mine = *src_hash.get_or_insert_with(|| hash(sfd));
+                mine.is_some() && mine == hash(fd.as_fd())
             } else {
                 (b.st_mtime, b.st_mtime_nsec) == (st.st_mtime, st.st_mtime_nsec)
             };

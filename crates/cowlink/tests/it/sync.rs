@@ -344,6 +344,31 @@ fn every_kind_of_change_converges_and_leaves_the_rest_alone() {
 
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn checksum_finds_a_change_that_kept_size_and_time() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir(&src).unwrap();
+    let f = src.join("f");
+    fs::write(&f, b"aaaa").unwrap();
+    set_mtime(&f, 1_200_000_000);
+    mirror(&src, &dst, &SyncOptions::default());
+    fs::write(&f, b"bbbb").unwrap();
+    set_mtime(&f, 1_200_000_000);
+    let r = run(&slash(&src), &dst, &SyncOptions::default());
+    assert_eq!((r.replaced, r.unchanged), (0, 1), "size and time match");
+    assert_eq!(fs::read(dst.join("f")).unwrap(), b"aaaa");
+    let ck = SyncOptions {
+        checksum: true,
+        ..SyncOptions::default()
+    };
+    let (r, items) = run_items(&slash(&src), &dst, &ck);
+    assert_eq!(r.replaced, 1);
+    assert_eq!(items, [">fc........ f"]);
+    assert_eq!(fs::read(dst.join("f")).unwrap(), b"bbbb");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn without_delete_extra_entries_stay() {
     let x = testfs!(Xfs);
     let (src, dst) = (x.path().join("src"), x.path().join("dst"));
