@@ -974,6 +974,25 @@ pub fn get_xattr_at(
     rfs::lgetxattr(p.as_c_str(), attr, buf)
 }
 
+/// Set the mode of the entry `name` in `dir` without following it:
+/// `chmod` follows symbolic links and `fchmodat`'s `AT_SYMLINK_NOFOLLOW`
+/// is not everywhere, so the entry is pinned with an `O_PATH` descriptor
+/// and changed through `/proc/self/fd` (glibc's way). `ELOOP`: it is a
+/// symbolic link.
+pub fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<(), Errno> {
+    let pinned = rfs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rfs::FileType::from_raw_mode(rfs::fstat(&pinned)?.st_mode) == rfs::FileType::Symlink {
+        return Err(Errno::LOOP);
+    }
+    let via = format!("/proc/self/fd/{}", pinned.as_raw_fd());
+    rfs::chmod(via.as_str(), mode)
+}
+
 /// The kernel's table of file locks (`/proc/locks`), for naming the
 /// process that holds a lock another run wants.
 pub fn lock_table() -> std::io::Result<String> {

@@ -416,6 +416,12 @@ pub fn get_xattr_at(
     Err(Errno::OPNOTSUPP)
 }
 
+/// Set the mode of the entry `name` in `dir` without following it
+/// (`fchmodat` with `AT_SYMLINK_NOFOLLOW`).
+pub fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<(), Errno> {
+    rfs::chmodat(dir, name, mode, rfs::AtFlags::SYMLINK_NOFOLLOW)
+}
+
 /// No `/proc/locks` here: the holder of a lock cannot be named.
 pub fn lock_table() -> std::io::Result<String> {
     Err(std::io::Error::new(

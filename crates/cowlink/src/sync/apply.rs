@@ -868,13 +868,15 @@ impl Syncer<'_> {
             Err(x) => return Err(what("preserve ownership")(x)),
         }
         if with_mode {
-            fs::chmodat(
-                dir,
-                e.name,
-                cowlink_sys::raw_mode(st.st_mode & 0o7777),
-                AtFlags::empty(),
-            )
-            .map_err(what("set the mode"))?;
+            // Never through a symbolic link swapped in under the name.
+            let mode = cowlink_sys::raw_mode(st.st_mode & 0o7777);
+            cowlink_sys::chmod_nofollow(dir, e.name, mode).map_err(|x| match x {
+                Errno::LOOP => e
+                    .err(x)
+                    .with_kind(ErrorKind::ContentChanged)
+                    .with_reason("destination changed during the sync"),
+                x => what("set the mode")(x),
+            })?;
         }
         fs::utimensat(dir, e.name, &meta::times_of(st), AtFlags::SYMLINK_NOFOLLOW)
             .map_err(what("preserve timestamps"))
