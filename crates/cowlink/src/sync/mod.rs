@@ -54,7 +54,10 @@ pub use plan::{itemize, Action, Changes, EntryKind};
 #[derive(Debug, Clone, Default)]
 pub struct SyncOptions {
     /// Compare regular files by contents (BLAKE3 of both) instead of size
-    /// and modification time (`--checksum`).
+    /// and modification time, and extended attributes always (`--checksum`).
+    /// Without it, a file's extended attributes are compared only when
+    /// the source's ctime is not older than its copy's (any change to
+    /// them moves it).
     pub checksum: bool,
     /// Remove destination entries the source lacks (`--delete`); entries
     /// an exclusion matches are spared unless [`delete_excluded`] is set.

@@ -126,6 +126,8 @@ pub(crate) struct Facts {
     pub(crate) mode: u32,
     pub(crate) size: u64,
     pub(crate) mtime: (i64, u64),
+    /// Status change time: when its metadata (xattrs too) last changed.
+    pub(crate) ctime: (i64, u64),
     pub(crate) uid: u32,
     pub(crate) gid: u32,
     pub(crate) nlink: u64,
@@ -139,6 +141,7 @@ impl Facts {
             mode: st.st_mode,
             size: st.st_size as u64,
             mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
             uid: st.st_uid,
             gid: st.st_gid,
             nlink: st.st_nlink,
@@ -187,7 +190,16 @@ pub(crate) fn needs(src: &Facts, dst: Option<&Facts>, rules: &Rules) -> Needs {
     let file = src.kind == EntryKind::File;
     Needs {
         content: file && rules.checksum && src.size == dst.size && !unfinished(src, dst),
-        xattrs: rules.xattrs && matches!(src.kind, EntryKind::File | EntryKind::Dir),
+        // The quick check, for extended attributes: every change to them
+        // moves the source's ctime, and a sync leaves the destination's
+        // ctime later than the source's. So a source whose ctime is older
+        // than its copy's has not changed since, and listing both (two
+        // calls per file, as many as the stats) is skipped; --checksum
+        // always compares. An attribute edited in DST alone is found with
+        // --checksum, as contents edited there with their time kept are.
+        xattrs: rules.xattrs
+            && matches!(src.kind, EntryKind::File | EntryKind::Dir)
+            && (rules.checksum || src.ctime >= dst.ctime),
         target: src.kind == EntryKind::Symlink,
     }
 }
@@ -352,6 +364,7 @@ mod tests {
             mode: 0o100644,
             size,
             mtime: (mtime, 5),
+            ctime: (mtime, 5),
             uid: 1000,
             gid: 1000,
             nlink: 1,
@@ -601,7 +614,17 @@ mod tests {
         assert!(!needs(&f, Some(&file(11, 1)), &ck).content, "size decides");
         assert!(!needs(&f, Some(&f), &RULES).content, "no --checksum");
         assert!(!needs(&f, None, &ck).content);
-        assert!(needs(&f, Some(&f), &RULES).xattrs);
+        assert!(needs(&f, Some(&f), &RULES).xattrs, "same ctime: compared");
+        let synced_later = with(f, |x| x.ctime.0 += 10);
+        assert!(
+            !needs(&f, Some(&synced_later), &RULES).xattrs,
+            "source unchanged since its copy was made"
+        );
+        assert!(needs(&f, Some(&synced_later), &ck).xattrs, "--checksum");
+        assert!(
+            needs(&synced_later, Some(&f), &RULES).xattrs,
+            "source newer"
+        );
         let no_x = Rules {
             xattrs: false,
             ..RULES
