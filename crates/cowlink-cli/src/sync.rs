@@ -36,7 +36,9 @@ use crate::{human_bytes, human_duration, Exit};
 /// crossed, and nothing outside it is written. One sync per DST at a time:
 /// a second is refused, naming the process holding DST. A changed file is
 /// a new inode renamed over the old name, so after a crash every name
-/// holds its old or its new content, and a rerun converges.
+/// holds its old or its new content, and a rerun converges. A source
+/// file that changes while it is read is read again (three times at
+/// most), then reported and left out, never placed torn.
 ///
 /// --dry-run (and --itemize-changes) print one line per change, as
 /// `rsync -i`: YXcstpoguax then the path. Y: `>` data placed, `c` created
@@ -71,7 +73,9 @@ pub struct SyncArgs {
     #[arg(long, value_name = "FILE", value_parser = crate::PathArg)]
     exclude_from: Vec<PathBuf>,
 
-    /// Compare files by contents (BLAKE3) instead of size and time
+    /// Compare files by contents (BLAKE3) instead of size and time, and
+    /// extended attributes always (else only of files whose source
+    /// changed since the copy)
     #[arg(short = 'c', long)]
     checksum: bool,
 
