@@ -20,6 +20,7 @@ mod progress;
 mod remote;
 mod snapshot;
 mod store;
+mod sync;
 
 use std::process::ExitCode;
 
@@ -72,6 +73,7 @@ enum Command {
     Du(du::DuArgs),
     Dedupe(dedupe::DedupeArgs),
     Store(store::StoreArgs),
+    Sync(sync::SyncArgs),
     Bench(bench::BenchArgs),
     Image(image::ImageArgs),
     Snapshot(snapshot::SnapshotArgs),
@@ -169,6 +171,7 @@ fn main() -> ExitCode {
         Command::Du(args) => du::run(args),
         Command::Dedupe(args) => dedupe::run(args),
         Command::Store(args) => store::run(args),
+        Command::Sync(args) => sync::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Image(args) => image::run(args),
         Command::Snapshot(args) => snapshot::run(args),

@@ -15,6 +15,7 @@ mod path;
 mod records;
 mod snapshot;
 mod store;
+mod sync;
 mod writer;
 
 use pyo3::prelude::*;
@@ -26,6 +27,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::clone_range, m)?)?;
     m.add_function(wrap_pyfunction!(ops::copytree, m)?)?;
     m.add_function(wrap_pyfunction!(ops::copy, m)?)?;
+    m.add_function(wrap_pyfunction!(sync::sync, m)?)?;
     m.add_function(wrap_pyfunction!(ops::extents, m)?)?;
     m.add_function(wrap_pyfunction!(ops::usage, m)?)?;
     m.add_function(wrap_pyfunction!(ops::probe_filesystem, m)?)?;
@@ -46,6 +48,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::FileLayout>()?;
     m.add_class::<records::Usage>()?;
     m.add_class::<records::TreeReport>()?;
+    m.add_class::<sync::SyncReport>()?;
     m.add_class::<dedupe::Plan>()?;
     m.add_class::<dedupe::Group>()?;
     m.add_class::<dedupe::DedupeReport>()?;

@@ -933,6 +933,72 @@ pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Er
     rfs::fsetxattr(fd, name, value, rfs::XattrFlags::empty())
 }
 
+/// `fremovexattr(2)`: remove the attribute `name`. `ENODATA`: it was not
+/// there.
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    rfs::fremovexattr(fd, name)
+}
+
+/// The path of `name` in the open directory `dir` through `/proc`, so a
+/// path call resolves nothing but that one name.
+fn proc_path_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<std::ffi::CString, Errno> {
+    let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    p.extend_from_slice(name.to_bytes());
+    std::ffi::CString::new(p).map_err(|_| Errno::INVAL)
+}
+
+/// `llistxattr(2)` of the entry `name` in `dir`, without opening it or
+/// following it when it is a symbolic link: one call where
+/// open + `flistxattr` + close are three. `ERANGE`: `buf` is too small
+/// (an empty `buf` asks for the length).
+pub fn list_xattrs_at(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    let p = proc_path_at(dir, name)?;
+    if buf.is_empty() {
+        return rfs::llistxattr_query(p.as_c_str());
+    }
+    rfs::llistxattr(p.as_c_str(), buf)
+}
+
+/// `lgetxattr(2)` of the entry `name` in `dir` (as [`list_xattrs_at`]).
+/// An empty `buf` asks for the length.
+pub fn get_xattr_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    attr: &CStr,
+    buf: &mut [u8],
+) -> Result<usize, Errno> {
+    let p = proc_path_at(dir, name)?;
+    if buf.is_empty() {
+        return rfs::lgetxattr_query(p.as_c_str(), attr);
+    }
+    rfs::lgetxattr(p.as_c_str(), attr, buf)
+}
+
+/// Set the mode of the entry `name` in `dir` without following it:
+/// `chmod` follows symbolic links and `fchmodat`'s `AT_SYMLINK_NOFOLLOW`
+/// is not everywhere, so the entry is pinned with an `O_PATH` descriptor
+/// and changed through `/proc/self/fd` (glibc's way). `ELOOP`: it is a
+/// symbolic link.
+pub fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<(), Errno> {
+    let pinned = rfs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rfs::FileType::from_raw_mode(rfs::fstat(&pinned)?.st_mode) == rfs::FileType::Symlink {
+        return Err(Errno::LOOP);
+    }
+    let via = format!("/proc/self/fd/{}", pinned.as_raw_fd());
+    rfs::chmod(via.as_str(), mode)
+}
+
+/// The kernel's table of file locks (`/proc/locks`), for naming the
+/// process that holds a lock another run wants.
+pub fn lock_table() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/locks")
+}
+
 /// The mount table as the kernel describes it (`/proc/self/mountinfo`
 /// text, parsed by the core's `mountinfo`).
 pub fn mount_table() -> std::io::Result<String> {

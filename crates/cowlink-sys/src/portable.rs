@@ -430,6 +430,50 @@ pub fn set_xattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Er
     }
 }
 
+/// Removing extended attributes: through rustix on macOS, `EOPNOTSUPP`
+/// elsewhere.
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    #[cfg(target_vendor = "apple")]
+    return rfs::fremovexattr(fd, name);
+    #[cfg(not(target_vendor = "apple"))]
+    {
+        let _ = (fd, name);
+        Err(Errno::OPNOTSUPP)
+    }
+}
+
+/// No `/proc` here to reach an entry by name: `EOPNOTSUPP`, and callers
+/// open the entry instead.
+pub fn list_xattrs_at(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, Errno> {
+    let _ = (dir, name, buf);
+    Err(Errno::OPNOTSUPP)
+}
+
+/// As [`list_xattrs_at`]: `EOPNOTSUPP`.
+pub fn get_xattr_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    attr: &CStr,
+    buf: &mut [u8],
+) -> Result<usize, Errno> {
+    let _ = (dir, name, attr, buf);
+    Err(Errno::OPNOTSUPP)
+}
+
+/// Set the mode of the entry `name` in `dir` without following it
+/// (`fchmodat` with `AT_SYMLINK_NOFOLLOW`).
+pub fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<(), Errno> {
+    rfs::chmodat(dir, name, mode, rfs::AtFlags::SYMLINK_NOFOLLOW)
+}
+
+/// No `/proc/locks` here: the holder of a lock cannot be named.
+pub fn lock_table() -> std::io::Result<String> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "no lock table on this system",
+    ))
+}
+
 /// No mount table in Linux's format here: an `Unsupported` error.
 pub fn mount_table() -> std::io::Result<String> {
     Err(std::io::Error::new(

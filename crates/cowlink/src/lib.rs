@@ -99,6 +99,8 @@ pub mod run;
 pub mod snapshot;
 #[cfg(unix)]
 pub mod store;
+#[cfg(unix)]
+pub mod sync;
 pub mod tree;
 #[cfg(unix)]
 pub mod usage;

@@ -18,4 +18,5 @@ mod remote;
 mod run_control;
 mod snapshot;
 mod store;
+mod sync;
 mod tree;

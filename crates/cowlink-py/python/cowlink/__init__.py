@@ -60,6 +60,7 @@ from ._cowlink import (
     Store,
     StoreStats,
     Support,
+    SyncReport,
     TreeError,
     TreeReport,
     UnalignedError,
@@ -72,6 +73,7 @@ from ._cowlink import (
     copy,
     copytree,
     extents,
+    sync,
     usage,
 )
 
@@ -107,6 +109,7 @@ __all__ = [
     "Store",
     "StoreStats",
     "Support",
+    "SyncReport",
     "TreeError",
     "TreeReport",
     "UnalignedError",
@@ -121,5 +124,6 @@ __all__ = [
     "dedupe",
     "extents",
     "probe",
+    "sync",
     "usage",
 ]

@@ -215,6 +215,34 @@ class Usage:
     @property
     def unknown_disk(self) -> int: ...
 
+class SyncReport:
+    @property
+    def created(self) -> int: ...
+    @property
+    def replaced(self) -> int: ...
+    @property
+    def metadata(self) -> int: ...
+    @property
+    def deleted(self) -> int: ...
+    @property
+    def hardlinked(self) -> int: ...
+    @property
+    def unchanged(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def cloned(self) -> int: ...
+    @property
+    def cloned_from_reflink_dest(self) -> int: ...
+    @property
+    def copied(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def cancelled(self) -> bool: ...
+    @property
+    def dry_run(self) -> bool: ...
+
 class TreeReport:
     @property
     def files(self) -> int: ...
@@ -270,6 +298,22 @@ def copytree(
     cancel: Optional[CancelToken] = None,
     reflink: Optional[ReflinkMode] = None,
 ) -> TreeReport: ...
+def sync(
+    src: StrPath,
+    dst: StrPath,
+    *,
+    contents: Optional[bool] = None,
+    delete: bool = False,
+    delete_excluded: bool = False,
+    exclude: Sequence[str] = (),
+    checksum: bool = False,
+    reflink_dest: Sequence[StrPath] = (),
+    dry_run: bool = False,
+    hardlinks: bool = True,
+    threads: Optional[int] = None,
+    on_progress: OnProgress = None,
+    cancel: Optional[CancelToken] = None,
+) -> SyncReport: ...
 def copy(
     src: Union[StrPath, Sequence[StrPath]],
     dst: StrPath,

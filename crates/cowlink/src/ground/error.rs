@@ -210,6 +210,8 @@ pub enum Operation {
     Remote,
     /// Beginning, completing, listing or pruning a snapshot set.
     Snapshot,
+    /// Keeping a destination tree in step with a source (`sync`).
+    Sync,
 }
 
 impl Operation {
@@ -238,6 +240,7 @@ impl Operation {
             Operation::Pull => "pull",
             Operation::Remote => "use the remote",
             Operation::Snapshot => "snapshot",
+            Operation::Sync => "sync",
         }
     }
 }

@@ -312,7 +312,7 @@ fn copy_xattrs_matching(
 }
 
 #[cfg(unix)]
-fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
+pub(crate) fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
     // Most files have no or few attributes: one call with a small buffer,
     // asking for the size only when it is too small.
     let mut buf = vec![0u8; 256];
@@ -339,7 +339,7 @@ fn list_xattrs(fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
 }
 
 #[cfg(unix)]
-fn get_xattr(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<Vec<u8>, Errno> {
+pub(crate) fn get_xattr(fd: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<Vec<u8>, Errno> {
     loop {
         let n = cowlink_sys::get_xattr_len(fd, name)?;
         let mut buf = vec![0u8; n];

@@ -250,17 +250,17 @@ fn new_node(
 }
 
 /// A destination directory, created or merged into.
-struct Made {
-    fd: OwnedFd,
+pub(crate) struct Made {
+    pub(crate) fd: OwnedFd,
     /// The mode it should end with if modes are not preserved.
-    mode: u32,
+    pub(crate) mode: u32,
     /// Its mode was changed (u+rwx added) to work inside it.
-    changed: bool,
+    pub(crate) changed: bool,
     /// The group new files get in it, if predictable.
-    new_gid: Option<u32>,
+    pub(crate) new_gid: Option<u32>,
     /// How files get their names in it: directly when this run created
     /// it (unless every name must be crash-atomic).
-    placement: Placement,
+    pub(crate) placement: Placement,
 }
 
 /// Create the directory `name` in `dir` with permission bits `bits` (or
@@ -268,7 +268,7 @@ struct Made {
 /// it. A new directory is made without the `withheld` bits, so that no one
 /// else can use it while it is filled; they are given back (less the
 /// umask) with the rest of its metadata.
-fn make_dir(
+pub(crate) fn make_dir(
     dir: BorrowedFd<'_>,
     name: &CStr,
     bits: u32,

@@ -15,7 +15,7 @@ use crate::ground::error::Error;
 /// table when all its names have been seen, so the table holds only
 /// hardlinked files in flight.
 #[derive(Default)]
-pub(super) struct LinkTable {
+pub(crate) struct LinkTable {
     map: Mutex<HashMap<(u64, u64), Arc<LinkSlot>>>,
 }
 
@@ -27,7 +27,7 @@ struct LinkSlot {
 }
 
 /// What became of an entry with several names.
-pub(super) enum Linked {
+pub(crate) enum Linked {
     /// This name was copied (it is the first, or earlier copies failed).
     Copied,
     /// This name was linked to the copy of an earlier name.
@@ -37,7 +37,7 @@ pub(super) enum Linked {
 impl LinkTable {
     /// Link `name` to the copy of an earlier name of the same inode, or run
     /// `copy` when this is the first name (or every earlier copy failed).
-    pub(super) fn link_or_copy(
+    pub(crate) fn link_or_copy(
         &self,
         st: &Stat,
         rel: PathBuf,

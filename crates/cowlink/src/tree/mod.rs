@@ -33,13 +33,13 @@
 //! completion. `copy` calls `entry`, never the reverse.
 
 #[cfg(unix)]
-mod copy;
+pub(crate) mod copy;
 #[cfg(unix)]
 mod ctx;
 #[cfg(unix)]
 mod entry;
 #[cfg(unix)]
-mod links;
+pub(crate) mod links;
 #[cfg(unix)]
 mod node;
 

@@ -16,6 +16,7 @@ mod real_fs;
 mod remote;
 mod snapshot;
 mod store;
+mod sync;
 mod tree;
 
 /// Whether `b` maps every byte to the same disk blocks as `a` (FIEMAP).

@@ -1,0 +1,230 @@
+//! `cowlink sync`: kill -9 and Ctrl-C mid-run then a rerun converges,
+//! with every name old or new, never mixed; a concurrent run is refused
+//! naming the holder; itemized dry runs and JSON.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use cowlink_testfs::{rsync_diff, temporaries, testfs};
+
+use crate::common::{bin, cowlink, json, ok, text};
+
+fn slash(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push("/");
+    PathBuf::from(s)
+}
+
+/// `n` files of `len` bytes whose contents depend on `version`.
+fn versioned_tree(dir: &Path, n: usize, len: usize, version: u8) {
+    fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        fs::write(
+            dir.join(format!("f{i:05}")),
+            vec![version.wrapping_add(i as u8); len],
+        )
+        .unwrap();
+    }
+}
+
+/// Start a sync from ext4 into XFS (copied: it takes long enough), wait
+/// for the first itemized file, stop it with `signal`, and check that
+/// every name holds either its old content (version 1) or its new
+/// (version 2), then that a rerun converges.
+fn stop_mid_sync(signal: rustix::process::Signal, want_code: Option<i32>) {
+    let (e, x) = (testfs!(Ext4), testfs!(Xfs));
+    let (src, dst) = (e.path().join("src"), x.path().join("dst"));
+    let (n, len) = (1500, 128 << 10);
+    versioned_tree(&src, n, len, 1);
+    ok(&cowlink(&[&"sync", &slash(&src), &dst]));
+    versioned_tree(&src, n, len, 2);
+    let mut child = bin()
+        .args(["sync", "-i", "-j", "2", "--no-progress"])
+        .arg(slash(&src))
+        .arg(&dst)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the sync ended before a file").unwrap();
+        if line.starts_with(">f") {
+            break;
+        }
+    }
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal).unwrap();
+    for _ in lines {}
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), want_code, "{signal:?}");
+    let (mut old, mut new) = (0, 0);
+    for i in 0..n {
+        let got = fs::read(dst.join(format!("f{i:05}"))).unwrap();
+        if got == vec![1u8.wrapping_add(i as u8); len] {
+            old += 1;
+        } else if got == vec![2u8.wrapping_add(i as u8); len] {
+            new += 1;
+        } else {
+            panic!("f{i:05} holds a mix of old and new content after {signal:?}");
+        }
+    }
+    assert!(
+        new > 0 && old > 0,
+        "{signal:?} did not land mid-run: {old} old, {new} new"
+    );
+    assert!(temporaries(&dst).is_empty());
+    ok(&cowlink(&[&"sync", &"--delete", &slash(&src), &dst]));
+    assert_eq!(rsync_diff(&src, &dst, true), "");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn kill_9_mid_sync_leaves_every_name_old_or_new_and_a_rerun_converges() {
+    stop_mid_sync(rustix::process::Signal::KILL, None);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn ctrl_c_mid_sync_exits_130_and_a_rerun_converges() {
+    stop_mid_sync(rustix::process::Signal::INT, Some(130));
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn kill_9_mid_first_sync_then_a_rerun_converges() {
+    let (e, x) = (testfs!(Ext4), testfs!(Xfs));
+    let (src, dst) = (e.path().join("src"), x.path().join("dst"));
+    for d in 0..10 {
+        versioned_tree(&src.join(format!("d{d}")), 150, 128 << 10, d);
+    }
+    let mut child = bin()
+        .args(["sync", "-i", "--no-progress"])
+        .arg(slash(&src))
+        .arg(&dst)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().starts_with(">f") {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(lines);
+    assert_ne!(rsync_diff(&src, &dst, true), "", "the kill came too late");
+    ok(&cowlink(&[&"sync", &slash(&src), &dst]));
+    assert_eq!(rsync_diff(&src, &dst, true), "");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_concurrent_sync_is_refused_naming_the_holder() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&dst).unwrap();
+    let mut holder = std::process::Command::new("flock")
+        .arg("-o")
+        .arg(&dst)
+        .args(["sleep", "30"])
+        .spawn()
+        .unwrap();
+    let pid = holder.id();
+    let mut out = None;
+    for _ in 0..100 {
+        let o = cowlink(&[&"sync", &slash(&src), &dst]);
+        if !o.status.success() {
+            out = Some(o);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let out = out.expect("refused while the lock was held");
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("process {pid}")), "{err}");
+    assert!(err.contains("another sync"), "{err}");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn dry_run_itemizes_like_rsync_and_json_lists_changes() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/f"), b"x").unwrap();
+    fs::write(src.join("keep.o"), b"o").unwrap();
+    let out = ok(&cowlink(&[
+        &"sync",
+        &"-n",
+        &"--exclude",
+        &"*.o",
+        &slash(&src),
+        &dst,
+    ]));
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(lines, [">f+++++++++ sub/f", "cd+++++++++ sub/"]);
+    assert!(!dst.exists());
+    ok(&cowlink(&[&"sync", &slash(&src), &dst]));
+    fs::write(src.join("sub/f"), b"longer").unwrap();
+    fs::write(dst.join("extra"), b"e").unwrap();
+    let out = cowlink(&[&"sync", &"--json", &"--delete", &slash(&src), &dst]);
+    let v = json(&out);
+    assert!(out.status.success());
+    let changes = v["changes"].as_array().unwrap();
+    let mut got: Vec<(String, String)> = changes
+        .iter()
+        .map(|c| {
+            (
+                c["itemize"].as_str().unwrap().to_string(),
+                c["path"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("*deleting  ".to_string(), "extra".to_string()),
+            // The new name "extra" moved the root's time.
+            (".d..t......".to_string(), "".to_string()),
+            (">f.st......".to_string(), "sub/f".to_string()),
+        ]
+    );
+    assert_eq!(v["summary"]["deleted"], 1);
+    assert_eq!(rsync_diff(&src, &dst, true), "");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn exclude_from_reads_patterns_and_a_missing_source_fails() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(src.join("build")).unwrap();
+    fs::write(src.join("build/out"), b"x").unwrap();
+    fs::write(src.join("a.c"), b"c").unwrap();
+    let list = x.path().join("excludes");
+    fs::write(&list, "# build products\n/build\n").unwrap();
+    ok(&cowlink(&[
+        &"sync",
+        &"--exclude-from",
+        &list,
+        &slash(&src),
+        &dst,
+    ]));
+    assert!(dst.join("a.c").exists() && !dst.join("build").exists());
+    let out = cowlink(&[&"sync", &"--json", &x.path().join("nope/"), &dst]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("source does not exist"));
+    assert_eq!(text(&out.stdout), "", "no half JSON document");
+    // A source inside the destination would be deleted by --delete.
+    let inner = dst.join("inner");
+    fs::create_dir(&inner).unwrap();
+    let out = cowlink(&[&"sync", &"--delete", &slash(&inner), &dst]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("source is inside the destination"));
+    assert!(inner.exists());
+}

@@ -1,0 +1,166 @@
+//! `cowlink.sync()`: Python arguments into `cowlink::sync::SyncOptions`.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use cowlink::sync::{SyncEvent, SyncOptions};
+use cowlink::Error;
+use pyo3::prelude::*;
+
+use crate::control::{CancelToken, Control};
+use crate::errors::{to_py, TreeError};
+use crate::path::FsPath;
+use crate::records::{error_list, record};
+
+record!(
+    /// What a sync did (in a dry run, would have done).
+    SyncReport {
+        /// Entries created.
+        created: u64,
+        /// Entries whose data was replaced, or replaced by another type.
+        replaced: u64,
+        /// Entries whose metadata only was set.
+        metadata: u64,
+        /// Entries removed (`delete`).
+        deleted: u64,
+        /// Names made hardlinks to an earlier name's copy.
+        hardlinked: u64,
+        /// Entries left untouched because they matched.
+        unchanged: u64,
+        /// Bytes of files placed.
+        bytes: u64,
+        /// Files sharing their blocks with their source.
+        cloned: u64,
+        /// Files cloned from a `reflink_dest` directory.
+        cloned_from_reflink_dest: u64,
+        /// Files physically copied.
+        copied: u64,
+        /// Entries that failed.
+        errors: u64,
+        /// Stopped by a CancelToken before the end.
+        cancelled: bool,
+        /// Nothing was changed.
+        dry_run: bool,
+    }
+);
+
+impl From<&cowlink::sync::SyncReport> for SyncReport {
+    fn from(r: &cowlink::sync::SyncReport) -> Self {
+        SyncReport {
+            created: r.created,
+            replaced: r.replaced,
+            metadata: r.metadata,
+            deleted: r.deleted,
+            hardlinked: r.hardlinked,
+            unchanged: r.unchanged,
+            bytes: r.bytes,
+            cloned: r.cloned,
+            cloned_from_reflink_dest: r.cloned_from_reflink_dest,
+            copied: r.copied,
+            errors: r.errors,
+            cancelled: r.cancelled,
+            dry_run: r.dry_run,
+        }
+    }
+}
+
+/// `src` as the library reads it: with `contents`, its contents (a
+/// trailing slash); with `contents=False`, the directory itself (none);
+/// left `None`, as given (rsync's rule; `pathlib` drops the slash, so
+/// pass `contents=True` with a `Path`).
+fn source_path(src: PathBuf, contents: Option<bool>) -> PathBuf {
+    let mut b = src.into_os_string().into_vec();
+    match contents {
+        Some(true) if !b.ends_with(b"/") => b.push(b'/'),
+        Some(false) => {
+            while b.len() > 1 && b.ends_with(b"/") {
+                b.pop();
+            }
+        }
+        _ => {}
+    }
+    PathBuf::from(OsString::from_vec(b))
+}
+
+/// Make `dst` equal `src` as `rsync -aHAX` would, touching only what
+/// differs and cloning what changed where the filesystem allows (see
+/// `cowlink sync --help`). `contents=True` syncs the contents of `src`
+/// into `dst`, `False` the directory itself into `dst/NAME`; `None` (the
+/// default) follows rsync's trailing-slash rule on the string given.
+/// `delete` removes what `src` lacks (`delete_excluded`: excluded entries
+/// too); `exclude` takes gitignore patterns; `checksum` compares
+/// contents; `reflink_dest` names directories (relative ones taken from
+/// `dst`) whose equal files are cloned. Failed entries do not stop the
+/// sync; at the end they are raised together as `TreeError` (with
+/// `errors` and `report`). Ctrl-C, `cancel` or an exception from
+/// `on_progress` stops it cleanly: every name is old or new, and a rerun
+/// converges.
+#[pyfunction]
+#[pyo3(signature = (src, dst, *, contents=None, delete=false, delete_excluded=false, exclude=Vec::new(), checksum=false, reflink_dest=Vec::new(), dry_run=false, hardlinks=true, threads=None, on_progress=None, cancel=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn sync(
+    py: Python<'_>,
+    src: FsPath,
+    dst: FsPath,
+    contents: Option<bool>,
+    delete: bool,
+    delete_excluded: bool,
+    exclude: Vec<String>,
+    checksum: bool,
+    reflink_dest: Vec<FsPath>,
+    dry_run: bool,
+    hardlinks: bool,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<SyncReport> {
+    let src = source_path(src.0, contents);
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+    let options = SyncOptions {
+        checksum,
+        delete,
+        delete_excluded,
+        exclude,
+        reflink_dest: reflink_dest.into_iter().map(|p| p.0).collect(),
+        dry_run,
+        no_hardlinks: !hardlinks,
+        run: control.run(),
+    };
+    let failed: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+    let observe = |ev: &SyncEvent<'_>| {
+        if let SyncEvent::Failed(e) = ev {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((*e).clone());
+        }
+    };
+    let result = control.drive(py, || cowlink::sync::sync(&src, &dst, &options, &observe))?;
+    let report = result.map_err(|e| to_py(py, &e))?;
+    let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    let report = SyncReport::from(&report);
+    if failed.is_empty() {
+        return Ok(report);
+    }
+    let first = &failed[0];
+    let errno = first
+        .raw_os_error()
+        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
+    let err = TreeError::new_err((
+        errno,
+        format!(
+            "{} of the entries could not be synced; the first: {first}",
+            failed.len()
+        ),
+    ));
+    let value = err.value(py);
+    value.setattr("filename", src.as_os_str())?;
+    value.setattr("filename2", dst.0.as_os_str())?;
+    value.setattr("message", value.getattr("strerror")?)?;
+    value.setattr("kind", "sync")?;
+    value.setattr("errors", error_list(py, &failed)?)?;
+    value.setattr("report", Py::new(py, report)?)?;
+    Err(err)
+}

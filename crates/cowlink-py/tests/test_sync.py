@@ -1,0 +1,91 @@
+"""sync: DST equals SRC as rsync -aHAX sees it, only what differs touched,
+the trailing-slash rule and `contents`, exclusions, failures raised."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import data, rich_tree, write
+
+import cowlink
+
+
+def rsync_differences(a: Path, b: Path) -> list[str]:
+    """What rsync would change to make b equal to a, deletions included."""
+    out = subprocess.run(
+        ["rsync", "-aniHAX", "--checksum", "--delete", f"{a}/", f"{b}/"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return [line for line in out.decode(errors="replace").splitlines() if line.strip()]
+
+
+def test_sync_mirrors_the_rich_fixture_and_a_rerun_touches_nothing(cow: Path) -> None:
+    src, dst = cow / "src", cow / "dst"
+    rich_tree(src)
+    seen: list[cowlink.Progress] = []
+    report = cowlink.sync(src, dst, contents=True, on_progress=seen.append)
+    assert report.errors == 0 and not report.cancelled and not report.dry_run
+    assert report.created > 0 and report.cloned > 0 and report.copied == 0
+    assert rsync_differences(src, dst) == []
+    before = {p: os.lstat(p).st_ctime_ns for p in dst.rglob("*")}
+    again = cowlink.sync(f"{src}/", dst)
+    assert (again.created, again.replaced, again.metadata) == (0, 0, 0)
+    assert again.unchanged > 0
+    assert {p: os.lstat(p).st_ctime_ns for p in dst.rglob("*")} == before
+    os.chmod(src / "ro", 0o755)
+    os.chmod(dst / "ro", 0o755)
+
+
+def test_changes_deletes_and_exclusions(xfs: Path) -> None:
+    src, dst = xfs / "src", xfs / "dst"
+    write(src / "a", data(5000, 1))
+    write(src / "skip.o", b"o")
+    write(src / "sub" / "b", data(100, 2))
+    cowlink.sync(src, dst, contents=True, exclude=["*.o"])
+    assert sorted(p.name for p in dst.iterdir()) == ["a", "sub"]
+    write(src / "a", data(6000, 3))
+    (src / "sub" / "b").unlink()
+    report = cowlink.sync(src, dst, contents=True, delete=True, exclude=["*.o"])
+    assert (report.replaced, report.deleted) == (1, 1)
+    assert (dst / "a").read_bytes() == data(6000, 3)
+    dry = cowlink.sync(src, dst, contents=True, dry_run=True, delete=True)
+    assert dry.dry_run and dry.created == 1 and not (dst / "skip.o").exists()
+
+
+def test_contents_false_syncs_the_directory_itself(xfs: Path) -> None:
+    src, dst = xfs / "src", xfs / "dst"
+    write(src / "f", b"x")
+    cowlink.sync(f"{src}/", dst, contents=False)
+    assert (dst / "src" / "f").read_bytes() == b"x"
+
+
+def test_failures_are_raised_together_after_the_sync(xfs: Path) -> None:
+    src, dst = xfs / "src", xfs / "dst"
+    write(src / "ok", b"fine")
+    (src / "sub").mkdir()
+    write(src / "sub" / "f", b"x")
+    dst.mkdir()
+    # An immutable file cannot be replaced: its entry fails, the rest is
+    # synced, and the old file stays whole.
+    (dst / "sub").mkdir()
+    write(dst / "sub" / "f", b"old")
+    subprocess.run(["chattr", "+i", str(dst / "sub" / "f")], check=True)
+    try:
+        with pytest.raises(cowlink.TreeError) as info:
+            cowlink.sync(src, dst, contents=True, checksum=True)
+    finally:
+        subprocess.run(["chattr", "-i", str(dst / "sub" / "f")], check=True)
+    err = info.value
+    assert err.kind == "sync"
+    assert len(err.errors) == 1 and err.report.errors == 1
+    assert (dst / "ok").read_bytes() == b"fine"
+    assert (dst / "sub" / "f").read_bytes() == b"old"
+
+
+def test_missing_source_raises_file_not_found(xfs: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        cowlink.sync(xfs / "nope", xfs / "dst", contents=True)

@@ -1,0 +1,178 @@
+//! Keeping a destination tree in step with a source: `cowlink sync SRC/
+//! DST/`.
+//!
+//! Afterwards DST equals SRC as `cp -a` would make it (modes, owners,
+//! nanosecond times, extended attributes and ACLs, hardlink groups,
+//! symbolic links, FIFOs and devices), and only what differs was touched:
+//! an unchanged entry keeps its inode and its ctime. New and changed files
+//! are cloned from SRC where the filesystems allow, copied where not.
+//!
+//! The shape is the project's: `plan` decides, purely, from what `lstat`
+//! says of the source and destination entries (and, when asked, whether
+//! contents, extended attributes or link targets are equal) what to do
+//! with each name; `apply` walks SRC on the one walker engine
+//! (`crate::walk::pool`), in parallel, and carries the decisions out with
+//! the file primitives of `crate::prim` (transfer, placement, metadata)
+//! and the tree copy's directory creation. `filter` holds the exclusions
+//! (gitignore syntax) and `lock` the one-run-per-destination lock.
+//!
+//! DST is the user's declared mirror. Inside it nothing is followed:
+//! every directory is opened relative to its parent with `O_NOFOLLOW`, so
+//! a symbolic link where a directory is expected is replaced as an entry,
+//! and a directory on another device (a mount point, or a nested Btrfs
+//! subvolume) is refused, not entered. Nothing is written outside DST, and
+//! no bookkeeping file is written inside it (the lock is a `flock` on
+//! DST's directory).
+//!
+//! Crash semantics: a name in DST never holds a mix of old and new
+//! content. A changed file is written to a new inode (an `O_TMPFILE`, or
+//! under its final name only in a directory this run created) and linked
+//! over the old name by `rename`; a new file in a new directory carries
+//! the unfinished mark and no source time until it is complete. A
+//! directory's metadata is set after everything below it. So after a
+//! `kill -9` every name is either old or new, and a rerun sees what is left
+//! to do and converges. A source file that changes while it is read
+//! (its size, modification or change time moved between the `fstat`s
+//! before and after) is read again, up to three times, then reported as
+//! `ContentChanged` and not placed.
+
+mod apply;
+mod filter;
+mod lock;
+pub mod plan;
+
+use std::path::{Path, PathBuf};
+
+use crate::ground::error::Error;
+use crate::prim::mode::Outcome;
+
+pub use filter::patterns_from;
+pub use plan::{itemize, Action, Changes, EntryKind};
+
+/// Options for [`sync`]. `Default`: `cp -a` semantics, size and time
+/// comparison, nothing deleted, every core.
+#[derive(Debug, Clone, Default)]
+pub struct SyncOptions {
+    /// Compare regular files by contents (BLAKE3 of both) instead of size
+    /// and modification time, and extended attributes always (`--checksum`).
+    /// Without it, a file's extended attributes are compared only when
+    /// the source's ctime is not older than its copy's (any change to
+    /// them moves it).
+    pub checksum: bool,
+    /// Remove destination entries the source lacks (`--delete`); entries
+    /// an exclusion matches are spared unless [`delete_excluded`] is set.
+    ///
+    /// [`delete_excluded`]: SyncOptions::delete_excluded
+    pub delete: bool,
+    /// With [`delete`](SyncOptions::delete): remove excluded entries from
+    /// the destination too, as rsync's `--delete-excluded`.
+    pub delete_excluded: bool,
+    /// Exclusions, one gitignore line each (`--exclude`, and the lines of
+    /// `--exclude-from` files: see [`patterns_from`]), matched against
+    /// paths relative to the synced directory.
+    pub exclude: Vec<String>,
+    /// Directories to clone unchanged files from (`--reflink-dest`, as
+    /// rsync's `--link-dest`): a file whose counterpart there (same
+    /// relative path) has the source's size and modification time (or
+    /// contents, with [`checksum`](SyncOptions::checksum)) is cloned from
+    /// it. A relative directory is taken from the destination, as rsync
+    /// does.
+    pub reflink_dest: Vec<PathBuf>,
+    /// Report what would be done without changing anything.
+    pub dry_run: bool,
+    /// Do not keep the source's hardlink groups: each name gets its own
+    /// copy (`rsync -a` without `-H`). By default they are kept.
+    pub no_hardlinks: bool,
+    /// Threads (0: chosen from the destination filesystem), cancellation
+    /// and progress ([`Phase::Copy`](crate::run::Phase::Copy): files and
+    /// bytes placed).
+    pub run: crate::run::Run,
+}
+
+/// What [`sync`] did to one name (or, in a dry run, would do), as told to
+/// an [`Observer`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SyncEvent<'a> {
+    /// One entry was decided on (and, outside a dry run, dealt with).
+    Item {
+        /// The path below the destination root.
+        path: &'a Path,
+        /// The entry's type (the source's; the destination's for deletes).
+        kind: EntryKind,
+        /// What was done.
+        action: Action,
+        /// What differed.
+        changes: Changes,
+        /// For a file whose data was placed: how, and how many bytes.
+        outcome: Option<Outcome>,
+    },
+    /// An entry failed; the sync goes on.
+    Failed(&'a Error),
+}
+
+/// Hears about every entry of a [`sync`], from the worker threads (so it
+/// must be `Sync`, and quick).
+pub trait Observer: Sync {
+    /// One entry's event.
+    fn event(&self, event: &SyncEvent<'_>);
+}
+
+impl<F: Fn(&SyncEvent<'_>) + Sync> Observer for F {
+    fn event(&self, event: &SyncEvent<'_>) {
+        self(event)
+    }
+}
+
+/// Totals of a [`sync`]; in a dry run, what would have been done.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SyncReport {
+    /// Entries created (files, directories, links, special files).
+    pub created: u64,
+    /// Entries whose data was replaced, or replaced by another type.
+    pub replaced: u64,
+    /// Entries whose metadata only was set.
+    pub metadata: u64,
+    /// Entries removed (`--delete`); a directory counts once.
+    pub deleted: u64,
+    /// Names made hardlinks to an earlier name's copy.
+    pub hardlinked: u64,
+    /// Entries left untouched because they matched.
+    pub unchanged: u64,
+    /// Bytes of regular files placed.
+    pub bytes: u64,
+    /// Files whose blocks are shared with their source.
+    pub cloned: u64,
+    /// Files cloned from a `--reflink-dest` directory.
+    pub cloned_from_reflink_dest: u64,
+    /// Files physically copied.
+    pub copied: u64,
+    /// Entries that failed.
+    pub errors: u64,
+    /// The run was cancelled before it finished.
+    pub cancelled: bool,
+    /// Nothing was changed: a dry run.
+    pub dry_run: bool,
+}
+
+/// Make `dst` equal `src`, as `rsync -aHAX` with rsync's trailing-slash
+/// rule: `src/` (or `src/.`) syncs the contents of `src` into `dst`;
+/// `src` without the slash syncs the directory itself into `dst/NAME`.
+/// A source that is not a directory is synced to `dst/NAME`. `dst` is
+/// created if it is missing (its parent must exist).
+///
+/// # Errors
+/// `Err` only when nothing could start: the source is missing, `dst` is
+/// inside `src`, `dst` cannot be created or opened, a bad exclusion, a
+/// `--reflink-dest` directory that cannot be opened, or another sync
+/// holds `dst` (`InUse`, naming the process). Everything else is a
+/// per-entry failure, passed to `observer` and counted in
+/// [`SyncReport::errors`].
+pub fn sync(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &SyncOptions,
+    observer: &dyn Observer,
+) -> Result<SyncReport, Error> {
+    apply::run(src.as_ref(), dst.as_ref(), options, observer)
+}
