@@ -48,8 +48,19 @@ use crate::{human_bytes, human_duration, Exit};
 /// permissions, o owner, g group, x extended attributes or ACLs; `.`
 /// where equal, `+++++++++` for a new entry.
 ///
+/// --snapshot ROOT keeps versions instead of one mirror: each run makes
+/// ROOT/<UTC time>/ as a clone of the newest complete snapshot (a
+/// subvolume snapshot on Btrfs), syncs SRC into it with --delete
+/// --delete-excluded (a snapshot is SRC as it was), and then marks it
+/// complete. Unchanged files share every block with the snapshot before;
+/// a changed file is cloned from SRC (or, from another filesystem, only
+/// its differing blocks are written). An interrupted run is never listed
+/// complete and the next run resumes it under its name. `cowlink snapshot
+/// ls ROOT` shows what each holds; `cowlink snapshot prune` removes old ones.
+///
 /// Examples:
 ///   cowlink sync src/ /mnt/mirror/            # contents of src into the mirror
+///   cowlink sync --snapshot /backup/home ~/   # a new snapshot of ~ under /backup/home
 ///   cowlink sync -n --delete src/ mirror/     # what would change, deletions too
 ///   cowlink sync --exclude '*.o' --exclude target/ src/ mirror/
 ///   cowlink sync --reflink-dest ../2024-06-01 src/ backups/2024-06-02/
@@ -118,9 +129,13 @@ pub struct SyncArgs {
     #[arg(value_name = "SRC", value_parser = crate::PathArg)]
     src: PathBuf,
 
+    /// Make a new snapshot under ROOT and sync into it, instead of DST
+    #[arg(long, value_name = "ROOT", value_parser = crate::PathArg, conflicts_with_all = ["dst", "reflink_dest"])]
+    snapshot: Option<PathBuf>,
+
     /// The destination directory (created if missing)
-    #[arg(value_name = "DST", value_parser = crate::PathArg)]
-    dst: PathBuf,
+    #[arg(value_name = "DST", value_parser = crate::PathArg, required_unless_present = "snapshot")]
+    dst: Option<PathBuf>,
 }
 
 /// One change in `--json` output. A path that is not UTF-8 has its exact
@@ -283,13 +298,17 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
     let spinner = crate::progress::for_run(show_progress, &progress);
     // Ctrl-C: workers finish the entry they are on; every name is old or
     // new, and a rerun converges.
-    let result = crate::interrupt::graceful(|| {
-        cowlink::sync::sync(&args.src, &args.dst, &options, &|ev: &SyncEvent<'_>| {
-            printer.event(ev)
-        })
+    let observer = |ev: &SyncEvent<'_>| printer.event(ev);
+    let result = crate::interrupt::graceful(|| match &args.snapshot {
+        Some(root) => cowlink::sync::sync_snapshot(&args.src, root, &options, &observer)
+            .map(|s| (s.sync.clone(), Some(s))),
+        None => {
+            let dst = args.dst.as_ref().expect("clap requires DST without --snapshot");
+            cowlink::sync::sync(&args.src, dst, &options, &observer).map(|r| (r, None))
+        }
     });
     spinner.finish();
-    let report = result?;
+    let (report, snapshot) = result?;
     if args.json {
         if printer.first.load(Ordering::Relaxed) {
             out!("{{\n  \"changes\": [");
@@ -297,12 +316,37 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
         let mut out = printer.out.lock().unwrap_or_else(|p| p.into_inner());
         let _ = out.flush();
         drop(out);
-        outln!(
-            "\n  ],\n  \"summary\": {}\n}}",
-            serde_json::to_string(&report)?
-        );
+        match &snapshot {
+            Some(snap) => outln!(
+                "\n  ],\n  \"summary\": {},\n  \"snapshot\": {}\n}}",
+                serde_json::to_string(&report)?,
+                serde_json::to_string(snap)?
+            ),
+            None => outln!(
+                "\n  ],\n  \"summary\": {}\n}}",
+                serde_json::to_string(&report)?
+            ),
+        }
     } else if args.dry_run || args.itemize_changes || show_progress {
         errln!("{}", summary_line(&report, start.elapsed()));
+    }
+    if let (Some(snap), false) = (&snapshot, args.json) {
+        let name = snap.snapshot.as_deref().unwrap_or("(none yet)");
+        if report.dry_run {
+            errln!("cowlink sync: dry run against snapshot {name}");
+        } else if snap.completed {
+            errln!(
+                "cowlink sync: snapshot {name} complete: {}{}",
+                shown(&snap.path),
+                if snap.resumed { " (resumed)" } else { "" }
+            );
+        } else {
+            errln!(
+                "cowlink sync: snapshot {name} left in progress, not complete: {}; the next \
+                 run resumes it",
+                shown(&snap.path)
+            );
+        }
     }
     Ok(if report.cancelled {
         errln!(

@@ -176,3 +176,84 @@ pub fn sync(
 ) -> Result<SyncReport, Error> {
     apply::run(src.as_ref(), dst.as_ref(), options, observer)
 }
+
+/// What [`sync_snapshot`] made.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SnapshotSyncReport {
+    /// The snapshot's name under the root (for a dry run: the snapshot
+    /// compared against, or `None` when the set has no complete one).
+    pub snapshot: Option<String>,
+    /// Its directory.
+    #[serde(serialize_with = "crate::name::json::path")]
+    pub path: PathBuf,
+    /// It was an interrupted snapshot, resumed under its name.
+    pub resumed: bool,
+    /// The complete snapshot it was cloned from.
+    pub base: Option<String>,
+    /// It was sealed complete. `false` after a cancel or a failed entry:
+    /// it stays in progress and the next run resumes it.
+    pub completed: bool,
+    /// The sync into it.
+    pub sync: SyncReport,
+}
+
+/// `cowlink sync --snapshot ROOT SRC/`: make a new snapshot in the set at
+/// `root` as a clone of its newest complete snapshot (a Btrfs subvolume
+/// snapshot where it can; see [`crate::snapshot`]), sync `src` into it,
+/// and seal it complete. A snapshot is `src` as it was, so deletion is
+/// implied, excluded entries included (`--delete --delete-excluded`).
+/// An interrupted run (cancel, kill, a failed entry) leaves the snapshot
+/// in progress, never listed complete; the next run resumes it under its
+/// original name. In a dry run nothing is made: the changes are those
+/// against the newest complete snapshot.
+///
+/// # Errors
+/// As [`sync`], and when the set cannot be opened or begun (another run
+/// holds it: `InUse`, naming the process), or the seal fails.
+pub fn sync_snapshot(
+    src: impl AsRef<Path>,
+    root: impl AsRef<Path>,
+    options: &SyncOptions,
+    observer: &dyn Observer,
+) -> Result<SnapshotSyncReport, Error> {
+    let root = root.as_ref();
+    let mut opts = options.clone();
+    opts.delete = true;
+    opts.delete_excluded = true;
+    if opts.dry_run {
+        let newest = match crate::snapshot::SnapshotSet::open_existing(root) {
+            Ok(set) => set.list()?.0.into_iter().rev().find(|s| s.is_complete()),
+            Err(e) if e.kind() == crate::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        // Against nothing: a name no snapshot has, so every entry is new.
+        let path = newest
+            .as_ref()
+            .map_or_else(|| root.join(".cowlink-none"), |s| s.path.clone());
+        let report = sync(src, &path, &opts, observer)?;
+        return Ok(SnapshotSyncReport {
+            snapshot: newest.as_ref().map(|s| s.name.clone()),
+            path,
+            resumed: false,
+            base: None,
+            completed: false,
+            sync: report,
+        });
+    }
+    let set = crate::snapshot::SnapshotSet::open(root)?.with_run(opts.run.clone());
+    let begun = set.begin()?;
+    let report = sync(src, begun.path(), &opts, observer)?;
+    let mut out = SnapshotSyncReport {
+        snapshot: Some(begun.name().to_owned()),
+        path: begun.path().to_owned(),
+        resumed: begun.resumed(),
+        base: begun.base().map(str::to_owned),
+        completed: false,
+        sync: report,
+    };
+    if !out.sync.cancelled && out.sync.errors == 0 {
+        begun.complete()?;
+        out.completed = true;
+    }
+    Ok(out)
+}
