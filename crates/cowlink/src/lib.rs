@@ -87,6 +87,7 @@ pub use ground::error::{Error, ErrorKind, Operation, Result};
 pub use ground::fskind::{CloneLimit, FsKind};
 pub use ground::{error, mountinfo, name};
 pub use prealloc::{PreallocOptions, PreallocWriter};
+pub use prim::delta;
 pub use prim::meta::Preserve;
 pub use prim::mode::{LinkMode, Method, Outcome};
 pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished, Overwrite, Placement};

@@ -208,6 +208,9 @@ pub enum Operation {
     Pull,
     /// Configuring, listing or collecting a remote store.
     Remote,
+    /// Updating a file by rewriting only the blocks that differ
+    /// (`delta`), or reading a block-hash record.
+    Delta,
 }
 
 impl Operation {
@@ -235,6 +238,7 @@ impl Operation {
             Operation::Push => "push",
             Operation::Pull => "pull",
             Operation::Remote => "use the remote",
+            Operation::Delta => "update by blocks",
         }
     }
 }

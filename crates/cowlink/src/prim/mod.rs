@@ -4,6 +4,7 @@
 //! (`meta`), and the checks on sources and destinations (`files`). Nothing
 //! here walks a tree or knows a feature.
 
+pub mod delta;
 pub(crate) mod files;
 pub mod meta;
 pub mod mode;
