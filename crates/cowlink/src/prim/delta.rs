@@ -7,7 +7,7 @@
 //! destination new blocks for every byte, and an earlier snapshot that
 //! shares the old version would share nothing with the new one. Here the
 //! new version starts as a `FICLONE` of the old one in an unnamed
-//! temporary ([`PendingFile`], `O_TMPFILE`) of the destination's
+//! temporary (`O_TMPFILE`, through `prim::place`) of the destination's
 //! directory; each block of the source is compared with the same block of
 //! the clone, and only blocks that differ are written (which unshares
 //! exactly those blocks). The result is truncated or extended to the
@@ -38,7 +38,11 @@
 //! **A source that changes** while it is read (its size, modification or
 //! change time differ after the pass from before) gives
 //! [`ErrorKind::ContentChanged`]: the temporary is dropped, nothing is
-//! linked, and the caller copies again or reports.
+//! linked, and the caller copies again or reports. A source that shrinks
+//! under the reading is caught at once (a read ends early). Like every
+//! stat-based check (rsync's, cp's), it cannot see a same-size rewrite
+//! that lands within one tick of the filesystem's clock (a few ms on
+//! ext4 and XFS) of the first stat.
 //!
 //! **No reflink** on the destination (ext4, tmpfs): the old version
 //! cannot be cloned, and the new one is a plain full copy of the source
@@ -384,7 +388,9 @@ pub struct DeltaReport {
     /// Blocks made holes (a hole of the source where the old version had
     /// data).
     pub blocks_punched: u64,
-    /// Source bytes compared with the old version (by bytes or by hash).
+    /// Source bytes compared with the old version (by bytes or by hash);
+    /// holes of the source are settled by layout and not counted, nor is
+    /// anything in a full copy.
     pub bytes_compared: u64,
     /// Bytes of the old version read to compare (0 with a record).
     pub bytes_read_old: u64,
