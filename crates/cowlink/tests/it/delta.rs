@@ -359,7 +359,7 @@ fn a_stale_record_is_not_trusted() {
     assert!(fs::read(&dst).unwrap() == fs::read(&src).unwrap());
 }
 
-/// Random files and random edits, chained: each round's result is the
+/// Random files (to 3 MB) and random edits, chained: each round's result is the
 /// next round's old version, with the record it returned half the time,
 /// at a random block size otherwise. Every time the new version equals
 /// the source, its record equals one made by reading it, and the counts
@@ -374,10 +374,12 @@ fn random_files_and_edits_update_to_the_source_byte_for_byte() {
         .unwrap_or_else(|| fastrand::u64(..));
     let mut rng = fastrand::Rng::with_seed(seed);
     let (src, dst) = (x.path().join("s"), x.path().join("d"));
-    let mut content = data(rng.usize(0..300_000), rng.u64(..));
+    // Up to 3 MB: several of the update's 1 MiB chunks, so runs of blocks
+    // and holes cross chunk boundaries.
+    let mut content = data(rng.usize(0..3_000_000), rng.u64(..));
     write_file(&dst, &content);
     let mut record: Option<BlockRecord> = None;
-    for round in 0..60 {
+    for round in 0..100 {
         let ctx = format!("seed {seed} round {round}");
         // Edit: overwrite ranges, truncate, extend with data or a hole,
         // punch holes.
@@ -406,13 +408,13 @@ fn random_files_and_edits_update_to_the_source_byte_for_byte() {
                     content.extend_from_slice(&b);
                 }
                 3 => {
-                    let n = len + rng.usize(1..100_000);
+                    let n = len + rng.usize(1..1_500_000);
                     content.resize(n, 0);
                     f.set_len(n as u64).unwrap();
                 }
                 _ if len > 0 => {
                     let at = rng.usize(0..len);
-                    let n = rng.usize(1..60_000).min(len - at);
+                    let n = rng.usize(1..1_200_000).min(len - at);
                     content[at..at + n].fill(0);
                     rustix::fs::fallocate(
                         &f,
