@@ -26,9 +26,14 @@
 //! [`MAX_DEFAULT_BLOCKS`] hashes (128 MiB); blocks are always aligned, as
 //! clones require.
 //!
-//! **Comparing.** Without a record, both files are read once: the source,
-//! and the clone (the same disk blocks as the old version, but a file no
-//! one else writes, so what is compared is exactly what is patched). With
+//! **Comparing.** Without a record, both files are read once: the source
+//! and the old version. The old version rather than its clone: they hold
+//! the same blocks, but a fresh clone's page cache is always empty, while
+//! the old version's may hold what a recent write or read left (reading
+//! the clone of a cached image went to the disk for every block).
+//! The old version's identity (see [`FileIdentity`]) is checked before
+//! the clone and after the pass, so what was compared is what was cloned;
+//! an old version that changed gives [`ErrorKind::ContentChanged`]. With
 //! a [`BlockRecord`] of the old version that is proven current (it names
 //! the old file's size, modification and change times to the nanosecond
 //! and inode, and these still hold after the clone), only the source is
@@ -526,6 +531,12 @@ pub fn prepare<'d>(
             .with_reason(why)
     };
     let changed = || changed_error().with_src(src_shown).with_dst(target.shown);
+    let old_changed = || {
+        Error::new(OP, ErrorKind::ContentChanged)
+            .with_src(src_shown)
+            .with_dst(target.shown)
+            .with_reason("the old version changed while it was compared; nothing was replaced")
+    };
     let mut comps = target.name.components();
     if !matches!(
         (comps.next(), comps.next()),
@@ -626,9 +637,12 @@ pub fn prepare<'d>(
         false if size > 0 => vec![(0, size)],
         false => Vec::new(),
     };
+    let old_sparse = (old_st.st_blocks as u64).saturating_mul(512) < old_size;
     let new_data = match method {
-        DeltaMethod::CloneAndPatch if maybe_sparse => data_segments(tmp, size).map_err(err)?,
-        _ => Vec::new(),
+        DeltaMethod::CloneAndPatch if maybe_sparse || old_sparse => {
+            Some(data_segments(tmp, size).map_err(err)?)
+        }
+        _ => None,
     };
 
     let mut report = DeltaReport {
@@ -670,25 +684,41 @@ pub fn prepare<'d>(
         while si < src_data.len() && src_data[si].1 <= pos {
             si += 1;
         }
-        let src_any = si < src_data.len() && src_data[si].0 < end;
-        if src_any && !read_exact_at(src, &mut sbuf[..len as usize], pos).map_err(err)? {
-            return Err(changed());
+        // The blocks of this chunk that hold source data, as ranges: only
+        // they are read, from the source and (to compare) from the clone.
+        let ranges = block_ranges(&src_data, pos, end, block_size);
+        for &(a, b) in &ranges {
+            let at = (a - pos) as usize..(b - pos) as usize;
+            if !read_exact_at(src, &mut sbuf[at], a).map_err(err)? {
+                return Err(changed());
+            }
         }
-        // The old bytes, when compared by reading: the clone's, which after
-        // the resize are the old version's up to its size, zeros after.
-        let old_read = method == DeltaMethod::CloneAndPatch && record.is_none() && src_any;
-        if old_read {
-            if pos < old_size {
-                let n = len.min(old_size - pos) as usize;
-                if !read_exact_at(tmp, &mut obuf[..n], pos).map_err(err)? {
-                    return Err(
-                        err(Errno::IO).with_reason("the clone of the old version ended early")
-                    );
+        // The old bytes, when compared by reading: the old version's up to
+        // its size, zeros after (as the resized clone holds them); its
+        // holes (where known) read as zeros without asking.
+        if method == DeltaMethod::CloneAndPatch && record.is_none() {
+            for &(a, b) in &ranges {
+                obuf[(a - pos) as usize..(b - pos) as usize].fill(0);
+                let b = b.min(old_size);
+                let mut read = |x: u64, y: u64| -> Result<()> {
+                    if !read_exact_at(old, &mut obuf[(x - pos) as usize..(y - pos) as usize], x)
+                        .map_err(err)?
+                    {
+                        return Err(old_changed());
+                    }
+                    report.bytes_read_old += y - x;
+                    Ok(())
+                };
+                match &new_data {
+                    _ if a >= b => {}
+                    Some(segs) => {
+                        let first = segs.partition_point(|&(_, e)| e <= a);
+                        for &(x, y) in segs[first..].iter().take_while(|&&(x, _)| x < b) {
+                            read(x.max(a), y.min(b))?;
+                        }
+                    }
+                    None => read(a, b)?,
                 }
-                obuf[n..len as usize].fill(0);
-                report.bytes_read_old += n as u64;
-            } else {
-                obuf[..len as usize].fill(0);
             }
         }
         // Runs of blocks to write and to punch, as [start, end) offsets.
@@ -712,7 +742,11 @@ pub fn prepare<'d>(
                     *blake3::hash(&zero_block[..blen as usize]).as_bytes()
                 });
                 match method {
-                    DeltaMethod::CloneAndPatch if overlaps(&new_data, &mut ni, off, bend) => {
+                    DeltaMethod::CloneAndPatch
+                        if new_data
+                            .as_ref()
+                            .is_none_or(|n| overlaps(n, &mut ni, off, bend)) =>
+                    {
                         Act::Punch
                     }
                     _ => Act::Keep,
@@ -786,6 +820,14 @@ pub fn prepare<'d>(
     if same(&st0) != same(&st1) {
         return Err(changed());
     }
+    // What was read of the old version is what was cloned only if it did
+    // not change from before the clone to now.
+    if method == DeltaMethod::CloneAndPatch
+        && record.is_none()
+        && FileIdentity::of_fd(old).map_err(err)? != FileIdentity::of(&old_st)
+    {
+        return Err(old_changed());
+    }
     Ok(PendingUpdate {
         file,
         name: target.name.to_path_buf(),
@@ -794,6 +836,23 @@ pub fn prepare<'d>(
         block_size,
         hashes,
     })
+}
+
+/// The block-aligned ranges of `[pos, end)` (`pos` aligned, `end` aligned
+/// or the end of the file) that overlap a data segment of `segs` (sorted,
+/// disjoint), merged where they touch.
+fn block_ranges(segs: &[(u64, u64)], pos: u64, end: u64, block: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let first = segs.partition_point(|&(_, e)| e <= pos);
+    for &(s, e) in segs[first..].iter().take_while(|&&(s, _)| s < end) {
+        let a = s.max(pos) / block * block;
+        let b = e.min(end).div_ceil(block).saturating_mul(block).min(end);
+        match out.last_mut() {
+            Some((_, last)) if *last >= a => *last = (*last).max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
 }
 
 /// Whether `[start, end)` overlaps any segment of `segs` (sorted,

@@ -289,6 +289,30 @@ fn a_source_that_changes_while_read_links_nothing() {
         assert!(fs::read(&dst).unwrap() == old);
         assert_eq!(names(x.path()), ["d"]);
     }
+    // The old version written to while it is compared: refused too, and
+    // the name keeps what the writer made of it.
+    write_file(&src, &data(4 << 20, 3));
+    let writer = fs::OpenOptions::new().write(true).open(&dst).unwrap();
+    let calls = std::cell::Cell::new(0);
+    let meddle = || {
+        calls.set(calls.get() + 1);
+        if calls.get() == 2 {
+            // Appended: its size tells, whatever the clock's granularity.
+            writer.write_all_at(b"late", 4 << 20).unwrap();
+        }
+        false
+    };
+    let opts = DeltaOptions {
+        cancelled: Some(&meddle),
+        ..Default::default()
+    };
+    let e = update_file(&src, &dst, &opts, Preserve::ALL).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ContentChanged, "{e}");
+    assert!(e.reason().contains("old version"), "{e}");
+    let mut old = old;
+    old.extend_from_slice(b"late");
+    assert!(fs::read(&dst).unwrap() == old);
+    assert_eq!(names(x.path()), ["d"]);
     // A cancel: the same, with its own kind.
     let stop = || true;
     let opts = DeltaOptions {
@@ -331,7 +355,9 @@ fn a_stale_record_is_not_trusted() {
     write_file(&dst, &data(256 << 10, 2));
     let (_, rec) = update(&src, &dst, None);
     // Someone writes the destination afterwards, and puts its times back:
-    // only the change time tells.
+    // only the change time tells (distinct from the one the record took,
+    // even within a clock tick: the kernel's multigrain timestamps give a
+    // change after a stat a fine-grained time).
     let before = fs::metadata(&dst).unwrap();
     fs::OpenOptions::new()
         .write(true)
