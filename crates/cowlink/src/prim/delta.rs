@@ -685,7 +685,8 @@ pub fn prepare<'d>(
             si += 1;
         }
         // The blocks of this chunk that hold source data, as ranges: only
-        // they are read, from the source and (to compare) from the clone.
+        // they are read, from the source and (to compare) from the old
+        // version.
         let ranges = block_ranges(&src_data, pos, end, block_size);
         for &(a, b) in &ranges {
             let at = (a - pos) as usize..(b - pos) as usize;
