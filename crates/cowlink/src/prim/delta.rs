@@ -72,8 +72,9 @@ pub const MAX_BLOCK: u64 = 16 << 20;
 /// The most blocks a record holds (a record of more would exceed 128 GiB;
 /// parsing checks the length against this before anything else).
 pub const MAX_BLOCKS: u64 = 1 << 32;
-/// The most blocks an update picks by default: a larger file gets a larger
-/// block, so its record stays under 128 MiB.
+/// The most blocks an update cuts a file into: a larger file gets a larger
+/// block by default (an explicit one must respect it), so its hashes, held
+/// in memory, and its record stay under 128 MiB.
 pub const MAX_DEFAULT_BLOCKS: u64 = 1 << 22;
 /// Bytes read (and compared) at once.
 const CHUNK: u64 = 1 << 20;
@@ -415,9 +416,10 @@ pub struct DeltaOptions<'a> {
     /// destination.
     pub record: Option<&'a BlockRecord>,
     /// The comparison unit: a power of two that is a multiple of the
-    /// destination filesystem's block size. `None`: the record's block
-    /// size when one is given and fits, else the filesystem's (see the
-    /// module documentation).
+    /// destination filesystem's block size and cuts the source into at
+    /// most [`MAX_DEFAULT_BLOCKS`] blocks (their hashes are held in
+    /// memory). `None`: the record's block size when one is given and
+    /// fits, else the filesystem's (see the module documentation).
     pub block_size: Option<u64>,
     /// Asked between chunks (1 MiB apart); yes stops the update with
     /// [`ErrorKind::Cancelled`] and nothing is linked.
@@ -560,12 +562,16 @@ pub fn prepare<'d>(
     let old_size = old_st.st_size as u64;
     let fs_block = cowlink_sys::fs_stat(target.dir).map_err(err)?.block_size;
     let fs_block = fs_block.clamp(MIN_BLOCK, MAX_BLOCK).next_power_of_two();
-    let fits = |b: u64| valid_block(b) && b % fs_block == 0;
+    // Hashes are kept in memory (32 bytes a block): a block size that
+    // would need more than MAX_DEFAULT_BLOCKS of them is not taken.
+    let fits =
+        |b: u64| valid_block(b) && b % fs_block == 0 && size.div_ceil(b) <= MAX_DEFAULT_BLOCKS;
     let mut record_ignored = None;
     let block_size = match (opts.block_size, opts.record) {
         (Some(b), _) if !fits(b) => {
             return Err(invalid(format!(
-                "block size {b} is not a power of two multiple of the filesystem's {fs_block} up to {MAX_BLOCK}"
+                "block size {b} is not a power of two multiple of the filesystem's {fs_block} \
+                 up to {MAX_BLOCK} that cuts {size} bytes into at most {MAX_DEFAULT_BLOCKS} blocks"
             )))
         }
         (Some(b), _) => b,

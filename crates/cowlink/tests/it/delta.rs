@@ -581,3 +581,43 @@ fn an_earlier_snapshot_is_the_old_version() {
     assert!(rec2.is_current_for(&rustix::fs::stat(&shown).unwrap()));
     assert_eq!(exclusive(&shown), BLOCK);
 }
+
+/// What cannot be updated is refused with a typed error naming the path,
+/// and leaves nothing: a symbolic link as the destination (never
+/// followed), a directory as the source, a block size that is not a
+/// multiple of the filesystem's or would need too many hashes.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn what_cannot_be_updated_is_refused_and_left_alone() {
+    let x = testfs!(Xfs);
+    let (src, dst, link) = (x.path().join("s"), x.path().join("d"), x.path().join("l"));
+    write_file(&src, &data(10_000, 1));
+    write_file(&dst, &data(10_000, 2));
+    std::os::unix::fs::symlink(&dst, &link).unwrap();
+    let opts = DeltaOptions::default();
+    let e = update_file(&src, &link, &opts, Preserve::ALL).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotRegularFile, "{e}");
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    let e = update_file(x.path(), &dst, &opts, Preserve::ALL).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::IsDirectory, "{e}");
+    for b in [2048, 12288] {
+        let opts = DeltaOptions {
+            block_size: Some(b),
+            ..Default::default()
+        };
+        let e = update_file(&src, &dst, &opts, Preserve::ALL).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{b}: {e}");
+    }
+    // 32 GiB (sparse) in 4 KiB blocks: 8 Mi hashes, more than allowed.
+    let big = x.path().join("big");
+    fs::File::create(&big).unwrap().set_len(32 << 30).unwrap();
+    let opts = DeltaOptions {
+        block_size: Some(BLOCK),
+        ..Default::default()
+    };
+    let e = update_file(&big, &dst, &opts, Preserve::ALL).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains(&*dst.to_string_lossy()), "{e}");
+    assert!(fs::read(&dst).unwrap() == data(10_000, 2));
+    assert_eq!(names(x.path()), ["big", "d", "l", "s"]);
+}
