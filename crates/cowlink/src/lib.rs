@@ -115,6 +115,8 @@ pub use ground::mountinfo;
 pub use ground::{error, name};
 #[cfg(unix)]
 pub use prealloc::{PreallocOptions, PreallocWriter};
+#[cfg(unix)]
+pub use prim::delta;
 pub use prim::meta::Preserve;
 pub use prim::mode::{LinkMode, Method, Outcome};
 #[cfg(unix)]

@@ -212,6 +212,9 @@ pub enum Operation {
     Snapshot,
     /// Keeping a destination tree in step with a source (`sync`).
     Sync,
+    /// Updating a file by rewriting only the blocks that differ
+    /// (`delta`), or reading a block-hash record.
+    Delta,
 }
 
 impl Operation {
@@ -241,6 +244,7 @@ impl Operation {
             Operation::Remote => "use the remote",
             Operation::Snapshot => "snapshot",
             Operation::Sync => "sync",
+            Operation::Delta => "update by blocks",
         }
     }
 }

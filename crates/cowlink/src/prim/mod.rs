@@ -1,9 +1,13 @@
 //! File primitives, above the ground and below every feature: how data
 //! moves (`transfer`: clone or copy, with the [`mode`] vocabulary), how a
 //! destination name comes into being (`place`), what metadata follows
-//! (`meta`), and the checks on sources and destinations (`files`). Nothing
-//! here walks a tree or knows a feature.
+//! (`meta`), the checks on sources and destinations (`files`), and a
+//! destination's new version made from its old one by rewriting only the
+//! blocks that differ (`delta`). Nothing here walks a tree or knows a
+//! feature.
 
+#[cfg(unix)]
+pub mod delta;
 #[cfg(unix)]
 pub(crate) mod files;
 pub mod meta;

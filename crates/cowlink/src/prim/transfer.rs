@@ -82,7 +82,7 @@ impl Source {
 
 /// The data segments `[start, end)` of a file of `size` bytes, in order.
 /// Where the filesystem cannot report holes the whole file is one segment.
-fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errno> {
+pub(crate) fn data_segments(src: BorrowedFd<'_>, size: u64) -> Result<Vec<(u64, u64)>, Errno> {
     let mut segs = Vec::new();
     let mut pos = 0;
     while pos < size {
