@@ -233,7 +233,7 @@ impl Printer {
 fn summary_line(r: &SyncReport, elapsed: std::time::Duration) -> String {
     format!(
         "{}{} created, {} replaced, {} metadata only, {} hardlinked, {} deleted, {} unchanged; \
-         {} placed ({} cloned, {} copied{}){} in {}",
+         {} placed ({} cloned, {} copied{}{}){} in {}",
         if r.dry_run {
             "dry run: would have "
         } else {
@@ -248,6 +248,11 @@ fn summary_line(r: &SyncReport, elapsed: std::time::Duration) -> String {
         human_bytes(r.bytes),
         r.cloned,
         r.copied,
+        if r.by_blocks > 0 {
+            format!(", {} by changed blocks", r.by_blocks)
+        } else {
+            String::new()
+        },
         if r.cloned_from_reflink_dest > 0 {
             format!(", {} from --reflink-dest", r.cloned_from_reflink_dest)
         } else {
@@ -303,7 +308,10 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
         Some(root) => cowlink::sync::sync_snapshot(&args.src, root, &options, &observer)
             .map(|s| (s.sync.clone(), Some(s))),
         None => {
-            let dst = args.dst.as_ref().expect("clap requires DST without --snapshot");
+            let dst = args
+                .dst
+                .as_ref()
+                .expect("clap requires DST without --snapshot");
             cowlink::sync::sync(&args.src, dst, &options, &observer).map(|r| (r, None))
         }
     });

@@ -37,6 +37,9 @@ record!(
         cloned_from_reflink_dest: u64,
         /// Files physically copied.
         copied: u64,
+        /// Of those, files from another filesystem made as a clone of
+        /// their old version with only the differing blocks written.
+        by_blocks: u64,
         /// Entries that failed.
         errors: u64,
         /// Stopped by a CancelToken before the end.
@@ -59,6 +62,7 @@ impl From<&cowlink::sync::SyncReport> for SyncReport {
             cloned: r.cloned,
             cloned_from_reflink_dest: r.cloned_from_reflink_dest,
             copied: r.copied,
+            by_blocks: r.by_blocks,
             errors: r.errors,
             cancelled: r.cancelled,
             dry_run: r.dry_run,

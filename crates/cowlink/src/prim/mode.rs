@@ -129,6 +129,10 @@ pub enum Method {
     ReadWrite,
     /// A hardlink to the same inode ([`LinkMode::Hardlink`]).
     Hardlink,
+    /// The destination's old version, cloned, with only the blocks that
+    /// differ from the source written (`sync` from another filesystem:
+    /// see [`crate::delta`]); `bytes` is the file's size.
+    Delta,
     /// Nothing was written: the destination existed and
     /// [`Overwrite::Skip`](crate::Overwrite::Skip) keeps it (`bytes` is 0).
     Skipped,
@@ -142,6 +146,7 @@ impl Method {
             Method::CopyOffload => "copied (copy_file_range)",
             Method::ReadWrite => "copied (read/write)",
             Method::Hardlink => "hardlinked",
+            Method::Delta => "updated by blocks",
             Method::Skipped => "skipped (destination exists)",
         }
     }

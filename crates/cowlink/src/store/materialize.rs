@@ -124,7 +124,7 @@ impl Counters {
         let counter = match o.method {
             Method::Reflink => &self.cloned,
             Method::Hardlink => &self.hardlinked,
-            Method::CopyOffload | Method::ReadWrite => &self.copied,
+            Method::CopyOffload | Method::ReadWrite | Method::Delta => &self.copied,
             // A checkout goes into a new or empty directory: never skips.
             Method::Skipped => return,
         };

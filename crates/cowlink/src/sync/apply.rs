@@ -92,6 +92,7 @@ struct Counters {
     cloned: AtomicU64,
     from_reflink_dest: AtomicU64,
     copied: AtomicU64,
+    by_blocks: AtomicU64,
     errors: AtomicU64,
 }
 
@@ -467,6 +468,9 @@ impl Syncer<'_> {
             } else {
                 bump(&c.copied, 1);
                 self.progress(Count::Copied, 1);
+                if o.method == Method::Delta {
+                    bump(&c.by_blocks, 1);
+                }
             }
         }
         self.observer.event(&SyncEvent::Item {
@@ -957,7 +961,27 @@ impl Syncer<'_> {
             let from_basis = basis
                 .as_ref()
                 .is_some_and(|b| cowlink_sys::ficlone(dfd, b.as_fd()).is_ok());
-            let done = if from_basis {
+            // From another filesystem, the old version (if there is one) is
+            // cloned and only the blocks that differ are written, so its
+            // unchanged blocks stay shared with every earlier copy
+            // (snapshots). Same filesystem: the source is cloned as ever.
+            let mut from_source = false;
+            if !from_basis && placement != Placement::Direct {
+                match cowlink_sys::ficlone(dfd, sfd) {
+                    Ok(()) => from_source = true,
+                    Err(Errno::XDEV) => {
+                        drop(file);
+                        match self.by_blocks(e, sfd, &st, dir)? {
+                            ByBlocks::Done(o) => return Ok(o),
+                            ByBlocks::Again => continue,
+                            ByBlocks::No => {}
+                        }
+                        return self.place_copy(e, sfd, &st, dir, bits);
+                    }
+                    Err(_) => {}
+                }
+            }
+            let done = if from_basis || from_source {
                 Outcome {
                     method: Method::Reflink,
                     bytes: st.st_size as u64,
@@ -1013,6 +1037,115 @@ impl Syncer<'_> {
             )))
     }
 
+    /// The old version of `e` in DST, cloned, with only the blocks that
+    /// differ from the source written ([`crate::delta`]), metadata set, and
+    /// renamed over the name. `No` when there is no old regular file or
+    /// its filesystem cannot clone; `Again` when the source (or the old
+    /// version) changed while it was read.
+    fn by_blocks(
+        &self,
+        e: &Entry<'_>,
+        sfd: BorrowedFd<'_>,
+        st: &Stat,
+        dir: BorrowedFd<'_>,
+    ) -> Result<ByBlocks, Error> {
+        let Ok(old) = open_file(dir, e.name) else {
+            return Ok(ByBlocks::No);
+        };
+        match cowlink_sys::fstat(&old) {
+            Ok(o) if cowlink_sys::file_type(o.st_mode) == FileType::RegularFile => {}
+            _ => return Ok(ByBlocks::No),
+        }
+        let cancelled = || self.cancelled();
+        let target = crate::delta::Target {
+            dir,
+            name: Path::new(os(e.name)),
+            shown: &e.dst,
+        };
+        let opts = crate::delta::DeltaOptions {
+            cancelled: Some(&cancelled),
+            ..Default::default()
+        };
+        let pending = match crate::delta::prepare(sfd, &e.src, old.as_fd(), target, &opts) {
+            Ok(p) => p,
+            Err(x) if x.kind() == ErrorKind::ContentChanged => return Ok(ByBlocks::Again),
+            Err(x) => return Err(x),
+        };
+        // Without reflink the update is a plain full copy: placed the same way.
+        let method = match pending.report().method {
+            crate::delta::DeltaMethod::CloneAndPatch => Method::Delta,
+            crate::delta::DeltaMethod::FullCopy => Method::ReadWrite,
+        };
+        let src_x = if self.rules.xattrs {
+            Some(xattrs(sfd).map_err(|x| e.src_err(x))?)
+        } else {
+            None
+        };
+        self.set_metadata(sfd, st, pending.fd(), src_x.as_deref())
+            .map_err(|(what, x)| {
+                e.err(x)
+                    .with_reason(format!("cannot {what}: {}", errno_text(x)))
+            })?;
+        pending.commit()?;
+        Ok(ByBlocks::Done(Outcome {
+            method,
+            bytes: st.st_size as u64,
+        }))
+    }
+
+    /// A plain copy of `sfd` placed atomically over `e`'s name: the path
+    /// when the source cannot be cloned and blocks cannot be reused.
+    fn place_copy(
+        &self,
+        e: &Entry<'_>,
+        sfd: BorrowedFd<'_>,
+        st: &Stat,
+        dir: BorrowedFd<'_>,
+        bits: u32,
+    ) -> Result<Outcome, Error> {
+        let file = NewFile::create(
+            dir,
+            Path::new("."),
+            os(e.name),
+            cowlink_sys::raw_mode(bits),
+            Placement::Atomic,
+            &e.dst,
+        )
+        .map_err(|x| e.dst_err(x))?;
+        let dfd = file.fd();
+        let failed = |x: Errno| transfer_error(OP, &e.src, &e.dst, x, sfd, dfd);
+        let cancelled = || self.cancelled();
+        let done = transfer(
+            sfd,
+            dfd,
+            Source::of(st),
+            LinkMode::Copy,
+            &|| Ok(()),
+            &failed,
+            &cancelled,
+        )?;
+        let after = cowlink_sys::fstat(sfd).map_err(|x| e.src_err(x))?;
+        if !steady(st, &after) {
+            return Err(e
+                .err(Errno::AGAIN)
+                .with_kind(ErrorKind::ContentChanged)
+                .with_reason("source changed while it was read; not placed"));
+        }
+        let src_x = if self.rules.xattrs {
+            Some(xattrs(sfd).map_err(|x| e.src_err(x))?)
+        } else {
+            None
+        };
+        self.set_metadata(sfd, st, dfd, src_x.as_deref())
+            .map_err(|(what, x)| {
+                e.err(x)
+                    .with_reason(format!("cannot {what}: {}", errno_text(x)))
+            })?;
+        file.commit(os(e.name), Overwrite::Replace)
+            .map_err(|x| e.dst_err(x))?;
+        Ok(done)
+    }
+
     fn report(&self) -> SyncReport {
         let c = &self.counts;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -1027,11 +1160,22 @@ impl Syncer<'_> {
             cloned: g(&c.cloned),
             cloned_from_reflink_dest: g(&c.from_reflink_dest),
             copied: g(&c.copied),
+            by_blocks: g(&c.by_blocks),
             errors: g(&c.errors),
             cancelled: self.cancelled(),
             dry_run: self.opts.dry_run,
         }
     }
+}
+
+/// What [`Syncer::by_blocks`] did.
+enum ByBlocks {
+    /// Placed.
+    Done(Outcome),
+    /// The source or the old version changed while read: try again.
+    Again,
+    /// Not possible here: place the file another way.
+    No,
 }
 
 /// `rel`'s parent and file name.

@@ -147,6 +147,10 @@ pub struct SyncReport {
     pub cloned_from_reflink_dest: u64,
     /// Files physically copied.
     pub copied: u64,
+    /// Of the copied files, those made from another filesystem as a clone
+    /// of their old version with only the differing blocks written (their
+    /// unchanged blocks stay shared with earlier snapshots).
+    pub by_blocks: u64,
     /// Entries that failed.
     pub errors: u64,
     /// The run was cancelled before it finished.

@@ -826,3 +826,101 @@ fn another_device_inside_dst_is_never_entered_nor_deleted() {
         .unwrap();
     assert!(gone.success());
 }
+
+/// Bytes of `p` in extents no other file shares (FIEMAP).
+fn exclusive_bytes(p: &Path) -> u64 {
+    let l = cowlink::extents::extents(p).unwrap();
+    l.mapped_bytes - l.shared_bytes
+}
+
+/// The block-sharing case: a 1 GiB file on ext4 with 1% of its
+/// blocks changed, synced into a snapshot set on XFS. The new snapshot's
+/// file holds at most 2% of its size alone, the older snapshot is
+/// unchanged, and a rerun after a cancel would resume the same snapshot.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_snapshot_from_another_filesystem_writes_only_the_changed_blocks() {
+    use std::os::unix::fs::FileExt;
+    let (e, x) = (testfs!(Ext4), testfs!(Xfs));
+    let (src, root) = (e.path().join("src"), x.path().join("snaps"));
+    fs::create_dir(&src).unwrap();
+    let size: u64 = 1 << 30;
+    let f = src.join("disk.raw");
+    {
+        let file = fs::File::create(&f).unwrap();
+        let chunk = cowlink_testfs::data(8 << 20, 3);
+        for i in 0..(size / chunk.len() as u64) {
+            file.write_all_at(&chunk, i * chunk.len() as u64).unwrap();
+            // Each chunk differs, so no block equals another by chance.
+            file.write_all_at(&i.to_le_bytes(), i * chunk.len() as u64)
+                .unwrap();
+        }
+        file.sync_all().unwrap();
+    }
+    fs::write(src.join("small"), b"one").unwrap();
+    let observer = |_: &SyncEvent<'_>| {};
+    let first = cowlink::sync::sync_snapshot(
+        format!("{}/", src.display()),
+        &root,
+        &SyncOptions::default(),
+        &observer,
+    )
+    .unwrap();
+    assert!(first.completed && first.base.is_none(), "{first:?}");
+    assert_eq!(first.sync.copied, 2);
+    let old = first.path.join("disk.raw");
+    let old_bytes = fs::read(&old).unwrap();
+
+    // 1% of the blocks, spread over the file.
+    let blocks = size / 4096;
+    let file = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    let mut rng = 7u64;
+    for _ in 0..blocks / 100 {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let b = (rng >> 33) % blocks;
+        file.write_all_at(&cowlink_testfs::data(4096, rng), b * 4096)
+            .unwrap();
+    }
+    file.sync_all().unwrap();
+    fs::remove_file(src.join("small")).unwrap();
+
+    let second = cowlink::sync::sync_snapshot(
+        format!("{}/", src.display()),
+        &root,
+        &SyncOptions::default(),
+        &observer,
+    )
+    .unwrap();
+    assert!(second.completed, "{second:?}");
+    assert_eq!(second.base.as_deref(), first.snapshot.as_deref());
+    assert_eq!(
+        (second.sync.by_blocks, second.sync.deleted),
+        (1, 1),
+        "{second:?}"
+    );
+    let new = second.path.join("disk.raw");
+    assert!(
+        fs::read(&new).unwrap() == fs::read(&f).unwrap(),
+        "new snapshot equals SRC"
+    );
+    assert!(
+        fs::read(&old).unwrap() == old_bytes,
+        "the older snapshot is unchanged"
+    );
+    assert!(
+        !second.path.join("small").exists(),
+        "a snapshot is SRC as it was"
+    );
+    rustix::fs::sync();
+    let alone = exclusive_bytes(&new);
+    assert!(
+        alone <= size / 50,
+        "the new snapshot holds {alone} bytes alone, over 2% of {size}"
+    );
+    assert!(
+        alone >= blocks / 100 / 2 * 4096,
+        "changed blocks were written: {alone}"
+    );
+}
