@@ -219,13 +219,39 @@ pub fn btrfs_logical_ino(
     logical: u64,
     size: usize,
 ) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    logical_ino(fd, logical, size, 0)
+}
+
+/// `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: answer every reference to the
+/// extent holding the address, whatever part of the extent it covers.
+const LOGICAL_INO_IGNORE_OFFSET: u64 = 1;
+
+/// [`btrfs_logical_ino`] with `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: every
+/// file reference to *any part* of the extent that holds `logical`. An
+/// extent stays allocated while any part of it is referenced, so this is
+/// the list of what keeps its blocks in use. `offset` of each reference is
+/// the file offset where that reference's range starts.
+pub fn btrfs_extent_holders(
+    fd: BorrowedFd<'_>,
+    logical: u64,
+    size: usize,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    logical_ino(fd, logical, size, LOGICAL_INO_IGNORE_OFFSET)
+}
+
+fn logical_ino(
+    fd: BorrowedFd<'_>,
+    logical: u64,
+    size: usize,
+    flags: u64,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
     let size = size.clamp(CONTAINER_HEADER_WORDS * 8, BTRFS_LOGICAL_INO_MAX);
     let mut buf = vec![0u64; size / 8];
     let mut arg = linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args {
         logical,
         size: (buf.len() * 8) as u64,
         reserved: [0; 3],
-        flags: 0,
+        flags,
         inodes: buf.as_mut_ptr() as u64,
     };
     // SAFETY: BTRFS_IOC_LOGICAL_INO_V2 is `_IOWR(0x94, 59, struct

@@ -89,6 +89,15 @@ pub fn btrfs_logical_ino(
 }
 
 /// No Btrfs here: `ENOTTY`.
+pub fn btrfs_extent_holders(
+    _fd: BorrowedFd<'_>,
+    _logical: u64,
+    _size: usize,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
 pub fn btrfs_ino_paths(_fd: BorrowedFd<'_>, _inode: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Err(Errno::NOTTY)
 }
