@@ -48,8 +48,9 @@ def test_dedupe_plan_json_execute_reclaims_space(xfs: Path) -> None:
     report = cowlink.dedupe.execute(again)
     after = free_bytes(xfs)
     assert report.targets_deduped == 2 and not report.errors and not report.changed
-    # From the extent maps, exactly; and measured here.
-    assert report.bytes_reclaimed == 32 << 20 and not report.measured
+    # Expected from the extent maps; measured by the report and here.
+    assert report.measured and not report.skipped
+    assert (30 << 20) <= report.bytes_reclaimed <= (34 << 20), report.bytes_reclaimed
     assert after - before >= 30 << 20, (before, after)
     for name in ("a", "b", "c"):
         assert (xfs / "d" / name).read_bytes() == content

@@ -270,9 +270,14 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     let v = json(&out);
     assert_eq!(v["result"]["targets_deduped"], 2);
     assert_eq!(v["result"]["bytes_compared"], 2 << 20);
-    // From the extent maps: the two targets' blocks, exactly.
-    assert_eq!(v["result"]["bytes_reclaimed"], 2 << 20);
-    assert_eq!(v["result"]["measured"], false);
+    // Measured: the two targets' blocks (metadata moves a little too).
+    let back = v["result"]["bytes_reclaimed"].as_u64().unwrap();
+    assert!(
+        ((2 << 20) * 9 / 10..=(2 << 20) * 11 / 10).contains(&back),
+        "{v}"
+    );
+    assert_eq!(v["result"]["measured"], true);
+    assert_eq!(v["result"]["skipped"], serde_json::json!([]));
     assert_eq!(
         v["plan"]["groups"][0]["targets"].as_array().unwrap().len(),
         2
@@ -290,7 +295,8 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     );
     assert!(s.contains("skipped: 2 already shared"), "{s}");
 
-    // --measure: the free space, read before and after.
+    // --measure, accepted for older scripts: the free space is always read
+    // before and after.
     let m = x.path().join("m");
     fs::create_dir(&m).unwrap();
     dup_files(&m, 2, 1 << 20);

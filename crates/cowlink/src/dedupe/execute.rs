@@ -1,10 +1,26 @@
 //! Carrying out a plan: `FIDEDUPERANGE` only, in chunks of at most
-//! [`CHUNK`], groups in source-path order, the space given back taken from
-//! the plan's extent maps or, on request, measured before and after (see
-//! the module notes in `mod.rs`).
+//! [`CHUNK`], groups in source-path order, the space given back measured
+//! before and after (see the module notes in `mod.rs`).
+//!
+//! Space never grows. Before a target is shared, its extent map says
+//! whether its blocks would come back: a target whose extents no other
+//! file shares gives them back. One with shared extents gives them back
+//! only if every other holder is in its group (the source, or other
+//! targets leaving them too). Btrfs names the holders (`LOGICAL_INO_V2`,
+//! root only): a target whose blocks are also held by a snapshot, a
+//! reflinked copy or any file outside the group is skipped and reported
+//! ([`SkipReason::HeldElsewhere`]); sharing it would free nothing, and on
+//! Btrfs it unshares the subvolume's metadata from its snapshots, which is
+//! how usage grows. Where the holders cannot be named (XFS keeps only a
+//! count; Btrfs without root), such targets run after the others, in
+//! batches (1, 2, 4, … up to [`UNPROVEN_BATCH`] groups) with the free space
+//! read around each, after a `syncfs`: when a batch loses free space, the
+//! rest of those targets on that filesystem are skipped
+//! ([`SkipReason::UsageGrew`]). The growth is then at most one batch's.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -13,6 +29,7 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs;
 
 use super::{open_read, DedupeGroup, DedupeOptions, DedupePlan, CHUNK};
+use crate::extents::extents_fd;
 use crate::ground::error::{Error, Operation};
 use crate::ground::lock;
 use crate::run::{Phase, Run};
@@ -26,16 +43,24 @@ pub struct DedupeReport {
     pub targets_deduped: u64,
     /// Sum of the sizes of those targets.
     pub bytes_compared: u64,
-    /// Space given back. Without [`DedupeOptions::measure`]: the bytes
-    /// the targets now sharing in full held alone, from their extent maps
-    /// when planned (a group's [`DedupeGroup::reclaimable`], in proportion to
-    /// its targets done). With it: free space gained, from `statfs` before
-    /// and after, each after a `syncfs`, summed over the filesystems
-    /// involved.
+    /// Space given back, measured: free space gained on each filesystem
+    /// where something was shared, from `statfs` before its first group
+    /// to the end, each after a `syncfs`, summed. Never an estimate: a
+    /// group's [`DedupeGroup::reclaimable`] is what the plan expected.
+    /// Other programs' writes during the run move it too.
     pub bytes_reclaimed: u64,
-    /// `bytes_reclaimed` was measured ([`DedupeOptions::measure`]) rather
-    /// than taken from the extent maps.
+    /// Free space lost instead, summed over the filesystems where it fell
+    /// (0 unless something else wrote during the run, or a batch of
+    /// targets whose holders could not be named grew usage: see
+    /// [`SkipReason::UsageGrew`]).
+    #[serde(default)]
+    pub bytes_grown: u64,
+    /// The free space of every filesystem involved could be read before
+    /// and after (else that filesystem is missing from both figures).
     pub measured: bool,
+    /// Identical targets left alone because sharing them would not give
+    /// space back, each with the reason.
+    pub skipped: Vec<SkippedTarget>,
     /// Targets (or sources) that changed since the plan: left untouched
     /// from the first differing chunk on.
     #[serde(flatten, serialize_with = "crate::name::json::changed")]
@@ -52,6 +77,42 @@ pub struct DedupeReport {
     /// shares what it found equal).
     pub cancelled: bool,
 }
+
+/// A target identical to its source, left as it was because sharing it
+/// would not give its space back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SkippedTarget {
+    /// The target.
+    #[serde(flatten, serialize_with = "crate::name::json::path")]
+    pub path: PathBuf,
+    /// Why, as a kind.
+    pub reason: SkipReason,
+    /// Why, in words: who else holds its blocks, or how much usage grew.
+    pub detail: String,
+}
+
+/// Why a target was skipped ([`SkippedTarget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// Btrfs names a holder of some of its extents outside its group (a
+    /// snapshot, a reflinked copy, another file): those blocks stay in use
+    /// whatever happens to the target.
+    HeldElsewhere,
+    /// Its extents are shared with files the filesystem does not name
+    /// (XFS, or Btrfs without root), and a batch of such targets on this
+    /// filesystem lost free space: the run stopped sharing them there.
+    UsageGrew,
+    /// Its extents are shared with files the filesystem does not name, and
+    /// the free space could not be read to check the outcome.
+    Unmeasurable,
+}
+
+/// Most groups of targets whose holders cannot be named that run between
+/// two readings of the free space (the batches grow 1, 2, 4, … up to
+/// this): small first, so a growth is caught early, larger later, so a
+/// long run of such groups does not pay two `syncfs` each.
+pub const UNPROVEN_BATCH: usize = 64;
 
 /// What the Dedupe phase counts for `groups`: their targets, and the
 /// targets' bytes.
@@ -72,7 +133,7 @@ pub fn execute(plan: &DedupePlan, opts: &DedupeOptions) -> DedupeReport {
     let tally = Counters::new(&opts.run);
     let (files, bytes) = totals(&plan.groups);
     tally.show(files, bytes);
-    let mut ex = Executor::new(&opts.run, &tally, opts.measure);
+    let mut ex = Executor::new(&opts.run, &tally);
     ex.start(&plan.groups);
     let unsettled = ex.take_unsettled();
     if !unsettled.is_empty() && !opts.run.cancelled() {
@@ -127,21 +188,60 @@ pub(super) struct Executor<'a> {
     run: &'a Run,
     tally: &'a Counters<'a>,
     pool: Option<rayon::ThreadPool>,
-    /// Free space per filesystem before anything ran there, keyed by device
-    /// (`None`: it could not be read); `None` when not measuring.
-    free_before: Option<FreeBefore>,
+    /// What the groups share between threads: free space before, and
+    /// whether Btrfs names the holders of extents.
+    fs: FsState,
     /// Devices where something was shared: only their free space can have
     /// grown because of us (elsewhere a change is someone else's).
     shared_on: HashSet<u64>,
+    /// Devices where a batch of targets whose holders could not be named
+    /// lost free space, and how much: no more such targets run there.
+    grew_on: HashMap<u64, u64>,
     /// (source, target) of edge-only groups whose bytes differ.
     unsettled: Vec<(PathBuf, PathBuf)>,
     report: DedupeReport,
 }
 
+/// Per filesystem (device), shared by the groups running in parallel.
+#[derive(Default)]
+struct FsState {
+    /// Free space before anything ran there, with a descriptor to read it
+    /// again (`None`: it could not be read).
+    free_before: Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>,
+    /// Whether `LOGICAL_INO_V2` answers there (Btrfs, as root); absent
+    /// until asked.
+    names_holders: Mutex<HashMap<u64, bool>>,
+}
+
+/// A group's targets (on device `dev`) whose extents are shared with
+/// holders the filesystem does not name: run later, in measured batches.
+struct Unproven {
+    dev: u64,
+    group: DedupeGroup,
+}
+
+/// What one group's run gives back to [`Executor::start`].
+#[derive(Default)]
+struct Part {
+    dev: Option<u64>,
+    report: DedupeReport,
+    differ: Vec<(PathBuf, PathBuf)>,
+    unproven: Vec<PathBuf>,
+}
+
+/// How [`dedupe_group`] treats targets with shared extents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proving {
+    /// Share only the targets proven to give their blocks back; hand the
+    /// unproven ones back.
+    Sort,
+    /// Share every target (a measured batch of unproven ones).
+    Measured,
+}
+
 impl<'a> Executor<'a> {
-    /// `measure`: read the free space (after a `syncfs`) before the first
-    /// group on each filesystem and at the end, for the report.
-    pub(super) fn new(run: &'a Run, tally: &'a Counters<'a>, measure: bool) -> Self {
+    /// An executor on `run`'s threads, counting progress in `tally`.
+    pub(super) fn new(run: &'a Run, tally: &'a Counters<'a>) -> Self {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(run.threads_or(crate::run::cores))
             .build()
@@ -150,53 +250,146 @@ impl<'a> Executor<'a> {
             run,
             tally,
             pool,
-            free_before: measure.then(|| Mutex::new(HashMap::new())),
+            fs: FsState::default(),
             shared_on: HashSet::new(),
+            grew_on: HashMap::new(),
             unsettled: Vec::new(),
             report: DedupeReport::default(),
         }
     }
 
-    /// Carry out `groups` (in parallel) and wait for them.
+    /// Carry out `groups` (in parallel) and wait for them: first every
+    /// target proven to give its blocks back, then, in measured batches,
+    /// those whose holders could not be named.
     pub(super) fn start(&mut self, groups: &[DedupeGroup]) {
         // Disk order (approximately: path order) rather than size order.
         let mut order: Vec<&DedupeGroup> = groups.iter().collect();
         order.sort_by(|a, b| a.source.cmp(&b.source));
-        let (run, tally, free_before) = (self.run, self.tally, self.free_before.as_ref());
-        type Part = (Option<u64>, DedupeReport, Vec<(PathBuf, PathBuf)>);
+        let parts = self.run_groups(&order, Proving::Sort);
+        let mut unproven = Vec::new();
+        for (g, p) in order.iter().zip(&parts) {
+            if let (Some(dev), false) = (p.dev, p.unproven.is_empty()) {
+                unproven.push(Unproven {
+                    dev,
+                    group: DedupeGroup {
+                        targets: p.unproven.clone(),
+                        already_shared: Vec::new(),
+                        ..(*g).clone()
+                    },
+                });
+            }
+        }
+        self.absorb(parts);
+        self.run_unproven(unproven);
+    }
+
+    /// Run `groups` in parallel on the pool.
+    fn run_groups(&self, groups: &[&DedupeGroup], proving: Proving) -> Vec<Part> {
+        let (run, tally, fs) = (self.run, self.tally, &self.fs);
         let work = || -> Vec<Part> {
-            order
+            groups
                 .par_iter()
                 .map(|g| {
-                    let mut r = DedupeReport::default();
-                    let mut differ = Vec::new();
-                    let mut dev = None;
+                    let mut p = Part::default();
                     if !run.cancelled() {
-                        r.groups = 1;
-                        dev = dedupe_group(g, &mut r, &mut differ, run, tally, free_before);
+                        p.report.groups = 1;
+                        p.dev = dedupe_group(g, &mut p, run, tally, fs, proving);
                     }
-                    (dev, r, differ)
+                    p
                 })
                 .collect()
         };
-        let parts = match &self.pool {
+        match &self.pool {
             Some(pool) => pool.install(work),
             None => work(),
-        };
+        }
+    }
+
+    /// Add the groups' results to the report.
+    fn absorb(&mut self, parts: Vec<Part>) {
         let report = &mut self.report;
-        for (dev, r, differ) in parts {
-            if let (Some(d), true) = (dev, r.targets_deduped > 0) {
+        for p in parts {
+            if let (Some(d), true) = (p.dev, p.report.targets_deduped > 0) {
                 self.shared_on.insert(d);
             }
+            let r = p.report;
             report.groups += r.groups;
             report.targets_deduped += r.targets_deduped;
             report.bytes_compared += r.bytes_compared;
-            report.bytes_reclaimed += r.bytes_reclaimed;
             report.changed.extend(r.changed);
+            report.skipped.extend(r.skipped);
             report.errors.extend(r.errors);
-            report.regrouped += differ.len() as u64;
-            self.unsettled.extend(differ);
+            report.regrouped += p.differ.len() as u64;
+            self.unsettled.extend(p.differ);
         }
+    }
+
+    /// Run the targets whose holders could not be named, per filesystem,
+    /// in batches of growing size with the free space read around each;
+    /// stop on a filesystem (skipping the rest there) once a batch lost
+    /// free space.
+    fn run_unproven(&mut self, mut unproven: Vec<Unproven>) {
+        unproven.sort_by(|a, b| (a.dev, &a.group.source).cmp(&(b.dev, &b.group.source)));
+        let mut rest = unproven.as_slice();
+        while let Some(first) = rest.first() {
+            let dev = first.dev;
+            let n = rest.partition_point(|u| u.dev == dev);
+            let (here, after) = rest.split_at(n);
+            rest = after;
+            let mut batch = 1;
+            let mut todo = here;
+            while !todo.is_empty() && !self.run.cancelled() {
+                if let Some(&grown) = self.grew_on.get(&dev) {
+                    let detail = format!(
+                        "its blocks are also held by files this filesystem does not name, \
+                         and sharing such targets here lost {grown} bytes of free space: \
+                         the run stopped sharing them"
+                    );
+                    self.skip_all(todo, SkipReason::UsageGrew, &detail);
+                    break;
+                }
+                let Some(before) = self.free_now(dev) else {
+                    let detail = "its blocks are also held by files this filesystem does not \
+                                  name, and the free space could not be read to check the outcome";
+                    self.skip_all(todo, SkipReason::Unmeasurable, detail);
+                    break;
+                };
+                let (now, later) = todo.split_at(batch.min(todo.len()));
+                todo = later;
+                let groups: Vec<&DedupeGroup> = now.iter().map(|u| &u.group).collect();
+                let parts = self.run_groups(&groups, Proving::Measured);
+                self.absorb(parts);
+                match self.free_now(dev) {
+                    Some(after) if after >= before => {}
+                    Some(after) => {
+                        self.grew_on.insert(dev, before - after);
+                    }
+                    None => {
+                        self.grew_on.insert(dev, 0);
+                    }
+                }
+                batch = (batch * 2).min(UNPROVEN_BATCH);
+            }
+        }
+    }
+
+    /// Report every target of `groups` as skipped for `reason`.
+    fn skip_all(&mut self, groups: &[Unproven], reason: SkipReason, detail: &str) {
+        for t in groups.iter().flat_map(|u| &u.group.targets) {
+            self.report.skipped.push(SkippedTarget {
+                path: t.clone(),
+                reason,
+                detail: detail.to_string(),
+            });
+        }
+    }
+
+    /// The free space of device `dev` now, after a `syncfs` (`None` if it
+    /// was never or cannot be read).
+    fn free_now(&self, dev: u64) -> Option<u64> {
+        let map = lock(&self.fs.free_before);
+        let (fd, _) = map.get(&dev)?.as_ref()?;
+        free_space(fd)
     }
 
     /// The (source, target) pairs of edge-only groups that the kernel
@@ -205,25 +398,28 @@ impl<'a> Executor<'a> {
         std::mem::take(&mut self.unsettled)
     }
 
-    /// Measure the space given back (when asked to) and close the run.
+    /// Measure the space given back and close the run.
     pub(super) fn finish(mut self) -> DedupeReport {
         self.report.cancelled = self.run.cancelled();
-        let Some(free_before) = self.free_before else {
-            self.run.finish();
-            return self.report;
-        };
-        let free_before = free_before.into_inner().unwrap_or_else(|e| e.into_inner());
+        let free_before = self
+            .fs
+            .free_before
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
         self.report.measured = true;
-        self.report.bytes_reclaimed = 0;
-        for (dev, (fd, before)) in free_before
-            .iter()
-            .filter_map(|(d, m)| Some((d, m.as_ref()?)))
-        {
+        for (dev, m) in &free_before {
             if !self.shared_on.contains(dev) {
                 continue;
             }
-            if let Some(after) = free_space(fd) {
-                self.report.bytes_reclaimed += after.saturating_sub(*before);
+            match m
+                .as_ref()
+                .and_then(|(fd, before)| Some((free_space(fd)?, *before)))
+            {
+                Some((after, before)) if after >= before => {
+                    self.report.bytes_reclaimed += after - before
+                }
+                Some((after, before)) => self.report.bytes_grown += before - after,
+                None => self.report.measured = false,
             }
         }
         self.run.finish();
@@ -231,16 +427,13 @@ impl<'a> Executor<'a> {
     }
 }
 
-/// Free space per device before the first group there, with a descriptor
-/// to read it again after.
-type FreeBefore = Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>;
-
 /// Read the free space of `src`'s filesystem (device `dev`) unless it was
 /// read already. Called before a group's first `FIDEDUPERANGE`; a group on
 /// a new device waits here until its measure is taken, so no sharing there
-/// comes before it.
-fn measure_once(free_before: &FreeBefore, dev: u64, src: &OwnedFd) {
-    let mut map = lock(free_before);
+/// comes before it. The `syncfs` also commits what the extent holders are
+/// read from (Btrfs answers from its last commit).
+fn measure_once(fs: &FsState, dev: u64, src: &OwnedFd) {
+    let mut map = lock(&fs.free_before);
     if let Entry::Vacant(slot) = map.entry(dev) {
         let fd = rustix::io::fcntl_dupfd_cloexec(src, 0).ok();
         slot.insert(fd.and_then(|fd| free_space(&fd).map(|free| (fd, free))));
@@ -254,19 +447,177 @@ fn free_space(fd: &OwnedFd) -> Option<u64> {
     Some(s.f_bavail * s.f_frsize)
 }
 
+/// Whether sharing a target would give its blocks back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Proof {
+    /// None of its extents is shared, or every holder is in its group.
+    Freed,
+    /// A holder outside its group keeps some of its blocks (the words say
+    /// which).
+    Held(String),
+    /// Some extents are shared and the holders cannot be named.
+    Unproven,
+}
+
+/// An open target: its path, descriptor and inode number.
+type Live<'p> = (&'p PathBuf, OwnedFd, u64);
+
+/// For each of `live` (targets of one group on device `dev`, whose source
+/// is inode `src_ino`), whether sharing it gives its blocks back, from
+/// its extent map and, for shared extents, the holders Btrfs names.
+///
+/// A target is [`Proof::Held`] when a holder of one of its extents is
+/// neither the source nor another target of this batch that is itself not
+/// held; the rule is applied until nothing changes, since a target held
+/// elsewhere keeps the extents it shares with the others. Targets of the
+/// same group in another batch of [`cowlink_sys::DEDUPE_MAX_DESTS`] count
+/// as outside: a skip, never a growth.
+fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState) -> Vec<Proof> {
+    // Per target: the holders of its shared extents (`Some(empty)`: none
+    // shared), or `None`: not named.
+    let mut holders: Vec<Option<HashSet<(u64, u64)>>> = Vec::with_capacity(live.len());
+    let mut root = None;
+    for (_, fd, _) in live {
+        let Ok(list) = extents_fd(fd.as_fd(), false) else {
+            holders.push(None);
+            continue;
+        };
+        let mut shared: Vec<u64> = list
+            .iter()
+            .filter(|x| x.is_shared() && x.has_address())
+            .map(|x| x.physical)
+            .collect();
+        if shared.is_empty() {
+            holders.push(Some(HashSet::new()));
+            continue;
+        }
+        shared.sort_unstable();
+        shared.dedup();
+        holders.push(named_holders(fd, &shared, dev, fs));
+        if root.is_none() && holders.last().is_some_and(Option::is_some) {
+            root = cowlink_sys::btrfs_root_id(src.as_fd()).ok();
+        }
+    }
+    let mut proofs: Vec<Proof> = holders
+        .iter()
+        .map(|h| match h {
+            None => Proof::Unproven,
+            Some(_) => Proof::Freed,
+        })
+        .collect();
+    let Some(root) = root else {
+        return proofs;
+    };
+    let mut members: HashSet<(u64, u64)> = live
+        .iter()
+        .zip(&holders)
+        .filter(|(_, h)| h.is_some())
+        .map(|((_, _, ino), _)| (root, *ino))
+        .collect();
+    members.insert((root, src_ino));
+    loop {
+        let mut again = false;
+        for (i, h) in holders.iter().enumerate() {
+            let Some(h) = h else { continue };
+            if proofs[i] != Proof::Freed {
+                continue;
+            }
+            let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !members.contains(x)).collect();
+            outside.sort_unstable();
+            if let Some(&&(r, ino)) = outside.first() {
+                proofs[i] = Proof::Held(holder_words(&live[i].1, root, r, ino, outside.len()));
+                members.remove(&(root, live[i].2));
+                again = true;
+            }
+        }
+        if !again {
+            return proofs;
+        }
+    }
+}
+
+/// The holders `(root, inode)` of the extents at the Btrfs addresses
+/// `shared` of the file `fd` (on device `dev`), or `None` where the
+/// filesystem does not name them (not Btrfs, not root) or the question
+/// failed.
+fn named_holders(
+    fd: &OwnedFd,
+    shared: &[u64],
+    dev: u64,
+    fs: &FsState,
+) -> Option<HashSet<(u64, u64)>> {
+    if lock(&fs.names_holders).get(&dev) == Some(&false) {
+        return None;
+    }
+    let mut out = HashSet::new();
+    for &addr in shared {
+        let mut size = 64 << 10;
+        let refs = loop {
+            match cowlink_sys::btrfs_extent_holders(fd.as_fd(), addr, size) {
+                Ok((_, missing)) if missing > 0 && size < cowlink_sys::BTRFS_LOGICAL_INO_MAX => {
+                    size = (size + missing as usize + 4096).min(cowlink_sys::BTRFS_LOGICAL_INO_MAX)
+                }
+                // Too many holders to list in full: not proven.
+                Ok((_, missing)) if missing > 0 => return None,
+                Ok((refs, _)) => break refs,
+                // The extent went away since the map was read.
+                Err(rustix::io::Errno::NOENT) => break Vec::new(),
+                Err(
+                    rustix::io::Errno::NOTTY
+                    | rustix::io::Errno::OPNOTSUPP
+                    | rustix::io::Errno::PERM
+                    | rustix::io::Errno::ACCESS
+                    | rustix::io::Errno::INVAL,
+                ) => {
+                    lock(&fs.names_holders).insert(dev, false);
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        };
+        out.extend(refs.into_iter().map(|r| (r.root, r.inode)));
+    }
+    lock(&fs.names_holders).insert(dev, true);
+    Some(out)
+}
+
+/// In words: who else holds a target's blocks (the first of `count`
+/// holders outside its group, `(r, ino)`; the target is in tree `root`).
+fn holder_words(fd: &OwnedFd, root: u64, r: u64, ino: u64, count: usize) -> String {
+    let more = match count {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    let who = if r != root {
+        format!("a snapshot or another subvolume (tree {r}, inode {ino}){more}")
+    } else {
+        match cowlink_sys::btrfs_ino_paths(fd.as_fd(), ino) {
+            Ok(paths) if !paths.is_empty() => format!(
+                "{} (inode {ino}, outside this group){more}",
+                crate::name::quoted(std::path::Path::new(std::ffi::OsStr::from_bytes(&paths[0])))
+            ),
+            _ => format!("inode {ino}, outside this group{more}"),
+        }
+    };
+    format!("its blocks are also held by {who}: sharing it would free nothing and could grow usage")
+}
+
 /// Carry out one group; returns the source's device once it was opened.
 /// Targets of an edge-only group that differ from the source go to
-/// `differ` (source, target), not to the report's `changed`. The free
-/// space is read first when `free_before` is given (measuring).
+/// `part.differ` (source, target), not to the report's `changed`. With
+/// [`Proving::Sort`], targets not proven to give their blocks back are
+/// skipped ([`SkipReason::HeldElsewhere`]) or handed back
+/// (`part.unproven`).
 fn dedupe_group(
     g: &DedupeGroup,
-    report: &mut DedupeReport,
-    differ: &mut Vec<(PathBuf, PathBuf)>,
+    part: &mut Part,
     run: &Run,
     tally: &Counters<'_>,
-    free_before: Option<&FreeBefore>,
+    fs: &FsState,
+    proving: Proving,
 ) -> Option<u64> {
     let op = Operation::Dedupe;
+    let report = &mut part.report;
     let src = match open_read(&g.source) {
         Ok(fd) => fd,
         Err(e) => {
@@ -276,8 +627,8 @@ fn dedupe_group(
             return None;
         }
     };
-    let dev = match cowlink_sys::fstat(&src) {
-        Ok(st) if st.st_size as u64 == g.size => st.st_dev,
+    let (dev, src_ino) = match cowlink_sys::fstat(&src) {
+        Ok(st) if st.st_size as u64 == g.size => (st.st_dev, st.st_ino),
         Ok(_) => {
             report.changed.push(g.source.clone());
             return None;
@@ -289,13 +640,11 @@ fn dedupe_group(
             return None;
         }
     };
-    if let Some(free_before) = free_before {
-        measure_once(free_before, dev, &src);
-    }
+    measure_once(fs, dev, &src);
     let mut done = 0u64;
     for batch in g.targets.chunks(cowlink_sys::DEDUPE_MAX_DESTS) {
         // Open every target of the batch; a size change means it changed.
-        let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::new();
+        let mut opened: Vec<Live<'_>> = Vec::new();
         for t in batch {
             let fd = match open_read(t) {
                 Ok(fd) => fd,
@@ -305,9 +654,25 @@ fn dedupe_group(
                 }
             };
             match cowlink_sys::fstat(&fd) {
-                Ok(st) if st.st_size as u64 == g.size => live.push((t, fd)),
+                Ok(st) if st.st_size as u64 == g.size => opened.push((t, fd, st.st_ino)),
                 Ok(_) => report.changed.push(t.clone()),
                 Err(e) => report.errors.push(Error::from_errno(op, e).with_src(t)),
+            }
+        }
+        let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::with_capacity(opened.len());
+        let proofs = match proving {
+            Proving::Sort => prove(&src, src_ino, &opened, dev, fs),
+            Proving::Measured => vec![Proof::Freed; opened.len()],
+        };
+        for ((t, fd, _), proof) in opened.into_iter().zip(proofs) {
+            match proof {
+                Proof::Freed => live.push((t, fd)),
+                Proof::Held(detail) => report.skipped.push(SkippedTarget {
+                    path: t.clone(),
+                    reason: SkipReason::HeldElsewhere,
+                    detail,
+                }),
+                Proof::Unproven => part.unproven.push(t.clone()),
             }
         }
         let mut off = 0u64;
@@ -324,7 +689,7 @@ fn dedupe_group(
                         match r.status {
                             cowlink_sys::DedupeStatus::Same => keep.push((t, fd)),
                             cowlink_sys::DedupeStatus::Differs if g.blake3.is_none() => {
-                                differ.push((g.source.clone(), t.clone()))
+                                part.differ.push((g.source.clone(), t.clone()))
                             }
                             cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
                             cowlink_sys::DedupeStatus::Error(e) => report
@@ -355,10 +720,5 @@ fn dedupe_group(
     }
     report.targets_deduped += done;
     report.bytes_compared += g.size * done;
-    // The group's expected bytes, for the targets now sharing in full.
-    if !g.targets.is_empty() {
-        report.bytes_reclaimed +=
-            (u128::from(g.reclaimable) * u128::from(done) / g.targets.len() as u128) as u64;
-    }
     Some(dev)
 }
