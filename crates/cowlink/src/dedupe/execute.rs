@@ -12,10 +12,12 @@
 //! ([`SkipReason::HeldElsewhere`]); sharing it would free nothing, and on
 //! Btrfs it unshares the subvolume's metadata from its snapshots, which is
 //! how usage grows. Where the holders cannot be named (XFS keeps only a
-//! count; Btrfs without root), such targets run after the others, in
-//! batches (1, 2, 4, … up to [`UNPROVEN_BATCH`] groups) with the free space
-//! read around each, after a `syncfs`: when a batch loses free space, the
-//! rest of those targets on that filesystem are skipped
+//! count; Btrfs without root), a shared extent that no other file of the
+//! group maps is held outside it: skipped too. Targets whose shared
+//! extents the group does map, but maybe not alone, run after the others,
+//! in batches (1, 2, 4, … up to [`UNPROVEN_BATCH`] targets) with the free
+//! space read around each, after a `syncfs`: when a batch loses free
+//! space, the rest of those targets on that filesystem are skipped
 //! ([`SkipReason::UsageGrew`]). The growth is then at most one batch's.
 
 use std::collections::hash_map::Entry;
@@ -108,10 +110,10 @@ pub enum SkipReason {
     Unmeasurable,
 }
 
-/// Most groups of targets whose holders cannot be named that run between
-/// two readings of the free space (the batches grow 1, 2, 4, … up to
-/// this): small first, so a growth is caught early, larger later, so a
-/// long run of such groups does not pay two `syncfs` each.
+/// Most targets whose holders cannot be named that run between two
+/// readings of the free space (the batches grow 1, 2, 4, … up to this):
+/// small first, so a growth is caught early (one target's worth), larger
+/// later, so a long run of such targets does not pay two `syncfs` each.
 pub const UNPROVEN_BATCH: usize = 64;
 
 /// What the Dedupe phase counts for `groups`: their targets, and the
@@ -292,7 +294,9 @@ impl<'a> Executor<'a> {
                 .map(|g| {
                     let mut p = Part::default();
                     if !run.cancelled() {
-                        p.report.groups = 1;
+                        // A group split into measured batches was
+                        // counted when it was sorted.
+                        p.report.groups = u64::from(proving == Proving::Sort);
                         p.dev = dedupe_group(g, &mut p, run, tally, fs, proving);
                     }
                     p
@@ -325,15 +329,20 @@ impl<'a> Executor<'a> {
     }
 
     /// Run the targets whose holders could not be named, per filesystem,
-    /// in batches of growing size with the free space read around each;
-    /// stop on a filesystem (skipping the rest there) once a batch lost
-    /// free space.
+    /// in batches of growing size (targets, not groups: one group can hold
+    /// many) with the free space read around each; stop on a filesystem
+    /// (skipping the rest there) once a batch lost free space.
     fn run_unproven(&mut self, mut unproven: Vec<Unproven>) {
         unproven.sort_by(|a, b| (a.dev, &a.group.source).cmp(&(b.dev, &b.group.source)));
-        let mut rest = unproven.as_slice();
-        while let Some(first) = rest.first() {
-            let dev = first.dev;
-            let n = rest.partition_point(|u| u.dev == dev);
+        // (device, group, target) in that order.
+        let flat: Vec<(u64, usize, &PathBuf)> = unproven
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| u.group.targets.iter().map(move |t| (u.dev, i, t)))
+            .collect();
+        let mut rest = flat.as_slice();
+        while let Some(&(dev, _, _)) = rest.first() {
+            let n = rest.partition_point(|u| u.0 == dev);
             let (here, after) = rest.split_at(n);
             rest = after;
             let mut batch = 1;
@@ -341,23 +350,38 @@ impl<'a> Executor<'a> {
             while !todo.is_empty() && !self.run.cancelled() {
                 if let Some(&grown) = self.grew_on.get(&dev) {
                     let detail = format!(
-                        "its blocks are also held by files this filesystem does not name, \
-                         and sharing such targets here lost {grown} bytes of free space: \
+                        "its blocks are shared with files this filesystem does not name, \
+                         and sharing such files here lost {grown} bytes of free space: \
                          the run stopped sharing them"
                     );
                     self.skip_all(todo, SkipReason::UsageGrew, &detail);
                     break;
                 }
                 let Some(before) = self.free_now(dev) else {
-                    let detail = "its blocks are also held by files this filesystem does not \
+                    let detail = "its blocks are shared with files this filesystem does not \
                                   name, and the free space could not be read to check the outcome";
                     self.skip_all(todo, SkipReason::Unmeasurable, detail);
                     break;
                 };
                 let (now, later) = todo.split_at(batch.min(todo.len()));
                 todo = later;
-                let groups: Vec<&DedupeGroup> = now.iter().map(|u| &u.group).collect();
-                let parts = self.run_groups(&groups, Proving::Measured);
+                // The batch's targets, put back into their groups.
+                let mut groups: Vec<DedupeGroup> = Vec::new();
+                let mut last = usize::MAX;
+                for &(_, g, t) in now {
+                    if g != last {
+                        groups.push(DedupeGroup {
+                            targets: Vec::new(),
+                            ..unproven[g].group.clone()
+                        });
+                        last = g;
+                    }
+                    if let Some(cur) = groups.last_mut() {
+                        cur.targets.push(t.clone());
+                    }
+                }
+                let refs: Vec<&DedupeGroup> = groups.iter().collect();
+                let parts = self.run_groups(&refs, Proving::Measured);
                 self.absorb(parts);
                 match self.free_now(dev) {
                     Some(after) if after >= before => {}
@@ -373,9 +397,9 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Report every target of `groups` as skipped for `reason`.
-    fn skip_all(&mut self, groups: &[Unproven], reason: SkipReason, detail: &str) {
-        for t in groups.iter().flat_map(|u| &u.group.targets) {
+    /// Report every one of `targets` as skipped for `reason`.
+    fn skip_all(&mut self, targets: &[(u64, usize, &PathBuf)], reason: SkipReason, detail: &str) {
+        for &(_, _, t) in targets {
             self.report.skipped.push(SkippedTarget {
                 path: t.clone(),
                 reason,
@@ -463,77 +487,194 @@ enum Proof {
 type Live<'p> = (&'p PathBuf, OwnedFd, u64);
 
 /// For each of `live` (targets of one group on device `dev`, whose source
-/// is inode `src_ino`), whether sharing it gives its blocks back, from
-/// its extent map and, for shared extents, the holders Btrfs names.
+/// `src` is inode `src_ino`), whether sharing it gives its blocks back,
+/// from the extent maps of the group's files:
 ///
-/// A target is [`Proof::Held`] when a holder of one of its extents is
-/// neither the source nor another target of this batch that is itself not
-/// held; the rule is applied until nothing changes, since a target held
-/// elsewhere keeps the extents it shares with the others. Targets of the
-/// same group in another batch of [`cowlink_sys::DEDUPE_MAX_DESTS`] count
-/// as outside: a skip, never a growth.
+/// - no extent flagged shared: [`Proof::Freed`];
+/// - Btrfs names the holders (root): [`Proof::Held`] when one of them is
+///   neither the source nor a target of this batch that is itself not
+///   held, else freed;
+/// - otherwise, a shared extent that no other file of the group maps (the
+///   source, or a target not held) is held by files outside the group:
+///   held; if every shared extent is mapped by the group too, nobody can
+///   say whether something outside also holds it: [`Proof::Unproven`].
+///
+/// The rules are applied until nothing changes: a target held elsewhere
+/// keeps the extents it shares with the others. Targets of the group in
+/// another batch of [`cowlink_sys::DEDUPE_MAX_DESTS`] count as outside: a
+/// skip, never a growth.
 fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState) -> Vec<Proof> {
-    // Per target: the holders of its shared extents (`Some(empty)`: none
-    // shared), or `None`: not named.
-    let mut holders: Vec<Option<HashSet<(u64, u64)>>> = Vec::with_capacity(live.len());
-    let mut root = None;
-    for (_, fd, _) in live {
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum State {
+        Freed,
+        Pending,
+        Held,
+        Unknown,
+    }
+    // Per target: its shared extents as (physical, end), and every extent
+    // it maps (for the overlap rule).
+    let mut shared: Vec<Vec<(u64, u64)>> = Vec::with_capacity(live.len());
+    let mut state: Vec<State> = Vec::with_capacity(live.len());
+    // Every mapped range of the group: (physical, end, owner); the source
+    // is owner `usize::MAX`.
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    let mut any_shared = false;
+    for (i, (_, fd, _)) in live.iter().enumerate() {
         let Ok(list) = extents_fd(fd.as_fd(), false) else {
-            holders.push(None);
+            shared.push(Vec::new());
+            state.push(State::Unknown);
             continue;
         };
-        let mut shared: Vec<u64> = list
+        let mine: Vec<(u64, u64)> = list
             .iter()
             .filter(|x| x.is_shared() && x.has_address())
-            .map(|x| x.physical)
+            .map(|x| (x.physical, x.physical + x.length))
             .collect();
-        if shared.is_empty() {
-            holders.push(Some(HashSet::new()));
-            continue;
-        }
-        shared.sort_unstable();
-        shared.dedup();
-        holders.push(named_holders(fd, &shared, dev, fs));
-        if root.is_none() && holders.last().is_some_and(Option::is_some) {
-            root = cowlink_sys::btrfs_root_id(src.as_fd()).ok();
-        }
+        ranges.extend(
+            list.iter()
+                .filter(|x| x.has_address())
+                .map(|x| (x.physical, x.physical + x.length, i)),
+        );
+        state.push(if mine.is_empty() {
+            State::Freed
+        } else {
+            State::Pending
+        });
+        any_shared |= !mine.is_empty();
+        shared.push(mine);
     }
-    let mut proofs: Vec<Proof> = holders
+    let mut proofs: Vec<Proof> = vec![Proof::Unproven; live.len()];
+    if !any_shared {
+        for (p, st) in proofs.iter_mut().zip(&state) {
+            if *st == State::Freed {
+                *p = Proof::Freed;
+            }
+        }
+        return proofs;
+    }
+    if let Ok(list) = extents_fd(src.as_fd(), false) {
+        ranges.extend(
+            list.iter()
+                .filter(|x| x.has_address())
+                .map(|x| (x.physical, x.physical + x.length, usize::MAX)),
+        );
+    }
+    ranges.sort_unstable();
+    // Btrfs, as root: the holders by name.
+    let named: Vec<Option<HashSet<(u64, u64)>>> = live
         .iter()
-        .map(|h| match h {
-            None => Proof::Unproven,
-            Some(_) => Proof::Freed,
+        .zip(&shared)
+        .zip(&state)
+        .map(|(((_, fd, _), mine), st)| match st {
+            State::Pending => {
+                let starts: Vec<u64> = mine.iter().map(|&(p, _)| p).collect();
+                named_holders(fd, &starts, dev, fs)
+            }
+            _ => None,
         })
         .collect();
-    let Some(root) = root else {
-        return proofs;
-    };
-    let mut members: HashSet<(u64, u64)> = live
+    let root = named
         .iter()
-        .zip(&holders)
-        .filter(|(_, h)| h.is_some())
-        .map(|((_, _, ino), _)| (root, *ino))
-        .collect();
-    members.insert((root, src_ino));
+        .any(Option::is_some)
+        .then(|| cowlink_sys::btrfs_root_id(src.as_fd()).ok())
+        .flatten();
     loop {
         let mut again = false;
-        for (i, h) in holders.iter().enumerate() {
-            let Some(h) = h else { continue };
-            if proofs[i] != Proof::Freed {
+        for i in 0..live.len() {
+            if state[i] != State::Pending {
                 continue;
             }
-            let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !members.contains(x)).collect();
-            outside.sort_unstable();
-            if let Some(&&(r, ino)) = outside.first() {
-                proofs[i] = Proof::Held(holder_words(&live[i].1, root, r, ino, outside.len()));
-                members.remove(&(root, live[i].2));
+            let held = match (&named[i], root) {
+                (Some(h), Some(root)) => {
+                    let member = |&(r, ino): &(u64, u64)| {
+                        r == root
+                            && (ino == src_ino
+                                || live
+                                    .iter()
+                                    .zip(&state)
+                                    .any(|((_, _, t), st)| *t == ino && *st != State::Held))
+                    };
+                    let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !member(x)).collect();
+                    outside.sort_unstable();
+                    outside.first().map(|&&(r, ino)| {
+                        let skipped = r == root && live.iter().any(|(_, _, t)| *t == ino);
+                        let who = Holder {
+                            root: r,
+                            ino,
+                            skipped,
+                        };
+                        holder_words(&live[i].1, root, who, outside.len())
+                    })
+                }
+                _ => {
+                    let lone = shared[i]
+                        .iter()
+                        .filter(|&&(s, e)| {
+                            !mapped_by_group(&ranges, s, e, i, &state, |st| *st == State::Held)
+                        })
+                        .count();
+                    (lone > 0).then(|| {
+                        format!(
+                            "its blocks are also held outside its group ({}, marked shared, that \
+                             no other file of the group maps): sharing it would free nothing and \
+                             could grow usage",
+                            match lone {
+                                1 => "1 extent".to_string(),
+                                n => format!("{n} extents"),
+                            }
+                        )
+                    })
+                }
+            };
+            if let Some(words) = held {
+                state[i] = State::Held;
+                proofs[i] = Proof::Held(words);
                 again = true;
             }
         }
         if !again {
-            return proofs;
+            break;
         }
     }
+    for (i, st) in state.iter().enumerate() {
+        proofs[i] = match st {
+            State::Freed => Proof::Freed,
+            State::Pending if named[i].is_some() && root.is_some() => Proof::Freed,
+            State::Pending | State::Unknown => Proof::Unproven,
+            State::Held => continue,
+        };
+    }
+    proofs
+}
+
+/// Whether the physical range `s..e`, shared by target `me`, is also
+/// mapped by another file of the group (the source, or a target whose
+/// state is not `gone`), or twice by `me` itself. `ranges` is sorted by
+/// start.
+fn mapped_by_group<S>(
+    ranges: &[(u64, u64, usize)],
+    s: u64,
+    e: u64,
+    me: usize,
+    state: &[S],
+    gone: impl Fn(&S) -> bool,
+) -> bool {
+    let upto = ranges.partition_point(|r| r.0 < e);
+    let mut own = 0;
+    for &(rs, re, owner) in &ranges[..upto] {
+        if re <= s || rs >= e {
+            continue;
+        }
+        if owner == me {
+            own += 1;
+            if own > 1 {
+                return true;
+            }
+        } else if owner == usize::MAX || !gone(&state[owner]) {
+            return true;
+        }
+    }
+    false
 }
 
 /// The holders `(root, inode)` of the extents at the Btrfs addresses
@@ -581,9 +722,24 @@ fn named_holders(
     Some(out)
 }
 
-/// In words: who else holds a target's blocks (the first of `count`
-/// holders outside its group, `(r, ino)`; the target is in tree `root`).
-fn holder_words(fd: &OwnedFd, root: u64, r: u64, ino: u64, count: usize) -> String {
+/// A holder of a target's extent, outside its group.
+struct Holder {
+    /// Its tree (subvolume or snapshot).
+    root: u64,
+    /// Its inode number there.
+    ino: u64,
+    /// A target of the same group, itself skipped.
+    skipped: bool,
+}
+
+/// In words: who else holds a target's blocks (`who`, the first of `count`
+/// holders outside its group; the target is in tree `root`, open as `fd`).
+fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
+    let Holder {
+        root: r,
+        ino,
+        skipped,
+    } = who;
     let more = match count {
         1 => String::new(),
         n => format!(" and {} more", n - 1),
@@ -591,12 +747,17 @@ fn holder_words(fd: &OwnedFd, root: u64, r: u64, ino: u64, count: usize) -> Stri
     let who = if r != root {
         format!("a snapshot or another subvolume (tree {r}, inode {ino}){more}")
     } else {
-        match cowlink_sys::btrfs_ino_paths(fd.as_fd(), ino) {
+        // Btrfs gives the path from the subvolume's root.
+        let name = match cowlink_sys::btrfs_ino_paths(fd.as_fd(), ino) {
             Ok(paths) if !paths.is_empty() => format!(
-                "{} (inode {ino}, outside this group){more}",
+                "{} in this subvolume (inode {ino})",
                 crate::name::quoted(std::path::Path::new(std::ffi::OsStr::from_bytes(&paths[0])))
             ),
-            _ => format!("inode {ino}, outside this group{more}"),
+            _ => format!("inode {ino} of this subvolume"),
+        };
+        match skipped {
+            true => format!("{name}, a file of this group that is skipped itself{more}"),
+            false => format!("{name}, outside this group{more}"),
         }
     };
     format!("its blocks are also held by {who}: sharing it would free nothing and could grow usage")
