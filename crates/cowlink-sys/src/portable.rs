@@ -98,6 +98,11 @@ pub fn btrfs_extent_holders(
 }
 
 /// No Btrfs here: `ENOTTY`.
+pub fn btrfs_space_used(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
 pub fn btrfs_ino_paths(_fd: BorrowedFd<'_>, _inode: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Err(Errno::NOTTY)
 }
