@@ -31,11 +31,13 @@ use crate::{human_bytes, human_duration, Exit};
 /// Space never grows: a file is shared only if its blocks come back. One
 /// whose blocks a snapshot, a reflinked copy or another file also holds
 /// (Btrfs names them, to root) is skipped and listed with the reason.
-/// Where the filesystem cannot name them (XFS), such files run last, in
-/// small batches with the free space read around each, and the run stops
-/// sharing them there once a batch lost space. The space reported back is
-/// measured: free space before and after, each after syncing the
-/// filesystem (other programs' writes move it too).
+/// XFS does not name them: a file whose shared blocks no other file of its
+/// group maps is skipped the same way; one whose shared blocks the group
+/// maps too runs last, in small batches with the space in use read around
+/// each, and the run stops sharing such files there once a batch grew it.
+/// The space reported back is measured: space in use before and after
+/// (on Btrfs data and metadata), each after syncing the filesystem (other
+/// programs' writes move it too).
 ///
 /// --store DIR makes the objects of a cowlink store sources: a file equal
 /// to an object comes to share the object's blocks (a checkout's clones
@@ -244,7 +246,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 human_bytes(r.bytes_reclaimed),
                 match r.measured {
                     true => "measured",
-                    false => "not measured everywhere: free space unreadable",
+                    false => "not measured everywhere: space in use unreadable",
                 },
                 skipped,
                 r.changed.len(),
@@ -261,7 +263,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             if r.bytes_grown > 0 {
                 writeln!(
                     out,
-                    "free space fell by {} during the run (other programs' writes count too)",
+                    "space in use grew by {} during the run (other programs' writes count too)",
                     human_bytes(r.bytes_grown)
                 )?;
             }

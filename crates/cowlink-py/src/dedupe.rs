@@ -147,14 +147,14 @@ record!(
         targets_deduped: u64,
         /// Bytes the kernel compared.
         bytes_compared: u64,
-        /// Space given back, measured: free space gained (statfs before
-        /// and after, each after a sync) on the filesystems where
-        /// something was shared.
+        /// Space given back, measured: the fall of the space in use
+        /// (statfs; on Btrfs data and metadata) from before to after, each
+        /// after a sync, on the filesystems where something was shared.
         bytes_reclaimed: u64,
-        /// Free space lost instead (0 unless other programs wrote during
-        /// the run, or a measured batch of targets grew usage).
+        /// Growth of the space in use instead (0 unless other programs
+        /// wrote during the run, or a measured batch of targets grew it).
         bytes_grown: u64,
-        /// The free space of every filesystem involved could be read.
+        /// The space in use on every filesystem involved could be read.
         measured: bool,
         /// Identical targets left as they were because sharing them would
         /// not give space back.
@@ -180,7 +180,7 @@ record!(
         path: PathBuf,
         /// `"held_elsewhere"` (a snapshot, reflinked copy or other file
         /// holds its blocks), `"usage_grew"` (a measured batch of such
-        /// targets lost free space) or `"unmeasurable"`.
+        /// targets grew the space in use) or `"unmeasurable"`.
         reason: String,
         /// Why, in words.
         detail: String,
@@ -218,7 +218,7 @@ pub fn plan(
 /// changed since the plan is never corrupted: it is reported in `changed`).
 ///
 /// A target whose blocks would not come back is skipped (`skipped`), and
-/// `bytes_reclaimed` is the free space measured before and after.
+/// `bytes_reclaimed` is the space in use measured before and after.
 /// `measure` is accepted for callers written when that was optional; it
 /// changes nothing.
 #[pyfunction]

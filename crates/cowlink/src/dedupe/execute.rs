@@ -15,10 +15,12 @@
 //! count; Btrfs without root), a shared extent that no other file of the
 //! group maps is held outside it: skipped too. Targets whose shared
 //! extents the group does map, but maybe not alone, run after the others,
-//! in batches (1, 2, 4, … up to [`UNPROVEN_BATCH`] targets) with the free
-//! space read around each, after a `syncfs`: when a batch loses free
-//! space, the rest of those targets on that filesystem are skipped
-//! ([`SkipReason::UsageGrew`]). The growth is then at most one batch's.
+//! in batches (1, 2, 4, … up to [`UNPROVEN_BATCH`] targets) with the space
+//! in use read around each, after a `syncfs` (on Btrfs data and metadata,
+//! `BTRFS_IOC_SPACE_INFO`, since statfs there follows data alone): when a
+//! batch grows it, the rest of those targets on that filesystem are
+//! skipped ([`SkipReason::UsageGrew`]). The growth is then at most one
+//! batch's.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -45,19 +47,22 @@ pub struct DedupeReport {
     pub targets_deduped: u64,
     /// Sum of the sizes of those targets.
     pub bytes_compared: u64,
-    /// Space given back, measured: free space gained on each filesystem
-    /// where something was shared, from `statfs` before its first group
-    /// to the end, each after a `syncfs`, summed. Never an estimate: a
-    /// group's [`DedupeGroup::reclaimable`] is what the plan expected.
-    /// Other programs' writes during the run move it too.
+    /// Space given back, measured: the fall of the space in use on each
+    /// filesystem where something was shared, from before its first group
+    /// to the end, each read after a `syncfs`, summed. Space in use is
+    /// statfs's blocks not free, and on Btrfs its data, metadata and
+    /// system bytes (`BTRFS_IOC_SPACE_INFO`: statfs there follows data
+    /// alone). Never an estimate: a group's [`DedupeGroup::reclaimable`] is
+    /// what the plan expected. Other programs' writes during the run move
+    /// it too.
     pub bytes_reclaimed: u64,
-    /// Free space lost instead, summed over the filesystems where it fell
-    /// (0 unless something else wrote during the run, or a batch of
-    /// targets whose holders could not be named grew usage: see
+    /// Growth of the space in use instead, summed over the filesystems
+    /// where it grew (0 unless something else wrote during the run, or a
+    /// batch of targets whose holders could not be named grew usage: see
     /// [`SkipReason::UsageGrew`]).
     #[serde(default)]
     pub bytes_grown: u64,
-    /// The free space of every filesystem involved could be read before
+    /// The space in use on every filesystem involved could be read before
     /// and after (else that filesystem is missing from both figures).
     pub measured: bool,
     /// Identical targets left alone because sharing them would not give
@@ -103,15 +108,15 @@ pub enum SkipReason {
     HeldElsewhere,
     /// Its extents are shared with files the filesystem does not name
     /// (XFS, or Btrfs without root), and a batch of such targets on this
-    /// filesystem lost free space: the run stopped sharing them there.
+    /// filesystem grew the space in use: the run stopped sharing them there.
     UsageGrew,
     /// Its extents are shared with files the filesystem does not name, and
-    /// the free space could not be read to check the outcome.
+    /// the space in use could not be read to check the outcome.
     Unmeasurable,
 }
 
 /// Most targets whose holders cannot be named that run between two
-/// readings of the free space (the batches grow 1, 2, 4, … up to this):
+/// readings of the space in use (the batches grow 1, 2, 4, … up to this):
 /// small first, so a growth is caught early (one target's worth), larger
 /// later, so a long run of such targets does not pay two `syncfs` each.
 pub const UNPROVEN_BATCH: usize = 64;
@@ -185,19 +190,20 @@ impl<'a> Counters<'a> {
 
 /// Carries out groups as they are handed over ([`Executor::start`], any
 /// number of times), then measures what came back ([`Executor::finish`]).
-/// The free space of a filesystem is read before its first group runs.
+/// The space in use on a filesystem is read before its first group runs.
 pub(super) struct Executor<'a> {
     run: &'a Run,
     tally: &'a Counters<'a>,
     pool: Option<rayon::ThreadPool>,
-    /// What the groups share between threads: free space before, and
+    /// What the groups share between threads: space in use before, and
     /// whether Btrfs names the holders of extents.
     fs: FsState,
-    /// Devices where something was shared: only their free space can have
+    /// Devices where something was shared: only their space in use can have
     /// grown because of us (elsewhere a change is someone else's).
     shared_on: HashSet<u64>,
     /// Devices where a batch of targets whose holders could not be named
-    /// lost free space, and how much: no more such targets run there.
+    /// grew the space in use, and by how much: no more such targets run
+    /// there.
     grew_on: HashMap<u64, u64>,
     /// (source, target) of edge-only groups whose bytes differ.
     unsettled: Vec<(PathBuf, PathBuf)>,
@@ -207,9 +213,9 @@ pub(super) struct Executor<'a> {
 /// Per filesystem (device), shared by the groups running in parallel.
 #[derive(Default)]
 struct FsState {
-    /// Free space before anything ran there, with a descriptor to read it
-    /// again (`None`: it could not be read).
-    free_before: Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>,
+    /// Space in use ([`in_use`]) before anything ran there, with a
+    /// descriptor to read it again (`None`: it could not be read).
+    used_before: Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>,
     /// Whether `LOGICAL_INO_V2` answers there (Btrfs, as root); absent
     /// until asked.
     names_holders: Mutex<HashMap<u64, bool>>,
@@ -330,8 +336,8 @@ impl<'a> Executor<'a> {
 
     /// Run the targets whose holders could not be named, per filesystem,
     /// in batches of growing size (targets, not groups: one group can hold
-    /// many) with the free space read around each; stop on a filesystem
-    /// (skipping the rest there) once a batch lost free space.
+    /// many) with the space in use read around each; stop on a filesystem
+    /// (skipping the rest there) once a batch grew it.
     fn run_unproven(&mut self, mut unproven: Vec<Unproven>) {
         unproven.sort_by(|a, b| (a.dev, &a.group.source).cmp(&(b.dev, &b.group.source)));
         // (device, group, target) in that order.
@@ -351,15 +357,15 @@ impl<'a> Executor<'a> {
                 if let Some(&grown) = self.grew_on.get(&dev) {
                     let detail = format!(
                         "its blocks are shared with files this filesystem does not name, \
-                         and sharing such files here lost {grown} bytes of free space: \
+                         and sharing such files here grew the space in use by {grown} bytes: \
                          the run stopped sharing them"
                     );
                     self.skip_all(todo, SkipReason::UsageGrew, &detail);
                     break;
                 }
-                let Some(before) = self.free_now(dev) else {
+                let Some(before) = self.used_now(dev) else {
                     let detail = "its blocks are shared with files this filesystem does not \
-                                  name, and the free space could not be read to check the outcome";
+                                  name, and the space in use could not be read to check the outcome";
                     self.skip_all(todo, SkipReason::Unmeasurable, detail);
                     break;
                 };
@@ -383,10 +389,10 @@ impl<'a> Executor<'a> {
                 let refs: Vec<&DedupeGroup> = groups.iter().collect();
                 let parts = self.run_groups(&refs, Proving::Measured);
                 self.absorb(parts);
-                match self.free_now(dev) {
-                    Some(after) if after >= before => {}
+                match self.used_now(dev) {
+                    Some(after) if after <= before => {}
                     Some(after) => {
-                        self.grew_on.insert(dev, before - after);
+                        self.grew_on.insert(dev, after - before);
                     }
                     None => {
                         self.grew_on.insert(dev, 0);
@@ -408,12 +414,12 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// The free space of device `dev` now, after a `syncfs` (`None` if it
-    /// was never or cannot be read).
-    fn free_now(&self, dev: u64) -> Option<u64> {
-        let map = lock(&self.fs.free_before);
+    /// The space in use on device `dev` now ([`in_use`]; `None` if it was
+    /// never or cannot be read).
+    fn used_now(&self, dev: u64) -> Option<u64> {
+        let map = lock(&self.fs.used_before);
         let (fd, _) = map.get(&dev)?.as_ref()?;
-        free_space(fd)
+        in_use(fd)
     }
 
     /// The (source, target) pairs of edge-only groups that the kernel
@@ -425,24 +431,24 @@ impl<'a> Executor<'a> {
     /// Measure the space given back and close the run.
     pub(super) fn finish(mut self) -> DedupeReport {
         self.report.cancelled = self.run.cancelled();
-        let free_before = self
+        let used_before = self
             .fs
-            .free_before
+            .used_before
             .into_inner()
             .unwrap_or_else(|e| e.into_inner());
         self.report.measured = true;
-        for (dev, m) in &free_before {
+        for (dev, m) in &used_before {
             if !self.shared_on.contains(dev) {
                 continue;
             }
             match m
                 .as_ref()
-                .and_then(|(fd, before)| Some((free_space(fd)?, *before)))
+                .and_then(|(fd, before)| Some((in_use(fd)?, *before)))
             {
-                Some((after, before)) if after >= before => {
-                    self.report.bytes_reclaimed += after - before
+                Some((after, before)) if after <= before => {
+                    self.report.bytes_reclaimed += before - after
                 }
-                Some((after, before)) => self.report.bytes_grown += before - after,
+                Some((after, before)) => self.report.bytes_grown += after - before,
                 None => self.report.measured = false,
             }
         }
@@ -451,24 +457,33 @@ impl<'a> Executor<'a> {
     }
 }
 
-/// Read the free space of `src`'s filesystem (device `dev`) unless it was
-/// read already. Called before a group's first `FIDEDUPERANGE`; a group on
+/// Read the space in use on `src`'s filesystem (device `dev`) unless it
+/// was read already. Called before a group's first `FIDEDUPERANGE`; a group on
 /// a new device waits here until its measure is taken, so no sharing there
 /// comes before it. The `syncfs` also commits what the extent holders are
 /// read from (Btrfs answers from its last commit).
 fn measure_once(fs: &FsState, dev: u64, src: &OwnedFd) {
-    let mut map = lock(&fs.free_before);
+    let mut map = lock(&fs.used_before);
     if let Entry::Vacant(slot) = map.entry(dev) {
         let fd = rustix::io::fcntl_dupfd_cloexec(src, 0).ok();
-        slot.insert(fd.and_then(|fd| free_space(&fd).map(|free| (fd, free))));
+        slot.insert(fd.and_then(|fd| in_use(&fd).map(|used| (fd, used))));
     }
 }
 
-/// Free bytes (for unprivileged users) after committing pending work.
-fn free_space(fd: &OwnedFd) -> Option<u64> {
+/// Bytes in use on the filesystem of `fd`, after committing pending work:
+/// on Btrfs its data, metadata and system bytes (`BTRFS_IOC_SPACE_INFO`),
+/// since statfs there follows data alone and a dedupe that unshares
+/// metadata from a snapshot grows the metadata; elsewhere statfs's blocks
+/// not free.
+fn in_use(fd: &OwnedFd) -> Option<u64> {
     cowlink_sys::sync_filesystem(fd.as_fd()).ok()?;
-    let s = fs::fstatvfs(fd).ok()?;
-    Some(s.f_bavail * s.f_frsize)
+    match cowlink_sys::btrfs_space_used(fd.as_fd()) {
+        Ok(used) => Some(used),
+        Err(_) => {
+            let s = fs::fstatvfs(fd).ok()?;
+            Some(s.f_blocks.saturating_sub(s.f_bfree) * s.f_frsize)
+        }
+    }
 }
 
 /// Whether sharing a target would give its blocks back.

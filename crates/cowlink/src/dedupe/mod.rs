@@ -45,9 +45,10 @@
 //! shared), plus, once, the extent of a cluster of clones that all become
 //! targets (a forced source: a store object, a file the caller may not
 //! change). What the report says came back is measured, never estimated:
-//! free space before the first group on each filesystem and at the end,
-//! each after a `syncfs` (never the kernel's `bytes_deduped`, which counts
-//! bytes compared, not freed). The final `syncfs` waits for the filesystem
+//! the space in use before the first group on each filesystem and at the
+//! end, each after a `syncfs` (statfs; on Btrfs its data and metadata
+//! bytes), never the kernel's `bytes_deduped`, which counts bytes
+//! compared, not freed. The final `syncfs` waits for the filesystem
 //! to commit (on Btrfs, three copies of /usr/share: 1.76 s measured
 //! against 1.58 s from the maps, paired, in docs/benchmarks.md), and for
 //! other programs' pending writes too; a run with nothing to share pays

@@ -323,14 +323,14 @@ fn xfs_a_measured_batch_that_grows_usage_stops_the_rest() {
         .skipped
         .iter()
         .all(|s| s.reason != SkipReason::HeldElsewhere));
-    // The first batch (one target) lost free space: nothing more of the
-    // kind was shared, and every other target says why.
+    // The first batch (one target) grew the space in use: nothing more of
+    // the kind was shared, and every other target says why.
     let stopped = skipped(&r, SkipReason::UsageGrew);
     assert!(r.bytes_grown > 0, "{r:?}");
     assert_eq!(r.targets_deduped, 1, "{r:?}");
     assert_eq!(stopped.len(), 7, "{r:?}");
     assert!(
-        r.skipped[0].detail.contains("lost"),
+        r.skipped[0].detail.contains("grew the space in use"),
         "{:?}",
         r.skipped[0].detail
     );
