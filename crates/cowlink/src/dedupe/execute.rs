@@ -575,6 +575,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
         );
     }
     ranges.sort_unstable();
+    let reach = reach(&ranges);
     // Btrfs, as root: the holders by name.
     let named: Vec<Option<HashSet<(u64, u64)>>> = live
         .iter()
@@ -625,7 +626,9 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                     let lone = shared[i]
                         .iter()
                         .filter(|&&(s, e)| {
-                            !mapped_by_group(&ranges, s, e, i, &state, |st| *st == State::Held)
+                            !mapped_by_group(&ranges, &reach, (s, e), i, |j| {
+                                state[j] == State::Held
+                            })
                         })
                         .count();
                     (lone > 0).then(|| {
@@ -662,21 +665,37 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
     proofs
 }
 
+/// For `ranges` sorted by start: the largest end among each range and
+/// those before it, so a search for overlaps can stop going back.
+fn reach(ranges: &[(u64, u64, usize)]) -> Vec<u64> {
+    ranges
+        .iter()
+        .scan(0, |m, r| {
+            *m = (*m).max(r.1);
+            Some(*m)
+        })
+        .collect()
+}
+
 /// Whether the physical range `s..e`, shared by target `me`, is also
-/// mapped by another file of the group (the source, or a target whose
-/// state is not `gone`), or twice by `me` itself. `ranges` is sorted by
-/// start.
-fn mapped_by_group<S>(
+/// mapped by another file of the group (the source, owner `usize::MAX`,
+/// or a target `j` not `gone(j)`), or twice by `me` itself. `ranges` is
+/// sorted by start, `reach` from [`reach`]: only ranges starting before
+/// `e` are looked at, going back until none before can end after `s`.
+fn mapped_by_group(
     ranges: &[(u64, u64, usize)],
-    s: u64,
-    e: u64,
+    reach: &[u64],
+    (s, e): (u64, u64),
     me: usize,
-    state: &[S],
-    gone: impl Fn(&S) -> bool,
+    gone: impl Fn(usize) -> bool,
 ) -> bool {
     let upto = ranges.partition_point(|r| r.0 < e);
     let mut own = 0;
-    for &(rs, re, owner) in &ranges[..upto] {
+    for k in (0..upto).rev() {
+        if reach[k] <= s {
+            break;
+        }
+        let (rs, re, owner) = ranges[k];
         if re <= s || rs >= e {
             continue;
         }
@@ -685,7 +704,7 @@ fn mapped_by_group<S>(
             if own > 1 {
                 return true;
             }
-        } else if owner == usize::MAX || !gone(&state[owner]) {
+        } else if owner == usize::MAX || !gone(owner) {
             return true;
         }
     }
@@ -897,4 +916,48 @@ fn dedupe_group(
     report.targets_deduped += done;
     report.bytes_compared += g.size * done;
     Some(dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(mut r: Vec<(u64, u64, usize)>) -> (Vec<(u64, u64, usize)>, Vec<u64>) {
+        r.sort_unstable();
+        let m = reach(&r);
+        (r, m)
+    }
+
+    #[test]
+    fn a_shared_range_is_the_group_s_when_another_member_maps_any_of_it() {
+        let src = usize::MAX;
+        // Target 0 maps 100..200 and 500..600; target 1 maps 150..160;
+        // the source maps 900..1000.
+        let (r, m) = sorted(vec![
+            (100, 200, 0),
+            (500, 600, 0),
+            (150, 160, 1),
+            (900, 1000, src),
+        ]);
+        let none = |_: usize| false;
+        assert!(
+            mapped_by_group(&r, &m, (100, 200), 0, none),
+            "target 1 inside"
+        );
+        assert!(!mapped_by_group(&r, &m, (500, 600), 0, none), "nobody else");
+        assert!(mapped_by_group(&r, &m, (950, 960), 0, none), "the source");
+        // Target 1 skipped itself: it no longer counts.
+        assert!(!mapped_by_group(&r, &m, (100, 200), 0, |j| j == 1));
+        // Ends are exclusive: touching is not overlapping.
+        assert!(!mapped_by_group(&r, &m, (160, 170), 0, none));
+        assert!(mapped_by_group(&r, &m, (159, 170), 0, none));
+
+        // A long range that starts first is still found from a late query.
+        let (r, m) = sorted(vec![(0, 1000, 2), (300, 310, 0), (400, 410, 3)]);
+        assert!(mapped_by_group(&r, &m, (300, 310), 0, none));
+        assert!(!mapped_by_group(&r, &m, (300, 310), 0, |j| j == 2));
+        // The same blocks twice in one file: both references leave with it.
+        let (r, m) = sorted(vec![(0, 100, 0), (0, 100, 0)]);
+        assert!(mapped_by_group(&r, &m, (0, 100), 0, none));
+    }
 }
