@@ -228,6 +228,10 @@ struct Unproven {
     group: DedupeGroup,
 }
 
+/// A target run later, in a measured batch: its device, its group's index
+/// among those deferred, its path and size.
+type Deferred<'g> = (u64, usize, &'g PathBuf, u64);
+
 /// What one group's run gives back to [`Executor::start`].
 #[derive(Default)]
 struct Part {
@@ -340,14 +344,19 @@ impl<'a> Executor<'a> {
     /// (skipping the rest there) once a batch grew it.
     fn run_unproven(&mut self, mut unproven: Vec<Unproven>) {
         unproven.sort_by(|a, b| (a.dev, &a.group.source).cmp(&(b.dev, &b.group.source)));
-        // (device, group, target) in that order.
-        let flat: Vec<(u64, usize, &PathBuf)> = unproven
+        // (device, group, target, size) in that order.
+        let flat: Vec<Deferred<'_>> = unproven
             .iter()
             .enumerate()
-            .flat_map(|(i, u)| u.group.targets.iter().map(move |t| (u.dev, i, t)))
+            .flat_map(|(i, u)| {
+                u.group
+                    .targets
+                    .iter()
+                    .map(move |t| (u.dev, i, t, u.group.size))
+            })
             .collect();
         let mut rest = flat.as_slice();
-        while let Some(&(dev, _, _)) = rest.first() {
+        while let Some(&(dev, ..)) = rest.first() {
             let n = rest.partition_point(|u| u.0 == dev);
             let (here, after) = rest.split_at(n);
             rest = after;
@@ -374,7 +383,7 @@ impl<'a> Executor<'a> {
                 // The batch's targets, put back into their groups.
                 let mut groups: Vec<DedupeGroup> = Vec::new();
                 let mut last = usize::MAX;
-                for &(_, g, t) in now {
+                for &(_, g, t, _) in now {
                     if g != last {
                         groups.push(DedupeGroup {
                             targets: Vec::new(),
@@ -404,8 +413,10 @@ impl<'a> Executor<'a> {
     }
 
     /// Report every one of `targets` as skipped for `reason`.
-    fn skip_all(&mut self, targets: &[(u64, usize, &PathBuf)], reason: SkipReason, detail: &str) {
-        for &(_, _, t) in targets {
+    fn skip_all(&mut self, targets: &[Deferred<'_>], reason: SkipReason, detail: &str) {
+        for &(_, _, t, size) in targets {
+            // Done with, for the progress: it will not be shared.
+            self.tally.done(1, size);
             self.report.skipped.push(SkippedTarget {
                 path: t.clone(),
                 reason,
@@ -862,11 +873,15 @@ fn dedupe_group(
         for ((t, fd, _), proof) in opened.into_iter().zip(proofs) {
             match proof {
                 Proof::Freed => live.push((t, fd)),
-                Proof::Held(detail) => report.skipped.push(SkippedTarget {
-                    path: t.clone(),
-                    reason: SkipReason::HeldElsewhere,
-                    detail,
-                }),
+                Proof::Held(detail) => {
+                    // Done with, for the progress: it will not be shared.
+                    tally.done(1, g.size);
+                    report.skipped.push(SkippedTarget {
+                        path: t.clone(),
+                        reason: SkipReason::HeldElsewhere,
+                        detail,
+                    })
+                }
                 Proof::Unproven => part.unproven.push(t.clone()),
             }
         }
