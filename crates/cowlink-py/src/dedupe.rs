@@ -147,13 +147,18 @@ record!(
         targets_deduped: u64,
         /// Bytes the kernel compared.
         bytes_compared: u64,
-        /// Space given back: from the extent maps read while planning, or,
-        /// with `measure=True`, free space gained (statfs before and after,
-        /// each after a sync).
+        /// Space given back, measured: the fall of the space in use
+        /// (statfs; on Btrfs data and metadata) from before to after, each
+        /// after a sync, on the filesystems where something was shared.
         bytes_reclaimed: u64,
-        /// `bytes_reclaimed` was measured rather than taken from the
-        /// extent maps.
+        /// Growth of the space in use instead (0 unless other programs
+        /// wrote during the run, or a measured batch of targets grew it).
+        bytes_grown: u64,
+        /// The space in use on every filesystem involved could be read.
         measured: bool,
+        /// Identical targets left as they were because sharing them would
+        /// not give space back.
+        skipped: Vec<Py<SkippedTarget>>,
         /// Files left alone because they changed since the plan.
         changed: Vec<PathBuf>,
         /// Targets of a group formed from the file edges alone (`blake3`
@@ -167,14 +172,31 @@ record!(
     }
 );
 
+record!(
+    /// A target identical to its source, left as it was because sharing it
+    /// would not give space back.
+    SkippedTarget {
+        /// The target.
+        path: PathBuf,
+        /// `"held_elsewhere"` (a snapshot, reflinked copy or other file
+        /// holds its blocks), `"usage_grew"` (a measured batch of such
+        /// targets grew the space in use) or `"unmeasurable"`.
+        reason: String,
+        /// Why, in words.
+        detail: String,
+    }
+);
+
 /// Find files with identical content under `paths` (files of at least
-/// `min_size` bytes); nothing is changed.
+/// `min_size` bytes); nothing is changed. Objects of the cowlink stores
+/// in `stores` are sources only: files equal to one share its blocks.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), threads=None, on_progress=None, cancel=None))]
 pub fn plan(
     py: Python<'_>,
     paths: Vec<FsPath>,
     min_size: u64,
+    stores: Vec<FsPath>,
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
@@ -183,7 +205,7 @@ pub fn plan(
     let opts = DedupeOptions {
         min_size,
         run: control.run(),
-        measure: false,
+        stores: stores.into_iter().map(|p| p.0).collect(),
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -195,11 +217,12 @@ pub fn plan(
 /// kernel's FIDEDUPERANGE (which compares the bytes itself, so a file that
 /// changed since the plan is never corrupted: it is reported in `changed`).
 ///
-/// `measure=True` syncs the filesystem before and after and reports the free
-/// space actually gained (slower); otherwise `bytes_reclaimed` comes from the
-/// extent maps read while planning.
+/// A target whose blocks would not come back is skipped (`skipped`), and
+/// `bytes_reclaimed` is the space in use measured before and after.
+/// `measure` is accepted for callers written when that was optional; it
+/// changes nothing.
 #[pyfunction]
-#[pyo3(signature = (plan, *, measure=false, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (plan, *, measure=true, threads=None, on_progress=None, cancel=None))]
 pub fn execute(
     py: Python<'_>,
     plan: Bound<'_, Plan>,
@@ -209,9 +232,9 @@ pub fn execute(
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<DedupeReport> {
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+    let _always_measured = measure;
     let opts = DedupeOptions {
         run: control.run(),
-        measure,
         ..DedupeOptions::default()
     };
     let plan = plan.get();
@@ -226,23 +249,26 @@ pub fn execute(
 /// byte before it shares. Returns the plan as carried out and what was
 /// done. A cancel, even while planning, is reported in
 /// `cancelled`; the plan then holds only the groups started by then.
-/// `measure` as in `execute`.
+/// `stores` as in `plan`, `measure` as in `execute`.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, measure=false, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), measure=true, threads=None, on_progress=None, cancel=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     py: Python<'_>,
     paths: Vec<FsPath>,
     min_size: u64,
+    stores: Vec<FsPath>,
     measure: bool,
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<(Plan, DedupeReport)> {
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+    let _always_measured = measure;
     let opts = DedupeOptions {
         min_size,
-        measure,
         run: control.run(),
+        stores: stores.into_iter().map(|p| p.0).collect(),
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?
@@ -256,7 +282,27 @@ fn report(py: Python<'_>, r: &lib::DedupeReport) -> PyResult<DedupeReport> {
         targets_deduped: r.targets_deduped,
         bytes_compared: r.bytes_compared,
         bytes_reclaimed: r.bytes_reclaimed,
+        bytes_grown: r.bytes_grown,
         measured: r.measured,
+        skipped: r
+            .skipped
+            .iter()
+            .map(|k| {
+                Py::new(
+                    py,
+                    SkippedTarget {
+                        path: k.path.clone(),
+                        reason: match k.reason {
+                            lib::SkipReason::HeldElsewhere => "held_elsewhere",
+                            lib::SkipReason::UsageGrew => "usage_grew",
+                            lib::SkipReason::Unmeasurable => "unmeasurable",
+                        }
+                        .to_string(),
+                        detail: k.detail.clone(),
+                    },
+                )
+            })
+            .collect::<PyResult<_>>()?,
         changed: r.changed.clone(),
         regrouped: r.regrouped,
         errors: error_list(py, &r.errors)?,

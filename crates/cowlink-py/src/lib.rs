@@ -52,6 +52,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dedupe::Plan>()?;
     m.add_class::<dedupe::Group>()?;
     m.add_class::<dedupe::DedupeReport>()?;
+    m.add_class::<dedupe::SkippedTarget>()?;
     m.add_class::<store::Store>()?;
     m.add_class::<store::Added>()?;
     m.add_class::<store::AddedTree>()?;

@@ -219,13 +219,39 @@ pub fn btrfs_logical_ino(
     logical: u64,
     size: usize,
 ) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    logical_ino(fd, logical, size, 0)
+}
+
+/// `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: answer every reference to the
+/// extent holding the address, whatever part of the extent it covers.
+const LOGICAL_INO_IGNORE_OFFSET: u64 = 1;
+
+/// [`btrfs_logical_ino`] with `BTRFS_LOGICAL_INO_ARGS_IGNORE_OFFSET`: every
+/// file reference to *any part* of the extent that holds `logical`. An
+/// extent stays allocated while any part of it is referenced, so this is
+/// the list of what keeps its blocks in use. `offset` of each reference is
+/// the file offset where that reference's range starts.
+pub fn btrfs_extent_holders(
+    fd: BorrowedFd<'_>,
+    logical: u64,
+    size: usize,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    logical_ino(fd, logical, size, LOGICAL_INO_IGNORE_OFFSET)
+}
+
+fn logical_ino(
+    fd: BorrowedFd<'_>,
+    logical: u64,
+    size: usize,
+    flags: u64,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
     let size = size.clamp(CONTAINER_HEADER_WORDS * 8, BTRFS_LOGICAL_INO_MAX);
     let mut buf = vec![0u64; size / 8];
     let mut arg = linux_raw_sys::btrfs::btrfs_ioctl_logical_ino_args {
         logical,
         size: (buf.len() * 8) as u64,
         reserved: [0; 3],
-        flags: 0,
+        flags,
         inodes: buf.as_mut_ptr() as u64,
     };
     // SAFETY: BTRFS_IOC_LOGICAL_INO_V2 is `_IOWR(0x94, 59, struct
@@ -307,6 +333,61 @@ pub fn btrfs_ino_paths(fd: BorrowedFd<'_>, inode: u64) -> Result<Vec<Vec<u8>>, E
         paths.push(rest[..end].to_vec());
     }
     Ok(paths)
+}
+
+const BTRFS_IOC_SPACE_INFO: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_SPACE_INFO as Opcode;
+
+/// `BTRFS_SPACE_INFO_GLOBAL_RSV`: the global reserve's entry, space held
+/// back for the filesystem's own use rather than used.
+const SPACE_INFO_GLOBAL_RSV: u64 = 1 << 49;
+
+/// Room for this many space kinds in one answer; Btrfs has at most one per
+/// block group type and profile in use (data, metadata, system, mixed,
+/// each in one profile unless a conversion is under way), plus the global
+/// reserve.
+const SPACE_SLOTS: usize = 32;
+
+/// `struct btrfs_ioctl_space_args` followed by room for [`SPACE_SLOTS`]
+/// `struct btrfs_ioctl_space_info`.
+#[repr(C)]
+struct SpaceBuf {
+    space_slots: u64,
+    total_spaces: u64,
+    spaces: [linux_raw_sys::btrfs::btrfs_ioctl_space_info; SPACE_SLOTS],
+}
+
+/// `ioctl(fd, BTRFS_IOC_SPACE_INFO, ...)`: the bytes the Btrfs filesystem
+/// `fd` is on uses for data, metadata and system (their `used_bytes`,
+/// before the profile's copies; the global reserve left out). Unlike
+/// statfs, which follows data alone, it grows when metadata does.
+/// Unprivileged.
+///
+/// `ENOTTY` off Btrfs; `EOVERFLOW` if the filesystem has more kinds of
+/// space than one answer holds.
+pub fn btrfs_space_used(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    let mut buf = Box::new(SpaceBuf {
+        space_slots: SPACE_SLOTS as u64,
+        total_spaces: 0,
+        spaces: [linux_raw_sys::btrfs::btrfs_ioctl_space_info {
+            flags: 0,
+            total_bytes: 0,
+            used_bytes: 0,
+        }; SPACE_SLOTS],
+    });
+    // SAFETY: BTRFS_IOC_SPACE_INFO is `_IOWR(0x94, 20, struct
+    // btrfs_ioctl_space_args)` followed by `space_slots` `struct
+    // btrfs_ioctl_space_info`. `SpaceBuf` is `repr(C)`: the two header
+    // words in kernel order, then room for exactly `space_slots` entries;
+    // the kernel writes no further.
+    unsafe { ioctl(fd, Updater::<BTRFS_IOC_SPACE_INFO, SpaceBuf>::new(&mut buf))? };
+    if buf.total_spaces > SPACE_SLOTS as u64 {
+        return Err(Errno::OVERFLOW);
+    }
+    Ok(buf.spaces[..buf.total_spaces as usize]
+        .iter()
+        .filter(|s| s.flags & SPACE_INFO_GLOBAL_RSV == 0)
+        .map(|s| s.used_bytes)
+        .sum())
 }
 
 const BTRFS_IOC_INO_LOOKUP: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_LOOKUP as Opcode;

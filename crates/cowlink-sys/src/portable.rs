@@ -89,6 +89,20 @@ pub fn btrfs_logical_ino(
 }
 
 /// No Btrfs here: `ENOTTY`.
+pub fn btrfs_extent_holders(
+    _fd: BorrowedFd<'_>,
+    _logical: u64,
+    _size: usize,
+) -> Result<(Vec<BtrfsRef>, u32), Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_space_used(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
 pub fn btrfs_ino_paths(_fd: BorrowedFd<'_>, _inode: u64) -> Result<Vec<Vec<u8>>, Errno> {
     Err(Errno::NOTTY)
 }

@@ -270,9 +270,14 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     let v = json(&out);
     assert_eq!(v["result"]["targets_deduped"], 2);
     assert_eq!(v["result"]["bytes_compared"], 2 << 20);
-    // From the extent maps: the two targets' blocks, exactly.
-    assert_eq!(v["result"]["bytes_reclaimed"], 2 << 20);
-    assert_eq!(v["result"]["measured"], false);
+    // Measured: the two targets' blocks (metadata moves a little too).
+    let back = v["result"]["bytes_reclaimed"].as_u64().unwrap();
+    assert!(
+        ((2 << 20) * 9 / 10..=(2 << 20) * 11 / 10).contains(&back),
+        "{v}"
+    );
+    assert_eq!(v["result"]["measured"], true);
+    assert_eq!(v["result"]["skipped"], serde_json::json!([]));
     assert_eq!(
         v["plan"]["groups"][0]["targets"].as_array().unwrap().len(),
         2
@@ -290,7 +295,8 @@ fn dedupe_dry_run_changes_nothing_then_dedupe_shares() {
     );
     assert!(s.contains("skipped: 2 already shared"), "{s}");
 
-    // --measure: the free space, read before and after.
+    // --measure, accepted for older scripts: the free space is always read
+    // before and after.
     let m = x.path().join("m");
     fs::create_dir(&m).unwrap();
     dup_files(&m, 2, 1 << 20);
@@ -594,4 +600,162 @@ fn compressed_btrfs_figures_are_the_disk_truth_or_unknown() {
     let shown = text(&out.stdout);
     assert!(!shown.contains("; shares"), "{shown}");
     assert!(shown.contains("is unknown"), "{shown}");
+}
+
+/// `dedupe --store`: a file equal to a store object shares the object's
+/// blocks, the object stays as it was and the store verifies; a file whose
+/// blocks a reflinked copy outside the paths holds is named on stderr and
+/// in the JSON with its reason, and left as it was.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn dedupe_store_objects_are_sources_and_files_held_elsewhere_are_named() {
+    let _serial = serial();
+    let x = testfs!(Xfs);
+    let st = x.path().join("store");
+    let tree = x.path().join("tree");
+    let out_of_set = x.path().join("outside");
+    fs::create_dir_all(&tree).unwrap();
+    fs::create_dir_all(&out_of_set).unwrap();
+    let bytes = data(1 << 20, 90);
+    write_file(&x.path().join("in"), &bytes);
+    crate::common::ok(&crate::common::store(&st, &[&"add", &x.path().join("in")]));
+    let objects: Vec<_> = walk_files(&st.join("objects"));
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    let object = &objects[0];
+    let object_map = cowlink::extents::extents(object).unwrap().physical_runs();
+    // f equals the object; g too, but a copy outside the paths holds its
+    // blocks; h is unrelated to both, and alone.
+    write_file(&tree.join("f"), &bytes);
+    write_file(&tree.join("g"), &bytes);
+    clone(&tree.join("g"), &out_of_set.join("g"));
+    write_file(&tree.join("h"), &data(1 << 20, 91));
+
+    let out = cowlink(&[&"dedupe", &"--json", &"--store", &st, &tree]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    let g = &v["plan"]["groups"][0];
+    assert_eq!(g["source"], object.to_str().unwrap(), "{v}");
+    assert_eq!(v["result"]["targets_deduped"], 1, "{v}");
+    let skipped = &v["result"]["skipped"];
+    assert_eq!(skipped.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(skipped[0]["path"], tree.join("g").to_str().unwrap());
+    assert_eq!(skipped[0]["reason"], "held_elsewhere");
+    assert!(crate::common::shares_extents_with(object, &tree.join("f")));
+    assert!(!crate::common::shares_extents_with(object, &tree.join("g")));
+    assert_eq!(
+        cowlink::extents::extents(object).unwrap().physical_runs(),
+        object_map
+    );
+    let verified = crate::common::ok(&crate::common::store(&st, &[&"verify"]));
+    assert!(verified.contains("all good"), "{verified}");
+
+    // The text form names the skipped file and why, on stderr.
+    write_file(&tree.join("f2"), &bytes);
+    let out = cowlink(&[&"dedupe", &"--store", &st, &tree]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "'{}' left as it is: its blocks are also held",
+            tree.join("g").display()
+        )),
+        "{err}"
+    );
+    let s = text(&out.stdout);
+    assert!(s.contains("1 file deduplicated"), "{s}");
+    assert!(
+        s.contains("1 file identical to their source but left as they were"),
+        "{s}"
+    );
+
+    // Not a store: refused, exit 1, naming the directory.
+    let out = cowlink(&[&"dedupe", &"--store", &tree, &tree]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not a cowlink store"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Regular files under `dir`, sorted.
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Without root, Btrfs does not name who holds an extent: a file whose
+/// shared blocks no other file of its group maps (a snapshot holds them)
+/// is still skipped, from the extent maps alone, and the space in use
+/// (data and metadata) does not grow.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_without_root_files_a_snapshot_holds_are_skipped_from_the_maps() {
+    use std::os::unix::fs::chown;
+    let _serial = serial();
+    let b = testfs!(Btrfs);
+    fs::set_permissions(b.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let sv = b.path().join("sv");
+    let snap = b.path().join("snap");
+    let run = |args: &[&str]| {
+        let out = Command::new("btrfs").args(args).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    run(&["subvolume", "create", sv.to_str().unwrap()]);
+    let body = data(1 << 20, 95);
+    for n in ["a", "b"] {
+        write_file(&sv.join(n), &body);
+    }
+    let f = fs::File::open(&sv).unwrap();
+    rustix::fs::syncfs(&f).unwrap();
+    run(&[
+        "subvolume",
+        "snapshot",
+        sv.to_str().unwrap(),
+        snap.to_str().unwrap(),
+    ]);
+    write_file(&sv.join("c"), &body);
+    for p in [sv.clone(), sv.join("a"), sv.join("b"), sv.join("c")] {
+        chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    rustix::fs::syncfs(&f).unwrap();
+    let used = || {
+        rustix::fs::syncfs(&f).unwrap();
+        cowlink_sys::btrfs_space_used(rustix::fd::AsFd::as_fd(&f)).unwrap()
+    };
+    let before = used();
+    let out = as_nobody(&[&"dedupe", &"--json", &sv]);
+    let after = used();
+    for p in [&snap, &sv] {
+        run(&["subvolume", "delete", p.to_str().unwrap()]);
+    }
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(
+        v["plan"]["groups"][0]["source"],
+        sv.join("a").to_str().unwrap(),
+        "{v}"
+    );
+    assert_eq!(v["result"]["targets_deduped"], 1, "{v}");
+    let skipped = &v["result"]["skipped"];
+    assert_eq!(skipped.as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(skipped[0]["path"], sv.join("b").to_str().unwrap(), "{v}");
+    assert_eq!(skipped[0]["reason"], "held_elsewhere", "{v}");
+    assert!(
+        skipped[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no other file of the group maps"),
+        "{v}"
+    );
+    assert!(after < before, "space in use {before} then {after}");
 }

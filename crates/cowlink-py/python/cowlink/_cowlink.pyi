@@ -400,7 +400,11 @@ class DedupeReport:
     @property
     def bytes_reclaimed(self) -> int: ...
     @property
+    def bytes_grown(self) -> int: ...
+    @property
     def measured(self) -> bool: ...
+    @property
+    def skipped(self) -> list[SkippedTarget]: ...
     @property
     def changed(self) -> list[Path]: ...
     @property
@@ -410,10 +414,19 @@ class DedupeReport:
     @property
     def cancelled(self) -> bool: ...
 
+class SkippedTarget:
+    @property
+    def path(self) -> Path: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+
 def plan(
     paths: Sequence[StrPath],
     *,
     min_size: int = 1,
+    stores: Sequence[StrPath] = (),
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
@@ -421,7 +434,7 @@ def plan(
 def execute(
     plan: Plan,
     *,
-    measure: bool = False,
+    measure: bool = True,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
@@ -430,7 +443,8 @@ def run(
     paths: Sequence[StrPath],
     *,
     min_size: int = 1,
-    measure: bool = False,
+    stores: Sequence[StrPath] = (),
+    measure: bool = True,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,

@@ -17,9 +17,9 @@ The kernel compares the bytes itself (FIDEDUPERANGE), so a file changed
 since the plan is left alone and listed in ``report.changed``.
 """
 
-from ._cowlink import DedupeReport, Group, Plan
+from ._cowlink import DedupeReport, Group, Plan, SkippedTarget
 from ._cowlink import execute as execute
 from ._cowlink import plan as plan
 from ._cowlink import run as run
 
-__all__ = ["DedupeReport", "Group", "Plan", "execute", "plan", "run"]
+__all__ = ["DedupeReport", "Group", "Plan", "SkippedTarget", "execute", "plan", "run"]

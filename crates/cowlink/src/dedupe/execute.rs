@@ -1,10 +1,30 @@
 //! Carrying out a plan: `FIDEDUPERANGE` only, in chunks of at most
-//! [`CHUNK`], groups in source-path order, the space given back taken from
-//! the plan's extent maps or, on request, measured before and after (see
-//! the module notes in `mod.rs`).
+//! [`CHUNK`], groups in source-path order, the space given back measured
+//! before and after (see the module notes in `mod.rs`).
+//!
+//! Space never grows. Before a target is shared, its extent map says
+//! whether its blocks would come back: a target whose extents no other
+//! file shares gives them back. One with shared extents gives them back
+//! only if every other holder is in its group (the source, or other
+//! targets leaving them too). Btrfs names the holders (`LOGICAL_INO_V2`,
+//! root only): a target whose blocks are also held by a snapshot, a
+//! reflinked copy or any file outside the group is skipped and reported
+//! ([`SkipReason::HeldElsewhere`]); sharing it would free nothing, and on
+//! Btrfs it unshares the subvolume's metadata from its snapshots, which is
+//! how usage grows. Where the holders cannot be named (XFS keeps only a
+//! count; Btrfs without root), a shared extent that no other file of the
+//! group maps is held outside it: skipped too. Targets whose shared
+//! extents the group does map, but maybe not alone, run after the others,
+//! in batches (1, 2, 4, … up to [`UNPROVEN_BATCH`] targets) with the space
+//! in use read around each, after a `syncfs` (on Btrfs data and metadata,
+//! `BTRFS_IOC_SPACE_INFO`, since statfs there follows data alone): when a
+//! batch grows it, the rest of those targets on that filesystem are
+//! skipped ([`SkipReason::UsageGrew`]). The growth is then at most one
+//! batch's.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -13,6 +33,7 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs;
 
 use super::{open_read, DedupeGroup, DedupeOptions, DedupePlan, CHUNK};
+use crate::extents::extents_fd;
 use crate::ground::error::{Error, Operation};
 use crate::ground::lock;
 use crate::run::{Phase, Run};
@@ -26,16 +47,27 @@ pub struct DedupeReport {
     pub targets_deduped: u64,
     /// Sum of the sizes of those targets.
     pub bytes_compared: u64,
-    /// Space given back. Without [`DedupeOptions::measure`]: the bytes
-    /// the targets now sharing in full held alone, from their extent maps
-    /// when planned (a group's [`DedupeGroup::reclaimable`], in proportion to
-    /// its targets done). With it: free space gained, from `statfs` before
-    /// and after, each after a `syncfs`, summed over the filesystems
-    /// involved.
+    /// Space given back, measured: the fall of the space in use on each
+    /// filesystem where something was shared, from before its first group
+    /// to the end, each read after a `syncfs`, summed. Space in use is
+    /// statfs's blocks not free, and on Btrfs its data, metadata and
+    /// system bytes (`BTRFS_IOC_SPACE_INFO`: statfs there follows data
+    /// alone). Never an estimate: a group's [`DedupeGroup::reclaimable`] is
+    /// what the plan expected. Other programs' writes during the run move
+    /// it too.
     pub bytes_reclaimed: u64,
-    /// `bytes_reclaimed` was measured ([`DedupeOptions::measure`]) rather
-    /// than taken from the extent maps.
+    /// Growth of the space in use instead, summed over the filesystems
+    /// where it grew (0 unless something else wrote during the run, or a
+    /// batch of targets whose holders could not be named grew usage: see
+    /// [`SkipReason::UsageGrew`]).
+    #[serde(default)]
+    pub bytes_grown: u64,
+    /// The space in use on every filesystem involved could be read before
+    /// and after (else that filesystem is missing from both figures).
     pub measured: bool,
+    /// Identical targets left alone because sharing them would not give
+    /// space back, each with the reason.
+    pub skipped: Vec<SkippedTarget>,
     /// Targets (or sources) that changed since the plan: left untouched
     /// from the first differing chunk on.
     #[serde(flatten, serialize_with = "crate::name::json::changed")]
@@ -52,6 +84,42 @@ pub struct DedupeReport {
     /// shares what it found equal).
     pub cancelled: bool,
 }
+
+/// A target identical to its source, left as it was because sharing it
+/// would not give its space back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SkippedTarget {
+    /// The target.
+    #[serde(flatten, serialize_with = "crate::name::json::path")]
+    pub path: PathBuf,
+    /// Why, as a kind.
+    pub reason: SkipReason,
+    /// Why, in words: who else holds its blocks, or how much usage grew.
+    pub detail: String,
+}
+
+/// Why a target was skipped ([`SkippedTarget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// Btrfs names a holder of some of its extents outside its group (a
+    /// snapshot, a reflinked copy, another file): those blocks stay in use
+    /// whatever happens to the target.
+    HeldElsewhere,
+    /// Its extents are shared with files the filesystem does not name
+    /// (XFS, or Btrfs without root), and a batch of such targets on this
+    /// filesystem grew the space in use: the run stopped sharing them there.
+    UsageGrew,
+    /// Its extents are shared with files the filesystem does not name, and
+    /// the space in use could not be read to check the outcome.
+    Unmeasurable,
+}
+
+/// Most targets whose holders cannot be named that run between two
+/// readings of the space in use (the batches grow 1, 2, 4, … up to this):
+/// small first, so a growth is caught early (one target's worth), larger
+/// later, so a long run of such targets does not pay two `syncfs` each.
+pub const UNPROVEN_BATCH: usize = 64;
 
 /// What the Dedupe phase counts for `groups`: their targets, and the
 /// targets' bytes.
@@ -72,7 +140,7 @@ pub fn execute(plan: &DedupePlan, opts: &DedupeOptions) -> DedupeReport {
     let tally = Counters::new(&opts.run);
     let (files, bytes) = totals(&plan.groups);
     tally.show(files, bytes);
-    let mut ex = Executor::new(&opts.run, &tally, opts.measure);
+    let mut ex = Executor::new(&opts.run, &tally);
     ex.start(&plan.groups);
     let unsettled = ex.take_unsettled();
     if !unsettled.is_empty() && !opts.run.cancelled() {
@@ -122,26 +190,70 @@ impl<'a> Counters<'a> {
 
 /// Carries out groups as they are handed over ([`Executor::start`], any
 /// number of times), then measures what came back ([`Executor::finish`]).
-/// The free space of a filesystem is read before its first group runs.
+/// The space in use on a filesystem is read before its first group runs.
 pub(super) struct Executor<'a> {
     run: &'a Run,
     tally: &'a Counters<'a>,
     pool: Option<rayon::ThreadPool>,
-    /// Free space per filesystem before anything ran there, keyed by device
-    /// (`None`: it could not be read); `None` when not measuring.
-    free_before: Option<FreeBefore>,
-    /// Devices where something was shared: only their free space can have
+    /// What the groups share between threads: space in use before, and
+    /// whether Btrfs names the holders of extents.
+    fs: FsState,
+    /// Devices where something was shared: only their space in use can have
     /// grown because of us (elsewhere a change is someone else's).
     shared_on: HashSet<u64>,
+    /// Devices where a batch of targets whose holders could not be named
+    /// grew the space in use, and by how much: no more such targets run
+    /// there.
+    grew_on: HashMap<u64, u64>,
     /// (source, target) of edge-only groups whose bytes differ.
     unsettled: Vec<(PathBuf, PathBuf)>,
     report: DedupeReport,
 }
 
+/// Per filesystem (device), shared by the groups running in parallel.
+#[derive(Default)]
+struct FsState {
+    /// Space in use ([`in_use`]) before anything ran there, with a
+    /// descriptor to read it again (`None`: it could not be read).
+    used_before: Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>,
+    /// Whether `LOGICAL_INO_V2` answers there (Btrfs, as root); absent
+    /// until asked.
+    names_holders: Mutex<HashMap<u64, bool>>,
+}
+
+/// A group's targets (on device `dev`) whose extents are shared with
+/// holders the filesystem does not name: run later, in measured batches.
+struct Unproven {
+    dev: u64,
+    group: DedupeGroup,
+}
+
+/// A target run later, in a measured batch: its device, its group's index
+/// among those deferred, its path and size.
+type Deferred<'g> = (u64, usize, &'g PathBuf, u64);
+
+/// What one group's run gives back to [`Executor::start`].
+#[derive(Default)]
+struct Part {
+    dev: Option<u64>,
+    report: DedupeReport,
+    differ: Vec<(PathBuf, PathBuf)>,
+    unproven: Vec<PathBuf>,
+}
+
+/// How [`dedupe_group`] treats targets with shared extents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proving {
+    /// Share only the targets proven to give their blocks back; hand the
+    /// unproven ones back.
+    Sort,
+    /// Share every target (a measured batch of unproven ones).
+    Measured,
+}
+
 impl<'a> Executor<'a> {
-    /// `measure`: read the free space (after a `syncfs`) before the first
-    /// group on each filesystem and at the end, for the report.
-    pub(super) fn new(run: &'a Run, tally: &'a Counters<'a>, measure: bool) -> Self {
+    /// An executor on `run`'s threads, counting progress in `tally`.
+    pub(super) fn new(run: &'a Run, tally: &'a Counters<'a>) -> Self {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(run.threads_or(crate::run::cores))
             .build()
@@ -150,53 +262,175 @@ impl<'a> Executor<'a> {
             run,
             tally,
             pool,
-            free_before: measure.then(|| Mutex::new(HashMap::new())),
+            fs: FsState::default(),
             shared_on: HashSet::new(),
+            grew_on: HashMap::new(),
             unsettled: Vec::new(),
             report: DedupeReport::default(),
         }
     }
 
-    /// Carry out `groups` (in parallel) and wait for them.
+    /// Carry out `groups` (in parallel) and wait for them: first every
+    /// target proven to give its blocks back, then, in measured batches,
+    /// those whose holders could not be named.
     pub(super) fn start(&mut self, groups: &[DedupeGroup]) {
         // Disk order (approximately: path order) rather than size order.
         let mut order: Vec<&DedupeGroup> = groups.iter().collect();
         order.sort_by(|a, b| a.source.cmp(&b.source));
-        let (run, tally, free_before) = (self.run, self.tally, self.free_before.as_ref());
-        type Part = (Option<u64>, DedupeReport, Vec<(PathBuf, PathBuf)>);
+        let parts = self.run_groups(&order, Proving::Sort);
+        let mut unproven = Vec::new();
+        for (g, p) in order.iter().zip(&parts) {
+            if let (Some(dev), false) = (p.dev, p.unproven.is_empty()) {
+                unproven.push(Unproven {
+                    dev,
+                    group: DedupeGroup {
+                        targets: p.unproven.clone(),
+                        already_shared: Vec::new(),
+                        ..(*g).clone()
+                    },
+                });
+            }
+        }
+        self.absorb(parts);
+        self.run_unproven(unproven);
+    }
+
+    /// Run `groups` in parallel on the pool.
+    fn run_groups(&self, groups: &[&DedupeGroup], proving: Proving) -> Vec<Part> {
+        let (run, tally, fs) = (self.run, self.tally, &self.fs);
         let work = || -> Vec<Part> {
-            order
+            groups
                 .par_iter()
                 .map(|g| {
-                    let mut r = DedupeReport::default();
-                    let mut differ = Vec::new();
-                    let mut dev = None;
+                    let mut p = Part::default();
                     if !run.cancelled() {
-                        r.groups = 1;
-                        dev = dedupe_group(g, &mut r, &mut differ, run, tally, free_before);
+                        // A group split into measured batches was
+                        // counted when it was sorted.
+                        p.report.groups = u64::from(proving == Proving::Sort);
+                        p.dev = dedupe_group(g, &mut p, run, tally, fs, proving);
                     }
-                    (dev, r, differ)
+                    p
                 })
                 .collect()
         };
-        let parts = match &self.pool {
+        match &self.pool {
             Some(pool) => pool.install(work),
             None => work(),
-        };
+        }
+    }
+
+    /// Add the groups' results to the report.
+    fn absorb(&mut self, parts: Vec<Part>) {
         let report = &mut self.report;
-        for (dev, r, differ) in parts {
-            if let (Some(d), true) = (dev, r.targets_deduped > 0) {
+        for p in parts {
+            if let (Some(d), true) = (p.dev, p.report.targets_deduped > 0) {
                 self.shared_on.insert(d);
             }
+            let r = p.report;
             report.groups += r.groups;
             report.targets_deduped += r.targets_deduped;
             report.bytes_compared += r.bytes_compared;
-            report.bytes_reclaimed += r.bytes_reclaimed;
             report.changed.extend(r.changed);
+            report.skipped.extend(r.skipped);
             report.errors.extend(r.errors);
-            report.regrouped += differ.len() as u64;
-            self.unsettled.extend(differ);
+            report.regrouped += p.differ.len() as u64;
+            self.unsettled.extend(p.differ);
         }
+    }
+
+    /// Run the targets whose holders could not be named, per filesystem,
+    /// in batches of growing size (targets, not groups: one group can hold
+    /// many) with the space in use read around each; stop on a filesystem
+    /// (skipping the rest there) once a batch grew it.
+    fn run_unproven(&mut self, mut unproven: Vec<Unproven>) {
+        unproven.sort_by(|a, b| (a.dev, &a.group.source).cmp(&(b.dev, &b.group.source)));
+        // (device, group, target, size) in that order.
+        let flat: Vec<Deferred<'_>> = unproven
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| {
+                u.group
+                    .targets
+                    .iter()
+                    .map(move |t| (u.dev, i, t, u.group.size))
+            })
+            .collect();
+        let mut rest = flat.as_slice();
+        while let Some(&(dev, ..)) = rest.first() {
+            let n = rest.partition_point(|u| u.0 == dev);
+            let (here, after) = rest.split_at(n);
+            rest = after;
+            let mut batch = 1;
+            let mut todo = here;
+            while !todo.is_empty() && !self.run.cancelled() {
+                if let Some(&grown) = self.grew_on.get(&dev) {
+                    let detail = format!(
+                        "its blocks are shared with files this filesystem does not name, \
+                         and sharing such files here grew the space in use by {grown} bytes: \
+                         the run stopped sharing them"
+                    );
+                    self.skip_all(todo, SkipReason::UsageGrew, &detail);
+                    break;
+                }
+                let Some(before) = self.used_now(dev) else {
+                    let detail = "its blocks are shared with files this filesystem does not \
+                                  name, and the space in use could not be read to check the outcome";
+                    self.skip_all(todo, SkipReason::Unmeasurable, detail);
+                    break;
+                };
+                let (now, later) = todo.split_at(batch.min(todo.len()));
+                todo = later;
+                // The batch's targets, put back into their groups.
+                let mut groups: Vec<DedupeGroup> = Vec::new();
+                let mut last = usize::MAX;
+                for &(_, g, t, _) in now {
+                    if g != last {
+                        groups.push(DedupeGroup {
+                            targets: Vec::new(),
+                            ..unproven[g].group.clone()
+                        });
+                        last = g;
+                    }
+                    if let Some(cur) = groups.last_mut() {
+                        cur.targets.push(t.clone());
+                    }
+                }
+                let refs: Vec<&DedupeGroup> = groups.iter().collect();
+                let parts = self.run_groups(&refs, Proving::Measured);
+                self.absorb(parts);
+                match self.used_now(dev) {
+                    Some(after) if after <= before => {}
+                    Some(after) => {
+                        self.grew_on.insert(dev, after - before);
+                    }
+                    None => {
+                        self.grew_on.insert(dev, 0);
+                    }
+                }
+                batch = (batch * 2).min(UNPROVEN_BATCH);
+            }
+        }
+    }
+
+    /// Report every one of `targets` as skipped for `reason`.
+    fn skip_all(&mut self, targets: &[Deferred<'_>], reason: SkipReason, detail: &str) {
+        for &(_, _, t, size) in targets {
+            // Done with, for the progress: it will not be shared.
+            self.tally.done(1, size);
+            self.report.skipped.push(SkippedTarget {
+                path: t.clone(),
+                reason,
+                detail: detail.to_string(),
+            });
+        }
+    }
+
+    /// The space in use on device `dev` now ([`in_use`]; `None` if it was
+    /// never or cannot be read).
+    fn used_now(&self, dev: u64) -> Option<u64> {
+        let map = lock(&self.fs.used_before);
+        let (fd, _) = map.get(&dev)?.as_ref()?;
+        in_use(fd)
     }
 
     /// The (source, target) pairs of edge-only groups that the kernel
@@ -205,25 +439,28 @@ impl<'a> Executor<'a> {
         std::mem::take(&mut self.unsettled)
     }
 
-    /// Measure the space given back (when asked to) and close the run.
+    /// Measure the space given back and close the run.
     pub(super) fn finish(mut self) -> DedupeReport {
         self.report.cancelled = self.run.cancelled();
-        let Some(free_before) = self.free_before else {
-            self.run.finish();
-            return self.report;
-        };
-        let free_before = free_before.into_inner().unwrap_or_else(|e| e.into_inner());
+        let used_before = self
+            .fs
+            .used_before
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
         self.report.measured = true;
-        self.report.bytes_reclaimed = 0;
-        for (dev, (fd, before)) in free_before
-            .iter()
-            .filter_map(|(d, m)| Some((d, m.as_ref()?)))
-        {
+        for (dev, m) in &used_before {
             if !self.shared_on.contains(dev) {
                 continue;
             }
-            if let Some(after) = free_space(fd) {
-                self.report.bytes_reclaimed += after.saturating_sub(*before);
+            match m
+                .as_ref()
+                .and_then(|(fd, before)| Some((in_use(fd)?, *before)))
+            {
+                Some((after, before)) if after <= before => {
+                    self.report.bytes_reclaimed += before - after
+                }
+                Some((after, before)) => self.report.bytes_grown += after - before,
+                None => self.report.measured = false,
             }
         }
         self.run.finish();
@@ -231,42 +468,362 @@ impl<'a> Executor<'a> {
     }
 }
 
-/// Free space per device before the first group there, with a descriptor
-/// to read it again after.
-type FreeBefore = Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>;
-
-/// Read the free space of `src`'s filesystem (device `dev`) unless it was
-/// read already. Called before a group's first `FIDEDUPERANGE`; a group on
+/// Read the space in use on `src`'s filesystem (device `dev`) unless it
+/// was read already. Called before a group's first `FIDEDUPERANGE`; a group on
 /// a new device waits here until its measure is taken, so no sharing there
-/// comes before it.
-fn measure_once(free_before: &FreeBefore, dev: u64, src: &OwnedFd) {
-    let mut map = lock(free_before);
+/// comes before it. The `syncfs` also commits what the extent holders are
+/// read from (Btrfs answers from its last commit).
+fn measure_once(fs: &FsState, dev: u64, src: &OwnedFd) {
+    let mut map = lock(&fs.used_before);
     if let Entry::Vacant(slot) = map.entry(dev) {
         let fd = rustix::io::fcntl_dupfd_cloexec(src, 0).ok();
-        slot.insert(fd.and_then(|fd| free_space(&fd).map(|free| (fd, free))));
+        slot.insert(fd.and_then(|fd| in_use(&fd).map(|used| (fd, used))));
     }
 }
 
-/// Free bytes (for unprivileged users) after committing pending work.
-fn free_space(fd: &OwnedFd) -> Option<u64> {
+/// Bytes in use on the filesystem of `fd`, after committing pending work:
+/// on Btrfs its data, metadata and system bytes (`BTRFS_IOC_SPACE_INFO`),
+/// since statfs there follows data alone and a dedupe that unshares
+/// metadata from a snapshot grows the metadata; elsewhere statfs's blocks
+/// not free.
+fn in_use(fd: &OwnedFd) -> Option<u64> {
     cowlink_sys::sync_filesystem(fd.as_fd()).ok()?;
-    let s = fs::fstatvfs(fd).ok()?;
-    Some(s.f_bavail * s.f_frsize)
+    match cowlink_sys::btrfs_space_used(fd.as_fd()) {
+        Ok(used) => Some(used),
+        Err(_) => {
+            let s = fs::fstatvfs(fd).ok()?;
+            Some(s.f_blocks.saturating_sub(s.f_bfree) * s.f_frsize)
+        }
+    }
+}
+
+/// Whether sharing a target would give its blocks back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Proof {
+    /// None of its extents is shared, or every holder is in its group.
+    Freed,
+    /// A holder outside its group keeps some of its blocks (the words say
+    /// which).
+    Held(String),
+    /// Some extents are shared and the holders cannot be named.
+    Unproven,
+}
+
+/// An open target: its path, descriptor and inode number.
+type Live<'p> = (&'p PathBuf, OwnedFd, u64);
+
+/// For each of `live` (targets of one group on device `dev`, whose source
+/// `src` is inode `src_ino`), whether sharing it gives its blocks back,
+/// from the extent maps of the group's files:
+///
+/// - no extent flagged shared: [`Proof::Freed`];
+/// - Btrfs names the holders (root): [`Proof::Held`] when one of them is
+///   neither the source nor a target of this batch that is itself not
+///   held, else freed;
+/// - otherwise, a shared extent that no other file of the group maps (the
+///   source, or a target not held) is held by files outside the group:
+///   held; if every shared extent is mapped by the group too, nobody can
+///   say whether something outside also holds it: [`Proof::Unproven`].
+///
+/// The rules are applied until nothing changes: a target held elsewhere
+/// keeps the extents it shares with the others. Targets of the group in
+/// another batch of [`cowlink_sys::DEDUPE_MAX_DESTS`] count as outside: a
+/// skip, never a growth.
+fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState) -> Vec<Proof> {
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum State {
+        Freed,
+        Pending,
+        Held,
+        Unknown,
+    }
+    // Per target: its shared extents as (physical, end), and every extent
+    // it maps (for the overlap rule).
+    let mut shared: Vec<Vec<(u64, u64)>> = Vec::with_capacity(live.len());
+    let mut state: Vec<State> = Vec::with_capacity(live.len());
+    // Every mapped range of the group: (physical, end, owner); the source
+    // is owner `usize::MAX`.
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    let mut any_shared = false;
+    for (i, (_, fd, _)) in live.iter().enumerate() {
+        let Ok(list) = extents_fd(fd.as_fd(), false) else {
+            shared.push(Vec::new());
+            state.push(State::Unknown);
+            continue;
+        };
+        let mine: Vec<(u64, u64)> = list
+            .iter()
+            .filter(|x| x.is_shared() && x.has_address())
+            .map(|x| (x.physical, x.physical + x.length))
+            .collect();
+        ranges.extend(
+            list.iter()
+                .filter(|x| x.has_address())
+                .map(|x| (x.physical, x.physical + x.length, i)),
+        );
+        state.push(if mine.is_empty() {
+            State::Freed
+        } else {
+            State::Pending
+        });
+        any_shared |= !mine.is_empty();
+        shared.push(mine);
+    }
+    let mut proofs: Vec<Proof> = vec![Proof::Unproven; live.len()];
+    if !any_shared {
+        for (p, st) in proofs.iter_mut().zip(&state) {
+            if *st == State::Freed {
+                *p = Proof::Freed;
+            }
+        }
+        return proofs;
+    }
+    if let Ok(list) = extents_fd(src.as_fd(), false) {
+        ranges.extend(
+            list.iter()
+                .filter(|x| x.has_address())
+                .map(|x| (x.physical, x.physical + x.length, usize::MAX)),
+        );
+    }
+    ranges.sort_unstable();
+    let reach = reach(&ranges);
+    // Btrfs, as root: the holders by name.
+    let named: Vec<Option<HashSet<(u64, u64)>>> = live
+        .iter()
+        .zip(&shared)
+        .zip(&state)
+        .map(|(((_, fd, _), mine), st)| match st {
+            State::Pending => {
+                let starts: Vec<u64> = mine.iter().map(|&(p, _)| p).collect();
+                named_holders(fd, &starts, dev, fs)
+            }
+            _ => None,
+        })
+        .collect();
+    let root = named
+        .iter()
+        .any(Option::is_some)
+        .then(|| cowlink_sys::btrfs_root_id(src.as_fd()).ok())
+        .flatten();
+    loop {
+        let mut again = false;
+        for i in 0..live.len() {
+            if state[i] != State::Pending {
+                continue;
+            }
+            let held = match (&named[i], root) {
+                (Some(h), Some(root)) => {
+                    let member = |&(r, ino): &(u64, u64)| {
+                        r == root
+                            && (ino == src_ino
+                                || live
+                                    .iter()
+                                    .zip(&state)
+                                    .any(|((_, _, t), st)| *t == ino && *st != State::Held))
+                    };
+                    let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !member(x)).collect();
+                    outside.sort_unstable();
+                    outside.first().map(|&&(r, ino)| {
+                        let skipped = r == root && live.iter().any(|(_, _, t)| *t == ino);
+                        let who = Holder {
+                            root: r,
+                            ino,
+                            skipped,
+                        };
+                        holder_words(&live[i].1, root, who, outside.len())
+                    })
+                }
+                _ => {
+                    let lone = shared[i]
+                        .iter()
+                        .filter(|&&(s, e)| {
+                            !mapped_by_group(&ranges, &reach, (s, e), i, |j| {
+                                state[j] == State::Held
+                            })
+                        })
+                        .count();
+                    (lone > 0).then(|| {
+                        format!(
+                            "its blocks are also held outside its group ({}, marked shared, that \
+                             no other file of the group maps): sharing it would free nothing and \
+                             could grow usage",
+                            match lone {
+                                1 => "1 extent".to_string(),
+                                n => format!("{n} extents"),
+                            }
+                        )
+                    })
+                }
+            };
+            if let Some(words) = held {
+                state[i] = State::Held;
+                proofs[i] = Proof::Held(words);
+                again = true;
+            }
+        }
+        if !again {
+            break;
+        }
+    }
+    for (i, st) in state.iter().enumerate() {
+        proofs[i] = match st {
+            State::Freed => Proof::Freed,
+            State::Pending if named[i].is_some() && root.is_some() => Proof::Freed,
+            State::Pending | State::Unknown => Proof::Unproven,
+            State::Held => continue,
+        };
+    }
+    proofs
+}
+
+/// For `ranges` sorted by start: the largest end among each range and
+/// those before it, so a search for overlaps can stop going back.
+fn reach(ranges: &[(u64, u64, usize)]) -> Vec<u64> {
+    ranges
+        .iter()
+        .scan(0, |m, r| {
+            *m = (*m).max(r.1);
+            Some(*m)
+        })
+        .collect()
+}
+
+/// Whether the physical range `s..e`, shared by target `me`, is also
+/// mapped by another file of the group (the source, owner `usize::MAX`,
+/// or a target `j` not `gone(j)`), or twice by `me` itself. `ranges` is
+/// sorted by start, `reach` from [`reach`]: only ranges starting before
+/// `e` are looked at, going back until none before can end after `s`.
+fn mapped_by_group(
+    ranges: &[(u64, u64, usize)],
+    reach: &[u64],
+    (s, e): (u64, u64),
+    me: usize,
+    gone: impl Fn(usize) -> bool,
+) -> bool {
+    let upto = ranges.partition_point(|r| r.0 < e);
+    let mut own = 0;
+    for k in (0..upto).rev() {
+        if reach[k] <= s {
+            break;
+        }
+        let (rs, re, owner) = ranges[k];
+        if re <= s || rs >= e {
+            continue;
+        }
+        if owner == me {
+            own += 1;
+            if own > 1 {
+                return true;
+            }
+        } else if owner == usize::MAX || !gone(owner) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The holders `(root, inode)` of the extents at the Btrfs addresses
+/// `shared` of the file `fd` (on device `dev`), or `None` where the
+/// filesystem does not name them (not Btrfs, not root) or the question
+/// failed.
+fn named_holders(
+    fd: &OwnedFd,
+    shared: &[u64],
+    dev: u64,
+    fs: &FsState,
+) -> Option<HashSet<(u64, u64)>> {
+    if lock(&fs.names_holders).get(&dev) == Some(&false) {
+        return None;
+    }
+    let mut out = HashSet::new();
+    for &addr in shared {
+        let mut size = 64 << 10;
+        let refs = loop {
+            match cowlink_sys::btrfs_extent_holders(fd.as_fd(), addr, size) {
+                Ok((_, missing)) if missing > 0 && size < cowlink_sys::BTRFS_LOGICAL_INO_MAX => {
+                    size = (size + missing as usize + 4096).min(cowlink_sys::BTRFS_LOGICAL_INO_MAX)
+                }
+                // Too many holders to list in full: not proven.
+                Ok((_, missing)) if missing > 0 => return None,
+                Ok((refs, _)) => break refs,
+                // The extent went away since the map was read.
+                Err(rustix::io::Errno::NOENT) => break Vec::new(),
+                Err(
+                    rustix::io::Errno::NOTTY
+                    | rustix::io::Errno::OPNOTSUPP
+                    | rustix::io::Errno::PERM
+                    | rustix::io::Errno::ACCESS
+                    | rustix::io::Errno::INVAL,
+                ) => {
+                    lock(&fs.names_holders).insert(dev, false);
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        };
+        out.extend(refs.into_iter().map(|r| (r.root, r.inode)));
+    }
+    lock(&fs.names_holders).insert(dev, true);
+    Some(out)
+}
+
+/// A holder of a target's extent, outside its group.
+struct Holder {
+    /// Its tree (subvolume or snapshot).
+    root: u64,
+    /// Its inode number there.
+    ino: u64,
+    /// A target of the same group, itself skipped.
+    skipped: bool,
+}
+
+/// In words: who else holds a target's blocks (`who`, the first of `count`
+/// holders outside its group; the target is in tree `root`, open as `fd`).
+fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
+    let Holder {
+        root: r,
+        ino,
+        skipped,
+    } = who;
+    let more = match count {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    let who = if r != root {
+        format!("a snapshot or another subvolume (tree {r}, inode {ino}){more}")
+    } else {
+        // Btrfs gives the path from the subvolume's root.
+        let name = match cowlink_sys::btrfs_ino_paths(fd.as_fd(), ino) {
+            Ok(paths) if !paths.is_empty() => format!(
+                "{} in this subvolume (inode {ino})",
+                crate::name::quoted(std::path::Path::new(std::ffi::OsStr::from_bytes(&paths[0])))
+            ),
+            _ => format!("inode {ino} of this subvolume"),
+        };
+        match skipped {
+            true => format!("{name}, a file of this group that is skipped itself{more}"),
+            false => format!("{name}, outside this group{more}"),
+        }
+    };
+    format!("its blocks are also held by {who}: sharing it would free nothing and could grow usage")
 }
 
 /// Carry out one group; returns the source's device once it was opened.
 /// Targets of an edge-only group that differ from the source go to
-/// `differ` (source, target), not to the report's `changed`. The free
-/// space is read first when `free_before` is given (measuring).
+/// `part.differ` (source, target), not to the report's `changed`. With
+/// [`Proving::Sort`], targets not proven to give their blocks back are
+/// skipped ([`SkipReason::HeldElsewhere`]) or handed back
+/// (`part.unproven`).
 fn dedupe_group(
     g: &DedupeGroup,
-    report: &mut DedupeReport,
-    differ: &mut Vec<(PathBuf, PathBuf)>,
+    part: &mut Part,
     run: &Run,
     tally: &Counters<'_>,
-    free_before: Option<&FreeBefore>,
+    fs: &FsState,
+    proving: Proving,
 ) -> Option<u64> {
     let op = Operation::Dedupe;
+    let report = &mut part.report;
     let src = match open_read(&g.source) {
         Ok(fd) => fd,
         Err(e) => {
@@ -276,8 +833,8 @@ fn dedupe_group(
             return None;
         }
     };
-    let dev = match cowlink_sys::fstat(&src) {
-        Ok(st) if st.st_size as u64 == g.size => st.st_dev,
+    let (dev, src_ino) = match cowlink_sys::fstat(&src) {
+        Ok(st) if st.st_size as u64 == g.size => (st.st_dev, st.st_ino),
         Ok(_) => {
             report.changed.push(g.source.clone());
             return None;
@@ -289,13 +846,11 @@ fn dedupe_group(
             return None;
         }
     };
-    if let Some(free_before) = free_before {
-        measure_once(free_before, dev, &src);
-    }
+    measure_once(fs, dev, &src);
     let mut done = 0u64;
     for batch in g.targets.chunks(cowlink_sys::DEDUPE_MAX_DESTS) {
         // Open every target of the batch; a size change means it changed.
-        let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::new();
+        let mut opened: Vec<Live<'_>> = Vec::new();
         for t in batch {
             let fd = match open_read(t) {
                 Ok(fd) => fd,
@@ -305,9 +860,29 @@ fn dedupe_group(
                 }
             };
             match cowlink_sys::fstat(&fd) {
-                Ok(st) if st.st_size as u64 == g.size => live.push((t, fd)),
+                Ok(st) if st.st_size as u64 == g.size => opened.push((t, fd, st.st_ino)),
                 Ok(_) => report.changed.push(t.clone()),
                 Err(e) => report.errors.push(Error::from_errno(op, e).with_src(t)),
+            }
+        }
+        let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::with_capacity(opened.len());
+        let proofs = match proving {
+            Proving::Sort => prove(&src, src_ino, &opened, dev, fs),
+            Proving::Measured => vec![Proof::Freed; opened.len()],
+        };
+        for ((t, fd, _), proof) in opened.into_iter().zip(proofs) {
+            match proof {
+                Proof::Freed => live.push((t, fd)),
+                Proof::Held(detail) => {
+                    // Done with, for the progress: it will not be shared.
+                    tally.done(1, g.size);
+                    report.skipped.push(SkippedTarget {
+                        path: t.clone(),
+                        reason: SkipReason::HeldElsewhere,
+                        detail,
+                    })
+                }
+                Proof::Unproven => part.unproven.push(t.clone()),
             }
         }
         let mut off = 0u64;
@@ -324,7 +899,7 @@ fn dedupe_group(
                         match r.status {
                             cowlink_sys::DedupeStatus::Same => keep.push((t, fd)),
                             cowlink_sys::DedupeStatus::Differs if g.blake3.is_none() => {
-                                differ.push((g.source.clone(), t.clone()))
+                                part.differ.push((g.source.clone(), t.clone()))
                             }
                             cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
                             cowlink_sys::DedupeStatus::Error(e) => report
@@ -355,10 +930,49 @@ fn dedupe_group(
     }
     report.targets_deduped += done;
     report.bytes_compared += g.size * done;
-    // The group's expected bytes, for the targets now sharing in full.
-    if !g.targets.is_empty() {
-        report.bytes_reclaimed +=
-            (u128::from(g.reclaimable) * u128::from(done) / g.targets.len() as u128) as u64;
-    }
     Some(dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(mut r: Vec<(u64, u64, usize)>) -> (Vec<(u64, u64, usize)>, Vec<u64>) {
+        r.sort_unstable();
+        let m = reach(&r);
+        (r, m)
+    }
+
+    #[test]
+    fn a_shared_range_is_the_group_s_when_another_member_maps_any_of_it() {
+        let src = usize::MAX;
+        // Target 0 maps 100..200 and 500..600; target 1 maps 150..160;
+        // the source maps 900..1000.
+        let (r, m) = sorted(vec![
+            (100, 200, 0),
+            (500, 600, 0),
+            (150, 160, 1),
+            (900, 1000, src),
+        ]);
+        let none = |_: usize| false;
+        assert!(
+            mapped_by_group(&r, &m, (100, 200), 0, none),
+            "target 1 inside"
+        );
+        assert!(!mapped_by_group(&r, &m, (500, 600), 0, none), "nobody else");
+        assert!(mapped_by_group(&r, &m, (950, 960), 0, none), "the source");
+        // Target 1 skipped itself: it no longer counts.
+        assert!(!mapped_by_group(&r, &m, (100, 200), 0, |j| j == 1));
+        // Ends are exclusive: touching is not overlapping.
+        assert!(!mapped_by_group(&r, &m, (160, 170), 0, none));
+        assert!(mapped_by_group(&r, &m, (159, 170), 0, none));
+
+        // A long range that starts first is still found from a late query.
+        let (r, m) = sorted(vec![(0, 1000, 2), (300, 310, 0), (400, 410, 3)]);
+        assert!(mapped_by_group(&r, &m, (300, 310), 0, none));
+        assert!(!mapped_by_group(&r, &m, (300, 310), 0, |j| j == 2));
+        // The same blocks twice in one file: both references leave with it.
+        let (r, m) = sorted(vec![(0, 100, 0), (0, 100, 0)]);
+        assert!(mapped_by_group(&r, &m, (0, 100), 0, none));
+    }
 }

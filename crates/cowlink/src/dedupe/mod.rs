@@ -40,16 +40,28 @@
 //! chunks of at most 1 GiB, to up to 127 targets per call (the 4 KiB
 //! request limit); the unaligned tail is allowed because it ends at EOF of
 //! both files. Times, mode and owner are untouched (dedupe is not a write).
-//! What was reclaimed comes from the extent maps read while planning: the
-//! bytes each target held alone (FIEMAP extents not flagged shared),
-//! counted for the targets the kernel now shares in full; never from the
-//! kernel's `bytes_deduped`, which counts bytes compared, not freed. With
-//! [`DedupeOptions::measure`] it is measured instead (free space before
-//! and after, per filesystem, after a `syncfs`). Not by default: the
-//! final `syncfs` waits for the filesystem to commit (on Btrfs, three
-//! copies of /usr/share: 1.76 s with `--measure` against 1.58 s without,
-//! paired, in docs/benchmarks.md), and for other programs' pending writes
-//! too. Groups run in the order of their source paths, not of their
+//! What the plan expects back comes from the extent maps read while
+//! planning: the bytes each target holds alone (FIEMAP extents not flagged
+//! shared), plus, once, the extent of a cluster of clones that all become
+//! targets (a forced source: a store object, a file the caller may not
+//! change). What the report says came back is measured, never estimated:
+//! the space in use before the first group on each filesystem and at the
+//! end, each after a `syncfs` (statfs; on Btrfs its data and metadata
+//! bytes), never the kernel's `bytes_deduped`, which counts bytes
+//! compared, not freed. The final `syncfs` waits for the filesystem
+//! to commit (on Btrfs, three copies of /usr/share: 1.76 s measured
+//! against 1.58 s from the maps, paired, in docs/benchmarks.md), and for
+//! other programs' pending writes too; a run with nothing to share pays
+//! none of it. Space never grows: a target is shared only if its blocks
+//! come back, or in measured batches where the filesystem cannot say
+//! (see `execute.rs`); the report names each target skipped and why.
+//!
+//! Store objects ([`DedupeOptions::stores`]) are walked with the paths and
+//! are sources only: a file equal to an object shares the object's blocks,
+//! the object is never a target (its bytes are never changed by dedupe in
+//! any case; its layout is not changed either).
+//!
+//! Groups run in the order of their source paths, not of their
 //! size: neighbours on disk share allocation-group locks and btree blocks
 //! (`bench/dedupe-floor` over one /usr/share plan: 2.13 s in path order,
 //! 2.34 s in size order, one run each). Sharing is not re-read with
@@ -84,7 +96,7 @@ use crate::walk::{self, DirInfo, Entry, Visitor};
 mod execute;
 mod stages;
 
-pub use execute::{execute, DedupeReport};
+pub use execute::{execute, DedupeReport, SkipReason, SkippedTarget, UNPROVEN_BATCH};
 use stages::{layout_facts, Cand, Name, Names, Span};
 
 /// Bytes hashed from each end of a file for the partial hash.
@@ -105,14 +117,12 @@ pub struct DedupeOptions {
     /// [`Phase::Hash`] (bytes hashed of the total to hash),
     /// [`Phase::Dedupe`] (target bytes compared and shared, of the total).
     pub run: Run,
-    /// Measure the space given back: free space before the first group on
-    /// each filesystem and at the end, each after a `syncfs`. That waits
-    /// for the filesystem to commit, other programs' pending writes
-    /// included (on Btrfs a commit is a tenth of a large run's time), and
-    /// on a busy filesystem others' writes move the figure. Without it
-    /// (the default) [`DedupeReport::bytes_reclaimed`] comes from the
-    /// extent maps read while planning.
-    pub measure: bool,
+    /// Content-addressed stores ([`crate::store::Store`]) whose objects
+    /// serve as sources: a file equal to an object comes to share the
+    /// object's blocks. Objects are only ever sources, never changed
+    /// (not even their layout), also when a path given to dedupe reaches
+    /// them. Each must be a store (its `cowlink-store` marker present).
+    pub stores: Vec<PathBuf>,
 }
 
 impl Default for DedupeOptions {
@@ -120,9 +130,38 @@ impl Default for DedupeOptions {
         DedupeOptions {
             min_size: 1,
             run: Run::default(),
-            measure: false,
+            stores: Vec::new(),
         }
     }
+}
+
+/// The directories the walk starts from: `paths`, then the objects
+/// directory of each store in `stores` (the walk roots from the returned
+/// index on are store objects: sources only). A store whose objects
+/// directory does not exist yet holds nothing and adds no root.
+fn walk_roots<P: AsRef<Path>>(paths: &[P], stores: &[PathBuf]) -> Result<(Vec<PathBuf>, usize)> {
+    let mut roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+    let fixed_from = roots.len();
+    for store in stores {
+        let marker = store.join(crate::store::MARKER_NAME);
+        match cowlink_sys::lstat(&marker) {
+            Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::RegularFile => {}
+            Ok(_) | Err(Errno::NOENT) | Err(Errno::NOTDIR) => {
+                return Err(Error::new(Operation::Dedupe, ErrorKind::InvalidInput)
+                    .with_src(store)
+                    .with_reason(format!(
+                        "not a cowlink store (no {} file in it)",
+                        crate::store::MARKER_NAME
+                    )))
+            }
+            Err(e) => return Err(Error::from_errno(Operation::Dedupe, e).with_src(store)),
+        }
+        let objects = store.join("objects");
+        if cowlink_sys::lstat(&objects).is_ok() {
+            roots.push(objects);
+        }
+    }
+    Ok((roots, fixed_from))
 }
 
 /// Identical files: one source and the targets to share its blocks.
@@ -152,7 +191,10 @@ pub struct DedupeGroup {
     /// Files of the group that already share the source's blocks.
     #[serde(flatten, serialize_with = "crate::name::json::already_shared")]
     pub already_shared: Vec<PathBuf>,
-    /// Bytes expected back: the targets' blocks that no other file shares.
+    /// Bytes expected back, from the extent maps: the targets' blocks that
+    /// no other file shares, and the extent of a cluster of clones that
+    /// all become targets. What came back is measured
+    /// ([`DedupeReport::bytes_reclaimed`]).
     pub reclaimable: u64,
 }
 
@@ -194,7 +236,7 @@ impl From<GroupWire> for DedupeGroup {
 pub struct DedupePlan {
     /// Groups with at least one target, largest reclaim first.
     pub groups: Vec<DedupeGroup>,
-    /// Regular files the walk saw.
+    /// Regular files the walk saw (store objects included).
     pub files_scanned: u64,
     /// Files of at least `min_size` on a filesystem that can deduplicate.
     pub candidates: u64,
@@ -244,6 +286,8 @@ struct Collect {
     min_size: u64,
     /// The caller's effective user id.
     euid: u32,
+    /// Walk roots from this index on are store objects: sources only.
+    fixed_from: usize,
     /// Per device: whether a small file's layout may be learnt from a
     /// Btrfs tree search on its directory (Btrfs, until a search is
     /// refused).
@@ -285,9 +329,11 @@ impl Collect {
         // What the kernel asks of a dedupe target: root, the owner, or
         // write permission (checked only when the first two fail).
         let euid = self.euid;
-        let may_change = euid == 0
-            || st.st_uid == euid
-            || fs::accessat(e.dirfd, e.name, fs::Access::WRITE_OK, fs::AtFlags::EACCESS).is_ok();
+        let may_change = e.root < self.fixed_from
+            && (euid == 0
+                || st.st_uid == euid
+                || fs::accessat(e.dirfd, e.name, fs::Access::WRITE_OK, fs::AtFlags::EACCESS)
+                    .is_ok());
         let mut c = Cand {
             name: Name::default(),
             dev: st.st_dev,
@@ -443,7 +489,7 @@ pub fn dedupe<P: AsRef<Path>>(
         // The executor keeps the groups it was handed: after a cancel
         // while planning they are the plan.
         let worker = s.spawn(|| {
-            let mut ex = execute::Executor::new(run, &tally, opts.measure);
+            let mut ex = execute::Executor::new(run, &tally);
             let mut handed = Vec::new();
             for groups in rx {
                 ex.start(&groups);
@@ -543,15 +589,23 @@ fn settle(plan: &mut DedupePlan, opts: &DedupeOptions, ex: &mut execute::Executo
 /// `unsettled` (pairs the kernel found different), planned quietly (no
 /// progress of its own). `None` when it could not be made (cancelled).
 fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<DedupePlan> {
+    // A store object is no candidate here: planned as a plain path it
+    // could become a target. Without it the targets it differs from are
+    // grouped among themselves.
+    let objects: Vec<PathBuf> = opts.stores.iter().map(|s| s.join("objects")).collect();
     let mut paths: Vec<&Path> = unsettled
         .iter()
         .flat_map(|(s, t)| [s.as_path(), t.as_path()])
+        .filter(|p| !objects.iter().any(|o| p.starts_with(o)))
         .collect();
     paths.sort();
     paths.dedup();
+    if paths.len() < 2 {
+        return None;
+    }
     let quiet = DedupeOptions {
         min_size: opts.min_size,
-        measure: opts.measure,
+        stores: Vec::new(),
         run: Run {
             progress: None,
             ..opts.run.clone()
@@ -583,13 +637,14 @@ fn find<P: AsRef<Path>>(
     compare: Compare,
     mut hand_over: Option<&mut dyn FnMut(Vec<DedupeGroup>)>,
 ) -> Result<DedupePlan> {
-    let roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+    let (roots, fixed_from) = walk_roots(paths, &opts.stores)?;
     let run = &opts.run;
     let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
     run.enter(Phase::Scan, 0, 0);
     let c = Collect {
         min_size: opts.min_size,
         euid: rustix::process::geteuid().as_raw(),
+        fixed_from,
         ..Default::default()
     };
     walk::walk(&roots, run, Operation::Dedupe, &c);

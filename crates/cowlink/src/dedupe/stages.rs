@@ -225,8 +225,8 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
     c.shared_runs = all_shared.then(|| runs.into_boxed_slice());
 }
 
-/// One inode is one file: keep the name that sorts first. Returns how
-/// many names were dropped.
+/// One inode is one file: keep the name that sorts first (it may change
+/// only if every name may). Returns how many names were dropped.
 pub(super) fn one_per_inode(files: &mut Vec<Cand>, names: &Names) -> u64 {
     // (device, inode, path) is distinct per entry, so an unstable sort
     // (no scratch copy) gives the one order.
@@ -236,7 +236,15 @@ pub(super) fn one_per_inode(files: &mut Vec<Cand>, names: &Names) -> u64 {
             .then_with(|| names.cmp(a.name, b.name))
     });
     let before = files.len();
-    files.dedup_by(|b, a| (a.dev, a.ino) == (b.dev, b.ino));
+    // A file that may not change under one of its names (a store object
+    // met again through a path given to dedupe) may not change at all.
+    files.dedup_by(|b, a| {
+        let same = (a.dev, a.ino) == (b.dev, b.ino);
+        if same {
+            a.may_change &= b.may_change;
+        }
+        same
+    });
     (before - files.len()) as u64
 }
 
@@ -344,6 +352,8 @@ pub(super) fn count_inline(mut inline: Vec<Inline>, files: &[Cand]) -> InlineCou
 pub(super) struct Member {
     pub name: Name,
     pub size: u64,
+    /// Bytes in extents not flagged shared; on the representative of a
+    /// cluster of several, the bytes of the cluster's shared extents.
     pub exclusive: u64,
     pub hash: Option<[u8; 32]>,
     pub may_change: bool,
@@ -410,7 +420,17 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
                 while end < members.len() && members[end].shared_runs.as_ref() == Some(runs) {
                     end += 1;
                 }
+                let held: u64 = runs.iter().map(|r| r.length).sum();
                 members[start..end].sort_unstable_by(|a, b| names.cmp(a.name, b.name));
+                // The cluster's blocks are the same extents for all its
+                // members: they come back if every member becomes a target
+                // (a forced source, such as a store object, in another
+                // cluster) and nothing outside holds them. Counted once,
+                // on the representative (its own `exclusive` is 0: every
+                // block is shared).
+                if end - start > 1 {
+                    members[start].exclusive = held;
+                }
             }
             out.clusters
                 .push(Span::new(g.first() + start, g.first() + end));
@@ -459,7 +479,8 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
 /// The plan's groups from sets of clusters with equal hashes (from
 /// [`split_by`]). The source is the first path of a cluster holding files
 /// the caller may not change (they can only be a source), else of the
-/// largest cluster (fewest files change); targets are the files of the
+/// largest cluster (fewest files change), then of a file whose blocks are
+/// all shared already (freeing nothing as a target); targets are the files of the
 /// other clusters the caller may change. Returns the groups, largest
 /// reclaimable first (ties by source path), how many files were already
 /// shared with their source, and how many duplicates were left alone
@@ -480,10 +501,15 @@ pub(super) fn groups(
     for set in sets {
         {
             let fixed = |s: &Span| files[s.range()].iter().filter(|c| !c.may_change).count();
+            // Among clusters of one file, one whose blocks are all shared
+            // already (held by files outside the set, a snapshot, a
+            // store) gives nothing back as a target: it is the source.
+            let held = |s: &Span| s.len() == 1 && files[s.first()].exclusive == 0;
             clusters[set.range()].sort_by(|a, b| {
                 fixed(b)
                     .cmp(&fixed(a))
                     .then(b.len().cmp(&a.len()))
+                    .then(held(b).cmp(&held(a)))
                     .then_with(|| names.cmp(files[a.first()].name, files[b.first()].name))
             });
         }
@@ -493,11 +519,17 @@ pub(super) fn groups(
             .expect("a set is of clusters with a hash");
         let (mut targets, mut reclaimable) = (Vec::new(), 0);
         for m in &members[1..] {
-            for c in &files[m.range()] {
+            let cluster = &files[m.range()];
+            // A cluster's shared extents (counted on its first member)
+            // come back only if every member leaves them.
+            let whole = cluster.len() < 2 || cluster.iter().all(|c| c.may_change);
+            for (i, c) in cluster.iter().enumerate() {
                 match c.may_change {
                     true => {
                         targets.push(names.path(c.name));
-                        reclaimable += c.exclusive;
+                        if i > 0 || whole {
+                            reclaimable += c.exclusive;
+                        }
                     }
                     false => not_permitted += 1,
                 }
@@ -908,5 +940,77 @@ mod tests {
         let (g, _, not_permitted) = groups(&mut c, &sets, &names());
         assert!(g.is_empty());
         assert_eq!(not_permitted, 1);
+    }
+
+    #[test]
+    fn clones_made_targets_by_a_forced_source_count_their_shared_blocks_once() {
+        // A store object (may not change) and two clones of one another
+        // (a cluster): both clones move to the object's blocks, so their
+        // shared extent comes back, once.
+        let mut obj = cand("obj", 1, 1, 10);
+        obj.may_change = false;
+        let mut c = clustered(vec![vec![
+            obj,
+            shared(cand("c1", 1, 2, 10), 100),
+            shared(cand("c2", 1, 3, 10), 100),
+            cand("e", 1, 4, 10),
+        ]]);
+        hash(&mut c, &["obj", "c1", "e"], 7);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, _) = groups(&mut c, &sets, &names());
+        assert_eq!(g[0].source, PathBuf::from("obj"));
+        let want: Vec<PathBuf> = ["c1", "c2", "e"].iter().map(PathBuf::from).collect();
+        assert_eq!(g[0].targets, want);
+        assert_eq!(
+            g[0].reclaimable,
+            10 + 10,
+            "the clones' extent once, e's own"
+        );
+
+        // One clone may not change: it keeps the extent, so nothing of
+        // it comes back when the other moves.
+        let mut o1 = shared(cand("o1", 1, 5, 10), 200);
+        o1.may_change = false;
+        let mut o2 = shared(cand("o2", 1, 6, 10), 200);
+        o2.may_change = false;
+        let mut g2 = shared(cand("g2", 1, 8, 10), 300);
+        g2.may_change = false;
+        let mut c = clustered(vec![vec![o1, o2, shared(cand("g1", 1, 7, 10), 300), g2]]);
+        hash(&mut c, &["o1", "g1"], 8);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, not_permitted) = groups(&mut c, &sets, &names());
+        assert_eq!(g[0].source, PathBuf::from("o1"));
+        assert_eq!(g[0].targets, [PathBuf::from("g1")]);
+        assert_eq!(not_permitted, 1);
+        assert_eq!(g[0].reclaimable, 0, "g2 keeps the extent");
+    }
+
+    #[test]
+    fn a_file_whose_blocks_are_held_elsewhere_is_the_source() {
+        // "a" is exclusive, "b" shares all its blocks with a file outside
+        // the set: as a target "b" would give nothing back, "a" would.
+        let mut c = clustered(vec![vec![
+            cand("a", 1, 1, 10),
+            shared(cand("b", 1, 2, 10), 300),
+        ]]);
+        hash(&mut c, &["a", "b"], 9);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, _) = groups(&mut c, &sets, &names());
+        assert_eq!(g[0].source, PathBuf::from("b"));
+        assert_eq!(g[0].targets, [PathBuf::from("a")]);
+        assert_eq!(g[0].reclaimable, 10);
+    }
+
+    #[test]
+    fn a_file_fixed_under_one_name_is_fixed_under_all() {
+        let mut fixed = cand("store/objects/ab/abcd", 1, 9, 10);
+        fixed.may_change = false;
+        let mut files = vec![cand("tree/link", 1, 9, 10), fixed];
+        assert_eq!(one_per_inode(&mut files, &names()), 1);
+        assert_eq!(files.len(), 1);
+        assert!(!files[0].may_change);
     }
 }

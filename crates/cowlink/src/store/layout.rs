@@ -22,7 +22,7 @@ use super::{store_err, Store};
 
 /// First line of the marker file.
 pub(super) const MARKER: &str = "cowlink-store 1\n";
-pub(super) const MARKER_NAME: &str = "cowlink-store";
+pub(crate) const MARKER_NAME: &str = "cowlink-store";
 /// Names a store directory holds; anything else means "not a store".
 pub(super) const LAYOUT: [&str; 6] = [
     "cowlink-store",

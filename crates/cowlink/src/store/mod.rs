@@ -62,6 +62,7 @@ use crate::ground::error::{Error, Operation, Result};
 use crate::run::Run;
 
 use layout::object_rel;
+pub(crate) use layout::MARKER_NAME;
 pub use layout::{ManifestInfo, PARTIAL_GRACE};
 pub use manifest::{
     BadDigest, Digest, EntryKind, FileTotals, Manifest, ManifestEntry, MANIFEST_FORMAT,

@@ -243,14 +243,16 @@ impl pool::Driver for Walk<'_> {
 }
 
 /// Open the directory `name` under `at` without following a symlink, and
-/// stat it.
+/// stat it. Without touching its access time where allowed (the owner,
+/// root): the walk only reads, and on Btrfs an access-time update in a
+/// snapshotted subvolume unshares a metadata leaf from the snapshot, so a
+/// read-only walk would grow usage.
 fn open_dir(at: BorrowedFd<'_>, name: &[u8]) -> rustix::io::Result<(OwnedFd, cowlink_sys::Stat)> {
-    let fd = fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match fs::openat(at, name, flags | cowlink_sys::O_NOATIME, Mode::empty()) {
+        Err(rustix::io::Errno::PERM) => fs::openat(at, name, flags, Mode::empty()),
+        other => other,
+    }?;
     let st = cowlink_sys::fstat(&fd)?;
     Ok((fd, st))
 }

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 mod dedupe;
+mod dedupe_space;
 mod delta;
 mod inspect;
 mod prealloc;
