@@ -228,3 +228,80 @@ fn exclude_from_reads_patterns_and_a_missing_source_fails() {
     assert!(text(&out.stderr).contains("source is inside the destination"));
     assert!(inner.exists());
 }
+
+/// Names of the snapshot directories under `root` (not the bookkeeping).
+fn snapshot_names(root: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `sync --snapshot` stopped mid-sync (`signal`) is not listed complete;
+/// the rerun resumes it under the same name, completes it, and it equals
+/// SRC; the snapshot before it is untouched.
+fn stop_mid_snapshot(signal: rustix::process::Signal) {
+    let (e, x) = (testfs!(Ext4), testfs!(Xfs));
+    let (src, root) = (e.path().join("src"), x.path().join("snaps"));
+    for d in 0..4 {
+        versioned_tree(&src.join(format!("d{d}")), 100, 64 << 10, 1);
+    }
+    ok(&cowlink(&[&"sync", &"--snapshot", &root, &slash(&src)]));
+    let first = snapshot_names(&root);
+    assert_eq!(first.len(), 1);
+    for d in 0..4 {
+        versioned_tree(&src.join(format!("d{d}")), 100, 64 << 10, 2);
+    }
+    let mut child = bin()
+        .args(["sync", "-i", "--no-progress", "--snapshot"])
+        .arg(&root)
+        .arg(slash(&src))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().starts_with(">f") {}
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        signal,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    drop(lines);
+    if signal == rustix::process::Signal::INT {
+        assert_eq!(status.code(), Some(130));
+    }
+    let names = snapshot_names(&root);
+    assert_eq!(names.len(), 2, "{names:?}");
+    let ls = json(&cowlink(&[&"snapshot", &"ls", &"--json", &root]));
+    let states: Vec<String> = ls["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(states, ["complete", "open"], "{ls}");
+    let out = cowlink(&[&"sync", &"--snapshot", &root, &slash(&src)]);
+    ok(&out);
+    assert_eq!(snapshot_names(&root), names, "resumed under its name");
+    assert!(text(&out.stderr).contains("(resumed)"), "{}", text(&out.stderr));
+    assert_eq!(rsync_diff(&src, &root.join(&names[1]), true), "");
+    // The older snapshot still holds version 1.
+    let old = fs::read(root.join(&names[0]).join("d0/f00000")).unwrap();
+    assert_eq!(old, vec![1u8; 64 << 10]);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn kill_9_mid_snapshot_then_a_rerun_resumes_it_under_its_name() {
+    stop_mid_snapshot(rustix::process::Signal::KILL);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn ctrl_c_mid_snapshot_exits_130_and_a_rerun_resumes_it() {
+    stop_mid_snapshot(rustix::process::Signal::INT);
+}
