@@ -239,11 +239,19 @@ impl Book {
         }
         // Ours now: say who holds it, for the next one to name.
         // Best effort: a holder whose pid could not be written is named
-        // "another process".
+        // "another process". Only a regular file of one link is written:
+        // a lock someone replaced with a hard link to a file elsewhere, or
+        // with a FIFO, still locks (flock does not change the file) but is
+        // never truncated, so nothing outside the root is written.
+        let own_file = cowlink_sys::fstat(&fd).is_ok_and(|st| {
+            cowlink_sys::file_type(st.st_mode) == fs::FileType::RegularFile && st.st_nlink == 1
+        });
         let f = std::fs::File::from(fd);
-        let pid = format!("{}\n", std::process::id());
-        let _ = f.set_len(0);
-        let _ = std::os::unix::fs::FileExt::write_all_at(&f, pid.as_bytes(), 0);
+        if own_file {
+            let pid = format!("{}\n", std::process::id());
+            let _ = f.set_len(0);
+            let _ = std::os::unix::fs::FileExt::write_all_at(&f, pid.as_bytes(), 0);
+        }
         Ok(OwnedFd::from(f))
     }
 
@@ -372,12 +380,22 @@ fn read_capped(dir: BorrowedFd<'_>, name: &str, cap: u64) -> std::result::Result
 
 /// Replace `name` in `dir` with `bytes`: a temporary, `fsync`, `rename`,
 /// `fsync` of `dir`.
+///
+/// The temporary is always a new file (`O_EXCL`, after unlinking what a
+/// crash or another user left by that name): opening an existing one
+/// would truncate and write through a hard link to a file outside the
+/// root, or block on a FIFO. One planted again between the unlink and
+/// the open fails the write (`EEXIST`) instead.
 fn write_atomic(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> std::result::Result<(), Errno> {
     let tmp = format!(".{name}.tmp");
+    match fs::unlinkat(dir, tmp.as_str(), AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(e),
+    }
     let fd = fs::openat(
         dir,
         tmp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         cowlink_sys::raw_mode(0o644),
     )?;
     let mut f = std::fs::File::from(fd);

@@ -567,3 +567,103 @@ fn listing_shows_what_each_snapshot_holds_alone() {
     assert_eq!(listing.total.shared_inside, 256 << 10);
     assert_eq!(listing.total.on_disk, (64 + 128 + 256) << 10);
 }
+
+/// What a hostile user can plant in the bookkeeping in place of the
+/// files a run writes: a hard link to a file outside the root, or a FIFO.
+#[derive(Debug, Clone, Copy)]
+enum Plant {
+    HardLink,
+    Fifo,
+}
+
+fn plant(kind: Plant, at: &Path, victim: &Path) {
+    let _ = fs::remove_file(at);
+    match kind {
+        Plant::HardLink => fs::hard_link(victim, at).unwrap(),
+        Plant::Fifo => rustix::fs::mknodat(
+            rustix::fs::CWD,
+            at,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap(),
+    }
+}
+
+/// Every file the bookkeeping writes (the lock, a record's temporary, the
+/// format mark's temporary), replaced by a hard link to a file outside
+/// the root or by a FIFO: nothing outside the root changes, and the
+/// snapshot completed is listed complete.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn planted_bookkeeping_files_never_write_outside_the_root() {
+    let x = testfs!(Xfs);
+    let victim = x.path().join("precious");
+    for kind in [Plant::HardLink, Plant::Fifo] {
+        for target in ["lock", "record-tmp", "mark-tmp"] {
+            fs::write(&victim, b"precious").unwrap();
+            let root = x.path().join(format!("snaps-{kind:?}-{target}"));
+            let meta = root.join(".cowlink");
+            // A FIFO with a reader open does not block its writer: what
+            // is written goes into the pipe, and a FIFO renamed into
+            // place of a record would hide the snapshot.
+            let mut readers = Vec::new();
+            let mut put = |at: &Path| {
+                plant(kind, at, &victim);
+                if let Plant::Fifo = kind {
+                    readers.push(
+                        fs::OpenOptions::new()
+                            .read(true)
+                            .custom_flags(libc_nonblock())
+                            .open(at)
+                            .unwrap(),
+                    );
+                }
+            };
+            if target == "mark-tmp" {
+                fs::create_dir_all(&meta).unwrap();
+                put(&meta.join(".snapshots.tmp"));
+            }
+            let set = match SnapshotSet::open(&root) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Refusing is allowed; writing outside is not.
+                    assert_eq!(fs::read(&victim).unwrap(), b"precious", "{kind:?} {target}");
+                    eprintln!("{kind:?} {target}: refused: {e}");
+                    continue;
+                }
+            };
+            if target == "lock" {
+                put(&meta.join("lock"));
+            }
+            let b = set.begin().unwrap();
+            let name = b.name().to_string();
+            if target == "record-tmp" {
+                put(&meta.join(format!("records/.{name}.json.tmp")));
+            }
+            fs::write(b.path().join("f"), b"data").unwrap();
+            let done = b.complete();
+            assert_eq!(
+                fs::read(&victim).unwrap(),
+                b"precious",
+                "{kind:?} {target}: a file outside the root was written"
+            );
+            let done = done.unwrap_or_else(|e| panic!("{kind:?} {target}: {e}"));
+            let (l, bad) = set.list().unwrap();
+            assert!(bad.is_empty(), "{kind:?} {target}: {bad:?}");
+            assert_eq!(l.len(), 1, "{kind:?} {target}");
+            assert_eq!(l[0].name, done.name);
+            assert!(l[0].is_complete(), "{kind:?} {target}");
+            // And the next run still works.
+            set.begin().unwrap().complete().unwrap();
+            assert_eq!(fs::read(&victim).unwrap(), b"precious", "{kind:?} {target}");
+        }
+    }
+}
+
+fn libc_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+use std::os::unix::fs::OpenOptionsExt;
