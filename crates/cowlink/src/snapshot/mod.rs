@@ -383,6 +383,7 @@ impl SnapshotSet {
             book.write(&name, &rec)?;
         }
         if rec.state == State::Cloning {
+            self.check_base(&records, &rec)?;
             rec.kind = self.make(&name, &rec, resumed)?;
             rec.id = Some(self.id_of(&name)?);
             rec.state = State::Open;
@@ -397,6 +398,31 @@ impl SnapshotSet {
             resumed,
             _lock: lock,
         })
+    }
+
+    /// Refuse to clone from a base that is no longer the complete
+    /// snapshot its record describes: a resumed clone (or one made again
+    /// after its directory went away) would otherwise copy whatever now
+    /// has the base's name, a link to a directory outside the root
+    /// included. The check is by identity just before the clone; a swap
+    /// in the instant between them is not caught (the clone works by
+    /// path).
+    fn check_base(&self, records: &book::Records, rec: &Record) -> Result<()> {
+        let Some(base) = &rec.base else {
+            return Ok(());
+        };
+        let ok = records
+            .iter()
+            .find(|(n, _)| n == base)
+            .is_some_and(|(n, r)| r.state == State::Complete && self.is_recorded_dir(n, r));
+        if ok {
+            return Ok(());
+        }
+        Err(Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
+            .with_src(self.inner.root.join(base))
+            .with_reason(format!(
+                "the snapshot in progress is cloned from {base}, which is no longer the complete snapshot this tool recorded (replaced, moved or removed); put it back, or remove the snapshot in progress and its record to start again"
+            )))
     }
 
     /// Whether `name` is still the directory its record describes.

@@ -667,3 +667,55 @@ fn libc_nonblock() -> i32 {
 }
 
 use std::os::unix::fs::OpenOptionsExt;
+
+/// A snapshot in progress whose directory went away is made again from
+/// its recorded base; when that base was since replaced (a link to a
+/// directory outside the root, another directory, a file), the run must
+/// not clone what is there now: it refuses, naming the base, and nothing
+/// of the replacement reaches the snapshot.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_resumed_clone_never_reads_a_replaced_base() {
+    let x = testfs!(Xfs);
+    let outside = x.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("secret"), b"not for the snapshot").unwrap();
+    for how in ["link-outside", "other-dir", "file"] {
+        let root = x.path().join(format!("snaps-{how}"));
+        let set = SnapshotSet::open(&root).unwrap();
+        let b = set.begin().unwrap();
+        fs::write(b.path().join("mine"), b"v1").unwrap();
+        let s1 = b.complete().unwrap();
+        // The next one is left open (a crash), then its directory goes.
+        let b = set.begin().unwrap();
+        let s2 = b.name().to_string();
+        drop(b);
+        fs::remove_dir_all(root.join(&s2)).unwrap();
+        // The base is swapped for something else.
+        fs::rename(&s1.path, x.path().join(format!("moved-{how}"))).unwrap();
+        match how {
+            "link-outside" => symlink(&outside, &s1.path).unwrap(),
+            "other-dir" => {
+                fs::create_dir(&s1.path).unwrap();
+                fs::write(s1.path.join("secret"), b"not for the snapshot").unwrap();
+            }
+            _ => fs::write(&s1.path, b"a file").unwrap(),
+        }
+        let r = set.begin();
+        assert!(
+            !root.join(&s2).join("secret").exists(),
+            "{how}: the replacement was cloned into the snapshot"
+        );
+        let e = r.map(|b| b.name().to_string()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ContentChanged, "{how}: {e}");
+        assert!(e.to_string().contains(&s1.name), "{how}: {e}");
+        // Nothing in progress is listed complete, and the base's record
+        // still describes the directory that moved.
+        let (l, _) = set.list().unwrap();
+        assert!(l.iter().all(|s| s.name != s2 || !s.is_complete()), "{how}");
+        assert_eq!(
+            fs::read(outside.join("secret")).unwrap(),
+            b"not for the snapshot"
+        );
+    }
+}
