@@ -343,6 +343,17 @@ impl SnapshotSet {
                 {
                     time = Stamp(time.0 + 1);
                 }
+                // Names end at 9999-12-31: past that one a name would not
+                // read back, and the snapshot would never be listed. Only a
+                // record left by a clock set far ahead gets here.
+                if time.0 > stamp::MAX_US {
+                    let last = newest.map_or_else(|| time.name(), Stamp::name);
+                    return Err(Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
+                        .with_src(root.join(&last))
+                        .with_reason(format!(
+                            "no name is left after the snapshot {last} (names end at 9999-12-31; a clock set far ahead made it): remove it, or rename it and its record"
+                        )));
+                }
                 let base = records
                     .iter()
                     .rev()

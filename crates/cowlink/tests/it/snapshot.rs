@@ -719,3 +719,61 @@ fn a_resumed_clone_never_reads_a_replaced_base() {
         );
     }
 }
+
+/// Records a clock set far ahead left behind, up to the last name there
+/// is (9999-12-31): every snapshot begun after them either is listed
+/// under a valid name or is refused; none is made under a name `list`
+/// cannot read (it would never be listed, completed or pruned).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn records_at_the_end_of_time_never_hide_a_new_snapshot() {
+    let x = testfs!(Xfs);
+    for (i, future) in [
+        "99991231T235959.999999Z",
+        "99991231T235959.999998Z",
+        "99991231T235959.999990Z",
+        "30000101T000000.000000Z",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let root = x.path().join(format!("snaps-{i}"));
+        let set = SnapshotSet::open(&root).unwrap();
+        let b = set.begin().unwrap();
+        let s1 = b.complete().unwrap();
+        // The record of a snapshot made while the clock was at `future`.
+        let rec = fs::read(root.join(format!(".cowlink/records/{}.json", s1.name))).unwrap();
+        fs::rename(&s1.path, root.join(future)).unwrap();
+        fs::write(root.join(format!(".cowlink/records/{future}.json")), rec).unwrap();
+        fs::remove_file(root.join(format!(".cowlink/records/{}.json", s1.name))).unwrap();
+        for round in 0..3 {
+            match set.begin() {
+                Ok(b) => {
+                    let name = b.name().to_string();
+                    let done = b.complete().unwrap();
+                    let (l, bad) = set.list().unwrap();
+                    assert!(bad.is_empty(), "{future} {round}: {bad:?}");
+                    assert!(
+                        l.iter().any(|s| s.name == name && s.is_complete()),
+                        "{future} {round}: {name} made but not listed: {l:?}"
+                    );
+                    assert_eq!(l.last().unwrap().name, done.name, "{future} {round}");
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{future} {round}: {e}");
+                    assert!(
+                        e.to_string().contains("99991231T235959.999999Z"),
+                        "{future} {round}: {e}"
+                    );
+                    let dirs: Vec<String> = names_under(&root);
+                    assert!(
+                        dirs.iter().all(
+                            |n| n == ".cowlink" || cowlink::snapshot::Stamp::parse(n).is_some()
+                        ),
+                        "{future} {round}: {dirs:?}"
+                    );
+                }
+            }
+        }
+    }
+}
