@@ -777,3 +777,235 @@ fn records_at_the_end_of_time_never_hide_a_new_snapshot() {
         }
     }
 }
+
+/// Where the child of the kill loop runs its cycles, and its log of the
+/// snapshots it completed.
+const LOOP_ROOT: &str = "COWLINK_SNAPSHOT_TEST_LOOP_ROOT";
+const LOOP_LOG: &str = "COWLINK_SNAPSHOT_TEST_LOOP_LOG";
+/// Files a snapshot of the kill loop holds besides `gen`.
+const LOOP_FILES: u64 = 24;
+
+fn seed_of(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The child of the kill loop: begin (resuming what a kill left), write
+/// the snapshot's own contents (every file derived from its name), mark
+/// it with `gen`, complete, log it, prune to the two newest; forever.
+fn kill_loop_child(root: &Path, log: &Path) -> ! {
+    let set = SnapshotSet::open(root)
+        .unwrap()
+        .with_run(cowlink::Run::default().with_threads(1));
+    loop {
+        let b = set.begin().unwrap();
+        let seed = seed_of(b.name());
+        // A file only some snapshots have, and a directory that comes
+        // and goes: removal and the clone see both.
+        let _ = fs::remove_dir_all(b.path().join("sometimes"));
+        if seed % 2 == 0 {
+            fs::create_dir_all(b.path().join("sometimes/deeper")).unwrap();
+            fs::write(b.path().join("sometimes/deeper/x"), data(8192, seed)).unwrap();
+        }
+        for i in 0..LOOP_FILES {
+            let tmp = b.path().join(format!(".f{i}.tmp"));
+            fs::write(&tmp, data(4096 * (1 + i as usize % 5), seed ^ i)).unwrap();
+            fs::rename(&tmp, b.path().join(format!("f{i}"))).unwrap();
+        }
+        fs::write(b.path().join("gen"), b.name()).unwrap();
+        let name = b.name().to_string();
+        b.complete().unwrap();
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)
+            .unwrap();
+        std::io::Write::write_all(&mut f, format!("{name}\n").as_bytes()).unwrap();
+        set.prune(
+            &KeepPolicy {
+                last: 2,
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+    }
+}
+
+/// Whether the snapshot `dir` named `name` holds exactly what the kill
+/// loop's child wrote into it.
+fn loop_snapshot_intact(dir: &Path, name: &str) -> Result<(), String> {
+    let seed = seed_of(name);
+    let gen = fs::read(dir.join("gen")).map_err(|e| format!("gen: {e}"))?;
+    if gen != name.as_bytes() {
+        return Err(format!("gen is {:?}", String::from_utf8_lossy(&gen)));
+    }
+    for i in 0..LOOP_FILES {
+        let got = fs::read(dir.join(format!("f{i}"))).map_err(|e| format!("f{i}: {e}"))?;
+        if got != data(4096 * (1 + i as usize % 5), seed ^ i) {
+            return Err(format!("f{i} differs"));
+        }
+    }
+    let x = fs::read(dir.join("sometimes/deeper/x")).ok();
+    if (seed % 2 == 0) != x.is_some() || x.is_some_and(|x| x != data(8192, seed)) {
+        return Err("sometimes/deeper/x is wrong".into());
+    }
+    Ok(())
+}
+
+/// Every file under `dir`, with its contents.
+fn tree_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// kill -9 and SIGINT at random moments of begin, fill, complete and
+/// prune, over and over; after each kill: no record is unreadable, every
+/// snapshot listed complete is present and intact (so no half-removed
+/// one is), the newest one the child saw completed (or a newer one) is
+/// listed complete, nothing outside the root changed. At the end a run
+/// resumes what is left, completes it, and a prune leaves one snapshot.
+fn kill_loop(fs_kind: &str, root: &Path, outside: &Path) {
+    if let (Some(root), Some(log)) = (std::env::var_os(LOOP_ROOT), std::env::var_os(LOOP_LOG)) {
+        kill_loop_child(Path::new(&root), Path::new(&log));
+    }
+    fs::create_dir_all(outside.join("d")).unwrap();
+    fs::write(outside.join("d/keep"), data(10_000, 7)).unwrap();
+    let before = tree_bytes(outside);
+    let log = outside.parent().unwrap().join("completed.log");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("kill loop on {fs_kind}: seed {seed}");
+    let mut x = seed;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let set = SnapshotSet::open(root).unwrap();
+    let test = format!("snapshot::kill_loop_{fs_kind}");
+    let mut completed_seen = 0;
+    for round in 0..25 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &test, "--include-ignored", "--nocapture"])
+            .env(LOOP_ROOT, root)
+            .env(LOOP_LOG, &log)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20 + rnd(300)));
+        let sig = if rnd(3) == 0 {
+            rustix::process::Signal::INT
+        } else {
+            rustix::process::Signal::KILL
+        };
+        let pid = rustix::process::Pid::from_child(&child);
+        let _ = rustix::process::kill_process(pid, sig);
+        let status = child.wait().unwrap();
+        assert!(
+            !status.success(),
+            "round {round}: the child ended by itself"
+        );
+        let what = format!("{fs_kind} round {round} (seed {seed}, {sig:?})");
+
+        let (l, bad) = set.list().unwrap();
+        assert!(bad.is_empty(), "{what}: {bad:?}");
+        for s in l.iter().filter(|s| s.is_complete()) {
+            assert!(
+                s.present,
+                "{what}: {} listed complete, no directory",
+                s.name
+            );
+            if let Err(e) = loop_snapshot_intact(&s.path, &s.name) {
+                panic!("{what}: {} listed complete but {e}", s.name);
+            }
+        }
+        let logged: Vec<String> = fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        if let Some(last) = logged.last() {
+            let newest = l.iter().filter(|s| s.is_complete()).map(|s| &s.name).max();
+            assert!(
+                newest.is_some_and(|n| n >= last),
+                "{what}: {last} was completed, the newest listed is {newest:?}"
+            );
+        }
+        completed_seen = logged.len();
+        assert_eq!(tree_bytes(outside), before, "{what}: outside changed");
+        // Nothing under the root but snapshots (listed) and bookkeeping.
+        for n in names_under(root) {
+            assert!(
+                n == ".cowlink" || l.iter().any(|s| s.name == n),
+                "{what}: {n} under the root is not recorded"
+            );
+        }
+    }
+    eprintln!("{fs_kind}: {completed_seen} snapshots completed in the loop");
+    // A rerun converges.
+    let b = set.begin().unwrap();
+    let name = b.name().to_string();
+    drop(b);
+    let b = set.begin().unwrap();
+    assert!(b.resumed());
+    assert_eq!(b.name(), name);
+    b.complete().unwrap();
+    let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+    assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    let (l, bad) = set.list().unwrap();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert_eq!(l[0].name, name);
+    assert_eq!(
+        names_under(root),
+        vec![".cowlink".to_string(), name.clone()]
+    );
+    let blocks = root.join(".cowlink/blocks");
+    if blocks.exists() {
+        assert!(
+            names_under(&blocks).iter().all(|n| *n == name),
+            "{:?}",
+            names_under(&blocks)
+        );
+    }
+    assert_eq!(tree_bytes(outside), before);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn kill_loop_xfs() {
+    if std::env::var_os(LOOP_ROOT).is_some() {
+        kill_loop("xfs", Path::new(""), Path::new(""));
+    }
+    let x = testfs!(Xfs);
+    kill_loop("xfs", &x.path().join("snaps"), &x.path().join("outside"));
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn kill_loop_btrfs() {
+    if std::env::var_os(LOOP_ROOT).is_some() {
+        kill_loop("btrfs", Path::new(""), Path::new(""));
+    }
+    let x = testfs!(Btrfs);
+    kill_loop("btrfs", &x.path().join("snaps"), &x.path().join("outside"));
+}
