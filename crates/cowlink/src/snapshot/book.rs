@@ -32,6 +32,9 @@ pub(crate) const LOCK: &str = "lock";
 pub(crate) const RECORDS: &str = "records";
 /// The block-hash records' directory (one subdirectory per snapshot).
 pub(crate) const BLOCKS: &str = "blocks";
+/// Where prune moves a snapshot before removing it (see
+/// `SnapshotSet::remove_one`).
+pub(crate) const ASIDE: &str = "removing";
 /// Largest record read.
 const RECORD_CAP: u64 = 16 * 1024;
 
@@ -322,6 +325,12 @@ impl Book {
             Err(e) => return Err(err(self.path.join(RECORDS).join(&file), e)),
         }
         fs::fsync(&self.records).map_err(|e| err(self.path.join(RECORDS), e))
+    }
+
+    /// `ROOT/.cowlink/removing/`, made when `create`; `None` when it is
+    /// missing and not to be made.
+    pub fn aside(&self, create: bool) -> Result<Option<OwnedFd>> {
+        open_dir_at(self.meta.as_fd(), ASIDE, &self.path.join(ASIDE), create)
     }
 
     /// `ROOT/.cowlink/blocks/<name>/`, where the block-hash records of

@@ -10,6 +10,7 @@
 //!     lock                       flock(2) while a run writes; holds its pid
 //!     records/<name>.json        one per snapshot this tool made
 //!     blocks/<name>/             per-file block-hash records of <name>
+//!     removing/<name>/           a snapshot prune moved aside to remove
 //! ```
 //!
 //! A record (`{"format":1,"state":…,"kind":…,"base":…,"id":{"dev":…,
@@ -108,8 +109,9 @@ pub struct Snapshot {
     pub kind: Kind,
     /// The snapshot it was cloned from.
     pub base: Option<String>,
-    /// Whether its directory exists (a snapshot being cloned or removed
-    /// may have none).
+    /// Whether its directory exists and, once recorded, is still the one
+    /// this tool made (a snapshot being cloned or removed may have none;
+    /// a directory renamed into its name is not it).
     pub present: bool,
 }
 
@@ -252,12 +254,18 @@ impl SnapshotSet {
     }
 
     fn snapshot(&self, name: String, r: &Record) -> Snapshot {
-        let present = cowlink_sys::statat(
-            &self.inner.root_fd,
-            name.as_str(),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .is_ok_and(|st| cowlink_sys::file_type(st.st_mode) == FileType::Directory);
+        // Once recorded, only the recorded directory counts: another one
+        // renamed into the name is not this snapshot (and `ls` must not
+        // measure it as one).
+        let present = match r.id {
+            Some(_) => self.is_recorded_dir(&name, r),
+            None => cowlink_sys::statat(
+                &self.inner.root_fd,
+                name.as_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok_and(|st| cowlink_sys::file_type(st.st_mode) == FileType::Directory),
+        };
         Snapshot {
             path: self.inner.root.join(&name),
             time: Stamp::parse(&name).expect("records are listed by valid names"),
@@ -663,17 +671,84 @@ impl SnapshotSet {
                 rec.state = State::Removing;
                 book.write(&snap.name, &rec)?;
             }
-            // A subvolume goes in one call where allowed (root, or
-            // user_subvol_rm_allowed); else file by file, then the empty
-            // subvolume by rmdir.
-            let deleted = now.subvol.is_some()
-                && cowlink_sys::btrfs_subvol_delete(root_fd, &book::cstr(&snap.name)).is_ok();
-            if !deleted {
-                remove::remove_tree(root_fd, &snap.name, &snap.path, &self.inner.run.cancel)?;
+            // Removal works by name, and anyone who can write in the root
+            // can rename another directory into that name between the
+            // check above and the removal. So the snapshot is first moved
+            // aside, into the bookkeeping, and what arrived there is
+            // checked again before anything is removed (and moved back
+            // when it is not the snapshot).
+            let aside = book.aside(true)?.expect("created when missing");
+            match cowlink_sys::rename_noreplace(
+                root_fd,
+                Path::new(&snap.name),
+                aside.as_fd(),
+                Path::new(&snap.name),
+            ) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => {
+                    return Err(err(&snap.path, e).with_reason(format!(
+                        "cannot move it aside into {} before removing it: {e}",
+                        crate::name::quoted(&book.path.join(book::ASIDE))
+                    )))
+                }
             }
         }
+        self.finish_aside(book, snap, &rec)?;
         book.forget_blocks(&snap.name, &self.inner.run.cancel)?;
         book.forget(&snap.name)
+    }
+
+    /// Remove what a prune moved aside as `ROOT/.cowlink/removing/<name>`
+    /// when it is the recorded snapshot; move anything else back to
+    /// `ROOT/<name>` (it was renamed into the snapshot's name while the
+    /// prune ran) and report it.
+    fn finish_aside(&self, book: &Book, snap: &Snapshot, rec: &Record) -> Result<()> {
+        let Some(aside) = book.aside(false)? else {
+            return Ok(());
+        };
+        let shown = book.path.join(book::ASIDE).join(&snap.name);
+        let cname = book::cstr(&snap.name);
+        match cowlink_sys::statat(aside.as_fd(), snap.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(err(&shown, e)),
+            Ok(_) => {}
+        }
+        let top = match cowlink_sys::open_dir_same_mount(aside.as_fd(), &cname) {
+            Ok(fd) => Some(fd),
+            Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => None,
+            Err(e) => return Err(err(&shown, e)),
+        };
+        let ours = match &top {
+            Some(fd) => {
+                let now = book::DirId::of_fd(fd.as_fd()).map_err(|e| err(&shown, e))?;
+                rec.id.is_some_and(|want| want.same(&now))
+            }
+            None => false,
+        };
+        if !ours {
+            drop(top);
+            return match cowlink_sys::rename_noreplace(
+                aside.as_fd(),
+                Path::new(&snap.name),
+                self.inner.root_fd.as_fd(),
+                Path::new(&snap.name),
+            ) {
+                Ok(()) => Err(replaced(&snap.path)),
+                Err(e) => Err(err(&shown, e).with_reason(format!(
+                    "this is not the snapshot (it was renamed into its name during a prune) and it cannot be moved back to {}: {e}; move it back by hand",
+                    crate::name::quoted(&snap.path)
+                ))),
+            };
+        }
+        let top = top.expect("checked above");
+        // A subvolume goes in one call where allowed (root, or
+        // user_subvol_rm_allowed); else file by file, then the empty
+        // subvolume by rmdir.
+        let is_subvol = rec.id.is_some_and(|id| id.subvol.is_some());
+        if is_subvol && cowlink_sys::btrfs_subvol_delete(aside.as_fd(), &cname).is_ok() {
+            return Ok(());
+        }
+        remove::remove_opened_tree(aside.as_fd(), top, cname, &shown, &self.inner.run.cancel)
     }
 
     /// Refuse to remove `path` when a mount point is at or under it (the

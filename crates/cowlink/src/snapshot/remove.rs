@@ -48,6 +48,20 @@ pub(crate) fn remove_tree(
 ) -> Result<()> {
     let cname = CString::new(name).map_err(|_| fail(shown, Errno::INVAL))?;
     let top = cowlink_sys::open_dir_same_mount(parent, &cname).map_err(|e| fail(shown, e))?;
+    remove_opened_tree(parent, top, cname, shown, cancel)
+}
+
+/// [`remove_tree`] of the directory `name` in `parent` already opened as
+/// `top` (by [`cowlink_sys::open_dir_same_mount`]), so a caller that
+/// checked `top`'s identity empties exactly that directory, whatever is
+/// renamed in and out of `name` meanwhile.
+pub(crate) fn remove_opened_tree(
+    parent: BorrowedFd<'_>,
+    top: OwnedFd,
+    cname: CString,
+    shown: &Path,
+    cancel: &crate::run::CancelToken,
+) -> Result<()> {
     // (descriptor, its name in the level above, its path)
     let mut stack: Vec<(OwnedFd, CString, PathBuf)> = vec![(top, cname, shown.to_path_buf())];
     while let Some((fd, _, path)) = stack.last() {

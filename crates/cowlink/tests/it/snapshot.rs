@@ -1009,3 +1009,74 @@ fn kill_loop_btrfs() {
     let x = testfs!(Btrfs);
     kill_loop("btrfs", &x.path().join("snaps"), &x.path().join("outside"));
 }
+
+/// A concurrent process swaps a snapshot the prune removes with the
+/// user's own directory (`renameat2(RENAME_EXCHANGE)` in a tight loop)
+/// while the prune runs: the user's files survive every round, wherever
+/// the swapping left them, and the prune removes only the snapshot or
+/// leaves it (replaced) for the next one.
+fn swap_during_prune(fs_kind: &str, base: &Path) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    for round in 0..12 {
+        let root = base.join(format!("snaps-{round}"));
+        let set = SnapshotSet::open(&root).unwrap();
+        let b = set.begin().unwrap();
+        fs::write(b.path().join("snapfile"), b"snapshot").unwrap();
+        let old = b.complete().unwrap();
+        set.begin().unwrap().complete().unwrap();
+        let mine = base.join(format!("mine-{round}"));
+        fs::create_dir_all(mine.join("sub")).unwrap();
+        fs::write(mine.join("sub/precious"), b"user data").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, a, b) = (Arc::clone(&stop), old.path.clone(), mine.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        &a,
+                        rustix::fs::CWD,
+                        &b,
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    );
+                    n += 1;
+                }
+                n
+            })
+        };
+        let pruned = set.prune(&KeepPolicy::default(), false);
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let pruned = pruned.unwrap();
+        let survived = [&mine, &old.path]
+            .iter()
+            .any(|p| fs::read(p.join("sub/precious")).is_ok_and(|d| d == b"user data"));
+        assert!(
+            survived,
+            "{fs_kind} round {round}: the user's directory was removed by the prune ({:?})",
+            pruned.errors
+        );
+        // What is left at the snapshot's name, if anything, is listed
+        // as it is: never complete unless it is the snapshot.
+        let (l, _) = set.list().unwrap();
+        if let Some(s) = l.iter().find(|s| s.name == old.name && s.is_complete()) {
+            assert!(s.path.join("snapfile").exists() || !s.present);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_swap_during_prune_never_removes_the_users_directory_xfs() {
+    let x = testfs!(Xfs);
+    swap_during_prune("xfs", x.path());
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_swap_during_prune_never_removes_the_users_directory_btrfs() {
+    let x = testfs!(Btrfs);
+    swap_during_prune("btrfs", x.path());
+}
