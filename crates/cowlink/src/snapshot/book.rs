@@ -206,10 +206,21 @@ impl Book {
             cowlink_sys::raw_mode(0o644),
         )
         .map_err(|e| err(&path, e))?;
+        // A lock found taken is tried again for a moment before the run
+        // is refused: a process forked by another thread of a program
+        // that just released the lock (a Python host, a test harness)
+        // holds a copy of the descriptor until it executes, so the lock
+        // can look taken for a few milliseconds with no other run at all.
+        // A real second run holds it for far longer than this grace.
+        const GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+        let started = std::time::Instant::now();
         loop {
             match fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => break,
                 Err(Errno::INTR) => continue,
+                Err(Errno::WOULDBLOCK) if started.elapsed() < GRACE => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
                 Err(Errno::WOULDBLOCK) => {
                     let mut text = Vec::new();
                     let _ = std::fs::File::from(

@@ -1080,3 +1080,47 @@ fn a_swap_during_prune_never_removes_the_users_directory_btrfs() {
     let x = testfs!(Btrfs);
     swap_during_prune("btrfs", x.path());
 }
+
+/// A program that starts processes on another thread (the Python
+/// binding's host, a test harness) must not see its own set reported in
+/// use: a child forked while the lock is held holds a copy of its
+/// descriptor until it executes, so the next `begin` of the same program
+/// can find the lock taken for a moment.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_forking_thread_does_not_make_the_set_look_in_use() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let x = testfs!(Xfs);
+    let set = SnapshotSet::open(x.path().join("snaps")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawner = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = Command::new("true").status();
+            }
+        })
+    };
+    let mut refused = Vec::new();
+    for i in 0..100 {
+        match set.begin() {
+            Ok(b) => {
+                if i % 2 == 0 {
+                    drop(b);
+                } else {
+                    b.complete().unwrap();
+                }
+            }
+            Err(e) => refused.push(format!("{i}: {e}")),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    spawner.join().unwrap();
+    assert!(
+        refused.is_empty(),
+        "{} refused: {:?}",
+        refused.len(),
+        &refused[..refused.len().min(3)]
+    );
+}
