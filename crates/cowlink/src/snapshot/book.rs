@@ -185,7 +185,7 @@ impl Book {
                     .map_err(|e| err(&mark, e))?
             }
             Err(Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(err(&mark, e)),
+            Err(e) => return Err(not_a_file(err(&mark, e), e)),
         }
         let records = open_dir_at(meta.as_fd(), RECORDS, &path.join(RECORDS), true)?
             .expect("created when missing");
@@ -303,7 +303,7 @@ impl Book {
     fn read(&self, name: &str) -> Result<Record> {
         let file = format!("{name}.json");
         let text = read_capped(self.records.as_fd(), &file, RECORD_CAP)
-            .map_err(|e| Error::from_errno(Operation::Snapshot, e))?;
+            .map_err(|e| not_a_file(Error::from_errno(Operation::Snapshot, e), e))?;
         let r: Record = serde_json::from_slice(&text).map_err(|e| {
             Error::new(Operation::Snapshot, ErrorKind::Corrupt)
                 .with_reason(format!("not a snapshot record: {e}"))
@@ -371,6 +371,19 @@ impl Book {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             r => r,
         }
+    }
+}
+
+/// `e` as `Corrupt` when [`read_capped`] failed because the file is not a
+/// plain file of bookkeeping (a link, a directory, a FIFO, oversized):
+/// someone put something else there, the same kind as a file that does
+/// not parse.
+fn not_a_file(e: Error, errno: Errno) -> Error {
+    match errno {
+        Errno::LOOP | Errno::ISDIR | Errno::INVAL | Errno::FBIG => e
+            .with_kind(ErrorKind::Corrupt)
+            .with_reason("not a plain file of this tool's bookkeeping (a symbolic link, a directory, a FIFO or device, or larger than any it writes)"),
+        _ => e,
     }
 }
 
