@@ -537,6 +537,9 @@ impl SnapshotSet {
                 Err(e) => Err(err(&path, e)),
             },
             Some(b) => {
+                // What is mounted inside the base is not part of it (a
+                // subvolume snapshot leaves it out too).
+                self.refuse_mounts(&self.inner.root.join(b), "not cloned")?;
                 self.clone_tree(
                     &self.inner.root.join(b),
                     &path,
@@ -666,7 +669,7 @@ impl SnapshotSet {
             if !rec.id.is_some_and(|want| want.same(&now)) {
                 return Err(replaced(&snap.path));
             }
-            self.refuse_mounts(&snap.path)?;
+            self.refuse_mounts(&snap.path, "not removed")?;
             if rec.state != State::Removing {
                 rec.state = State::Removing;
                 book.write(&snap.name, &rec)?;
@@ -751,10 +754,12 @@ impl SnapshotSet {
         remove::remove_opened_tree(aside.as_fd(), top, cname, &shown, &self.inner.run.cancel)
     }
 
-    /// Refuse to remove `path` when a mount point is at or under it (the
-    /// descriptor walk would stop there too; this says so before anything
-    /// is removed).
-    fn refuse_mounts(&self, path: &Path) -> Result<()> {
+    /// Refuse to remove or clone `path` when a mount point is at or under
+    /// it (`what`: "not removed", "not cloned"). The removal's descriptor
+    /// walk would stop there too, this says so before anything is
+    /// removed; the clone would cross it and take what is mounted for the
+    /// snapshot's contents.
+    fn refuse_mounts(&self, path: &Path, what: &str) -> Result<()> {
         let Ok(canon) = std::fs::canonicalize(path) else {
             return Ok(());
         };
@@ -771,7 +776,7 @@ impl SnapshotSet {
             return Err(Error::new(Operation::Snapshot, ErrorKind::InUse)
                 .with_src(path)
                 .with_reason(format!(
-                    "not removed: {} is mounted inside it; unmount it first",
+                    "{what}: {} is mounted inside it; unmount it first",
                     crate::name::quoted(&m.mount_point)
                 )));
         }

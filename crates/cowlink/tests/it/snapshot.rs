@@ -1361,3 +1361,58 @@ fn every_planted_bookkeeping_path_is_refused_or_survived() {
         }
     }
 }
+
+/// A bind mount inside the newest snapshot (of a directory on the same
+/// filesystem, outside the root): the next snapshot's clone must not
+/// take the mounted directory's contents for the snapshot's.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn the_clone_stops_at_a_mount_inside_the_base() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let outside = x.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("secret"), b"mounted, not the snapshot's").unwrap();
+    let set = SnapshotSet::open(&root).unwrap();
+    let b = set.begin().unwrap();
+    fs::create_dir(b.path().join("mnt")).unwrap();
+    fs::write(b.path().join("f"), b"mine").unwrap();
+    let s1 = b.complete().unwrap();
+    let status = Command::new("mount")
+        .arg("--bind")
+        .arg(&outside)
+        .arg(s1.path.join("mnt"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let guard = Unmount(s1.path.join("mnt"));
+    let r = set.begin();
+    let (l, _) = set.list().unwrap();
+    let s2 = l.iter().find(|s| s.name != s1.name).unwrap().clone();
+    assert!(
+        !s2.path.join("mnt/secret").exists(),
+        "the clone copied what is mounted inside the base ({:?})",
+        r.map(|b| b.name().to_string())
+    );
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InUse, "{e}");
+    assert!(e.to_string().contains("mounted inside"), "{e}");
+    assert!(!s2.is_complete());
+    // Unmounted: the snapshot in progress is resumed and completes.
+    drop(guard);
+    let b = set.begin().unwrap();
+    assert!(b.resumed());
+    assert_eq!(b.name(), s2.name);
+    let done = b.complete().unwrap();
+    assert_eq!(rsync_diff(&s1.path, &done.path, true), "");
+    assert_eq!(
+        fs::read(outside.join("secret")).unwrap(),
+        b"mounted, not the snapshot's"
+    );
+}
