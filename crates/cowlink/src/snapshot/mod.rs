@@ -402,8 +402,8 @@ impl SnapshotSet {
             book.write(&name, &rec)?;
         }
         if rec.state == State::Cloning {
-            self.check_base(&records, &rec)?;
-            rec.kind = self.make(&name, &rec, resumed)?;
+            let base_id = self.check_base(&records, &rec)?;
+            rec.kind = self.make(&name, &rec, base_id, resumed)?;
             rec.id = Some(self.id_of(&name)?);
             rec.state = State::Open;
             book.write(&name, &rec)?;
@@ -423,25 +423,22 @@ impl SnapshotSet {
     /// snapshot its record describes: a resumed clone (or one made again
     /// after its directory went away) would otherwise copy whatever now
     /// has the base's name, a link to a directory outside the root
-    /// included. The check is by identity just before the clone; a swap
-    /// in the instant between them is not caught (the clone works by
-    /// path).
-    fn check_base(&self, records: &book::Records, rec: &Record) -> Result<()> {
+    /// included. Answers the base's recorded identity, which [`Self::make`]
+    /// checks again on the descriptor the clone reads from (the name may
+    /// be swapped in between).
+    fn check_base(&self, records: &book::Records, rec: &Record) -> Result<Option<book::DirId>> {
         let Some(base) = &rec.base else {
-            return Ok(());
+            return Ok(None);
         };
         let ok = records
             .iter()
             .find(|(n, _)| n == base)
-            .is_some_and(|(n, r)| r.state == State::Complete && self.is_recorded_dir(n, r));
-        if ok {
-            return Ok(());
+            .filter(|(n, r)| r.state == State::Complete && self.is_recorded_dir(n, r))
+            .and_then(|(_, r)| r.id);
+        if ok.is_some() {
+            return Ok(ok);
         }
-        Err(Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
-            .with_src(self.inner.root.join(base))
-            .with_reason(format!(
-                "the snapshot in progress is cloned from {base}, which is no longer the complete snapshot this tool recorded (replaced, moved or removed); put it back, or remove the snapshot in progress and its record to start again"
-            )))
+        Err(base_changed(&self.inner.root.join(base), base))
     }
 
     /// Whether `name` is still the directory its record describes.
@@ -484,7 +481,13 @@ impl SnapshotSet {
 
     /// Make (or finish making) the directory of `name` as `rec` says;
     /// the kind it was made as.
-    fn make(&self, name: &str, rec: &Record, resumed: bool) -> Result<Kind> {
+    fn make(
+        &self,
+        name: &str,
+        rec: &Record,
+        base_id: Option<book::DirId>,
+        resumed: bool,
+    ) -> Result<Kind> {
         let root_fd = self.inner.root_fd.as_fd();
         let path = self.inner.root.join(name);
         let cname = book::cstr(name);
@@ -503,17 +506,34 @@ impl SnapshotSet {
                 return Ok(Kind::Subvolume);
             }
         }
+        // The base, opened once and checked to be the recorded snapshot:
+        // the clone reads through this descriptor, so a directory renamed
+        // into the base's name meanwhile is never what gets cloned.
+        let base = match &rec.base {
+            None => None,
+            Some(b) => {
+                let shown = self.inner.root.join(b);
+                let fd = fs::openat(
+                    root_fd,
+                    b.as_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| match e {
+                    Errno::NOENT | Errno::LOOP | Errno::NOTDIR => base_changed(&shown, b),
+                    e => err(&shown, e),
+                })?;
+                let now = book::DirId::of_fd(fd.as_fd()).map_err(|e| err(&shown, e))?;
+                if !base_id.is_some_and(|want| want.same(&now)) {
+                    return Err(base_changed(&shown, b));
+                }
+                Some((fd, shown))
+            }
+        };
         if existing.is_none() && rec.kind == Kind::Subvolume {
-            let made = match &rec.base {
+            let made = match &base {
                 None => cowlink_sys::btrfs_subvol_create(root_fd, &cname),
-                Some(b) => {
-                    let base_fd = fs::openat(
-                        root_fd,
-                        b.as_str(),
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| err(self.inner.root.join(b), e))?;
+                Some((base_fd, _)) => {
                     cowlink_sys::btrfs_snapshot_create(root_fd, &cname, base_fd.as_fd())
                 }
             };
@@ -531,28 +551,32 @@ impl SnapshotSet {
                 }
             }
         }
-        match &rec.base {
+        match &base {
             None => match fs::mkdirat(root_fd, name, cowlink_sys::raw_mode(0o755)) {
                 Ok(()) | Err(Errno::EXIST) => Ok(Kind::Tree),
                 Err(e) => Err(err(&path, e)),
             },
-            Some(b) => {
+            Some((base_fd, shown)) => {
                 // What is mounted inside the base is not part of it (a
                 // subvolume snapshot leaves it out too).
-                self.refuse_mounts(&self.inner.root.join(b), "not cloned")?;
-                self.clone_tree(
-                    &self.inner.root.join(b),
-                    &path,
-                    resumed || existing.is_some(),
-                )?;
+                self.refuse_mounts(shown, "not cloned")?;
+                // The tree engine takes a path: the descriptor's own
+                // (`/proc/self/fd/N/.`, the directory it holds, wherever
+                // it is renamed to), not the base's name.
+                let pinned = PathBuf::from(format!(
+                    "/proc/self/fd/{}/.",
+                    std::os::fd::AsRawFd::as_raw_fd(base_fd)
+                ));
+                self.clone_tree(&pinned, shown, &path, resumed || existing.is_some())?;
                 Ok(Kind::Tree)
             }
         }
     }
 
     /// `cp -a --reflink=always base path`, merging into what a crash left
-    /// when `resume`.
-    fn clone_tree(&self, base: &Path, path: &Path, resume: bool) -> Result<()> {
+    /// when `resume`; `shown` is the base's name under the root, for
+    /// messages.
+    fn clone_tree(&self, base: &Path, shown: &Path, path: &Path, resume: bool) -> Result<()> {
         let mut opts = crate::tree::TreeOptions::archive();
         opts.file.link = crate::prim::mode::LinkMode::Clone;
         opts.resume = resume;
@@ -570,7 +594,7 @@ impl SnapshotSet {
                 .with_reason(format!(
                     "{} of the clone of {} failed, the first: {e} (the snapshot stays in progress; run again to resume)",
                     report.errors,
-                    crate::name::quoted(base)
+                    crate::name::quoted(shown)
                 )));
         }
         if report.cancelled {
@@ -782,6 +806,14 @@ impl SnapshotSet {
         }
         Ok(())
     }
+}
+
+fn base_changed(path: &Path, base: &str) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
+        .with_src(path)
+        .with_reason(format!(
+            "the snapshot in progress is cloned from {base}, which is no longer the complete snapshot this tool recorded (replaced, moved or removed); put it back, or remove the snapshot in progress and its record to start again"
+        ))
 }
 
 fn replaced(path: &Path) -> Error {

@@ -1416,3 +1416,77 @@ fn the_clone_stops_at_a_mount_inside_the_base() {
         b"mounted, not the snapshot's"
     );
 }
+
+/// A concurrent process swaps the base snapshot with the user's own
+/// directory (or subvolume, on Btrfs) while `begin` clones it: no
+/// snapshot ever receives the user's files.
+fn swap_during_begin(fs_kind: &str, base: &Path, subvol: bool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let mut took = 0;
+    for round in 0..40 {
+        let root = base.join(format!("snaps-{round}"));
+        let set = SnapshotSet::open(&root).unwrap();
+        let b = set.begin().unwrap();
+        fs::write(b.path().join("snapfile"), b"snapshot").unwrap();
+        let s1 = b.complete().unwrap();
+        let mine = base.join(format!("mine-{round}"));
+        if subvol {
+            let st = Command::new("btrfs")
+                .args(["-q", "subvolume", "create"])
+                .arg(&mine)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        } else {
+            fs::create_dir_all(&mine).unwrap();
+        }
+        fs::write(mine.join("users-file"), b"user data").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, a, b) = (Arc::clone(&stop), s1.path.clone(), mine.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        &a,
+                        rustix::fs::CWD,
+                        &b,
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    );
+                }
+            })
+        };
+        let r = set.begin().map(|b| b.path().to_path_buf());
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let (l, _) = set.list().unwrap();
+        for s in l.iter().filter(|s| s.name != s1.name) {
+            if s.path.join("users-file").exists() {
+                took += 1;
+                eprintln!(
+                    "{fs_kind} round {round}: {} took the user's files ({r:?})",
+                    s.name
+                );
+            }
+        }
+    }
+    assert_eq!(
+        took, 0,
+        "{fs_kind}: snapshots cloned from the user's directory"
+    );
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_swap_during_begin_never_clones_the_users_directory_xfs() {
+    let x = testfs!(Xfs);
+    swap_during_begin("xfs", x.path(), false);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_swap_during_begin_never_clones_the_users_directory_btrfs() {
+    let x = testfs!(Btrfs);
+    swap_during_begin("btrfs", x.path(), true);
+}
