@@ -329,7 +329,62 @@ impl SnapshotSet {
     pub fn begin(&self) -> Result<Begun> {
         let book = self.book()?;
         let lock = book.lock()?;
-        let (records, _) = book.records()?;
+        // A name taken by someone else before the snapshot's directory
+        // was made there is given up (its record forgotten: nothing of
+        // this tool's is under it) and the next free name is taken; a few
+        // times, then the run fails.
+        let mut attempts = 0;
+        loop {
+            match self.begin_locked(book) {
+                Err(Taken(name)) if attempts < 3 => {
+                    attempts += 1;
+                    book.forget(&name)?;
+                }
+                Err(Taken(name)) => {
+                    book.forget(&name)?;
+                    return Err(name_taken(&self.inner.root.join(name)));
+                }
+                Ok(r) => {
+                    let (name, record, resumed) = r?;
+                    return Ok(Begun {
+                        set: self.clone(),
+                        path: self.inner.root.join(&name),
+                        blocks: book.blocks_dir(&name),
+                        name,
+                        record,
+                        resumed,
+                        _lock: lock,
+                    });
+                }
+            }
+        }
+    }
+
+    /// [`SnapshotSet::begin`] with the lock held: the snapshot's name,
+    /// record and whether it was resumed; `Err(Taken)` when its name was
+    /// taken by something else before its directory was made.
+    fn begin_locked(
+        &self,
+        book: &Book,
+    ) -> std::result::Result<Result<(String, Record, bool)>, Taken> {
+        let (records, _) = match book.records() {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        let r = self.begin_records(book, &records);
+        match r {
+            Err((_, Some(name))) => Err(Taken(name)),
+            Err((e, _)) => Ok(Err(e)),
+            Ok(v) => Ok(Ok(v)),
+        }
+    }
+
+    fn begin_records(
+        &self,
+        book: &Book,
+        records: &book::Records,
+    ) -> std::result::Result<(String, Record, bool), (Error, Option<String>)> {
+        let plain = |e: Error| (e, None);
         let root = &self.inner.root;
         let unfinished = records
             .iter()
@@ -356,11 +411,11 @@ impl SnapshotSet {
                 // record left by a clock set far ahead gets here.
                 if time.0 > stamp::MAX_US {
                     let last = newest.map_or_else(|| time.name(), Stamp::name);
-                    return Err(Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
+                    return Err(plain(Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
                         .with_src(root.join(&last))
                         .with_reason(format!(
                             "no name is left after the snapshot {last} (names end at 9999-12-31; a clock set far ahead made it): remove it, or rename it and its record"
-                        )));
+                        ))));
                 }
                 let base = records
                     .iter()
@@ -377,7 +432,7 @@ impl SnapshotSet {
                     completed: None,
                 };
                 let name = time.name();
-                book.write(&name, &rec)?;
+                book.write(&name, &rec).map_err(plain)?;
                 (name, rec, false)
             }
         };
@@ -391,32 +446,29 @@ impl SnapshotSet {
             )
             .is_ok();
             if taken {
-                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+                return Err(plain(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
                     .with_src(root.join(&name))
                     .with_reason(
                         "the snapshot in progress cannot be resumed: its directory was replaced by something this tool did not make",
-                    ));
+                    )));
             }
             rec.state = State::Cloning;
             rec.id = None;
-            book.write(&name, &rec)?;
+            book.write(&name, &rec).map_err(plain)?;
         }
         if rec.state == State::Cloning {
-            let base_id = self.check_base(&records, &rec)?;
-            rec.kind = self.make(&name, &rec, base_id, resumed)?;
-            rec.id = Some(self.id_of(&name)?);
+            let base_id = self.check_base(records, &rec).map_err(plain)?;
+            // Only a name-taken answer of `make` gives the name up: the
+            // record of a snapshot this tool never made a directory for.
+            rec.kind = self.make(&name, &rec, base_id, resumed).map_err(|e| {
+                let taken = is_name_taken(&e);
+                (e, taken.then(|| name.clone()))
+            })?;
+            rec.id = Some(self.id_of(&name).map_err(plain)?);
             rec.state = State::Open;
-            book.write(&name, &rec)?;
+            book.write(&name, &rec).map_err(plain)?;
         }
-        Ok(Begun {
-            set: self.clone(),
-            path: root.join(&name),
-            blocks: book.blocks_dir(&name),
-            name,
-            record: rec,
-            resumed,
-            _lock: lock,
-        })
+        Ok((name, rec, resumed))
     }
 
     /// Refuse to clone from a base that is no longer the complete
@@ -493,10 +545,11 @@ impl SnapshotSet {
         let cname = book::cstr(name);
         let existing = cowlink_sys::statat(root_fd, name, AtFlags::SYMLINK_NOFOLLOW).ok();
         if let Some(st) = &existing {
-            if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
-                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
-                    .with_src(&path)
-                    .with_reason("the name of the snapshot in progress is taken by something that is not a directory"));
+            // This tool only ever makes a directory under the name, and a
+            // new snapshot's name was free when it was chosen: something
+            // else there now was put by someone else, and is not used.
+            if cowlink_sys::file_type(st.st_mode) != FileType::Directory || !resumed {
+                return Err(name_taken(&path));
             }
             // A subvolume is made in one step: if it is there, it is whole.
             if rec.kind == Kind::Subvolume
@@ -551,11 +604,32 @@ impl SnapshotSet {
                 }
             }
         }
+        // The directory is made here (only the owner may enter it until
+        // the clone gives it the base's mode) and cloned into through its
+        // descriptor, so a link or directory someone renames into the
+        // name meanwhile is never written through.
+        match fs::mkdirat(
+            root_fd,
+            name,
+            cowlink_sys::raw_mode(if base.is_some() { 0o700 } else { 0o755 }),
+        ) {
+            Ok(()) => {}
+            Err(Errno::EXIST) if existing.is_some() => {}
+            Err(Errno::EXIST) => return Err(name_taken(&path)),
+            Err(e) => return Err(err(&path, e)),
+        }
+        let dst = fs::openat(
+            root_fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::LOOP | Errno::NOTDIR => name_taken(&path),
+            e => err(&path, e),
+        })?;
         match &base {
-            None => match fs::mkdirat(root_fd, name, cowlink_sys::raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => Ok(Kind::Tree),
-                Err(e) => Err(err(&path, e)),
-            },
+            None => Ok(Kind::Tree),
             Some((base_fd, shown)) => {
                 // What is mounted inside the base is not part of it (a
                 // subvolume snapshot leaves it out too).
@@ -567,19 +641,25 @@ impl SnapshotSet {
                     "/proc/self/fd/{}/.",
                     std::os::fd::AsRawFd::as_raw_fd(base_fd)
                 ));
-                self.clone_tree(&pinned, shown, &path, resumed || existing.is_some())?;
+                let into = PathBuf::from(format!(
+                    "/proc/self/fd/{}/.",
+                    std::os::fd::AsRawFd::as_raw_fd(&dst)
+                ));
+                self.clone_tree(&pinned, shown, &into, &path)?;
                 Ok(Kind::Tree)
             }
         }
     }
 
-    /// `cp -a --reflink=always base path`, merging into what a crash left
-    /// when `resume`; `shown` is the base's name under the root, for
-    /// messages.
-    fn clone_tree(&self, base: &Path, shown: &Path, path: &Path, resume: bool) -> Result<()> {
+    /// `cp -a --reflink=always base into`, merging into what a crash left;
+    /// `shown` and `path` are the base's and the snapshot's names under
+    /// the root, for messages (`base` and `into` are descriptor paths).
+    fn clone_tree(&self, base: &Path, shown: &Path, into: &Path, path: &Path) -> Result<()> {
         let mut opts = crate::tree::TreeOptions::archive();
         opts.file.link = crate::prim::mode::LinkMode::Clone;
-        opts.resume = resume;
+        // Always merging: the directory exists (made by `make`, or left
+        // by a crash).
+        opts.resume = true;
         opts.run = self.inner.run.clone();
         let first: Mutex<Option<Error>> = Mutex::new(None);
         let observer = |ev: &crate::tree::TreeEvent<'_>| {
@@ -587,7 +667,8 @@ impl SnapshotSet {
                 lock(&first).get_or_insert_with(|| (*e).clone());
             }
         };
-        let report = crate::tree::copy_tree(base, path, &opts, &observer)?;
+        let report =
+            crate::tree::copy_tree(base, into, &opts, &observer).map_err(|e| e.with_src(path))?;
         if let Some(e) = first.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::new(Operation::Snapshot, e.kind())
                 .with_src(path)
@@ -806,6 +887,27 @@ impl SnapshotSet {
         }
         Ok(())
     }
+}
+
+/// A snapshot's name was taken by something else before its directory
+/// was made there.
+struct Taken(String);
+
+const NAME_TAKEN: &str =
+    "the name of the snapshot being begun was taken by something this tool did not make";
+
+fn name_taken(path: &Path) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+        .with_src(path)
+        .with_reason(NAME_TAKEN)
+}
+
+/// Whether `e` is [`name_taken`]'s, not another `AlreadyExists` (a file
+/// of the clone, say), which must not give the snapshot's name up.
+fn is_name_taken(e: &Error) -> bool {
+    e.kind() == ErrorKind::AlreadyExists
+        && e.errno().is_none()
+        && e.to_string().ends_with(NAME_TAKEN)
 }
 
 fn base_changed(path: &Path, base: &str) -> Error {

@@ -1490,3 +1490,87 @@ fn a_swap_during_begin_never_clones_the_users_directory_btrfs() {
     let x = testfs!(Btrfs);
     swap_during_begin("btrfs", x.path(), true);
 }
+
+/// A concurrent process watches the records for the name of the next
+/// snapshot and puts a link to a directory outside the root (or its own
+/// directory) under that name before the clone makes it: nothing is
+/// ever written outside the root or into the user's directory.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_link_planted_at_the_new_name_is_never_written_through() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let x = testfs!(Xfs);
+    let outside = x.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("keep"), b"k").unwrap();
+    let before = tree_bytes(&outside);
+    let mut planted = 0;
+    for round in 0..30 {
+        let root = x.path().join(format!("snaps-{round}"));
+        let set = SnapshotSet::open(&root).unwrap();
+        let b = set.begin().unwrap();
+        fs::write(b.path().join("snapfile"), b"snapshot").unwrap();
+        b.complete().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let planter = {
+            let (stop, root, outside) = (Arc::clone(&stop), root.clone(), outside.clone());
+            let user_dir = round % 2 == 1;
+            std::thread::spawn(move || {
+                let records = root.join(".cowlink/records");
+                let known: Vec<String> = names_under(&records);
+                while !stop.load(Ordering::Relaxed) {
+                    for n in names_under(&records) {
+                        if known.contains(&n) {
+                            continue;
+                        }
+                        let name = n.trim_start_matches('.');
+                        let Some(name) = name.split(".json").next() else {
+                            continue;
+                        };
+                        let at = root.join(name);
+                        let ok = if user_dir {
+                            fs::create_dir(&at).is_ok()
+                        } else {
+                            symlink(&outside, &at).is_ok()
+                        };
+                        if ok {
+                            return true;
+                        }
+                    }
+                }
+                false
+            })
+        };
+        let r = set.begin().map(|b| b.name().to_string());
+        stop.store(true, Ordering::Relaxed);
+        if planter.join().unwrap() {
+            planted += 1;
+            eprintln!("round {round}: {:?}", r.as_ref().map_err(|e| e.to_string()));
+        }
+        assert_eq!(
+            tree_bytes(&outside),
+            before,
+            "round {round}: written outside ({r:?})"
+        );
+        // What was planted is not taken for the snapshot: the snapshot
+        // is made under the next free name, and what was planted is left
+        // as it was (an empty directory, or the link).
+        let name = r.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let (l, bad) = set.list().unwrap();
+        assert!(bad.is_empty(), "round {round}: {bad:?}");
+        let s = l.iter().find(|s| s.name == name).unwrap();
+        assert!(s.present, "round {round}");
+        assert!(s.path.join("snapfile").exists(), "round {round}");
+        for n in names_under(&root) {
+            if n == ".cowlink" || l.iter().any(|s| s.name == n) {
+                continue;
+            }
+            let p = root.join(&n);
+            let planted_ok = p.is_symlink() || names_under(&p).is_empty();
+            assert!(planted_ok, "round {round}: {n} was written into");
+        }
+        assert!(l.iter().all(|s| s.present), "round {round}: {l:?}");
+    }
+    eprintln!("planted in {planted} of 30 rounds");
+}
