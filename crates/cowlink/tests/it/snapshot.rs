@@ -979,6 +979,11 @@ fn kill_loop(fs_kind: &str, root: &Path, outside: &Path) {
         names_under(root),
         vec![".cowlink".to_string(), name.clone()]
     );
+    // Nothing a prune moved aside is left behind.
+    let aside = root.join(".cowlink/removing");
+    if aside.exists() {
+        assert_eq!(names_under(&aside), Vec::<String>::new());
+    }
     let blocks = root.join(".cowlink/blocks");
     if blocks.exists() {
         assert!(
@@ -1573,4 +1578,85 @@ fn a_link_planted_at_the_new_name_is_never_written_through() {
         assert!(l.iter().all(|s| s.present), "round {round}: {l:?}");
     }
     eprintln!("planted in {planted} of 30 rounds");
+}
+
+/// Names a snapshot may hold whatever the synced source held: newlines,
+/// bytes that are not UTF-8, 255-byte names, a leading dash, `..`-like
+/// names, a tree 120 levels deep, a FIFO and a dangling link. They are
+/// cloned into the next snapshot exactly, listed, and pruned to nothing.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn hostile_names_inside_snapshots_clone_and_prune() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let x = testfs!(Btrfs);
+    let y = testfs!(Xfs);
+    for base in [x.path(), y.path()] {
+        let root = base.join("snaps");
+        let set = SnapshotSet::open(&root).unwrap();
+        let b = set.begin().unwrap();
+        let names: Vec<Vec<u8>> = vec![
+            b"new\nline".to_vec(),
+            vec![0xff, 0xfe, b'x'],
+            vec![b'a'; 255],
+            b"-rf".to_vec(),
+            b"...".to_vec(),
+            b"..\n..".to_vec(),
+            b" space ".to_vec(),
+            b"\\back".to_vec(),
+        ];
+        for (i, n) in names.iter().enumerate() {
+            let p = b.path().join(OsStr::from_bytes(n));
+            if i % 2 == 0 {
+                fs::create_dir(&p).unwrap();
+                fs::write(p.join(OsStr::from_bytes(n)), data(5000, i as u64)).unwrap();
+            } else {
+                fs::write(&p, data(7000, i as u64)).unwrap();
+            }
+        }
+        let mut deep = b.path().to_path_buf();
+        for _ in 0..120 {
+            deep = deep.join("d");
+        }
+        fs::create_dir_all(&deep).unwrap();
+        fs::write(deep.join("bottom"), b"bottom").unwrap();
+        symlink("/nonexistent/target", b.path().join("dangling")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            b.path().join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let s1 = b.complete().unwrap();
+        let s2 = set.begin().unwrap().complete().unwrap();
+        assert_eq!(
+            rsync_diff(&s1.path, &s2.path, true),
+            "",
+            "{}",
+            base.display()
+        );
+        let listing = set.list_usage().unwrap();
+        assert!(listing.errors.is_empty(), "{:?}", listing.errors);
+        assert_eq!(listing.snapshots.len(), 2);
+        // Both go but the newest; then the newest is the only one.
+        let pruned = set.prune(&KeepPolicy::default(), false).unwrap();
+        assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+        assert!(!s1.path.exists());
+        assert_eq!(
+            names_under(&root),
+            vec![".cowlink".to_string(), s2.name.clone()]
+        );
+        assert!(names_under(&root.join(".cowlink/removing")).is_empty());
+        assert_eq!(
+            fs::read(
+                s2.path
+                    .join(deep.strip_prefix(&s1.path).unwrap())
+                    .join("bottom")
+            )
+            .unwrap(),
+            b"bottom"
+        );
+    }
 }
