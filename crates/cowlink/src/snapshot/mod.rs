@@ -285,10 +285,27 @@ impl SnapshotSet {
     /// The records cannot be read. Errors of the walk are in the answer.
     pub fn list_usage(&self) -> Result<Listing> {
         let (snaps, mut errors) = self.list()?;
+        // A snapshot with a mount inside is not measured: the walk would
+        // count what is mounted there as the snapshot's own (removing the
+        // snapshot would not free it; prune refuses such a snapshot).
+        let measured: Vec<bool> = snaps
+            .iter()
+            .map(|s| {
+                s.present
+                    && match self.refuse_mounts(&s.path, "not measured") {
+                        Ok(()) => true,
+                        Err(e) => {
+                            errors.push(e);
+                            false
+                        }
+                    }
+            })
+            .collect();
         let paths: Vec<PathBuf> = snaps
             .iter()
-            .filter(|s| s.present)
-            .map(|s| s.path.clone())
+            .zip(&measured)
+            .filter(|(_, m)| **m)
+            .map(|(s, _)| s.path.clone())
             .collect();
         let report = crate::usage::usage_report(
             &paths,
@@ -300,8 +317,9 @@ impl SnapshotSet {
         let mut usages = report.args.into_iter();
         let entries = snaps
             .into_iter()
-            .map(|s| {
-                let usage = if s.present {
+            .zip(measured)
+            .map(|(s, measured)| {
+                let usage = if measured {
                     usages.next().map(|u| u.usage)
                 } else {
                     None
@@ -859,11 +877,11 @@ impl SnapshotSet {
         remove::remove_opened_tree(aside.as_fd(), top, cname, &shown, &self.inner.run.cancel)
     }
 
-    /// Refuse to remove or clone `path` when a mount point is at or under
-    /// it (`what`: "not removed", "not cloned"). The removal's descriptor
-    /// walk would stop there too, this says so before anything is
-    /// removed; the clone would cross it and take what is mounted for the
-    /// snapshot's contents.
+    /// Refuse to remove, clone or measure `path` when a mount point is at
+    /// or under it (`what`: "not removed", "not cloned", "not measured").
+    /// The removal's descriptor walk would stop there too, this says so
+    /// before anything is removed; the clone and the usage walk would
+    /// cross it and take what is mounted for the snapshot's contents.
     fn refuse_mounts(&self, path: &Path, what: &str) -> Result<()> {
         let Ok(canon) = std::fs::canonicalize(path) else {
             return Ok(());
@@ -948,7 +966,8 @@ pub struct SnapshotUsage {
     /// Its figures, measured with the other snapshots: `exclusive` is
     /// what only it holds (what removing it frees), `shared` what it
     /// shares with another snapshot or file. `None` when its directory is
-    /// missing.
+    /// missing, or not measured because something is mounted inside it
+    /// (said in [`Listing::errors`]).
     pub usage: Option<Usage>,
 }
 

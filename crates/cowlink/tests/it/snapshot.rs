@@ -1756,3 +1756,57 @@ fn prune_leaves_a_foreign_subvolume_inside_a_snapshot() {
     );
     assert!(!with_placeholder.path.exists());
 }
+
+/// A directory bind-mounted inside a snapshot is not the snapshot's: the
+/// listing does not count its bytes as the snapshot's (removing the
+/// snapshot would not free them; prune refuses it anyway), and says why.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn listing_does_not_count_a_mount_inside_a_snapshot() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let outside = x.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("big"), data(3 << 20, 5)).unwrap();
+    let set = SnapshotSet::open(&root).unwrap();
+    let b = set.begin().unwrap();
+    fs::create_dir(b.path().join("mnt")).unwrap();
+    fs::write(b.path().join("f"), data(64 << 10, 1)).unwrap();
+    let s1 = b.complete().unwrap();
+    let s2 = set.begin().unwrap().complete().unwrap();
+    let status = Command::new("mount")
+        .arg("--bind")
+        .arg(&outside)
+        .arg(s1.path.join("mnt"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let guard = Unmount(s1.path.join("mnt"));
+    rustix::fs::sync();
+    let listing = set.list_usage().unwrap();
+    let u1 = listing.snapshots[0].usage;
+    assert!(
+        u1.is_none_or(|u| u.data < 1 << 20),
+        "the mounted directory counted as the snapshot's: {u1:?}"
+    );
+    assert_eq!(listing.errors.len(), 1, "{:?}", listing.errors);
+    assert_eq!(listing.errors[0].kind(), ErrorKind::InUse);
+    assert!(
+        listing.errors[0].to_string().contains("mounted inside"),
+        "{}",
+        listing.errors[0]
+    );
+    // The other snapshot is measured as usual.
+    assert_eq!(listing.snapshots[1].snapshot.name, s2.name);
+    assert_eq!(listing.snapshots[1].usage.unwrap().data, 64 << 10);
+    drop(guard);
+    let listing = set.list_usage().unwrap();
+    assert!(listing.errors.is_empty(), "{:?}", listing.errors);
+    assert_eq!(listing.snapshots[0].usage.unwrap().data, 64 << 10);
+}
