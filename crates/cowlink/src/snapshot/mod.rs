@@ -745,6 +745,7 @@ impl SnapshotSet {
                 cands.push(policy::Candidate {
                     name: snap.name.clone(),
                     time: snap.time,
+                    completed: rec.completed.map(Stamp),
                     state,
                     base: snap.base.clone(),
                 });

@@ -1810,3 +1810,51 @@ fn listing_does_not_count_a_mount_inside_a_snapshot() {
     assert!(listing.errors.is_empty(), "{:?}", listing.errors);
     assert_eq!(listing.snapshots[0].usage.unwrap().data, 64 << 10);
 }
+
+/// A clock once set ahead (here to 2030) leaves a snapshot whose name
+/// every later one must sort after, so the later ones are named a few
+/// microseconds into 2030 whatever day they were really made. Their days
+/// for --keep-daily are the days they were made (their completion, which
+/// is earlier than their name): five snapshots of five real days are
+/// five days, not one.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_clock_once_set_ahead_does_not_merge_later_days() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let records = root.join(".cowlink/records");
+    let set = SnapshotSet::open(&root).unwrap();
+    let s0 = set.begin().unwrap().complete().unwrap();
+    let future = "20300101T000000.000000Z";
+    fs::rename(&s0.path, root.join(future)).unwrap();
+    let rec = fs::read(records.join(format!("{}.json", s0.name))).unwrap();
+    fs::write(records.join(format!("{future}.json")), rec).unwrap();
+    fs::remove_file(records.join(format!("{}.json", s0.name))).unwrap();
+    // Five daily snapshots, the clock right again: made (completed) on
+    // five consecutive days up to yesterday.
+    let now_us = cowlink::snapshot::Stamp::now().0;
+    let day_us = 86_400_000_000u64;
+    let mut later = Vec::new();
+    for k in 0..5u64 {
+        let s = set.begin().unwrap().complete().unwrap();
+        assert!(s.name.starts_with("20300101T"), "{}", s.name);
+        let file = records.join(format!("{}.json", s.name));
+        let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+        v["completed"] = serde_json::json!(now_us - (5 - k) * day_us);
+        fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+        later.push(s.name);
+    }
+    let pruned = set
+        .prune(
+            &KeepPolicy {
+                daily: 5,
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+    assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+    let (l, _) = set.list().unwrap();
+    let left: Vec<String> = l.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(left, later, "{:?}", pruned.snapshots);
+}
