@@ -32,6 +32,9 @@ pub(crate) const LOCK: &str = "lock";
 pub(crate) const RECORDS: &str = "records";
 /// The block-hash records' directory (one subdirectory per snapshot).
 pub(crate) const BLOCKS: &str = "blocks";
+/// Where prune moves a snapshot before removing it (see
+/// `SnapshotSet::remove_one`).
+pub(crate) const ASIDE: &str = "removing";
 /// Largest record read.
 const RECORD_CAP: u64 = 16 * 1024;
 
@@ -182,7 +185,7 @@ impl Book {
                     .map_err(|e| err(&mark, e))?
             }
             Err(Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(err(&mark, e)),
+            Err(e) => return Err(not_a_file(err(&mark, e), e)),
         }
         let records = open_dir_at(meta.as_fd(), RECORDS, &path.join(RECORDS), true)?
             .expect("created when missing");
@@ -203,10 +206,21 @@ impl Book {
             cowlink_sys::raw_mode(0o644),
         )
         .map_err(|e| err(&path, e))?;
+        // A lock found taken is tried again for a moment before the run
+        // is refused: a process forked by another thread of a program
+        // that just released the lock (a Python host, a test harness)
+        // holds a copy of the descriptor until it executes, so the lock
+        // can look taken for a few milliseconds with no other run at all.
+        // A real second run holds it for far longer than this grace.
+        const GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+        let started = std::time::Instant::now();
         loop {
             match fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => break,
                 Err(Errno::INTR) => continue,
+                Err(Errno::WOULDBLOCK) if started.elapsed() < GRACE => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
                 Err(Errno::WOULDBLOCK) => {
                     let mut text = Vec::new();
                     let _ = std::fs::File::from(
@@ -239,11 +253,19 @@ impl Book {
         }
         // Ours now: say who holds it, for the next one to name.
         // Best effort: a holder whose pid could not be written is named
-        // "another process".
+        // "another process". Only a regular file of one link is written:
+        // a lock someone replaced with a hard link to a file elsewhere, or
+        // with a FIFO, still locks (flock does not change the file) but is
+        // never truncated, so nothing outside the root is written.
+        let own_file = cowlink_sys::fstat(&fd).is_ok_and(|st| {
+            cowlink_sys::file_type(st.st_mode) == fs::FileType::RegularFile && st.st_nlink == 1
+        });
         let f = std::fs::File::from(fd);
-        let pid = format!("{}\n", std::process::id());
-        let _ = f.set_len(0);
-        let _ = std::os::unix::fs::FileExt::write_all_at(&f, pid.as_bytes(), 0);
+        if own_file {
+            let pid = format!("{}\n", std::process::id());
+            let _ = f.set_len(0);
+            let _ = std::os::unix::fs::FileExt::write_all_at(&f, pid.as_bytes(), 0);
+        }
         Ok(OwnedFd::from(f))
     }
 
@@ -281,7 +303,7 @@ impl Book {
     fn read(&self, name: &str) -> Result<Record> {
         let file = format!("{name}.json");
         let text = read_capped(self.records.as_fd(), &file, RECORD_CAP)
-            .map_err(|e| Error::from_errno(Operation::Snapshot, e))?;
+            .map_err(|e| not_a_file(Error::from_errno(Operation::Snapshot, e), e))?;
         let r: Record = serde_json::from_slice(&text).map_err(|e| {
             Error::new(Operation::Snapshot, ErrorKind::Corrupt)
                 .with_reason(format!("not a snapshot record: {e}"))
@@ -316,6 +338,12 @@ impl Book {
         fs::fsync(&self.records).map_err(|e| err(self.path.join(RECORDS), e))
     }
 
+    /// `ROOT/.cowlink/removing/`, made when `create`; `None` when it is
+    /// missing and not to be made.
+    pub fn aside(&self, create: bool) -> Result<Option<OwnedFd>> {
+        open_dir_at(self.meta.as_fd(), ASIDE, &self.path.join(ASIDE), create)
+    }
+
     /// `ROOT/.cowlink/blocks/<name>/`, where the block-hash records of
     /// that snapshot's files are kept.
     pub fn blocks_dir(&self, name: &str) -> PathBuf {
@@ -346,6 +374,19 @@ impl Book {
     }
 }
 
+/// `e` as `Corrupt` when [`read_capped`] failed because the file is not a
+/// plain file of bookkeeping (a link, a directory, a FIFO, oversized):
+/// someone put something else there, the same kind as a file that does
+/// not parse.
+fn not_a_file(e: Error, errno: Errno) -> Error {
+    match errno {
+        Errno::LOOP | Errno::ISDIR | Errno::INVAL | Errno::FBIG => e
+            .with_kind(ErrorKind::Corrupt)
+            .with_reason("not a plain file of this tool's bookkeeping (a symbolic link, a directory, a FIFO or device, or larger than any it writes)"),
+        _ => e,
+    }
+}
+
 /// Read the regular file `name` in `dir`, at most `cap` bytes (`EFBIG`
 /// beyond), without following a link.
 fn read_capped(dir: BorrowedFd<'_>, name: &str, cap: u64) -> std::result::Result<Vec<u8>, Errno> {
@@ -372,12 +413,22 @@ fn read_capped(dir: BorrowedFd<'_>, name: &str, cap: u64) -> std::result::Result
 
 /// Replace `name` in `dir` with `bytes`: a temporary, `fsync`, `rename`,
 /// `fsync` of `dir`.
+///
+/// The temporary is always a new file (`O_EXCL`, after unlinking what a
+/// crash or another user left by that name): opening an existing one
+/// would truncate and write through a hard link to a file outside the
+/// root, or block on a FIFO. One planted again between the unlink and
+/// the open fails the write (`EEXIST`) instead.
 fn write_atomic(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> std::result::Result<(), Errno> {
     let tmp = format!(".{name}.tmp");
+    match fs::unlinkat(dir, tmp.as_str(), AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(e),
+    }
     let fd = fs::openat(
         dir,
         tmp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         cowlink_sys::raw_mode(0o644),
     )?;
     let mut f = std::fs::File::from(fd);

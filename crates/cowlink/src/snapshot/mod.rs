@@ -10,6 +10,7 @@
 //!     lock                       flock(2) while a run writes; holds its pid
 //!     records/<name>.json        one per snapshot this tool made
 //!     blocks/<name>/             per-file block-hash records of <name>
+//!     removing/<name>/           a snapshot prune moved aside to remove
 //! ```
 //!
 //! A record (`{"format":1,"state":…,"kind":…,"base":…,"id":{"dev":…,
@@ -108,8 +109,9 @@ pub struct Snapshot {
     pub kind: Kind,
     /// The snapshot it was cloned from.
     pub base: Option<String>,
-    /// Whether its directory exists (a snapshot being cloned or removed
-    /// may have none).
+    /// Whether its directory exists and, once recorded, is still the one
+    /// this tool made (a snapshot being cloned or removed may have none;
+    /// a directory renamed into its name is not it).
     pub present: bool,
 }
 
@@ -252,12 +254,18 @@ impl SnapshotSet {
     }
 
     fn snapshot(&self, name: String, r: &Record) -> Snapshot {
-        let present = cowlink_sys::statat(
-            &self.inner.root_fd,
-            name.as_str(),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .is_ok_and(|st| cowlink_sys::file_type(st.st_mode) == FileType::Directory);
+        // Once recorded, only the recorded directory counts: another one
+        // renamed into the name is not this snapshot (and `ls` must not
+        // measure it as one).
+        let present = match r.id {
+            Some(_) => self.is_recorded_dir(&name, r),
+            None => cowlink_sys::statat(
+                &self.inner.root_fd,
+                name.as_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok_and(|st| cowlink_sys::file_type(st.st_mode) == FileType::Directory),
+        };
         Snapshot {
             path: self.inner.root.join(&name),
             time: Stamp::parse(&name).expect("records are listed by valid names"),
@@ -277,10 +285,27 @@ impl SnapshotSet {
     /// The records cannot be read. Errors of the walk are in the answer.
     pub fn list_usage(&self) -> Result<Listing> {
         let (snaps, mut errors) = self.list()?;
+        // A snapshot with a mount inside is not measured: the walk would
+        // count what is mounted there as the snapshot's own (removing the
+        // snapshot would not free it; prune refuses such a snapshot).
+        let measured: Vec<bool> = snaps
+            .iter()
+            .map(|s| {
+                s.present
+                    && match self.refuse_mounts(&s.path, "not measured") {
+                        Ok(()) => true,
+                        Err(e) => {
+                            errors.push(e);
+                            false
+                        }
+                    }
+            })
+            .collect();
         let paths: Vec<PathBuf> = snaps
             .iter()
-            .filter(|s| s.present)
-            .map(|s| s.path.clone())
+            .zip(&measured)
+            .filter(|(_, m)| **m)
+            .map(|(s, _)| s.path.clone())
             .collect();
         let report = crate::usage::usage_report(
             &paths,
@@ -292,8 +317,9 @@ impl SnapshotSet {
         let mut usages = report.args.into_iter();
         let entries = snaps
             .into_iter()
-            .map(|s| {
-                let usage = if s.present {
+            .zip(measured)
+            .map(|(s, measured)| {
+                let usage = if measured {
                     usages.next().map(|u| u.usage)
                 } else {
                     None
@@ -321,7 +347,62 @@ impl SnapshotSet {
     pub fn begin(&self) -> Result<Begun> {
         let book = self.book()?;
         let lock = book.lock()?;
-        let (records, _) = book.records()?;
+        // A name taken by someone else before the snapshot's directory
+        // was made there is given up (its record forgotten: nothing of
+        // this tool's is under it) and the next free name is taken; a few
+        // times, then the run fails.
+        let mut attempts = 0;
+        loop {
+            match self.begin_locked(book) {
+                Err(Taken(name)) if attempts < 3 => {
+                    attempts += 1;
+                    book.forget(&name)?;
+                }
+                Err(Taken(name)) => {
+                    book.forget(&name)?;
+                    return Err(name_taken(&self.inner.root.join(name)));
+                }
+                Ok(r) => {
+                    let (name, record, resumed) = r?;
+                    return Ok(Begun {
+                        set: self.clone(),
+                        path: self.inner.root.join(&name),
+                        blocks: book.blocks_dir(&name),
+                        name,
+                        record,
+                        resumed,
+                        _lock: lock,
+                    });
+                }
+            }
+        }
+    }
+
+    /// [`SnapshotSet::begin`] with the lock held: the snapshot's name,
+    /// record and whether it was resumed; `Err(Taken)` when its name was
+    /// taken by something else before its directory was made.
+    fn begin_locked(
+        &self,
+        book: &Book,
+    ) -> std::result::Result<Result<(String, Record, bool)>, Taken> {
+        let (records, _) = match book.records() {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        let r = self.begin_records(book, &records);
+        match r {
+            Err((_, Some(name))) => Err(Taken(name)),
+            Err((e, _)) => Ok(Err(e)),
+            Ok(v) => Ok(Ok(v)),
+        }
+    }
+
+    fn begin_records(
+        &self,
+        book: &Book,
+        records: &book::Records,
+    ) -> std::result::Result<(String, Record, bool), (Error, Option<String>)> {
+        let plain = |e: Error| (e, None);
         let root = &self.inner.root;
         let unfinished = records
             .iter()
@@ -343,6 +424,17 @@ impl SnapshotSet {
                 {
                     time = Stamp(time.0 + 1);
                 }
+                // Names end at 9999-12-31: past that one a name would not
+                // read back, and the snapshot would never be listed. Only a
+                // record left by a clock set far ahead gets here.
+                if time.0 > stamp::MAX_US {
+                    let last = newest.map_or_else(|| time.name(), Stamp::name);
+                    return Err(plain(Error::new(Operation::Snapshot, ErrorKind::InvalidInput)
+                        .with_src(root.join(&last))
+                        .with_reason(format!(
+                            "no name is left after the snapshot {last} (names end at 9999-12-31; a clock set far ahead made it): remove it, or rename it and its record"
+                        ))));
+                }
                 let base = records
                     .iter()
                     .rev()
@@ -358,7 +450,7 @@ impl SnapshotSet {
                     completed: None,
                 };
                 let name = time.name();
-                book.write(&name, &rec)?;
+                book.write(&name, &rec).map_err(plain)?;
                 (name, rec, false)
             }
         };
@@ -372,31 +464,51 @@ impl SnapshotSet {
             )
             .is_ok();
             if taken {
-                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+                return Err(plain(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
                     .with_src(root.join(&name))
                     .with_reason(
                         "the snapshot in progress cannot be resumed: its directory was replaced by something this tool did not make",
-                    ));
+                    )));
             }
             rec.state = State::Cloning;
             rec.id = None;
-            book.write(&name, &rec)?;
+            book.write(&name, &rec).map_err(plain)?;
         }
         if rec.state == State::Cloning {
-            rec.kind = self.make(&name, &rec, resumed)?;
-            rec.id = Some(self.id_of(&name)?);
+            let base_id = self.check_base(records, &rec).map_err(plain)?;
+            // Only a name-taken answer of `make` gives the name up: the
+            // record of a snapshot this tool never made a directory for.
+            rec.kind = self.make(&name, &rec, base_id, resumed).map_err(|e| {
+                let taken = is_name_taken(&e);
+                (e, taken.then(|| name.clone()))
+            })?;
+            rec.id = Some(self.id_of(&name).map_err(plain)?);
             rec.state = State::Open;
-            book.write(&name, &rec)?;
+            book.write(&name, &rec).map_err(plain)?;
         }
-        Ok(Begun {
-            set: self.clone(),
-            path: root.join(&name),
-            blocks: book.blocks_dir(&name),
-            name,
-            record: rec,
-            resumed,
-            _lock: lock,
-        })
+        Ok((name, rec, resumed))
+    }
+
+    /// Refuse to clone from a base that is no longer the complete
+    /// snapshot its record describes: a resumed clone (or one made again
+    /// after its directory went away) would otherwise copy whatever now
+    /// has the base's name, a link to a directory outside the root
+    /// included. Answers the base's recorded identity, which [`Self::make`]
+    /// checks again on the descriptor the clone reads from (the name may
+    /// be swapped in between).
+    fn check_base(&self, records: &book::Records, rec: &Record) -> Result<Option<book::DirId>> {
+        let Some(base) = &rec.base else {
+            return Ok(None);
+        };
+        let ok = records
+            .iter()
+            .find(|(n, _)| n == base)
+            .filter(|(n, r)| r.state == State::Complete && self.is_recorded_dir(n, r))
+            .and_then(|(_, r)| r.id);
+        if ok.is_some() {
+            return Ok(ok);
+        }
+        Err(base_changed(&self.inner.root.join(base), base))
     }
 
     /// Whether `name` is still the directory its record describes.
@@ -439,16 +551,23 @@ impl SnapshotSet {
 
     /// Make (or finish making) the directory of `name` as `rec` says;
     /// the kind it was made as.
-    fn make(&self, name: &str, rec: &Record, resumed: bool) -> Result<Kind> {
+    fn make(
+        &self,
+        name: &str,
+        rec: &Record,
+        base_id: Option<book::DirId>,
+        resumed: bool,
+    ) -> Result<Kind> {
         let root_fd = self.inner.root_fd.as_fd();
         let path = self.inner.root.join(name);
         let cname = book::cstr(name);
         let existing = cowlink_sys::statat(root_fd, name, AtFlags::SYMLINK_NOFOLLOW).ok();
         if let Some(st) = &existing {
-            if cowlink_sys::file_type(st.st_mode) != FileType::Directory {
-                return Err(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
-                    .with_src(&path)
-                    .with_reason("the name of the snapshot in progress is taken by something that is not a directory"));
+            // This tool only ever makes a directory under the name, and a
+            // new snapshot's name was free when it was chosen: something
+            // else there now was put by someone else, and is not used.
+            if cowlink_sys::file_type(st.st_mode) != FileType::Directory || !resumed {
+                return Err(name_taken(&path));
             }
             // A subvolume is made in one step: if it is there, it is whole.
             if rec.kind == Kind::Subvolume
@@ -458,17 +577,34 @@ impl SnapshotSet {
                 return Ok(Kind::Subvolume);
             }
         }
+        // The base, opened once and checked to be the recorded snapshot:
+        // the clone reads through this descriptor, so a directory renamed
+        // into the base's name meanwhile is never what gets cloned.
+        let base = match &rec.base {
+            None => None,
+            Some(b) => {
+                let shown = self.inner.root.join(b);
+                let fd = fs::openat(
+                    root_fd,
+                    b.as_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| match e {
+                    Errno::NOENT | Errno::LOOP | Errno::NOTDIR => base_changed(&shown, b),
+                    e => err(&shown, e),
+                })?;
+                let now = book::DirId::of_fd(fd.as_fd()).map_err(|e| err(&shown, e))?;
+                if !base_id.is_some_and(|want| want.same(&now)) {
+                    return Err(base_changed(&shown, b));
+                }
+                Some((fd, shown))
+            }
+        };
         if existing.is_none() && rec.kind == Kind::Subvolume {
-            let made = match &rec.base {
+            let made = match &base {
                 None => cowlink_sys::btrfs_subvol_create(root_fd, &cname),
-                Some(b) => {
-                    let base_fd = fs::openat(
-                        root_fd,
-                        b.as_str(),
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| err(self.inner.root.join(b), e))?;
+                Some((base_fd, _)) => {
                     cowlink_sys::btrfs_snapshot_create(root_fd, &cname, base_fd.as_fd())
                 }
             };
@@ -486,28 +622,62 @@ impl SnapshotSet {
                 }
             }
         }
-        match &rec.base {
-            None => match fs::mkdirat(root_fd, name, cowlink_sys::raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => Ok(Kind::Tree),
-                Err(e) => Err(err(&path, e)),
-            },
-            Some(b) => {
-                self.clone_tree(
-                    &self.inner.root.join(b),
-                    &path,
-                    resumed || existing.is_some(),
-                )?;
+        // The directory is made here (only the owner may enter it until
+        // the clone gives it the base's mode) and cloned into through its
+        // descriptor, so a link or directory someone renames into the
+        // name meanwhile is never written through.
+        match fs::mkdirat(
+            root_fd,
+            name,
+            cowlink_sys::raw_mode(if base.is_some() { 0o700 } else { 0o755 }),
+        ) {
+            Ok(()) => {}
+            Err(Errno::EXIST) if existing.is_some() => {}
+            Err(Errno::EXIST) => return Err(name_taken(&path)),
+            Err(e) => return Err(err(&path, e)),
+        }
+        let dst = fs::openat(
+            root_fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::LOOP | Errno::NOTDIR => name_taken(&path),
+            e => err(&path, e),
+        })?;
+        match &base {
+            None => Ok(Kind::Tree),
+            Some((base_fd, shown)) => {
+                // What is mounted inside the base is not part of it (a
+                // subvolume snapshot leaves it out too).
+                self.refuse_mounts(shown, "not cloned")?;
+                // The tree engine takes a path: the descriptor's own
+                // (`/proc/self/fd/N/.`, the directory it holds, wherever
+                // it is renamed to), not the base's name.
+                let pinned = PathBuf::from(format!(
+                    "/proc/self/fd/{}/.",
+                    std::os::fd::AsRawFd::as_raw_fd(base_fd)
+                ));
+                let into = PathBuf::from(format!(
+                    "/proc/self/fd/{}/.",
+                    std::os::fd::AsRawFd::as_raw_fd(&dst)
+                ));
+                self.clone_tree(&pinned, shown, &into, &path)?;
                 Ok(Kind::Tree)
             }
         }
     }
 
-    /// `cp -a --reflink=always base path`, merging into what a crash left
-    /// when `resume`.
-    fn clone_tree(&self, base: &Path, path: &Path, resume: bool) -> Result<()> {
+    /// `cp -a --reflink=always base into`, merging into what a crash left;
+    /// `shown` and `path` are the base's and the snapshot's names under
+    /// the root, for messages (`base` and `into` are descriptor paths).
+    fn clone_tree(&self, base: &Path, shown: &Path, into: &Path, path: &Path) -> Result<()> {
         let mut opts = crate::tree::TreeOptions::archive();
         opts.file.link = crate::prim::mode::LinkMode::Clone;
-        opts.resume = resume;
+        // Always merging: the directory exists (made by `make`, or left
+        // by a crash).
+        opts.resume = true;
         opts.run = self.inner.run.clone();
         let first: Mutex<Option<Error>> = Mutex::new(None);
         let observer = |ev: &crate::tree::TreeEvent<'_>| {
@@ -515,14 +685,15 @@ impl SnapshotSet {
                 lock(&first).get_or_insert_with(|| (*e).clone());
             }
         };
-        let report = crate::tree::copy_tree(base, path, &opts, &observer)?;
+        let report =
+            crate::tree::copy_tree(base, into, &opts, &observer).map_err(|e| e.with_src(path))?;
         if let Some(e) = first.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::new(Operation::Snapshot, e.kind())
                 .with_src(path)
                 .with_reason(format!(
                     "{} of the clone of {} failed, the first: {e} (the snapshot stays in progress; run again to resume)",
                     report.errors,
-                    crate::name::quoted(base)
+                    crate::name::quoted(shown)
                 )));
         }
         if report.cancelled {
@@ -574,6 +745,7 @@ impl SnapshotSet {
                 cands.push(policy::Candidate {
                     name: snap.name.clone(),
                     time: snap.time,
+                    completed: rec.completed.map(Stamp),
                     state,
                     base: snap.base.clone(),
                 });
@@ -621,28 +793,97 @@ impl SnapshotSet {
             if !rec.id.is_some_and(|want| want.same(&now)) {
                 return Err(replaced(&snap.path));
             }
-            self.refuse_mounts(&snap.path)?;
+            self.refuse_mounts(&snap.path, "not removed")?;
             if rec.state != State::Removing {
                 rec.state = State::Removing;
                 book.write(&snap.name, &rec)?;
             }
-            // A subvolume goes in one call where allowed (root, or
-            // user_subvol_rm_allowed); else file by file, then the empty
-            // subvolume by rmdir.
-            let deleted = now.subvol.is_some()
-                && cowlink_sys::btrfs_subvol_delete(root_fd, &book::cstr(&snap.name)).is_ok();
-            if !deleted {
-                remove::remove_tree(root_fd, &snap.name, &snap.path, &self.inner.run.cancel)?;
+            // Removal works by name, and anyone who can write in the root
+            // can rename another directory into that name between the
+            // check above and the removal. So the snapshot is first moved
+            // aside, into the bookkeeping, and what arrived there is
+            // checked again before anything is removed (and moved back
+            // when it is not the snapshot).
+            let aside = book.aside(true)?.expect("created when missing");
+            match cowlink_sys::rename_noreplace(
+                root_fd,
+                Path::new(&snap.name),
+                aside.as_fd(),
+                Path::new(&snap.name),
+            ) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => {
+                    return Err(err(&snap.path, e).with_reason(format!(
+                        "cannot move it aside into {} before removing it: {e}",
+                        crate::name::quoted(&book.path.join(book::ASIDE))
+                    )))
+                }
             }
         }
+        self.finish_aside(book, snap, &rec)?;
         book.forget_blocks(&snap.name, &self.inner.run.cancel)?;
         book.forget(&snap.name)
     }
 
-    /// Refuse to remove `path` when a mount point is at or under it (the
-    /// descriptor walk would stop there too; this says so before anything
-    /// is removed).
-    fn refuse_mounts(&self, path: &Path) -> Result<()> {
+    /// Remove what a prune moved aside as `ROOT/.cowlink/removing/<name>`
+    /// when it is the recorded snapshot; move anything else back to
+    /// `ROOT/<name>` (it was renamed into the snapshot's name while the
+    /// prune ran) and report it.
+    fn finish_aside(&self, book: &Book, snap: &Snapshot, rec: &Record) -> Result<()> {
+        let Some(aside) = book.aside(false)? else {
+            return Ok(());
+        };
+        let shown = book.path.join(book::ASIDE).join(&snap.name);
+        let cname = book::cstr(&snap.name);
+        match cowlink_sys::statat(aside.as_fd(), snap.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(err(&shown, e)),
+            Ok(_) => {}
+        }
+        let top = match cowlink_sys::open_dir_same_mount(aside.as_fd(), &cname) {
+            Ok(fd) => Some(fd),
+            Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => None,
+            Err(e) => return Err(err(&shown, e)),
+        };
+        let ours = match &top {
+            Some(fd) => {
+                let now = book::DirId::of_fd(fd.as_fd()).map_err(|e| err(&shown, e))?;
+                rec.id.is_some_and(|want| want.same(&now))
+            }
+            None => false,
+        };
+        if !ours {
+            drop(top);
+            return match cowlink_sys::rename_noreplace(
+                aside.as_fd(),
+                Path::new(&snap.name),
+                self.inner.root_fd.as_fd(),
+                Path::new(&snap.name),
+            ) {
+                Ok(()) => Err(replaced(&snap.path)),
+                Err(e) => Err(err(&shown, e).with_reason(format!(
+                    "this is not the snapshot (it was renamed into its name during a prune) and it cannot be moved back to {}: {e}; move it back by hand",
+                    crate::name::quoted(&snap.path)
+                ))),
+            };
+        }
+        let top = top.expect("checked above");
+        // A subvolume goes in one call where allowed (root, or
+        // user_subvol_rm_allowed); else file by file, then the empty
+        // subvolume by rmdir.
+        let is_subvol = rec.id.is_some_and(|id| id.subvol.is_some());
+        if is_subvol && cowlink_sys::btrfs_subvol_delete(aside.as_fd(), &cname).is_ok() {
+            return Ok(());
+        }
+        remove::remove_opened_tree(aside.as_fd(), top, cname, &shown, &self.inner.run.cancel)
+    }
+
+    /// Refuse to remove, clone or measure `path` when a mount point is at
+    /// or under it (`what`: "not removed", "not cloned", "not measured").
+    /// The removal's descriptor walk would stop there too, this says so
+    /// before anything is removed; the clone and the usage walk would
+    /// cross it and take what is mounted for the snapshot's contents.
+    fn refuse_mounts(&self, path: &Path, what: &str) -> Result<()> {
         let Ok(canon) = std::fs::canonicalize(path) else {
             return Ok(());
         };
@@ -659,12 +900,41 @@ impl SnapshotSet {
             return Err(Error::new(Operation::Snapshot, ErrorKind::InUse)
                 .with_src(path)
                 .with_reason(format!(
-                    "not removed: {} is mounted inside it; unmount it first",
+                    "{what}: {} is mounted inside it; unmount it first",
                     crate::name::quoted(&m.mount_point)
                 )));
         }
         Ok(())
     }
+}
+
+/// A snapshot's name was taken by something else before its directory
+/// was made there.
+struct Taken(String);
+
+const NAME_TAKEN: &str =
+    "the name of the snapshot being begun was taken by something this tool did not make";
+
+fn name_taken(path: &Path) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+        .with_src(path)
+        .with_reason(NAME_TAKEN)
+}
+
+/// Whether `e` is [`name_taken`]'s, not another `AlreadyExists` (a file
+/// of the clone, say), which must not give the snapshot's name up.
+fn is_name_taken(e: &Error) -> bool {
+    e.kind() == ErrorKind::AlreadyExists
+        && e.errno().is_none()
+        && e.to_string().ends_with(NAME_TAKEN)
+}
+
+fn base_changed(path: &Path, base: &str) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
+        .with_src(path)
+        .with_reason(format!(
+            "the snapshot in progress is cloned from {base}, which is no longer the complete snapshot this tool recorded (replaced, moved or removed); put it back, or remove the snapshot in progress and its record to start again"
+        ))
 }
 
 fn replaced(path: &Path) -> Error {
@@ -697,7 +967,8 @@ pub struct SnapshotUsage {
     /// Its figures, measured with the other snapshots: `exclusive` is
     /// what only it holds (what removing it frees), `shared` what it
     /// shares with another snapshot or file. `None` when its directory is
-    /// missing.
+    /// missing, or not measured because something is mounted inside it
+    /// (said in [`Listing::errors`]).
     pub usage: Option<Usage>,
 }
 

@@ -12,7 +12,8 @@
 //! Each rule looks at every complete snapshot on its own and the kept set
 //! is their union, so one snapshot may satisfy several rules. Days and
 //! weeks are UTC, as the names are, so a prune answers the same in every
-//! time zone.
+//! time zone. A snapshot completed before the time its name says (named
+//! past one a clock set ahead made) counts for the day it was completed.
 //!
 //! Whatever the rules say, the newest complete snapshot is kept (it is
 //! the base of the next one), a snapshot in progress is kept (it is
@@ -67,9 +68,23 @@ impl Verdict {
 pub(crate) struct Candidate {
     pub name: String,
     pub time: Stamp,
+    /// When it was completed, if it was.
+    pub completed: Option<Stamp>,
     pub state: State,
     /// The snapshot it was cloned from, for one still cloning.
     pub base: Option<String>,
+}
+
+impl Candidate {
+    /// The time its day and week are taken from: its name's, unless it
+    /// was completed before that. A name is pushed past the newest one
+    /// when the clock was once set ahead (see [`Stamp::after`]), so after
+    /// such a snapshot every later one is named a few microseconds after
+    /// it whatever day it was made; its completion then says the day.
+    /// The order (which is newest) stays the names'.
+    fn when(&self) -> Stamp {
+        self.completed.map_or(self.time, |c| c.min(self.time))
+    }
 }
 
 /// The verdict on each candidate, in the order given.
@@ -92,7 +107,7 @@ pub(crate) fn decide(cands: &[Candidate], keep: &KeepPolicy) -> Vec<Verdict> {
             if left == 0 {
                 break;
             }
-            let b = bucket(cands[i].time);
+            let b = bucket(cands[i].when());
             if last != Some(b) {
                 kept.insert(i);
                 last = Some(b);
@@ -135,6 +150,7 @@ mod tests {
         Candidate {
             name: t.name(),
             time: t,
+            completed: None,
             state: State::Complete,
             base: None,
         }
@@ -257,12 +273,14 @@ mod tests {
         set.push(Candidate {
             name: t(3).name(),
             time: t(3),
+            completed: None,
             state: State::Cloning,
             base: Some(t(1).name()),
         });
         set.push(Candidate {
             name: t(4).name(),
             time: t(4),
+            completed: None,
             state: State::Removing,
             base: None,
         });
@@ -323,6 +341,7 @@ mod tests {
                 set.push(Candidate {
                     name: t.name(),
                     time: t,
+                    completed: None,
                     state,
                     base: None,
                 });

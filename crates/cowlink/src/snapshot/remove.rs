@@ -24,6 +24,10 @@ use rustix::io::Errno;
 
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 
+/// The inode number of the empty directory a Btrfs snapshot holds where
+/// its source held a nested subvolume.
+const BTRFS_EMPTY_SUBVOL_DIR_INO: u64 = 2;
+
 fn fail(path: &Path, e: Errno) -> Error {
     let e2 = Error::from_errno(Operation::Snapshot, e).with_src(path);
     match e {
@@ -48,6 +52,26 @@ pub(crate) fn remove_tree(
 ) -> Result<()> {
     let cname = CString::new(name).map_err(|_| fail(shown, Errno::INVAL))?;
     let top = cowlink_sys::open_dir_same_mount(parent, &cname).map_err(|e| fail(shown, e))?;
+    remove_opened_tree(parent, top, cname, shown, cancel)
+}
+
+/// [`remove_tree`] of the directory `name` in `parent` already opened as
+/// `top` (by [`cowlink_sys::open_dir_same_mount`]), so a caller that
+/// checked `top`'s identity empties exactly that directory, whatever is
+/// renamed in and out of `name` meanwhile.
+pub(crate) fn remove_opened_tree(
+    parent: BorrowedFd<'_>,
+    top: OwnedFd,
+    cname: CString,
+    shown: &Path,
+    cancel: &crate::run::CancelToken,
+) -> Result<()> {
+    // A directory on another device than the top is another filesystem
+    // or, on Btrfs, another subvolume (each has its own device number):
+    // one the user made inside the snapshot later, which is not the
+    // snapshot's to remove (a subvolume snapshot leaves nested ones out,
+    // a tree clone makes plain directories).
+    let dev = cowlink_sys::fstat(&top).map_err(|e| fail(shown, e))?.st_dev;
     // (descriptor, its name in the level above, its path)
     let mut stack: Vec<(OwnedFd, CString, PathBuf)> = vec![(top, cname, shown.to_path_buf())];
     while let Some((fd, _, path)) = stack.last() {
@@ -56,7 +80,7 @@ pub(crate) fn remove_tree(
                 .with_src(shown)
                 .with_reason("cancelled while removing; the next prune finishes it"));
         }
-        match empty_one_level(fd.as_fd(), path)? {
+        match empty_one_level(fd.as_fd(), path, dev)? {
             Some((sub, sub_name, sub_path)) => stack.push((sub, sub_name, sub_path)),
             None => {
                 let (fd, name, path) = stack.pop().expect("not empty");
@@ -76,6 +100,7 @@ pub(crate) fn remove_tree(
 fn empty_one_level(
     dir: BorrowedFd<'_>,
     path: &Path,
+    dev: u64,
 ) -> Result<Option<(OwnedFd, CString, PathBuf)>> {
     let entries = fs::Dir::read_from(dir).map_err(|e| fail(path, e))?;
     for ent in entries {
@@ -95,7 +120,22 @@ fn empty_one_level(
         };
         if is_dir {
             match cowlink_sys::open_dir_same_mount(dir, name) {
-                Ok(fd) => return Ok(Some((fd, name.to_owned(), child))),
+                Ok(fd) => {
+                    let st = cowlink_sys::fstat(&fd).map_err(|e| fail(&child, e))?;
+                    // A snapshot of a subvolume that held another holds an
+                    // empty placeholder directory in its place (inode 2,
+                    // BTRFS_EMPTY_SUBVOL_DIR_OBJECTID, on a device of its
+                    // own): that one is the snapshot's, and goes.
+                    if st.st_dev != dev && st.st_ino != BTRFS_EMPTY_SUBVOL_DIR_INO {
+                        return Err(Error::from_errno(Operation::Snapshot, Errno::XDEV)
+                            .with_src(&child)
+                            .with_kind(ErrorKind::InUse)
+                            .with_reason(
+                                "another filesystem or Btrfs subvolume is inside the snapshot: move it out (or delete it) first; nothing below it was touched",
+                            ));
+                    }
+                    return Ok(Some((fd, name.to_owned(), child)));
+                }
                 // Replaced by something else since it was listed: unlink
                 // that as an entry.
                 Err(Errno::LOOP | Errno::NOTDIR) => {}
@@ -108,7 +148,7 @@ fn empty_one_level(
             Err(Errno::ISDIR) => {
                 // A directory appeared under this name since it was listed:
                 // the next reading of `dir` descends into it.
-                return empty_one_level(dir, path);
+                return empty_one_level(dir, path, dev);
             }
             Err(e) => return Err(fail(&child, e)),
         }

@@ -19,7 +19,7 @@ const DAY_US: u64 = 86_400_000_000;
 /// Length of a name: `YYYYMMDDTHHMMSS.uuuuuuZ`.
 pub(crate) const NAME_LEN: usize = 23;
 /// The last instant a four-digit year can name (9999-12-31, end of day).
-const MAX_US: u64 = 253_402_300_800_000_000 - 1;
+pub(crate) const MAX_US: u64 = 253_402_300_800_000_000 - 1;
 
 /// A snapshot's time: microseconds since the Unix epoch, UTC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
