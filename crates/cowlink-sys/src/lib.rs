@@ -22,6 +22,8 @@
 
 mod types;
 pub use types::*;
+mod fanotify;
+pub use fanotify::*;
 
 #[cfg(target_os = "linux")]
 mod linux;

@@ -28,6 +28,7 @@ use rustix::fd::{BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::fanotify::*;
 use crate::types::*;
 
 /// Why this platform cannot clone at all, for messages: there is no
@@ -639,4 +640,42 @@ mod tests {
         assert!(!process_exists(i32::MAX as u32));
         assert!(!process_exists(u32::MAX));
     }
+}
+
+/// No fanotify here: `EOPNOTSUPP` (the watch cannot start).
+pub fn fanotify_init_dfid_name() -> Result<OwnedFd, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No fanotify here: `EOPNOTSUPP`.
+pub fn fanotify_mark(
+    _group: BorrowedFd<'_>,
+    _kind: FanMark,
+    _mask: u64,
+    _path: &Path,
+) -> Result<(), Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No fanotify here: `EOPNOTSUPP`.
+pub fn fanotify_read(
+    _group: BorrowedFd<'_>,
+    _buf: &mut [u8],
+    _out: &mut Vec<FanEvent>,
+) -> Result<Option<FanParseError>, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No poll wrapper here: `EOPNOTSUPP` (only fanotify, absent here, uses it).
+pub fn wait_readable(_fd: BorrowedFd<'_>, _timeout: std::time::Duration) -> Result<bool, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No `open_by_handle_at` here: `EOPNOTSUPP`.
+pub fn open_by_handle(
+    _mount: BorrowedFd<'_>,
+    _handle: &FileHandle,
+    _flags: OFlags,
+) -> Result<OwnedFd, Errno> {
+    Err(Errno::OPNOTSUPP)
 }
