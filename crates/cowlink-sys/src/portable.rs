@@ -528,6 +528,44 @@ pub fn file_type_bits(t: rfs::FileType) -> u32 {
     u32::from(t.as_raw_mode())
 }
 
+/// No fanotify here: `EOPNOTSUPP` (the watch cannot start).
+pub fn fanotify_init_dfid_name() -> Result<OwnedFd, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No fanotify here: `EOPNOTSUPP`.
+pub fn fanotify_mark(
+    _group: BorrowedFd<'_>,
+    _kind: FanMark,
+    _mask: u64,
+    _path: &Path,
+) -> Result<(), Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No fanotify here: `EOPNOTSUPP`.
+pub fn fanotify_read(
+    _group: BorrowedFd<'_>,
+    _buf: &mut [u8],
+    _out: &mut Vec<FanEvent>,
+) -> Result<Option<FanParseError>, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No poll wrapper here: `EOPNOTSUPP` (only fanotify, absent here, uses it).
+pub fn wait_readable(_fd: BorrowedFd<'_>, _timeout: std::time::Duration) -> Result<bool, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No `open_by_handle_at` here: `EOPNOTSUPP`.
+pub fn open_by_handle(
+    _mount: BorrowedFd<'_>,
+    _handle: &FileHandle,
+    _flags: OFlags,
+) -> Result<OwnedFd, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,42 +678,4 @@ mod tests {
         assert!(!process_exists(i32::MAX as u32));
         assert!(!process_exists(u32::MAX));
     }
-}
-
-/// No fanotify here: `EOPNOTSUPP` (the watch cannot start).
-pub fn fanotify_init_dfid_name() -> Result<OwnedFd, Errno> {
-    Err(Errno::OPNOTSUPP)
-}
-
-/// No fanotify here: `EOPNOTSUPP`.
-pub fn fanotify_mark(
-    _group: BorrowedFd<'_>,
-    _kind: FanMark,
-    _mask: u64,
-    _path: &Path,
-) -> Result<(), Errno> {
-    Err(Errno::OPNOTSUPP)
-}
-
-/// No fanotify here: `EOPNOTSUPP`.
-pub fn fanotify_read(
-    _group: BorrowedFd<'_>,
-    _buf: &mut [u8],
-    _out: &mut Vec<FanEvent>,
-) -> Result<Option<FanParseError>, Errno> {
-    Err(Errno::OPNOTSUPP)
-}
-
-/// No poll wrapper here: `EOPNOTSUPP` (only fanotify, absent here, uses it).
-pub fn wait_readable(_fd: BorrowedFd<'_>, _timeout: std::time::Duration) -> Result<bool, Errno> {
-    Err(Errno::OPNOTSUPP)
-}
-
-/// No `open_by_handle_at` here: `EOPNOTSUPP`.
-pub fn open_by_handle(
-    _mount: BorrowedFd<'_>,
-    _handle: &FileHandle,
-    _flags: OFlags,
-) -> Result<OwnedFd, Errno> {
-    Err(Errno::OPNOTSUPP)
 }
