@@ -184,6 +184,7 @@ pub fn plan(
         min_size,
         run: control.run(),
         measure: false,
+        ..DedupeOptions::default()
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -243,6 +244,7 @@ pub fn run(
         min_size,
         measure,
         run: control.run(),
+        ..DedupeOptions::default()
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?

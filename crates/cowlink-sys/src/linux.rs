@@ -1156,3 +1156,11 @@ fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
     // exactly the slice's memory and borrows it mutably for its lifetime.
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
 }
+
+/// The path the kernel has for the open `fd` (`/proc/self/fd/N`), as seen
+/// from this process's mount namespace and root. A deleted object's path
+/// ends in ` (deleted)`.
+pub fn fd_path(fd: BorrowedFd<'_>) -> Result<std::path::PathBuf, Errno> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
+}

@@ -566,6 +566,11 @@ pub fn open_by_handle(
     Err(Errno::OPNOTSUPP)
 }
 
+/// No `/proc` here: `EOPNOTSUPP`.
+pub fn fd_path(_fd: BorrowedFd<'_>) -> Result<std::path::PathBuf, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
