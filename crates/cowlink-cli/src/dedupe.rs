@@ -380,6 +380,7 @@ fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
             let by = match s.mark {
                 dwatch::MarkKind::Filesystem => "its whole filesystem",
                 dwatch::MarkKind::Mount => "the mount that holds it",
+                dwatch::MarkKind::Directories => "marks on each of its directories",
             };
             outln!("watching {} (by {by})", shown(&s.root));
             if let Some(n) = &s.note {

@@ -55,7 +55,7 @@ use rustix::fd::{AsFd, OwnedFd};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use cowlink_sys::{FanEvent, FanMark, FAN_CLOSE_WRITE, FAN_MOVED_TO, FAN_ONDIR};
+use cowlink_sys::{FanEvent, FanMark, FAN_CLOSE_WRITE, FAN_CREATE, FAN_MOVED_TO, FAN_ONDIR};
 
 use super::{DedupeOptions, DedupePlan, DedupeReport, Exclude};
 use crate::ground::error::{Error, Operation, Result};
@@ -64,6 +64,15 @@ use crate::ground::error::{Error, Operation, Result};
 const FS_MASK: u64 = FAN_CLOSE_WRITE | FAN_MOVED_TO | FAN_ONDIR;
 /// The events a mount mark can carry (no directory-entry events).
 const MOUNT_MASK: u64 = FAN_CLOSE_WRITE;
+/// `FAN_EVENT_ON_CHILD`: an inode mark on a directory reports its entries.
+const FAN_EVENT_ON_CHILD: u64 = 0x0800_0000;
+/// The events an inode mark on a directory asks for: its files' closes,
+/// and names created or moved in (new directories get marks of their own).
+const DIR_MASK: u64 = FS_MASK | FAN_CREATE | FAN_EVENT_ON_CHILD;
+/// Most directories watched by inode marks, all roots together (the
+/// kernel's own per-user limit, `fs.fanotify.max_user_marks`, may be
+/// lower: a mark it refuses ends the watch's start with its error).
+const MAX_DIR_MARKS: usize = 65_536;
 /// Bytes read from the group at once: a few hundred events.
 const READ_BUF: usize = 64 * 1024;
 /// Longest wait for events between two looks at the cancel flag.
@@ -106,6 +115,10 @@ pub enum MarkKind {
     /// A mount mark (Btrfs subvolume, where a filesystem mark is refused):
     /// files closed after writing through the mount that holds the root.
     Mount,
+    /// Inode marks on every directory under the root (a Btrfs subvolume
+    /// mounted by itself, where filesystem and mount marks are both
+    /// refused): each new directory is marked as it appears.
+    Directories,
 }
 
 /// One watched root and what watches it.
@@ -234,6 +247,7 @@ impl Pending {
 #[derive(Debug)]
 struct Root {
     path: PathBuf,
+    mark: MarkKind,
     dev: u64,
     fd: OwnedFd,
 }
@@ -248,6 +262,8 @@ pub struct Watcher {
     own_pid: i32,
     buf: Vec<u8>,
     events: Vec<FanEvent>,
+    /// Directories with inode marks ([`MarkKind::Directories`]).
+    dir_marks: usize,
 }
 
 impl Watcher {
@@ -276,6 +292,7 @@ impl Watcher {
             own_pid: std::process::id() as i32,
             buf: vec![0; READ_BUF],
             events: Vec::new(),
+            dir_marks: 0,
         };
         for root in roots {
             let root = root.as_ref();
@@ -292,40 +309,131 @@ impl Watcher {
                 .map_err(|e| Error::from_errno(op, e).with_src(root))?
                 .st_dev;
             let scope = w.mark(&path).map_err(|e| e.with_src(root))?;
+            let mark = scope.mark;
             w.scopes.push(scope);
-            w.roots.push(Root { path, dev, fd });
+            w.roots.push(Root {
+                path,
+                mark,
+                dev,
+                fd,
+            });
         }
         Ok(w)
     }
 
-    /// Mark what covers `path`: its filesystem, else its mount.
-    fn mark(&self, path: &Path) -> Result<WatchScope> {
+    /// Mark what covers `path`: its filesystem; where that is refused with
+    /// `EXDEV` (a Btrfs subvolume), the filesystem through the mount
+    /// point that holds `path` (the top-level subvolume when the mount
+    /// shows it), else that mount.
+    fn mark(&mut self, path: &Path) -> Result<WatchScope> {
         let op = Operation::Dedupe;
-        let g = self.group.as_fd();
-        match cowlink_sys::fanotify_mark(g, FanMark::Filesystem, FS_MASK, path) {
-            Ok(()) => Ok(WatchScope {
-                root: path.to_path_buf(),
-                mark: MarkKind::Filesystem,
-                note: None,
-            }),
-            Err(Errno::XDEV) => match cowlink_sys::fanotify_mark(g, FanMark::Mount, MOUNT_MASK, path) {
-                Ok(()) => Ok(WatchScope {
-                    root: path.to_path_buf(),
-                    mark: MarkKind::Mount,
-                    note: Some(
-                        "a filesystem mark is refused here (EXDEV: a Btrfs subvolume with an fsid of its own); \
-                         watching the mount that holds it: files closed after writing through this mount, \
-                         renames seen through their writer's close, other mounts of the filesystem not seen"
-                            .into(),
-                    ),
-                }),
-                Err(e) => Err(Error::from_errno(op, e).with_reason(format!(
-                    "cannot watch: a filesystem mark is refused (EXDEV) and so is a mount mark ({e})"
-                ))),
-            },
-            Err(e) => Err(Error::from_errno(op, e)
-                .with_reason(format!("cannot watch: fanotify_mark failed ({e})"))),
+        let scope = |mark, note: Option<String>| WatchScope {
+            root: path.to_path_buf(),
+            mark,
+            note,
+        };
+        match cowlink_sys::fanotify_mark(self.group.as_fd(), FanMark::Filesystem, FS_MASK, path) {
+            Ok(()) => return Ok(scope(MarkKind::Filesystem, None)),
+            Err(Errno::XDEV) => {}
+            Err(e) => {
+                return Err(Error::from_errno(op, e)
+                    .with_reason(format!("cannot watch: fanotify_mark failed ({e})")))
+            }
         }
+        let why =
+            "a filesystem mark on it is refused (EXDEV: a Btrfs subvolume, whose fsid is its own)";
+        let Some(mp) = mount_point_of(path) else {
+            return Err(Error::from_errno(op, Errno::XDEV).with_reason(format!(
+                "cannot watch: {why}, and its mount point is not in the mount table"
+            )));
+        };
+        if cowlink_sys::fanotify_mark(self.group.as_fd(), FanMark::Filesystem, FS_MASK, &mp).is_ok()
+        {
+            return Ok(scope(
+                MarkKind::Filesystem,
+                Some(format!(
+                    "{why}; the whole filesystem is watched through its mount point {}",
+                    crate::name::quoted(&mp)
+                )),
+            ));
+        }
+        match cowlink_sys::fanotify_mark(self.group.as_fd(), FanMark::Mount, MOUNT_MASK, &mp) {
+            Ok(()) => {
+                return Ok(scope(
+                    MarkKind::Mount,
+                    Some(format!(
+                        "{why}; watching the mount {} instead: files closed after writing through it \
+                         (renames seen through their writer's close; other mounts of the filesystem not seen)",
+                        crate::name::quoted(&mp)
+                    )),
+                ))
+            }
+            Err(Errno::XDEV) => {}
+            Err(e) => {
+                return Err(Error::from_errno(op, e).with_reason(format!(
+                    "cannot watch: {why}, and so is a mark on its mount {} ({e})",
+                    crate::name::quoted(&mp)
+                )))
+            }
+        }
+        // The mount shows the subvolume itself (mounted with subvol=):
+        // only inode marks are allowed, one per directory.
+        let before = self.dir_marks;
+        self.mark_tree(path, path)?;
+        Ok(scope(
+            MarkKind::Directories,
+            Some(format!(
+                "{why}, and so are marks on its mount {} (it mounts this subvolume); \
+                 watching its {} directories one by one instead (new ones as they appear)",
+                crate::name::quoted(&mp),
+                self.dir_marks - before
+            )),
+        ))
+    }
+
+    /// Put an inode mark on `top` and every directory below it that no
+    /// `--exclude` pattern covers (relative to `root`; symbolic links are
+    /// not followed).
+    ///
+    /// # Errors
+    /// More than [`MAX_DIR_MARKS`] directories, or a mark the kernel
+    /// refuses (`ENOSPC`: its per-user limit), naming the directory.
+    fn mark_tree(&mut self, root: &Path, top: &Path) -> Result<()> {
+        let op = Operation::Dedupe;
+        let mut stack = vec![top.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            if self.dir_marks >= MAX_DIR_MARKS {
+                return Err(Error::from_errno(op, Errno::NOSPC)
+                    .with_src(&dir)
+                    .with_reason(format!(
+                        "cannot watch: more than {MAX_DIR_MARKS} directories to mark one by one"
+                    )));
+            }
+            match cowlink_sys::fanotify_mark(self.group.as_fd(), FanMark::Inode, DIR_MASK, &dir) {
+                Ok(()) => self.dir_marks += 1,
+                // Gone or replaced since it was listed: nothing to watch.
+                Err(Errno::NOENT | Errno::NOTDIR) => continue,
+                Err(e) => {
+                    return Err(Error::from_errno(op, e).with_src(&dir).with_reason(format!(
+                        "cannot watch this directory: fanotify_mark failed ({e})"
+                    )))
+                }
+            }
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let p = e.path();
+                if p.strip_prefix(root).is_ok_and(|r| self.exclude.excludes(r)) {
+                    continue;
+                }
+                stack.push(p);
+            }
+        }
+        Ok(())
     }
 
     /// What each root is watched by.
@@ -375,6 +483,16 @@ impl Watcher {
                     pending.rescan(Rescan::QueueOverflow, now);
                 } else if ev.pid != self.own_pid {
                     if let Some(p) = self.resolve(ev) {
+                        let dir_root = self.directory_root(&p).filter(|_| ev.mask & FAN_ONDIR != 0);
+                        if let Some(root) = dir_root {
+                            // A directory made or moved in under a root
+                            // watched directory by directory: mark it (and
+                            // what it holds). A refusal means changes
+                            // there would be missed: rescan from now on.
+                            if self.mark_tree(&root, &p).is_err() {
+                                pending.rescan(Rescan::Unreadable, now);
+                            }
+                        }
                         pending.add(p, now);
                     }
                 }
@@ -403,6 +521,14 @@ impl Watcher {
             }
         };
         self.admit(path)
+    }
+
+    /// The root watched directory by directory that holds `path`, if any.
+    fn directory_root(&self, path: &Path) -> Option<PathBuf> {
+        self.roots
+            .iter()
+            .find(|r| r.mark == MarkKind::Directories && path.starts_with(&r.path))
+            .map(|r| r.path.clone())
     }
 
     /// `path` if it lies under a root and no exclude pattern covers it.
@@ -436,6 +562,17 @@ impl Watcher {
             .map(|r| r.path.clone())
             .collect()
     }
+}
+
+/// The mount point that holds `path` (absolute, resolved): the longest
+/// mount point in `/proc/self/mountinfo` that is a prefix of it.
+fn mount_point_of(path: &Path) -> Option<PathBuf> {
+    let table = cowlink_sys::mount_table().ok()?;
+    crate::ground::mountinfo::parse(&table)
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|mp| path.starts_with(mp))
+        .max_by_key(|mp| mp.as_os_str().len())
 }
 
 /// Deduplicate after `changes` under `roots` (from [`Watcher::batch_roots`]).
