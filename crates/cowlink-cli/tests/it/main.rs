@@ -18,3 +18,4 @@ mod remote;
 mod run_control;
 mod store;
 mod tree;
+mod watch;
