@@ -16,6 +16,7 @@ mod real_fs;
 mod remote;
 mod store;
 mod tree;
+mod watch;
 
 /// Whether `b` maps every byte to the same disk blocks as `a` (FIEMAP).
 fn same_blocks(a: &Path, b: &Path) -> bool {
