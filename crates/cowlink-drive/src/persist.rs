@@ -914,6 +914,49 @@ mod tests {
     }
 
     #[test]
+    fn a_watch_unit_quotes_its_words_and_refuses_what_a_unit_cannot_say() {
+        let roots = vec![PathBuf::from("/srv/my builds"), PathBuf::from("/data/100%")];
+        let args: Vec<String> = [
+            "dedupe",
+            "--watch",
+            "--exclude=$HOME*",
+            "--",
+            "/srv/my builds",
+            "/data/100%",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (name, text) = watch_unit(Path::new("/usr/bin/cowlink"), &args, &roots).unwrap();
+        assert_eq!(name, "cowlink-dedupe-watch-srv-my\\x20builds.service");
+        let exec = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap();
+        assert_eq!(
+            exec,
+            "\"/usr/bin/cowlink\" \"dedupe\" \"--watch\" \"--exclude=$$HOME*\" \"--\" \"/srv/my builds\" \"/data/100%%\""
+        );
+        assert!(
+            text.contains("RequiresMountsFor=\"/srv/my builds\" \"/data/100%%\"\n"),
+            "{text}"
+        );
+        let keys: Vec<(String, String)> = settings(&text);
+        assert!(
+            keys.contains(&("[Service]".into(), "Type".into())),
+            "{keys:?}"
+        );
+        assert!(keys.contains(&("[Install]".into(), "WantedBy".into())));
+
+        let nl = vec![PathBuf::from("/srv/a\nb")];
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &args, &nl).is_err());
+        let rel = vec![PathBuf::from("srv")];
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &args, &rel).is_err());
+        let bad_arg = vec!["--exclude=a\nb".to_string()];
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &bad_arg, &roots).is_err());
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &args, &[]).is_err());
+    }
+
+    #[test]
     fn unit_words_are_quoted_for_systemd() {
         assert_eq!(unit_word("/a b/100%"), "\"/a b/100%%\"");
         assert_eq!(unit_word("x\"$y"), "\"x\\\"$$y\"");
