@@ -16,13 +16,23 @@
 //! wake it again).
 //!
 //! Btrfs: a subvolume other than the top level has an fsid of its own, and
-//! the kernel refuses a filesystem mark there with `EXDEV`. The root is
-//! then watched by a mount mark (`FAN_MARK_MOUNT`) on the mount that holds
-//! it: every file written through that mount, whatever its subvolume, but
-//! not through other mounts of the filesystem; a mount mark cannot carry
-//! directory-entry events, so only `FAN_CLOSE_WRITE` is asked for and a
-//! file renamed into place is seen through its writer's close. What each
-//! root is watched by is reported ([`WatchScope`]).
+//! the kernel refuses a filesystem mark on it with `EXDEV`. Three tiers,
+//! each reported ([`WatchScope`]):
+//! 1. a filesystem mark through the mount point that holds the root: when
+//!    that mount shows the top-level subvolume, the mark is accepted there
+//!    and covers the whole filesystem, directory-entry events included;
+//! 2. else a mount mark (`FAN_MARK_MOUNT`) on that mount: files written
+//!    through it, not through other mounts; a mount mark carries no
+//!    directory-entry events, so a file renamed into place is seen only
+//!    through its writer's close;
+//! 3. else (the subvolume mounted by itself, `subvol=`: on 6.18 both marks
+//!    above are refused there too) an inode mark on every directory under
+//!    the root (`FAN_EVENT_ON_CHILD`), a new directory marked when its
+//!    `FAN_CREATE`/`FAN_MOVED_TO` arrives, at most [`MAX_DIR_MARKS`] in
+//!    all. Files closed in a new directory before its mark is set raise
+//!    no event, but the directory's own event is a change: the batch it
+//!    starts walks the roots and finds them. If a mark is refused, the
+//!    next batch rescans.
 //!
 //! [`Pending`] batches the changes: a batch runs once nothing new came for
 //! the quiet period (or when the oldest change has waited
@@ -69,10 +79,10 @@ const FAN_EVENT_ON_CHILD: u64 = 0x0800_0000;
 /// The events an inode mark on a directory asks for: its files' closes,
 /// and names created or moved in (new directories get marks of their own).
 const DIR_MASK: u64 = FS_MASK | FAN_CREATE | FAN_EVENT_ON_CHILD;
-/// Most directories watched by inode marks, all roots together (the
+/// Most directories watched by inode marks (tier 3 of the module doc), all roots together (the
 /// kernel's own per-user limit, `fs.fanotify.max_user_marks`, may be
 /// lower: a mark it refuses ends the watch's start with its error).
-const MAX_DIR_MARKS: usize = 65_536;
+pub const MAX_DIR_MARKS: usize = 65_536;
 /// Bytes read from the group at once: a few hundred events.
 const READ_BUF: usize = 64 * 1024;
 /// Longest wait for events between two looks at the cancel flag.
