@@ -423,6 +423,7 @@ fn report_batch(b: &WatchBatch, json: bool) {
         Some(Rescan::QueueOverflow) => "rescan: the kernel's event queue overflowed".to_string(),
         Some(Rescan::PendingFull) => "rescan: more changes than --max-pending".to_string(),
         Some(Rescan::Unreadable) => "rescan: unreadable events".to_string(),
+        Some(Rescan::MarkRefused) => "rescan: a new directory could not be watched".to_string(),
         None => count(b.changed as u64, "changed path", "changed paths"),
     };
     if json {

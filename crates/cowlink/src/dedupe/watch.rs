@@ -156,6 +156,10 @@ pub enum Rescan {
     PendingFull,
     /// Event records did not parse: what they said is unknown.
     Unreadable,
+    /// A new directory under a root watched directory by directory could
+    /// not be marked (the kernel's mark limit): later changes in it raise
+    /// no event, and are taken up by the next batch something else starts.
+    MarkRefused,
 }
 
 /// The changes a batch covers.
@@ -500,7 +504,7 @@ impl Watcher {
                             // what it holds). A refusal means changes
                             // there would be missed: rescan from now on.
                             if self.mark_tree(&root, &p).is_err() {
-                                pending.rescan(Rescan::Unreadable, now);
+                                pending.rescan(Rescan::MarkRefused, now);
                             }
                         }
                         pending.add(p, now);
