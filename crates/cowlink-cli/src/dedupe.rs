@@ -8,11 +8,12 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use cowlink::dedupe::{self, DedupeOptions, DedupePlan};
+use cowlink::dedupe::watch::{self as dwatch, Rescan, WatchBatch, WatchOptions, WatchScope};
+use cowlink::dedupe::{self, DedupeOptions, DedupePlan, Exclude};
 use cowlink::{Progress, Run};
 use serde::Serialize;
 
-use crate::out::{count, errln};
+use crate::out::{count, errln, outln};
 use crate::{human_bytes, human_duration, Exit};
 
 /// Reclaim the space of identical files: make them share blocks
@@ -48,11 +49,22 @@ use crate::{human_bytes, human_duration, Exit};
 /// their dedupe has cloned without comparing), and never pairs files of
 /// different filesystems.
 ///
+/// --watch keeps going (root): it dedupes what is there, then follows
+/// the filesystem with fanotify and dedupes again a quiet period after
+/// files are written or moved in. It stops cleanly on SIGTERM or Ctrl-C
+/// and then exits 0. On a Btrfs subvolume other than the top level the
+/// kernel refuses a filesystem-wide watch; the mount holding it is
+/// watched instead (it says so). --install-unit writes a systemd service
+/// that runs the same watch at boot.
+///
 /// Examples:
 ///   cowlink dedupe --dry-run ~/src     # show what would be shared
 ///   cowlink dedupe ~/src ~/builds      # do it
 ///   cowlink dedupe --min-size 1M --json /srv/assets
 ///   cowlink dedupe --store ~/.cache/cowlink/store ~/projects
+///   cowlink dedupe --exclude '*.tmp' --exclude .git ~/src
+///   sudo cowlink dedupe --watch --quiet-period 5s /srv/builds
+///   sudo cowlink dedupe --watch --install-unit /srv/builds
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct DedupeArgs {
@@ -90,6 +102,43 @@ pub struct DedupeArgs {
     #[arg(short, long)]
     verbose: bool,
 
+    /// Leave matching paths alone (repeatable). Without a `/` the pattern
+    /// matches a name at any depth (`*.tmp`, `.git`); with one, the path
+    /// below the PATH given (`build/out`, `logs/**/*.gz`). An excluded
+    /// directory is not entered; an excluded file is never changed nor
+    /// used as a source
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+
+    /// Keep watching (root): dedupe now, then again after files are
+    /// written or moved in (fanotify), until SIGTERM or Ctrl-C
+    #[arg(long, conflicts_with = "dry_run")]
+    watch: bool,
+
+    /// With --watch: how long no file may change before the changes are
+    /// deduplicated (`500ms`, `3s`, `1m`; a bare number is seconds)
+    #[arg(long, value_name = "TIME", default_value = "3s", value_parser = duration_arg, requires = "watch")]
+    quiet_period: std::time::Duration,
+
+    /// With --watch: most changed paths kept between two runs; past it
+    /// they are dropped and the next run rescans every PATH
+    #[arg(long, value_name = "N", default_value_t = 16384, requires = "watch")]
+    max_pending: usize,
+
+    /// With --watch: write a systemd service that runs this watch at boot
+    /// (into --unit-dir), check it with systemd-analyze, and stop
+    #[arg(long, requires = "watch")]
+    install_unit: bool,
+
+    /// Where --install-unit writes the unit
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/etc/systemd/system",
+        requires = "install_unit"
+    )]
+    unit_dir: PathBuf,
+
     /// Files and directories to deduplicate
     #[arg(required = true, value_name = "PATH", value_parser = crate::PathArg)]
     paths: Vec<PathBuf>,
@@ -105,6 +154,16 @@ struct JsonOut<'a> {
 
 /// Run `cowlink dedupe`.
 pub fn run(args: DedupeArgs) -> Result<Exit> {
+    let exclude = match Exclude::new(&args.exclude) {
+        Ok(x) => x,
+        Err(e) => {
+            errln!("cowlink: {e}");
+            return Ok(Exit::Fatal);
+        }
+    };
+    if args.watch {
+        return watch(args, exclude);
+    }
     let start = Instant::now();
     // The space given back is always measured: --measure asks for nothing
     // more.
@@ -113,6 +172,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     let opts = DedupeOptions {
         min_size: args.min_size,
         stores: args.stores.clone(),
+        exclude,
         run: Run::default()
             .with_threads(args.threads.map_or(0, crate::capped_threads))
             .with_cancel(crate::interrupt::token())
@@ -283,9 +343,259 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     Ok(done(failed))
 }
 
+/// `500ms`, `3s`, `2m`, or a bare number of seconds (fractions allowed).
+fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        _ => return Err(format!("{s:?}: give a time such as 500ms, 3s or 1m")),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: give a time such as 500ms, 3s or 1m"))?;
+    if !v.is_finite() || v < 0.0 || v * scale > 86_400.0 {
+        return Err(format!("{s:?}: between 0 and 24 hours"));
+    }
+    Ok(std::time::Duration::from_secs_f64(v * scale))
+}
+
+/// One watch batch as `--json` prints it (one JSON object per line).
+#[derive(Serialize)]
+struct JsonBatch<'a> {
+    changed: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rescan: Option<Rescan>,
+    roots: &'a [PathBuf],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<&'a DedupePlan>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a dedupe::DedupeReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    elapsed_ms: u128,
+}
+
+/// `cowlink dedupe --watch`.
+fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
+    crate::drive::need_root_for(
+        "cowlink dedupe --watch",
+        "fanotify on a whole filesystem needs CAP_SYS_ADMIN",
+    )?;
+    if args.install_unit {
+        return install_unit(&args);
+    }
+    let opts = WatchOptions {
+        dedupe: DedupeOptions {
+            min_size: args.min_size,
+            stores: args.stores.clone(),
+            exclude,
+            run: Run::default()
+                .with_threads(args.threads.map_or(0, crate::capped_threads))
+                .with_cancel(crate::interrupt::token()),
+        },
+        quiet_period: args.quiet_period,
+        max_pending: args.max_pending,
+        ..WatchOptions::default()
+    };
+    let json = args.json;
+    let mut started = |scopes: &[WatchScope]| {
+        for s in scopes {
+            if json {
+                if let Ok(line) = serde_json::to_string(&serde_json::json!({ "watching": s })) {
+                    outln!("{line}");
+                }
+                continue;
+            }
+            let by = match s.mark {
+                dwatch::MarkKind::Filesystem => "its whole filesystem",
+                dwatch::MarkKind::Mount => "the mount that holds it",
+                dwatch::MarkKind::Directories => "marks on each of its directories",
+            };
+            outln!("watching {} (by {by})", shown(&s.root));
+            if let Some(n) = &s.note {
+                errln!("cowlink: {}: {n}", shown(&s.root));
+            }
+        }
+    };
+    let mut on_batch = |b: &WatchBatch| report_batch(b, json);
+    let result =
+        crate::interrupt::graceful(|| dwatch::run(&args.paths, &opts, &mut started, &mut on_batch));
+    match result {
+        Ok(sum) => {
+            if json {
+                if let Ok(line) = serde_json::to_string(&serde_json::json!({ "stopped": sum })) {
+                    outln!("{line}");
+                }
+            } else {
+                outln!(
+                    "stopped: {}, {} deduplicated, {} reclaimed, {}",
+                    count(sum.batches, "run", "runs"),
+                    count(sum.targets_deduped, "file", "files"),
+                    human_bytes(sum.bytes_reclaimed),
+                    count(sum.errors, "error", "errors")
+                );
+            }
+            // Stopping is how a watch ends: a signal is its normal end.
+            Ok(Exit::Ok)
+        }
+        Err(e) => {
+            errln!("cowlink: {e}");
+            Ok(Exit::Failed)
+        }
+    }
+}
+
+/// Print one batch: a line (and its errors), or a JSON line.
+fn report_batch(b: &WatchBatch, json: bool) {
+    let why = match b.rescan {
+        Some(Rescan::Start) => "start: every path".to_string(),
+        Some(Rescan::QueueOverflow) => "rescan: the kernel's event queue overflowed".to_string(),
+        Some(Rescan::PendingFull) => "rescan: more changes than --max-pending".to_string(),
+        Some(Rescan::Unreadable) => "rescan: unreadable events".to_string(),
+        Some(Rescan::MarkRefused) => "rescan: a new directory could not be watched".to_string(),
+        None => count(b.changed as u64, "changed path", "changed paths"),
+    };
+    if json {
+        let (plan, result, error) = match &b.outcome {
+            Ok((p, r)) => (Some(p), Some(r), None),
+            Err(e) => (None, None, Some(e.to_string())),
+        };
+        let line = JsonBatch {
+            changed: b.changed,
+            rescan: b.rescan,
+            roots: &b.roots,
+            plan,
+            result,
+            error,
+            elapsed_ms: b.elapsed.as_millis(),
+        };
+        if let Ok(line) = serde_json::to_string(&line) {
+            outln!("{line}");
+        }
+        return;
+    }
+    match &b.outcome {
+        Err(e) => errln!("cowlink: {why}: {e}"),
+        Ok((plan, r)) => {
+            for e in plan.errors.iter().chain(&r.errors) {
+                errln!("cowlink: {e}");
+            }
+            outln!(
+                "{why}: {} scanned, {}, {} deduplicated, {} reclaimed, {} changed meanwhile; {}",
+                count(plan.files_scanned, "file", "files"),
+                count(
+                    plan.groups.len() as u64,
+                    "duplicate group",
+                    "duplicate groups"
+                ),
+                count(r.targets_deduped, "file", "files"),
+                human_bytes(r.bytes_reclaimed),
+                r.changed.len(),
+                human_duration(b.elapsed)
+            );
+        }
+    }
+}
+
+/// `--install-unit`: write the service, check it, say how to start it.
+fn install_unit(args: &DedupeArgs) -> Result<Exit> {
+    let program = std::env::current_exe()?;
+    let mut roots = Vec::new();
+    for p in &args.paths {
+        match std::fs::canonicalize(p) {
+            Ok(r) => roots.push(r),
+            Err(e) => {
+                errln!("cowlink: {}: {e}", quoted(p));
+                return Ok(Exit::Failed);
+            }
+        }
+    }
+    let mut words: Vec<String> = vec!["dedupe".into(), "--watch".into()];
+    words.push(format!(
+        "--quiet-period={}ms",
+        args.quiet_period.as_millis()
+    ));
+    words.push(format!("--max-pending={}", args.max_pending));
+    words.push(format!("--min-size={}", args.min_size));
+    if let Some(j) = args.threads {
+        words.push(format!("--threads={j}"));
+    }
+    if args.measure {
+        words.push("--measure".into());
+    }
+    for x in &args.exclude {
+        words.push(format!("--exclude={x}"));
+    }
+    words.push("--".into());
+    words.extend(roots.iter().map(|r| r.to_string_lossy().into_owned()));
+    let (name, text) = match cowlink_drive::watch_unit(&program, &words, &roots) {
+        Ok(u) => u,
+        Err(why) => {
+            errln!("cowlink: cannot write a systemd unit: {why}");
+            return Ok(Exit::Failed);
+        }
+    };
+    let file = match cowlink_drive::write_unit(&args.unit_dir, &name, &text) {
+        Ok(f) => f,
+        Err(e) => {
+            errln!(
+                "cowlink: cannot write {}: {e}",
+                quoted(&args.unit_dir.join(&name))
+            );
+            return Ok(Exit::Failed);
+        }
+    };
+    outln!("wrote {}", shown(&file));
+    match std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&file)
+        .output()
+    {
+        Ok(v) if v.status.success() => outln!("systemd-analyze verify: no complaint"),
+        Ok(v) => errln!(
+            "cowlink: systemd-analyze verify complains about {}:\n{}",
+            quoted(&file),
+            String::from_utf8_lossy(&v.stderr).trim_end()
+        ),
+        Err(_) => errln!("cowlink: systemd-analyze is not installed; the unit was not checked"),
+    }
+    if std::path::Path::new("/run/systemd/system").is_dir() {
+        outln!(
+            "start it now and at boot:\n  systemctl daemon-reload && systemctl enable --now {name}"
+        );
+    } else {
+        outln!(
+            "systemd is not running here (PID 1 is not systemd): the unit is written, not started; \
+             where systemd runs:\n  systemctl enable --now {name}"
+        );
+    }
+    Ok(Exit::Ok)
+}
+
 #[cfg(test)]
 mod tests {
+    use super::duration_arg;
     use crate::size_arg as parse_size;
+
+    #[test]
+    fn times_with_units() {
+        use std::time::Duration;
+        assert_eq!(duration_arg("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(duration_arg("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration_arg("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(duration_arg("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(duration_arg("0.5"), Ok(Duration::from_millis(500)));
+        for bad in ["", "s", "3h", "-1s", "nan", "1e9"] {
+            assert!(duration_arg(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_with_suffixes() {

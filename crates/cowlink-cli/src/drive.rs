@@ -221,6 +221,12 @@ fn shell_word(w: &OsString) -> String {
 
 /// Refuse without root, giving the command line to run instead.
 fn need_root(what: &str) -> Result<(), anyhow::Error> {
+    need_root_for(what, "it attaches a loop device and mounts")
+}
+
+/// Refuse without root, saying `why` it is needed and giving the command
+/// line to run instead (`sudo` and this very command line).
+pub(crate) fn need_root_for(what: &str, why: &str) -> Result<(), anyhow::Error> {
     if rustix::process::geteuid().is_root() {
         return Ok(());
     }
@@ -232,7 +238,7 @@ fn need_root(what: &str) -> Result<(), anyhow::Error> {
     }
     let line: Vec<String> = words.iter().map(shell_word).collect();
     Err(anyhow!(
-        "{what} needs root (it attaches a loop device and mounts); run:\n  sudo {}",
+        "{what} needs root ({why}); run:\n  sudo {}",
         line.join(" ")
     ))
 }

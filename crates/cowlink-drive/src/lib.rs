@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use device::FileId;
 pub use device::{Holder, LoopState};
-pub use persist::{PersistKind, PersistPlan, PersistWith, Places};
+pub use persist::{watch_unit, write_unit, PersistKind, PersistPlan, PersistWith, Places};
 
 use cowlink::name::quoted;
 use cowlink::{Error, ErrorKind, Operation};

@@ -584,6 +584,90 @@ fn without_fstab_entry(text: &str, image: &Path) -> String {
     s
 }
 
+/// A systemd service for `cowlink dedupe --watch`: its file name
+/// (`cowlink-dedupe-watch-<first root, escaped as systemd-escape --path
+/// does>.service`) and its text. `args` are the words after the program
+/// (`dedupe --watch ... ROOT...`), `roots` the watched roots (absolute):
+/// each is quoted as the drive units quote their words, and the unit
+/// waits for the mounts holding them (`RequiresMountsFor=`). The service
+/// runs at idle I/O priority and nice 10, and restarts 30 s after a
+/// failure; SIGTERM stops it (the watch exits 0).
+///
+/// # Errors
+/// A root or the program that a unit cannot hold (not UTF-8, relative,
+/// a control character, `..`), or a name longer than systemd loads.
+pub fn watch_unit(
+    program: &Path,
+    args: &[String],
+    roots: &[PathBuf],
+) -> Result<(String, String), String> {
+    let first = roots.first().ok_or("no root to watch")?;
+    for p in roots.iter().map(PathBuf::as_path).chain([program]) {
+        unit_path_expressible(p).map_err(|why| format!("{}: {why}", p.display()))?;
+    }
+    if let Some(c) = args.iter().flat_map(|a| a.chars()).find(|c| c.is_control()) {
+        return Err(format!(
+            "an argument holds the control character {c:?}, which a unit cannot express"
+        ));
+    }
+    let escaped = systemd_escape_path(first)
+        .ok_or_else(|| "systemd cannot name a unit after a path with `..` in it".to_string())?;
+    let name = format!("cowlink-dedupe-watch-{escaped}.service");
+    if name.len() > UNIT_NAME_MAX {
+        return Err(format!(
+            "the unit's name would be {} characters, more than systemd's {UNIT_NAME_MAX}",
+            name.len()
+        ));
+    }
+    let shown: Vec<String> = roots
+        .iter()
+        .map(|r| text_word(&r.to_string_lossy()))
+        .collect();
+    let needs: Vec<String> = roots
+        .iter()
+        .map(|r| unit_word(&r.to_string_lossy()))
+        .collect();
+    let mut exec = vec![unit_word(&program.to_string_lossy())];
+    exec.extend(args.iter().map(|a| unit_word(a)));
+    let text = format!(
+        "# Written by `cowlink dedupe --watch --install-unit`.\n\
+         # Keeps identical files under {} sharing their blocks as they\n\
+         # are written (fanotify; root). SIGTERM stops it cleanly.\n\
+         [Unit]\n\
+         Description=cowlink dedupe watch on {}\n\
+         RequiresMountsFor={}\n\
+         After=local-fs.target\n\
+         \n\
+         [Service]\n\
+         Type=simple\n\
+         ExecStart={}\n\
+         Nice=10\n\
+         IOSchedulingClass=idle\n\
+         Restart=on-failure\n\
+         RestartSec=30\n\
+         \n\
+         [Install]\n\
+         WantedBy=multi-user.target\n",
+        shown.join(" "),
+        shown.join(" "),
+        needs.join(" "),
+        exec.join(" "),
+    );
+    Ok((name, text))
+}
+
+/// Write the unit `text` as `dir/name` (through a temporary file and a
+/// rename, mode 0644), creating `dir` if needed; the path written.
+///
+/// # Errors
+/// The directory cannot be created or the file written.
+pub fn write_unit(dir: &Path, name: &str, text: &str) -> io::Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let path = dir.join(name);
+    write_atomic(&path, text, 0o644)?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -827,6 +911,49 @@ mod tests {
         assert_eq!(without_fstab_entry(&with, img), before);
         // Another image's entry stays.
         assert_eq!(without_fstab_entry(&with, Path::new("/other.img")), with);
+    }
+
+    #[test]
+    fn a_watch_unit_quotes_its_words_and_refuses_what_a_unit_cannot_say() {
+        let roots = vec![PathBuf::from("/srv/my builds"), PathBuf::from("/data/100%")];
+        let args: Vec<String> = [
+            "dedupe",
+            "--watch",
+            "--exclude=$HOME*",
+            "--",
+            "/srv/my builds",
+            "/data/100%",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (name, text) = watch_unit(Path::new("/usr/bin/cowlink"), &args, &roots).unwrap();
+        assert_eq!(name, "cowlink-dedupe-watch-srv-my\\x20builds.service");
+        let exec = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap();
+        assert_eq!(
+            exec,
+            "\"/usr/bin/cowlink\" \"dedupe\" \"--watch\" \"--exclude=$$HOME*\" \"--\" \"/srv/my builds\" \"/data/100%%\""
+        );
+        assert!(
+            text.contains("RequiresMountsFor=\"/srv/my builds\" \"/data/100%%\"\n"),
+            "{text}"
+        );
+        let keys: Vec<(String, String)> = settings(&text);
+        assert!(
+            keys.contains(&("[Service]".into(), "Type".into())),
+            "{keys:?}"
+        );
+        assert!(keys.contains(&("[Install]".into(), "WantedBy".into())));
+
+        let nl = vec![PathBuf::from("/srv/a\nb")];
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &args, &nl).is_err());
+        let rel = vec![PathBuf::from("srv")];
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &args, &rel).is_err());
+        let bad_arg = vec!["--exclude=a\nb".to_string()];
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &bad_arg, &roots).is_err());
+        assert!(watch_unit(Path::new("/usr/bin/cowlink"), &args, &[]).is_err());
     }
 
     #[test]

@@ -206,6 +206,7 @@ pub fn plan(
         min_size,
         run: control.run(),
         stores: stores.into_iter().map(|p| p.0).collect(),
+        ..DedupeOptions::default()
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -269,6 +270,7 @@ pub fn run(
         min_size,
         run: control.run(),
         stores: stores.into_iter().map(|p| p.0).collect(),
+        ..DedupeOptions::default()
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?

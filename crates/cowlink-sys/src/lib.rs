@@ -25,6 +25,8 @@
 
 mod types;
 pub use types::*;
+mod fanotify;
+pub use fanotify::*;
 
 /// The error every call answers with: the system's errno on Unix. On
 /// Windows, a POSIX error number translated from the Win32 code, so the

@@ -18,6 +18,7 @@ use linux_raw_sys::general::{file_clone_range, file_dedupe_range, file_dedupe_ra
 use rustix::fd::{AsRawFd, BorrowedFd};
 use rustix::io::Errno;
 
+use crate::fanotify::*;
 use crate::types::*;
 use rustix::ioctl::{ioctl, Opcode, Updater};
 
@@ -1280,4 +1281,168 @@ pub fn birth_time(fd: BorrowedFd<'_>) -> Result<Option<(i64, u32)>, Errno> {
     let st = rfs::statx(fd, "", AtFlags::EMPTY_PATH, rfs::StatxFlags::BTIME)?;
     Ok((st.stx_mask & rfs::StatxFlags::BTIME.bits() != 0)
         .then_some((st.stx_btime.tv_sec, st.stx_btime.tv_nsec)))
+}
+
+/// `fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK |
+/// FAN_REPORT_DFID_NAME, O_RDONLY | O_LARGEFILE | O_CLOEXEC)`: a
+/// notification group whose events name the directory (by file handle)
+/// and the entry, with no open descriptor per event. Linux ≥ 5.9; needs
+/// `CAP_SYS_ADMIN`. The kernel's queue is bounded (16384 events), past
+/// which it reports `FAN_Q_OVERFLOW`.
+///
+/// See `fanotify_init(2)`.
+pub fn fanotify_init_dfid_name() -> Result<OwnedFd, Errno> {
+    let flags =
+        libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK | libc::FAN_REPORT_DFID_NAME;
+    let event_f_flags = (libc::O_RDONLY | libc::O_LARGEFILE | libc::O_CLOEXEC) as libc::c_uint;
+    // SAFETY: no pointers; the result is a new descriptor or -1.
+    let fd = unsafe { libc::fanotify_init(flags, event_f_flags) };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { <OwnedFd as rustix::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// `fanotify_mark(group, FAN_MARK_ADD | kind, mask, AT_FDCWD, path)`: add
+/// `mask` (the `FAN_*` event bits) on the filesystem, the mount or the
+/// inode `path` names. `EXDEV`: `path` is in a Btrfs subvolume whose fsid
+/// differs from its filesystem's (with a filesystem mark); `EINVAL`:
+/// directory-entry events on a mount mark.
+///
+/// See `fanotify_mark(2)`.
+pub fn fanotify_mark(
+    group: BorrowedFd<'_>,
+    kind: FanMark,
+    mask: u64,
+    path: &Path,
+) -> Result<(), Errno> {
+    let path =
+        std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Errno::INVAL)?;
+    let flags = libc::FAN_MARK_ADD
+        | match kind {
+            FanMark::Filesystem => libc::FAN_MARK_FILESYSTEM,
+            FanMark::Mount => libc::FAN_MARK_MOUNT,
+            FanMark::Inode => 0,
+        };
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    let r = unsafe {
+        libc::fanotify_mark(
+            group.as_raw_fd(),
+            flags,
+            mask,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+/// Read the pending events of the fanotify `group` (non-blocking) into
+/// `buf` and parse them into `out` ([`parse_events`]). `Ok(None)`: all
+/// parsed, or nothing pending; `Ok(Some(e))`: the records stopped making
+/// sense at some point (the events before it are in `out`). Any event
+/// descriptor (none in a group that reports handles) is closed.
+///
+/// See `fanotify(7)`.
+pub fn fanotify_read(
+    group: BorrowedFd<'_>,
+    buf: &mut [u8],
+    out: &mut Vec<FanEvent>,
+) -> Result<Option<FanParseError>, Errno> {
+    let n = match rustix::io::read(group, &mut *buf) {
+        Ok(n) => n,
+        Err(Errno::AGAIN) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let first = out.len();
+    let parsed = parse_events(&buf[..n], out);
+    for ev in &mut out[first..] {
+        if ev.fd >= 0 {
+            // SAFETY: the kernel opened this descriptor for us with the
+            // event; nothing else holds it, and it is closed once.
+            drop(unsafe { <OwnedFd as rustix::fd::FromRawFd>::from_raw_fd(ev.fd) });
+            ev.fd = -1;
+        }
+    }
+    Ok(parsed.err())
+}
+
+/// `poll(fd, POLLIN, timeout)`: whether `fd` became readable within
+/// `timeout` (rounded up to a millisecond). `EINTR` answers `false`.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: std::time::Duration) -> Result<bool, Errno> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd, counted as one.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    match r {
+        r if r < 0 => match last_errno() {
+            Errno::INTR => Ok(false),
+            e => Err(e),
+        },
+        0 => Ok(false),
+        _ => Ok(p.revents & libc::POLLIN != 0),
+    }
+}
+
+/// `open_by_handle_at(mount, handle, flags)`: open the object `handle`
+/// names on the filesystem of `mount` (any descriptor on it). Needs
+/// `CAP_DAC_READ_SEARCH`. `ESTALE`: the object is gone.
+///
+/// See `open_by_handle_at(2)`.
+pub fn open_by_handle(
+    mount: BorrowedFd<'_>,
+    handle: &FileHandle,
+    flags: rustix::fs::OFlags,
+) -> Result<OwnedFd, Errno> {
+    if handle.bytes.len() > MAX_HANDLE_SZ {
+        return Err(Errno::INVAL);
+    }
+    // struct file_handle { u32 handle_bytes; i32 handle_type; u8 f_handle[]; },
+    // in u64 words so the header is aligned.
+    let mut words = vec![0u64; (8 + handle.bytes.len()).div_ceil(8)];
+    {
+        let raw: &mut [u8] = bytemuck_bytes(&mut words);
+        raw[0..4].copy_from_slice(&(handle.bytes.len() as u32).to_ne_bytes());
+        raw[4..8].copy_from_slice(&handle.handle_type.to_ne_bytes());
+        raw[8..8 + handle.bytes.len()].copy_from_slice(&handle.bytes);
+    }
+    // SAFETY: `words` holds a complete `struct file_handle` whose
+    // `handle_bytes` matches the bytes that follow it; it outlives the call.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount.as_raw_fd(),
+            words.as_mut_ptr().cast::<libc::file_handle>(),
+            flags.bits() as libc::c_int,
+        )
+    };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: a new descriptor owned by nobody else.
+    Ok(unsafe { <OwnedFd as rustix::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// The bytes of `words` (a `u64` slice viewed as bytes, for a C struct
+/// that needs 8-byte alignment).
+fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
+    let len = std::mem::size_of_val(words);
+    // SAFETY: u8 has no alignment or validity requirement; the view covers
+    // exactly the slice's memory and borrows it mutably for its lifetime.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// The path the kernel has for the open `fd` (`/proc/self/fd/N`), as seen
+/// from this process's mount namespace and root. A deleted object's path
+/// ends in ` (deleted)`.
+pub fn fd_path(fd: BorrowedFd<'_>) -> Result<std::path::PathBuf, Errno> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))
 }

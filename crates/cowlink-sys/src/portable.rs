@@ -28,6 +28,7 @@ use rustix::fd::{BorrowedFd, OwnedFd};
 use rustix::fs::{self as rfs, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::fanotify::*;
 use crate::types::*;
 
 /// Why this platform cannot clone at all, for messages: there is no
@@ -627,6 +628,49 @@ pub fn mknodat(
 #[allow(clippy::useless_conversion)]
 pub fn file_type_bits(t: rfs::FileType) -> u32 {
     u32::from(t.as_raw_mode())
+}
+
+/// No fanotify here: `EOPNOTSUPP` (the watch cannot start).
+pub fn fanotify_init_dfid_name() -> Result<OwnedFd, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No fanotify here: `EOPNOTSUPP`.
+pub fn fanotify_mark(
+    _group: BorrowedFd<'_>,
+    _kind: FanMark,
+    _mask: u64,
+    _path: &Path,
+) -> Result<(), Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No fanotify here: `EOPNOTSUPP`.
+pub fn fanotify_read(
+    _group: BorrowedFd<'_>,
+    _buf: &mut [u8],
+    _out: &mut Vec<FanEvent>,
+) -> Result<Option<FanParseError>, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No poll wrapper here: `EOPNOTSUPP` (only fanotify, absent here, uses it).
+pub fn wait_readable(_fd: BorrowedFd<'_>, _timeout: std::time::Duration) -> Result<bool, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No `open_by_handle_at` here: `EOPNOTSUPP`.
+pub fn open_by_handle(
+    _mount: BorrowedFd<'_>,
+    _handle: &FileHandle,
+    _flags: OFlags,
+) -> Result<OwnedFd, Errno> {
+    Err(Errno::OPNOTSUPP)
+}
+
+/// No `/proc` here: `EOPNOTSUPP`.
+pub fn fd_path(_fd: BorrowedFd<'_>) -> Result<std::path::PathBuf, Errno> {
+    Err(Errno::OPNOTSUPP)
 }
 
 #[cfg(test)]

@@ -20,3 +20,4 @@ mod snapshot;
 mod store;
 mod sync;
 mod tree;
+mod watch;

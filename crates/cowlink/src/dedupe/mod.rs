@@ -93,9 +93,12 @@ use crate::probe::Answer;
 use crate::run::{Phase, Run};
 use crate::walk::{self, DirInfo, Entry, Visitor};
 
+mod exclude;
 mod execute;
 mod stages;
+pub mod watch;
 
+pub use exclude::Exclude;
 pub use execute::{execute, DedupeReport, SkipReason, SkippedTarget, UNPROVEN_BATCH};
 use stages::{layout_facts, Cand, Name, Names, Span};
 
@@ -123,6 +126,9 @@ pub struct DedupeOptions {
     /// (not even their layout), also when a path given to dedupe reaches
     /// them. Each must be a store (its `cowlink-store` marker present).
     pub stores: Vec<PathBuf>,
+    /// Paths left alone (`--exclude`): never read, never a source nor a
+    /// target; an excluded directory is not opened. Empty by default.
+    pub exclude: Exclude,
 }
 
 impl Default for DedupeOptions {
@@ -131,6 +137,7 @@ impl Default for DedupeOptions {
             min_size: 1,
             run: Run::default(),
             stores: Vec::new(),
+            exclude: Exclude::default(),
         }
     }
 }
@@ -296,6 +303,9 @@ struct Collect {
     inline: Mutex<SetAside>,
     /// Regular files below `min_size`: counted as scanned, nothing more.
     below_min: AtomicU64,
+    /// `--exclude`, and the walk's roots its paths are relative to.
+    exclude: Exclude,
+    roots: Vec<PathBuf>,
 }
 
 /// The inline files the walk met, and per device the shortest of their
@@ -310,6 +320,9 @@ impl Collect {
     /// Record one entry of the walk.
     fn take(&self, e: Entry<'_>) {
         if e.file_type.is_some_and(|t| t != FileType::RegularFile) {
+            return;
+        }
+        if self.excluded(e.root, &e.path) {
             return;
         }
         let st = match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
@@ -367,6 +380,17 @@ impl Collect {
             None => names.push(None, e.path.as_os_str()),
         };
         files.push(c);
+    }
+
+    /// Whether `path` (below walk root `root`) is excluded by its own name
+    /// or path (its directories were checked when the walk reached them).
+    fn excluded(&self, root: usize, path: &Path) -> bool {
+        if self.exclude.is_empty() {
+            return false;
+        }
+        let base = self.roots.get(root).map_or(Path::new(""), |r| r.as_path());
+        path.strip_prefix(base)
+            .is_ok_and(|rel| !rel.as_os_str().is_empty() && self.exclude.excludes_entry(rel))
     }
 
     /// Keep an inline file apart, without its name (unless `path` is its
@@ -438,6 +462,10 @@ impl Visitor for Collect {
 
     fn error(&self, err: Error) {
         lock(&self.errors).push(err);
+    }
+
+    fn skip_dir(&self, root: usize, path: &Path) -> bool {
+        self.excluded(root, path)
     }
 }
 
@@ -606,6 +634,7 @@ fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<Ded
     let quiet = DedupeOptions {
         min_size: opts.min_size,
         stores: Vec::new(),
+        exclude: opts.exclude.clone(),
         run: Run {
             progress: None,
             ..opts.run.clone()
@@ -643,6 +672,8 @@ fn find<P: AsRef<Path>>(
     run.enter(Phase::Scan, 0, 0);
     let c = Collect {
         min_size: opts.min_size,
+        exclude: opts.exclude.clone(),
+        roots: roots.clone(),
         euid: rustix::process::geteuid().as_raw(),
         fixed_from,
         ..Default::default()

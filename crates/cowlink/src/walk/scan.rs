@@ -71,6 +71,11 @@ pub(crate) trait Visitor: Sync {
     fn counted_by_walk(&self) -> bool {
         true
     }
+    /// Whether the directory at `path` (below walk root `root`) is left
+    /// out: not opened, nothing below it visited (`--exclude`).
+    fn skip_dir(&self, _root: usize, _path: &Path) -> bool {
+        false
+    }
 }
 
 /// An open directory of the walk.
@@ -193,6 +198,9 @@ impl pool::Driver for Walk<'_> {
 
     fn open(&self, parent: &Arc<ScanDir>, name: &CStr) -> Option<Arc<ScanDir>> {
         let path = parent.info.path.join(OsStr::from_bytes(name.to_bytes()));
+        if self.visitor.skip_dir(parent.info.root, &path) {
+            return None;
+        }
         match open_dir(parent.fd.as_fd(), name.to_bytes()) {
             Ok((fd, st)) => self.new_dir(Some(parent.info.id), parent.info.root, path, fd, &st),
             Err(e) => {

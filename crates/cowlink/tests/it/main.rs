@@ -20,6 +20,7 @@ mod snapshot;
 mod store;
 mod sync;
 mod tree;
+mod watch;
 
 /// Whether `b` maps every byte to the same disk blocks as `a` (FIEMAP).
 fn same_blocks(a: &Path, b: &Path) -> bool {
