@@ -26,7 +26,7 @@
 //!
 //! Layers, bottom up (each imports only from those below it):
 //! - `ground`: the one [`error`] type, filesystem kinds ([`FsKind`]), the
-//!   [`mountinfo`] table, how [`name`]s are shown in output, hashing;
+//!   mount table, how [`name`]s are shown in output, hashing;
 //! - `prim`: file primitives: the link-mode words ([`LinkMode`],
 //!   [`Method`], [`Outcome`]), moving data (clone or copy), placing a
 //!   destination name ([`Placement`], [`Overwrite`]), metadata
@@ -85,7 +85,7 @@ pub mod usage;
 pub use clone::{clone_file, clone_range, CloneOptions};
 pub use ground::error::{Error, ErrorKind, Operation, Result};
 pub use ground::fskind::{CloneLimit, FsKind};
-pub use ground::{error, mountinfo, name};
+pub use ground::{error, name};
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
 pub use prim::mode::{LinkMode, Method, Outcome};

@@ -6,7 +6,7 @@
 pub mod error;
 pub mod fskind;
 pub(crate) mod hash;
-pub mod mountinfo;
+pub(crate) mod mountinfo;
 pub mod name;
 
 /// Lock a mutex, taking the data even if a thread panicked holding it (the
