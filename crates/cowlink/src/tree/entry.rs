@@ -16,12 +16,11 @@ use super::ctx::Ctx;
 use super::node::DirNode;
 use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
+use crate::prim::facts::{complete_copy, not_older, StatFacts};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
 use crate::prim::mode::{LinkMode, Method, Outcome};
-use crate::prim::place::{
-    left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
-};
+use crate::prim::place::{NewFile, Overwrite, Placement, UNFINISHED_MARK};
 use crate::prim::transfer::{transfer, transfer_error, Source};
 use crate::run::Count;
 
@@ -388,12 +387,8 @@ impl Entry<'_, '_> {
     /// With [`TreeOptions::update_older`](super::TreeOptions::update_older): whether an existing destination
     /// is at least as new as the source (by modification time).
     fn not_older(&self, st: &Stat) -> bool {
-        cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
-            |d| {
-                (d.st_mtime, d.st_mtime_nsec as i64) >= (st.st_mtime, st.st_mtime_nsec as i64)
-                    && !left_unfinished(st.st_mode, d.st_mode)
-            },
-        )
+        cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|d| not_older(&StatFacts::of_stat(st), &StatFacts::of_stat(&d)))
     }
 
     /// With [`TreeOptions::link`](super::TreeOptions::link): a hardlink to the source, or a symbolic
@@ -431,7 +426,7 @@ impl Entry<'_, '_> {
             return false; // a directory this run created holds nothing old
         }
         cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|d| looks_complete(st, &d))
+            .is_ok_and(|d| complete_copy(&StatFacts::of_stat(st), &StatFacts::of_stat(&d)))
     }
 
     /// A symbolic link, recreated with the same target (never followed).
