@@ -99,13 +99,13 @@ impl StatFacts {
         };
         StatFacts {
             kind,
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
+            dev: st.st_dev,
+            ino: st.st_ino,
             size: st.st_size as u64,
-            mtime: st.st_mtime as i64,
+            mtime: st.st_mtime,
             mtime_nsec: st.st_mtime_nsec as i64,
-            mode: st.st_mode as u32,
-            nlink: st.st_nlink as u64,
+            mode: st.st_mode,
+            nlink: st.st_nlink,
         }
     }
 
