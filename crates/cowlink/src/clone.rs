@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation, Result};
 use crate::prim::files::{create_reason, file_type_name, open_source, split_dest};
 use crate::prim::meta::{self, Preserve};
-use crate::prim::mode::{LinkMode, Method, Outcome};
+use crate::prim::mode::{LinkMode, Method, Outcome, Sparse};
 use crate::prim::place::{
     left_unfinished, place_name, NewFile, Overwrite, Placement, UNFINISHED_MARK,
 };
@@ -55,6 +55,9 @@ pub struct CloneOptions {
     /// either way. A tree copy chooses per directory instead (see
     /// `TreeOptions::atomic`).
     pub placement: Placement,
+    /// How a data copy treats holes (`cp --sparse`); a clone keeps the
+    /// source's layout whatever this says. [`Sparse::Auto`] by default.
+    pub sparse: Sparse,
 }
 
 impl Default for CloneOptions {
@@ -68,6 +71,7 @@ impl Default for CloneOptions {
             attributes_only: false,
             default_mode: false,
             placement: Placement::default(),
+            sparse: Sparse::Auto,
         }
     }
 }
@@ -199,7 +203,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         transfer(
             sfd,
             dfd,
-            Source::of(&st),
+            Source::of(&st).with_sparse(options.sparse),
             options.link,
             &before_copy,
             &failed,

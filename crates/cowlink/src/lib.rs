@@ -88,7 +88,7 @@ pub use ground::fskind::{CloneLimit, FsKind};
 pub use ground::{error, name};
 pub use prealloc::{PreallocOptions, PreallocWriter};
 pub use prim::meta::Preserve;
-pub use prim::mode::{LinkMode, Method, Outcome};
+pub use prim::mode::{LinkMode, Method, Outcome, Sparse};
 pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished, Overwrite, Placement};
 pub use run::{CancelToken, Phase, Progress, Run, Totals};
 pub use usage::{usage, Usage};

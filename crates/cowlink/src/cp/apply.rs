@@ -15,7 +15,7 @@ use super::decide::{
     self, BackupHow, Decision, ExistingFacts, Followed, KeepReason, Refusal, SameFileFacts,
     StatFacts, ThroughLink,
 };
-use super::{io_words, Ask, CpEvent, CpObserver, CpOptions, CpReport, Deref, Operand, Sparse};
+use super::{io_words, Ask, CpEvent, CpObserver, CpOptions, CpReport, Deref, Operand};
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::name::quoted;
 use crate::prim::mode::{Method, Outcome};
@@ -549,13 +549,7 @@ impl Apply<'_> {
                         reason: SkipReason::Exists,
                     });
                 }
-                Ok(outcome) => {
-                    if let Err(e) = sparse_after(o.sparse, dst, outcome.method) {
-                        fail_msg(format!("{}: {}", quoted(dst), io_words(&e)));
-                        return false;
-                    }
-                    ok(outcome);
-                }
+                Ok(outcome) => ok(outcome),
                 Err(e) => fail(&e),
             }
         } else {
@@ -717,60 +711,6 @@ fn make_parents(src: &Path, dst: &Path, o: &CpOptions) -> std::io::Result<()> {
             decide::default_mode(decide::FileKind::Dir, umask)
         };
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
-    }
-    Ok(())
-}
-
-/// `--sparse=always|never` on a copied file (a clone keeps its source's
-/// layout either way). `always` punches holes over whole zero blocks of
-/// the copy; `never` allocates every hole.
-/// `dst` opened without blocking, if it is a regular file: cp writes
-/// into FIFOs and devices as GNU does, and reading one back here would
-/// block or never end, so those get no hole handling.
-fn regular(o: &mut std::fs::OpenOptions, dst: &Path) -> std::io::Result<Option<std::fs::File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = o
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(dst)?;
-    Ok(f.metadata()?.is_file().then_some(f))
-}
-
-fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<()> {
-    use rustix::fd::AsFd;
-    use std::os::unix::fs::FileExt;
-    if method == Method::Reflink || method == Method::Skipped {
-        return Ok(());
-    }
-    match sparse {
-        Sparse::Always => {
-            let Some(f) = regular(std::fs::OpenOptions::new().read(true).write(true), dst)? else {
-                return Ok(());
-            };
-            let len = f.metadata()?.len();
-            const BLOCK: u64 = 4096;
-            let mut buf = vec![0u8; BLOCK as usize];
-            let mut off = 0;
-            while off < len {
-                let n = f.read_at(&mut buf, off)?;
-                if n == 0 {
-                    break;
-                }
-                if n as u64 == BLOCK && buf.iter().all(|b| *b == 0) {
-                    cowlink_sys::punch_hole(f.as_fd(), off, BLOCK)?;
-                }
-                off += n as u64;
-            }
-        }
-        Sparse::Never => {
-            let Some(f) = regular(std::fs::OpenOptions::new().write(true), dst)? else {
-                return Ok(());
-            };
-            let len = f.metadata()?.len();
-            if len > 0 {
-                cowlink_sys::allocate_keep_size(f.as_fd(), 0, len)?;
-            }
-        }
-        Sparse::Auto => {}
     }
     Ok(())
 }

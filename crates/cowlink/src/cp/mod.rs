@@ -25,6 +25,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::prim::mode::Sparse;
 pub use apply::copy_operands;
 pub use decide::{FileKind, KeepReason, Prompt, Refusal, StatFacts};
 
@@ -109,19 +110,6 @@ pub enum Update {
     Older,
 }
 
-/// `--sparse=WHEN`: holes in copies that are not clones (a clone shares
-/// its source's layout whatever this says).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Sparse {
-    /// Keep the source's holes.
-    #[default]
-    Auto,
-    /// Also turn runs of zeros (whole 4 KiB blocks) into holes.
-    Always,
-    /// Fill every hole.
-    Never,
-}
-
 /// Everything GNU cp decides, as one configuration. `Default` is plain
 /// `cp SRC DEST` with `--reflink=auto` ([`LinkMode::Auto`]).
 #[derive(Debug, Clone)]
@@ -163,7 +151,11 @@ pub struct CpOptions {
     /// `--parents`: the source's path is kept under the target directory,
     /// whose missing directories are created.
     pub parents: bool,
-    /// `--sparse`.
+    /// `--sparse`: holes in copies that are not clones. As GNU cp:
+    /// `Never` also turns `--reflink=auto` into a plain copy (a clone, or
+    /// `copy_file_range`, would keep the source's holes), `Always` still
+    /// clones where it can, and `--reflink=always` with anything but
+    /// `Auto` is a usage error ([`operands`] refuses it).
     pub sparse: Sparse,
     /// `--resume`: keep destinations that are complete copies (size and
     /// modification time), replace any other atomically. Implies
@@ -231,7 +223,13 @@ impl CpOptions {
             preserve.timestamps = true;
         }
         crate::CloneOptions {
-            link: self.link_mode,
+            // As GNU's cp.c: --sparse=never turns --reflink=auto into
+            // never, so the copy has blocks of its own everywhere.
+            link: match (self.sparse, self.link_mode) {
+                (Sparse::Never, LinkMode::Auto) => LinkMode::Copy,
+                (_, link) => link,
+            },
+            sparse: self.sparse,
             // GNU replaces existing files unless told otherwise; links are
             // made only where nothing is (or -f removed it).
             overwrite: if self.update == Update::None {
@@ -307,7 +305,8 @@ pub type IsDir<'a> = &'a dyn Fn(&Path) -> std::io::Result<Option<bool>>;
 /// destination that is a directory receives the sources under their last
 /// component (`DIR/.` is named `.`, so its content merges into the
 /// target), or under their whole path with `--parents`. Pure but for
-/// `is_dir`. Errors are usage errors ([`ErrorKind::InvalidInput`],
+/// `is_dir`. `--reflink=always` with a `--sparse` other than `auto` is
+/// refused, as GNU does. Errors are usage errors ([`ErrorKind::InvalidInput`],
 /// [`ErrorKind::NotADirectory`], [`ErrorKind::NotFound`]) in GNU's words.
 pub fn operands(
     sources: &[PathBuf],
@@ -329,6 +328,13 @@ pub fn operands(
         let end = b.iter().rposition(|c| *c != b'/').map_or(1, |i| i + 1);
         PathBuf::from(OsStr::from_bytes(&b[..end]))
     };
+    // As GNU's cp.c: a clone cannot honour a hole policy.
+    if o.link_mode == LinkMode::Clone && o.sparse != Sparse::Auto {
+        return usage(
+            ErrorKind::InvalidInput,
+            "--reflink can be used only with --sparse=auto".into(),
+        );
+    }
     let srcs: Vec<PathBuf> = sources.iter().map(strip).collect();
     if srcs.is_empty() {
         return usage(ErrorKind::InvalidInput, "no source operand".into());

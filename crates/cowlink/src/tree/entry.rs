@@ -338,7 +338,7 @@ impl Entry<'_, '_> {
         let done = transfer(
             sfd,
             dfd,
-            Source::of(st),
+            Source::of(st).with_sparse(opts.sparse),
             opts.link,
             &before_copy,
             &failed,

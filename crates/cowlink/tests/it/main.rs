@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+mod cp;
 mod dedupe;
 mod inspect;
 mod prealloc;
