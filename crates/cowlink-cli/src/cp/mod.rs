@@ -546,6 +546,8 @@ impl Reporter {
         if self.verbose {
             let why = match reason {
                 SkipReason::Complete => "already complete",
+                SkipReason::Declined => "not replaced (answered no)",
+                SkipReason::NotOlder => "destination is not older",
                 _ => "destination exists",
             };
             self.eprint(&format!(

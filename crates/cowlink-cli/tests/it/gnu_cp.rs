@@ -174,6 +174,39 @@ fn existing_destinations_are_overwritten_kept_or_backed_up_as_gnu_does() {
     same_as_gnu(x.path(), "backup-is-src", &tilde, "--b=simple a~ a", "");
 }
 
+/// `cp -ri` into an existing tree asks about every entry it would
+/// replace, not only about the operands. One question per case, so that
+/// the order of a directory's entries cannot change which answer goes
+/// where.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn interactive_asks_about_entries_inside_trees_as_gnu_does() {
+    let x = testfs!(Xfs);
+    let merge = |d: &Path| {
+        write(d, "s/sub/f", "new\n", 0o644);
+        write(d, "s/g", "only in the source\n", 0o644);
+        write(d, "d/s/sub/f", "old\n", 0o644);
+    };
+    same_as_gnu(x.path(), "ri-no", &merge, "-ri s d", "n\n");
+    same_as_gnu(x.path(), "ri-yes", &merge, "-ri s d", "y\n");
+    same_as_gnu(x.path(), "ri-dot", &merge, "-ri s/. d/s", "n\n");
+    // A read-only destination: GNU names the mode it would override.
+    let read_only = |d: &Path| {
+        merge(d);
+        fs::set_permissions(d.join("d/s/sub/f"), fs::Permissions::from_mode(0o444)).unwrap();
+    };
+    same_as_gnu(x.path(), "ri-mode", &read_only, "-ri s d", "n\n");
+    // A symlink of the source over a file is asked about too.
+    let link = |d: &Path| {
+        fs::create_dir_all(d.join("s")).unwrap();
+        symlink("nowhere", d.join("s/l")).unwrap();
+        write(d, "d/s/l", "file\n", 0o644);
+    };
+    same_as_gnu(x.path(), "ri-link-no", &link, "-ri s d", "n\n");
+    same_as_gnu(x.path(), "ri-link-yes", &link, "-ri s d", "y\n");
+    same_as_gnu(x.path(), "rin", &merge, "-rn s d", "");
+}
+
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn links_parents_and_dir_dot_name_destinations_as_gnu_does() {

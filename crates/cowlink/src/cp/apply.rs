@@ -22,6 +22,35 @@ use crate::prim::mode::{Method, Outcome};
 use crate::run::Progress;
 use crate::tree::{copy_tree, LinkKind, SkipReason, TreeEvent};
 
+/// The `-i` callback as passed down (see [`Ask`]).
+type AskFn<'f> = dyn FnMut(&decide::Prompt<'_>) -> bool + Send + 'f;
+
+/// What a directory operand's tree copy reports to: its events become
+/// [`CpEvent::Tree`], and `-i`'s questions about its entries go to the
+/// caller's callback (the tree asks one at a time; the lock makes the
+/// callback shareable with the worker threads).
+struct TreeBridge<'b, 'f> {
+    observer: &'b dyn CpObserver,
+    src: &'b Path,
+    dst: &'b Path,
+    ask: std::sync::Mutex<&'b mut AskFn<'f>>,
+}
+
+impl crate::tree::Observer for TreeBridge<'_, '_> {
+    fn event(&self, event: &TreeEvent<'_>) {
+        self.observer.event(&CpEvent::Tree {
+            src: self.src,
+            dst: self.dst,
+            event,
+        })
+    }
+
+    fn may_replace(&self, prompt: &decide::Prompt<'_>) -> bool {
+        let mut ask = self.ask.lock().unwrap_or_else(|p| p.into_inner());
+        (*ask)(prompt)
+    }
+}
+
 /// What earlier operands did, for the rules that span operands.
 #[derive(Default)]
 struct Seen {
@@ -100,7 +129,7 @@ pub fn copy_operands(
         if o.run.cancelled() {
             break;
         }
-        let ask: &mut dyn FnMut(&decide::Prompt<'_>) -> bool = match ask.as_mut() {
+        let ask: &mut AskFn<'_> = match ask.as_mut() {
             Some(a) => &mut **a,
             None => &mut no,
         };
@@ -165,12 +194,7 @@ impl Apply<'_> {
     }
 
     /// One operand; returns whether it was a tree copy.
-    fn operand(
-        &self,
-        into_dir: bool,
-        seen: &mut Seen,
-        ask: &mut dyn FnMut(&decide::Prompt<'_>) -> bool,
-    ) -> bool {
+    fn operand(&self, into_dir: bool, seen: &mut Seen, ask: &mut AskFn<'_>) -> bool {
         let (src, dst) = (self.src, self.dst);
         if self.o.dry_run {
             return self.dry_run();
@@ -194,7 +218,7 @@ impl Apply<'_> {
                 return false;
             }
         };
-        let tree_copy = self.carry_out(&job);
+        let tree_copy = self.carry_out(&job, ask);
         if let Ok(m) = std::fs::symlink_metadata(&job.dst) {
             if !m.is_dir() {
                 seen.created.insert((m.dev(), m.ino()));
@@ -218,7 +242,7 @@ impl Apply<'_> {
         &self,
         into_dir: bool,
         seen: &mut Seen,
-        ask: &mut dyn FnMut(&decide::Prompt<'_>) -> bool,
+        ask: &mut AskFn<'_>,
     ) -> Result<Option<Job>, Refused> {
         let (o, src, named) = (self.o, self.src, self.dst);
         let follow = matches!(o.deref, Deref::Always | Deref::CommandLine);
@@ -447,7 +471,7 @@ impl Apply<'_> {
     }
 
     /// Do the job; returns whether it was a tree copy.
-    fn carry_out(&self, job: &Job) -> bool {
+    fn carry_out(&self, job: &Job, ask: &mut AskFn<'_>) -> bool {
         let (o, src) = (self.o, self.src);
         let dst = job.dst.as_path();
         let t = Instant::now();
@@ -558,12 +582,11 @@ impl Apply<'_> {
                 dir_existed: job.dir_existed,
             });
             let from = follow_operand(src, job.follow);
-            let observer = |ev: &TreeEvent<'_>| {
-                self.observer.event(&CpEvent::Tree {
-                    src,
-                    dst,
-                    event: ev,
-                })
+            let observer = TreeBridge {
+                observer: self.observer,
+                src,
+                dst,
+                ask: std::sync::Mutex::new(ask),
             };
             let result = copy_tree(&from, dst, self.tree, &observer);
             self.observer.event(&CpEvent::TreeEnd);

@@ -248,9 +248,18 @@ impl CpOptions {
         }
     }
 
-    /// The options of the tree copy of a directory operand.
+    /// The options of the tree copy of a directory operand. With `-i`
+    /// (and an update rule that replaces), entries are asked about too, as
+    /// GNU's `cp -ri` does, on one thread so that the questions come in a
+    /// fixed order.
     pub fn tree_options(&self) -> crate::tree::TreeOptions {
+        let interactive = self.interactive && matches!(self.update, Update::All | Update::Older);
+        let run = match interactive {
+            true => self.run.clone().with_threads(1),
+            false => self.run.clone(),
+        };
         crate::tree::TreeOptions {
+            interactive,
             file: self.clone_options(),
             hardlinks: self.preserve_links,
             dereference: self.deref == Deref::Always,
@@ -260,7 +269,7 @@ impl CpOptions {
             update_older: self.update == Update::Older,
             copy_contents: self.copy_contents && self.recursive,
             dry_run: self.dry_run,
-            run: self.run.clone(),
+            run,
         }
     }
 
@@ -568,8 +577,10 @@ impl<F: Fn(&CpEvent<'_>) + Sync> CpObserver for F {
     }
 }
 
-/// The `-i` callback: asked before replacing, replaces on `true`.
-pub type Ask<'a> = &'a mut dyn FnMut(&Prompt<'_>) -> bool;
+/// The `-i` callback: asked before replacing, replaces on `true`. Entries
+/// of a directory operand are asked about from the tree copy's worker
+/// thread (one question at a time), hence `Send`.
+pub type Ask<'a> = &'a mut (dyn FnMut(&Prompt<'_>) -> bool + Send);
 
 /// Totals of [`copy`].
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]

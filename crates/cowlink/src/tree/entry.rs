@@ -16,7 +16,7 @@ use super::ctx::Ctx;
 use super::node::DirNode;
 use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
-use crate::prim::facts::{complete_copy, not_older, StatFacts};
+use crate::prim::facts::{complete_copy, not_older, Prompt, StatFacts};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
 use crate::prim::mode::{LinkMode, Method, Outcome};
@@ -208,11 +208,6 @@ impl Entry<'_, '_> {
                 });
                 return Ok(());
             }
-            // `file.link` Hardlink is `link` Hard: one word for a tree.
-            let hard = (opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
-            if let Some(kind) = self.eng.opts.link.or(hard) {
-                return self.link_to_source(kind);
-            }
             if self.already_done(&st) {
                 self.eng.count(Count::Skipped, 1);
                 self.eng.emit(TreeEvent::Skipped {
@@ -221,6 +216,14 @@ impl Entry<'_, '_> {
                     reason: SkipReason::Complete,
                 });
                 return Ok(());
+            }
+            if !self.may_replace() {
+                return Ok(());
+            }
+            // `file.link` Hardlink is `link` Hard: one word for a tree.
+            let hard = (opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
+            if let Some(kind) = self.eng.opts.link.or(hard) {
+                return self.link_to_source(kind);
             }
             let outcome = self.clone_file(sfd.as_fd(), &st)?;
             self.eng.count(Count::Files, 1);
@@ -429,12 +432,57 @@ impl Entry<'_, '_> {
             .is_ok_and(|d| complete_copy(&StatFacts::of_stat(st), &StatFacts::of_stat(&d)))
     }
 
+    /// With [`TreeOptions::interactive`](super::TreeOptions::interactive):
+    /// whether an existing destination that is not a directory may be
+    /// replaced, asked of the observer with GNU's question (which names
+    /// the mode it overrides when the file is not writable). A no is
+    /// counted and reported as skipped. True when nothing is there to
+    /// replace (a directory in the way fails later with its own error).
+    fn may_replace(&self) -> bool {
+        if !self.eng.opts.interactive || self.eng.opts.dry_run {
+            return true;
+        }
+        let Ok(old) = cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            return true;
+        };
+        let t = cowlink_sys::file_type(old.st_mode);
+        if t == FileType::Directory {
+            return true;
+        }
+        let writable = t == FileType::Symlink
+            || fs::accessat(
+                self.dst_dir(),
+                self.dst_name,
+                fs::Access::WRITE_OK,
+                AtFlags::empty(),
+            )
+            .is_ok();
+        let prompt = Prompt {
+            dst: self.dst,
+            overriding_mode: (!writable).then_some(old.st_mode & 0o7777),
+        };
+        if self.eng.may_replace(&prompt) {
+            return true;
+        }
+        self.eng.count(Count::Skipped, 1);
+        self.eng.emit(TreeEvent::Skipped {
+            src: self.src,
+            dst: self.dst,
+            reason: SkipReason::Declined,
+        });
+        false
+    }
+
     /// A symbolic link, recreated with the same target (never followed).
     fn symlink(&self) -> Result<(), Error> {
         let st = self.lstat()?;
         if self.eng.opts.dry_run {
             self.eng.count(Count::Symlinks, 1);
             self.planned(Action::Symlink);
+            return Ok(());
+        }
+        if !self.may_replace() {
             return Ok(());
         }
         let target = fs::readlinkat(&self.node.src, self.name, Vec::new())
@@ -453,6 +501,9 @@ impl Entry<'_, '_> {
     /// ([`TreeOptions::copy_contents`](super::TreeOptions::copy_contents)),
     /// placed like any copy so that a failure leaves no partial name.
     fn contents(&self) -> Result<(), Error> {
+        if !self.may_replace() {
+            return Ok(());
+        }
         let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY;
         if !self.eng.opts.dereference {
             flags |= OFlags::NOFOLLOW;
@@ -522,6 +573,9 @@ impl Entry<'_, '_> {
         if self.eng.opts.dry_run {
             self.eng.count(Count::Specials, 1);
             self.planned(Action::Special { kind });
+            return Ok(());
+        }
+        if !self.may_replace() {
             return Ok(());
         }
         let mode = cowlink_sys::raw_mode(self.eng.opts.new_bits(st.st_mode));

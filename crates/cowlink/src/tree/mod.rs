@@ -44,6 +44,7 @@ use crate::clone::CloneOptions;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
+pub use crate::prim::facts::Prompt;
 pub use copy::copy_tree;
 
 pub use crate::run::{default_threads, CancelToken, MAX_THREADS};
@@ -89,6 +90,13 @@ pub struct TreeOptions {
     /// files (`cp -R --copy-contents`) instead of recreating them; a FIFO
     /// blocks the copy until something writes to it and closes it.
     pub copy_contents: bool,
+    /// Ask before replacing (`cp -i`): for each destination that exists
+    /// and is not a directory, [`Observer::may_replace`] is asked GNU cp's
+    /// question; a no keeps it, counted as skipped
+    /// ([`SkipReason::Declined`]). Questions come from the worker threads
+    /// one at a time; with one thread ([`crate::run::Run::threads`]) they
+    /// come in a fixed order, which answers piped in by a script need.
+    pub interactive: bool,
     /// Walk the source and report what would be done ([`TreeEvent::Planned`])
     /// without creating or changing anything at the destination.
     pub dry_run: bool,
@@ -201,6 +209,8 @@ pub enum SkipReason {
     /// The destination is not older than the source
     /// ([`TreeOptions::update_older`]).
     NotOlder,
+    /// [`Observer::may_replace`] said no ([`TreeOptions::interactive`]).
+    Declined,
 }
 
 /// What happened to one entry, as told to an [`Observer`].
@@ -273,6 +283,15 @@ pub enum TreeEvent<'a> {
 pub trait Observer: Sync {
     /// One entry's event.
     fn event(&self, event: &TreeEvent<'_>);
+
+    /// With [`TreeOptions::interactive`]: whether the existing
+    /// destination `prompt.dst` may be replaced (`cp -i`'s question is
+    /// [`Prompt::question`]). Never called twice at once. Observers that
+    /// do not answer decline, as `cp -i` without anyone to ask does.
+    fn may_replace(&self, prompt: &Prompt<'_>) -> bool {
+        let _ = prompt;
+        false
+    }
 }
 
 impl<F: Fn(&TreeEvent<'_>) + Sync> Observer for F {
