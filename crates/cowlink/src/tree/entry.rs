@@ -220,9 +220,7 @@ impl Entry<'_, '_> {
             if !self.may_replace() {
                 return Ok(());
             }
-            // `file.link` Hardlink is `link` Hard: one word for a tree.
-            let hard = (opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
-            if let Some(kind) = self.eng.opts.link.or(hard) {
+            if let Some(kind) = self.link_kind() {
                 return self.link_to_source(kind);
             }
             let outcome = self.clone_file(sfd.as_fd(), &st)?;
@@ -304,6 +302,11 @@ impl Entry<'_, '_> {
     fn clone_file(&self, sfd: BorrowedFd<'_>, st: &Stat) -> Result<Outcome, Error> {
         let opts = &self.eng.opts.file;
         let dir = self.dst_dir();
+        if opts.attributes_only && opts.overwrite == Overwrite::Replace {
+            if let Some(done) = self.attributes_into_existing(sfd, st)? {
+                return Ok(done);
+            }
+        }
         let dst_name = os(self.dst_name);
         // Resuming: keep what already matches, replace anything else.
         let overwrite = if self.eng.opts.resume {
@@ -338,15 +341,24 @@ impl Entry<'_, '_> {
         };
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
         let cancelled = || self.eng.cancelled();
-        let done = transfer(
-            sfd,
-            dfd,
-            Source::of(st).with_sparse(opts.sparse),
-            opts.link,
-            &before_copy,
-            &failed,
-            &cancelled,
-        )?;
+        // `cp --attributes-only`: a new file stays empty.
+        let done = if opts.attributes_only {
+            before_copy()?;
+            Outcome {
+                method: Method::ReadWrite,
+                bytes: 0,
+            }
+        } else {
+            transfer(
+                sfd,
+                dfd,
+                Source::of(st).with_sparse(opts.sparse),
+                opts.link,
+                &before_copy,
+                &failed,
+                &cancelled,
+            )?
+        };
         let created = self
             .node
             .new_gid
@@ -387,11 +399,55 @@ impl Entry<'_, '_> {
         Ok(done)
     }
 
+    /// `cp --attributes-only` over an existing regular file (not the
+    /// source itself): it keeps its content and gets the metadata, as
+    /// GNU's and [`crate::clone_file`]'s do. `None` when there is no such
+    /// file (a new, empty one is made then).
+    fn attributes_into_existing(
+        &self,
+        sfd: BorrowedFd<'_>,
+        st: &Stat,
+    ) -> Result<Option<Outcome>, Error> {
+        let Ok(old) = cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            return Ok(None);
+        };
+        if cowlink_sys::file_type(old.st_mode) != FileType::RegularFile {
+            return Ok(None);
+        }
+        let nothing = Outcome {
+            method: Method::ReadWrite,
+            bytes: 0,
+        };
+        if (old.st_dev, old.st_ino) == (st.st_dev, st.st_ino) {
+            return Ok(Some(nothing)); // the source itself: nothing to carry
+        }
+        let dfd = fs::openat(
+            self.dst_dir(),
+            self.dst_name,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(|e| self.dest_error(e))?;
+        meta::apply(sfd, st, dfd.as_fd(), self.eng.opts.file.preserve).map_err(|m| {
+            self.error(m.errno)
+                .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
+        })?;
+        Ok(Some(nothing))
+    }
+
     /// With [`TreeOptions::update_older`](super::TreeOptions::update_older): whether an existing destination
     /// is at least as new as the source (by modification time).
     fn not_older(&self, st: &Stat) -> bool {
         cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
             .is_ok_and(|d| not_older(&StatFacts::of_stat(st), &StatFacts::of_stat(&d)))
+    }
+
+    /// The kind of link every non-directory becomes (`cp -rl`, `cp -rs`),
+    /// if any. `file.link` Hardlink is `link` Hard: one word for a tree.
+    fn link_kind(&self) -> Option<super::LinkKind> {
+        let hard = (self.eng.opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
+        self.eng.opts.link.or(hard)
     }
 
     /// With [`TreeOptions::link`](super::TreeOptions::link): a hardlink to the source, or a symbolic
@@ -485,6 +541,11 @@ impl Entry<'_, '_> {
         if !self.may_replace() {
             return Ok(());
         }
+        // As GNU on Linux (which can hardlink symlinks): -l links the
+        // symlink itself, -s names it.
+        if let Some(kind) = self.link_kind() {
+            return self.link_to_source(kind);
+        }
         let target = fs::readlinkat(&self.node.src, self.name, Vec::new())
             .map_err(|e| self.source_error(e))?;
         self.place(|dir, name| fs::symlinkat(target.as_c_str(), dir, name))?;
@@ -577,6 +638,10 @@ impl Entry<'_, '_> {
         }
         if !self.may_replace() {
             return Ok(());
+        }
+        // As GNU: -l links FIFOs and device nodes too, -s names them.
+        if let Some(kind) = self.link_kind() {
+            return self.link_to_source(kind);
         }
         let mode = cowlink_sys::raw_mode(self.eng.opts.new_bits(st.st_mode));
         self.place(|dir, name| cowlink_sys::mknodat(dir, name, t, mode, st.st_rdev))
