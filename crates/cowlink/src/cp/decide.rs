@@ -5,11 +5,10 @@
 //! GNU's (copy.c `copy_internal`, `same_file_ok`), so the refusals come
 //! with the same precedence as there.
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{Backup, CpOptions, Deref, Update};
+pub use crate::prim::backup::{backup_name, backup_number};
 pub use crate::prim::facts::{complete_copy, mode_string, not_older, FileKind, Prompt, StatFacts};
 use crate::tree::LinkKind;
 
@@ -467,29 +466,6 @@ pub fn existing(
         }
     }
     Ok(Decision::Replace(r))
-}
-
-/// The name the backup of `dst` gets: `dst` + `suffix` (simple), or
-/// `dst.~N~` with N one above `highest`, the highest existing number
-/// (numbered; existing when `highest` > 0).
-pub fn backup_name(kind: Backup, dst: &Path, suffix: &OsStr, highest: u64) -> PathBuf {
-    let mut n = dst.as_os_str().to_owned();
-    match kind {
-        Backup::Simple => n.push(suffix),
-        Backup::Existing if highest == 0 => n.push(suffix),
-        Backup::Existing | Backup::Numbered => n.push(format!(".~{}~", highest + 1)),
-    }
-    PathBuf::from(n)
-}
-
-/// The N of a numbered backup name `file_name` of `base` (`base.~N~`).
-pub fn backup_number(base: &OsStr, file_name: &OsStr) -> Option<u64> {
-    let rest = file_name.as_bytes().strip_prefix(base.as_bytes())?;
-    let digits = rest.strip_prefix(b".~")?.strip_suffix(b"~")?;
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// Whether a backup named `backup` (its `lstat`, when it exists) would be

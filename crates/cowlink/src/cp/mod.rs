@@ -25,6 +25,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::prim::backup::Backup;
 pub use crate::prim::mode::Sparse;
 pub use apply::copy_operands;
 pub use decide::{FileKind, KeepReason, Prompt, Refusal, StatFacts};
@@ -54,44 +55,6 @@ impl Deref {
             Deref::Never
         } else {
             Deref::Always
-        }
-    }
-}
-
-/// How backups of replaced files are named (`--backup=CONTROL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backup {
-    /// `NAME` + suffix (`simple`, `never`).
-    Simple,
-    /// `NAME.~N~` (`numbered`, `t`).
-    Numbered,
-    /// Numbered if numbered backups exist, else simple (`existing`, `nil`).
-    Existing,
-}
-
-impl Backup {
-    /// GNU's CONTROL words (or a prefix of only one); `None` for
-    /// `none`/`off` (no backups).
-    pub fn parse(word: &str) -> Result<Option<Backup>, Error> {
-        const WORDS: [(&str, Option<Backup>); 8] = [
-            ("none", None),
-            ("off", None),
-            ("simple", Some(Backup::Simple)),
-            ("never", Some(Backup::Simple)),
-            ("existing", Some(Backup::Existing)),
-            ("nil", Some(Backup::Existing)),
-            ("numbered", Some(Backup::Numbered)),
-            ("t", Some(Backup::Numbered)),
-        ];
-        if let Some((_, b)) = WORDS.iter().find(|(w, _)| *w == word) {
-            return Ok(*b);
-        }
-        let hits: Vec<_> = WORDS.iter().filter(|(w, _)| w.starts_with(word)).collect();
-        match hits.as_slice() {
-            [(_, b)] if !word.is_empty() => Ok(*b),
-            _ => Err(Error::new(Operation::Copy, ErrorKind::InvalidInput).with_reason(format!(
-                "invalid argument '{word}' for 'backup type'\nValid arguments are:\n  - 'none', 'off'\n  - 'simple', 'never'\n  - 'existing', 'nil'\n  - 'numbered', 't'"
-            ))),
         }
     }
 }
@@ -231,10 +194,15 @@ impl CpOptions {
             },
             sparse: self.sparse,
             // GNU replaces existing files unless told otherwise; links are
-            // made only where nothing is (or -f removed it).
+            // made only where nothing is (or -f, --remove-destination or a
+            // backup took the old name away).
             overwrite: if self.update == Update::None {
                 crate::Overwrite::Skip
-            } else if self.link.is_some() && !self.force {
+            } else if self.link.is_some()
+                && !self.force
+                && !self.remove_destination
+                && self.backup.is_none()
+            {
                 crate::Overwrite::Refuse
             } else {
                 crate::Overwrite::Replace
@@ -260,6 +228,11 @@ impl CpOptions {
         };
         crate::tree::TreeOptions {
             interactive,
+            backup: self.backup.map(|kind| crate::tree::Backups {
+                kind,
+                suffix: self.suffix().to_owned(),
+            }),
+            remove_destination: self.remove_destination,
             file: self.clone_options(),
             hardlinks: self.preserve_links,
             dereference: self.deref == Deref::Always,

@@ -4,6 +4,7 @@
 //! (`meta`), the pure rules over what stat says (`facts`), and the checks on sources and destinations (`files`). Nothing
 //! here walks a tree or knows a feature.
 
+pub mod backup;
 pub mod facts;
 pub(crate) mod files;
 pub mod meta;

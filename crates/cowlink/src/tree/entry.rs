@@ -3,8 +3,8 @@
 //! symbolic link, or a FIFO, socket or device node. Everything is relative
 //! to open directory descriptors.
 
-use std::ffi::{CStr, OsStr};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{CStr, CString, OsStr};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 use cowlink_sys::Stat;
@@ -292,8 +292,55 @@ impl Entry<'_, '_> {
         make: impl Fn(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> Result<(), Error> {
         let replace = self.eng.opts.file.overwrite == Overwrite::Replace || self.eng.opts.resume;
-        crate::prim::place::place_name(self.dst_dir(), self.dst_name, replace, make)
-            .map_err(|e| self.dest_error(e))
+        let backup = if replace { self.back_up_old()? } else { None };
+        crate::prim::place::place_name(self.dst_dir(), self.dst_name, replace, make).map_err(|e| {
+            self.restore(backup);
+            self.dest_error(e)
+        })
+    }
+
+    /// With [`TreeOptions::backup`](super::TreeOptions::backup): move an
+    /// existing destination that is not a directory to its backup name in
+    /// the same directory. Returns that name, for [`Entry::restore`].
+    fn back_up_old(&self) -> Result<Option<CString>, Error> {
+        let Some(b) = &self.eng.opts.backup else {
+            return Ok(None);
+        };
+        let dir = self.dst_dir();
+        let Ok(old) = cowlink_sys::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return Ok(None);
+        };
+        if cowlink_sys::file_type(old.st_mode) == FileType::Directory {
+            return Ok(None);
+        }
+        let cannot = |e: Errno| {
+            self.dest_error(e)
+                .with_reason(format!("cannot back up the destination: {}", errno_text(e)))
+        };
+        // Numbered backups need the highest number already there.
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        if b.kind != crate::prim::backup::Backup::Simple {
+            for e in fs::Dir::read_from(dir).map_err(cannot)? {
+                names.push(e.map_err(cannot)?.file_name().to_bytes().to_vec());
+            }
+        }
+        let name = b.name_in(
+            OsStr::from_bytes(self.dst_name.to_bytes()),
+            names.iter().map(|n| OsStr::from_bytes(n)),
+        );
+        let name =
+            CString::new(name.into_os_string().into_vec()).map_err(|_| cannot(Errno::INVAL))?;
+        fs::renameat(dir, self.dst_name, dir, name.as_c_str()).map_err(cannot)?;
+        Ok(Some(name))
+    }
+
+    /// Put a backup made by [`Entry::back_up_old`] back under the
+    /// destination's name after a failed copy, unless something took it.
+    fn restore(&self, backup: Option<CString>) {
+        if let Some(b) = backup {
+            let dir = self.dst_dir();
+            let _ = fs::renameat_with(dir, &b, dir, self.dst_name, fs::RenameFlags::NOREPLACE);
+        }
     }
 
     /// Clone (or copy) the open source into a new file placed as the
@@ -302,7 +349,13 @@ impl Entry<'_, '_> {
     fn clone_file(&self, sfd: BorrowedFd<'_>, st: &Stat) -> Result<Outcome, Error> {
         let opts = &self.eng.opts.file;
         let dir = self.dst_dir();
-        if opts.attributes_only && opts.overwrite == Overwrite::Replace {
+        // The old file keeps its data unless it is to be removed or backed
+        // up first (then a new, empty one takes its name, as GNU's).
+        if opts.attributes_only
+            && opts.overwrite == Overwrite::Replace
+            && !self.eng.opts.remove_destination
+            && self.eng.opts.backup.is_none()
+        {
             if let Some(done) = self.attributes_into_existing(sfd, st)? {
                 return Ok(done);
             }
@@ -379,6 +432,8 @@ impl Entry<'_, '_> {
         if opts.overwrite == Overwrite::Replace
             && !opts.preserve.mode
             && !self.eng.opts.resume
+            && !self.eng.opts.remove_destination
+            && self.eng.opts.backup.is_none()
             && placement == Placement::Atomic
         {
             if let Ok(old) = cowlink_sys::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -394,8 +449,16 @@ impl Entry<'_, '_> {
                 }
             }
         }
-        file.commit(dst_name, overwrite)
-            .map_err(|e| self.dest_error(e))?;
+        // A direct file holds its final name already: nothing old is there.
+        let backup = if overwrite == Overwrite::Replace && placement == Placement::Atomic {
+            self.back_up_old()?
+        } else {
+            None
+        };
+        file.commit(dst_name, overwrite).map_err(|e| {
+            self.restore(backup);
+            self.dest_error(e)
+        })?;
         Ok(done)
     }
 

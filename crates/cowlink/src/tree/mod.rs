@@ -44,6 +44,7 @@ use crate::clone::CloneOptions;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
+pub use crate::prim::backup::Backups;
 pub use crate::prim::facts::Prompt;
 pub use copy::copy_tree;
 
@@ -90,6 +91,15 @@ pub struct TreeOptions {
     /// files (`cp -R --copy-contents`) instead of recreating them; a FIFO
     /// blocks the copy until something writes to it and closes it.
     pub copy_contents: bool,
+    /// Back up each existing destination that is not a directory before
+    /// replacing it (`cp -r --backup`): it is renamed to its backup name
+    /// in the same directory, and renamed back if the copy fails. The
+    /// replacement then takes the source's mode, not the old file's.
+    pub backup: Option<Backups>,
+    /// Replaced files take the source's mode rather than keeping the old
+    /// file's (`cp -r --remove-destination`). The old file is still
+    /// replaced atomically rather than removed first.
+    pub remove_destination: bool,
     /// Ask before replacing (`cp -i`): for each destination that exists
     /// and is not a directory, [`Observer::may_replace`] is asked GNU cp's
     /// question; a no keeps it, counted as skipped
