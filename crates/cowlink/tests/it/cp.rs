@@ -235,3 +235,73 @@ fn sparse_always_reaches_files_inside_trees() {
     assert!(fs::read(&out).unwrap() == fs::read(src.join("sub/f")).unwrap());
     assert!(allocated(&out) <= 192 * K, "{}", allocated(&out));
 }
+
+/// `-i` through the library: the callback hears about entries inside a
+/// directory operand (GNU's question), a no keeps the file and is
+/// reported as declined, a yes replaces it.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn interactive_callback_is_asked_about_tree_entries() {
+    let d = testfs!(Xfs);
+    let (src, dst) = (d.path().join("s"), d.path().join("d"));
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::create_dir_all(dst.join("sub")).unwrap();
+    for (name, old) in [("keep", "old keep"), ("sub/take", "old take")] {
+        fs::write(src.join(name), "new").unwrap();
+        fs::write(dst.join(name), old).unwrap();
+    }
+    fs::write(src.join("fresh"), "new").unwrap();
+    let o = CpOptions {
+        recursive: true,
+        interactive: true,
+        ..CpOptions::default()
+    };
+    let asked = Mutex::new(Vec::new());
+    let declined = Mutex::new(Vec::new());
+    let observer = |ev: &CpEvent<'_>| {
+        if let CpEvent::Tree {
+            event:
+                cowlink::tree::TreeEvent::Skipped {
+                    dst,
+                    reason: cowlink::tree::SkipReason::Declined,
+                    ..
+                },
+            ..
+        } = ev
+        {
+            declined.lock().unwrap().push(dst.to_path_buf());
+        }
+    };
+    let mut ask = |p: &cowlink::cp::Prompt<'_>| {
+        asked.lock().unwrap().push(p.question());
+        p.dst.ends_with("take")
+    };
+    // `s/.` merges into `d`, so the entries are d/keep and d/sub/take.
+    let r = copy(
+        &[src.join(".")],
+        &dst,
+        Target::default(),
+        &o,
+        &observer,
+        Some(&mut ask),
+    )
+    .unwrap();
+    let mut asked = asked.into_inner().unwrap();
+    asked.sort();
+    let shown = |p: &str| cowlink::name::quoted(&dst.join(".").join(p));
+    assert_eq!(
+        asked,
+        vec![
+            format!("overwrite {}? ", shown("keep")),
+            format!("overwrite {}? ", shown("sub/take")),
+        ]
+    );
+    assert_eq!(
+        declined.into_inner().unwrap(),
+        vec![dst.join(".").join("keep")]
+    );
+    assert_eq!(fs::read_to_string(dst.join("keep")).unwrap(), "old keep");
+    assert_eq!(fs::read_to_string(dst.join("sub/take")).unwrap(), "new");
+    assert_eq!(fs::read_to_string(dst.join("fresh")).unwrap(), "new");
+    assert_eq!((r.totals.skipped, r.totals.errors), (1, 0));
+}
