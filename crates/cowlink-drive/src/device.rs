@@ -14,7 +14,7 @@ use rustix::io::Errno;
 use serde::Serialize;
 
 use super::DriveFs;
-use cowlink::mountinfo::{self, MountEntry};
+use cowlink::probe::MountEntry;
 
 /// A file's identity: the device and inode `stat` gives. This, never a
 /// path string, is how a drive's image and mount point are recognised.
@@ -408,9 +408,7 @@ pub(crate) fn detach(n: u32) -> Result<(), Errno> {
 
 /// The mount table as this process sees it.
 pub(crate) fn mounts() -> Vec<MountEntry> {
-    fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| mountinfo::parse(&t))
-        .unwrap_or_default()
+    cowlink::probe::mounts().unwrap_or_default()
 }
 
 /// Where the loop devices over the file `image` are mounted.

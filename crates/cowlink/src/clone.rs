@@ -25,7 +25,7 @@ use crate::prim::files::{create_reason, file_type_name, open_source, split_dest}
 #[cfg(unix)]
 use crate::prim::meta;
 use crate::prim::meta::Preserve;
-use crate::prim::mode::LinkMode;
+use crate::prim::mode::{LinkMode, Sparse};
 #[cfg(unix)]
 use crate::prim::mode::{Method, Outcome};
 #[cfg(unix)]
@@ -67,6 +67,9 @@ pub struct CloneOptions {
     /// either way. A tree copy chooses per directory instead (see
     /// `TreeOptions::atomic`).
     pub placement: Placement,
+    /// How a data copy treats holes (`cp --sparse`); a clone keeps the
+    /// source's layout whatever this says. [`Sparse::Auto`] by default.
+    pub sparse: Sparse,
 }
 
 impl Default for CloneOptions {
@@ -80,6 +83,7 @@ impl Default for CloneOptions {
             attributes_only: false,
             default_mode: false,
             placement: Placement::default(),
+            sparse: Sparse::Auto,
         }
     }
 }
@@ -213,7 +217,7 @@ fn place_file(src: &Path, dst: &Path, options: &CloneOptions) -> Result<Outcome>
         transfer(
             sfd,
             dfd,
-            Source::of(&st),
+            Source::of(&st).with_sparse(options.sparse),
             options.link,
             &before_copy,
             &failed,

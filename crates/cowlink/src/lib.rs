@@ -26,7 +26,7 @@
 //!
 //! Layers, bottom up (each imports only from those below it):
 //! - `ground`: the one [`error`] type, filesystem kinds ([`FsKind`]), the
-//!   [`mountinfo`] table, how [`name`]s are shown in output, hashing;
+//!   mount table, how [`name`]s are shown in output, hashing;
 //! - `prim`: file primitives: the link-mode words ([`LinkMode`],
 //!   [`Method`], [`Outcome`]), moving data (clone or copy), placing a
 //!   destination name ([`Placement`], [`Overwrite`]), metadata
@@ -110,15 +110,13 @@ pub use clone::CloneOptions;
 pub use clone::{clone_file, clone_range};
 pub use ground::error::{Error, ErrorKind, Operation, Result};
 pub use ground::fskind::{CloneLimit, FsKind};
-#[cfg(unix)]
-pub use ground::mountinfo;
 pub use ground::{error, name};
 #[cfg(unix)]
 pub use prealloc::{PreallocOptions, PreallocWriter};
 #[cfg(unix)]
 pub use prim::delta;
 pub use prim::meta::Preserve;
-pub use prim::mode::{LinkMode, Method, Outcome};
+pub use prim::mode::{LinkMode, Method, Outcome, Sparse};
 #[cfg(unix)]
 pub use prim::place::{is_complete_copy, left_unfinished, remove_unfinished};
 pub use prim::place::{Overwrite, Placement};

@@ -38,7 +38,9 @@ use rustix::io::Errno;
 use crate::ground::error::{errno_text, is_not_possible_here, Error, Operation, Result};
 use crate::ground::fskind::{CloneLimit, FsKind};
 #[cfg(unix)]
-use crate::ground::mountinfo::{self, MountEntry};
+use crate::ground::mountinfo;
+#[cfg(unix)]
+pub use crate::ground::mountinfo::MountEntry;
 #[cfg(not(unix))]
 pub use crate::stdfs::{between, clear_cache, filesystem, tree};
 
@@ -616,6 +618,22 @@ fn pair_trial(src: &Path, dst_dir: &Path, different: &str) -> Answer {
         }
         Err(e) => Answer::Unknown(format!("trial clone failed: {}", errno_text(e))),
     }
+}
+
+/// Every mount this process sees, in the kernel's order (of several on
+/// one mount point, the last is the visible one), from
+/// `/proc/self/mountinfo`. Nothing is probed: this is the table only, for
+/// callers that match mounts to devices (volume tooling); [`tree`] says
+/// what each mount under a root can do.
+///
+/// # Errors
+/// When the mount table cannot be read (or this system has none in
+/// Linux's format).
+#[cfg(unix)]
+pub fn mounts() -> Result<Vec<MountEntry>> {
+    let text = cowlink_sys::mount_table()
+        .map_err(|e| Error::from_io(Operation::Probe, &e).with_src(cowlink_sys::MOUNT_TABLE))?;
+    Ok(mountinfo::parse(&text))
 }
 
 /// Every mount at or under `root` (the mount holding `root` first), from

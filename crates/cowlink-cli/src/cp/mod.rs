@@ -144,8 +144,9 @@ pub struct CpArgs {
     #[arg(long)]
     copy_contents: bool,
 
-    /// Holes in copies: auto (keep the source's holes, the default), always,
-    /// never. Clones share the source's layout whatever this says
+    /// Holes in copies: auto (keep the source's holes, the default), always
+    /// (also leave zero blocks as holes), never (fill holes; as GNU cp, this
+    /// makes --reflink=auto copy). A clone shares the source's layout
     #[arg(long, value_enum, value_name = "WHEN")]
     sparse: Option<SparseArg>,
 
@@ -545,6 +546,8 @@ impl Reporter {
         if self.verbose {
             let why = match reason {
                 SkipReason::Complete => "already complete",
+                SkipReason::Declined => "not replaced (answered no)",
+                SkipReason::NotOlder => "destination is not older",
                 _ => "destination exists",
             };
             self.eprint(&format!(

@@ -148,8 +148,8 @@ fn dio(dev: &str) -> String {
 
 /// Mount points at or under `dir`, from the kernel's table.
 fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let t = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    cowlink::mountinfo::parse(&t)
+    cowlink::probe::mounts()
+        .unwrap()
         .into_iter()
         .filter(|m| m.mount_point.starts_with(dir))
         .map(|m| m.mount_point)
@@ -158,8 +158,8 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 
 /// The mount on exactly `dir`: (source, fstype, per-mount options).
 fn mount_of(dir: &Path) -> Option<(String, String, String)> {
-    let t = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    cowlink::mountinfo::parse(&t)
+    cowlink::probe::mounts()
+        .unwrap()
         .into_iter()
         .rev()
         .find(|m| m.mount_point == dir)

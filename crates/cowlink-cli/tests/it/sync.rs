@@ -287,7 +287,11 @@ fn stop_mid_snapshot(signal: rustix::process::Signal) {
     let out = cowlink(&[&"sync", &"--snapshot", &root, &slash(&src)]);
     ok(&out);
     assert_eq!(snapshot_names(&root), names, "resumed under its name");
-    assert!(text(&out.stderr).contains("(resumed)"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("(resumed)"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(rsync_diff(&src, &root.join(&names[1]), true), "");
     // The older snapshot still holds version 1.
     let old = fs::read(root.join(&names[0]).join("d0/f00000")).unwrap();

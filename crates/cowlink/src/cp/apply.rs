@@ -15,12 +15,41 @@ use super::decide::{
     self, BackupHow, Decision, ExistingFacts, Followed, KeepReason, Refusal, SameFileFacts,
     StatFacts, ThroughLink,
 };
-use super::{io_words, Ask, CpEvent, CpObserver, CpOptions, CpReport, Deref, Operand, Sparse};
+use super::{io_words, Ask, CpEvent, CpObserver, CpOptions, CpReport, Deref, Operand};
 use crate::ground::error::{Error, ErrorKind, Operation};
 use crate::name::quoted;
 use crate::prim::mode::{Method, Outcome};
 use crate::run::Progress;
 use crate::tree::{copy_tree, LinkKind, SkipReason, TreeEvent};
+
+/// The `-i` callback as passed down (see [`Ask`]).
+type AskFn<'f> = dyn FnMut(&decide::Prompt<'_>) -> bool + Send + 'f;
+
+/// What a directory operand's tree copy reports to: its events become
+/// [`CpEvent::Tree`], and `-i`'s questions about its entries go to the
+/// caller's callback (the tree asks one at a time; the lock makes the
+/// callback shareable with the worker threads).
+struct TreeBridge<'b, 'f> {
+    observer: &'b dyn CpObserver,
+    src: &'b Path,
+    dst: &'b Path,
+    ask: std::sync::Mutex<&'b mut AskFn<'f>>,
+}
+
+impl crate::tree::Observer for TreeBridge<'_, '_> {
+    fn event(&self, event: &TreeEvent<'_>) {
+        self.observer.event(&CpEvent::Tree {
+            src: self.src,
+            dst: self.dst,
+            event,
+        })
+    }
+
+    fn may_replace(&self, prompt: &decide::Prompt<'_>) -> bool {
+        let mut ask = self.ask.lock().unwrap_or_else(|p| p.into_inner());
+        (*ask)(prompt)
+    }
+}
 
 /// What earlier operands did, for the rules that span operands.
 #[derive(Default)]
@@ -100,7 +129,7 @@ pub fn copy_operands(
         if o.run.cancelled() {
             break;
         }
-        let ask: &mut dyn FnMut(&decide::Prompt<'_>) -> bool = match ask.as_mut() {
+        let ask: &mut AskFn<'_> = match ask.as_mut() {
             Some(a) => &mut **a,
             None => &mut no,
         };
@@ -165,12 +194,7 @@ impl Apply<'_> {
     }
 
     /// One operand; returns whether it was a tree copy.
-    fn operand(
-        &self,
-        into_dir: bool,
-        seen: &mut Seen,
-        ask: &mut dyn FnMut(&decide::Prompt<'_>) -> bool,
-    ) -> bool {
+    fn operand(&self, into_dir: bool, seen: &mut Seen, ask: &mut AskFn<'_>) -> bool {
         let (src, dst) = (self.src, self.dst);
         if self.o.dry_run {
             return self.dry_run();
@@ -194,7 +218,7 @@ impl Apply<'_> {
                 return false;
             }
         };
-        let tree_copy = self.carry_out(&job);
+        let tree_copy = self.carry_out(&job, ask);
         if let Ok(m) = std::fs::symlink_metadata(&job.dst) {
             if !m.is_dir() {
                 seen.created.insert((m.dev(), m.ino()));
@@ -218,7 +242,7 @@ impl Apply<'_> {
         &self,
         into_dir: bool,
         seen: &mut Seen,
-        ask: &mut dyn FnMut(&decide::Prompt<'_>) -> bool,
+        ask: &mut AskFn<'_>,
     ) -> Result<Option<Job>, Refused> {
         let (o, src, named) = (self.o, self.src, self.dst);
         let follow = matches!(o.deref, Deref::Always | Deref::CommandLine);
@@ -447,7 +471,7 @@ impl Apply<'_> {
     }
 
     /// Do the job; returns whether it was a tree copy.
-    fn carry_out(&self, job: &Job) -> bool {
+    fn carry_out(&self, job: &Job, ask: &mut AskFn<'_>) -> bool {
         let (o, src) = (self.o, self.src);
         let dst = job.dst.as_path();
         let t = Instant::now();
@@ -549,13 +573,7 @@ impl Apply<'_> {
                         reason: SkipReason::Exists,
                     });
                 }
-                Ok(outcome) => {
-                    if let Err(e) = sparse_after(o.sparse, dst, outcome.method) {
-                        fail_msg(format!("{}: {}", quoted(dst), io_words(&e)));
-                        return false;
-                    }
-                    ok(outcome);
-                }
+                Ok(outcome) => ok(outcome),
                 Err(e) => fail(&e),
             }
         } else {
@@ -564,12 +582,11 @@ impl Apply<'_> {
                 dir_existed: job.dir_existed,
             });
             let from = follow_operand(src, job.follow);
-            let observer = |ev: &TreeEvent<'_>| {
-                self.observer.event(&CpEvent::Tree {
-                    src,
-                    dst,
-                    event: ev,
-                })
+            let observer = TreeBridge {
+                observer: self.observer,
+                src,
+                dst,
+                ask: std::sync::Mutex::new(ask),
             };
             let result = copy_tree(&from, dst, self.tree, &observer);
             self.observer.event(&CpEvent::TreeEnd);
@@ -717,60 +734,6 @@ fn make_parents(src: &Path, dst: &Path, o: &CpOptions) -> std::io::Result<()> {
             decide::default_mode(decide::FileKind::Dir, umask)
         };
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
-    }
-    Ok(())
-}
-
-/// `--sparse=always|never` on a copied file (a clone keeps its source's
-/// layout either way). `always` punches holes over whole zero blocks of
-/// the copy; `never` allocates every hole.
-/// `dst` opened without blocking, if it is a regular file: cp writes
-/// into FIFOs and devices as GNU does, and reading one back here would
-/// block or never end, so those get no hole handling.
-fn regular(o: &mut std::fs::OpenOptions, dst: &Path) -> std::io::Result<Option<std::fs::File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = o
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(dst)?;
-    Ok(f.metadata()?.is_file().then_some(f))
-}
-
-fn sparse_after(sparse: Sparse, dst: &Path, method: Method) -> std::io::Result<()> {
-    use rustix::fd::AsFd;
-    use std::os::unix::fs::FileExt;
-    if method == Method::Reflink || method == Method::Skipped {
-        return Ok(());
-    }
-    match sparse {
-        Sparse::Always => {
-            let Some(f) = regular(std::fs::OpenOptions::new().read(true).write(true), dst)? else {
-                return Ok(());
-            };
-            let len = f.metadata()?.len();
-            const BLOCK: u64 = 4096;
-            let mut buf = vec![0u8; BLOCK as usize];
-            let mut off = 0;
-            while off < len {
-                let n = f.read_at(&mut buf, off)?;
-                if n == 0 {
-                    break;
-                }
-                if n as u64 == BLOCK && buf.iter().all(|b| *b == 0) {
-                    cowlink_sys::punch_hole(f.as_fd(), off, BLOCK)?;
-                }
-                off += n as u64;
-            }
-        }
-        Sparse::Never => {
-            let Some(f) = regular(std::fs::OpenOptions::new().write(true), dst)? else {
-                return Ok(());
-            };
-            let len = f.metadata()?.len();
-            if len > 0 {
-                cowlink_sys::allocate_keep_size(f.as_fd(), 0, len)?;
-            }
-        }
-        Sparse::Auto => {}
     }
     Ok(())
 }

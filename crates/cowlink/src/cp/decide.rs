@@ -5,109 +5,12 @@
 //! GNU's (copy.c `copy_internal`, `same_file_ok`), so the refusals come
 //! with the same precedence as there.
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{Backup, CpOptions, Deref, Update};
+pub use crate::prim::backup::{backup_name, backup_number};
+pub use crate::prim::facts::{complete_copy, mode_string, not_older, FileKind, Prompt, StatFacts};
 use crate::tree::LinkKind;
-
-/// The type of a file, as stat tells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileKind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link (only from `lstat`).
-    Symlink,
-    /// A named pipe.
-    Fifo,
-    /// A character device.
-    CharDevice,
-    /// A block device.
-    BlockDevice,
-    /// A UNIX domain socket.
-    Socket,
-}
-
-/// What stat says of one name: the facts every decision works from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatFacts {
-    /// The type.
-    pub kind: FileKind,
-    /// Device of the filesystem.
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, seconds.
-    pub mtime: i64,
-    /// Modification time, nanoseconds.
-    pub mtime_nsec: i64,
-    /// `st_mode` (type and permission bits).
-    pub mode: u32,
-    /// Number of hardlinks.
-    pub nlink: u64,
-}
-
-impl StatFacts {
-    /// The facts of `m` (no system call: the metadata is already read).
-    pub fn of(m: &std::fs::Metadata) -> StatFacts {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let t = m.file_type();
-        let kind = if t.is_file() {
-            FileKind::File
-        } else if t.is_dir() {
-            FileKind::Dir
-        } else if t.is_symlink() {
-            FileKind::Symlink
-        } else if t.is_fifo() {
-            FileKind::Fifo
-        } else if t.is_char_device() {
-            FileKind::CharDevice
-        } else if t.is_block_device() {
-            FileKind::BlockDevice
-        } else {
-            FileKind::Socket
-        };
-        StatFacts {
-            kind,
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: m.mtime(),
-            mtime_nsec: m.mtime_nsec(),
-            mode: m.mode(),
-            nlink: m.nlink(),
-        }
-    }
-
-    /// Device and inode: the file's identity.
-    pub fn id(&self) -> (u64, u64) {
-        (self.dev, self.ino)
-    }
-
-    fn is_symlink(&self) -> bool {
-        self.kind == FileKind::Symlink
-    }
-
-    fn is_dir(&self) -> bool {
-        self.kind == FileKind::Dir
-    }
-
-    fn is_file(&self) -> bool {
-        self.kind == FileKind::File
-    }
-
-    fn is_special(&self) -> bool {
-        !matches!(
-            self.kind,
-            FileKind::File | FileKind::Dir | FileKind::Symlink
-        )
-    }
-}
 
 /// Why cp refuses an operand; [`Refusal::message`] gives GNU's words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -465,56 +368,6 @@ pub struct Replace {
     pub dir_existed: bool,
 }
 
-/// A question for the `-i` callback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Prompt<'a> {
-    /// The destination that would be replaced.
-    pub dst: &'a Path,
-    /// Its permission bits, when it is not writable (GNU then says it
-    /// overrides them).
-    pub overriding_mode: Option<u32>,
-}
-
-impl Prompt<'_> {
-    /// GNU's question, without the program name: `overwrite 'b'? `.
-    pub fn question(&self) -> String {
-        use crate::name::quoted;
-        match self.overriding_mode {
-            None => format!("overwrite {}? ", quoted(self.dst)),
-            Some(m) => format!(
-                "replace {}, overriding mode {m:04o} ({})? ",
-                quoted(self.dst),
-                mode_string(m)
-            ),
-        }
-    }
-}
-
-/// `ls -l`'s nine permission characters for `mode`.
-pub fn mode_string(mode: u32) -> String {
-    "rwxrwxrwx"
-        .chars()
-        .enumerate()
-        .map(|(i, c)| if mode & (0o400 >> i) != 0 { c } else { '-' })
-        .collect()
-}
-
-/// `-u`: whether the existing `old` is at least as new as `src` (then it
-/// is kept). A file an interrupted copy left is never up to date.
-pub fn not_older(src: &StatFacts, old: &StatFacts) -> bool {
-    (old.mtime, old.mtime_nsec) >= (src.mtime, src.mtime_nsec)
-        && !crate::prim::place::left_unfinished(src.mode, old.mode)
-}
-
-/// `--resume`: whether `old` is a complete copy of `src` (a regular file
-/// with its size and modification time, without the unfinished mark).
-pub fn complete_copy(src: &StatFacts, old: &StatFacts) -> bool {
-    old.is_file()
-        && !crate::prim::place::left_unfinished(src.mode, old.mode)
-        && old.size == src.size
-        && (old.mtime, old.mtime_nsec) == (src.mtime, src.mtime_nsec)
-}
-
 /// GNU's rules for an existing destination, in GNU's order: the same
 /// file, `-n`/`--update`, `-i` (`ask` is called with the question; it is
 /// the only caller-supplied step), unwritable files, directory/non-directory
@@ -613,29 +466,6 @@ pub fn existing(
         }
     }
     Ok(Decision::Replace(r))
-}
-
-/// The name the backup of `dst` gets: `dst` + `suffix` (simple), or
-/// `dst.~N~` with N one above `highest`, the highest existing number
-/// (numbered; existing when `highest` > 0).
-pub fn backup_name(kind: Backup, dst: &Path, suffix: &OsStr, highest: u64) -> PathBuf {
-    let mut n = dst.as_os_str().to_owned();
-    match kind {
-        Backup::Simple => n.push(suffix),
-        Backup::Existing if highest == 0 => n.push(suffix),
-        Backup::Existing | Backup::Numbered => n.push(format!(".~{}~", highest + 1)),
-    }
-    PathBuf::from(n)
-}
-
-/// The N of a numbered backup name `file_name` of `base` (`base.~N~`).
-pub fn backup_number(base: &OsStr, file_name: &OsStr) -> Option<u64> {
-    let rest = file_name.as_bytes().strip_prefix(base.as_bytes())?;
-    let digits = rest.strip_prefix(b".~")?.strip_suffix(b"~")?;
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// Whether a backup named `backup` (its `lstat`, when it exists) would be

@@ -25,6 +25,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::prim::backup::Backup;
+pub use crate::prim::mode::Sparse;
 pub use apply::copy_operands;
 pub use decide::{FileKind, KeepReason, Prompt, Refusal, StatFacts};
 
@@ -57,44 +59,6 @@ impl Deref {
     }
 }
 
-/// How backups of replaced files are named (`--backup=CONTROL`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backup {
-    /// `NAME` + suffix (`simple`, `never`).
-    Simple,
-    /// `NAME.~N~` (`numbered`, `t`).
-    Numbered,
-    /// Numbered if numbered backups exist, else simple (`existing`, `nil`).
-    Existing,
-}
-
-impl Backup {
-    /// GNU's CONTROL words (or a prefix of only one); `None` for
-    /// `none`/`off` (no backups).
-    pub fn parse(word: &str) -> Result<Option<Backup>, Error> {
-        const WORDS: [(&str, Option<Backup>); 8] = [
-            ("none", None),
-            ("off", None),
-            ("simple", Some(Backup::Simple)),
-            ("never", Some(Backup::Simple)),
-            ("existing", Some(Backup::Existing)),
-            ("nil", Some(Backup::Existing)),
-            ("numbered", Some(Backup::Numbered)),
-            ("t", Some(Backup::Numbered)),
-        ];
-        if let Some((_, b)) = WORDS.iter().find(|(w, _)| *w == word) {
-            return Ok(*b);
-        }
-        let hits: Vec<_> = WORDS.iter().filter(|(w, _)| w.starts_with(word)).collect();
-        match hits.as_slice() {
-            [(_, b)] if !word.is_empty() => Ok(*b),
-            _ => Err(Error::new(Operation::Copy, ErrorKind::InvalidInput).with_reason(format!(
-                "invalid argument '{word}' for 'backup type'\nValid arguments are:\n  - 'none', 'off'\n  - 'simple', 'never'\n  - 'existing', 'nil'\n  - 'numbered', 't'"
-            ))),
-        }
-    }
-}
-
 /// `--update[=WHICH]` (`-u` is `older`, `-n` is `none`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Update {
@@ -107,19 +71,6 @@ pub enum Update {
     NoneFail,
     /// Replace a destination only if it is older than its source.
     Older,
-}
-
-/// `--sparse=WHEN`: holes in copies that are not clones (a clone shares
-/// its source's layout whatever this says).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Sparse {
-    /// Keep the source's holes.
-    #[default]
-    Auto,
-    /// Also turn runs of zeros (whole 4 KiB blocks) into holes.
-    Always,
-    /// Fill every hole.
-    Never,
 }
 
 /// Everything GNU cp decides, as one configuration. `Default` is plain
@@ -163,7 +114,11 @@ pub struct CpOptions {
     /// `--parents`: the source's path is kept under the target directory,
     /// whose missing directories are created.
     pub parents: bool,
-    /// `--sparse`.
+    /// `--sparse`: holes in copies that are not clones. As GNU cp:
+    /// `Never` also turns `--reflink=auto` into a plain copy (a clone, or
+    /// `copy_file_range`, would keep the source's holes), `Always` still
+    /// clones where it can, and `--reflink=always` with anything but
+    /// `Auto` is a usage error ([`operands`] refuses it).
     pub sparse: Sparse,
     /// `--resume`: keep destinations that are complete copies (size and
     /// modification time), replace any other atomically. Implies
@@ -231,12 +186,23 @@ impl CpOptions {
             preserve.timestamps = true;
         }
         crate::CloneOptions {
-            link: self.link_mode,
+            // As GNU's cp.c: --sparse=never turns --reflink=auto into
+            // never, so the copy has blocks of its own everywhere.
+            link: match (self.sparse, self.link_mode) {
+                (Sparse::Never, LinkMode::Auto) => LinkMode::Copy,
+                (_, link) => link,
+            },
+            sparse: self.sparse,
             // GNU replaces existing files unless told otherwise; links are
-            // made only where nothing is (or -f removed it).
+            // made only where nothing is (or -f, --remove-destination or a
+            // backup took the old name away).
             overwrite: if self.update == Update::None {
                 crate::Overwrite::Skip
-            } else if self.link.is_some() && !self.force {
+            } else if self.link.is_some()
+                && !self.force
+                && !self.remove_destination
+                && self.backup.is_none()
+            {
                 crate::Overwrite::Refuse
             } else {
                 crate::Overwrite::Replace
@@ -250,9 +216,23 @@ impl CpOptions {
         }
     }
 
-    /// The options of the tree copy of a directory operand.
+    /// The options of the tree copy of a directory operand. With `-i`
+    /// (and an update rule that replaces), entries are asked about too, as
+    /// GNU's `cp -ri` does, on one thread so that the questions come in a
+    /// fixed order.
     pub fn tree_options(&self) -> crate::tree::TreeOptions {
+        let interactive = self.interactive && matches!(self.update, Update::All | Update::Older);
+        let run = match interactive {
+            true => self.run.clone().with_threads(1),
+            false => self.run.clone(),
+        };
         crate::tree::TreeOptions {
+            interactive,
+            backup: self.backup.map(|kind| crate::tree::Backups {
+                kind,
+                suffix: self.suffix().to_owned(),
+            }),
+            remove_destination: self.remove_destination,
             file: self.clone_options(),
             hardlinks: self.preserve_links,
             dereference: self.deref == Deref::Always,
@@ -262,7 +242,7 @@ impl CpOptions {
             update_older: self.update == Update::Older,
             copy_contents: self.copy_contents && self.recursive,
             dry_run: self.dry_run,
-            run: self.run.clone(),
+            run,
         }
     }
 
@@ -307,7 +287,8 @@ pub type IsDir<'a> = &'a dyn Fn(&Path) -> std::io::Result<Option<bool>>;
 /// destination that is a directory receives the sources under their last
 /// component (`DIR/.` is named `.`, so its content merges into the
 /// target), or under their whole path with `--parents`. Pure but for
-/// `is_dir`. Errors are usage errors ([`ErrorKind::InvalidInput`],
+/// `is_dir`. `--reflink=always` with a `--sparse` other than `auto` is
+/// refused, as GNU does. Errors are usage errors ([`ErrorKind::InvalidInput`],
 /// [`ErrorKind::NotADirectory`], [`ErrorKind::NotFound`]) in GNU's words.
 pub fn operands(
     sources: &[PathBuf],
@@ -329,6 +310,13 @@ pub fn operands(
         let end = b.iter().rposition(|c| *c != b'/').map_or(1, |i| i + 1);
         PathBuf::from(OsStr::from_bytes(&b[..end]))
     };
+    // As GNU's cp.c: a clone cannot honour a hole policy.
+    if o.link_mode == LinkMode::Clone && o.sparse != Sparse::Auto {
+        return usage(
+            ErrorKind::InvalidInput,
+            "--reflink can be used only with --sparse=auto".into(),
+        );
+    }
     let srcs: Vec<PathBuf> = sources.iter().map(strip).collect();
     if srcs.is_empty() {
         return usage(ErrorKind::InvalidInput, "no source operand".into());
@@ -562,8 +550,10 @@ impl<F: Fn(&CpEvent<'_>) + Sync> CpObserver for F {
     }
 }
 
-/// The `-i` callback: asked before replacing, replaces on `true`.
-pub type Ask<'a> = &'a mut dyn FnMut(&Prompt<'_>) -> bool;
+/// The `-i` callback: asked before replacing, replaces on `true`. Entries
+/// of a directory operand are asked about from the tree copy's worker
+/// thread (one question at a time), hence `Send`.
+pub type Ask<'a> = &'a mut (dyn FnMut(&Prompt<'_>) -> bool + Send);
 
 /// Totals of [`copy`].
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]

@@ -8,7 +8,7 @@ pub mod fskind;
 #[cfg(unix)]
 pub(crate) mod hash;
 #[cfg(unix)]
-pub mod mountinfo;
+pub(crate) mod mountinfo;
 pub mod name;
 
 /// Lock a mutex, taking the data even if a thread panicked holding it (the

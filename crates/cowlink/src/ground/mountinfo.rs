@@ -52,7 +52,7 @@ pub(crate) fn unescape(field: &str) -> OsString {
 }
 
 /// Parse the text of a mountinfo file. Malformed lines are skipped.
-pub fn parse(text: &str) -> Vec<MountEntry> {
+pub(crate) fn parse(text: &str) -> Vec<MountEntry> {
     text.lines().filter_map(parse_line).collect()
 }
 
@@ -85,7 +85,7 @@ fn parse_line(line: &str) -> Option<MountEntry> {
 /// The mounts a path walk from `root` can reach: the mount containing
 /// `root` and every visible mount below it, in mountinfo order. A mount
 /// hidden by a later mount on the same point is left out.
-pub fn at_or_under(mounts: &[MountEntry], root: impl AsRef<Path>) -> Vec<MountEntry> {
+pub(crate) fn at_or_under(mounts: &[MountEntry], root: impl AsRef<Path>) -> Vec<MountEntry> {
     let root = root.as_ref();
     // The last mount on a mount point is the visible one.
     let mut visible: Vec<&MountEntry> = Vec::new();

@@ -14,6 +14,26 @@ use cowlink_sys::Errno;
 
 use crate::ground::error::is_not_possible_here;
 
+/// How a data copy treats holes (`cp --sparse=WHEN`). It applies to
+/// copies, never to a clone, which shares the source's blocks and layout
+/// whatever this says (whether a mode still clones is the caller's rule:
+/// GNU cp turns `--reflink=auto` into a copy with `Never`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sparse {
+    /// Keep the source's holes (found with `SEEK_DATA`/`SEEK_HOLE` when its
+    /// blocks do not cover its size), write everything else.
+    #[default]
+    Auto,
+    /// Keep the source's holes and also leave every run of zeros that
+    /// covers whole blocks unwritten, so it becomes a hole: GNU's scan in
+    /// 512-byte units, by read/write (`copy_file_range` would allocate).
+    Always,
+    /// Fill every hole: the copy has blocks for its whole length, by
+    /// read/write.
+    Never,
+}
+
 /// How a file is placed, and with what fallback.
 ///
 /// The policy words of `cp --reflink` map onto it: `always` is

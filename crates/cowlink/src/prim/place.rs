@@ -46,6 +46,9 @@ use rustix::fs::{self, AtFlags, Mode, OFlags};
 #[cfg(unix)]
 use rustix::io::Errno;
 
+#[cfg(unix)]
+use super::facts::StatFacts;
+
 /// What to do when the destination name already exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -269,18 +272,6 @@ impl Placement {
     }
 }
 
-/// Whether `dst` (its `lstat`) looks like a finished copy of `src` (its
-/// `stat`) to a resumed run: a regular file with the same size and
-/// modification time, to the nanosecond. A file an interrupted run left
-/// never does, because times are set after the data.
-#[cfg(unix)]
-pub(crate) fn looks_complete(src: &cowlink_sys::Stat, dst: &cowlink_sys::Stat) -> bool {
-    cowlink_sys::file_type(dst.st_mode) == fs::FileType::RegularFile
-        && !left_unfinished(src.st_mode, dst.st_mode)
-        && dst.st_size == src.st_size
-        && (dst.st_mtime, dst.st_mtime_nsec) == (src.st_mtime, src.st_mtime_nsec)
-}
-
 /// The mark of a file a tree copy is still writing under its final name
 /// (direct placement): the sticky bit, which means nothing on a Linux
 /// regular file. It is set at creation and cleared with the file's final
@@ -311,7 +302,7 @@ pub(crate) fn kept_mode(src_mode: u32, old_mode: u32) -> u32 {
     }
 }
 
-/// `looks_complete` by path, for a single file: `src` followed, `dst`
+/// [`complete_copy`](super::facts::complete_copy) by path, for a single file: `src` followed, `dst`
 /// not. False when either cannot be read.
 #[cfg(unix)]
 pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
@@ -319,7 +310,9 @@ pub fn is_complete_copy(src: impl AsRef<Path>, dst: impl AsRef<Path>) -> bool {
         cowlink_sys::stat(src.as_ref()),
         cowlink_sys::lstat(dst.as_ref()),
     ) {
-        (Ok(s), Ok(d)) => looks_complete(&s, &d),
+        (Ok(s), Ok(d)) => {
+            super::facts::complete_copy(&StatFacts::of_stat(&s), &StatFacts::of_stat(&d))
+        }
         _ => false,
     }
 }

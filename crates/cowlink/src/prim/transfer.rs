@@ -27,6 +27,15 @@
 //! `copy_file_range` may itself clone on XFS/Btrfs. [`copy_data`] therefore
 //! takes `offload: false` for `LinkMode::Copy`, which must produce blocks of
 //! its own, and uses only read/write then.
+//!
+//! [`Sparse`] (`cp --sparse`) is a mode of this one copy loop, not a pass
+//! after it: `Auto` is the above; `Never` reads the whole length as one
+//! segment (holes read as zeros and are written); `Always` keeps the
+//! source's holes and also leaves every 512-byte run of zeros unwritten,
+//! coalescing the writes between them, so a fresh destination gets holes
+//! wherever whole blocks are zero (GNU's `sparse_copy`, in the same units).
+//! Both use read/write only, as GNU does: `copy_file_range` may clone,
+//! keep holes or allocate zeros as the filesystem likes.
 
 use std::path::Path;
 
@@ -35,7 +44,7 @@ use rustix::fs;
 use rustix::io::{self, Errno};
 
 use super::files::kind_of;
-use super::mode::{LinkMode, Method, Outcome, Step};
+use super::mode::{LinkMode, Method, Outcome, Sparse, Step};
 use crate::ground::error::{Error, ErrorKind, Operation, Result};
 use crate::ground::fskind::FsKind;
 
@@ -47,8 +56,8 @@ const BUF_MAX: u64 = 1 << 20;
 /// noticed within a fraction of a second, large enough to cost nothing.
 const CFR_CHUNK: u64 = 64 << 20;
 
-/// What a copy needs to know of its source: its size, and whether it may
-/// have holes.
+/// What a copy needs to know of its source: its size, whether it may
+/// have holes, and what the copy makes of holes and zeros.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Source {
     /// The size stat gave.
@@ -56,6 +65,8 @@ pub(crate) struct Source {
     /// Whether the file may have holes, so its data segments are worth
     /// asking for (`SEEK_DATA`/`SEEK_HOLE`, two calls per file).
     pub maybe_sparse: bool,
+    /// Holes in the copy (`cp --sparse`); [`Sparse::Auto`] unless set.
+    pub sparse: Sparse,
 }
 
 impl Source {
@@ -68,7 +79,13 @@ impl Source {
         Self {
             size,
             maybe_sparse: (st.st_blocks as u64).saturating_mul(512) < size,
+            sparse: Sparse::Auto,
         }
+    }
+
+    /// The same source, copied with `sparse`'s treatment of holes.
+    pub(crate) fn with_sparse(self, sparse: Sparse) -> Self {
+        Self { sparse, ..self }
     }
 
     /// A source known only by its size: its segments are asked for.
@@ -76,6 +93,7 @@ impl Source {
         Self {
             size,
             maybe_sparse: true,
+            sparse: Sparse::Auto,
         }
     }
 }
@@ -142,14 +160,22 @@ pub(crate) fn copy_data(
             bytes,
         });
     }
-    let segs = match source.maybe_sparse {
-        true => data_segments(src, size)?,
-        false if size > 0 => vec![(0, size)],
-        false => Vec::new(),
+    // Holes of the source are found unless they are to be filled.
+    let segs = match (source.maybe_sparse && source.sparse != Sparse::Never, size) {
+        (true, _) => data_segments(src, size)?,
+        (false, 0) => Vec::new(),
+        (false, _) => vec![(0, size)],
     };
+    // Zero runs become holes only in a copy we write ourselves.
+    let make_holes = source.sparse == Sparse::Always;
+    if source.sparse != Sparse::Auto {
+        offload = false;
+    }
+    // Where the last write ended (holes made at the end leave it short).
+    let mut write_end = 0;
     let dense = segs.len() == 1 && segs[0] == (0, size);
     let written_to = segs.last().map_or(0, |&(_, end)| end);
-    let preallocated = dense && size >= PREALLOC_MIN && prealloc_pays(dst);
+    let preallocated = dense && !make_holes && size >= PREALLOC_MIN && prealloc_pays(dst);
     if preallocated {
         preallocate(dst, size)?;
     }
@@ -209,7 +235,11 @@ pub(crate) fn copy_data(
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e),
             };
-            write_all_at(dst, &buf[..got], pos)?;
+            if make_holes {
+                write_end = write_nonzero_at(dst, &buf[..got], pos)?.unwrap_or(write_end);
+            } else {
+                write_all_at(dst, &buf[..got], pos)?;
+            }
             pos += got as u64;
         }
     }
@@ -225,7 +255,11 @@ pub(crate) fn copy_data(
         // files that end in a hole).
         bytes = bytes.min(cowlink_sys::fstat(src)?.st_size as u64);
     }
-    if (short.is_some() || written_to != size) && cowlink_sys::fstat(dst)?.st_size as u64 != bytes {
+    // Zeros left unwritten at the end: the length is set below.
+    let holes_at_end = make_holes && write_end != bytes;
+    if (short.is_some() || written_to != size || holes_at_end)
+        && cowlink_sys::fstat(dst)?.st_size as u64 != bytes
+    {
         fs::ftruncate(dst, bytes)?;
     }
     Ok(Outcome { method, bytes })
@@ -266,6 +300,47 @@ pub(crate) fn copy_to_eof(
         write_all_at(dst, &buf[..n], pos)?;
         pos += n as u64;
     }
+}
+
+/// The unit in which `Sparse::Always` looks for zeros: GNU's
+/// `ST_NBLOCKSIZE`. Any filesystem block is a multiple of it, so every
+/// whole zero block of the destination is left unwritten, and a hole.
+const ZERO_UNIT: usize = 512;
+
+/// Write the parts of `data` (destined for offset `pos`) that are not
+/// 512-byte runs of zeros, one write per run of data; zeros are skipped,
+/// so a fresh file gets holes there. Returns where the last write ended,
+/// `None` when all was zeros.
+fn write_nonzero_at(fd: BorrowedFd<'_>, data: &[u8], pos: u64) -> Result<Option<u64>, Errno> {
+    let mut end = None;
+    let mut run: Option<usize> = None; // start of the pending data run
+    for (i, chunk) in data.chunks(ZERO_UNIT).enumerate() {
+        let at = i * ZERO_UNIT;
+        let zero = is_zero(chunk);
+        match (zero, run) {
+            (false, None) => run = Some(at),
+            (true, Some(start)) => {
+                write_all_at(fd, &data[start..at], pos + start as u64)?;
+                end = Some(pos + at as u64);
+                run = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = run {
+        write_all_at(fd, &data[start..], pos + start as u64)?;
+        end = Some(pos + data.len() as u64);
+    }
+    Ok(end)
+}
+
+/// Whether every byte of `b` is zero (eight at a time).
+fn is_zero(b: &[u8]) -> bool {
+    let (words, rest) = b.split_at(b.len() - b.len() % 8);
+    words
+        .chunks_exact(8)
+        .all(|w| u64::from_ne_bytes(w.try_into().expect("eight bytes")) == 0)
+        && rest.iter().all(|&x| x == 0)
 }
 
 fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut pos: u64) -> Result<(), Errno> {
@@ -490,6 +565,7 @@ mod tests {
             let source = Source {
                 size: 50_000,
                 maybe_sparse: sparse_,
+                sparse: Sparse::Auto,
             };
             let out = copy(&src, &dst, source, offload);
             assert_eq!(out.bytes, 10_000, "offload {offload} sparse {sparse_}");
@@ -516,6 +592,74 @@ mod tests {
         let out = copy(&src, &dst, Source::sized(4096), true);
         assert_eq!(out.bytes, 4096);
         assert!(std::fs::read(d.path().join("d2")).unwrap() == vec![0; 4096]);
+    }
+
+    /// Data, a written run of zeros, a hole, data ending mid-block, and a
+    /// zero tail: every case `--sparse` treats differently.
+    fn zeros_and_holes(p: &Path) -> std::fs::File {
+        let mut layout = vec![(0, bytes(5000, 9))];
+        layout.push((5000, vec![0; (1 << 20) - 5000])); // written zeros
+        layout.push((3 << 20, bytes(3000, 10))); // after a 2 MiB hole
+        layout.push(((3 << 20) + 3000, vec![0; 200_000])); // zero tail
+        sparse(p, (3 << 20) + 203_000, &layout)
+    }
+
+    #[test]
+    fn sparse_always_leaves_zero_blocks_unwritten_and_never_fills_holes() {
+        let d = shm();
+        let sp = d.path().join("s");
+        let src = zeros_and_holes(&sp);
+        let want = std::fs::read(&sp).unwrap();
+        let src_blocks = src.metadata().unwrap().blocks();
+        for (mode, offload) in [
+            (Sparse::Always, true),
+            (Sparse::Always, false),
+            (Sparse::Never, true),
+            (Sparse::Never, false),
+            (Sparse::Auto, false),
+        ] {
+            let p = d.path().join(format!("d-{mode:?}-{offload}"));
+            let dst = std::fs::File::create_new(&p).unwrap();
+            let source = Source::of(&fs::fstat(&src).unwrap()).with_sparse(mode);
+            let out = copy(&src, &dst, source, offload);
+            assert_eq!(out.bytes, want.len() as u64, "{mode:?}");
+            assert!(std::fs::read(&p).unwrap() == want, "{mode:?}: bytes differ");
+            let blocks = dst.metadata().unwrap().blocks();
+            match mode {
+                // Only the two data runs (5000 and 3000 bytes) hold blocks.
+                Sparse::Always => {
+                    assert_eq!(out.method, Method::ReadWrite, "no copy_file_range");
+                    assert!(blocks * 512 <= 16 << 10, "{mode:?}: {blocks} blocks");
+                }
+                Sparse::Never => {
+                    assert_eq!(out.method, Method::ReadWrite, "no copy_file_range");
+                    assert!(
+                        blocks * 512 >= want.len() as u64,
+                        "{mode:?}: a hole is left: {blocks} blocks"
+                    );
+                }
+                // The source's layout: its hole stays, its zeros are written.
+                Sparse::Auto => assert_eq!(blocks, src_blocks, "{mode:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn zero_runs_are_found_in_512_byte_units_and_writes_coalesce() {
+        let d = shm();
+        let f = std::fs::File::create_new(d.path().join("w")).unwrap();
+        let mut data = vec![1u8; 4096];
+        data[512..1024].fill(0); // one zero unit inside data: skipped
+        data[3584..].fill(0); // a zero tail
+        assert_eq!(
+            write_nonzero_at(f.as_fd(), &data, 8192).unwrap(),
+            Some(8192 + 3584)
+        );
+        let back = std::fs::read(d.path().join("w")).unwrap();
+        assert_eq!(back.len(), 8192 + 3584);
+        assert!(back[..8192].iter().all(|&b| b == 0) && back[8192..] == data[..3584]);
+        assert_eq!(write_nonzero_at(f.as_fd(), &[0; 1000], 0).unwrap(), None);
+        assert!(is_zero(&[0; 13]) && !is_zero(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 1]));
     }
 
     #[test]

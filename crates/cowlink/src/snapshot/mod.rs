@@ -890,10 +890,10 @@ impl SnapshotSet {
         let Ok(text) = cowlink_sys::mount_table() else {
             return Ok(());
         };
-        let mounts = crate::mountinfo::parse(&text);
+        let mounts = crate::ground::mountinfo::parse(&text);
         // The mount the snapshot is on is not inside it; one on the
         // snapshot's own directory is.
-        if let Some(m) = crate::mountinfo::at_or_under(&mounts, &canon)
+        if let Some(m) = crate::ground::mountinfo::at_or_under(&mounts, &canon)
             .iter()
             .find(|m| m.mount_point.starts_with(&canon))
         {

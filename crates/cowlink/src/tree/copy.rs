@@ -424,6 +424,7 @@ pub fn copy_tree(
             counts: Progress::default(),
             links: LinkTable::default(),
             root_dst: None,
+            asking: Mutex::new(()),
         },
     };
     if cowlink_sys::file_type(st.st_mode) != FileType::Directory {

@@ -2,10 +2,12 @@
 //! options, the observer, counters, the hardlink table and the destination
 //! root. `copy.rs` owns one and lends it to `entry.rs`.
 
+use std::sync::Mutex;
+
 use rustix::fd::OwnedFd;
 
 use super::links::LinkTable;
-use super::{Observer, TreeEvent, TreeOptions, TreeReport};
+use super::{Observer, Prompt, TreeEvent, TreeOptions, TreeReport};
 use crate::ground::error::Error;
 use crate::run::{Count, Progress};
 
@@ -18,6 +20,8 @@ pub(super) struct Ctx<'a> {
     pub(super) links: LinkTable,
     /// The destination root (a second descriptor), for `linkat` of hardlinks.
     pub(super) root_dst: Option<OwnedFd>,
+    /// Held while the observer is asked a question: one at a time.
+    pub(super) asking: Mutex<()>,
 }
 
 impl Ctx<'_> {
@@ -31,6 +35,12 @@ impl Ctx<'_> {
         if let Some(p) = &self.opts.run.progress {
             p.add(c, n);
         }
+    }
+
+    /// Ask the observer whether an existing destination may be replaced.
+    pub(super) fn may_replace(&self, prompt: &Prompt<'_>) -> bool {
+        let _one = crate::ground::lock(&self.asking);
+        self.observer.may_replace(prompt)
     }
 
     /// Record a per-entry failure.

@@ -3,8 +3,8 @@
 //! symbolic link, or a FIFO, socket or device node. Everything is relative
 //! to open directory descriptors.
 
-use std::ffi::{CStr, OsStr};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{CStr, CString, OsStr};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 use cowlink_sys::Stat;
@@ -16,12 +16,11 @@ use super::ctx::Ctx;
 use super::node::DirNode;
 use super::{Action, SkipReason, SpecialKind, TreeEvent};
 use crate::ground::error::{errno_text, Error, ErrorKind, Operation};
+use crate::prim::facts::{complete_copy, not_older, Prompt, StatFacts};
 use crate::prim::files::file_type_name;
 use crate::prim::meta::{self, times_of};
 use crate::prim::mode::{LinkMode, Method, Outcome};
-use crate::prim::place::{
-    left_unfinished, looks_complete, NewFile, Overwrite, Placement, UNFINISHED_MARK,
-};
+use crate::prim::place::{NewFile, Overwrite, Placement, UNFINISHED_MARK};
 use crate::prim::transfer::{transfer, transfer_error, Source};
 use crate::run::Count;
 
@@ -209,11 +208,6 @@ impl Entry<'_, '_> {
                 });
                 return Ok(());
             }
-            // `file.link` Hardlink is `link` Hard: one word for a tree.
-            let hard = (opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
-            if let Some(kind) = self.eng.opts.link.or(hard) {
-                return self.link_to_source(kind);
-            }
             if self.already_done(&st) {
                 self.eng.count(Count::Skipped, 1);
                 self.eng.emit(TreeEvent::Skipped {
@@ -222,6 +216,12 @@ impl Entry<'_, '_> {
                     reason: SkipReason::Complete,
                 });
                 return Ok(());
+            }
+            if !self.may_replace() {
+                return Ok(());
+            }
+            if let Some(kind) = self.link_kind() {
+                return self.link_to_source(kind);
             }
             let outcome = self.clone_file(sfd.as_fd(), &st)?;
             self.eng.count(Count::Files, 1);
@@ -292,8 +292,55 @@ impl Entry<'_, '_> {
         make: impl Fn(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> Result<(), Error> {
         let replace = self.eng.opts.file.overwrite == Overwrite::Replace || self.eng.opts.resume;
-        crate::prim::place::place_name(self.dst_dir(), self.dst_name, replace, make)
-            .map_err(|e| self.dest_error(e))
+        let backup = if replace { self.back_up_old()? } else { None };
+        crate::prim::place::place_name(self.dst_dir(), self.dst_name, replace, make).map_err(|e| {
+            self.restore(backup);
+            self.dest_error(e)
+        })
+    }
+
+    /// With [`TreeOptions::backup`](super::TreeOptions::backup): move an
+    /// existing destination that is not a directory to its backup name in
+    /// the same directory. Returns that name, for [`Entry::restore`].
+    fn back_up_old(&self) -> Result<Option<CString>, Error> {
+        let Some(b) = &self.eng.opts.backup else {
+            return Ok(None);
+        };
+        let dir = self.dst_dir();
+        let Ok(old) = cowlink_sys::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return Ok(None);
+        };
+        if cowlink_sys::file_type(old.st_mode) == FileType::Directory {
+            return Ok(None);
+        }
+        let cannot = |e: Errno| {
+            self.dest_error(e)
+                .with_reason(format!("cannot back up the destination: {}", errno_text(e)))
+        };
+        // Numbered backups need the highest number already there.
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        if b.kind != crate::prim::backup::Backup::Simple {
+            for e in fs::Dir::read_from(dir).map_err(cannot)? {
+                names.push(e.map_err(cannot)?.file_name().to_bytes().to_vec());
+            }
+        }
+        let name = b.name_in(
+            OsStr::from_bytes(self.dst_name.to_bytes()),
+            names.iter().map(|n| OsStr::from_bytes(n)),
+        );
+        let name =
+            CString::new(name.into_os_string().into_vec()).map_err(|_| cannot(Errno::INVAL))?;
+        fs::renameat(dir, self.dst_name, dir, name.as_c_str()).map_err(cannot)?;
+        Ok(Some(name))
+    }
+
+    /// Put a backup made by [`Entry::back_up_old`] back under the
+    /// destination's name after a failed copy, unless something took it.
+    fn restore(&self, backup: Option<CString>) {
+        if let Some(b) = backup {
+            let dir = self.dst_dir();
+            let _ = fs::renameat_with(dir, &b, dir, self.dst_name, fs::RenameFlags::NOREPLACE);
+        }
     }
 
     /// Clone (or copy) the open source into a new file placed as the
@@ -302,6 +349,17 @@ impl Entry<'_, '_> {
     fn clone_file(&self, sfd: BorrowedFd<'_>, st: &Stat) -> Result<Outcome, Error> {
         let opts = &self.eng.opts.file;
         let dir = self.dst_dir();
+        // The old file keeps its data unless it is to be removed or backed
+        // up first (then a new, empty one takes its name, as GNU's).
+        if opts.attributes_only
+            && opts.overwrite == Overwrite::Replace
+            && !self.eng.opts.remove_destination
+            && self.eng.opts.backup.is_none()
+        {
+            if let Some(done) = self.attributes_into_existing(sfd, st)? {
+                return Ok(done);
+            }
+        }
         let dst_name = os(self.dst_name);
         // Resuming: keep what already matches, replace anything else.
         let overwrite = if self.eng.opts.resume {
@@ -336,15 +394,24 @@ impl Entry<'_, '_> {
         };
         let failed = |e: Errno| transfer_error(self.op(), self.src, self.dst, e, sfd, dfd);
         let cancelled = || self.eng.cancelled();
-        let done = transfer(
-            sfd,
-            dfd,
-            Source::of(st),
-            opts.link,
-            &before_copy,
-            &failed,
-            &cancelled,
-        )?;
+        // `cp --attributes-only`: a new file stays empty.
+        let done = if opts.attributes_only {
+            before_copy()?;
+            Outcome {
+                method: Method::ReadWrite,
+                bytes: 0,
+            }
+        } else {
+            transfer(
+                sfd,
+                dfd,
+                Source::of(st).with_sparse(opts.sparse),
+                opts.link,
+                &before_copy,
+                &failed,
+                &cancelled,
+            )?
+        };
         let created = self
             .node
             .new_gid
@@ -365,6 +432,8 @@ impl Entry<'_, '_> {
         if opts.overwrite == Overwrite::Replace
             && !opts.preserve.mode
             && !self.eng.opts.resume
+            && !self.eng.opts.remove_destination
+            && self.eng.opts.backup.is_none()
             && placement == Placement::Atomic
         {
             if let Ok(old) = cowlink_sys::statat(dir, self.dst_name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -380,20 +449,68 @@ impl Entry<'_, '_> {
                 }
             }
         }
-        file.commit(dst_name, overwrite)
-            .map_err(|e| self.dest_error(e))?;
+        // A direct file holds its final name already: nothing old is there.
+        let backup = if overwrite == Overwrite::Replace && placement == Placement::Atomic {
+            self.back_up_old()?
+        } else {
+            None
+        };
+        file.commit(dst_name, overwrite).map_err(|e| {
+            self.restore(backup);
+            self.dest_error(e)
+        })?;
         Ok(done)
+    }
+
+    /// `cp --attributes-only` over an existing regular file (not the
+    /// source itself): it keeps its content and gets the metadata, as
+    /// GNU's and [`crate::clone_file`]'s do. `None` when there is no such
+    /// file (a new, empty one is made then).
+    fn attributes_into_existing(
+        &self,
+        sfd: BorrowedFd<'_>,
+        st: &Stat,
+    ) -> Result<Option<Outcome>, Error> {
+        let Ok(old) = cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            return Ok(None);
+        };
+        if cowlink_sys::file_type(old.st_mode) != FileType::RegularFile {
+            return Ok(None);
+        }
+        let nothing = Outcome {
+            method: Method::ReadWrite,
+            bytes: 0,
+        };
+        if (old.st_dev, old.st_ino) == (st.st_dev, st.st_ino) {
+            return Ok(Some(nothing)); // the source itself: nothing to carry
+        }
+        let dfd = fs::openat(
+            self.dst_dir(),
+            self.dst_name,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(|e| self.dest_error(e))?;
+        meta::apply(sfd, st, dfd.as_fd(), self.eng.opts.file.preserve).map_err(|m| {
+            self.error(m.errno)
+                .with_reason(format!("cannot {}: {}", m.what, errno_text(m.errno)))
+        })?;
+        Ok(Some(nothing))
     }
 
     /// With [`TreeOptions::update_older`](super::TreeOptions::update_older): whether an existing destination
     /// is at least as new as the source (by modification time).
     fn not_older(&self, st: &Stat) -> bool {
-        cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
-            |d| {
-                (d.st_mtime, d.st_mtime_nsec as i64) >= (st.st_mtime, st.st_mtime_nsec as i64)
-                    && !left_unfinished(st.st_mode, d.st_mode)
-            },
-        )
+        cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|d| not_older(&StatFacts::of_stat(st), &StatFacts::of_stat(&d)))
+    }
+
+    /// The kind of link every non-directory becomes (`cp -rl`, `cp -rs`),
+    /// if any. `file.link` Hardlink is `link` Hard: one word for a tree.
+    fn link_kind(&self) -> Option<super::LinkKind> {
+        let hard = (self.eng.opts.file.link == LinkMode::Hardlink).then_some(super::LinkKind::Hard);
+        self.eng.opts.link.or(hard)
     }
 
     /// With [`TreeOptions::link`](super::TreeOptions::link): a hardlink to the source, or a symbolic
@@ -431,7 +548,49 @@ impl Entry<'_, '_> {
             return false; // a directory this run created holds nothing old
         }
         cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|d| looks_complete(st, &d))
+            .is_ok_and(|d| complete_copy(&StatFacts::of_stat(st), &StatFacts::of_stat(&d)))
+    }
+
+    /// With [`TreeOptions::interactive`](super::TreeOptions::interactive):
+    /// whether an existing destination that is not a directory may be
+    /// replaced, asked of the observer with GNU's question (which names
+    /// the mode it overrides when the file is not writable). A no is
+    /// counted and reported as skipped. True when nothing is there to
+    /// replace (a directory in the way fails later with its own error).
+    fn may_replace(&self) -> bool {
+        if !self.eng.opts.interactive || self.eng.opts.dry_run {
+            return true;
+        }
+        let Ok(old) = cowlink_sys::statat(self.dst_dir(), self.dst_name, AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            return true;
+        };
+        let t = cowlink_sys::file_type(old.st_mode);
+        if t == FileType::Directory {
+            return true;
+        }
+        let writable = t == FileType::Symlink
+            || fs::accessat(
+                self.dst_dir(),
+                self.dst_name,
+                fs::Access::WRITE_OK,
+                AtFlags::empty(),
+            )
+            .is_ok();
+        let prompt = Prompt {
+            dst: self.dst,
+            overriding_mode: (!writable).then_some(old.st_mode & 0o7777),
+        };
+        if self.eng.may_replace(&prompt) {
+            return true;
+        }
+        self.eng.count(Count::Skipped, 1);
+        self.eng.emit(TreeEvent::Skipped {
+            src: self.src,
+            dst: self.dst,
+            reason: SkipReason::Declined,
+        });
+        false
     }
 
     /// A symbolic link, recreated with the same target (never followed).
@@ -441,6 +600,14 @@ impl Entry<'_, '_> {
             self.eng.count(Count::Symlinks, 1);
             self.planned(Action::Symlink);
             return Ok(());
+        }
+        if !self.may_replace() {
+            return Ok(());
+        }
+        // As GNU on Linux (which can hardlink symlinks): -l links the
+        // symlink itself, -s names it.
+        if let Some(kind) = self.link_kind() {
+            return self.link_to_source(kind);
         }
         let target = fs::readlinkat(&self.node.src, self.name, Vec::new())
             .map_err(|e| self.source_error(e))?;
@@ -458,6 +625,9 @@ impl Entry<'_, '_> {
     /// ([`TreeOptions::copy_contents`](super::TreeOptions::copy_contents)),
     /// placed like any copy so that a failure leaves no partial name.
     fn contents(&self) -> Result<(), Error> {
+        if !self.may_replace() {
+            return Ok(());
+        }
         let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY;
         if !self.eng.opts.dereference {
             flags |= OFlags::NOFOLLOW;
@@ -528,6 +698,13 @@ impl Entry<'_, '_> {
             self.eng.count(Count::Specials, 1);
             self.planned(Action::Special { kind });
             return Ok(());
+        }
+        if !self.may_replace() {
+            return Ok(());
+        }
+        // As GNU: -l links FIFOs and device nodes too, -s names them.
+        if let Some(kind) = self.link_kind() {
+            return self.link_to_source(kind);
         }
         let mode = cowlink_sys::raw_mode(self.eng.opts.new_bits(st.st_mode));
         self.place(|dir, name| cowlink_sys::mknodat(dir, name, t, mode, st.st_rdev))

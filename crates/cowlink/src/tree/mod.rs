@@ -49,6 +49,10 @@ use crate::clone::CloneOptions;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
+#[cfg(unix)]
+pub use crate::prim::backup::Backups;
+#[cfg(unix)]
+pub use crate::prim::facts::Prompt;
 #[cfg(not(unix))]
 pub use crate::stdfs::copy_tree;
 #[cfg(unix)]
@@ -97,6 +101,23 @@ pub struct TreeOptions {
     /// files (`cp -R --copy-contents`) instead of recreating them; a FIFO
     /// blocks the copy until something writes to it and closes it.
     pub copy_contents: bool,
+    /// Back up each existing destination that is not a directory before
+    /// replacing it (`cp -r --backup`): it is renamed to its backup name
+    /// in the same directory, and renamed back if the copy fails. The
+    /// replacement then takes the source's mode, not the old file's.
+    #[cfg(unix)]
+    pub backup: Option<Backups>,
+    /// Replaced files take the source's mode rather than keeping the old
+    /// file's (`cp -r --remove-destination`). The old file is still
+    /// replaced atomically rather than removed first.
+    pub remove_destination: bool,
+    /// Ask before replacing (`cp -i`): for each destination that exists
+    /// and is not a directory, [`Observer::may_replace`] is asked GNU cp's
+    /// question; a no keeps it, counted as skipped
+    /// ([`SkipReason::Declined`]). Questions come from the worker threads
+    /// one at a time; with one thread ([`crate::run::Run::threads`]) they
+    /// come in a fixed order, which answers piped in by a script need.
+    pub interactive: bool,
     /// Walk the source and report what would be done ([`TreeEvent::Planned`])
     /// without creating or changing anything at the destination.
     pub dry_run: bool,
@@ -211,6 +232,8 @@ pub enum SkipReason {
     /// The destination is not older than the source
     /// ([`TreeOptions::update_older`]).
     NotOlder,
+    /// [`Observer::may_replace`] said no ([`TreeOptions::interactive`]).
+    Declined,
 }
 
 /// What happened to one entry, as told to an [`Observer`].
@@ -283,6 +306,16 @@ pub enum TreeEvent<'a> {
 pub trait Observer: Sync {
     /// One entry's event.
     fn event(&self, event: &TreeEvent<'_>);
+
+    /// With [`TreeOptions::interactive`]: whether the existing
+    /// destination `prompt.dst` may be replaced (`cp -i`'s question is
+    /// [`Prompt::question`]). Never called twice at once. Observers that
+    /// do not answer decline, as `cp -i` without anyone to ask does.
+    #[cfg(unix)]
+    fn may_replace(&self, prompt: &Prompt<'_>) -> bool {
+        let _ = prompt;
+        false
+    }
 }
 
 impl<F: Fn(&TreeEvent<'_>) + Sync> Observer for F {

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+mod cp;
 mod dedupe;
 mod dedupe_space;
 mod delta;
