@@ -28,6 +28,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::copytree, m)?)?;
     m.add_function(wrap_pyfunction!(ops::copy, m)?)?;
     m.add_function(wrap_pyfunction!(sync::sync, m)?)?;
+    m.add_function(wrap_pyfunction!(sync::sync_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(ops::extents, m)?)?;
     m.add_function(wrap_pyfunction!(ops::usage, m)?)?;
     m.add_function(wrap_pyfunction!(ops::probe_filesystem, m)?)?;
@@ -49,6 +50,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::Usage>()?;
     m.add_class::<records::TreeReport>()?;
     m.add_class::<sync::SyncReport>()?;
+    m.add_class::<sync::SnapshotSyncReport>()?;
     m.add_class::<dedupe::Plan>()?;
     m.add_class::<dedupe::Group>()?;
     m.add_class::<dedupe::DedupeReport>()?;

@@ -50,7 +50,8 @@ pub fn error_list(py: Python<'_>, errs: &[cowlink::Error]) -> PyResult<Vec<Py<Py
 record!(
     /// What a clone or copy did.
     Outcome {
-        /// "reflink", "copy_offload", "read_write", "hardlink" or "skipped".
+        /// "reflink", "copy_offload", "read_write", "hardlink", "delta" or
+        /// "skipped".
         method: String,
         /// Bytes the destination received.
         bytes: u64,

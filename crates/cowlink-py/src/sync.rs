@@ -168,3 +168,106 @@ pub fn sync(
     value.setattr("report", Py::new(py, report)?)?;
     Err(err)
 }
+
+record!(
+    /// What `sync_snapshot` made.
+    SnapshotSyncReport {
+        /// The snapshot's name under the root; in a dry run, the snapshot
+        /// compared against (None when the set has no complete one).
+        snapshot: Option<String>,
+        /// Its directory.
+        path: PathBuf,
+        /// It was an interrupted snapshot, resumed under its name.
+        resumed: bool,
+        /// The complete snapshot it was cloned from.
+        base: Option<String>,
+        /// It was sealed complete (False after a cancel or a failed entry:
+        /// it stays in progress and the next run resumes it).
+        completed: bool,
+        /// The sync into it.
+        sync: Py<SyncReport>,
+    }
+);
+
+/// `cowlink sync --snapshot ROOT SRC/`: make a new snapshot in the set at
+/// `root` (`ROOT/<UTC time>/`, a clone of the newest complete snapshot, a
+/// subvolume snapshot on Btrfs), sync `src` into it with deletion (a
+/// snapshot is `src` as it was), and seal it complete. A cancelled or
+/// failed run leaves it in progress, never listed complete; the next call
+/// resumes it under its name. `contents`, `exclude`, `checksum`,
+/// `dry_run` (compare against the newest complete snapshot, make
+/// nothing), `hardlinks`, `threads`, `on_progress` and `cancel` are as for
+/// `sync`. Failed entries are raised together as `TreeError` after the
+/// run, with `report`.
+#[pyfunction]
+#[pyo3(signature = (src, root, *, contents=None, exclude=Vec::new(), checksum=false, dry_run=false, hardlinks=true, threads=None, on_progress=None, cancel=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn sync_snapshot(
+    py: Python<'_>,
+    src: FsPath,
+    root: FsPath,
+    contents: Option<bool>,
+    exclude: Vec<String>,
+    checksum: bool,
+    dry_run: bool,
+    hardlinks: bool,
+    threads: Option<usize>,
+    on_progress: Option<Bound<'_, PyAny>>,
+    cancel: Option<Bound<'_, CancelToken>>,
+) -> PyResult<SnapshotSyncReport> {
+    let src = source_path(src.0, contents);
+    let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
+    let options = SyncOptions {
+        checksum,
+        exclude,
+        dry_run,
+        no_hardlinks: !hardlinks,
+        run: control.run(),
+        ..SyncOptions::default()
+    };
+    let failed: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+    let observe = |ev: &SyncEvent<'_>| {
+        if let SyncEvent::Failed(e) = ev {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((*e).clone());
+        }
+    };
+    let result = control.drive(py, || {
+        cowlink::sync::sync_snapshot(&src, &root.0, &options, &observe)
+    })?;
+    let r = result.map_err(|e| to_py(py, &e))?;
+    let report = SnapshotSyncReport {
+        snapshot: r.snapshot.clone(),
+        path: r.path.clone(),
+        resumed: r.resumed,
+        base: r.base.clone(),
+        completed: r.completed,
+        sync: Py::new(py, SyncReport::from(&r.sync))?,
+    };
+    let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    if failed.is_empty() {
+        return Ok(report);
+    }
+    let first = &failed[0];
+    let errno = first
+        .raw_os_error()
+        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
+    let err = TreeError::new_err((
+        errno,
+        format!(
+            "{} of the entries could not be synced into the snapshot (left in progress); \
+             the first: {first}",
+            failed.len()
+        ),
+    ));
+    let value = err.value(py);
+    value.setattr("filename", src.as_os_str())?;
+    value.setattr("filename2", r.path.as_os_str())?;
+    value.setattr("message", value.getattr("strerror")?)?;
+    value.setattr("kind", "sync")?;
+    value.setattr("errors", error_list(py, &failed)?)?;
+    value.setattr("report", Py::new(py, report)?)?;
+    Err(err)
+}

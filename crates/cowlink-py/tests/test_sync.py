@@ -89,3 +89,30 @@ def test_failures_are_raised_together_after_the_sync(xfs: Path) -> None:
 def test_missing_source_raises_file_not_found(xfs: Path) -> None:
     with pytest.raises(FileNotFoundError):
         cowlink.sync(xfs / "nope", xfs / "dst", contents=True)
+
+
+def test_sync_snapshot_keeps_versions_that_share_unchanged_blocks(cow: Path) -> None:
+    src, root = cow / "src", cow / "snaps"
+    src.mkdir()
+    write(src / "big", data(1 << 20, 1))
+    write(src / "gone", b"old")
+    first = cowlink.sync_snapshot(src, root, contents=True)
+    assert first.completed and first.base is None and not first.resumed
+    assert first.sync.created == 2 and first.sync.errors == 0
+    (src / "gone").unlink()
+    write(src / "new", b"new")
+    dry = cowlink.sync_snapshot(src, root, contents=True, dry_run=True)
+    assert dry.snapshot == first.snapshot and not dry.completed
+    assert (dry.sync.created, dry.sync.deleted) == (1, 1)
+    second = cowlink.sync_snapshot(src, root, contents=True)
+    assert second.completed and second.base == first.snapshot
+    assert second.snapshot != first.snapshot
+    assert rsync_differences(src, second.path) == []
+    assert (first.path / "gone").read_bytes() == b"old"
+    assert not (second.path / "gone").exists()
+    # The unchanged file is a clone of the first snapshot's.
+    for f in (first.path / "big", second.path / "big"):
+        layout = cowlink.extents(f)
+        assert layout.mapped_bytes > 0 and layout.shared_bytes == layout.mapped_bytes
+    names = [s.name for s in cowlink.SnapshotSet(root).list()]
+    assert names == [first.snapshot, second.snapshot]

@@ -57,6 +57,7 @@ from ._cowlink import (
     SameFileError,
     Snapshot,
     SnapshotSet,
+    SnapshotSyncReport,
     Store,
     StoreStats,
     Support,
@@ -74,6 +75,7 @@ from ._cowlink import (
     copytree,
     extents,
     sync,
+    sync_snapshot,
     usage,
 )
 
@@ -106,6 +108,7 @@ __all__ = [
     "SameFileError",
     "Snapshot",
     "SnapshotSet",
+    "SnapshotSyncReport",
     "Store",
     "StoreStats",
     "Support",
@@ -125,5 +128,6 @@ __all__ = [
     "extents",
     "probe",
     "sync",
+    "sync_snapshot",
     "usage",
 ]

@@ -80,7 +80,7 @@ class Progress:
 
 class Outcome:
     @property
-    def method(self) -> Literal["reflink", "copy_offload", "read_write", "hardlink", "skipped"]: ...
+    def method(self) -> Literal["reflink", "copy_offload", "read_write", "hardlink", "delta", "skipped"]: ...
     @property
     def bytes(self) -> int: ...
 
@@ -215,6 +215,20 @@ class Usage:
     @property
     def unknown_disk(self) -> int: ...
 
+class SnapshotSyncReport:
+    @property
+    def snapshot(self) -> Optional[str]: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def resumed(self) -> bool: ...
+    @property
+    def base(self) -> Optional[str]: ...
+    @property
+    def completed(self) -> bool: ...
+    @property
+    def sync(self) -> SyncReport: ...
+
 class SyncReport:
     @property
     def created(self) -> int: ...
@@ -316,6 +330,19 @@ def sync(
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
 ) -> SyncReport: ...
+def sync_snapshot(
+    src: StrPath,
+    root: StrPath,
+    *,
+    contents: Optional[bool] = None,
+    exclude: Sequence[str] = (),
+    checksum: bool = False,
+    dry_run: bool = False,
+    hardlinks: bool = True,
+    threads: Optional[int] = None,
+    on_progress: OnProgress = None,
+    cancel: Optional[CancelToken] = None,
+) -> SnapshotSyncReport: ...
 def copy(
     src: Union[StrPath, Sequence[StrPath]],
     dst: StrPath,
