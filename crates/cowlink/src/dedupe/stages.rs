@@ -137,8 +137,14 @@ pub(super) struct Cand {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    /// Logical→physical runs when every extent is shared (else `None`).
-    pub shared_runs: Option<Box<[Run]>>,
+    /// A fingerprint of the logical→physical runs when every extent is
+    /// shared (else `None`): 64 bits of BLAKE3 over the runs. Two files
+    /// with equal fingerprints are taken to hold the same blocks; a false
+    /// match (2^-64 within one size group) only makes a duplicate look
+    /// already shared, and `FIDEDUPERANGE` compares whatever is shared.
+    /// A fingerprint rather than the runs: the index keeps it in 8 bytes,
+    /// and a candidate holds no heap block for it.
+    pub shared: Option<u64>,
     /// Bytes in extents not flagged shared.
     pub exclusive: u64,
     /// BLAKE3 of the whole file for files of at most two edges; for larger
@@ -156,6 +162,22 @@ pub(super) struct Cand {
     /// The caller may make this file share another's blocks (root, its
     /// owner, or write permission); otherwise it can only be a source.
     pub may_change: bool,
+    /// The times the walk saw (with `size`, the identity the index checks
+    /// its entries by).
+    pub times: Times,
+    /// What the plan knows of it came from the index: nothing of the file
+    /// was read.
+    pub known: bool,
+    /// The whole-file hash of a larger file, from the index.
+    pub whole: Option<Box<[u8; 32]>>,
+}
+
+/// A file's times as the walk saw them, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Times {
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub btime_ns: Option<i64>,
 }
 
 /// A contiguous logical → physical run of a file's extents.
@@ -201,7 +223,7 @@ impl Span {
     }
 }
 
-/// Fill `shared_runs`, `exclusive` and `inline` from a file's extents.
+/// Fill `shared`, `exclusive` and `inline` from a file's extents.
 pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
     let mut runs: Vec<Run> = Vec::new();
     let mut all_shared = !list.is_empty();
@@ -222,7 +244,20 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
             }),
         }
     }
-    c.shared_runs = all_shared.then(|| runs.into_boxed_slice());
+    c.shared = all_shared.then(|| fingerprint(&runs));
+}
+
+/// 64 bits of BLAKE3 over `runs`.
+pub(super) fn fingerprint(runs: &[Run]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    for r in runs {
+        h.update(&r.logical.to_le_bytes());
+        h.update(&r.physical.to_le_bytes());
+        h.update(&r.length.to_le_bytes());
+    }
+    let mut b = [0; 8];
+    b.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(b)
 }
 
 /// One inode is one file: keep the name that sorts first. Returns how
@@ -347,11 +382,21 @@ pub(super) struct Member {
     pub exclusive: u64,
     pub hash: Option<[u8; 32]>,
     pub may_change: bool,
+    pub dev: u64,
+    pub ino: u64,
+    /// The hash came from the index (not read this run).
+    pub known: bool,
+    /// The whole-file hash, from the index or read this run.
+    pub whole: Option<Box<[u8; 32]>>,
 }
 
 impl From<Cand> for Member {
     fn from(c: Cand) -> Member {
         Member {
+            dev: c.dev,
+            ino: c.ino,
+            known: c.known,
+            whole: c.whole,
             name: c.name,
             size: c.size,
             exclusive: c.exclusive,
@@ -401,13 +446,13 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
         // cluster of its own. Only a cluster of several needs its members
         // in path order (the order of clusters does not matter), so paths
         // are compared there alone.
-        members.sort_unstable_by(|a, b| a.shared_runs.cmp(&b.shared_runs));
+        members.sort_unstable_by_key(|c| c.shared);
         let first = out.clusters.len();
         let mut start = 0;
         while start < members.len() {
             let mut end = start + 1;
-            if let Some(runs) = &members[start].shared_runs {
-                while end < members.len() && members[end].shared_runs.as_ref() == Some(runs) {
+            if let Some(runs) = members[start].shared {
+                while end < members.len() && members[end].shared == Some(runs) {
                     end += 1;
                 }
                 members[start..end].sort_unstable_by(|a, b| names.cmp(a.name, b.name));
@@ -567,14 +612,11 @@ mod tests {
     }
 
     fn shared(mut c: Cand, physical: u64) -> Cand {
-        c.shared_runs = Some(
-            vec![Run {
-                logical: 0,
-                physical,
-                length: c.size,
-            }]
-            .into(),
-        );
+        c.shared = Some(fingerprint(&[Run {
+            logical: 0,
+            physical,
+            length: c.size,
+        }]));
         c.exclusive = 0;
         c
     }
@@ -645,15 +687,12 @@ mod tests {
             &mut c,
         );
         assert_eq!(
-            c.shared_runs,
-            Some(
-                vec![Run {
-                    logical: 0,
-                    physical: 4096,
-                    length: 8192
-                }]
-                .into()
-            )
+            c.shared,
+            Some(fingerprint(&[Run {
+                logical: 0,
+                physical: 4096,
+                length: 8192
+            }]))
         );
         assert_eq!(c.exclusive, 0);
 
@@ -666,7 +705,7 @@ mod tests {
             ],
             &mut d,
         );
-        assert_eq!(d.shared_runs, None, "not every block is shared");
+        assert_eq!(d.shared, None, "not every block is shared");
         assert_eq!(d.exclusive, 4096);
     }
 

@@ -1,0 +1,742 @@
+//! The dedupe index: per filesystem, what earlier runs learned of each
+//! file, so a rerun reads only what changed.
+//!
+//! One [redb] database per filesystem, `<dir>/<key>.redb`, where `key` is
+//! the filesystem's UUID (`FS_IOC_GETFSUUID`) followed, on Btrfs, by the
+//! subvolume's id (inode numbers repeat across subvolumes, which all
+//! answer the one UUID). Without a UUID (a kernel before 6.5, or a
+//! filesystem that has none) the key is the device number, `dev-M-m`:
+//! stable while the device stays attached, so at worst a re-attached loop
+//! device starts a new index. Device numbers are not the key otherwise:
+//! they change when a loop device is re-attached and differ per Btrfs
+//! subvolume.
+//!
+//! Table `files` maps an inode number to its entry: the identity it was
+//! learned under (size, mtime, ctime, birth time where the filesystem
+//! gives one) and what was learned (the planning hash: BLAKE3 of the whole
+//! content for a file of two edges or less, of its first and last 4 KiB
+//! otherwise; the whole-file BLAKE3 of a larger file where one was
+//! computed; the extent-layout facts: bytes held alone and, for a file
+//! whose every block is shared, a fingerprint of its logical → physical
+//! runs), and its path (to prune entries of paths gone from a walked
+//! tree). An entry is trusted only while the file's identity is equal in
+//! every field: content changed under a restored mtime still moves the
+//! ctime, which no caller can set; a replaced file has a new birth time
+//! or ctime even where its inode number is reused; a rename or a new hard
+//! link moves the ctime too (the file is read again: correct, at the cost
+//! of one read). A match is still proven by `FIDEDUPERANGE`, which
+//! compares every byte under lock: the index only decides what need not
+//! be read.
+//!
+//! Each entry ends with 8 bytes of BLAKE3 over its inode number and its
+//! bytes: a damaged entry is dropped and its file read again, never
+//! trusted. A database redb cannot open, or one of another format
+//! ([`FORMAT`]), is removed and rebuilt, with a note in the report.
+//!
+//! Crash rules: what a run learned is written in one redb write
+//! transaction per filesystem, committed (fsync) when planning ends; the
+//! layouts of the files a run shared are rewritten in a second one after
+//! executing. redb commits are atomic, so a `kill -9` at any point leaves
+//! the last committed state: at worst a run's learning is lost, and the
+//! next run reads those files again. An entry is only ever written with
+//! the identity its file had before it was read, so a file written while
+//! being read is read again next time.
+//!
+//! A lock file `<key>.lock` next to the database (`flock`, exclusive,
+//! holding the holder's pid and command line) keeps two runs from using
+//! one index at once; a run that finds it held goes on without the index
+//! for that filesystem and says who holds it.
+//!
+//! Why redb: an embedded, transactional (copy-on-write B-tree, atomic
+//! commits) key-value store in pure Rust, so the core still
+//! cross-compiles for macOS and Windows without a C toolchain (SQLite and
+//! LMDB are C); maintained, and 2.x keeps the workspace's Rust 1.85.
+
+// redb's error is large (160 bytes); it is returned on the cold path of
+// a failed index write only, which becomes a note in the report.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Seek, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use redb::{Database, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition};
+use rustix::fd::{AsFd, BorrowedFd};
+use rustix::fs::{self, FlockOperation};
+
+use crate::ground::lock;
+
+/// The entries' format. An index of another format is rebuilt.
+pub const FORMAT: u32 = 1;
+
+const FILES: TableDefinition<u64, &[u8]> = TableDefinition::new("files");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// Where the indexes live by default: `/var/lib/cowlink/index` for root,
+/// else `$XDG_STATE_HOME/cowlink/index`, else
+/// `~/.local/state/cowlink/index`. `None` when neither is known.
+pub fn default_dir() -> Option<PathBuf> {
+    if rustix::process::geteuid().is_root() {
+        return Some(PathBuf::from("/var/lib/cowlink/index"));
+    }
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(s) = nonempty("XDG_STATE_HOME") {
+        return Some(PathBuf::from(s).join("cowlink/index"));
+    }
+    nonempty("HOME").map(|h| PathBuf::from(h).join(".local/state/cowlink/index"))
+}
+
+/// What the index did in one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexReport {
+    /// The index files used, one per filesystem.
+    pub files: Vec<PathBuf>,
+    /// Files whose identity matched their entry: nothing of them was read.
+    pub unchanged: u64,
+    /// Entries written (files read this run, and layouts after sharing).
+    pub written: u64,
+    /// Entries of files gone from the walked paths, removed.
+    pub pruned: u64,
+    /// Things the user should know: an index rebuilt (damaged, another
+    /// format), damaged entries dropped, an index in use by another run.
+    pub notes: Vec<String>,
+}
+
+/// What an entry says of a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub btime_ns: Option<i64>,
+    /// Bytes in extents no other file shared when mapped.
+    pub exclusive: u64,
+    /// Fingerprint of the runs when every extent was shared.
+    pub shared: Option<u64>,
+    pub inline: bool,
+    /// The layout facts are known.
+    pub mapped: bool,
+    /// The planning hash (whole for small files, edges for larger ones).
+    pub hash: Option<[u8; 32]>,
+    /// The whole-file hash of a larger file.
+    pub whole: Option<[u8; 32]>,
+    pub path: Vec<u8>,
+}
+
+const F_BTIME: u8 = 1;
+const F_SHARED: u8 = 2;
+const F_INLINE: u8 = 4;
+const F_MAPPED: u8 = 8;
+const F_HASH: u8 = 16;
+const F_WHOLE: u8 = 32;
+const CHECK: usize = 8;
+
+impl Entry {
+    /// Whether `id` is the identity this entry was learned under.
+    pub fn matches(&self, id: &cowlink_sys::FileId) -> bool {
+        self.size == id.size
+            && self.mtime_ns == id.mtime_ns
+            && self.ctime_ns == id.ctime_ns
+            && self.btime_ns == id.btime_ns
+    }
+
+    /// The identity part of an entry for `id`, nothing learned yet.
+    pub fn of(id: &cowlink_sys::FileId, path: &Path) -> Entry {
+        Entry {
+            size: id.size,
+            mtime_ns: id.mtime_ns,
+            ctime_ns: id.ctime_ns,
+            btime_ns: id.btime_ns,
+            path: absolute(path).as_os_str().as_bytes().to_vec(),
+            ..Entry::default()
+        }
+    }
+
+    fn encode(&self, ino: u64) -> Vec<u8> {
+        let mut v = Vec::with_capacity(64 + self.path.len());
+        let flags = [
+            (self.btime_ns.is_some(), F_BTIME),
+            (self.shared.is_some(), F_SHARED),
+            (self.inline, F_INLINE),
+            (self.mapped, F_MAPPED),
+            (self.hash.is_some(), F_HASH),
+            (self.whole.is_some(), F_WHOLE),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |f, (_, b)| f | b);
+        v.push(flags);
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&self.mtime_ns.to_le_bytes());
+        v.extend_from_slice(&self.ctime_ns.to_le_bytes());
+        if let Some(b) = self.btime_ns {
+            v.extend_from_slice(&b.to_le_bytes());
+        }
+        v.extend_from_slice(&self.exclusive.to_le_bytes());
+        if let Some(s) = self.shared {
+            v.extend_from_slice(&s.to_le_bytes());
+        }
+        if let Some(h) = &self.hash {
+            v.extend_from_slice(h);
+        }
+        if let Some(h) = &self.whole {
+            v.extend_from_slice(h);
+        }
+        v.extend_from_slice(&self.path);
+        let check = check(ino, &v);
+        v.extend_from_slice(&check);
+        v
+    }
+
+    /// The entry in `b`, if its check holds and it reads whole.
+    fn decode(ino: u64, b: &[u8]) -> Option<Entry> {
+        let (body, sum) = b.split_at_checked(b.len().checked_sub(CHECK)?)?;
+        if check(ino, body) != sum {
+            return None;
+        }
+        let (&flags, mut rest) = body.split_first()?;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (a, b) = rest.split_at_checked(n)?;
+            rest = b;
+            Some(a)
+        };
+        let u = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        let mut e = Entry {
+            size: u(take(8)?),
+            mtime_ns: u(take(8)?) as i64,
+            ctime_ns: u(take(8)?) as i64,
+            ..Entry::default()
+        };
+        if flags & F_BTIME != 0 {
+            e.btime_ns = Some(u(take(8)?) as i64);
+        }
+        e.exclusive = u(take(8)?);
+        if flags & F_SHARED != 0 {
+            e.shared = Some(u(take(8)?));
+        }
+        e.inline = flags & F_INLINE != 0;
+        e.mapped = flags & F_MAPPED != 0;
+        if flags & F_HASH != 0 {
+            e.hash = Some(take(32)?.try_into().expect("32 bytes"));
+        }
+        if flags & F_WHOLE != 0 {
+            e.whole = Some(take(32)?.try_into().expect("32 bytes"));
+        }
+        e.path = rest.to_vec();
+        Some(e)
+    }
+}
+
+fn check(ino: u64, body: &[u8]) -> [u8; CHECK] {
+    let mut h = blake3::Hasher::new();
+    h.update(&ino.to_le_bytes());
+    h.update(body);
+    let mut out = [0; CHECK];
+    out.copy_from_slice(&h.finalize().as_bytes()[..CHECK]);
+    out
+}
+
+/// `path` made absolute against the working directory (lexically: no
+/// symbolic link is resolved, so a tree given the same way twice is
+/// recorded the same way).
+pub(super) fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The index of one filesystem, open and locked for a run.
+pub(super) struct FsIndex {
+    file: PathBuf,
+    db: Database,
+    /// The entries as they were when the run began.
+    read: Option<ReadOnlyTable<u64, &'static [u8]>>,
+    /// Held for the run: the lock file, `flock`ed.
+    _lock: std::fs::File,
+    /// Entries that failed their check (dropped, read again).
+    damaged: AtomicU64,
+    unchanged: AtomicU64,
+    /// Inode numbers whose entry was found damaged: removed when written.
+    bad: Mutex<Vec<u64>>,
+}
+
+impl FsIndex {
+    /// The entry of inode `ino` if its identity is `id`; counts it as
+    /// unchanged.
+    pub fn lookup(&self, id: &cowlink_sys::FileId) -> Option<Entry> {
+        let table = self.read.as_ref()?;
+        let got = table.get(id.ino).ok()??;
+        match Entry::decode(id.ino, got.value()) {
+            Some(e) if e.matches(id) => {
+                self.unchanged.fetch_add(1, Ordering::Relaxed);
+                Some(e)
+            }
+            Some(_) => None,
+            None => {
+                self.damaged.fetch_add(1, Ordering::Relaxed);
+                lock(&self.bad).push(id.ino);
+                None
+            }
+        }
+    }
+}
+
+/// The indexes of one run, one per filesystem met, opened on first use.
+pub(super) struct Indexes {
+    dir: PathBuf,
+    by_dev: RwLock<HashMap<u64, Option<Arc<FsIndex>>>>,
+    notes: Mutex<Vec<String>>,
+    written: AtomicU64,
+    pruned: AtomicU64,
+}
+
+/// The inodes a walk met, as (device, inode), and its roots (absolute):
+/// what pruning needs.
+pub(super) type Seen<'a> = (&'a HashSet<(u64, u64)>, &'a [PathBuf]);
+
+/// A file's layout as it is now: inode, identity, bytes held alone,
+/// fingerprint of its runs when all shared.
+type Layout = (u64, cowlink_sys::FileId, u64, Option<u64>);
+
+/// Changes to write, per device: entries to put, and updates to the
+/// hashes of entries put earlier in the same run.
+#[derive(Default)]
+pub(super) struct Pending {
+    put: HashMap<u64, Vec<(u64, Entry)>>,
+    hashes: HashMap<u64, Vec<(u64, Learnt)>>,
+}
+
+/// A hash learnt after an entry was put.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Learnt {
+    /// The planning hash.
+    Hash([u8; 32]),
+    /// The whole-file hash.
+    Whole([u8; 32]),
+}
+
+impl Pending {
+    /// Put `e` as inode `ino`'s entry on device `dev`.
+    pub fn put(&mut self, dev: u64, ino: u64, e: Entry) {
+        self.put.entry(dev).or_default().push((ino, e));
+    }
+
+    /// Record a hash learnt of inode `ino` on `dev` (put this run).
+    pub fn learnt(&mut self, dev: u64, ino: u64, h: Learnt) {
+        self.hashes.entry(dev).or_default().push((ino, h));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.put.is_empty() && self.hashes.is_empty()
+    }
+}
+
+impl Indexes {
+    /// Indexes kept under `dir` (created when first needed).
+    pub fn new(dir: &Path) -> Indexes {
+        Indexes {
+            dir: dir.to_path_buf(),
+            by_dev: RwLock::default(),
+            notes: Mutex::default(),
+            written: AtomicU64::new(0),
+            pruned: AtomicU64::new(0),
+        }
+    }
+
+    /// The index of device `dev`, opened on first use from `fd` (a file or
+    /// directory on it); `None` when it cannot be used (a note says why).
+    pub fn of(&self, dev: u64, fd: BorrowedFd<'_>) -> Option<Arc<FsIndex>> {
+        if let Some(got) = self
+            .by_dev
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&dev)
+        {
+            return got.clone();
+        }
+        let mut map = self.by_dev.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(got) = map.get(&dev) {
+            return got.clone();
+        }
+        let opened = match self.open(dev, fd) {
+            Ok(ix) => Some(Arc::new(ix)),
+            Err(note) => {
+                self.note(note);
+                None
+            }
+        };
+        map.insert(dev, opened.clone());
+        opened
+    }
+
+    /// The index of device `dev` if it was opened.
+    pub fn opened(&self, dev: u64) -> Option<Arc<FsIndex>> {
+        self.by_dev
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&dev)
+            .cloned()
+            .flatten()
+    }
+
+    fn note(&self, s: String) {
+        lock(&self.notes).push(s);
+    }
+
+    fn open(&self, dev: u64, fd: BorrowedFd<'_>) -> Result<FsIndex, String> {
+        let key = fs_key(dev, fd);
+        let shown = |p: &Path| crate::name::quoted(p).to_string();
+        std::fs::create_dir_all(&self.dir).map_err(|e| {
+            format!(
+                "index directory {}: {e}; going on without an index",
+                shown(&self.dir)
+            )
+        })?;
+        let file = self.dir.join(format!("{key}.redb"));
+        let lock_path = self.dir.join(format!("{key}.lock"));
+        let mut lk = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| format!("index lock {}: {e}; going on without it", shown(&lock_path)))?;
+        if fs::flock(lk.as_fd(), FlockOperation::NonBlockingLockExclusive).is_err() {
+            let mut holder = String::new();
+            let _ = lk.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(format!(
+                "index {} is in use by {}; this run goes on without it",
+                shown(&file),
+                if holder.is_empty() {
+                    "another run"
+                } else {
+                    holder
+                }
+            ));
+        }
+        let _ = lk.set_len(0);
+        let _ = lk.rewind();
+        let _ = writeln!(lk, "pid {} ({})", std::process::id(), command_line());
+        let db = self.open_db(&file)?;
+        let read = db.begin_read().ok().and_then(|t| t.open_table(FILES).ok());
+        Ok(FsIndex {
+            file,
+            db,
+            read,
+            _lock: lk,
+            damaged: AtomicU64::new(0),
+            unchanged: AtomicU64::new(0),
+            bad: Mutex::default(),
+        })
+    }
+
+    /// Open (or create) the database at `file`, rebuilding it when it is
+    /// damaged or of another format.
+    fn open_db(&self, file: &Path) -> Result<Database, String> {
+        let shown = crate::name::quoted(file).to_string();
+        let builder = || {
+            let mut b = Database::builder();
+            // The cache bounds the memory redb keeps of the file; a rerun
+            // looks each entry up once, so a large cache buys little.
+            b.set_cache_size(16 << 20);
+            b
+        };
+        let why = match builder().create(file) {
+            Ok(db) => match format_of(&db) {
+                Ok(Some(FORMAT)) => return Ok(db),
+                Ok(None) => {
+                    write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
+                    return Ok(db);
+                }
+                Ok(Some(other)) => format!("is of format {other}, this version uses {FORMAT}"),
+                Err(e) => format!("cannot be read ({e})"),
+            },
+            Err(e) => format!("cannot be read ({e})"),
+        };
+        self.note(format!(
+            "index {shown} {why}: rebuilt (every file is read again)"
+        ));
+        std::fs::remove_file(file).map_err(|e| format!("index {shown}: cannot remove: {e}"))?;
+        let db = builder()
+            .create(file)
+            .map_err(|e| format!("index {shown}: {e}"))?;
+        write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
+        Ok(db)
+    }
+
+    /// Write `pending`, and prune, on each device in `seen` (the inodes
+    /// the walk met there, as (device, inode)), the entries whose path lies
+    /// under one of `roots` and whose inode was not met. One transaction
+    /// per filesystem.
+    pub fn commit(&self, pending: Pending, seen: Option<Seen<'_>>) {
+        let mut devs: HashSet<u64> = pending.put.keys().copied().collect();
+        devs.extend(pending.hashes.keys().copied());
+        if let Some((seen, _)) = seen {
+            devs.extend(seen.iter().map(|&(d, _)| d));
+        }
+        if devs.is_empty() && pending.is_empty() {
+            return;
+        }
+        let Pending {
+            mut put,
+            mut hashes,
+        } = pending;
+        for dev in devs {
+            let Some(ix) = self.opened(dev) else { continue };
+            let puts = put.remove(&dev).unwrap_or_default();
+            let learnt = hashes.remove(&dev).unwrap_or_default();
+            let prune = seen.map(|s| (s, dev));
+            if let Err(e) = self.write(&ix, puts, learnt, prune) {
+                self.note(format!(
+                    "index {}: not updated: {e}",
+                    crate::name::quoted(&ix.file)
+                ));
+            }
+        }
+    }
+
+    fn write(
+        &self,
+        ix: &FsIndex,
+        mut puts: Vec<(u64, Entry)>,
+        learnt: Vec<(u64, Learnt)>,
+        prune: Option<(Seen<'_>, u64)>,
+    ) -> Result<(), redb::Error> {
+        let txn = ix.db.begin_write()?;
+        {
+            let mut t = txn.open_table(FILES)?;
+            for ino in std::mem::take(&mut *lock(&ix.bad)) {
+                t.remove(ino)?;
+            }
+            // In key order: a B-tree's cheapest way in.
+            puts.sort_unstable_by_key(|(ino, _)| *ino);
+            let n = puts.len() as u64;
+            for (ino, e) in puts {
+                t.insert(ino, e.encode(ino).as_slice())?;
+            }
+            let mut updated = 0;
+            for (ino, h) in learnt {
+                let Some(mut e) = t.get(ino)?.and_then(|v| Entry::decode(ino, v.value())) else {
+                    continue;
+                };
+                match h {
+                    Learnt::Hash(h) => e.hash = Some(h),
+                    Learnt::Whole(h) => e.whole = Some(h),
+                }
+                t.insert(ino, e.encode(ino).as_slice())?;
+                updated += 1;
+            }
+            self.written.fetch_add(n + updated, Ordering::Relaxed);
+            if let Some(((seen, roots), dev)) = prune {
+                let mut gone = Vec::new();
+                for row in t.iter()? {
+                    let (k, v) = row?;
+                    let ino = k.value();
+                    if seen.contains(&(dev, ino)) {
+                        continue;
+                    }
+                    // The path is at the end, before the check; decoding
+                    // whole is simplest and an undecodable entry goes too.
+                    let under = match Entry::decode(ino, v.value()) {
+                        Some(e) => {
+                            let p = Path::new(std::ffi::OsStr::from_bytes(&e.path));
+                            roots.iter().any(|r| p.starts_with(r))
+                        }
+                        None => true,
+                    };
+                    if under {
+                        gone.push(ino);
+                    }
+                }
+                self.pruned.fetch_add(gone.len() as u64, Ordering::Relaxed);
+                for ino in gone {
+                    t.remove(ino)?;
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Record the layouts of `paths` as they are now (after sharing), for
+    /// those whose entry's identity still matches.
+    pub fn relayout(&self, paths: &[&Path]) {
+        let mut by_dev: HashMap<u64, Vec<Layout>> = HashMap::new();
+        for p in paths {
+            let Ok(fd) = super::open_read(p) else {
+                continue;
+            };
+            let Ok(id) = cowlink_sys::file_id(fd.as_fd()) else {
+                continue;
+            };
+            let Ok(list) = crate::extents::extents_fd(fd.as_fd(), false) else {
+                continue;
+            };
+            let mut c = super::Cand::default();
+            super::layout_facts(&list, &mut c);
+            by_dev
+                .entry(id.dev)
+                .or_default()
+                .push((id.ino, id, c.exclusive, c.shared));
+        }
+        for (dev, list) in by_dev {
+            let Some(ix) = self.opened(dev) else { continue };
+            let res = (|| -> Result<u64, redb::Error> {
+                let txn = ix.db.begin_write()?;
+                let mut n = 0;
+                {
+                    let mut t = txn.open_table(FILES)?;
+                    for (ino, id, exclusive, shared) in list {
+                        let Some(mut e) = t.get(ino)?.and_then(|v| Entry::decode(ino, v.value()))
+                        else {
+                            continue;
+                        };
+                        if !e.matches(&id) {
+                            continue;
+                        }
+                        e.exclusive = exclusive;
+                        e.shared = shared;
+                        e.mapped = true;
+                        t.insert(ino, e.encode(ino).as_slice())?;
+                        n += 1;
+                    }
+                }
+                txn.commit()?;
+                Ok(n)
+            })();
+            match res {
+                Ok(n) => {
+                    self.written.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => self.note(format!(
+                    "index {}: layouts not updated: {e}",
+                    crate::name::quoted(&ix.file)
+                )),
+            }
+        }
+    }
+
+    /// What the indexes did so far.
+    pub fn report(&self) -> IndexReport {
+        let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
+        let mut r = IndexReport {
+            written: self.written.load(Ordering::Relaxed),
+            pruned: self.pruned.load(Ordering::Relaxed),
+            notes: lock(&self.notes).clone(),
+            ..IndexReport::default()
+        };
+        for ix in map.values().flatten() {
+            r.files.push(ix.file.clone());
+            r.unchanged += ix.unchanged.load(Ordering::Relaxed);
+            let damaged = ix.damaged.load(Ordering::Relaxed);
+            if damaged > 0 {
+                r.notes.push(format!(
+                    "index {}: {damaged} damaged entries dropped (those files were read again)",
+                    crate::name::quoted(&ix.file)
+                ));
+            }
+        }
+        r.files.sort();
+        r.files.dedup();
+        r
+    }
+}
+
+fn format_of(db: &Database) -> Result<Option<u32>, redb::Error> {
+    let txn = db.begin_read()?;
+    let t = match txn.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    // A database with entries but no format is not one of ours.
+    let Some(v) = t.get("format")? else {
+        return Ok(Some(0));
+    };
+    let v = v.value();
+    Ok(Some(match <[u8; 4]>::try_from(v) {
+        Ok(b) => u32::from_le_bytes(b),
+        Err(_) => 0,
+    }))
+}
+
+fn write_format(db: &Database) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut t = txn.open_table(META)?;
+        t.insert("format", FORMAT.to_le_bytes().as_slice())?;
+        let files = txn.open_table(FILES)?;
+        drop(files);
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// The name of `dev`'s index: its filesystem's UUID (and Btrfs subvolume
+/// id), or the device number when no UUID is given.
+fn fs_key(dev: u64, fd: BorrowedFd<'_>) -> String {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    match cowlink_sys::fs_uuid(fd) {
+        Ok(u) if !u.is_empty() && u.iter().any(|&b| b != 0) => {
+            match cowlink_sys::btrfs_root_id(fd) {
+                Ok(id) => format!("{}-{id}", hex(&u)),
+                Err(_) => hex(&u),
+            }
+        }
+        _ => format!("dev-{}-{}", rustix::fs::major(dev), rustix::fs::minor(dev)),
+    }
+}
+
+/// This process's command line, for the lock file (empty if unknown).
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// Read-only statistics of an index file, for tests and benchmarks:
+/// entries and the database's size in bytes.
+pub fn stats(file: &Path) -> Result<(u64, u64), String> {
+    let db = Database::open(file).map_err(|e| e.to_string())?;
+    let txn = db.begin_read().map_err(|e| e.to_string())?;
+    let table = txn.open_table(FILES).map_err(|e| e.to_string())?;
+    let n = table.len().map_err(|e| e.to_string())?;
+    let size = std::fs::metadata(file).map_err(|e| e.to_string())?.len();
+    Ok((n, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_read_back_and_a_changed_byte_is_refused() {
+        let e = Entry {
+            size: 9000,
+            mtime_ns: -5,
+            ctime_ns: 7,
+            btime_ns: Some(3),
+            exclusive: 8192,
+            shared: Some(42),
+            inline: false,
+            mapped: true,
+            hash: Some([1; 32]),
+            whole: Some([2; 32]),
+            path: b"/x/caf\xe9".to_vec(),
+        };
+        let b = e.encode(77);
+        assert_eq!(Entry::decode(77, &b), Some(e.clone()));
+        assert_eq!(Entry::decode(78, &b), None, "another inode's entry");
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 0x10;
+            assert_eq!(Entry::decode(77, &bad), None, "byte {i} flipped");
+        }
+        assert_eq!(Entry::decode(77, &b[..b.len() - 1]), None);
+        let bare = Entry {
+            size: 1,
+            ..Entry::default()
+        };
+        assert_eq!(Entry::decode(1, &bare.encode(1)), Some(bare));
+    }
+}
