@@ -30,6 +30,15 @@ use crate::{human_bytes, human_duration, Exit};
 /// alone, read from their extent maps while planning; --measure measures
 /// the free space instead.
 ///
+/// An index per filesystem remembers what each run learnt of each file
+/// (its hashes and extent layout, under its inode, size, mtime, ctime
+/// and birth time): a rerun reads only files new or changed since, and
+/// still finds their duplicates among the others. It lives in
+/// /var/lib/cowlink/index for root, else $XDG_STATE_HOME/cowlink/index
+/// (~/.local/state/cowlink/index); --index DIR puts it elsewhere,
+/// --no-index runs without. A damaged index, or one of another version,
+/// is rebuilt with a message; one in use by another run is left alone.
+///
 /// Works on XFS, Btrfs and other filesystems whose dedupe passes a trial;
 /// refuses ext4, tmpfs and ZFS (cannot), NFS and CIFS clients (unsafe:
 /// their dedupe has cloned without comparing), and never pairs files of
@@ -39,6 +48,8 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink dedupe --dry-run ~/src     # show what would be shared
 ///   cowlink dedupe ~/src ~/builds      # do it
 ///   cowlink dedupe --min-size 1M --json /srv/assets
+///   cowlink dedupe --index /srv/.cowlink-index /srv   # keep the index there
+///   cowlink dedupe --no-index /mnt/once               # plan from nothing
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct DedupeArgs {
@@ -70,6 +81,17 @@ pub struct DedupeArgs {
     #[arg(long)]
     json: bool,
 
+    /// Keep the index (one file per filesystem) in this directory
+    /// [default: /var/lib/cowlink/index for root, else
+    /// $XDG_STATE_HOME/cowlink/index]
+    #[arg(long, value_name = "DIR", conflicts_with = "no_index")]
+    index: Option<PathBuf>,
+
+    /// Use no index: read every candidate, as if for the first time, and
+    /// keep nothing for the next run
+    #[arg(long)]
+    no_index: bool,
+
     /// Show every group (source and targets)
     #[arg(short, long)]
     verbose: bool,
@@ -91,9 +113,15 @@ struct JsonOut<'a> {
 pub fn run(args: DedupeArgs) -> Result<Exit> {
     let start = Instant::now();
     let progress = Arc::new(Progress::new());
+    let index = match (args.no_index, &args.index) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(dir.clone()),
+        (false, None) => dedupe::index::default_dir(),
+    };
     let opts = DedupeOptions {
         min_size: args.min_size,
         measure: args.measure,
+        index,
         run: Run::default()
             .with_threads(args.threads.map_or(0, crate::capped_threads))
             .with_cancel(crate::interrupt::token())
@@ -176,6 +204,11 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     for e in &plan.errors {
         errln!("cowlink: {e}");
     }
+    if let Some(ix) = &plan.index {
+        for n in &ix.notes {
+            errln!("cowlink: {n}");
+        }
+    }
     let mut skipped = format!(
         "skipped: {} already shared, {}, {} inline (not shareable)",
         plan.files_already_shared,
@@ -243,6 +276,15 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 )?;
             }
         }
+    }
+    if let Some(ix) = &plan.index {
+        writeln!(
+            out,
+            "index: {} not read (unchanged), {} written, {} of files gone removed",
+            count(ix.unchanged, "file", "files"),
+            count(ix.written, "entry", "entries"),
+            count(ix.pruned, "entry", "entries"),
+        )?;
     }
     Ok(done(failed))
 }

@@ -168,9 +168,11 @@ record!(
 );
 
 /// Find files with identical content under `paths` (files of at least
-/// `min_size` bytes); nothing is changed.
+/// `min_size` bytes); nothing is changed. `index`: a directory of
+/// persistent indexes (one per filesystem): files unchanged since a run
+/// with the same index learnt them are not read again.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, threads=None, on_progress=None, cancel=None, index=None))]
 pub fn plan(
     py: Python<'_>,
     paths: Vec<FsPath>,
@@ -178,12 +180,14 @@ pub fn plan(
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
+    index: Option<PathBuf>,
 ) -> PyResult<Plan> {
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         min_size,
         run: control.run(),
         measure: false,
+        index,
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -226,9 +230,10 @@ pub fn execute(
 /// byte before it shares. Returns the plan as carried out and what was
 /// done. A cancel, even while planning, is reported in
 /// `cancelled`; the plan then holds only the groups started by then.
-/// `measure` as in `execute`.
+/// `measure` as in `execute`; `index` as in `plan`.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, measure=false, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, measure=false, threads=None, on_progress=None, cancel=None, index=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 pub fn run(
     py: Python<'_>,
     paths: Vec<FsPath>,
@@ -237,12 +242,14 @@ pub fn run(
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
+    index: Option<PathBuf>,
 ) -> PyResult<(Plan, DedupeReport)> {
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         min_size,
         measure,
         run: control.run(),
+        index,
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?

@@ -371,6 +371,7 @@ def plan(
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
+    index: Optional[StrPath] = None,
 ) -> Plan: ...
 def execute(
     plan: Plan,
@@ -388,6 +389,7 @@ def run(
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
+    index: Optional[StrPath] = None,
 ) -> tuple[Plan, DedupeReport]: ...
 
 class Added:
