@@ -259,15 +259,32 @@ pub(super) struct FsIndex {
     unchanged: AtomicU64,
     /// Inode numbers whose entry was found damaged: removed when written.
     bad: Mutex<Vec<u64>>,
+    /// redb failed (panicked) reading it: a damage its checks missed.
+    /// Nothing more is read or written; the file is removed at commit.
+    broken: std::sync::atomic::AtomicBool,
 }
 
 impl FsIndex {
     /// The entry of inode `ino` if its identity is `id`; counts it as
     /// unchanged.
     pub fn lookup(&self, id: &cowlink_sys::FileId) -> Option<Entry> {
+        if self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
         let table = self.read.as_ref()?;
-        let got = table.get(id.ino).ok()??;
-        match Entry::decode(id.ino, got.value()) {
+        // redb trusts its pages: a damaged file can make it panic. That
+        // is an index to rebuild, not a run to lose.
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            table.get(id.ino).ok().flatten().map(|v| v.value().to_vec())
+        }));
+        let got = match got {
+            Ok(got) => got?,
+            Err(_) => {
+                self.broken.store(true, Ordering::Relaxed);
+                return None;
+            }
+        };
+        match Entry::decode(id.ino, &got) {
             Some(e) if e.matches(id) => {
                 self.unchanged.fetch_add(1, Ordering::Relaxed);
                 Some(e)
@@ -429,6 +446,7 @@ impl Indexes {
             damaged: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
             bad: Mutex::default(),
+            broken: Default::default(),
         })
     }
 
@@ -443,7 +461,24 @@ impl Indexes {
             b.set_cache_size(16 << 20);
             b
         };
-        let why = match builder().create(file) {
+        let opened = std::panic::catch_unwind(|| {
+            let mut db = builder().create(file)?;
+            // Every page's checksum, once per run: redb trusts its pages
+            // once open (a damaged one can make it panic), and this is
+            // the one check that reads them all.
+            match db.check_integrity()? {
+                true => Ok(db),
+                false => Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "repaired after a damage".into(),
+                ))),
+            }
+        });
+        let opened = opened.unwrap_or_else(|_| {
+            Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                "damaged".into(),
+            )))
+        });
+        let why = match opened {
             Ok(db) => match format_of(&db) {
                 Ok(Some(FORMAT)) => return Ok(db),
                 Ok(None) => {
@@ -485,14 +520,25 @@ impl Indexes {
         } = pending;
         for dev in devs {
             let Some(ix) = self.opened(dev) else { continue };
+            if self.drop_broken(&ix) {
+                continue;
+            }
             let puts = put.remove(&dev).unwrap_or_default();
             let learnt = hashes.remove(&dev).unwrap_or_default();
             let prune = seen.map(|s| (s, dev));
-            if let Err(e) = self.write(&ix, puts, learnt, prune) {
-                self.note(format!(
+            let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.write(&ix, puts, learnt, prune)
+            }));
+            match wrote {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => self.note(format!(
                     "index {}: not updated: {e}",
                     crate::name::quoted(&ix.file)
-                ));
+                )),
+                Err(_) => {
+                    ix.broken.store(true, Ordering::Relaxed);
+                    self.drop_broken(&ix);
+                }
             }
         }
     }
@@ -583,39 +629,64 @@ impl Indexes {
         }
         for (dev, list) in by_dev {
             let Some(ix) = self.opened(dev) else { continue };
-            let res = (|| -> Result<u64, redb::Error> {
-                let txn = ix.db.begin_write()?;
-                let mut n = 0;
-                {
-                    let mut t = txn.open_table(FILES)?;
-                    for (ino, id, exclusive, shared) in list {
-                        let Some(mut e) = t.get(ino)?.and_then(|v| Entry::decode(ino, v.value()))
-                        else {
-                            continue;
-                        };
-                        if !e.matches(&id) {
-                            continue;
+            if self.drop_broken(&ix) {
+                continue;
+            }
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || -> Result<u64, redb::Error> {
+                    let txn = ix.db.begin_write()?;
+                    let mut n = 0;
+                    {
+                        let mut t = txn.open_table(FILES)?;
+                        for (ino, id, exclusive, shared) in list {
+                            let Some(mut e) =
+                                t.get(ino)?.and_then(|v| Entry::decode(ino, v.value()))
+                            else {
+                                continue;
+                            };
+                            if !e.matches(&id) {
+                                continue;
+                            }
+                            e.exclusive = exclusive;
+                            e.shared = shared;
+                            e.mapped = true;
+                            t.insert(ino, e.encode(ino).as_slice())?;
+                            n += 1;
                         }
-                        e.exclusive = exclusive;
-                        e.shared = shared;
-                        e.mapped = true;
-                        t.insert(ino, e.encode(ino).as_slice())?;
-                        n += 1;
                     }
-                }
-                txn.commit()?;
-                Ok(n)
-            })();
+                    txn.commit()?;
+                    Ok(n)
+                },
+            ));
             match res {
-                Ok(n) => {
+                Ok(Ok(n)) => {
                     self.written.fetch_add(n, Ordering::Relaxed);
                 }
-                Err(e) => self.note(format!(
+                Ok(Err(e)) => self.note(format!(
                     "index {}: layouts not updated: {e}",
                     crate::name::quoted(&ix.file)
                 )),
+                Err(_) => {
+                    ix.broken.store(true, Ordering::Relaxed);
+                    self.drop_broken(&ix);
+                }
             }
         }
+    }
+
+    /// Whether `ix` broke while being read; if so, its file is removed
+    /// (once), to be rebuilt by the next run.
+    fn drop_broken(&self, ix: &FsIndex) -> bool {
+        if !ix.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        if std::fs::remove_file(&ix.file).is_ok() {
+            self.note(format!(
+                "index {} is damaged: removed, the next run rebuilds it",
+                crate::name::quoted(&ix.file)
+            ));
+        }
+        true
     }
 
     /// What the indexes did so far.

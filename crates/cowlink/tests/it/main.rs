@@ -7,6 +7,7 @@
 use std::path::Path;
 
 mod dedupe;
+mod dedupe_index;
 mod inspect;
 mod prealloc;
 mod real_fs;
