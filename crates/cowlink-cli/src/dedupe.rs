@@ -35,7 +35,8 @@ use crate::{human_bytes, human_duration, Exit};
 /// and birth time): a rerun reads only files new or changed since, and
 /// still finds their duplicates among the others. It lives in
 /// /var/lib/cowlink/index for root, else $XDG_STATE_HOME/cowlink/index
-/// (~/.local/state/cowlink/index); --index DIR puts it elsewhere,
+/// (~/.local/state/cowlink/index), or $COWLINK_INDEX_DIR where set;
+/// --index DIR puts it elsewhere,
 /// --no-index runs without. A damaged index, or one of another version,
 /// is rebuilt with a message; one in use by another run is left alone.
 ///
@@ -116,7 +117,12 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     let index = match (args.no_index, &args.index) {
         (true, _) => None,
         (false, Some(dir)) => Some(dir.clone()),
-        (false, None) => dedupe::index::default_dir(),
+        // COWLINK_INDEX_DIR: the default moved (tests, and machines
+        // whose /var/lib is read-only).
+        (false, None) => std::env::var_os("COWLINK_INDEX_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(dedupe::index::default_dir),
     };
     let opts = DedupeOptions {
         min_size: args.min_size,

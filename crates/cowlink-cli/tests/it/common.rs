@@ -3,8 +3,17 @@
 use std::process::{Command, Output};
 
 /// The `cowlink` binary under test, as a command to add arguments to.
+///
+/// `cowlink dedupe` keeps its index in a directory of this call's own
+/// (COWLINK_INDEX_DIR), never the machine's, and no two runs share one
+/// unless a test passes `--index` itself.
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cowlink"))
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("cowlink-it-index/{}-{n}", std::process::id()));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
+    c.env("COWLINK_INDEX_DIR", dir);
+    c
 }
 
 /// Run `cowlink` with `args` and collect its output.
