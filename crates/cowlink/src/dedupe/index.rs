@@ -4,8 +4,9 @@
 //! One [redb] database per filesystem, `<dir>/<key>.redb`, where `key` is
 //! the filesystem's UUID (`FS_IOC_GETFSUUID`) followed, on Btrfs, by the
 //! subvolume's id (inode numbers repeat across subvolumes, which all
-//! answer the one UUID). Without a UUID (a kernel before 6.5, or a
-//! filesystem that has none) the key is the device number, `dev-M-m`:
+//! answer the one UUID; where Btrfs does not answer `FS_IOC_GETFSUUID`,
+//! `BTRFS_IOC_FS_INFO` gives the same UUID). Without a UUID (a kernel
+//! before 6.5, or a filesystem that has none) the key is the device number, `dev-M-m`:
 //! stable while the device stays attached, so at worst a re-attached loop
 //! device starts a new index. Device numbers are not the key otherwise:
 //! they change when a loop device is re-attached and differ per Btrfs
@@ -749,7 +750,11 @@ fn write_format(db: &Database) -> Result<(), redb::Error> {
 /// id), or the device number when no UUID is given.
 fn fs_key(dev: u64, fd: BorrowedFd<'_>) -> String {
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    match cowlink_sys::fs_uuid(fd) {
+    // Btrfs answers FS_IOC_GETFSUUID only on recent kernels: its own
+    // ioctl gives the same UUID.
+    let uuid =
+        cowlink_sys::fs_uuid(fd).or_else(|_| cowlink_sys::btrfs_fsid(fd).map(|u| u.to_vec()));
+    match uuid {
         Ok(u) if !u.is_empty() && u.iter().any(|&b| b != 0) => {
             match cowlink_sys::btrfs_root_id(fd) {
                 Ok(id) => format!("{}-{id}", hex(&u)),

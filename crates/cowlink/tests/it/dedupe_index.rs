@@ -131,6 +131,14 @@ fn rerun_reads_nothing_unchanged(dir: &Path) {
     assert_eq!(index_of(&p).unchanged, 0);
     assert!(index_of(&p).notes.is_empty(), "{:?}", index_of(&p).notes);
     assert_shared_iff_equal(&root);
+    // Named by the filesystem's UUID (stable when the loop device is
+    // attached again), not by its device number.
+    let name = index_file(&p)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(!name.starts_with("dev-"), "{name}");
 
     // Unchanged: nothing is read, nothing is done.
     let (p, r) = run(&root, ix.path());
