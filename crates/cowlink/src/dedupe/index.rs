@@ -19,8 +19,11 @@
 //! otherwise; the whole-file BLAKE3 of a larger file where one was
 //! computed; the extent-layout facts: bytes held alone and, for a file
 //! whose every block is shared, a fingerprint of its logical → physical
-//! runs), and its path (to prune entries of paths gone from a walked
-//! tree). An entry is trusted only while the file's identity is equal in
+//! runs), and where it was met: its directory's inode and its own name
+//! (table `dirs` maps a directory's inode to its path, so a path's long
+//! common part is kept once per directory, not once per file). Where is
+//! only for pruning: after a walk, the entries of files under its roots
+//! that it did not meet are removed. An entry is trusted only while the file's identity is equal in
 //! every field: content changed under a restored mtime still moves the
 //! ctime, which no caller can set; a replaced file has a new birth time
 //! or ctime even where its inode number is reused; a rename or a new hard
@@ -75,6 +78,10 @@ pub const FORMAT: u32 = 1;
 
 const FILES: TableDefinition<u64, &[u8]> = TableDefinition::new("files");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// Directory inode → absolute path: a file's entry holds its directory's
+/// inode and its own name, not its whole path (the path is only for
+/// pruning, and most of a path is its directory's, repeated per file).
+const DIRS: TableDefinition<u64, &[u8]> = TableDefinition::new("dirs");
 
 /// Where the indexes live by default: `/var/lib/cowlink/index` for root,
 /// else `$XDG_STATE_HOME/cowlink/index`, else
@@ -124,7 +131,12 @@ pub(super) struct Entry {
     pub hash: Option<[u8; 32]>,
     /// The whole-file hash of a larger file.
     pub whole: Option<[u8; 32]>,
-    pub path: Vec<u8>,
+    /// The inode of the directory the file was met in (its path is in the
+    /// `dirs` table), or 0 when `name` is a whole path (a file given as a
+    /// root).
+    pub dir: u64,
+    /// The file's name in `dir`.
+    pub name: Vec<u8>,
 }
 
 const F_BTIME: u8 = 1;
@@ -144,20 +156,23 @@ impl Entry {
             && self.btime_ns == id.btime_ns
     }
 
-    /// The identity part of an entry for `id`, nothing learned yet.
-    pub fn of(id: &cowlink_sys::FileId, path: &Path) -> Entry {
+    /// The identity part of an entry for `id`, met as `name` in the
+    /// directory of inode `dir` (0: `name` is a whole absolute path);
+    /// nothing learned yet.
+    pub fn of(id: &cowlink_sys::FileId, dir: u64, name: &[u8]) -> Entry {
         Entry {
             size: id.size,
             mtime_ns: id.mtime_ns,
             ctime_ns: id.ctime_ns,
             btime_ns: id.btime_ns,
-            path: absolute(path).as_os_str().as_bytes().to_vec(),
+            dir,
+            name: name.to_vec(),
             ..Entry::default()
         }
     }
 
     fn encode(&self, ino: u64) -> Vec<u8> {
-        let mut v = Vec::with_capacity(64 + self.path.len());
+        let mut v = Vec::with_capacity(128 + self.name.len());
         let flags = [
             (self.btime_ns.is_some(), F_BTIME),
             (self.shared.is_some(), F_SHARED),
@@ -186,7 +201,8 @@ impl Entry {
         if let Some(h) = &self.whole {
             v.extend_from_slice(h);
         }
-        v.extend_from_slice(&self.path);
+        v.extend_from_slice(&self.dir.to_le_bytes());
+        v.extend_from_slice(&self.name);
         let check = check(ino, &v);
         v.extend_from_slice(&check);
         v
@@ -226,7 +242,8 @@ impl Entry {
         if flags & F_WHOLE != 0 {
             e.whole = Some(take(32)?.try_into().expect("32 bytes"));
         }
-        e.path = rest.to_vec();
+        e.dir = u(take(8)?);
+        e.name = rest.to_vec();
         Some(e)
     }
 }
@@ -309,9 +326,14 @@ pub(super) struct Indexes {
     pruned: AtomicU64,
 }
 
-/// The inodes a walk met, as (device, inode), and its roots (absolute):
-/// what pruning needs.
-pub(super) type Seen<'a> = (&'a HashSet<(u64, u64)>, &'a [PathBuf]);
+/// What pruning needs of a walk: the files and directories it met, as
+/// (device, inode), and its roots (absolute).
+#[derive(Clone, Copy)]
+pub(super) struct Seen<'a> {
+    pub files: &'a HashSet<(u64, u64)>,
+    pub dirs: &'a HashSet<(u64, u64)>,
+    pub roots: &'a [PathBuf],
+}
 
 /// A file's layout as it is now: inode, identity, bytes held alone,
 /// fingerprint of its runs when all shared.
@@ -321,8 +343,16 @@ type Layout = (u64, cowlink_sys::FileId, u64, Option<u64>);
 /// hashes of entries put earlier in the same run.
 #[derive(Default)]
 pub(super) struct Pending {
+    dirs: HashMap<u64, Vec<(u64, Vec<u8>)>>,
     put: HashMap<u64, Vec<(u64, Entry)>>,
     hashes: HashMap<u64, Vec<(u64, Learnt)>>,
+}
+
+/// One filesystem's share of a [`Pending`].
+struct Work {
+    dirs: Vec<(u64, Vec<u8>)>,
+    puts: Vec<(u64, Entry)>,
+    learnt: Vec<(u64, Learnt)>,
 }
 
 /// A hash learnt after an entry was put.
@@ -335,6 +365,11 @@ pub(super) enum Learnt {
 }
 
 impl Pending {
+    /// Record that directory `ino` on `dev` is at `path` (absolute).
+    pub fn dir(&mut self, dev: u64, ino: u64, path: &[u8]) {
+        self.dirs.entry(dev).or_default().push((ino, path.to_vec()));
+    }
+
     /// Put `e` as inode `ino`'s entry on device `dev`.
     pub fn put(&mut self, dev: u64, ino: u64, e: Entry) {
         self.put.entry(dev).or_default().push((ino, e));
@@ -346,7 +381,7 @@ impl Pending {
     }
 
     fn is_empty(&self) -> bool {
-        self.put.is_empty() && self.hashes.is_empty()
+        self.put.is_empty() && self.hashes.is_empty() && self.dirs.is_empty()
     }
 }
 
@@ -509,13 +544,15 @@ impl Indexes {
     pub fn commit(&self, pending: Pending, seen: Option<Seen<'_>>) {
         let mut devs: HashSet<u64> = pending.put.keys().copied().collect();
         devs.extend(pending.hashes.keys().copied());
-        if let Some((seen, _)) = seen {
-            devs.extend(seen.iter().map(|&(d, _)| d));
+        devs.extend(pending.dirs.keys().copied());
+        if let Some(seen) = seen {
+            devs.extend(seen.files.iter().map(|&(d, _)| d));
         }
         if devs.is_empty() && pending.is_empty() {
             return;
         }
         let Pending {
+            mut dirs,
             mut put,
             mut hashes,
         } = pending;
@@ -524,11 +561,14 @@ impl Indexes {
             if self.drop_broken(&ix) {
                 continue;
             }
-            let puts = put.remove(&dev).unwrap_or_default();
-            let learnt = hashes.remove(&dev).unwrap_or_default();
+            let work = Work {
+                dirs: dirs.remove(&dev).unwrap_or_default(),
+                puts: put.remove(&dev).unwrap_or_default(),
+                learnt: hashes.remove(&dev).unwrap_or_default(),
+            };
             let prune = seen.map(|s| (s, dev));
             let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.write(&ix, puts, learnt, prune)
+                self.write(&ix, work, prune)
             }));
             match wrote {
                 Ok(Ok(())) => {}
@@ -547,12 +587,23 @@ impl Indexes {
     fn write(
         &self,
         ix: &FsIndex,
-        mut puts: Vec<(u64, Entry)>,
-        learnt: Vec<(u64, Learnt)>,
+        work: Work,
         prune: Option<(Seen<'_>, u64)>,
     ) -> Result<(), redb::Error> {
+        let Work {
+            dirs,
+            mut puts,
+            learnt,
+        } = work;
         let txn = ix.db.begin_write()?;
         {
+            let mut d = txn.open_table(DIRS)?;
+            for (ino, path) in dirs {
+                if d.get(ino)?.is_some_and(|v| v.value() == path.as_slice()) {
+                    continue;
+                }
+                d.insert(ino, path.as_slice())?;
+            }
             let mut t = txn.open_table(FILES)?;
             for ino in std::mem::take(&mut *lock(&ix.bad)) {
                 t.remove(ino)?;
@@ -576,30 +627,42 @@ impl Indexes {
                 updated += 1;
             }
             self.written.fetch_add(n + updated, Ordering::Relaxed);
-            if let Some(((seen, roots), dev)) = prune {
+            if let Some((seen, dev)) = prune {
+                let under = |p: &[u8]| {
+                    let p = Path::new(std::ffi::OsStr::from_bytes(p));
+                    seen.roots.iter().any(|r| p.starts_with(r))
+                };
+                let mut paths: HashMap<u64, Vec<u8>> = HashMap::new();
+                for row in d.iter()? {
+                    let (k, v) = row?;
+                    paths.insert(k.value(), v.value().to_vec());
+                }
                 let mut gone = Vec::new();
                 for row in t.iter()? {
                     let (k, v) = row?;
                     let ino = k.value();
-                    if seen.contains(&(dev, ino)) {
+                    if seen.files.contains(&(dev, ino)) {
                         continue;
                     }
-                    // The path is at the end, before the check; decoding
-                    // whole is simplest and an undecodable entry goes too.
-                    let under = match Entry::decode(ino, v.value()) {
-                        Some(e) => {
-                            let p = Path::new(std::ffi::OsStr::from_bytes(&e.path));
-                            roots.iter().any(|r| p.starts_with(r))
-                        }
+                    // An undecodable entry goes too, and one whose
+                    // directory is unknown.
+                    let goes = match Entry::decode(ino, v.value()) {
+                        Some(e) if e.dir == 0 => under(&e.name),
+                        Some(e) => paths.get(&e.dir).is_none_or(|p| under(p)),
                         None => true,
                     };
-                    if under {
+                    if goes {
                         gone.push(ino);
                     }
                 }
                 self.pruned.fetch_add(gone.len() as u64, Ordering::Relaxed);
                 for ino in gone {
                     t.remove(ino)?;
+                }
+                for (ino, p) in paths {
+                    if !seen.dirs.contains(&(dev, ino)) && under(&p) {
+                        d.remove(ino)?;
+                    }
                 }
             }
         }
@@ -739,8 +802,8 @@ fn write_format(db: &Database) -> Result<(), redb::Error> {
     {
         let mut t = txn.open_table(META)?;
         t.insert("format", FORMAT.to_le_bytes().as_slice())?;
-        let files = txn.open_table(FILES)?;
-        drop(files);
+        drop(txn.open_table(FILES)?);
+        drop(txn.open_table(DIRS)?);
     }
     txn.commit()?;
     Ok(())
@@ -798,7 +861,8 @@ mod tests {
             mapped: true,
             hash: Some([1; 32]),
             whole: Some([2; 32]),
-            path: b"/x/caf\xe9".to_vec(),
+            dir: 12,
+            name: b"caf\xe9".to_vec(),
         };
         let b = e.encode(77);
         assert_eq!(Entry::decode(77, &b), Some(e.clone()));

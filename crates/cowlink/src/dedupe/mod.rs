@@ -426,8 +426,10 @@ impl Collect {
 }
 
 impl Visitor for Collect {
-    fn dir(&self, dir: &DirInfo, _st: &cowlink_sys::Stat) {
-        lock(&self.files).1.dir(dir.id, &dir.path);
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat) {
+        lock(&self.files)
+            .1
+            .dir(dir.id, &dir.path, st.st_dev, st.st_ino);
     }
 
     fn entry(&self, e: Entry<'_>) -> std::ops::ControlFlow<()> {
@@ -699,12 +701,13 @@ fn find<P: AsRef<Path>>(
     let mut files = files;
     plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
     // The inodes met, for pruning the index's entries of those gone.
-    let seen: Option<HashSet<(u64, u64)>> = indexes.map(|_| {
-        files
+    let seen: Option<(HashSet<(u64, u64)>, HashSet<(u64, u64)>)> = indexes.map(|_| {
+        let files = files
             .iter()
             .map(|c| (c.dev, c.ino))
             .chain(inline.iter().map(|i| (i.dev, i.ino)))
-            .collect()
+            .collect();
+        (files, names.dirs().map(|(id, _)| id).collect())
     });
 
     // Filesystems: refuse network clients and those that cannot dedupe.
@@ -747,6 +750,9 @@ fn find<P: AsRef<Path>>(
         // What the walk learnt of small files (read whole there), before
         // those without a partner are dropped: a partner may come later.
         let mut p = Pending::default();
+        for ((dev, ino), path) in names.dirs() {
+            p.dir(dev, ino, index::absolute(path).as_os_str().as_bytes());
+        }
         for c in files.iter().filter(|c| c.size <= 2 * EDGE) {
             learnt_in_walk(&mut p, c, &names);
         }
@@ -922,10 +928,12 @@ fn find<P: AsRef<Path>>(
     if let Some(ix) = indexes {
         // The hashes learnt, and the entries of files gone pruned.
         let abs: Vec<PathBuf> = roots.iter().map(|r| index::absolute(r)).collect();
-        ix.commit(
-            learnt.unwrap_or_default(),
-            seen.as_ref().map(|s| (s, &abs[..])),
-        );
+        let seen = seen.as_ref().map(|(f, d)| index::Seen {
+            files: f,
+            dirs: d,
+            roots: &abs,
+        });
+        ix.commit(learnt.unwrap_or_default(), seen);
     }
 
     let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
@@ -964,7 +972,11 @@ fn learnt_in_walk(p: &mut Pending, c: &Cand, names: &Names) {
         btime_ns: c.times.btime_ns,
         ..Default::default()
     };
-    let mut e = IndexEntry::of(&id, &names.path(c.name));
+    let (dir, own) = names.dir_and_own(c.name);
+    let mut e = match dir {
+        0 => IndexEntry::of(&id, 0, index::absolute(own).as_os_str().as_bytes()),
+        d => IndexEntry::of(&id, d, own.as_os_str().as_bytes()),
+    };
     e.mapped = true;
     e.exclusive = c.exclusive;
     e.shared = c.shared;

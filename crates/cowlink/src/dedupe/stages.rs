@@ -32,6 +32,8 @@ use crate::extents::Extent;
 #[derive(Debug, Default, Clone)]
 pub(super) struct Names {
     dirs: Vec<Option<Box<Path>>>,
+    /// Each directory's device and inode (by the same id), for the index.
+    dir_ids: Vec<(u64, u64)>,
     bytes: Vec<u8>,
 }
 
@@ -51,12 +53,32 @@ impl Name {
 }
 
 impl Names {
-    /// Record directory `id`'s path (the walk's dense id).
-    pub fn dir(&mut self, id: usize, path: &Path) {
+    /// Record directory `id`'s path (the walk's dense id), and its device
+    /// and inode.
+    pub fn dir(&mut self, id: usize, path: &Path, dev: u64, ino: u64) {
         if self.dirs.len() <= id {
             self.dirs.resize(id + 1, None);
+            self.dir_ids.resize(id + 1, (0, 0));
         }
         self.dirs[id] = Some(path.into());
+        self.dir_ids[id] = (dev, ino);
+    }
+
+    /// The directories recorded: (device, inode) and path.
+    pub fn dirs(&self) -> impl Iterator<Item = ((u64, u64), &Path)> {
+        self.dir_ids
+            .iter()
+            .zip(&self.dirs)
+            .filter_map(|(&id, p)| Some((id, p.as_deref()?)))
+    }
+
+    /// A name's directory inode and own name, or (0, the whole path) for
+    /// a name given as a root.
+    pub fn dir_and_own(&self, n: Name) -> (u64, &Path) {
+        match n.dir {
+            Name::ROOT => (0, self.own(n)),
+            d => (self.dir_ids[d as usize].1, self.own(n)),
+        }
     }
 
     /// Keep `name`, found in directory `dir` (`None`: `name` is a whole
@@ -643,11 +665,11 @@ mod tests {
     #[test]
     fn names_give_and_order_whole_paths() {
         let mut n = Names::default();
-        n.dir(0, Path::new("/a/b"));
-        n.dir(1, Path::new("/a/b/c"));
-        n.dir(3, Path::new("/a/b-c"));
-        n.dir(2, Path::new("./x"));
-        n.dir(4, Path::new("/r/"));
+        n.dir(0, Path::new("/a/b"), 1, 0);
+        n.dir(1, Path::new("/a/b/c"), 1, 1);
+        n.dir(3, Path::new("/a/b-c"), 1, 3);
+        n.dir(2, Path::new("./x"), 1, 2);
+        n.dir(4, Path::new("/r/"), 1, 4);
         let os = OsStr::new;
         let list = [
             n.push(Some(0), os("z")),

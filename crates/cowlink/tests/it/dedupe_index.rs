@@ -516,3 +516,29 @@ fn btrfs_random_operations_between_runs_keep_equal_files_shared_and_others_apart
     let d = testfs!(Btrfs);
     random_operations_between_runs(d.path(), 4);
 }
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_run_over_part_of_a_tree_prunes_only_there() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    tree(&root);
+    run(&root, ix.path());
+    fs::remove_file(root.join("c/f1")).unwrap();
+    fs::remove_file(root.join("a/f1")).unwrap();
+    // Over a/ only: a/f1's entry goes, c/f1's stays (c/ was not walked).
+    let (p, _) = run(&root.join("a"), ix.path());
+    assert_eq!(index_of(&p).pruned, 1, "{p:?}");
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    // The whole tree, through a path with a `..` in it: c/f1's goes.
+    let odd = root.join("a").join("..");
+    let (p, _) = run(&odd, ix.path());
+    assert_eq!(index_of(&p).pruned, 1, "{p:?}");
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    // A directory renamed: its files are met under the new path and kept.
+    fs::rename(root.join("b"), root.join("b2")).unwrap();
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
+    assert_shared_iff_equal(&root);
+}
