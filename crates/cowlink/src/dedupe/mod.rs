@@ -701,7 +701,9 @@ fn find<P: AsRef<Path>>(
     let mut files = files;
     plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
     // The inodes met, for pruning the index's entries of those gone.
-    let seen: Option<(HashSet<(u64, u64)>, HashSet<(u64, u64)>)> = indexes.map(|_| {
+    // (Files, directories), each as (device, inode).
+    type Met = HashSet<(u64, u64)>;
+    let seen: Option<(Met, Met)> = indexes.map(|_| {
         let files = files
             .iter()
             .map(|c| (c.dev, c.ino))
