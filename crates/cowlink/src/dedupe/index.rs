@@ -6,7 +6,7 @@
 //! subvolume's id (inode numbers repeat across subvolumes, which all
 //! answer the one UUID; where Btrfs does not answer `FS_IOC_GETFSUUID`,
 //! `BTRFS_IOC_FS_INFO` gives the same UUID). Without a UUID (a kernel
-//! before 6.5, or a filesystem that has none) the key is the device number, `dev-M-m`:
+//! before 6.5, or a filesystem that has none) the key is the device number, `dev-HEX`:
 //! stable while the device stays attached, so at worst a re-attached loop
 //! device starts a new index. Device numbers are not the key otherwise:
 //! they change when a loop device is re-attached and differ per Btrfs
@@ -824,7 +824,8 @@ fn fs_key(dev: u64, fd: BorrowedFd<'_>) -> String {
                 Err(_) => hex(&u),
             }
         }
-        _ => format!("dev-{}-{}", rustix::fs::major(dev), rustix::fs::minor(dev)),
+        // The raw number: its major/minor split differs per platform.
+        _ => format!("dev-{dev:x}"),
     }
 }
 
