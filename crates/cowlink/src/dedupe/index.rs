@@ -268,13 +268,22 @@ pub(super) fn absolute(path: &Path) -> PathBuf {
 pub(super) struct FsIndex {
     file: PathBuf,
     db: Database,
-    /// The entries as they were when the run began.
-    read: Option<ReadOnlyTable<u64, &'static [u8]>>,
+    /// The entries and directories as they were when the run began,
+    /// until the walk is over ([`Indexes::walked`]): a read transaction
+    /// left open keeps every page the run's writes replace, and the file
+    /// grew by several times its content.
+    read: RwLock<Option<Snapshot>>,
+    /// Entries when the run began.
+    held: u64,
     /// Held for the run: the lock file, `flock`ed.
     _lock: std::fs::File,
     /// Entries that failed their check (dropped, read again).
     damaged: AtomicU64,
     unchanged: AtomicU64,
+    /// The keys of the entries this run met: looked up and found
+    /// (whatever their identity), or put. When the table holds no more,
+    /// no entry can be of a file gone, and the pruning scan is skipped.
+    met: Mutex<HashSet<u64>>,
     /// Inode numbers whose entry was found damaged: removed when written.
     bad: Mutex<Vec<u64>>,
     /// redb failed (panicked) reading it: a damage its checks missed.
@@ -282,14 +291,46 @@ pub(super) struct FsIndex {
     broken: std::sync::atomic::AtomicBool,
 }
 
+/// What a run reads of an index while walking.
+struct Snapshot {
+    files: ReadOnlyTable<u64, &'static [u8]>,
+    dirs: ReadOnlyTable<u64, &'static [u8]>,
+}
+
 impl FsIndex {
+    /// Whether the index has directory `ino` at `path` already.
+    pub fn has_dir(&self, ino: u64, path: &[u8]) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let read = self.read.read().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = read.as_ref() else {
+            return false;
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            r.dirs
+                .get(ino)
+                .ok()
+                .flatten()
+                .is_some_and(|v| v.value() == path)
+        }))
+        .unwrap_or(false)
+    }
+
+    /// Whether this run met every entry the index held when it began
+    /// (nothing can be pruned, if nothing was written since).
+    fn all_met(&self) -> bool {
+        self.held <= lock(&self.met).len() as u64 && lock(&self.bad).is_empty()
+    }
+
     /// The entry of inode `ino` if its identity is `id`; counts it as
     /// unchanged.
     pub fn lookup(&self, id: &cowlink_sys::FileId) -> Option<Entry> {
         if self.broken.load(Ordering::Relaxed) {
             return None;
         }
-        let table = self.read.as_ref()?;
+        let read = self.read.read().unwrap_or_else(|e| e.into_inner());
+        let table = &read.as_ref()?.files;
         // redb trusts its pages: a damaged file can make it panic. That
         // is an index to rebuild, not a run to lose.
         let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -302,7 +343,11 @@ impl FsIndex {
                 return None;
             }
         };
-        match Entry::decode(id.ino, &got) {
+        let e = Entry::decode(id.ino, &got);
+        if e.is_some() {
+            lock(&self.met).insert(id.ino);
+        }
+        match e {
             Some(e) if e.matches(id) => {
                 self.unchanged.fetch_add(1, Ordering::Relaxed);
                 Some(e)
@@ -353,6 +398,12 @@ struct Work {
     dirs: Vec<(u64, Vec<u8>)>,
     puts: Vec<(u64, Entry)>,
     learnt: Vec<(u64, Learnt)>,
+}
+
+impl Work {
+    fn is_empty(&self) -> bool {
+        self.dirs.is_empty() && self.puts.is_empty() && self.learnt.is_empty()
+    }
 }
 
 /// A hash learnt after an entry was put.
@@ -423,6 +474,46 @@ impl Indexes {
         opened
     }
 
+    /// The walk is over: let go of the snapshots it read (see
+    /// [`FsIndex::read`]).
+    pub fn walked(&self) {
+        let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
+        for ix in map.values().flatten() {
+            *ix.read.write().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Rewrite each index compactly where most of its file is free pages
+    /// (a first run's bulk inserts and copy-on-write commits leave them).
+    /// Takes the indexes back from the run: only when no one else holds
+    /// them.
+    pub fn finish(self: Arc<Self>) {
+        let Ok(me) = Arc::try_unwrap(self) else {
+            return;
+        };
+        let map = me.by_dev.into_inner().unwrap_or_else(|e| e.into_inner());
+        for ix in map.into_values().flatten() {
+            let Ok(mut ix) = Arc::try_unwrap(ix) else {
+                continue;
+            };
+            if ix.broken.load(Ordering::Relaxed) {
+                continue;
+            }
+            *ix.read.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+            let wasteful = (|| -> Result<bool, redb::Error> {
+                let txn = ix.db.begin_write()?;
+                let st = txn.stats()?;
+                txn.abort()?;
+                let used = st.stored_bytes() + st.metadata_bytes();
+                let size = std::fs::metadata(&ix.file).map_or(0, |m| m.len());
+                Ok(size > 2 * used + (1 << 20))
+            })();
+            if wasteful.unwrap_or(false) {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ix.db.compact()));
+            }
+        }
+    }
+
     /// The index of device `dev` if it was opened.
     pub fn opened(&self, dev: u64) -> Option<Arc<FsIndex>> {
         self.by_dev
@@ -473,14 +564,24 @@ impl Indexes {
         let _ = lk.rewind();
         let _ = writeln!(lk, "pid {} ({})", std::process::id(), command_line());
         let db = self.open_db(&file)?;
-        let read = db.begin_read().ok().and_then(|t| t.open_table(FILES).ok());
+        let read = db.begin_read().ok().and_then(|t| {
+            Some(Snapshot {
+                files: t.open_table(FILES).ok()?,
+                dirs: t.open_table(DIRS).ok()?,
+            })
+        });
+        let held = read
+            .as_ref()
+            .map_or(u64::MAX, |r| r.files.len().unwrap_or(u64::MAX));
         Ok(FsIndex {
             file,
             db,
-            read,
+            read: RwLock::new(read),
+            held,
             _lock: lk,
             damaged: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
+            met: Mutex::default(),
             bad: Mutex::default(),
             broken: Default::default(),
         })
@@ -567,6 +668,11 @@ impl Indexes {
                 learnt: hashes.remove(&dev).unwrap_or_default(),
             };
             let prune = seen.map(|s| (s, dev));
+            if work.is_empty() && prune.is_none_or(|_| ix.all_met()) {
+                // Nothing to write, nothing to prune: no transaction (an
+                // unchanged rerun commits nothing).
+                continue;
+            }
             let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.write(&ix, work, prune)
             }));
@@ -611,9 +717,12 @@ impl Indexes {
             // In key order: a B-tree's cheapest way in.
             puts.sort_unstable_by_key(|(ino, _)| *ino);
             let n = puts.len() as u64;
+            let mut met = lock(&ix.met);
             for (ino, e) in puts {
                 t.insert(ino, e.encode(ino).as_slice())?;
+                met.insert(ino);
             }
+            drop(met);
             let mut updated = 0;
             for (ino, h) in learnt {
                 let Some(mut e) = t.get(ino)?.and_then(|v| Entry::decode(ino, v.value())) else {
@@ -627,6 +736,11 @@ impl Indexes {
                 updated += 1;
             }
             self.written.fetch_add(n + updated, Ordering::Relaxed);
+            // Every entry was met (found by a lookup or put new): none
+            // can be of a file gone, and the scan (every entry decoded)
+            // would be most of an unchanged rerun's index work.
+            let met = lock(&ix.met).len() as u64;
+            let prune = prune.filter(|_| t.len().map_or(true, |n| n > met));
             if let Some((seen, dev)) = prune {
                 let under = |p: &[u8]| {
                     let p = Path::new(std::ffi::OsStr::from_bytes(p));

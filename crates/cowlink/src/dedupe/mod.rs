@@ -451,7 +451,11 @@ impl Visitor for Collect {
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<DedupePlan> {
     let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
     let mut plan = find(paths, opts, Compare::Hash, None, indexes.as_ref())?;
-    plan.index = indexes.map(|ix| ix.report());
+    plan.index = indexes.map(|ix| {
+        let r = ix.report();
+        ix.finish();
+        r
+    });
     Ok(plan)
 }
 
@@ -490,7 +494,7 @@ pub fn dedupe<P: AsRef<Path>>(
     let tally = execute::Counters::new(run);
     let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
     let ix = indexes.as_ref();
-    std::thread::scope(|s| {
+    let out = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<DedupeGroup>>();
         // The executor keeps the groups it was handed: after a cancel
         // while planning they are the plan.
@@ -555,7 +559,11 @@ pub fn dedupe<P: AsRef<Path>>(
             }
             Err(e) => Err(e),
         }
-    })
+    });
+    if let Some(ix) = indexes {
+        ix.finish();
+    }
+    out
 }
 
 /// Targets of edge-only groups that the kernel found different from their
@@ -752,8 +760,17 @@ fn find<P: AsRef<Path>>(
         // What the walk learnt of small files (read whole there), before
         // those without a partner are dropped: a partner may come later.
         let mut p = Pending::default();
-        for ((dev, ino), path) in names.dirs() {
-            p.dir(dev, ino, index::absolute(path).as_os_str().as_bytes());
+        let dirs: Vec<((u64, u64), PathBuf)> = names
+            .dirs()
+            .map(|(id, path)| (id, index::absolute(path)))
+            .filter(|((dev, ino), path)| {
+                !ix.opened(*dev)
+                    .is_some_and(|f| f.has_dir(*ino, path.as_os_str().as_bytes()))
+            })
+            .collect();
+        ix.walked();
+        for ((dev, ino), path) in dirs {
+            p.dir(dev, ino, path.as_os_str().as_bytes());
         }
         for c in files.iter().filter(|c| c.size <= 2 * EDGE) {
             learnt_in_walk(&mut p, c, &names);
