@@ -491,6 +491,10 @@ impl Indexes {
         let Ok(me) = Arc::try_unwrap(self) else {
             return;
         };
+        // A run that wrote nothing leaves the file alone.
+        if me.written.load(Ordering::Relaxed) + me.pruned.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let map = me.by_dev.into_inner().unwrap_or_else(|e| e.into_inner());
         for ix in map.into_values().flatten() {
             let Ok(mut ix) = Arc::try_unwrap(ix) else {
