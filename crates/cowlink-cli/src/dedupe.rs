@@ -44,6 +44,16 @@ use crate::{human_bytes, human_duration, Exit};
 /// to an object comes to share the object's blocks (a checkout's clones
 /// do already); objects are never changed.
 ///
+/// An index per filesystem remembers what each run learnt of each file
+/// (its hashes and extent layout, under its inode, size, mtime, ctime
+/// and birth time): a rerun reads only files new or changed since, and
+/// still finds their duplicates among the others. It lives in
+/// /var/lib/cowlink/index for root, else $XDG_STATE_HOME/cowlink/index
+/// (~/.local/state/cowlink/index), or $COWLINK_INDEX_DIR where set;
+/// --index DIR puts it elsewhere,
+/// --no-index runs without. A damaged index, or one of another version,
+/// is rebuilt with a message; one in use by another run is left alone.
+///
 /// Works on XFS, Btrfs and other filesystems whose dedupe passes a trial;
 /// refuses ext4, tmpfs and ZFS (cannot), NFS and CIFS clients (unsafe:
 /// their dedupe has cloned without comparing), and never pairs files of
@@ -65,6 +75,8 @@ use crate::{human_bytes, human_duration, Exit};
 ///   cowlink dedupe --exclude '*.tmp' --exclude .git ~/src
 ///   sudo cowlink dedupe --watch --quiet-period 5s /srv/builds
 ///   sudo cowlink dedupe --watch --install-unit /srv/builds
+///   cowlink dedupe --index /srv/.cowlink-index /srv   # keep the index there
+///   cowlink dedupe --no-index /mnt/once               # plan from nothing
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct DedupeArgs {
@@ -97,6 +109,17 @@ pub struct DedupeArgs {
     /// Print JSON: the plan, and with it the result
     #[arg(long)]
     json: bool,
+
+    /// Keep the index (one file per filesystem) in this directory
+    /// [default: /var/lib/cowlink/index for root, else
+    /// $XDG_STATE_HOME/cowlink/index]
+    #[arg(long, value_name = "DIR", conflicts_with = "no_index")]
+    index: Option<PathBuf>,
+
+    /// Use no index: read every candidate, as if for the first time, and
+    /// keep nothing for the next run
+    #[arg(long)]
+    no_index: bool,
 
     /// Show every group (source and targets)
     #[arg(short, long)]
@@ -169,10 +192,12 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     // more.
     let _always_measured = args.measure;
     let progress = Arc::new(Progress::new());
+    let index = index_dir(&args);
     let opts = DedupeOptions {
         min_size: args.min_size,
         stores: args.stores.clone(),
         exclude,
+        index,
         run: Run::default()
             .with_threads(args.threads.map_or(0, crate::capped_threads))
             .with_cancel(crate::interrupt::token())
@@ -254,6 +279,11 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
     }
     for e in &plan.errors {
         errln!("cowlink: {e}");
+    }
+    if let Some(ix) = &plan.index {
+        for n in &ix.notes {
+            errln!("cowlink: {n}");
+        }
     }
     let mut skipped = format!(
         "skipped: {} already shared, {}, {} inline (not shareable)",
@@ -340,6 +370,15 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             }
         }
     }
+    if let Some(ix) = &plan.index {
+        writeln!(
+            out,
+            "index: {} not read (unchanged), {} written, {} of files gone removed",
+            count(ix.unchanged, "file", "files"),
+            count(ix.written, "entry", "entries"),
+            count(ix.pruned, "entry", "entries"),
+        )?;
+    }
     Ok(done(failed))
 }
 
@@ -382,7 +421,22 @@ struct JsonBatch<'a> {
     elapsed_ms: u128,
 }
 
-/// `cowlink dedupe --watch`.
+/// Where the persistent index lives: `--no-index`, `--index DIR`,
+/// `COWLINK_INDEX_DIR` (the default moved: tests, and machines whose
+/// /var/lib is read-only), else the library's default for this user.
+fn index_dir(args: &DedupeArgs) -> Option<PathBuf> {
+    match (args.no_index, &args.index) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(dir.clone()),
+        (false, None) => std::env::var_os("COWLINK_INDEX_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(dedupe::index::default_dir),
+    }
+}
+
+/// `cowlink dedupe --watch`: each batch is a dedupe over the roots that
+/// changed, with the index, so unchanged files are not read again.
 fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
     crate::drive::need_root_for(
         "cowlink dedupe --watch",
@@ -396,6 +450,7 @@ fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
             min_size: args.min_size,
             stores: args.stores.clone(),
             exclude,
+            index: index_dir(&args),
             run: Run::default()
                 .with_threads(args.threads.map_or(0, crate::capped_threads))
                 .with_cancel(crate::interrupt::token()),

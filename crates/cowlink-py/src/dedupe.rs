@@ -190,8 +190,12 @@ record!(
 /// Find files with identical content under `paths` (files of at least
 /// `min_size` bytes); nothing is changed. Objects of the cowlink stores
 /// in `stores` are sources only: files equal to one share its blocks.
+/// `index`: a directory of persistent indexes (one per filesystem): files
+/// unchanged since a run with the same index learnt them are not read
+/// again.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), threads=None, on_progress=None, cancel=None, index=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 pub fn plan(
     py: Python<'_>,
     paths: Vec<FsPath>,
@@ -200,12 +204,14 @@ pub fn plan(
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
+    index: Option<PathBuf>,
 ) -> PyResult<Plan> {
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         min_size,
         run: control.run(),
         stores: stores.into_iter().map(|p| p.0).collect(),
+        index,
         ..DedupeOptions::default()
     };
     control
@@ -250,10 +256,10 @@ pub fn execute(
 /// byte before it shares. Returns the plan as carried out and what was
 /// done. A cancel, even while planning, is reported in
 /// `cancelled`; the plan then holds only the groups started by then.
-/// `stores` as in `plan`, `measure` as in `execute`.
+/// `stores` and `index` as in `plan`, `measure` as in `execute`.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), measure=true, threads=None, on_progress=None, cancel=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), measure=true, threads=None, on_progress=None, cancel=None, index=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 pub fn run(
     py: Python<'_>,
     paths: Vec<FsPath>,
@@ -263,6 +269,7 @@ pub fn run(
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
+    index: Option<PathBuf>,
 ) -> PyResult<(Plan, DedupeReport)> {
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let _always_measured = measure;
@@ -270,6 +277,7 @@ pub fn run(
         min_size,
         run: control.run(),
         stores: stores.into_iter().map(|p| p.0).collect(),
+        index,
         ..DedupeOptions::default()
     };
     let (plan, r) = control

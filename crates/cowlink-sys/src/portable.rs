@@ -602,6 +602,42 @@ pub fn statat<P: rustix::path::Arg, Fd: rustix::fd::AsFd>(
     rfs::statat(dir, path, flags).map(stat_of)
 }
 
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_fsid(_fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No filesystem UUID here: `ENOTTY`, as a Linux filesystem without one
+/// answers.
+pub fn fs_uuid(_fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// `fstatat(dir, name)` without following a symbolic link, as
+/// [`FileId`]; no birth time.
+pub fn file_id_at<P: rustix::path::Arg>(dir: BorrowedFd<'_>, name: P) -> Result<FileId, Errno> {
+    statat(dir, name, rfs::AtFlags::SYMLINK_NOFOLLOW).map(file_id_of)
+}
+
+/// [`file_id_at`] of the open file `fd` itself.
+pub fn file_id(fd: BorrowedFd<'_>) -> Result<FileId, Errno> {
+    fstat(fd).map(file_id_of)
+}
+
+fn file_id_of(s: Stat) -> FileId {
+    FileId {
+        dev: s.st_dev,
+        ino: s.st_ino,
+        mode: s.st_mode,
+        uid: s.st_uid,
+        size: s.st_size as u64,
+        blocks: s.st_blocks as u64,
+        mtime_ns: time_ns(s.st_mtime, s.st_mtime_nsec),
+        ctime_ns: time_ns(s.st_ctime, s.st_ctime_nsec),
+        btime_ns: None,
+    }
+}
+
 /// The permission bits `m` as a [`Mode`] (`mode_t` is 16 bits here).
 pub fn raw_mode(m: u32) -> Mode {
     Mode::from_bits_truncate((m & 0o7777) as rfs::RawMode)

@@ -177,3 +177,36 @@ impl std::ops::BitAnd for InodeFlags {
         InodeFlags(self.0 & rhs.0)
     }
 }
+
+/// What a dedupe index needs to know of a file to tell whether it changed:
+/// `stat`'s fields plus the birth time where the platform and the
+/// filesystem give one (Linux `statx`, `STATX_BTIME`). Times are
+/// nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileId {
+    /// The device the file is on (`st_dev`).
+    pub dev: u64,
+    /// The inode number.
+    pub ino: u64,
+    /// `st_mode`: type and permission bits.
+    pub mode: u32,
+    /// The owner's user id.
+    pub uid: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Last data change.
+    pub mtime_ns: i64,
+    /// Last status change (data, owner, mode, links, rename).
+    pub ctime_ns: i64,
+    /// Creation, where known.
+    pub btime_ns: Option<i64>,
+}
+
+/// Nanoseconds since the epoch from seconds and nanoseconds (saturating:
+/// a time past the year 2262 is clamped, never wrapped).
+pub fn time_ns(sec: i64, nsec: u64) -> i64 {
+    sec.saturating_mul(1_000_000_000)
+        .saturating_add(nsec.min(999_999_999) as i64)
+}

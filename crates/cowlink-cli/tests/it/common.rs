@@ -1,10 +1,32 @@
 //! Helpers shared by the binary's integration tests.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The `cowlink` binary under test, as a command to add arguments to.
+///
+/// `cowlink dedupe` keeps its index in a directory of this call's own
+/// (COWLINK_INDEX_DIR), never the machine's, and no two runs share one
+/// unless a test passes `--index` itself. The directories of earlier
+/// test processes that have exited are removed on the first call.
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cowlink"))
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    let top = std::env::temp_dir().join("cowlink-it-index");
+    SWEEP.call_once(|| {
+        for e in std::fs::read_dir(&top).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().unwrap_or_default().to_string();
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    });
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = top.join(format!("{}-{n}", std::process::id()));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cowlink"));
+    c.env("COWLINK_INDEX_DIR", dir);
+    c
 }
 
 /// Run `cowlink` with `args` and collect its output.

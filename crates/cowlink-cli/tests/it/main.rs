@@ -8,6 +8,7 @@ mod common;
 
 mod bench;
 mod cli;
+mod dedupe_index;
 mod docgen;
 mod drive;
 mod gnu_cp;

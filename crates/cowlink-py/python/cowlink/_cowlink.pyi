@@ -457,6 +457,7 @@ def plan(
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
+    index: Optional[StrPath] = None,
 ) -> Plan: ...
 def execute(
     plan: Plan,
@@ -475,6 +476,7 @@ def run(
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
+    index: Optional[StrPath] = None,
 ) -> tuple[Plan, DedupeReport]: ...
 
 class Added:

@@ -144,7 +144,7 @@ pub fn execute(plan: &DedupePlan, opts: &DedupeOptions) -> DedupeReport {
     ex.start(&plan.groups);
     let unsettled = ex.take_unsettled();
     if !unsettled.is_empty() && !opts.run.cancelled() {
-        if let Some(second) = super::regroup(&unsettled, opts) {
+        if let Some(second) = super::regroup(&unsettled, opts, None) {
             ex.start(&second.groups);
         }
     }

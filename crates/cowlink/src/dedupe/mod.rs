@@ -72,12 +72,12 @@
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
 //! and groups across filesystems (groups are per device).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rayon::prelude::*;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -95,12 +95,15 @@ use crate::walk::{self, DirInfo, Entry, Visitor};
 
 mod exclude;
 mod execute;
+pub mod index;
 mod stages;
 pub mod watch;
 
 pub use exclude::Exclude;
 pub use execute::{execute, DedupeReport, SkipReason, SkippedTarget, UNPROVEN_BATCH};
-use stages::{layout_facts, Cand, Name, Names, Span};
+pub use index::IndexReport;
+use index::{Entry as IndexEntry, Indexes, Learnt, Pending};
+use stages::{layout_facts, Cand, Name, Names, Span, Times};
 
 /// Bytes hashed from each end of a file for the partial hash.
 const EDGE: u64 = 4096;
@@ -129,6 +132,13 @@ pub struct DedupeOptions {
     /// Paths left alone (`--exclude`): never read, never a source nor a
     /// target; an excluded directory is not opened. Empty by default.
     pub exclude: Exclude,
+    /// The directory of the persistent indexes (one per filesystem, see
+    /// [`index`]), or `None` (the default) to plan from nothing. With an
+    /// index, a file whose identity (inode, size, mtime, ctime, birth
+    /// time) is unchanged since a run learnt it is not read again; what
+    /// is shared is still proven by `FIDEDUPERANGE`.
+    /// [`index::default_dir`] is where the command line keeps them.
+    pub index: Option<PathBuf>,
 }
 
 impl Default for DedupeOptions {
@@ -138,6 +148,7 @@ impl Default for DedupeOptions {
             run: Run::default(),
             stores: Vec::new(),
             exclude: Exclude::default(),
+            index: None,
         }
     }
 }
@@ -269,6 +280,9 @@ pub struct DedupePlan {
     /// path). Not read back from a saved plan.
     #[serde(skip_deserializing)]
     pub errors: Vec<Error>,
+    /// What the index did (`None` without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexReport>,
 }
 
 impl DedupePlan {
@@ -306,6 +320,8 @@ struct Collect {
     /// `--exclude`, and the walk's roots its paths are relative to.
     exclude: Exclude,
     roots: Vec<PathBuf>,
+    /// The indexes, when the run keeps them.
+    indexes: Option<Arc<Indexes>>,
 }
 
 /// The inline files the walk met, and per device the shortest of their
@@ -325,16 +341,17 @@ impl Collect {
         if self.excluded(e.root, &e.path) {
             return;
         }
-        let st = match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
+        // statx: the birth time comes with the rest, for the index.
+        let st = match cowlink_sys::file_id_at(e.dirfd, e.name) {
             Ok(st) => st,
             Err(err) => {
                 return self.error(Error::from_errno(Operation::Dedupe, err).with_src(&e.path))
             }
         };
-        if cowlink_sys::file_type(st.st_mode) != FileType::RegularFile {
+        if cowlink_sys::file_type(st.mode) != FileType::RegularFile {
             return;
         }
-        let size = st.st_size as u64;
+        let size = st.size;
         if size < self.min_size.max(1) {
             self.below_min.fetch_add(1, Ordering::Relaxed);
             return;
@@ -344,27 +361,55 @@ impl Collect {
         let euid = self.euid;
         let may_change = e.root < self.fixed_from
             && (euid == 0
-                || st.st_uid == euid
+                || st.uid == euid
                 || fs::accessat(e.dirfd, e.name, fs::Access::WRITE_OK, fs::AtFlags::EACCESS)
                     .is_ok());
         let mut c = Cand {
             name: Name::default(),
-            dev: st.st_dev,
-            ino: st.st_ino,
+            dev: st.dev,
+            ino: st.ino,
             size,
-            shared_runs: None,
+            shared: None,
             // Until the layout is read.
-            exclusive: st.st_blocks as u64 * 512,
+            exclusive: st.blocks * 512,
             inline: false,
             hash: None,
             mapped: false,
             may_change,
+            times: Times {
+                mtime_ns: st.mtime_ns,
+                ctime_ns: st.ctime_ns,
+                btime_ns: st.btime_ns,
+            },
+            known: false,
+            whole: None,
         };
-        if size <= 2 * EDGE {
+        // Unchanged since a run learnt it: take what was learnt, read
+        // nothing.
+        if let Some(hit) = self
+            .indexes
+            .as_ref()
+            .and_then(|ix| ix.of(st.dev, e.dirfd))
+            .and_then(|ix| ix.lookup(&st))
+        {
+            c.known = true;
+            c.mapped = hit.mapped;
+            if hit.mapped {
+                c.exclusive = hit.exclusive;
+                c.shared = hit.shared;
+                c.inline = hit.inline;
+            }
+            c.hash = hit.hash;
+            c.whole = hit.whole.map(Box::new);
+            if c.inline {
+                return self.set_aside(c, e.path);
+            }
+        }
+        if size <= 2 * EDGE && !c.mapped {
             // Small files are read now, while their directory is open
             // (no path to walk again), in the walk's threads. Inline
             // ones (Btrfs) need not be opened at all.
-            if self.inline_by_search(e.dirfd, st.st_dev, st.st_ino) == Some(true) {
+            if self.inline_by_search(e.dirfd, st.dev, st.ino) == Some(true) {
                 c.inline = true;
             } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
                 read_layout(fd.as_fd(), &mut c);
@@ -451,8 +496,10 @@ impl Collect {
 }
 
 impl Visitor for Collect {
-    fn dir(&self, dir: &DirInfo, _st: &cowlink_sys::Stat) {
-        lock(&self.files).1.dir(dir.id, &dir.path);
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat) {
+        lock(&self.files)
+            .1
+            .dir(dir.id, &dir.path, st.st_dev, st.st_ino);
     }
 
     fn entry(&self, e: Entry<'_>) -> std::ops::ControlFlow<()> {
@@ -476,7 +523,14 @@ impl Visitor for Collect {
 /// Only when no path could be walked at all; per-file problems and
 /// refused filesystems are listed in [`DedupePlan::errors`].
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<DedupePlan> {
-    find(paths, opts, Compare::Hash, None)
+    let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
+    let mut plan = find(paths, opts, Compare::Hash, None, indexes.as_ref())?;
+    plan.index = indexes.map(|ix| {
+        let r = ix.report();
+        ix.finish();
+        r
+    });
+    Ok(plan)
 }
 
 /// Who confirms that the files of a group larger than two edges are
@@ -512,7 +566,9 @@ pub fn dedupe<P: AsRef<Path>>(
 ) -> Result<(DedupePlan, DedupeReport)> {
     let run = &opts.run;
     let tally = execute::Counters::new(run);
-    std::thread::scope(|s| {
+    let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
+    let ix = indexes.as_ref();
+    let out = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<DedupeGroup>>();
         // The executor keeps the groups it was handed: after a cancel
         // while planning they are the plan.
@@ -537,6 +593,7 @@ pub fn dedupe<P: AsRef<Path>>(
                 (files, bytes) = (files + f, bytes + b);
                 let _ = tx.send(groups);
             }),
+            ix,
         );
         if planned.is_ok() {
             tally.show(files, bytes);
@@ -549,19 +606,38 @@ pub fn dedupe<P: AsRef<Path>>(
             Ok(mut plan) => {
                 plan.groups = handed;
                 stages::order(&mut plan.groups);
-                settle(&mut plan, opts, &mut ex);
-                Ok((plan, ex.finish()))
+                settle(&mut plan, opts, &mut ex, ix);
+                let report = ex.finish();
+                if let Some(ix) = ix {
+                    // The files shared now hold other blocks: their
+                    // layouts, as they are, so the next run sees them
+                    // shared and reads neither.
+                    let paths: Vec<&Path> = plan
+                        .groups
+                        .iter()
+                        .flat_map(|g| std::iter::once(&g.source).chain(&g.targets))
+                        .map(PathBuf::as_path)
+                        .collect();
+                    ix.relayout(&paths);
+                    plan.index = Some(ix.report());
+                }
+                Ok((plan, report))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
                 let plan = DedupePlan {
                     groups: handed,
+                    index: ix.map(|ix| ix.report()),
                     ..DedupePlan::default()
                 };
                 Ok((plan, ex.finish()))
             }
             Err(e) => Err(e),
         }
-    })
+    });
+    if let Some(ix) = indexes {
+        ix.finish();
+    }
+    out
 }
 
 /// Targets of edge-only groups that the kernel found different from their
@@ -576,7 +652,12 @@ pub fn dedupe<P: AsRef<Path>>(
 /// wrote to it since). Such targets are rare; keeping every larger
 /// target's path and bytes in a map for them held a copy of those paths
 /// through the whole run.
-fn settle(plan: &mut DedupePlan, opts: &DedupeOptions, ex: &mut execute::Executor<'_>) {
+fn settle(
+    plan: &mut DedupePlan,
+    opts: &DedupeOptions,
+    ex: &mut execute::Executor<'_>,
+    ix: Option<&Arc<Indexes>>,
+) {
     let unsettled = ex.take_unsettled();
     if unsettled.is_empty() {
         return;
@@ -604,7 +685,7 @@ fn settle(plan: &mut DedupePlan, opts: &DedupeOptions, ex: &mut execute::Executo
     if opts.run.cancelled() {
         return;
     }
-    if let Some(second) = regroup(&unsettled, opts) {
+    if let Some(second) = regroup(&unsettled, opts, ix) {
         ex.start(&second.groups);
         plan.bytes_hashed += second.bytes_hashed;
         plan.groups.extend(second.groups);
@@ -616,7 +697,15 @@ fn settle(plan: &mut DedupePlan, opts: &DedupeOptions, ex: &mut execute::Executo
 /// The plan, with whole-file hashes, of the sources and targets of
 /// `unsettled` (pairs the kernel found different), planned quietly (no
 /// progress of its own). `None` when it could not be made (cancelled).
-fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<DedupePlan> {
+///
+/// With the run's indexes `ix`, the whole-file hashes are recorded, so
+/// the next run splits such a pair by them instead of asking the kernel
+/// again.
+fn regroup(
+    unsettled: &[(PathBuf, PathBuf)],
+    opts: &DedupeOptions,
+    ix: Option<&Arc<Indexes>>,
+) -> Option<DedupePlan> {
     // A store object is no candidate here: planned as a plain path it
     // could become a target. Without it the targets it differs from are
     // grouped among themselves.
@@ -639,8 +728,9 @@ fn regroup(unsettled: &[(PathBuf, PathBuf)], opts: &DedupeOptions) -> Option<Ded
             progress: None,
             ..opts.run.clone()
         },
+        index: None,
     };
-    find(&paths, &quiet, Compare::Hash, None).ok()
+    find(&paths, &quiet, Compare::Hash, None, ix).ok()
 }
 
 /// The bytes of `path` in extents no other file shares (0 if its map
@@ -665,6 +755,7 @@ fn find<P: AsRef<Path>>(
     opts: &DedupeOptions,
     compare: Compare,
     mut hand_over: Option<&mut dyn FnMut(Vec<DedupeGroup>)>,
+    indexes: Option<&Arc<Indexes>>,
 ) -> Result<DedupePlan> {
     let (roots, fixed_from) = walk_roots(paths, &opts.stores)?;
     let run = &opts.run;
@@ -676,6 +767,7 @@ fn find<P: AsRef<Path>>(
         roots: roots.clone(),
         euid: rustix::process::geteuid().as_raw(),
         fixed_from,
+        indexes: indexes.cloned(),
         ..Default::default()
     };
     walk::walk(&roots, run, Operation::Dedupe, &c);
@@ -702,6 +794,17 @@ fn find<P: AsRef<Path>>(
     // One inode is one file: keep the name that sorts first.
     let mut files = files;
     plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
+    // The inodes met, for pruning the index's entries of those gone.
+    // (Files, directories), each as (device, inode).
+    type Met = HashSet<(u64, u64)>;
+    let seen: Option<(Met, Met)> = indexes.map(|_| {
+        let files = files
+            .iter()
+            .map(|c| (c.dev, c.ino))
+            .chain(inline.iter().map(|i| (i.dev, i.ino)))
+            .collect();
+        (files, names.dirs().map(|(id, _)| id).collect())
+    });
 
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
@@ -739,6 +842,27 @@ fn find<P: AsRef<Path>>(
     let inline = stages::count_inline(inline, &files);
     plan.hardlinks_skipped += inline.hardlinks;
     plan.candidates = files.len() as u64 + inline.inodes;
+    if let Some(ix) = indexes {
+        // What the walk learnt of small files (read whole there), before
+        // those without a partner are dropped: a partner may come later.
+        let mut p = Pending::default();
+        let dirs: Vec<((u64, u64), PathBuf)> = names
+            .dirs()
+            .map(|(id, path)| (id, index::absolute(path)))
+            .filter(|((dev, ino), path)| {
+                !ix.opened(*dev)
+                    .is_some_and(|f| f.has_dir(*ino, path.as_os_str().as_bytes()))
+            })
+            .collect();
+        ix.walked();
+        for ((dev, ino), path) in dirs {
+            p.dir(dev, ino, path.as_os_str().as_bytes());
+        }
+        for c in files.iter().filter(|c| c.size <= 2 * EDGE) {
+            learnt_in_walk(&mut p, c, &names);
+        }
+        ix.commit(p, None);
+    }
     stages::by_size(&mut files);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(run.threads_or(crate::run::cores))
@@ -757,6 +881,14 @@ fn find<P: AsRef<Path>>(
             }
         })
     });
+    if let Some(ix) = indexes {
+        // The layouts (and edges) of the larger files just read.
+        let mut p = Pending::default();
+        for c in files.iter().filter(|c| c.size > 2 * EDGE) {
+            learnt_in_walk(&mut p, c, &names);
+        }
+        ix.commit(p, None);
+    }
     // Inline data has no blocks to share: report, never claim.
     let (inline_dropped, size_groups) = stages::drop_inline(&mut files);
     plan.inline_skipped = inline.partnered + inline_dropped;
@@ -793,7 +925,9 @@ fn find<P: AsRef<Path>>(
         small
             .iter()
             .flat_map(|g| g.range())
-            .map(|id| cl.rep(id).size)
+            .map(|id| cl.rep(id))
+            .filter(|c| !c.known)
+            .map(|c| c.size)
             .sum(),
     );
     let sets = stages::split_by(&mut cl, &small);
@@ -807,9 +941,12 @@ fn find<P: AsRef<Path>>(
     // Hash the representatives of clusters `ids` (`edges`: a larger file's
     // two ends only) and record it on them; a failure leaves no hash. With
     // `edges`, one hashed already (whole during the walk, or its edges with
-    // its layout) is counted, not read.
-    let hash_reps = |cl: &mut stages::Clusters, ids: &[usize], edges: bool| {
-        let got: Vec<(usize, Option<[u8; 32]>)> = pool.install(|| {
+    // its layout) is counted, not read; without, one whose whole hash the
+    // index holds is not read. Hashes read go to the index (`learnt`), for
+    // every member of the cluster.
+    let mut learnt = indexes.map(|_| Pending::default());
+    let mut hash_reps = |cl: &mut stages::Clusters, ids: &[usize], edges: bool| {
+        let got: Vec<(usize, Option<[u8; 32]>, bool)> = pool.install(|| {
             ids.par_iter()
                 .filter_map(|&id| {
                     if run.cancelled() {
@@ -817,18 +954,38 @@ fn find<P: AsRef<Path>>(
                     }
                     let c = cl.rep(id);
                     if edges && c.hash.is_some() {
-                        count(c.size.min(2 * EDGE));
+                        if !c.known {
+                            count(c.size.min(2 * EDGE));
+                        }
                         return None;
+                    }
+                    if let (false, Some(w)) = (edges, &c.whole) {
+                        return Some((id, Some(**w), false));
                     }
                     let h = hash_file(&names.path(c.name), c.size, edges, &count)
                         .map_err(|e| lock(&hash_errors).push(e))
                         .ok();
-                    Some((id, h))
+                    Some((id, h, true))
                 })
                 .collect()
         });
-        for (id, h) in got {
-            cl.rep_mut(id).hash = h;
+        for (id, h, read) in got {
+            let whole = !edges && cl.rep(id).size > 2 * EDGE;
+            if let (Some(p), Some(h), true) = (learnt.as_mut(), h, read) {
+                let l = if whole {
+                    Learnt::Whole(h)
+                } else {
+                    Learnt::Hash(h)
+                };
+                for m in &cl.files[cl.clusters[id].range()] {
+                    p.learnt(m.dev, m.ino, l);
+                }
+            }
+            let rep = cl.rep_mut(id);
+            rep.hash = h;
+            if whole {
+                rep.whole = h.map(Box::new);
+            }
         }
     };
     let ids: Vec<usize> = rest.iter().flat_map(|g| g.range()).collect();
@@ -845,6 +1002,24 @@ fn find<P: AsRef<Path>>(
             .collect();
         hash_reps(&mut cl, &ids, false);
         sets = stages::split_by(&mut cl, &sets);
+    } else {
+        // Sets where the index knows a whole-file hash: files whose ends
+        // match but not their middle were found so by an earlier run. Hash
+        // the others there whole too and split by it, rather than ask the
+        // kernel again (it would read both files to find them different).
+        let (mixed, plain): (Vec<Span>, Vec<Span>) = sets
+            .into_iter()
+            .partition(|s| s.range().any(|id| cl.rep(id).whole.is_some()));
+        if !mixed.is_empty() {
+            let ids: Vec<usize> = mixed
+                .iter()
+                .flat_map(|s| s.range())
+                .filter(|&id| cl.rep(id).size > 2 * EDGE)
+                .collect();
+            hash_reps(&mut cl, &ids, false);
+        }
+        sets = plain;
+        sets.extend(stages::split_by(&mut cl, &mixed));
     }
     // The reading is over: the pool's read buffers go before the groups'
     // paths are built.
@@ -855,6 +1030,16 @@ fn find<P: AsRef<Path>>(
     }
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
+    if let Some(ix) = indexes {
+        // The hashes learnt, and the entries of files gone pruned.
+        let abs: Vec<PathBuf> = roots.iter().map(|r| index::absolute(r)).collect();
+        let seen = seen.as_ref().map(|(f, d)| index::Seen {
+            files: f,
+            dirs: d,
+            roots: &abs,
+        });
+        ix.commit(learnt.unwrap_or_default(), seen);
+    }
 
     let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
     drop((cl, names));
@@ -875,6 +1060,34 @@ fn find<P: AsRef<Path>>(
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
     Ok(plan)
+}
+
+/// Put what the walk and the layout pass learnt of `c` (read this run)
+/// into `p`.
+fn learnt_in_walk(p: &mut Pending, c: &Cand, names: &Names) {
+    if c.known || !c.mapped {
+        return;
+    }
+    let id = cowlink_sys::FileId {
+        dev: c.dev,
+        ino: c.ino,
+        size: c.size,
+        mtime_ns: c.times.mtime_ns,
+        ctime_ns: c.times.ctime_ns,
+        btime_ns: c.times.btime_ns,
+        ..Default::default()
+    };
+    let (dir, own) = names.dir_and_own(c.name);
+    let mut e = match dir {
+        0 => IndexEntry::of(&id, 0, index::absolute(own).as_os_str().as_bytes()),
+        d => IndexEntry::of(&id, d, own.as_os_str().as_bytes()),
+    };
+    e.mapped = true;
+    e.exclusive = c.exclusive;
+    e.shared = c.shared;
+    e.inline = c.inline;
+    e.hash = c.hash;
+    p.put(c.dev, c.ino, e);
 }
 
 /// Open for reading without touching the access time where allowed.
@@ -918,7 +1131,7 @@ fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) {
         c.exclusive = 0;
         layout_facts(&list, c);
     }
-    if c.inline || c.shared_runs.is_some() {
+    if c.inline || c.shared.is_some() {
         return;
     }
     if c.size <= 2 * EDGE {

@@ -32,6 +32,8 @@ use crate::extents::Extent;
 #[derive(Debug, Default, Clone)]
 pub(super) struct Names {
     dirs: Vec<Option<Box<Path>>>,
+    /// Each directory's device and inode (by the same id), for the index.
+    dir_ids: Vec<(u64, u64)>,
     bytes: Vec<u8>,
 }
 
@@ -51,12 +53,32 @@ impl Name {
 }
 
 impl Names {
-    /// Record directory `id`'s path (the walk's dense id).
-    pub fn dir(&mut self, id: usize, path: &Path) {
+    /// Record directory `id`'s path (the walk's dense id), and its device
+    /// and inode.
+    pub fn dir(&mut self, id: usize, path: &Path, dev: u64, ino: u64) {
         if self.dirs.len() <= id {
             self.dirs.resize(id + 1, None);
+            self.dir_ids.resize(id + 1, (0, 0));
         }
         self.dirs[id] = Some(path.into());
+        self.dir_ids[id] = (dev, ino);
+    }
+
+    /// The directories recorded: (device, inode) and path.
+    pub fn dirs(&self) -> impl Iterator<Item = ((u64, u64), &Path)> {
+        self.dir_ids
+            .iter()
+            .zip(&self.dirs)
+            .filter_map(|(&id, p)| Some((id, p.as_deref()?)))
+    }
+
+    /// A name's directory inode and own name, or (0, the whole path) for
+    /// a name given as a root.
+    pub fn dir_and_own(&self, n: Name) -> (u64, &Path) {
+        match n.dir {
+            Name::ROOT => (0, self.own(n)),
+            d => (self.dir_ids[d as usize].1, self.own(n)),
+        }
     }
 
     /// Keep `name`, found in directory `dir` (`None`: `name` is a whole
@@ -137,8 +159,14 @@ pub(super) struct Cand {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    /// Logical→physical runs when every extent is shared (else `None`).
-    pub shared_runs: Option<Box<[Run]>>,
+    /// A fingerprint of the logical→physical runs when every extent is
+    /// shared (else `None`): 64 bits of BLAKE3 over the runs. Two files
+    /// with equal fingerprints are taken to hold the same blocks; a false
+    /// match (2^-64 within one size group) only makes a duplicate look
+    /// already shared, and `FIDEDUPERANGE` compares whatever is shared.
+    /// A fingerprint rather than the runs: the index keeps it in 8 bytes,
+    /// and a candidate holds no heap block for it.
+    pub shared: Option<u64>,
     /// Bytes in extents not flagged shared.
     pub exclusive: u64,
     /// BLAKE3 of the whole file for files of at most two edges; for larger
@@ -156,6 +184,22 @@ pub(super) struct Cand {
     /// The caller may make this file share another's blocks (root, its
     /// owner, or write permission); otherwise it can only be a source.
     pub may_change: bool,
+    /// The times the walk saw (with `size`, the identity the index checks
+    /// its entries by).
+    pub times: Times,
+    /// What the plan knows of it came from the index: nothing of the file
+    /// was read.
+    pub known: bool,
+    /// The whole-file hash of a larger file, from the index.
+    pub whole: Option<Box<[u8; 32]>>,
+}
+
+/// A file's times as the walk saw them, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Times {
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub btime_ns: Option<i64>,
 }
 
 /// A contiguous logical → physical run of a file's extents.
@@ -201,7 +245,7 @@ impl Span {
     }
 }
 
-/// Fill `shared_runs`, `exclusive` and `inline` from a file's extents.
+/// Fill `shared`, `exclusive` and `inline` from a file's extents.
 pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
     let mut runs: Vec<Run> = Vec::new();
     let mut all_shared = !list.is_empty();
@@ -222,7 +266,20 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
             }),
         }
     }
-    c.shared_runs = all_shared.then(|| runs.into_boxed_slice());
+    c.shared = all_shared.then(|| fingerprint(&runs));
+}
+
+/// 64 bits of BLAKE3 over `runs`.
+pub(super) fn fingerprint(runs: &[Run]) -> u64 {
+    let mut h = blake3::Hasher::new();
+    for r in runs {
+        h.update(&r.logical.to_le_bytes());
+        h.update(&r.physical.to_le_bytes());
+        h.update(&r.length.to_le_bytes());
+    }
+    let mut b = [0; 8];
+    b.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(b)
 }
 
 /// One inode is one file: keep the name that sorts first (it may change
@@ -357,11 +414,21 @@ pub(super) struct Member {
     pub exclusive: u64,
     pub hash: Option<[u8; 32]>,
     pub may_change: bool,
+    pub dev: u64,
+    pub ino: u64,
+    /// The hash came from the index (not read this run).
+    pub known: bool,
+    /// The whole-file hash, from the index or read this run.
+    pub whole: Option<Box<[u8; 32]>>,
 }
 
 impl From<Cand> for Member {
     fn from(c: Cand) -> Member {
         Member {
+            dev: c.dev,
+            ino: c.ino,
+            known: c.known,
+            whole: c.whole,
             name: c.name,
             size: c.size,
             exclusive: c.exclusive,
@@ -411,16 +478,20 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
         // cluster of its own. Only a cluster of several needs its members
         // in path order (the order of clusters does not matter), so paths
         // are compared there alone.
-        members.sort_unstable_by(|a, b| a.shared_runs.cmp(&b.shared_runs));
+        members.sort_unstable_by_key(|c| c.shared);
         let first = out.clusters.len();
         let mut start = 0;
         while start < members.len() {
             let mut end = start + 1;
-            if let Some(runs) = &members[start].shared_runs {
-                while end < members.len() && members[end].shared_runs.as_ref() == Some(runs) {
+            if let Some(runs) = members[start].shared {
+                while end < members.len() && members[end].shared == Some(runs) {
                     end += 1;
                 }
-                let held: u64 = runs.iter().map(|r| r.length).sum();
+                // Every block of a cluster's file is shared, so what it
+                // holds is its size in whole blocks (the layout keeps only
+                // a fingerprint of its runs, so a hole counts here: this is
+                // the plan's estimate, the reclaimed figure is measured).
+                let held = members[start].size.div_ceil(4096) * 4096;
                 members[start..end].sort_unstable_by(|a, b| names.cmp(a.name, b.name));
                 // The cluster's blocks are the same extents for all its
                 // members: they come back if every member becomes a target
@@ -599,14 +670,11 @@ mod tests {
     }
 
     fn shared(mut c: Cand, physical: u64) -> Cand {
-        c.shared_runs = Some(
-            vec![Run {
-                logical: 0,
-                physical,
-                length: c.size,
-            }]
-            .into(),
-        );
+        c.shared = Some(fingerprint(&[Run {
+            logical: 0,
+            physical,
+            length: c.size,
+        }]));
         c.exclusive = 0;
         c
     }
@@ -633,11 +701,11 @@ mod tests {
     #[test]
     fn names_give_and_order_whole_paths() {
         let mut n = Names::default();
-        n.dir(0, Path::new("/a/b"));
-        n.dir(1, Path::new("/a/b/c"));
-        n.dir(3, Path::new("/a/b-c"));
-        n.dir(2, Path::new("./x"));
-        n.dir(4, Path::new("/r/"));
+        n.dir(0, Path::new("/a/b"), 1, 0);
+        n.dir(1, Path::new("/a/b/c"), 1, 1);
+        n.dir(3, Path::new("/a/b-c"), 1, 3);
+        n.dir(2, Path::new("./x"), 1, 2);
+        n.dir(4, Path::new("/r/"), 1, 4);
         let os = OsStr::new;
         let list = [
             n.push(Some(0), os("z")),
@@ -677,15 +745,12 @@ mod tests {
             &mut c,
         );
         assert_eq!(
-            c.shared_runs,
-            Some(
-                vec![Run {
-                    logical: 0,
-                    physical: 4096,
-                    length: 8192
-                }]
-                .into()
-            )
+            c.shared,
+            Some(fingerprint(&[Run {
+                logical: 0,
+                physical: 4096,
+                length: 8192
+            }]))
         );
         assert_eq!(c.exclusive, 0);
 
@@ -698,7 +763,7 @@ mod tests {
             ],
             &mut d,
         );
-        assert_eq!(d.shared_runs, None, "not every block is shared");
+        assert_eq!(d.shared, None, "not every block is shared");
         assert_eq!(d.exclusive, 4096);
     }
 

@@ -591,12 +591,14 @@ fn mount_point_of(path: &Path) -> Option<PathBuf> {
 
 /// Deduplicate after `changes` under `roots` (from [`Watcher::batch_roots`]).
 ///
-/// Today this is [`super::dedupe`] over `roots` with `opts` (its
-/// `--exclude` patterns included): without an index a changed file's
-/// duplicate may be any file, so every file under those roots is walked
-/// and every size that has two files is compared. The changed paths are
-/// the place an index plugs in: hash only them and look their sizes and
-/// hashes up among the indexed files.
+/// This is [`super::dedupe`] over `roots` with `opts` (its `--exclude`
+/// patterns and its index included): a changed file's duplicate may be
+/// any file, so every file under those roots is walked, but with an index
+/// ([`DedupeOptions::index`](super::DedupeOptions::index), which the
+/// command sets) a file unchanged since a run learnt it is not read
+/// again: a batch costs a metadata walk plus the changed files. Looking
+/// the changed paths up by size among indexed files, without the walk,
+/// would need a by-size table in the index.
 ///
 /// # Errors
 /// As [`super::dedupe`]: only when no root could be walked.
