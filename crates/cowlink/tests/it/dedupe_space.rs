@@ -675,3 +675,58 @@ fn btrfs_two_subvolumes_reclaimed_figure_is_counted_once() {
         assert_eq!(&fs::read(p).unwrap(), bytes);
     }
 }
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_store_in_another_subvolume_is_a_source() {
+    // A store in one subvolume, the data in another (each with a device
+    // number of its own): one filesystem, so the object is still their
+    // source; a cluster of clones there is freed with them, not taken
+    // for blocks a snapshot holds.
+    let _serial = serial();
+    let d = testfs!(Btrfs);
+    let mut subs = Subvolumes(Vec::new());
+    let home = d.path().join("home");
+    subs.create(&home);
+    let store_dir = d.path().join("store");
+    let store = Store::open(&store_dir).unwrap();
+    let bytes = data(3 * MIB as usize, 70);
+    write_file(&d.path().join("in"), &bytes);
+    let digest = store.add(d.path().join("in")).unwrap();
+    fs::remove_file(d.path().join("in")).unwrap();
+    let object = store.object_path(&digest);
+    write_file(&home.join("f"), &bytes);
+    write_file(&home.join("c1"), &bytes);
+    reflink(&home.join("c1"), &home.join("c2"));
+    sync(d.path());
+    let object_map = cowlink::extents::extents(&object).unwrap().physical_runs();
+    let used_before = btrfs_used(d.path());
+
+    let (plan, r) = run(&[&home], &[&store_dir]);
+    let used_after = btrfs_used(d.path());
+    let g = plan
+        .groups
+        .iter()
+        .find(|g| g.size == bytes.len() as u64)
+        .unwrap_or_else(|| panic!("no group with the object: {plan:?}"));
+    assert_eq!(g.source, object, "{plan:?}");
+    assert!(r.skipped.is_empty(), "{:?}", r.skipped);
+    assert_eq!(r.targets_deduped, 3, "{r:?}");
+    for n in ["f", "c1", "c2"] {
+        assert!(same_blocks(&object, &home.join(n)), "{n}");
+        assert_eq!(fs::read(home.join(n)).unwrap(), bytes);
+    }
+    assert_eq!(
+        cowlink::extents::extents(&object).unwrap().physical_runs(),
+        object_map
+    );
+    let v = store.verify().unwrap();
+    assert!(v.is_clean() && v.objects == 1, "{v:?}");
+    assert!(used_after + 6 * MIB <= used_before + METADATA_SLACK);
+    assert!(
+        r.bytes_reclaimed.abs_diff(used_before - used_after) <= METADATA_SLACK,
+        "reported {} back, measured {}",
+        r.bytes_reclaimed,
+        used_before - used_after
+    );
+}
