@@ -645,32 +645,41 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
         .any(Option::is_some)
         .then(|| cowlink_sys::btrfs_root_id(src.as_fd()).ok())
         .flatten();
+    // Each target's own subvolume: a group may span several of one
+    // filesystem, and inode numbers repeat between them.
+    let roots: Vec<Option<u64>> = live
+        .iter()
+        .map(|(_, fd, _)| root.and_then(|_| cowlink_sys::btrfs_root_id(fd.as_fd()).ok()))
+        .collect();
     loop {
         let mut again = false;
         for i in 0..live.len() {
             if state[i] != State::Pending {
                 continue;
             }
-            let held = match (&named[i], root) {
-                (Some(h), Some(root)) => {
+            let held = match (&named[i], root, roots[i]) {
+                (Some(h), Some(root), Some(mine)) => {
+                    // A target of this batch, in tree `r` (held or not).
+                    let target = |r: u64, ino: u64, held: bool| {
+                        live.iter()
+                            .zip(&state)
+                            .zip(&roots)
+                            .any(|(((_, _, t), st), tr)| {
+                                *t == ino && *tr == Some(r) && (held || *st != State::Held)
+                            })
+                    };
                     let member = |&(r, ino): &(u64, u64)| {
-                        r == root
-                            && (ino == src_ino
-                                || live
-                                    .iter()
-                                    .zip(&state)
-                                    .any(|((_, _, t), st)| *t == ino && *st != State::Held))
+                        (r == root && ino == src_ino) || target(r, ino, false)
                     };
                     let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !member(x)).collect();
                     outside.sort_unstable();
                     outside.first().map(|&&(r, ino)| {
-                        let skipped = r == root && live.iter().any(|(_, _, t)| *t == ino);
                         let who = Holder {
                             root: r,
                             ino,
-                            skipped,
+                            skipped: target(r, ino, true),
                         };
-                        holder_words(&live[i].1, root, who, outside.len())
+                        holder_words(&live[i].1, mine, who, outside.len())
                     })
                 }
                 _ => {
@@ -708,7 +717,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
     for (i, st) in state.iter().enumerate() {
         proofs[i] = match st {
             State::Freed => Proof::Freed,
-            State::Pending if named[i].is_some() && root.is_some() => Proof::Freed,
+            State::Pending if named[i].is_some() && roots[i].is_some() => Proof::Freed,
             State::Pending | State::Unknown => Proof::Unproven,
             State::Held => continue,
         };

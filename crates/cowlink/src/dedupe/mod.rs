@@ -691,11 +691,21 @@ fn find<P: AsRef<Path>>(
         }
     }
     let mut allowed: HashMap<u64, bool> = HashMap::new();
+    // Btrfs subvolumes of one filesystem (by its UUID): the lowest device
+    // number among them, per device.
+    let mut btrfs: HashMap<[u8; 16], u64> = HashMap::new();
+    let mut same_fs: HashMap<u64, u64> = HashMap::new();
     let mut devices: Vec<(u64, PathBuf)> = devices.into_iter().collect();
     devices.sort();
     for (dev, path) in devices {
         let ok = match can_dedupe(&path) {
-            Ok(()) => true,
+            Ok(()) => {
+                if let Ok(id) = open_read(&path).and_then(|fd| cowlink_sys::btrfs_fsid(fd.as_fd()))
+                {
+                    same_fs.insert(dev, *btrfs.entry(id).or_insert(dev));
+                }
+                true
+            }
             Err(e) => {
                 errors.push(e);
                 false
@@ -706,6 +716,16 @@ fn find<P: AsRef<Path>>(
     files.retain(|c| allowed[&c.dev]);
     inline.retain(|i| allowed[&i.dev]);
     let inline = stages::count_inline(inline, &files);
+    // Each Btrfs subvolume has a device number of its own, but they are
+    // one filesystem and FIDEDUPERANGE shares blocks between them: from
+    // here on their files are grouped as one device (inodes were told
+    // apart above, by their own device; the inline count stays per
+    // subvolume, it only reports).
+    for c in &mut files {
+        if let Some(&d) = same_fs.get(&c.dev) {
+            c.dev = d;
+        }
+    }
     plan.hardlinks_skipped += inline.hardlinks;
     plan.candidates = files.len() as u64 + inline.inodes;
     stages::by_size(&mut files);

@@ -113,6 +113,14 @@ impl Drop for Subvolumes {
                 .arg(p)
                 .output();
         }
+        // Deleted subvolumes are cleaned in the background, which frees
+        // space while the next test measures: wait for it here.
+        if let Some(dir) = self.0.first().and_then(|p| p.parent()) {
+            let _ = Command::new("btrfs")
+                .args(["subvolume", "sync"])
+                .arg(dir)
+                .output();
+        }
     }
 }
 
