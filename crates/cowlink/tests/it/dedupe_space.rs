@@ -738,3 +738,42 @@ fn btrfs_a_store_in_another_subvolume_is_a_source() {
         used_before - used_after
     );
 }
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_run_that_shares_nothing_under_a_snapshot_does_not_grow_usage() {
+    // Every file is held by a snapshot: nothing may be shared, and nothing
+    // may be written into the subvolume either (a scratch file there
+    // unshares its directory's tree block from the snapshot for good).
+    let _serial = serial();
+    // The filesystem answers are cached per device, and a deleted
+    // subvolume's device number is given out again.
+    cowlink::probe::clear_cache();
+    let d = testfs!(Btrfs);
+    let mut subs = Subvolumes(Vec::new());
+    let sv = d.path().join("sv");
+    subs.create(&sv);
+    let bytes = data(MIB as usize, 80);
+    for n in ["a", "b"] {
+        write_file(&sv.join(n), &bytes);
+    }
+    // Enough other files that the subvolume's tree has leaves below its
+    // root (a snapshot copies the root and shares the leaves).
+    for i in 0..300u64 {
+        write_file(&sv.join(format!("other-{i}")), &data(8 * KIB as usize, 1000 + i));
+    }
+    sync(&sv);
+    subs.snapshot(&sv, &d.path().join("snap"));
+    let used_before = btrfs_used(d.path());
+    let (_, r) = run(&[&sv], &[]);
+    let used_after = btrfs_used(d.path());
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    assert_eq!(skipped(&r, SkipReason::HeldElsewhere), [sv.join("b")]);
+    assert!(
+        used_after <= used_before,
+        "used {used_before} then {used_after}: {r:?}"
+    );
+    for n in ["a", "b"] {
+        assert_eq!(fs::read(sv.join(n)).unwrap(), bytes);
+    }
+}
