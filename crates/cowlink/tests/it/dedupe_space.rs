@@ -760,7 +760,10 @@ fn btrfs_a_run_that_shares_nothing_under_a_snapshot_does_not_grow_usage() {
     // Enough other files that the subvolume's tree has leaves below its
     // root (a snapshot copies the root and shares the leaves).
     for i in 0..300u64 {
-        write_file(&sv.join(format!("other-{i}")), &data(8 * KIB as usize, 1000 + i));
+        write_file(
+            &sv.join(format!("other-{i}")),
+            &data(8 * KIB as usize, 1000 + i),
+        );
     }
     sync(&sv);
     subs.snapshot(&sv, &d.path().join("snap"));
