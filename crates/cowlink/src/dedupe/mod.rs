@@ -70,7 +70,9 @@
 //!
 //! Refused: NFS and CIFS/SMB clients (their dedupe cloned without
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
-//! and groups across filesystems (groups are per device).
+//! and groups across filesystems (groups are per device, except that the
+//! subvolumes of one Btrfs filesystem, each with a device number of its
+//! own, are grouped together: `FIDEDUPERANGE` shares between them).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
