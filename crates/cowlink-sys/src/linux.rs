@@ -391,6 +391,32 @@ pub fn btrfs_space_used(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
         .sum())
 }
 
+const BTRFS_IOC_FS_INFO: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_FS_INFO as Opcode;
+
+/// `ioctl(fd, BTRFS_IOC_FS_INFO, ...)`: the UUID of the Btrfs filesystem
+/// `fd` is on. Every subvolume has a device number of its own; this names
+/// the filesystem they share. Unprivileged.
+///
+/// `ENOTTY` off Btrfs.
+pub fn btrfs_fsid(fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
+    // SAFETY: the struct is plain integers and byte arrays: all zeros is
+    // a valid value (and what the kernel expects of `flags` here).
+    let mut arg: Box<linux_raw_sys::btrfs::btrfs_ioctl_fs_info_args> =
+        Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: BTRFS_IOC_FS_INFO is `_IOR(0x94, 31, struct
+    // btrfs_ioctl_fs_info_args)` (the kernel also reads its `flags`);
+    // `arg` is exactly that struct and lives for the duration of the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_FS_INFO, linux_raw_sys::btrfs::btrfs_ioctl_fs_info_args>::new(
+                &mut arg,
+            ),
+        )?
+    };
+    Ok(arg.fsid)
+}
+
 const BTRFS_IOC_INO_LOOKUP: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_LOOKUP as Opcode;
 
 /// `ioctl(fd, BTRFS_IOC_INO_LOOKUP, {treeid: 0, objectid: 256})`: the id

@@ -99,6 +99,11 @@ pub fn btrfs_extent_holders(
 }
 
 /// No Btrfs here: `ENOTTY`.
+pub fn btrfs_fsid(_fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
 pub fn btrfs_space_used(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     Err(Errno::NOTTY)
 }

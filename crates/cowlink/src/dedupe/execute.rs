@@ -201,10 +201,10 @@ pub(super) struct Executor<'a> {
     /// Devices where something was shared: only their space in use can have
     /// grown because of us (elsewhere a change is someone else's).
     shared_on: HashSet<u64>,
-    /// Devices where a batch of targets whose holders could not be named
-    /// grew the space in use, and by how much: no more such targets run
-    /// there.
-    grew_on: HashMap<u64, u64>,
+    /// Filesystems where a batch of targets whose holders could not be
+    /// named grew the space in use, and by how much: no more such targets
+    /// run there.
+    grew_on: HashMap<FsKey, u64>,
     /// (source, target) of edge-only groups whose bytes differ.
     unsettled: Vec<(PathBuf, PathBuf)>,
     report: DedupeReport,
@@ -213,12 +213,30 @@ pub(super) struct Executor<'a> {
 /// Per filesystem (device), shared by the groups running in parallel.
 #[derive(Default)]
 struct FsState {
-    /// Space in use ([`in_use`]) before anything ran there, with a
-    /// descriptor to read it again (`None`: it could not be read).
-    used_before: Mutex<HashMap<u64, Option<(OwnedFd, u64)>>>,
+    /// Space in use ([`in_use`]) before anything ran there, per filesystem,
+    /// with a descriptor to read it again (`None`: it could not be read);
+    /// and the filesystem of each device met.
+    used_before: Mutex<Measures>,
     /// Whether `LOGICAL_INO_V2` answers there (Btrfs, as root); absent
     /// until asked.
     names_holders: Mutex<HashMap<u64, bool>>,
+}
+
+/// The space in use per filesystem, and which filesystem each device is.
+#[derive(Default)]
+struct Measures {
+    used: HashMap<FsKey, Option<(OwnedFd, u64)>>,
+    fs_of: HashMap<u64, FsKey>,
+}
+
+/// What the space in use belongs to: a filesystem. Each Btrfs subvolume
+/// has a device number of its own but they share one space (read per
+/// device, the same fall would count once per subvolume), so Btrfs is
+/// named by its UUID; elsewhere a device is a filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum FsKey {
+    Dev(u64),
+    Btrfs([u8; 16]),
 }
 
 /// A group's targets (on device `dev`) whose extents are shared with
@@ -363,7 +381,8 @@ impl<'a> Executor<'a> {
             let mut batch = 1;
             let mut todo = here;
             while !todo.is_empty() && !self.run.cancelled() {
-                if let Some(&grown) = self.grew_on.get(&dev) {
+                let key = self.key_of(dev);
+                if let Some(&grown) = self.grew_on.get(&key) {
                     let detail = format!(
                         "its blocks are shared with files this filesystem does not name, \
                          and sharing such files here grew the space in use by {grown} bytes: \
@@ -401,10 +420,10 @@ impl<'a> Executor<'a> {
                 match self.used_now(dev) {
                     Some(after) if after <= before => {}
                     Some(after) => {
-                        self.grew_on.insert(dev, after - before);
+                        self.grew_on.insert(key, after - before);
                     }
                     None => {
-                        self.grew_on.insert(dev, 0);
+                        self.grew_on.insert(key, 0);
                     }
                 }
                 batch = (batch * 2).min(UNPROVEN_BATCH);
@@ -429,8 +448,16 @@ impl<'a> Executor<'a> {
     /// never or cannot be read).
     fn used_now(&self, dev: u64) -> Option<u64> {
         let map = lock(&self.fs.used_before);
-        let (fd, _) = map.get(&dev)?.as_ref()?;
+        let key = map.fs_of.get(&dev)?;
+        let (fd, _) = map.used.get(key)?.as_ref()?;
         in_use(fd)
+    }
+
+    /// The filesystem of device `dev` (the device itself until a group
+    /// there was measured).
+    fn key_of(&self, dev: u64) -> FsKey {
+        let map = lock(&self.fs.used_before);
+        map.fs_of.get(&dev).copied().unwrap_or(FsKey::Dev(dev))
     }
 
     /// The (source, target) pairs of edge-only groups that the kernel
@@ -448,8 +475,13 @@ impl<'a> Executor<'a> {
             .into_inner()
             .unwrap_or_else(|e| e.into_inner());
         self.report.measured = true;
-        for (dev, m) in &used_before {
-            if !self.shared_on.contains(dev) {
+        let shared_on: HashSet<FsKey> = self
+            .shared_on
+            .iter()
+            .filter_map(|d| used_before.fs_of.get(d).copied())
+            .collect();
+        for (key, m) in &used_before.used {
+            if !shared_on.contains(key) {
                 continue;
             }
             match m
@@ -475,7 +507,15 @@ impl<'a> Executor<'a> {
 /// read from (Btrfs answers from its last commit).
 fn measure_once(fs: &FsState, dev: u64, src: &OwnedFd) {
     let mut map = lock(&fs.used_before);
-    if let Entry::Vacant(slot) = map.entry(dev) {
+    if map.fs_of.contains_key(&dev) {
+        return;
+    }
+    let key = match cowlink_sys::btrfs_fsid(src.as_fd()) {
+        Ok(id) => FsKey::Btrfs(id),
+        Err(_) => FsKey::Dev(dev),
+    };
+    map.fs_of.insert(dev, key);
+    if let Entry::Vacant(slot) = map.used.entry(key) {
         let fd = rustix::io::fcntl_dupfd_cloexec(src, 0).ok();
         slot.insert(fd.and_then(|fd| in_use(&fd).map(|used| (fd, used))));
     }
@@ -605,32 +645,41 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
         .any(Option::is_some)
         .then(|| cowlink_sys::btrfs_root_id(src.as_fd()).ok())
         .flatten();
+    // Each target's own subvolume: a group may span several of one
+    // filesystem, and inode numbers repeat between them.
+    let roots: Vec<Option<u64>> = live
+        .iter()
+        .map(|(_, fd, _)| root.and_then(|_| cowlink_sys::btrfs_root_id(fd.as_fd()).ok()))
+        .collect();
     loop {
         let mut again = false;
         for i in 0..live.len() {
             if state[i] != State::Pending {
                 continue;
             }
-            let held = match (&named[i], root) {
-                (Some(h), Some(root)) => {
+            let held = match (&named[i], root, roots[i]) {
+                (Some(h), Some(root), Some(mine)) => {
+                    // A target of this batch, in tree `r` (held or not).
+                    let target = |r: u64, ino: u64, held: bool| {
+                        live.iter()
+                            .zip(&state)
+                            .zip(&roots)
+                            .any(|(((_, _, t), st), tr)| {
+                                *t == ino && *tr == Some(r) && (held || *st != State::Held)
+                            })
+                    };
                     let member = |&(r, ino): &(u64, u64)| {
-                        r == root
-                            && (ino == src_ino
-                                || live
-                                    .iter()
-                                    .zip(&state)
-                                    .any(|((_, _, t), st)| *t == ino && *st != State::Held))
+                        (r == root && ino == src_ino) || target(r, ino, false)
                     };
                     let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !member(x)).collect();
                     outside.sort_unstable();
                     outside.first().map(|&&(r, ino)| {
-                        let skipped = r == root && live.iter().any(|(_, _, t)| *t == ino);
                         let who = Holder {
                             root: r,
                             ino,
-                            skipped,
+                            skipped: target(r, ino, true),
                         };
-                        holder_words(&live[i].1, root, who, outside.len())
+                        holder_words(&live[i].1, mine, who, outside.len())
                     })
                 }
                 _ => {
@@ -668,7 +717,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
     for (i, st) in state.iter().enumerate() {
         proofs[i] = match st {
             State::Freed => Proof::Freed,
-            State::Pending if named[i].is_some() && root.is_some() => Proof::Freed,
+            State::Pending if named[i].is_some() && roots[i].is_some() => Proof::Freed,
             State::Pending | State::Unknown => Proof::Unproven,
             State::Held => continue,
         };

@@ -70,7 +70,9 @@
 //!
 //! Refused: NFS and CIFS/SMB clients (their dedupe cloned without
 //! comparing), filesystems whose trial dedupe fails (ext4, tmpfs, ZFS...),
-//! and groups across filesystems (groups are per device).
+//! and groups across filesystems (groups are per device, except that the
+//! subvolumes of one Btrfs filesystem, each with a device number of its
+//! own, are grouped together: `FIDEDUPERANGE` shares between them).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, OsStr};
@@ -825,11 +827,21 @@ fn find<P: AsRef<Path>>(
         }
     }
     let mut allowed: HashMap<u64, bool> = HashMap::new();
+    // Btrfs subvolumes of one filesystem (by its UUID): the lowest device
+    // number among them, per device.
+    let mut btrfs: HashMap<[u8; 16], u64> = HashMap::new();
+    let mut same_fs: HashMap<u64, u64> = HashMap::new();
     let mut devices: Vec<(u64, PathBuf)> = devices.into_iter().collect();
     devices.sort();
     for (dev, path) in devices {
         let ok = match can_dedupe(&path) {
-            Ok(()) => true,
+            Ok(()) => {
+                if let Ok(id) = open_read(&path).and_then(|fd| cowlink_sys::btrfs_fsid(fd.as_fd()))
+                {
+                    same_fs.insert(dev, *btrfs.entry(id).or_insert(dev));
+                }
+                true
+            }
             Err(e) => {
                 errors.push(e);
                 false
@@ -840,6 +852,16 @@ fn find<P: AsRef<Path>>(
     files.retain(|c| allowed[&c.dev]);
     inline.retain(|i| allowed[&i.dev]);
     let inline = stages::count_inline(inline, &files);
+    // Each Btrfs subvolume has a device number of its own, but they are
+    // one filesystem and FIDEDUPERANGE shares blocks between them: from
+    // here on their files are grouped as one device (inodes were told
+    // apart above, by their own device; the inline count stays per
+    // subvolume, it only reports).
+    for c in &mut files {
+        if let Some(&d) = same_fs.get(&c.dev) {
+            c.dev = d;
+        }
+    }
     plan.hardlinks_skipped += inline.hardlinks;
     plan.candidates = files.len() as u64 + inline.inodes;
     if let Some(ix) = indexes {
@@ -1199,6 +1221,13 @@ fn can_dedupe(path: &Path) -> Result<()> {
         return Err(Error::new(op, ErrorKind::NotSupported).with_src(dir).with_reason(format!(
             "{kind} is a network client: its dedupe has cloned without comparing, which can lose data; run cowlink on the server"
         )));
+    }
+    // Btrfs always dedupes, and the trial would write a scratch file into
+    // the directory: under a snapshot that unshares the directory's tree
+    // blocks from it for good, so a run that shares nothing would still
+    // grow usage (by 32 KiB, one block in two copies, measured).
+    if kind == FsKind::Btrfs {
+        return Ok(());
     }
     let facts = crate::probe::filesystem(dir)?;
     match facts.dedupe {
