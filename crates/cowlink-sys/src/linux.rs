@@ -510,26 +510,6 @@ fn file_id_with<P: rustix::path::Arg>(
     })
 }
 
-const BTRFS_IOC_FS_INFO: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_FS_INFO as Opcode;
-
-/// `ioctl(fd, BTRFS_IOC_FS_INFO)`: the Btrfs filesystem's UUID (`fsid`),
-/// for kernels whose Btrfs does not answer `FS_IOC_GETFSUUID`.
-/// Unprivileged.
-///
-/// `ENOTTY` off Btrfs.
-pub fn btrfs_fsid(fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
-    type Args = linux_raw_sys::btrfs::btrfs_ioctl_fs_info_args;
-    // SAFETY: all-zero bytes are a valid `btrfs_ioctl_fs_info_args` (plain
-    // integers and byte arrays).
-    let mut arg: Box<Args> = Box::new(unsafe { std::mem::zeroed() });
-    // SAFETY: BTRFS_IOC_FS_INFO is `_IOR(0x94, 31, struct
-    // btrfs_ioctl_fs_info_args)` (1024 bytes, checked below); the kernel
-    // reads `flags` (0: only the base fields) and fills the struct, which
-    // `arg` is and which lives for the duration of the call.
-    unsafe { ioctl(fd, Updater::<BTRFS_IOC_FS_INFO, Args>::new(&mut arg))? };
-    Ok(arg.fsid)
-}
-
 const BTRFS_IOC_TREE_SEARCH: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_TREE_SEARCH as Opcode;
 /// `BTRFS_EXTENT_DATA_KEY`: the item type of a file extent.
 const BTRFS_EXTENT_DATA_KEY: u32 = 108;

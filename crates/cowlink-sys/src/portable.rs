@@ -607,11 +607,6 @@ pub fn statat<P: rustix::path::Arg, Fd: rustix::fd::AsFd>(
     rfs::statat(dir, path, flags).map(stat_of)
 }
 
-/// No Btrfs here: `ENOTTY`.
-pub fn btrfs_fsid(_fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
-    Err(Errno::NOTTY)
-}
-
 /// No filesystem UUID here: `ENOTTY`, as a Linux filesystem without one
 /// answers.
 pub fn fs_uuid(_fd: BorrowedFd<'_>) -> Result<Vec<u8>, Errno> {
