@@ -488,10 +488,11 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
                     end += 1;
                 }
                 // Every block of a cluster's file is shared, so what it
-                // holds is its size in whole blocks (the layout keeps only
-                // a fingerprint of its runs, so a hole counts here: this is
-                // the plan's estimate, the reclaimed figure is measured).
-                let held = members[start].size.div_ceil(4096) * 4096;
+                // holds is about its size (the layout keeps only a
+                // fingerprint of its runs: the last block's tail and holes
+                // are not told apart here; this is the plan's estimate, the
+                // reclaimed figure is measured).
+                let held = members[start].size;
                 members[start..end].sort_unstable_by(|a, b| names.cmp(a.name, b.name));
                 // The cluster's blocks are the same extents for all its
                 // members: they come back if every member becomes a target
