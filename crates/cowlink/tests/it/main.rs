@@ -19,6 +19,7 @@ mod remote;
 mod snapshot;
 mod store;
 mod sync;
+mod sync_hostile;
 mod tree;
 
 /// Whether `b` maps every byte to the same disk blocks as `a` (FIEMAP).

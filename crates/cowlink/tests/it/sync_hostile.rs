@@ -1,0 +1,158 @@
+//! `sync` against a hostile destination and a hostile run: mount points
+//! of the same filesystem (bind mounts) planted in DST, which share its
+//! device number and so are not told apart by `st_dev`; nothing outside
+//! DST may change, whatever DST holds.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use cowlink::sync::{sync, SyncEvent, SyncOptions, SyncReport};
+use cowlink_testfs::testfs;
+
+fn slash(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push("/");
+    PathBuf::from(s)
+}
+
+/// A sync whose per-entry failures are collected, not fatal.
+fn run_failing(src: &Path, dst: &Path, opts: &SyncOptions) -> (SyncReport, Vec<String>) {
+    let failed = Mutex::new(Vec::new());
+    let observer = |ev: &SyncEvent<'_>| {
+        if let SyncEvent::Failed(e) = ev {
+            failed.lock().unwrap().push(e.to_string());
+        }
+    };
+    let r = sync(src, dst, opts, &observer).unwrap();
+    (r, failed.into_inner().unwrap())
+}
+
+/// `mount --bind from to`, undone when dropped.
+struct Bind(PathBuf);
+
+impl Bind {
+    fn new(from: &Path, to: &Path) -> Bind {
+        let ok = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount --bind {from:?} {to:?}");
+        Bind(to.to_path_buf())
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Every name below `root` with its bytes (directories as empty), sorted.
+fn snapshot_of(root: &Path) -> Vec<(PathBuf, Vec<u8>, u32)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let bytes = if m.is_file() {
+                fs::read(&p).unwrap()
+            } else {
+                Vec::new()
+            };
+            if m.is_dir() {
+                todo.push(p.clone());
+            }
+            out.push((p, bytes, m.permissions().mode()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A bind mount of a directory outside DST (same filesystem, so the same
+/// `st_dev`) at every place a sync reaches: a directory the source also
+/// has (entered to write), one the source lacks (`--delete` empties it),
+/// and one deep inside a directory `--delete` removes. None is entered;
+/// the outside directory keeps every byte.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_bind_mount_inside_dst_is_never_entered_nor_emptied() {
+    let x = testfs!(Xfs);
+    let (src, dst, outside) = (
+        x.path().join("src"),
+        x.path().join("dst"),
+        x.path().join("outside"),
+    );
+    fs::create_dir_all(src.join("kept")).unwrap();
+    fs::write(src.join("kept/new"), b"new").unwrap();
+    fs::create_dir_all(outside.join("sub")).unwrap();
+    fs::write(outside.join("precious"), b"p").unwrap();
+    fs::write(outside.join("sub/precious"), b"q").unwrap();
+    for d in ["kept", "gone", "tree/deep/mnt"] {
+        fs::create_dir_all(dst.join(d)).unwrap();
+    }
+    let before = snapshot_of(&outside);
+    let _a = Bind::new(&outside, &dst.join("kept"));
+    let _b = Bind::new(&outside, &dst.join("gone"));
+    let _c = Bind::new(&outside, &dst.join("tree/deep/mnt"));
+    let opts = SyncOptions {
+        delete: true,
+        ..SyncOptions::default()
+    };
+    let (r, failed) = run_failing(&slash(&src), &dst, &opts);
+    assert_eq!(
+        snapshot_of(&outside),
+        before,
+        "outside DST changed: {failed:#?}"
+    );
+    assert_eq!(r.errors, 3, "one refusal per mount point: {failed:#?}");
+    for f in &failed {
+        assert!(
+            f.contains("does not cross") || f.contains("mount point"),
+            "{f}"
+        );
+    }
+}
+
+/// A file outside DST bind-mounted over a name in DST whose source
+/// differs in mode only: its metadata is not set through the mount.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_file_bind_mounted_in_dst_is_never_written_through() {
+    let x = testfs!(Xfs);
+    let (src, dst, outside) = (
+        x.path().join("src"),
+        x.path().join("dst"),
+        x.path().join("outside"),
+    );
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&dst).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("f"), b"same bytes").unwrap();
+    fs::set_permissions(outside.join("f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(outside.join("f"))
+        .arg(src.join("f"))
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    fs::set_permissions(src.join("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(dst.join("f"), b"").unwrap();
+    let before = snapshot_of(&outside);
+    let _m = Bind::new(&outside.join("f"), &dst.join("f"));
+    let (r, failed) = run_failing(&slash(&src), &dst, &SyncOptions::default());
+    assert_eq!(
+        snapshot_of(&outside),
+        before,
+        "outside DST changed: {failed:#?}"
+    );
+    assert_eq!(r.errors, 1, "{failed:#?}");
+    assert!(failed[0].contains("mount point"), "{}", failed[0]);
+}
