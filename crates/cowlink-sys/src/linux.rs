@@ -1271,6 +1271,27 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     )
 }
 
+/// `openat2(dir, name, flags | O_NOFOLLOW | O_CLOEXEC, RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`: open
+/// the entry `name` of `dir` (any type `flags` allow) only if it is no
+/// symbolic link and no mount point, a bind mount of the same filesystem
+/// (which shares `st_dev`) included: `EXDEV` then. For a tree that must
+/// never be written through into another place.
+pub fn open_same_mount(dir: BorrowedFd<'_>, name: &CStr, flags: OFlags) -> Result<OwnedFd, Errno> {
+    use rustix::fs::ResolveFlags;
+    let resolve = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
+    rfs::openat2(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        resolve,
+    )
+}
+
 /// `statx(fd, "", AT_EMPTY_PATH, STATX_BTIME)`: the file's creation time
 /// as `(seconds, nanoseconds)` since the epoch, or `None` when the
 /// filesystem does not record one. With the inode number it tells a

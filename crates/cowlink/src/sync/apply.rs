@@ -153,6 +153,14 @@ impl Entry<'_> {
         }
     }
 
+    /// An error opening the destination entry ([`open_dst_file`]).
+    fn dst_open_err(&self, e: Errno) -> Error {
+        match e {
+            Errno::XDEV => self.err(e).with_reason(MOUNT_POINT),
+            e => self.dst_err(e),
+        }
+    }
+
     fn dst_dir(&self) -> Option<BorrowedFd<'_>> {
         self.node.dst.as_ref().map(|d| d.as_fd())
     }
@@ -177,6 +185,28 @@ fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
     fs::openat(dir, name, flags, Mode::empty())
 }
 
+/// Open the entry `name` of the destination directory `dir` to read it:
+/// never through a symbolic link, and never through a mount point (a bind
+/// mount of DST's own filesystem included, which `st_dev` does not tell
+/// apart): `EXDEV` then, so nothing outside DST is read as DST's or
+/// written through.
+fn open_dst_file(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    let flags = OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK;
+    cowlink_sys::open_same_mount(dir, name, flags)
+}
+
+/// Open the subdirectory `name` of the destination directory `dir`,
+/// refusing a link and a mount point (`EXDEV`), as [`open_dst_file`].
+fn open_dst_dir(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    cowlink_sys::open_dir_same_mount(dir, name)
+}
+
+/// The reason given for an `EXDEV` from [`open_dst_file`] or
+/// [`open_dst_dir`].
+const MOUNT_POINT: &str = "the destination entry is a mount point (another filesystem, a \
+                           subvolume or a bind mount inside the destination); sync does \
+                           not cross it";
+
 /// Open the directory `rel` below `root` one component at a time, never
 /// following a symbolic link (names need not be UTF-8, which `openat2`'s
 /// wrapper requires).
@@ -187,7 +217,7 @@ fn open_below(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, Errno> {
             return Err(Errno::XDEV);
         };
         let n = CString::new(n.as_bytes()).map_err(|_| Errno::INVAL)?;
-        cur = open_dir(cur.as_fd(), &n)?;
+        cur = open_dst_dir(cur.as_fd(), &n)?;
     }
     Ok(cur)
 }
@@ -308,10 +338,11 @@ fn steady(a: &Stat, b: &Stat) -> bool {
 /// never following a link and never entering another device (`EXDEV`).
 fn remove_entry(dir: BorrowedFd<'_>, name: &CStr, root_dev: u64) -> Result<(), Errno> {
     match fs::unlinkat(dir, name, AtFlags::empty()) {
-        Err(Errno::ISDIR | Errno::PERM) => {}
+        // `EBUSY`: a mount point, which the open below names as such.
+        Err(Errno::ISDIR | Errno::PERM | Errno::BUSY) => {}
         r => return r,
     }
-    let sub = open_dir(dir, name)?;
+    let sub = open_dst_dir(dir, name)?;
     if cowlink_sys::fstat(&sub)?.st_dev != root_dev {
         return Err(Errno::XDEV);
     }
@@ -511,20 +542,29 @@ impl Syncer<'_> {
             (None, _) => (None, true, None, Placement::Atomic),
             (Some(_), true) if action != Action::Keep => (None, true, None, Placement::Atomic),
             (Some(dir), true) => {
-                let fd = open_dir(dir, name).map_err(|x| e.dst_err(x))?;
+                let fd = open_dst_dir(dir, name).map_err(|x| match x {
+                    Errno::XDEV => e.err(x).with_reason(MOUNT_POINT),
+                    x => e.dst_err(x),
+                })?;
                 (Some(fd), false, None, Placement::Atomic)
             }
             (Some(dir), false) => {
                 if old.as_ref().is_some_and(|o| o.st_dev != self.root_dev) {
-                    return Err(e.err(Errno::XDEV).with_reason(
-                        "the destination entry is on another filesystem (a mount point or \
-                         subvolume inside the destination); sync does not cross it",
-                    ));
+                    return Err(e.err(Errno::XDEV).with_reason(MOUNT_POINT));
                 }
-                if action == Action::Keep && self.rules.owners {
+                // An existing directory is entered only if it is no mount
+                // point: a bind mount of DST's filesystem has DST's device.
+                let existing = match action {
+                    Action::Keep => Some(open_dst_dir(dir, name).map_err(|x| match x {
+                        Errno::XDEV => e.err(x).with_reason(MOUNT_POINT),
+                        x => e.dst_err(x),
+                    })?),
+                    _ => None,
+                };
+                if let (Some(fd), true) = (&existing, self.rules.owners) {
                     // Privileged, an existing directory needs no u+rwx
                     // added to work in: its mode is not touched at all.
-                    let fd = open_dir(dir, name).map_err(|x| e.dst_err(x))?;
+                    let fd = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|x| e.dst_err(x))?;
                     (Some(fd), false, None, Placement::Atomic)
                 } else {
                     if action == Action::ReplaceType {
@@ -540,6 +580,17 @@ impl Syncer<'_> {
                         },
                     )?;
                     let created = action != Action::Keep;
+                    if let Some(checked) = &existing {
+                        let id =
+                            |f: BorrowedFd<'_>| cowlink_sys::fstat(f).map(|s| (s.st_dev, s.st_ino));
+                        let (a, b) = (id(checked.as_fd()), id(made.fd.as_fd()));
+                        if a.map_err(|x| e.dst_err(x))? != b.map_err(|x| e.dst_err(x))? {
+                            return Err(e
+                                .err(Errno::AGAIN)
+                                .with_kind(ErrorKind::ContentChanged)
+                                .with_reason("destination changed during the sync"));
+                        }
+                    }
                     (Some(made.fd), created, made.new_gid, made.placement)
                 }
             }
@@ -690,9 +741,10 @@ impl Syncer<'_> {
                     let err = Error::from_errno(OP, x).with_dst(node.dst_path.join(os(&name)));
                     self.fail(match x {
                         Errno::XDEV => err.with_reason(
-                            "a mount point inside the destination; sync does not cross it",
+                            "a mount point is inside the destination entry; sync does not \
+                             cross it (nothing below it was touched)",
                         ),
-                        _ => err.with_reason("cannot delete"),
+                        _ => err.with_reason(format!("cannot delete: {}", errno_text(x))),
                     });
                     continue;
                 }
@@ -759,7 +811,7 @@ impl Syncer<'_> {
         if needs.content {
             let dir = e.dst_dir().expect("a destination entry was found");
             let a = open_file(e.node.src.as_fd(), e.name).map_err(|x| e.src_err(x))?;
-            let b = open_file(dir, e.name).map_err(|x| e.dst_err(x))?;
+            let b = open_dst_file(dir, e.name).map_err(|x| e.dst_open_err(x))?;
             let h = |fd: BorrowedFd<'_>| crate::ground::hash::hash_fd_at(fd, s.size, &|_| {});
             let ha = h(a.as_fd()).map_err(|x| e.src_err(x))?;
             let hb = h(b.as_fd()).map_err(|x| e.dst_err(x))?;
@@ -806,7 +858,7 @@ impl Syncer<'_> {
                     Some(f) => f,
                     None => open_file(e.node.src.as_fd(), e.name).map_err(|x| e.src_err(x))?,
                 };
-                let dfd = open_file(dir, e.name).map_err(|x| e.dst_err(x))?;
+                let dfd = open_dst_file(dir, e.name).map_err(|x| e.dst_open_err(x))?;
                 let now = cowlink_sys::fstat(&dfd).map_err(|x| e.dst_err(x))?;
                 if old.as_ref().map(|o| (o.st_dev, o.st_ino)) != Some((now.st_dev, now.st_ino)) {
                     return Err(e
@@ -1049,8 +1101,10 @@ impl Syncer<'_> {
         st: &Stat,
         dir: BorrowedFd<'_>,
     ) -> Result<ByBlocks, Error> {
-        let Ok(old) = open_file(dir, e.name) else {
-            return Ok(ByBlocks::No);
+        let old = match open_dst_file(dir, e.name) {
+            Ok(old) => old,
+            Err(Errno::XDEV) => return Err(e.dst_open_err(Errno::XDEV)),
+            Err(_) => return Ok(ByBlocks::No),
         };
         match cowlink_sys::fstat(&old) {
             Ok(o) if cowlink_sys::file_type(o.st_mode) == FileType::RegularFile => {}
