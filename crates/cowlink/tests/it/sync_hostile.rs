@@ -205,3 +205,37 @@ fn two_first_snapshot_syncs_at_once_one_wins_the_other_is_in_use() {
         assert_eq!(list.iter().filter(|s| s.is_complete()).count(), made);
     }
 }
+
+/// DST inside SRC, and SRC inside DST with `--delete`, reached through
+/// a bind mount so that no path comparison sees it: refused before
+/// anything is made (a sync into itself would nest without end).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn dst_inside_src_through_a_bind_mount_is_refused() {
+    let x = testfs!(Xfs);
+    let (src, alias) = (x.path().join("src"), x.path().join("alias"));
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("f"), b"f").unwrap();
+    fs::create_dir(&alias).unwrap();
+    let _m = Bind::new(&src, &alias);
+    let refused = |s: &Path, d: &Path, opts: &SyncOptions| {
+        let r = sync(s, d, opts, &|_: &SyncEvent<'_>| {});
+        match r {
+            Err(e) => assert_eq!(e.kind(), cowlink::ErrorKind::InvalidInput, "{e}"),
+            Ok(r) => panic!("{s:?} into {d:?} was not refused: {r:?}"),
+        }
+    };
+    // DST (new, or existing) inside SRC.
+    refused(&slash(&src), &alias.join("new"), &SyncOptions::default());
+    refused(&slash(&src), &alias.join("sub"), &SyncOptions::default());
+    refused(&src, &alias.join("sub"), &SyncOptions::default());
+    assert!(!src.join("new").exists());
+    assert!(fs::read_dir(src.join("sub")).unwrap().next().is_none());
+    // SRC inside DST, where --delete would remove it.
+    let opts = SyncOptions {
+        delete: true,
+        ..SyncOptions::default()
+    };
+    refused(&slash(&alias.join("sub")), &src, &opts);
+    assert!(src.join("sub").is_dir() && src.join("f").is_file());
+}
