@@ -1286,6 +1286,41 @@ pub(super) fn run(
                 ));
         }
     }
+    // The same by identity, which an alias made by a bind mount (that no
+    // path comparison sees) cannot hide: each directory's ancestors are
+    // walked through "..", as the kernel resolves them.
+    if is_dir {
+        let src_id = (st.st_dev, st.st_ino);
+        let inside = |p: &Path, id: (u64, u64)| -> Result<bool, Error> {
+            let fd = fs::open(
+                p,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(err)?;
+            has_ancestor(fd, id).map_err(err)
+        };
+        let (existing, _) = nearest_existing(dst);
+        if inside(existing, src_id)? {
+            return Err(Error::new(OP, ErrorKind::InvalidInput)
+                .with_src(src)
+                .with_dst(dst)
+                .with_reason("the destination is inside the source"));
+        }
+        if opts.delete {
+            if let Ok(d) = cowlink_sys::stat(dst) {
+                if inside(src, (d.st_dev, d.st_ino))? {
+                    return Err(Error::new(OP, ErrorKind::InvalidInput)
+                        .with_src(src)
+                        .with_dst(dst)
+                        .with_reason(
+                            "the source is inside the destination, where --delete would \
+                             remove it",
+                        ));
+                }
+            }
+        }
+    }
     let filter = Filter::new(&opts.exclude)?;
     // The destination itself is the user's word: it may be reached
     // through a link. Only its last component is created.
@@ -1426,6 +1461,42 @@ pub(super) fn run(
     }
     opts.run.finish();
     Ok(syncer.report())
+}
+
+/// `dst` if it exists, else its parent (which must, for `dst` to be
+/// made), with whether it was `dst`.
+fn nearest_existing(dst: &Path) -> (&Path, bool) {
+    if cowlink_sys::stat(dst).is_ok() {
+        return (dst, true);
+    }
+    match dst.parent() {
+        Some(p) if !p.as_os_str().is_empty() => (p, false),
+        _ => (Path::new("."), false),
+    }
+}
+
+/// Whether the directory `fd` or one of its ancestors (reached through
+/// "..", up to the root) has the identity `id` (device, inode). Bounded:
+/// a chain longer than any real one is taken as not found.
+fn has_ancestor(mut fd: OwnedFd, id: (u64, u64)) -> Result<bool, Errno> {
+    for _ in 0..4096 {
+        let st = cowlink_sys::fstat(&fd)?;
+        if (st.st_dev, st.st_ino) == id {
+            return Ok(true);
+        }
+        let up = fs::openat(
+            &fd,
+            c"..",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let ust = cowlink_sys::fstat(&up)?;
+        if (ust.st_dev, ust.st_ino) == (st.st_dev, st.st_ino) {
+            return Ok(false);
+        }
+        fd = up;
+    }
+    Ok(false)
 }
 
 /// The canonical form of a destination that may not exist yet.
