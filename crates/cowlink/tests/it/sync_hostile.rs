@@ -239,3 +239,68 @@ fn dst_inside_src_through_a_bind_mount_is_refused() {
     refused(&slash(&alias.join("sub")), &src, &opts);
     assert!(src.join("sub").is_dir() && src.join("f").is_file());
 }
+
+/// DST made as hardlinks to an earlier copy (`cp -al`, the rotation of
+/// rsnapshot and `rsync --link-dest` trees): a change of metadata only
+/// (mode, an extended attribute) must not be set in place on an inode
+/// the earlier copy shares, with or without hardlink groups in SRC and
+/// with hardlinks preserved or not. The earlier copy keeps every
+/// attribute; DST equals SRC.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn metadata_changes_never_reach_a_tree_dst_shares_inodes_with() {
+    use std::os::unix::fs::MetadataExt;
+    let x = testfs!(Xfs);
+    for (case, no_hardlinks) in [("grouped", false), ("unlinked", true)] {
+        let base = x.path().join(case);
+        let (src, backup, dst) = (base.join("src"), base.join("backup"), base.join("dst"));
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join("a"), b"data").unwrap();
+        fs::hard_link(src.join("a"), src.join("b")).unwrap();
+        fs::write(src.join("single"), b"one").unwrap();
+        let opts = SyncOptions {
+            no_hardlinks,
+            ..SyncOptions::default()
+        };
+        let (r, failed) = run_failing(&slash(&src), &backup, &opts);
+        assert_eq!(r.errors, 0, "{failed:#?}");
+        let cp = Command::new("cp")
+            .arg("-al")
+            .arg(&backup)
+            .arg(&dst)
+            .status()
+            .unwrap();
+        assert!(cp.success());
+        let before = snapshot_of(&backup);
+        let attrs = |p: &Path| {
+            let out = Command::new("getfattr")
+                .args(["-d", "-m", "-", "--absolute-names"])
+                .arg(p)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let backup_attrs = attrs(&backup.join("a")) + &attrs(&backup.join("single"));
+        fs::set_permissions(src.join("a"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::set_permissions(src.join("single"), fs::Permissions::from_mode(0o600)).unwrap();
+        let set = Command::new("setfattr")
+            .args(["-n", "user.changed", "-v", "yes"])
+            .arg(src.join("a"))
+            .arg(src.join("single"))
+            .status()
+            .unwrap();
+        assert!(set.success());
+        let (r, failed) = run_failing(&slash(&src), &dst, &opts);
+        assert_eq!(r.errors, 0, "{case}: {failed:#?}");
+        assert_eq!(snapshot_of(&backup), before, "{case}: the earlier copy changed");
+        assert_eq!(
+            attrs(&backup.join("a")) + &attrs(&backup.join("single")),
+            backup_attrs,
+            "{case}: the earlier copy's attributes changed"
+        );
+        let diff = cowlink_testfs::rsync_diff(&src, &dst, true);
+        assert!(diff.is_empty(), "{case}: rsync sees:\n{diff}");
+        let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+        assert_ne!(ino(&dst.join("a")), ino(&backup.join("a")), "{case}");
+    }
+}
