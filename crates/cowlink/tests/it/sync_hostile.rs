@@ -321,3 +321,59 @@ fn metadata_changes_never_reach_a_tree_dst_shares_inodes_with() {
         assert_ne!(ino(&dst.join("a")), ino(&backup.join("a")), "{case}");
     }
 }
+
+/// Whether anything opened the files `inot` watches since it was made.
+fn opened(inot: &rustix::fd::OwnedFd) -> Vec<String> {
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut r = rustix::fs::inotify::Reader::new(inot, &mut buf);
+    let mut out = Vec::new();
+    while let Ok(ev) = r.next() {
+        if ev.events().contains(rustix::fs::inotify::ReadFlags::OPEN) {
+            out.push(format!("watch {} {:?}", ev.wd(), ev.events()));
+        }
+    }
+    out
+}
+
+/// A device node or FIFO planted where a regular file is expected (in
+/// DST, replaced by a file synced from another filesystem; in a
+/// `--reflink-dest` directory, a candidate to clone from) is never
+/// opened: opening a device can act on hardware (a tape rewinds, a
+/// watchdog starts), and it is not DST's to read. Watched with inotify's
+/// IN_OPEN on the nodes themselves.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn device_nodes_planted_in_dst_or_reflink_dest_are_never_opened() {
+    use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+    let (e, x) = (testfs!(Ext4), testfs!(Xfs));
+    let (src, dst, basis) = (e.path().join("src"), x.path().join("dst"), x.path().join("basis"));
+    for d in [&src, &dst, &basis] {
+        fs::create_dir_all(d).unwrap();
+    }
+    for n in ["dev", "fifo"] {
+        fs::write(src.join(n), b"regular now").unwrap();
+    }
+    let mknod = |p: &Path, args: &[&str]| {
+        let ok = Command::new("mknod").arg(p).args(args).status().unwrap();
+        assert!(ok.success());
+    };
+    // /dev/null's numbers: harmless if the test fails and it is opened.
+    let inot = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).unwrap();
+    for d in [&dst, &basis] {
+        mknod(&d.join("dev"), &["c", "1", "3"]);
+        mknod(&d.join("fifo"), &["p"]);
+        for n in ["dev", "fifo"] {
+            inotify::add_watch(&inot, d.join(n), WatchFlags::OPEN).unwrap();
+        }
+    }
+    let opts = SyncOptions {
+        reflink_dest: vec![basis.clone()],
+        ..SyncOptions::default()
+    };
+    let (r, failed) = run_failing(&slash(&src), &dst, &opts);
+    assert_eq!(r.errors, 0, "{failed:#?}");
+    assert_eq!(opened(&inot), Vec::<String>::new());
+    for n in ["dev", "fifo"] {
+        assert_eq!(fs::read(dst.join(n)).unwrap(), b"regular now");
+    }
+}
