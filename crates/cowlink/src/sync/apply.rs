@@ -954,6 +954,12 @@ impl Syncer<'_> {
             let Ok(dir) = open_below(root.as_fd(), parent) else {
                 continue;
             };
+            // Looked at before it is opened: opening a device node can
+            // act on hardware, and a FIFO is nobody's data.
+            match lstat_at(Some(dir.as_fd()), &name) {
+                Ok(Some(b)) if cowlink_sys::file_type(b.st_mode) == FileType::RegularFile => {}
+                _ => continue,
+            }
             let Ok(fd) = open_file(dir.as_fd(), &name) else {
                 continue;
             };
@@ -1101,6 +1107,12 @@ impl Syncer<'_> {
         st: &Stat,
         dir: BorrowedFd<'_>,
     ) -> Result<ByBlocks, Error> {
+        // Only a regular file is opened (never a device node or FIFO
+        // planted under the name); its type is checked again once open.
+        match lstat_at(Some(dir), e.name) {
+            Ok(Some(o)) if cowlink_sys::file_type(o.st_mode) == FileType::RegularFile => {}
+            _ => return Ok(ByBlocks::No),
+        }
         let old = match open_dst_file(dir, e.name) {
             Ok(old) => old,
             Err(Errno::XDEV) => return Err(e.dst_open_err(Errno::XDEV)),

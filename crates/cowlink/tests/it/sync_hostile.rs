@@ -346,7 +346,11 @@ fn opened(inot: &rustix::fd::OwnedFd) -> Vec<String> {
 fn device_nodes_planted_in_dst_or_reflink_dest_are_never_opened() {
     use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
     let (e, x) = (testfs!(Ext4), testfs!(Xfs));
-    let (src, dst, basis) = (e.path().join("src"), x.path().join("dst"), x.path().join("basis"));
+    let (src, dst, basis) = (
+        e.path().join("src"),
+        x.path().join("dst"),
+        x.path().join("basis"),
+    );
     for d in [&src, &dst, &basis] {
         fs::create_dir_all(d).unwrap();
     }
