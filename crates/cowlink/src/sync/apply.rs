@@ -1303,16 +1303,16 @@ pub(super) fn run(
     // walked through "..", as the kernel resolves them.
     if is_dir {
         let src_id = (st.st_dev, st.st_ino);
+        // A directory that cannot be opened (a dry run into a missing
+        // one) holds nothing: the steps below report it if it matters.
         let inside = |p: &Path, id: (u64, u64)| -> Result<bool, Error> {
-            let fd = fs::open(
-                p,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(err)?;
-            has_ancestor(fd, id).map_err(err)
+            let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            match fs::open(p, flags, Mode::empty()) {
+                Ok(fd) => has_ancestor(fd, id).map_err(err),
+                Err(_) => Ok(false),
+            }
         };
-        let (existing, _) = nearest_existing(dst);
+        let existing = nearest_existing(dst);
         if inside(existing, src_id)? {
             return Err(Error::new(OP, ErrorKind::InvalidInput)
                 .with_src(src)
@@ -1476,14 +1476,14 @@ pub(super) fn run(
 }
 
 /// `dst` if it exists, else its parent (which must, for `dst` to be
-/// made), with whether it was `dst`.
-fn nearest_existing(dst: &Path) -> (&Path, bool) {
+/// made).
+fn nearest_existing(dst: &Path) -> &Path {
     if cowlink_sys::stat(dst).is_ok() {
-        return (dst, true);
+        return dst;
     }
     match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => (p, false),
-        _ => (Path::new("."), false),
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
     }
 }
 

@@ -238,6 +238,16 @@ fn dst_inside_src_through_a_bind_mount_is_refused() {
     };
     refused(&slash(&alias.join("sub")), &src, &opts);
     assert!(src.join("sub").is_dir() && src.join("f").is_file());
+    // The check does not stand in the way of a dry run into a directory
+    // (and parent) that do not exist yet: everything would be created.
+    let dry = SyncOptions {
+        dry_run: true,
+        ..SyncOptions::default()
+    };
+    let missing = x.path().join("missing/dst");
+    let r = sync(slash(&src), &missing, &dry, &|_: &SyncEvent<'_>| {}).unwrap();
+    assert_eq!((r.created, r.errors), (2, 0), "{r:?}");
+    assert!(!x.path().join("missing").exists());
 }
 
 /// DST made as hardlinks to an earlier copy (`cp -al`, the rotation of
