@@ -251,7 +251,10 @@ fn exclude_from_is_bounded_and_pipes_still_work() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let err = text(&out.stderr);
-    assert!(err.contains("/dev/zero") && err.contains("larger than"), "{err}");
+    assert!(
+        err.contains("/dev/zero") && err.contains("larger than"),
+        "{err}"
+    );
     assert!(!dst.exists());
     let out = std::process::Command::new("bash")
         .arg("-c")
