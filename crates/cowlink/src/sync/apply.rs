@@ -153,6 +153,17 @@ impl Entry<'_> {
         }
     }
 
+    /// An error removing the destination entry (`why`), naming a mount
+    /// point inside it as the reason when there is one.
+    fn remove_err(&self, e: Errno, why: &str) -> Error {
+        match e {
+            Errno::XDEV => self.err(e).with_reason(format!("{why}: {MOUNT_POINT}")),
+            e => self
+                .dst_err(e)
+                .with_reason(format!("{why}: {}", errno_text(e))),
+        }
+    }
+
     /// An error opening the destination entry ([`open_dst_file`]).
     fn dst_open_err(&self, e: Errno) -> Error {
         match e {
@@ -569,8 +580,7 @@ impl Syncer<'_> {
                 } else {
                     if action == Action::ReplaceType {
                         remove_entry(dir, name, self.root_dev).map_err(|x| {
-                            e.dst_err(x)
-                                .with_reason("cannot remove the entry a directory replaces")
+                            e.remove_err(x, "cannot remove the entry a directory replaces")
                         })?;
                     }
                     let made = make_dir(dir, name, st.st_mode & 0o777, 0o077, false).map_err(
@@ -783,7 +793,9 @@ impl Syncer<'_> {
                 };
                 if let Some(o) = &old {
                     if EntryKind::of_mode(o.st_mode) == EntryKind::Dir {
-                        remove_entry(dir, e.name, self.root_dev).map_err(|x| e.dst_err(x))?;
+                        remove_entry(dir, e.name, self.root_dev).map_err(|x| {
+                            e.remove_err(x, "cannot remove the directory this name replaces")
+                        })?;
                     }
                 }
                 crate::prim::place::place_name(dir, e.name, true, |d, n| {
@@ -846,10 +858,8 @@ impl Syncer<'_> {
         {
             // `rename` cannot put a file over a directory: the directory
             // goes first (the name is absent, never mixed, meanwhile).
-            remove_entry(dir, e.name, self.root_dev).map_err(|x| {
-                e.dst_err(x)
-                    .with_reason("cannot remove the directory this entry replaces")
-            })?;
+            remove_entry(dir, e.name, self.root_dev)
+                .map_err(|x| e.remove_err(x, "cannot remove the directory this entry replaces"))?;
         }
         let mut outcome = None;
         match (action, s.kind) {

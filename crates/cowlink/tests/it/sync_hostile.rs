@@ -391,3 +391,141 @@ fn device_nodes_planted_in_dst_or_reflink_dest_are_never_opened() {
         assert_eq!(fs::read(dst.join(n)).unwrap(), b"regular now");
     }
 }
+
+/// xorshift: reproducible cases from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Generated hostile destinations: for each seed, a random source tree
+/// and a DST where some of its names (and some extra ones) hold what an
+/// attacker plants: symbolic links to a directory and a file outside,
+/// FIFOs, device nodes, hardlinks to a file outside (same contents and
+/// time as the source, another mode), and bind mounts of the outside
+/// directory. Synced with random options (`--delete`, `--checksum`, an
+/// exclusion): nothing outside changes, the only failures name a mount
+/// point, and once the mounts are gone a rerun makes DST equal SRC.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn generated_hostile_destinations_never_change_anything_outside() {
+    let x = testfs!(Xfs);
+    for seed in 1..=30u64 {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x1000_0001));
+        let base = x.path().join(format!("case{seed}"));
+        let (src, dst, outside) = (base.join("src"), base.join("dst"), base.join("outside"));
+        fs::create_dir_all(outside.join("sub")).unwrap();
+        fs::write(outside.join("file"), b"outside data").unwrap();
+        fs::write(outside.join("sub/deep"), b"deep").unwrap();
+        fs::set_permissions(outside.join("file"), fs::Permissions::from_mode(0o644)).unwrap();
+        // The source: a few directories, files (one equal to the outside
+        // file but for its mode), links and FIFOs.
+        let dirs = ["", "a", "a/b", "c"];
+        let mut names = Vec::new();
+        for d in &dirs {
+            fs::create_dir_all(src.join(d)).unwrap();
+            for i in 0..4 {
+                let rel = Path::new(d).join(format!("e{i}"));
+                let p = src.join(&rel);
+                match rng.below(5) {
+                    0 => std::os::unix::fs::symlink("../x", &p).unwrap(),
+                    1 => {
+                        let ok = Command::new("mkfifo").arg(&p).status().unwrap();
+                        assert!(ok.success());
+                    }
+                    2 => {
+                        let cp = Command::new("cp")
+                            .arg("-p")
+                            .arg(outside.join("file"))
+                            .arg(&p)
+                            .status()
+                            .unwrap();
+                        assert!(cp.success());
+                        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+                    }
+                    _ => fs::write(&p, format!("{seed} {}", rel.display())).unwrap(),
+                }
+                names.push(rel);
+            }
+        }
+        // Directories first, so what is planted in one is not removed
+        // with it; a name whose parent was replaced is left alone.
+        for d in dirs[1..].iter().rev() {
+            names.insert(0, PathBuf::from(d));
+        }
+        names.push(PathBuf::from("extra"));
+        names.push(PathBuf::from("a/extra"));
+        // The destination: planted entries at random names.
+        for d in &dirs {
+            fs::create_dir_all(dst.join(d)).unwrap();
+        }
+        let mut binds = Vec::new();
+        for rel in &names {
+            let p = dst.join(rel);
+            let parent_is_dir = fs::symlink_metadata(p.parent().unwrap()).is_ok_and(|m| m.is_dir());
+            let under_mount = binds.iter().any(|b: &Bind| p.starts_with(&b.0));
+            if rng.below(2) == 0 || !parent_is_dir || under_mount {
+                continue;
+            }
+            let _ = fs::remove_dir_all(&p);
+            let _ = fs::remove_file(&p);
+            match rng.below(6) {
+                0 => std::os::unix::fs::symlink(&outside, &p).unwrap(),
+                1 => std::os::unix::fs::symlink(outside.join("file"), &p).unwrap(),
+                2 => {
+                    let ok = Command::new("mkfifo").arg(&p).status().unwrap();
+                    assert!(ok.success());
+                }
+                3 => {
+                    let ok = Command::new("mknod").arg(&p).args(["c", "1", "3"]).status();
+                    assert!(ok.unwrap().success());
+                }
+                4 => fs::hard_link(outside.join("file"), &p).unwrap(),
+                _ => {
+                    fs::create_dir(&p).unwrap();
+                    binds.push(Bind::new(&outside, &p));
+                }
+            }
+        }
+        let before = snapshot_of(&outside);
+        let opts = SyncOptions {
+            delete: rng.below(2) == 0,
+            checksum: rng.below(2) == 0,
+            exclude: if rng.below(3) == 0 {
+                vec!["e1".to_string()]
+            } else {
+                Vec::new()
+            },
+            ..SyncOptions::default()
+        };
+        let (_, failed) = run_failing(&slash(&src), &dst, &opts);
+        assert_eq!(
+            snapshot_of(&outside),
+            before,
+            "seed {seed}: outside changed"
+        );
+        for f in &failed {
+            assert!(f.contains("mount point"), "seed {seed}: {f}");
+        }
+        drop(binds);
+        let opts = SyncOptions {
+            delete: true,
+            ..SyncOptions::default()
+        };
+        let (r, failed) = run_failing(&slash(&src), &dst, &opts);
+        assert_eq!(r.errors, 0, "seed {seed}: {failed:#?}");
+        assert_eq!(
+            snapshot_of(&outside),
+            before,
+            "seed {seed}: outside changed"
+        );
+        let diff = cowlink_testfs::rsync_diff(&src, &dst, true);
+        assert!(diff.is_empty(), "seed {seed}: rsync sees:\n{diff}");
+    }
+}
