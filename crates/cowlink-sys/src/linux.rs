@@ -1276,20 +1276,28 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
 /// the entry `name` of `dir` (any type `flags` allow) only if it is no
 /// symbolic link and no mount point, a bind mount of the same filesystem
 /// (which shares `st_dev`) included: `EXDEV` then. For a tree that must
-/// never be written through into another place.
+/// never be written through into another place. Where `openat2` is
+/// missing (`ENOSYS`), a different `st_dev` alone is refused.
 pub fn open_same_mount(dir: BorrowedFd<'_>, name: &CStr, flags: OFlags) -> Result<OwnedFd, Errno> {
     use rustix::fs::ResolveFlags;
     let resolve = ResolveFlags::BENEATH
         | ResolveFlags::NO_SYMLINKS
         | ResolveFlags::NO_MAGICLINKS
         | ResolveFlags::NO_XDEV;
-    rfs::openat2(
-        dir,
-        name,
-        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        resolve,
-    )
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rfs::openat2(dir, name, flags, Mode::empty(), resolve) {
+        // No openat2 (a kernel before 5.6, or a seccomp filter that hides
+        // it): the device check alone, which misses only a bind mount of
+        // the same filesystem.
+        Err(Errno::NOSYS) => {
+            let fd = rfs::openat(dir, name, flags, Mode::empty())?;
+            if rfs::fstat(&fd)?.st_dev != rfs::fstat(dir)?.st_dev {
+                return Err(Errno::XDEV);
+            }
+            Ok(fd)
+        }
+        r => r,
+    }
 }
 
 /// `statx(fd, "", AT_EMPTY_PATH, STATX_BTIME)`: the file's creation time
