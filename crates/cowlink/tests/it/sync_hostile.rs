@@ -529,3 +529,25 @@ fn generated_hostile_destinations_never_change_anything_outside() {
         assert!(diff.is_empty(), "seed {seed}: rsync sees:\n{diff}");
     }
 }
+
+/// A bind mount inside SRC of a DST directory: walking it would copy
+/// that directory into itself, nesting without end. The source directory
+/// that is the destination directory being written (or one above it) is
+/// refused, nothing is made for it, and the rest is synced.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_bind_mount_of_dst_inside_src_is_not_copied_into_itself() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(src.join("a/mnt")).unwrap();
+    fs::write(src.join("a/f"), b"f").unwrap();
+    fs::write(src.join("top"), b"t").unwrap();
+    fs::create_dir_all(dst.join("a")).unwrap();
+    let _m = Bind::new(&dst.join("a"), &src.join("a/mnt"));
+    let (r, failed) = run_failing(&slash(&src), &dst, &SyncOptions::default());
+    assert_eq!(r.errors, 1, "{failed:#?}");
+    assert!(failed[0].contains("into itself"), "{}", failed[0]);
+    assert!(!dst.join("a/mnt").exists());
+    assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"f");
+    assert_eq!(fs::read(dst.join("top")).unwrap(), b"t");
+}
