@@ -58,6 +58,8 @@ pub(super) struct Node {
     /// The destination directory's stat before this run changed anything
     /// in it: what its itemized line compares.
     dst_before: Option<Stat>,
+    /// The destination directory's device and inode, when it is open.
+    dst_id: Option<(u64, u64)>,
     reader: Mutex<Option<Dir>>,
     /// Created by this run (so it holds nothing old).
     created: bool,
@@ -538,6 +540,24 @@ impl Syncer<'_> {
         };
         let src = open_dir(parent.src.as_fd(), name).map_err(|x| e.src_err(x))?;
         let st = cowlink_sys::fstat(&src).map_err(|x| e.src_err(x))?;
+        // A source directory that is the destination directory this one
+        // goes into, or one above it (a bind mount of DST inside SRC):
+        // entering it would copy it into itself without end.
+        let id = (st.st_dev, st.st_ino);
+        let mut up = Some(parent);
+        while let Some(n) = up {
+            if n.dst_id == Some(id) {
+                return Err(e
+                    .err(Errno::LOOP)
+                    .with_kind(ErrorKind::InvalidInput)
+                    .with_reason(
+                        "the source directory is a destination directory it would be copied \
+                     into (a mount of the destination inside the source); not copied into \
+                     itself",
+                    ));
+            }
+            up = n.parent.as_ref();
+        }
         let old = lstat_at(e.dst_dir(), name).map_err(|x| e.dst_err(x))?;
         let (action, changes) = match &old {
             None => (Action::Create, Changes::default()),
@@ -615,6 +635,13 @@ impl Syncer<'_> {
             (Some(d), _) => Some(cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?),
             (None, _) => None,
         };
+        let dst_id = match &dst {
+            Some(d) => {
+                let s = cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?;
+                Some((s.st_dev, s.st_ino))
+            }
+            None => None,
+        };
         Ok(Some(Arc::new(Node {
             src_path: e.src,
             dst_path: e.dst,
@@ -622,6 +649,7 @@ impl Syncer<'_> {
             src,
             dst,
             dst_before,
+            dst_id,
             reader: Mutex::new(Some(reader)),
             created,
             new_gid,
@@ -1448,6 +1476,7 @@ pub(super) fn run(
         rel: PathBuf::new(),
         src: src_fd,
         dst: dst_fd.take(),
+        dst_id: dst_before.as_ref().map(|s| (s.st_dev, s.st_ino)),
         dst_before,
         reader: Mutex::new(reader),
         created: dst_created,
