@@ -267,11 +267,35 @@ fn summary_line(r: &SyncReport, elapsed: std::time::Duration) -> String {
     )
 }
 
+/// The most an `--exclude-from` file may hold: far more than any list of
+/// patterns, and a bound on what a file that never ends (`/dev/zero`, a
+/// runaway pipe) can make us hold in memory.
+const EXCLUDE_FILE_MAX: u64 = 16 << 20;
+
+/// The bytes of the `--exclude-from` file `f` (a pipe too), bounded by
+/// [`EXCLUDE_FILE_MAX`].
+fn read_exclude_file(f: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let cannot = || format!("cannot read the exclude file {}", shown(f));
+    let file = std::fs::File::open(f).with_context(cannot)?;
+    let mut text = Vec::new();
+    file.take(EXCLUDE_FILE_MAX + 1)
+        .read_to_end(&mut text)
+        .with_context(cannot)?;
+    if text.len() as u64 > EXCLUDE_FILE_MAX {
+        anyhow::bail!(
+            "the exclude file {} is larger than {} MiB: not a list of patterns",
+            shown(f),
+            EXCLUDE_FILE_MAX >> 20
+        );
+    }
+    Ok(text)
+}
+
 pub fn run(args: SyncArgs) -> Result<Exit> {
     let mut exclude = args.exclude.clone();
     for f in &args.exclude_from {
-        let text = std::fs::read(f)
-            .with_context(|| format!("cannot read the exclude file {}", shown(f)))?;
+        let text = read_exclude_file(f)?;
         exclude.extend(cowlink::sync::patterns_from(&String::from_utf8_lossy(
             &text,
         )));

@@ -170,6 +170,23 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     Ok(fd)
 }
 
+/// Open the entry `name` of `dir` (any type `flags` allow) without
+/// following a link (`O_NOFOLLOW`) and without crossing into another
+/// filesystem (`EXDEV` when its `st_dev` differs from `dir`'s). Without
+/// `openat2` a bind mount of the same filesystem is not told apart.
+pub fn open_same_mount(dir: BorrowedFd<'_>, name: &CStr, flags: OFlags) -> Result<OwnedFd, Errno> {
+    let fd = rfs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rfs::fstat(&fd)?.st_dev != rfs::fstat(dir)?.st_dev {
+        return Err(Errno::XDEV);
+    }
+    Ok(fd)
+}
+
 /// No `statx` here: no creation time known.
 pub fn birth_time(_fd: BorrowedFd<'_>) -> Result<Option<(i64, u32)>, Errno> {
     Ok(None)

@@ -309,3 +309,42 @@ fn kill_9_mid_snapshot_then_a_rerun_resumes_it_under_its_name() {
 fn ctrl_c_mid_snapshot_exits_130_and_a_rerun_resumes_it() {
     stop_mid_snapshot(rustix::process::Signal::INT);
 }
+
+/// An `--exclude-from` file is read up to a bound: one that never ends
+/// (`/dev/zero`) is refused with its name, within a memory limit the
+/// unbounded read would exceed; a pipe (`<(...)`) still works.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn exclude_from_is_bounded_and_pipes_still_work() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a.o"), b"o").unwrap();
+    fs::write(src.join("a.c"), b"c").unwrap();
+    // 1 GiB of address space: the whole of /dev/zero cannot fit.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576; exec \"$0\" sync --exclude-from /dev/zero \"$1\" \"$2\"")
+        .arg(bin().get_program())
+        .arg(slash(&src))
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("/dev/zero") && err.contains("larger than"),
+        "{err}"
+    );
+    assert!(!dst.exists());
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("exec \"$0\" sync --exclude-from <(printf '*.o\\n') \"$1\" \"$2\"")
+        .arg(bin().get_program())
+        .arg(slash(&src))
+        .arg(&dst)
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(dst.join("a.c").exists() && !dst.join("a.o").exists());
+}

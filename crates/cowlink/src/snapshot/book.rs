@@ -420,7 +420,14 @@ fn read_capped(dir: BorrowedFd<'_>, name: &str, cap: u64) -> std::result::Result
 /// root, or block on a FIFO. One planted again between the unlink and
 /// the open fails the write (`EEXIST`) instead.
 fn write_atomic(dir: BorrowedFd<'_>, name: &str, bytes: &[u8]) -> std::result::Result<(), Errno> {
-    let tmp = format!(".{name}.tmp");
+    // A temporary name of this process and call alone: the format mark is
+    // written before any lock is held, and two runs sharing one name
+    // would truncate each other's file or rename it away under the other.
+    // The cost: a crash between create and rename leaves a stray
+    // `.NAME.tmp.PID.N` in the bookkeeping directory, never read.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!(".{name}.tmp.{}.{seq}", std::process::id());
     match fs::unlinkat(dir, tmp.as_str(), AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => {}
         Err(e) => return Err(e),

@@ -58,6 +58,8 @@ pub(super) struct Node {
     /// The destination directory's stat before this run changed anything
     /// in it: what its itemized line compares.
     dst_before: Option<Stat>,
+    /// The destination directory's device and inode, when it is open.
+    dst_id: Option<(u64, u64)>,
     reader: Mutex<Option<Dir>>,
     /// Created by this run (so it holds nothing old).
     created: bool,
@@ -153,6 +155,25 @@ impl Entry<'_> {
         }
     }
 
+    /// An error removing the destination entry (`why`), naming a mount
+    /// point inside it as the reason when there is one.
+    fn remove_err(&self, e: Errno, why: &str) -> Error {
+        match e {
+            Errno::XDEV => self.err(e).with_reason(format!("{why}: {MOUNT_POINT}")),
+            e => self
+                .dst_err(e)
+                .with_reason(format!("{why}: {}", errno_text(e))),
+        }
+    }
+
+    /// An error opening the destination entry ([`open_dst_file`]).
+    fn dst_open_err(&self, e: Errno) -> Error {
+        match e {
+            Errno::XDEV => self.err(e).with_reason(MOUNT_POINT),
+            e => self.dst_err(e),
+        }
+    }
+
     fn dst_dir(&self) -> Option<BorrowedFd<'_>> {
         self.node.dst.as_ref().map(|d| d.as_fd())
     }
@@ -177,6 +198,28 @@ fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
     fs::openat(dir, name, flags, Mode::empty())
 }
 
+/// Open the entry `name` of the destination directory `dir` to read it:
+/// never through a symbolic link, and never through a mount point (a bind
+/// mount of DST's own filesystem included, which `st_dev` does not tell
+/// apart): `EXDEV` then, so nothing outside DST is read as DST's or
+/// written through.
+fn open_dst_file(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    let flags = OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK;
+    cowlink_sys::open_same_mount(dir, name, flags)
+}
+
+/// Open the subdirectory `name` of the destination directory `dir`,
+/// refusing a link and a mount point (`EXDEV`), as [`open_dst_file`].
+fn open_dst_dir(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, Errno> {
+    cowlink_sys::open_dir_same_mount(dir, name)
+}
+
+/// The reason given for an `EXDEV` from [`open_dst_file`] or
+/// [`open_dst_dir`].
+const MOUNT_POINT: &str = "the destination entry is a mount point (another filesystem, a \
+                           subvolume or a bind mount inside the destination); sync does \
+                           not cross it";
+
 /// Open the directory `rel` below `root` one component at a time, never
 /// following a symbolic link (names need not be UTF-8, which `openat2`'s
 /// wrapper requires).
@@ -187,7 +230,7 @@ fn open_below(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, Errno> {
             return Err(Errno::XDEV);
         };
         let n = CString::new(n.as_bytes()).map_err(|_| Errno::INVAL)?;
-        cur = open_dir(cur.as_fd(), &n)?;
+        cur = open_dst_dir(cur.as_fd(), &n)?;
     }
     Ok(cur)
 }
@@ -308,10 +351,11 @@ fn steady(a: &Stat, b: &Stat) -> bool {
 /// never following a link and never entering another device (`EXDEV`).
 fn remove_entry(dir: BorrowedFd<'_>, name: &CStr, root_dev: u64) -> Result<(), Errno> {
     match fs::unlinkat(dir, name, AtFlags::empty()) {
-        Err(Errno::ISDIR | Errno::PERM) => {}
+        // `EBUSY`: a mount point, which the open below names as such.
+        Err(Errno::ISDIR | Errno::PERM | Errno::BUSY) => {}
         r => return r,
     }
-    let sub = open_dir(dir, name)?;
+    let sub = open_dst_dir(dir, name)?;
     if cowlink_sys::fstat(&sub)?.st_dev != root_dev {
         return Err(Errno::XDEV);
     }
@@ -496,6 +540,24 @@ impl Syncer<'_> {
         };
         let src = open_dir(parent.src.as_fd(), name).map_err(|x| e.src_err(x))?;
         let st = cowlink_sys::fstat(&src).map_err(|x| e.src_err(x))?;
+        // A source directory that is the destination directory this one
+        // goes into, or one above it (a bind mount of DST inside SRC):
+        // entering it would copy it into itself without end.
+        let id = (st.st_dev, st.st_ino);
+        let mut up = Some(parent);
+        while let Some(n) = up {
+            if n.dst_id == Some(id) {
+                return Err(e
+                    .err(Errno::LOOP)
+                    .with_kind(ErrorKind::InvalidInput)
+                    .with_reason(
+                        "the source directory is a destination directory it would be copied \
+                     into (a mount of the destination inside the source); not copied into \
+                     itself",
+                    ));
+            }
+            up = n.parent.as_ref();
+        }
         let old = lstat_at(e.dst_dir(), name).map_err(|x| e.dst_err(x))?;
         let (action, changes) = match &old {
             None => (Action::Create, Changes::default()),
@@ -511,26 +573,34 @@ impl Syncer<'_> {
             (None, _) => (None, true, None, Placement::Atomic),
             (Some(_), true) if action != Action::Keep => (None, true, None, Placement::Atomic),
             (Some(dir), true) => {
-                let fd = open_dir(dir, name).map_err(|x| e.dst_err(x))?;
+                let fd = open_dst_dir(dir, name).map_err(|x| match x {
+                    Errno::XDEV => e.err(x).with_reason(MOUNT_POINT),
+                    x => e.dst_err(x),
+                })?;
                 (Some(fd), false, None, Placement::Atomic)
             }
             (Some(dir), false) => {
                 if old.as_ref().is_some_and(|o| o.st_dev != self.root_dev) {
-                    return Err(e.err(Errno::XDEV).with_reason(
-                        "the destination entry is on another filesystem (a mount point or \
-                         subvolume inside the destination); sync does not cross it",
-                    ));
+                    return Err(e.err(Errno::XDEV).with_reason(MOUNT_POINT));
                 }
-                if action == Action::Keep && self.rules.owners {
+                // An existing directory is entered only if it is no mount
+                // point: a bind mount of DST's filesystem has DST's device.
+                let existing = match action {
+                    Action::Keep => Some(open_dst_dir(dir, name).map_err(|x| match x {
+                        Errno::XDEV => e.err(x).with_reason(MOUNT_POINT),
+                        x => e.dst_err(x),
+                    })?),
+                    _ => None,
+                };
+                if let (Some(fd), true) = (&existing, self.rules.owners) {
                     // Privileged, an existing directory needs no u+rwx
                     // added to work in: its mode is not touched at all.
-                    let fd = open_dir(dir, name).map_err(|x| e.dst_err(x))?;
+                    let fd = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|x| e.dst_err(x))?;
                     (Some(fd), false, None, Placement::Atomic)
                 } else {
                     if action == Action::ReplaceType {
                         remove_entry(dir, name, self.root_dev).map_err(|x| {
-                            e.dst_err(x)
-                                .with_reason("cannot remove the entry a directory replaces")
+                            e.remove_err(x, "cannot remove the entry a directory replaces")
                         })?;
                     }
                     let made = make_dir(dir, name, st.st_mode & 0o777, 0o077, false).map_err(
@@ -540,6 +610,17 @@ impl Syncer<'_> {
                         },
                     )?;
                     let created = action != Action::Keep;
+                    if let Some(checked) = &existing {
+                        let id =
+                            |f: BorrowedFd<'_>| cowlink_sys::fstat(f).map(|s| (s.st_dev, s.st_ino));
+                        let (a, b) = (id(checked.as_fd()), id(made.fd.as_fd()));
+                        if a.map_err(|x| e.dst_err(x))? != b.map_err(|x| e.dst_err(x))? {
+                            return Err(e
+                                .err(Errno::AGAIN)
+                                .with_kind(ErrorKind::ContentChanged)
+                                .with_reason("destination changed during the sync"));
+                        }
+                    }
                     (Some(made.fd), created, made.new_gid, made.placement)
                 }
             }
@@ -554,6 +635,13 @@ impl Syncer<'_> {
             (Some(d), _) => Some(cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?),
             (None, _) => None,
         };
+        let dst_id = match &dst {
+            Some(d) => {
+                let s = cowlink_sys::fstat(d).map_err(|x| e.dst_err(x))?;
+                Some((s.st_dev, s.st_ino))
+            }
+            None => None,
+        };
         Ok(Some(Arc::new(Node {
             src_path: e.src,
             dst_path: e.dst,
@@ -561,6 +649,7 @@ impl Syncer<'_> {
             src,
             dst,
             dst_before,
+            dst_id,
             reader: Mutex::new(Some(reader)),
             created,
             new_gid,
@@ -690,9 +779,10 @@ impl Syncer<'_> {
                     let err = Error::from_errno(OP, x).with_dst(node.dst_path.join(os(&name)));
                     self.fail(match x {
                         Errno::XDEV => err.with_reason(
-                            "a mount point inside the destination; sync does not cross it",
+                            "a mount point is inside the destination entry; sync does not \
+                             cross it (nothing below it was touched)",
                         ),
-                        _ => err.with_reason("cannot delete"),
+                        _ => err.with_reason(format!("cannot delete: {}", errno_text(x))),
                     });
                     continue;
                 }
@@ -731,7 +821,9 @@ impl Syncer<'_> {
                 };
                 if let Some(o) = &old {
                     if EntryKind::of_mode(o.st_mode) == EntryKind::Dir {
-                        remove_entry(dir, e.name, self.root_dev).map_err(|x| e.dst_err(x))?;
+                        remove_entry(dir, e.name, self.root_dev).map_err(|x| {
+                            e.remove_err(x, "cannot remove the directory this name replaces")
+                        })?;
                     }
                 }
                 crate::prim::place::place_name(dir, e.name, true, |d, n| {
@@ -759,7 +851,7 @@ impl Syncer<'_> {
         if needs.content {
             let dir = e.dst_dir().expect("a destination entry was found");
             let a = open_file(e.node.src.as_fd(), e.name).map_err(|x| e.src_err(x))?;
-            let b = open_file(dir, e.name).map_err(|x| e.dst_err(x))?;
+            let b = open_dst_file(dir, e.name).map_err(|x| e.dst_open_err(x))?;
             let h = |fd: BorrowedFd<'_>| crate::ground::hash::hash_fd_at(fd, s.size, &|_| {});
             let ha = h(a.as_fd()).map_err(|x| e.src_err(x))?;
             let hb = h(b.as_fd()).map_err(|x| e.dst_err(x))?;
@@ -794,10 +886,8 @@ impl Syncer<'_> {
         {
             // `rename` cannot put a file over a directory: the directory
             // goes first (the name is absent, never mixed, meanwhile).
-            remove_entry(dir, e.name, self.root_dev).map_err(|x| {
-                e.dst_err(x)
-                    .with_reason("cannot remove the directory this entry replaces")
-            })?;
+            remove_entry(dir, e.name, self.root_dev)
+                .map_err(|x| e.remove_err(x, "cannot remove the directory this entry replaces"))?;
         }
         let mut outcome = None;
         match (action, s.kind) {
@@ -806,7 +896,7 @@ impl Syncer<'_> {
                     Some(f) => f,
                     None => open_file(e.node.src.as_fd(), e.name).map_err(|x| e.src_err(x))?,
                 };
-                let dfd = open_file(dir, e.name).map_err(|x| e.dst_err(x))?;
+                let dfd = open_dst_file(dir, e.name).map_err(|x| e.dst_open_err(x))?;
                 let now = cowlink_sys::fstat(&dfd).map_err(|x| e.dst_err(x))?;
                 if old.as_ref().map(|o| (o.st_dev, o.st_ino)) != Some((now.st_dev, now.st_ino)) {
                     return Err(e
@@ -902,6 +992,12 @@ impl Syncer<'_> {
             let Ok(dir) = open_below(root.as_fd(), parent) else {
                 continue;
             };
+            // Looked at before it is opened: opening a device node can
+            // act on hardware, and a FIFO is nobody's data.
+            match lstat_at(Some(dir.as_fd()), &name) {
+                Ok(Some(b)) if cowlink_sys::file_type(b.st_mode) == FileType::RegularFile => {}
+                _ => continue,
+            }
             let Ok(fd) = open_file(dir.as_fd(), &name) else {
                 continue;
             };
@@ -1049,8 +1145,16 @@ impl Syncer<'_> {
         st: &Stat,
         dir: BorrowedFd<'_>,
     ) -> Result<ByBlocks, Error> {
-        let Ok(old) = open_file(dir, e.name) else {
-            return Ok(ByBlocks::No);
+        // Only a regular file is opened (never a device node or FIFO
+        // planted under the name); its type is checked again once open.
+        match lstat_at(Some(dir), e.name) {
+            Ok(Some(o)) if cowlink_sys::file_type(o.st_mode) == FileType::RegularFile => {}
+            _ => return Ok(ByBlocks::No),
+        }
+        let old = match open_dst_file(dir, e.name) {
+            Ok(old) => old,
+            Err(Errno::XDEV) => return Err(e.dst_open_err(Errno::XDEV)),
+            Err(_) => return Ok(ByBlocks::No),
         };
         match cowlink_sys::fstat(&old) {
             Ok(o) if cowlink_sys::file_type(o.st_mode) == FileType::RegularFile => {}
@@ -1232,6 +1336,41 @@ pub(super) fn run(
                 ));
         }
     }
+    // The same by identity, which an alias made by a bind mount (that no
+    // path comparison sees) cannot hide: each directory's ancestors are
+    // walked through "..", as the kernel resolves them.
+    if is_dir {
+        let src_id = (st.st_dev, st.st_ino);
+        // A directory that cannot be opened (a dry run into a missing
+        // one) holds nothing: the steps below report it if it matters.
+        let inside = |p: &Path, id: (u64, u64)| -> Result<bool, Error> {
+            let flags = cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            match fs::open(p, flags, Mode::empty()) {
+                Ok(fd) => has_ancestor(fd, id).map_err(err),
+                Err(_) => Ok(false),
+            }
+        };
+        let existing = nearest_existing(dst);
+        if inside(existing, src_id)? {
+            return Err(Error::new(OP, ErrorKind::InvalidInput)
+                .with_src(src)
+                .with_dst(dst)
+                .with_reason("the destination is inside the source"));
+        }
+        if opts.delete {
+            if let Ok(d) = cowlink_sys::stat(dst) {
+                if inside(src, (d.st_dev, d.st_ino))? {
+                    return Err(Error::new(OP, ErrorKind::InvalidInput)
+                        .with_src(src)
+                        .with_dst(dst)
+                        .with_reason(
+                            "the source is inside the destination, where --delete would \
+                             remove it",
+                        ));
+                }
+            }
+        }
+    }
     let filter = Filter::new(&opts.exclude)?;
     // The destination itself is the user's word: it may be reached
     // through a link. Only its last component is created.
@@ -1337,6 +1476,7 @@ pub(super) fn run(
         rel: PathBuf::new(),
         src: src_fd,
         dst: dst_fd.take(),
+        dst_id: dst_before.as_ref().map(|s| (s.st_dev, s.st_ino)),
         dst_before,
         reader: Mutex::new(reader),
         created: dst_created,
@@ -1372,6 +1512,42 @@ pub(super) fn run(
     }
     opts.run.finish();
     Ok(syncer.report())
+}
+
+/// `dst` if it exists, else its parent (which must, for `dst` to be
+/// made).
+fn nearest_existing(dst: &Path) -> &Path {
+    if cowlink_sys::stat(dst).is_ok() {
+        return dst;
+    }
+    match dst.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Whether the directory `fd` or one of its ancestors (reached through
+/// "..", up to the root) has the identity `id` (device, inode). Bounded:
+/// a chain longer than any real one is taken as not found.
+fn has_ancestor(mut fd: OwnedFd, id: (u64, u64)) -> Result<bool, Errno> {
+    for _ in 0..4096 {
+        let st = cowlink_sys::fstat(&fd)?;
+        if (st.st_dev, st.st_ino) == id {
+            return Ok(true);
+        }
+        let up = fs::openat(
+            &fd,
+            c"..",
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let ust = cowlink_sys::fstat(&up)?;
+        if (ust.st_dev, ust.st_ino) == (st.st_dev, st.st_ino) {
+            return Ok(false);
+        }
+        fd = up;
+    }
+    Ok(false)
 }
 
 /// The canonical form of a destination that may not exist yet.

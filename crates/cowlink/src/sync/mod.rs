@@ -19,8 +19,15 @@
 //! DST is the user's declared mirror. Inside it nothing is followed:
 //! every directory is opened relative to its parent with `O_NOFOLLOW`, so
 //! a symbolic link where a directory is expected is replaced as an entry,
-//! and a directory on another device (a mount point, or a nested Btrfs
-//! subvolume) is refused, not entered. Nothing is written outside DST, and
+//! and a mount point (another device, a nested Btrfs subvolume, or a bind
+//! mount of DST's own filesystem, which shares its device number) is
+//! refused, not entered: every destination entry that is read or changed
+//! in place is opened with `openat2(RESOLVE_NO_XDEV)`. A device node or
+//! FIFO planted where a file is expected is never opened, and an inode
+//! DST shares with names outside its hardlink group (a `cp -al` copy) is
+//! replaced, never changed in place. DST inside SRC (or SRC inside DST,
+//! with `--delete`) is refused by identity, whatever aliases the paths.
+//! Nothing is written outside DST, and
 //! no bookkeeping file is written inside it (the lock is a `flock` on
 //! DST's directory).
 //!

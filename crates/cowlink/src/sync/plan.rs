@@ -260,7 +260,17 @@ pub(crate) fn decide(
                 ch.size || ch.time
             };
             let split = rules.hardlinks && src.nlink == 1 && dst.nlink > 1;
-            if data || split || unfinished(src, dst) {
+            // An inode with names beyond the source's group (a DST made
+            // with `cp -al` from an earlier copy, or groups not kept) is
+            // not this name's alone: metadata set on it in place would
+            // change those other names, outside DST too. A new inode
+            // (a clone, cheap) is made instead.
+            let shared = if rules.hardlinks {
+                dst.nlink > src.nlink
+            } else {
+                dst.nlink > 1
+            };
+            if data || split || unfinished(src, dst) || (shared && ch.any()) {
                 return (Action::Replace, ch);
             }
         }
@@ -518,6 +528,42 @@ mod tests {
                     ..RULES
                 },
                 Action::Keep,
+            ),
+            (
+                "metadata of an inode shared beyond the group",
+                with(f, |x| x.nlink = 2),
+                Some(with(f, |x| {
+                    x.nlink = 3;
+                    x.mode = 0o100600;
+                })),
+                same(),
+                RULES,
+                Action::Replace,
+            ),
+            (
+                "metadata of a group's own inode",
+                with(f, |x| x.nlink = 2),
+                Some(with(f, |x| {
+                    x.nlink = 2;
+                    x.mode = 0o100600;
+                })),
+                same(),
+                RULES,
+                Action::Metadata,
+            ),
+            (
+                "metadata of a linked dst, hardlinks not kept",
+                f,
+                Some(with(f, |x| {
+                    x.nlink = 2;
+                    x.mode = 0o100600;
+                })),
+                same(),
+                Rules {
+                    hardlinks: false,
+                    ..RULES
+                },
+                Action::Replace,
             ),
             (
                 "file over dir",

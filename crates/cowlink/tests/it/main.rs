@@ -21,6 +21,7 @@ mod remote;
 mod snapshot;
 mod store;
 mod sync;
+mod sync_hostile;
 mod tree;
 mod watch;
 
