@@ -919,6 +919,16 @@ fn kill_loop(fs_kind: &str, root: &Path, outside: &Path) {
         };
         let pid = rustix::process::Pid::from_child(&child);
         let _ = rustix::process::kill_process(pid, sig);
+        // A child started with SIGINT ignored (a shell's background job
+        // passes that on) never sees the INT: after a while it gets KILL.
+        let mut waited = 0;
+        while child.try_wait().unwrap().is_none() && waited < 300 {
+            std::thread::sleep(Duration::from_millis(10));
+            waited += 1;
+        }
+        if child.try_wait().unwrap().is_none() {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
         let status = child.wait().unwrap();
         assert!(
             !status.success(),
