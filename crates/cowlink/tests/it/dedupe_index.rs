@@ -84,6 +84,13 @@ fn runs(p: &Path) -> Option<Vec<(u64, u64)>> {
 /// (dedupe shares whole files; a file truncated after it was shared
 /// still shares a prefix with its old partner, rightly).
 fn assert_shared_iff_equal(dir: &Path) {
+    assert_shared_iff_equal_but(dir, &[]);
+}
+
+/// [`assert_shared_iff_equal`], except equal files of which one is in
+/// `skipped`: targets the run left alone because their blocks are held
+/// elsewhere too (space never grows), and reported so.
+fn assert_shared_iff_equal_but(dir: &Path, skipped: &[PathBuf]) {
     sync(dir);
     let all = files(dir);
     let maps: Vec<_> = all.iter().map(|(p, _)| runs(p)).collect();
@@ -94,6 +101,9 @@ fn assert_shared_iff_equal(dir: &Path) {
                 continue;
             };
             if da == db {
+                if skipped.contains(a) || skipped.contains(b) {
+                    continue;
+                }
                 assert!(same_blocks(a, b), "{a:?} and {b:?} are equal, not shared");
             } else {
                 assert_ne!(ma, mb, "{a:?} and {b:?} differ but are on the same blocks");
@@ -492,8 +502,12 @@ fn random_operations_between_runs(dir: &Path, seed: u64) {
             }
         }
         sync(&root);
-        let (_, _) = run(&root, ix.path());
-        assert_shared_iff_equal(&root);
+        let (_, r) = run(&root, ix.path());
+        // A file truncated after sharing keeps its prefix on its former
+        // partners' blocks: as a target it would free nothing, so the
+        // space guard skips it and says so.
+        let skipped: Vec<PathBuf> = r.skipped.iter().map(|k| k.path.clone()).collect();
+        assert_shared_iff_equal_but(&root, &skipped);
         eprintln!("round {round}: {} names", names.len());
     }
     let (p, _) = run(&root, ix.path());
