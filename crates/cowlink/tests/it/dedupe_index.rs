@@ -399,6 +399,61 @@ fn an_index_in_use_is_left_alone_and_the_run_goes_on() {
     assert!(index_of(&p).notes.is_empty());
 }
 
+/// The index directory may be writable by others (`--index`,
+/// `COWLINK_INDEX_DIR`): a lock or database name that is a symlink, a
+/// hard link or a FIFO must not make a run write through it into another
+/// file. The run goes on without the index and says why.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn an_index_or_lock_that_is_a_link_is_refused_and_its_target_kept() {
+    let d = testfs!(Xfs);
+    let root = d.path().join("t");
+    tree(&root);
+    for how in [
+        "lock-symlink",
+        "lock-hardlink",
+        "lock-fifo",
+        "db-symlink",
+        "db-hardlink",
+    ] {
+        let ix = tempfile::tempdir().unwrap();
+        let (p, _) = run(&root, ix.path());
+        let db = index_file(&p);
+        let lock = db.with_extension("lock");
+        let victim = ix.path().join("victim");
+        // An empty victim is what redb would take for a new database.
+        let kept: &[u8] = if how.starts_with("db") {
+            b""
+        } else {
+            b"precious\n"
+        };
+        fs::write(&victim, kept).unwrap();
+        let name = if how.starts_with("db") { &db } else { &lock };
+        fs::remove_file(name).unwrap();
+        match how {
+            "lock-fifo" => rustix::fs::mknodat(
+                rustix::fs::CWD,
+                name,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o600),
+                0,
+            )
+            .unwrap(),
+            h if h.ends_with("symlink") => std::os::unix::fs::symlink(&victim, name).unwrap(),
+            _ => fs::hard_link(&victim, name).unwrap(),
+        }
+        write_file(&root.join(format!("new-{how}")), &data(300_000, 5));
+        let (p, _) = run(&root, ix.path());
+        assert_eq!(fs::read(&victim).unwrap(), kept, "{how}: written through");
+        let notes = &index_of(&p).notes;
+        assert!(
+            notes.iter().any(|n| n.contains("not a regular file")),
+            "{how}: {notes:?}"
+        );
+        assert_shared_iff_equal(&root);
+    }
+}
+
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
 
