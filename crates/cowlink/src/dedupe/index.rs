@@ -543,12 +543,7 @@ impl Indexes {
         })?;
         let file = self.dir.join(format!("{key}.redb"));
         let lock_path = self.dir.join(format!("{key}.lock"));
-        let mut lk = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
+        let mut lk = own_file(&lock_path)
             .map_err(|e| format!("index lock {}: {e}; going on without it", shown(&lock_path)))?;
         if fs::flock(lk.as_fd(), FlockOperation::NonBlockingLockExclusive).is_err() {
             let mut holder = String::new();
@@ -602,8 +597,12 @@ impl Indexes {
             b.set_cache_size(16 << 20);
             b
         };
-        let opened = std::panic::catch_unwind(|| {
-            let mut db = builder().create(file)?;
+        // Opened by this process, never through a link: the directory
+        // may be writable by others, and redb would fill an empty file a
+        // symlink points at.
+        let own = own_file(file).map_err(|e| format!("index {shown}: {e}; going on without it"))?;
+        let opened = std::panic::catch_unwind(move || {
+            let mut db = builder().create_file(own)?;
             // Every page's checksum, once per run: redb trusts its pages
             // once open (a damaged one can make it panic), and this is
             // the one check that reads them all.
@@ -635,8 +634,9 @@ impl Indexes {
             "index {shown} {why}: rebuilt (every file is read again)"
         ));
         std::fs::remove_file(file).map_err(|e| format!("index {shown}: cannot remove: {e}"))?;
+        let own = own_file(file).map_err(|e| format!("index {shown}: {e}; going on without it"))?;
         let db = builder()
-            .create(file)
+            .create_file(own)
             .map_err(|e| format!("index {shown}: {e}"))?;
         write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
         Ok(db)
@@ -925,6 +925,50 @@ fn write_format(db: &Database) -> Result<(), redb::Error> {
     }
     txn.commit()?;
     Ok(())
+}
+
+/// Open (or create) `path` for reading and writing as a file of the
+/// index's own: never through a symlink (`O_NOFOLLOW`), and refused unless
+/// it is a regular file with no other name (a hard link would let a write
+/// land in another file; a FIFO or a device is no place for an index).
+fn own_file(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        // O_NONBLOCK: opening a FIFO must not wait for a writer.
+        .custom_flags(libc_flags::NOFOLLOW | libc_flags::NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
+                "is not a regular file (a symlink)".to_string()
+            }
+            _ => e.to_string(),
+        })?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    if !m.file_type().is_file() {
+        return Err("is not a regular file".into());
+    }
+    if m.nlink() != 1 {
+        return Err(format!(
+            "is not a regular file of its own ({} names: a hard link)",
+            m.nlink()
+        ));
+    }
+    // Back to blocking I/O for redb and the lock's writes.
+    let flags = fs::fcntl_getfl(&f).map_err(|e| e.to_string())?;
+    fs::fcntl_setfl(&f, flags - fs::OFlags::NONBLOCK).map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+/// The open flags `own_file` adds, as the raw numbers `OpenOptionsExt`
+/// takes.
+mod libc_flags {
+    pub const NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    pub const NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
 }
 
 /// The name of `dev`'s index: its filesystem's UUID (and Btrfs subvolume
