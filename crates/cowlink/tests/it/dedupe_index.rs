@@ -84,9 +84,31 @@ fn runs(p: &Path) -> Option<Vec<(u64, u64)>> {
 /// (dedupe shares whole files; a file truncated after it was shared
 /// still shares a prefix with its old partner, rightly).
 fn assert_shared_iff_equal(dir: &Path) {
+    assert_shared_iff_equal_but(dir, &[]);
+}
+
+/// As [`assert_shared_iff_equal`], except that an equal file in `held`
+/// (the run skipped it: its blocks are held outside its group) may stay
+/// apart, and then must really overlap another file's blocks.
+fn assert_shared_iff_equal_but(dir: &Path, held: &[PathBuf]) {
     sync(dir);
     let all = files(dir);
     let maps: Vec<_> = all.iter().map(|(p, _)| runs(p)).collect();
+    for h in held {
+        let i = all.iter().position(|(p, _)| p == h);
+        let mine = i.and_then(|i| maps[i].clone()).unwrap_or_default();
+        let overlaps = |(s, l): (u64, u64), (t, m): (u64, u64)| s < t + m && t < s + l;
+        let shared = maps.iter().enumerate().any(|(j, m)| {
+            Some(j) != i
+                && m.iter()
+                    .flatten()
+                    .any(|&r| mine.iter().any(|&q| overlaps(q, r)))
+        });
+        assert!(
+            shared,
+            "{h:?} was skipped as held elsewhere, but no file holds its blocks"
+        );
+    }
     for i in 0..all.len() {
         for j in i + 1..all.len() {
             let ((a, da), (b, db)) = (&all[i], &all[j]);
@@ -94,7 +116,11 @@ fn assert_shared_iff_equal(dir: &Path) {
                 continue;
             };
             if da == db {
-                assert!(same_blocks(a, b), "{a:?} and {b:?} are equal, not shared");
+                let excused = held.contains(a) || held.contains(b);
+                assert!(
+                    same_blocks(a, b) || excused,
+                    "{a:?} and {b:?} are equal, not shared"
+                );
             } else {
                 assert_ne!(ma, mb, "{a:?} and {b:?} differ but are on the same blocks");
             }
@@ -547,8 +573,17 @@ fn random_operations_between_runs(dir: &Path, seed: u64) {
             }
         }
         sync(&root);
-        let (_, _) = run(&root, ix.path());
-        assert_shared_iff_equal(&root);
+        let (_, r) = run(&root, ix.path());
+        // A file shared earlier and then truncated keeps a prefix of its
+        // old partner's blocks: XFS marks the partner's whole extent
+        // shared, and the space guard skips it rather than guess.
+        let held: Vec<PathBuf> = r
+            .skipped
+            .iter()
+            .filter(|s| s.reason == cowlink::dedupe::SkipReason::HeldElsewhere)
+            .map(|s| s.path.clone())
+            .collect();
+        assert_shared_iff_equal_but(&root, &held);
         eprintln!("round {round}: {} names", names.len());
     }
     let (p, _) = run(&root, ix.path());
