@@ -480,6 +480,93 @@ fn an_index_or_lock_that_is_a_link_is_refused_and_its_target_kept() {
     }
 }
 
+/// A loop-mounted XFS image of this test's own, unmounted and detached on
+/// drop.
+struct Loop {
+    dev: String,
+    mnt: PathBuf,
+}
+
+impl Loop {
+    fn mount(img: &Path, mnt: &Path) -> Loop {
+        let sh = |c: &mut std::process::Command| {
+            let o = c.output().unwrap();
+            assert!(
+                o.status.success(),
+                "{c:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            String::from_utf8(o.stdout).unwrap().trim().to_string()
+        };
+        let dev = sh(std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(img));
+        fs::create_dir_all(mnt).unwrap();
+        // nouuid: XFS refuses a second mount of one UUID otherwise.
+        sh(std::process::Command::new("mount")
+            .args(["-o", "nouuid", &dev])
+            .arg(mnt));
+        Loop {
+            dev,
+            mnt: mnt.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.mnt).status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .status();
+    }
+}
+
+/// A block-for-block copy of a filesystem answers the same UUID. What an
+/// index learned on one (files shared there) must not stand for the
+/// other, where the same inodes are still apart.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_copy_of_a_filesystem_with_the_same_uuid_is_not_taken_for_it() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let a_img = d.path().join("a.img");
+    fs::File::create(&a_img)
+        .unwrap()
+        .set_len(320 << 20)
+        .unwrap();
+    let out = std::process::Command::new("mkfs.xfs")
+        .args(["-q", "-m", "reflink=1"])
+        .arg(&a_img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    {
+        let a = Loop::mount(&a_img, &d.path().join("ma"));
+        for i in 0..3 {
+            write_file(&a.mnt.join(format!("x{i}")), &data(300_000, 1));
+        }
+        write_file(&a.mnt.join("y"), &data(300_000, 2));
+    }
+    let b_img = d.path().join("b.img");
+    fs::copy(&a_img, &b_img).unwrap();
+    let a = Loop::mount(&a_img, &d.path().join("ma"));
+    let b = Loop::mount(&b_img, &d.path().join("mb"));
+    let (_, r) = run(&a.mnt, ix.path());
+    assert_eq!(r.targets_deduped, 2);
+    assert_shared_iff_equal(&a.mnt);
+    // The copy: its x* are still apart, and the run must find them.
+    let (p, r) = run(&b.mnt, ix.path());
+    assert_eq!(r.targets_deduped, 2, "{p:?} {r:?}");
+    assert_shared_iff_equal(&b.mnt);
+    drop(b);
+    drop(a);
+}
+
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
 
