@@ -533,7 +533,20 @@ impl Indexes {
     }
 
     fn open(&self, dev: u64, fd: BorrowedFd<'_>) -> Result<FsIndex, String> {
-        let key = fs_key(dev, fd);
+        self.open_keyed(dev, fs_key(dev, fd), true)
+    }
+
+    /// Open the index named `key` for device `dev`. With `check`, an
+    /// index last used on another device that is mounted now and answers
+    /// the same key belongs to a copy of this filesystem (a cloned image
+    /// keeps its UUID, and its inodes their identities while their
+    /// layouts differ): this one then gets an index of its own,
+    /// `<key>-dev-<dev>`. A device number is not stable (a re-attached
+    /// loop device), so the copy's index is rebuilt when it moves: one
+    /// full read, never a wrong trust. Two copies mounted one after the
+    /// other on one device cannot be told apart; the kernel's compare
+    /// still proves every match.
+    fn open_keyed(&self, dev: u64, key: String, check: bool) -> Result<FsIndex, String> {
         let shown = |p: &Path| crate::name::quoted(p).to_string();
         std::fs::create_dir_all(&self.dir).map_err(|e| {
             format!(
@@ -563,6 +576,17 @@ impl Indexes {
         let _ = lk.rewind();
         let _ = writeln!(lk, "pid {} ({})", std::process::id(), command_line());
         let db = self.open_db(&file)?;
+        if check {
+            match last_dev(&db) {
+                Some(d) if d == dev => {}
+                Some(d) if mounted_with_key(d, &key) => {
+                    drop(db);
+                    drop(lk);
+                    return self.open_keyed(dev, format!("{key}-dev-{dev:x}"), false);
+                }
+                _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
+            }
+        }
         let read = db.begin_read().ok().and_then(|t| {
             Some(Snapshot {
                 files: t.open_table(FILES).ok()?,
@@ -913,6 +937,69 @@ fn format_of(db: &Database) -> Result<Option<u32>, redb::Error> {
         Ok(b) => u32::from_le_bytes(b),
         Err(_) => 0,
     }))
+}
+
+/// The device the index was last opened on (`None` before any).
+fn last_dev(db: &Database) -> Option<u64> {
+    let txn = db.begin_read().ok()?;
+    let t = txn.open_table(META).ok()?;
+    let v = t.get("dev").ok()??;
+    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+}
+
+fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?
+        .insert("dev", dev.to_le_bytes().as_slice())?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Whether device `dev` is mounted now (`/proc/self/mountinfo`) with a
+/// filesystem whose index key is `key`.
+fn mounted_with_key(dev: u64, key: &str) -> bool {
+    let want = format!("{}:{}", fs::major(dev), fs::minor(dev));
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let mut f = line.split(' ');
+        let (Some(id), Some(point)) = (f.nth(2), f.nth(1)) else {
+            return false;
+        };
+        if id != want {
+            return false;
+        }
+        // mountinfo escapes space, tab, newline and backslash as \ooo.
+        let point = unescape_mountinfo(point);
+        let Ok(d) = fs::open(
+            Path::new(std::ffi::OsStr::from_bytes(&point)),
+            fs::OFlags::DIRECTORY | fs::OFlags::RDONLY | fs::OFlags::CLOEXEC,
+            fs::Mode::empty(),
+        ) else {
+            return false;
+        };
+        fs::fstat(&d).is_ok_and(|st| st.st_dev == dev) && fs_key(dev, d.as_fd()) == key
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 fn write_format(db: &Database) -> Result<(), redb::Error> {
