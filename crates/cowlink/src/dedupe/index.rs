@@ -10,7 +10,10 @@
 //! stable while the device stays attached, so at worst a re-attached loop
 //! device starts a new index. Device numbers are not the key otherwise:
 //! they change when a loop device is re-attached and differ per Btrfs
-//! subvolume.
+//! subvolume. A block copy of a filesystem answers the same UUID: an index
+//! last opened on another device that is mounted now with the same key
+//! is the original's, and the copy gets `<key>-dev-<dev>` (see
+//! `open_keyed`).
 //!
 //! Table `files` maps an inode number to its entry: the identity it was
 //! learned under (size, mtime, ctime, birth time where the filesystem
@@ -73,8 +76,11 @@ use rustix::fs::{self, FlockOperation};
 
 use crate::ground::lock;
 
-/// The entries' format. An index of another format is rebuilt.
-pub const FORMAT: u32 = 1;
+/// The entries' format. An index of another format is rebuilt. 2: table
+/// `meta` records the device the index was last opened on, which tells a
+/// same-UUID copy of a filesystem from the original (an index of format 1
+/// cannot say which of the two it was learned on).
+pub const FORMAT: u32 = 2;
 
 const FILES: TableDefinition<u64, &[u8]> = TableDefinition::new("files");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
