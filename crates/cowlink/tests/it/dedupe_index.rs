@@ -599,7 +599,7 @@ fn random_operations_between_runs(dir: &Path, seed: u64) {
             let pick = |rng: &mut Rng, names: &[PathBuf]| {
                 (!names.is_empty()).then(|| names[rng.below(names.len() as u64) as usize].clone())
             };
-            match rng.below(8) {
+            match rng.below(10) {
                 0 | 1 => {
                     let p = root
                         .join(if next % 2 == 0 { "d" } else { "" })
@@ -646,6 +646,25 @@ fn random_operations_between_runs(dir: &Path, seed: u64) {
                         let len = fs::metadata(&p).unwrap().len();
                         let f = fs::File::options().write(true).open(&p).unwrap();
                         f.set_len(len / 2).unwrap();
+                    }
+                }
+                8 => {
+                    // Deleted and written again under its name: XFS and
+                    // Btrfs may hand the freed inode number straight back.
+                    if let Some(p) = pick(&mut rng, &names) {
+                        fs::remove_file(&p).unwrap();
+                        write_file(&p, &content(&mut rng));
+                    }
+                }
+                9 => {
+                    // Renamed over another name: the other inode is gone.
+                    if let (Some(p), Some(q)) = (pick(&mut rng, &names), pick(&mut rng, &names)) {
+                        if p != q
+                            && fs::metadata(&p).unwrap().ino() != fs::metadata(&q).unwrap().ino()
+                        {
+                            fs::rename(&p, &q).unwrap();
+                            names.retain(|n| n != &p);
+                        }
                     }
                 }
                 _ => {
