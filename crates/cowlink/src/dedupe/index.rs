@@ -10,7 +10,10 @@
 //! stable while the device stays attached, so at worst a re-attached loop
 //! device starts a new index. Device numbers are not the key otherwise:
 //! they change when a loop device is re-attached and differ per Btrfs
-//! subvolume.
+//! subvolume. A block copy of a filesystem answers the same UUID: an index
+//! last opened on another device that is mounted now with the same key
+//! is the original's, and the copy gets `<key>-dev-<dev>` (see
+//! `open_keyed`).
 //!
 //! Table `files` maps an inode number to its entry: the identity it was
 //! learned under (size, mtime, ctime, birth time where the filesystem
@@ -73,8 +76,11 @@ use rustix::fs::{self, FlockOperation};
 
 use crate::ground::lock;
 
-/// The entries' format. An index of another format is rebuilt.
-pub const FORMAT: u32 = 1;
+/// The entries' format. An index of another format is rebuilt. 2: table
+/// `meta` records the device the index was last opened on, which tells a
+/// same-UUID copy of a filesystem from the original (an index of format 1
+/// cannot say which of the two it was learned on).
+pub const FORMAT: u32 = 2;
 
 const FILES: TableDefinition<u64, &[u8]> = TableDefinition::new("files");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -533,7 +539,20 @@ impl Indexes {
     }
 
     fn open(&self, dev: u64, fd: BorrowedFd<'_>) -> Result<FsIndex, String> {
-        let key = fs_key(dev, fd);
+        self.open_keyed(dev, fs_key(dev, fd), true)
+    }
+
+    /// Open the index named `key` for device `dev`. With `check`, an
+    /// index last used on another device that is mounted now and answers
+    /// the same key belongs to a copy of this filesystem (a cloned image
+    /// keeps its UUID, and its inodes their identities while their
+    /// layouts differ): this one then gets an index of its own,
+    /// `<key>-dev-<dev>`. A device number is not stable (a re-attached
+    /// loop device), so the copy's index is rebuilt when it moves: one
+    /// full read, never a wrong trust. Two copies mounted one after the
+    /// other on one device cannot be told apart; the kernel's compare
+    /// still proves every match.
+    fn open_keyed(&self, dev: u64, key: String, check: bool) -> Result<FsIndex, String> {
         let shown = |p: &Path| crate::name::quoted(p).to_string();
         std::fs::create_dir_all(&self.dir).map_err(|e| {
             format!(
@@ -543,12 +562,7 @@ impl Indexes {
         })?;
         let file = self.dir.join(format!("{key}.redb"));
         let lock_path = self.dir.join(format!("{key}.lock"));
-        let mut lk = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
+        let mut lk = own_file(&lock_path)
             .map_err(|e| format!("index lock {}: {e}; going on without it", shown(&lock_path)))?;
         if fs::flock(lk.as_fd(), FlockOperation::NonBlockingLockExclusive).is_err() {
             let mut holder = String::new();
@@ -568,6 +582,17 @@ impl Indexes {
         let _ = lk.rewind();
         let _ = writeln!(lk, "pid {} ({})", std::process::id(), command_line());
         let db = self.open_db(&file)?;
+        if check {
+            match last_dev(&db) {
+                Some(d) if d == dev => {}
+                Some(d) if mounted_with_key(d, &key) => {
+                    drop(db);
+                    drop(lk);
+                    return self.open_keyed(dev, format!("{key}-dev-{dev:x}"), false);
+                }
+                _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
+            }
+        }
         let read = db.begin_read().ok().and_then(|t| {
             Some(Snapshot {
                 files: t.open_table(FILES).ok()?,
@@ -602,8 +627,12 @@ impl Indexes {
             b.set_cache_size(16 << 20);
             b
         };
-        let opened = std::panic::catch_unwind(|| {
-            let mut db = builder().create(file)?;
+        // Opened by this process, never through a link: the directory
+        // may be writable by others, and redb would fill an empty file a
+        // symlink points at.
+        let own = own_file(file).map_err(|e| format!("index {shown}: {e}; going on without it"))?;
+        let opened = std::panic::catch_unwind(move || {
+            let mut db = builder().create_file(own)?;
             // Every page's checksum, once per run: redb trusts its pages
             // once open (a damaged one can make it panic), and this is
             // the one check that reads them all.
@@ -635,8 +664,9 @@ impl Indexes {
             "index {shown} {why}: rebuilt (every file is read again)"
         ));
         std::fs::remove_file(file).map_err(|e| format!("index {shown}: cannot remove: {e}"))?;
+        let own = own_file(file).map_err(|e| format!("index {shown}: {e}; going on without it"))?;
         let db = builder()
-            .create(file)
+            .create_file(own)
             .map_err(|e| format!("index {shown}: {e}"))?;
         write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
         Ok(db)
@@ -915,6 +945,69 @@ fn format_of(db: &Database) -> Result<Option<u32>, redb::Error> {
     }))
 }
 
+/// The device the index was last opened on (`None` before any).
+fn last_dev(db: &Database) -> Option<u64> {
+    let txn = db.begin_read().ok()?;
+    let t = txn.open_table(META).ok()?;
+    let v = t.get("dev").ok()??;
+    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+}
+
+fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?
+        .insert("dev", dev.to_le_bytes().as_slice())?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Whether device `dev` is mounted now (`/proc/self/mountinfo`) with a
+/// filesystem whose index key is `key`.
+fn mounted_with_key(dev: u64, key: &str) -> bool {
+    let want = format!("{}:{}", fs::major(dev), fs::minor(dev));
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let mut f = line.split(' ');
+        let (Some(id), Some(point)) = (f.nth(2), f.nth(1)) else {
+            return false;
+        };
+        if id != want {
+            return false;
+        }
+        // mountinfo escapes space, tab, newline and backslash as \ooo.
+        let point = unescape_mountinfo(point);
+        let Ok(d) = fs::open(
+            Path::new(std::ffi::OsStr::from_bytes(&point)),
+            fs::OFlags::DIRECTORY | fs::OFlags::RDONLY | fs::OFlags::CLOEXEC,
+            fs::Mode::empty(),
+        ) else {
+            return false;
+        };
+        fs::fstat(&d).is_ok_and(|st| st.st_dev == dev) && fs_key(dev, d.as_fd()) == key
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 fn write_format(db: &Database) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     {
@@ -925,6 +1018,50 @@ fn write_format(db: &Database) -> Result<(), redb::Error> {
     }
     txn.commit()?;
     Ok(())
+}
+
+/// Open (or create) `path` for reading and writing as a file of the
+/// index's own: never through a symlink (`O_NOFOLLOW`), and refused unless
+/// it is a regular file with no other name (a hard link would let a write
+/// land in another file; a FIFO or a device is no place for an index).
+fn own_file(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        // O_NONBLOCK: opening a FIFO must not wait for a writer.
+        .custom_flags(libc_flags::NOFOLLOW | libc_flags::NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
+                "is not a regular file (a symlink)".to_string()
+            }
+            _ => e.to_string(),
+        })?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    if !m.file_type().is_file() {
+        return Err("is not a regular file".into());
+    }
+    if m.nlink() != 1 {
+        return Err(format!(
+            "is not a regular file of its own ({} names: a hard link)",
+            m.nlink()
+        ));
+    }
+    // Back to blocking I/O for redb and the lock's writes.
+    let flags = fs::fcntl_getfl(&f).map_err(|e| e.to_string())?;
+    fs::fcntl_setfl(&f, flags - fs::OFlags::NONBLOCK).map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+/// The open flags `own_file` adds, as the raw numbers `OpenOptionsExt`
+/// takes.
+mod libc_flags {
+    pub const NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    pub const NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
 }
 
 /// The name of `dev`'s index: its filesystem's UUID (and Btrfs subvolume
