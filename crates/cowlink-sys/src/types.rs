@@ -210,3 +210,30 @@ pub fn time_ns(sec: i64, nsec: u64) -> i64 {
     sec.saturating_mul(1_000_000_000)
         .saturating_add(nsec.min(999_999_999) as i64)
 }
+
+/// The major and minor numbers of a device number in Linux's encoding
+/// (the one [`Stat`]'s `st_dev` carries, and `/proc/self/mountinfo`
+/// prints as `major:minor`): glibc's `gnu_dev_major`/`gnu_dev_minor`.
+pub fn dev_major_minor(dev: u64) -> (u32, u32) {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
+    (major as u32, minor as u32)
+}
+
+#[cfg(test)]
+mod dev_tests {
+    #[test]
+    fn dev_numbers_split_as_the_kernel_joins_them() {
+        for (ma, mi) in [
+            (0u32, 0u32),
+            (8, 1),
+            (259, 3),
+            (7, 1_048_575),
+            (4095, 255),
+            (4096, 256),
+        ] {
+            let dev = rustix::fs::makedev(ma, mi);
+            assert_eq!(super::dev_major_minor(dev as u64), (ma, mi));
+        }
+    }
+}

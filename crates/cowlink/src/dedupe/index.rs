@@ -961,51 +961,26 @@ fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
     Ok(())
 }
 
-/// Whether device `dev` is mounted now (`/proc/self/mountinfo`) with a
+/// Whether device `dev` is mounted now (the mount table) with a
 /// filesystem whose index key is `key`.
 fn mounted_with_key(dev: u64, key: &str) -> bool {
-    let want = format!("{}:{}", fs::major(dev), fs::minor(dev));
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(text) = cowlink_sys::mount_table() else {
         return false;
     };
-    info.lines().any(|line| {
-        let mut f = line.split(' ');
-        let (Some(id), Some(point)) = (f.nth(2), f.nth(1)) else {
-            return false;
-        };
-        if id != want {
-            return false;
-        }
-        // mountinfo escapes space, tab, newline and backslash as \ooo.
-        let point = unescape_mountinfo(point);
-        let Ok(d) = fs::open(
-            Path::new(std::ffi::OsStr::from_bytes(&point)),
-            fs::OFlags::DIRECTORY | fs::OFlags::RDONLY | fs::OFlags::CLOEXEC,
-            fs::Mode::empty(),
-        ) else {
-            return false;
-        };
-        fs::fstat(&d).is_ok_and(|st| st.st_dev == dev) && fs_key(dev, d.as_fd()) == key
-    })
-}
-
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
+    let want = cowlink_sys::dev_major_minor(dev);
+    crate::ground::mountinfo::parse(&text)
+        .into_iter()
+        .filter(|m| m.dev == want)
+        .any(|m| {
+            let Ok(d) = fs::open(
+                &m.mount_point,
+                fs::OFlags::DIRECTORY | fs::OFlags::RDONLY | fs::OFlags::CLOEXEC,
+                fs::Mode::empty(),
+            ) else {
+                return false;
+            };
+            cowlink_sys::fstat(&d).is_ok_and(|st| st.st_dev == dev) && fs_key(dev, d.as_fd()) == key
+        })
 }
 
 fn write_format(db: &Database) -> Result<(), redb::Error> {
