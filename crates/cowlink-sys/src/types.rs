@@ -212,7 +212,7 @@ pub fn time_ns(sec: i64, nsec: u64) -> i64 {
 }
 
 /// The major and minor numbers of a device number in Linux's encoding
-/// (the one [`Stat`]'s `st_dev` carries, and `/proc/self/mountinfo`
+/// (the one [`Stat`](crate::Stat)'s `st_dev` carries, and `/proc/self/mountinfo`
 /// prints as `major:minor`): glibc's `gnu_dev_major`/`gnu_dev_minor`.
 pub fn dev_major_minor(dev: u64) -> (u32, u32) {
     let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
