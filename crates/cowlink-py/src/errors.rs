@@ -166,3 +166,39 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TreeError", py.get_type::<TreeError>())?;
     Ok(())
 }
+
+/// The `TreeError` a call raises after it went on past failed entries: an
+/// OSError as the entries' are (the first failure's errno; `filename` and
+/// `filename2` the call's paths), with every failure in `errors`, the
+/// call's result in `report`, and `kind` naming the operation. `what` is
+/// the sentence's subject ("the entries could not be copied").
+pub fn tree_failures<R: pyo3::PyClass + Into<pyo3::PyClassInitializer<R>>>(
+    py: Python<'_>,
+    failed: &[Error],
+    what: &str,
+    kind: &str,
+    filename: Option<&std::path::Path>,
+    filename2: Option<&std::path::Path>,
+    report: R,
+) -> PyResult<PyErr> {
+    let first = &failed[0];
+    let errno = first
+        .raw_os_error()
+        .unwrap_or_else(|| errno_for(first.kind()));
+    let err = TreeError::new_err((
+        errno,
+        format!("{} of {what}; the first: {first}", failed.len()),
+    ));
+    let value = err.value(py);
+    if let Some(f) = filename {
+        value.setattr("filename", f.as_os_str())?;
+    }
+    if let Some(f) = filename2 {
+        value.setattr("filename2", f.as_os_str())?;
+    }
+    value.setattr("message", value.getattr("strerror")?)?;
+    value.setattr("kind", kind)?;
+    value.setattr("errors", crate::records::error_list(py, failed)?)?;
+    value.setattr("report", Py::new(py, report)?)?;
+    Ok(err)
+}

@@ -13,11 +13,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use crate::control::{CancelToken, Control};
-use crate::errors::{to_py, TreeError};
+use crate::errors::to_py;
 use crate::path::FsPath;
-use crate::records::{
-    error_list, FileLayout, FsFacts, MountSupport, Outcome, Support, TreeReport, Usage,
-};
+use crate::records::{FileLayout, FsFacts, MountSupport, Outcome, Support, TreeReport, Usage};
 
 /// One of `choices`, or a ValueError that lists them.
 pub fn choose<T: Copy>(what: &str, given: &str, choices: &[(&str, T)]) -> PyResult<T> {
@@ -276,27 +274,15 @@ pub fn copytree(
     if failed.is_empty() {
         return Ok(report);
     }
-    let first = &failed[0];
-    // An OSError as the entries' are: the first failure's errno, and the
-    // trees as filename and filename2.
-    let errno = first
-        .raw_os_error()
-        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
-    let err = TreeError::new_err((
-        errno,
-        format!(
-            "{} of the entries could not be copied; the first: {first}",
-            failed.len()
-        ),
-    ));
-    let value = err.value(py);
-    value.setattr("filename", src.0.as_os_str())?;
-    value.setattr("filename2", dst.0.as_os_str())?;
-    value.setattr("message", value.getattr("strerror")?)?;
-    value.setattr("kind", "tree")?;
-    value.setattr("errors", error_list(py, &failed)?)?;
-    value.setattr("report", Py::new(py, report)?)?;
-    Err(err)
+    Err(crate::errors::tree_failures(
+        py,
+        &failed,
+        "the entries could not be copied",
+        "tree",
+        Some(&src.0),
+        Some(&dst.0),
+        report,
+    )?)
 }
 
 /// How `path`'s file is laid out on disk (FIEMAP): extents, holes, and how
@@ -592,24 +578,14 @@ pub fn copy(
     match failed.as_slice() {
         [] => Ok(totals),
         [one] => Err(to_py(py, one)),
-        [first, ..] => {
-            let errno = first
-                .raw_os_error()
-                .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
-            let err = TreeError::new_err((
-                errno,
-                format!(
-                    "{} of the operands or entries could not be copied; the first: {first}",
-                    failed.len()
-                ),
-            ));
-            let value = err.value(py);
-            value.setattr("filename", dst.0.as_os_str())?;
-            value.setattr("message", value.getattr("strerror")?)?;
-            value.setattr("kind", "tree")?;
-            value.setattr("errors", error_list(py, &failed)?)?;
-            value.setattr("report", Py::new(py, totals)?)?;
-            Err(err)
-        }
+        _ => Err(crate::errors::tree_failures(
+            py,
+            &failed,
+            "the operands or entries could not be copied",
+            "tree",
+            Some(&dst.0),
+            None,
+            totals,
+        )?),
     }
 }

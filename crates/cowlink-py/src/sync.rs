@@ -10,9 +10,9 @@ use cowlink::Error;
 use pyo3::prelude::*;
 
 use crate::control::{CancelToken, Control};
-use crate::errors::{to_py, TreeError};
+use crate::errors::to_py;
 use crate::path::FsPath;
-use crate::records::{error_list, record};
+use crate::records::record;
 
 record!(
     /// What a sync did (in a dry run, would have done).
@@ -148,25 +148,15 @@ pub fn sync(
     if failed.is_empty() {
         return Ok(report);
     }
-    let first = &failed[0];
-    let errno = first
-        .raw_os_error()
-        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
-    let err = TreeError::new_err((
-        errno,
-        format!(
-            "{} of the entries could not be synced; the first: {first}",
-            failed.len()
-        ),
-    ));
-    let value = err.value(py);
-    value.setattr("filename", src.as_os_str())?;
-    value.setattr("filename2", dst.0.as_os_str())?;
-    value.setattr("message", value.getattr("strerror")?)?;
-    value.setattr("kind", "sync")?;
-    value.setattr("errors", error_list(py, &failed)?)?;
-    value.setattr("report", Py::new(py, report)?)?;
-    Err(err)
+    Err(crate::errors::tree_failures(
+        py,
+        &failed,
+        "the entries could not be synced",
+        "sync",
+        Some(&src),
+        Some(&dst.0),
+        report,
+    )?)
 }
 
 record!(
@@ -250,24 +240,13 @@ pub fn sync_snapshot(
     if failed.is_empty() {
         return Ok(report);
     }
-    let first = &failed[0];
-    let errno = first
-        .raw_os_error()
-        .unwrap_or_else(|| crate::errors::errno_for(first.kind()));
-    let err = TreeError::new_err((
-        errno,
-        format!(
-            "{} of the entries could not be synced into the snapshot (left in progress); \
-             the first: {first}",
-            failed.len()
-        ),
-    ));
-    let value = err.value(py);
-    value.setattr("filename", src.as_os_str())?;
-    value.setattr("filename2", r.path.as_os_str())?;
-    value.setattr("message", value.getattr("strerror")?)?;
-    value.setattr("kind", "sync")?;
-    value.setattr("errors", error_list(py, &failed)?)?;
-    value.setattr("report", Py::new(py, report)?)?;
-    Err(err)
+    Err(crate::errors::tree_failures(
+        py,
+        &failed,
+        "the entries could not be synced into the snapshot (left in progress)",
+        "sync",
+        Some(&src),
+        Some(&r.path),
+        report,
+    )?)
 }
