@@ -1065,15 +1065,12 @@ impl Syncer<'_> {
             if !from_basis && placement != Placement::Direct {
                 match cowlink_sys::ficlone(dfd, sfd) {
                     Ok(()) => from_source = true,
-                    Err(Errno::XDEV) => {
-                        drop(file);
-                        match self.by_blocks(e, sfd, &st, dir)? {
-                            ByBlocks::Done(o) => return Ok(o),
-                            ByBlocks::Again => continue,
-                            ByBlocks::No => {}
-                        }
-                        return self.place_copy(e, sfd, &st, dir, bits);
-                    }
+                    // No old version to reuse: copied into `file` below.
+                    Err(Errno::XDEV) => match self.by_blocks(e, sfd, &st, dir)? {
+                        ByBlocks::Done(o) => return Ok(o),
+                        ByBlocks::Again => continue,
+                        ByBlocks::No => {}
+                    },
                     Err(_) => {}
                 }
             }
@@ -1195,59 +1192,6 @@ impl Syncer<'_> {
             method,
             bytes: st.st_size as u64,
         }))
-    }
-
-    /// A plain copy of `sfd` placed atomically over `e`'s name: the path
-    /// when the source cannot be cloned and blocks cannot be reused.
-    fn place_copy(
-        &self,
-        e: &Entry<'_>,
-        sfd: BorrowedFd<'_>,
-        st: &Stat,
-        dir: BorrowedFd<'_>,
-        bits: u32,
-    ) -> Result<Outcome, Error> {
-        let file = NewFile::create(
-            dir,
-            Path::new("."),
-            os(e.name),
-            cowlink_sys::raw_mode(bits),
-            Placement::Atomic,
-            &e.dst,
-        )
-        .map_err(|x| e.dst_err(x))?;
-        let dfd = file.fd();
-        let failed = |x: Errno| transfer_error(OP, &e.src, &e.dst, x, sfd, dfd);
-        let cancelled = || self.cancelled();
-        let done = transfer(
-            sfd,
-            dfd,
-            Source::of(st),
-            LinkMode::Copy,
-            &|| Ok(()),
-            &failed,
-            &cancelled,
-        )?;
-        let after = cowlink_sys::fstat(sfd).map_err(|x| e.src_err(x))?;
-        if !steady(st, &after) {
-            return Err(e
-                .err(Errno::AGAIN)
-                .with_kind(ErrorKind::ContentChanged)
-                .with_reason("source changed while it was read; not placed"));
-        }
-        let src_x = if self.rules.xattrs {
-            Some(xattrs(sfd).map_err(|x| e.src_err(x))?)
-        } else {
-            None
-        };
-        self.set_metadata(sfd, st, dfd, src_x.as_deref())
-            .map_err(|(what, x)| {
-                e.err(x)
-                    .with_reason(format!("cannot {what}: {}", errno_text(x)))
-            })?;
-        file.commit(os(e.name), Overwrite::Replace)
-            .map_err(|x| e.dst_err(x))?;
-        Ok(done)
     }
 
     fn report(&self) -> SyncReport {
