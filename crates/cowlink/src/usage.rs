@@ -262,14 +262,39 @@ struct DirRec {
 struct Collector {
     dirs: Mutex<Vec<DirRec>>,
     files: Mutex<Vec<FileRec>>,
-    /// `(dev, start, end, file index)` of every shared extent.
+    /// `(space, start, end, file index)` of every shared extent, where
+    /// `space` names the physical address space ([`Collector::space`]).
     shared: Mutex<Vec<(u64, u64, u64, usize)>>,
+    /// Device number → address space, for the devices met.
+    spaces: Mutex<HashMap<u64, u64>>,
     errors: Mutex<Vec<Error>>,
     /// Devices already reported as having no FIEMAP.
     no_fiemap: Mutex<Vec<u64>>,
+    /// Btrfs filesystem UUID → its address space (see `space`).
+    fsids: Mutex<HashMap<[u8; 16], u64>>,
 }
 
 impl Collector {
+    /// The physical address space of the file open as `fd` on device
+    /// `dev`: the device itself, except on Btrfs, where every subvolume
+    /// (and so every subvolume snapshot) has a device number of its own
+    /// but all of them address one pool of disk. There the space is the
+    /// first device met of the same filesystem UUID, so an extent a
+    /// snapshot shares with its origin counts as shared, not twice.
+    fn space(&self, dev: u64, fd: rustix::fd::BorrowedFd<'_>) -> u64 {
+        if let Some(&s) = lock(&self.spaces).get(&dev) {
+            return s;
+        }
+        let fsid = cowlink_sys::btrfs_fsid(fd).ok();
+        let mut spaces = lock(&self.spaces);
+        let mut fsids = lock(&self.fsids);
+        let space = match fsid {
+            Some(id) => *fsids.entry(id).or_insert(dev),
+            None => dev,
+        };
+        *spaces.entry(dev).or_insert(space)
+    }
+
     /// Record one entry of the walk.
     fn take(&self, e: Entry<'_>) {
         let op = Operation::Usage;
@@ -335,7 +360,7 @@ impl Collector {
             pending: 0,
         };
         let mut ranges = Vec::new();
-        if let (true, Some(fd)) = (rec.regular, fd) {
+        if let (true, Some(fd)) = (rec.regular, fd.as_ref()) {
             match extents_fd(fd.as_fd(), false) {
                 Ok(list) => {
                     for x in list {
@@ -359,7 +384,7 @@ impl Collector {
                             (Some((start, end)), Some(cost)) => {
                                 rec.data_disk += cost;
                                 if x.is_shared() {
-                                    ranges.push((st.st_dev, start, end));
+                                    ranges.push((start, end));
                                 } else {
                                     rec.exclusive_disk += cost;
                                 }
@@ -391,8 +416,9 @@ impl Collector {
             files.push(rec);
             files.len() - 1
         };
-        if !ranges.is_empty() {
-            lock(&self.shared).extend(ranges.into_iter().map(|(d, s, e)| (d, s, e, index)));
+        if let (false, Some(fd)) = (ranges.is_empty(), fd.as_ref()) {
+            let space = self.space(st.st_dev, fd.as_fd());
+            lock(&self.shared).extend(ranges.into_iter().map(|(s, e)| (space, s, e, index)));
         }
     }
 }

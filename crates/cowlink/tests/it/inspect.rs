@@ -404,3 +404,52 @@ fn typed_errors_for_missing_files_and_directories() {
     assert_eq!(r.errors.len(), 1);
     assert_eq!(r.errors[0].kind(), ErrorKind::NotFound);
 }
+
+/// A Btrfs subvolume and its snapshot have device numbers of their own
+/// but share one pool of disk: measured together, the blocks they share
+/// count once (shared inside the set), and a rewritten file's old and
+/// new blocks are each one snapshot's alone.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_subvolume_and_its_snapshot_share_one_address_space() {
+    use std::os::unix::fs::MetadataExt;
+    let d = testfs!(Btrfs);
+    let (vol, snap) = (d.path().join("vol"), d.path().join("snap"));
+    let btrfs = |args: &[&std::ffi::OsStr]| {
+        let st = Command::new("btrfs").arg("-q").args(args).status().unwrap();
+        assert!(st.success(), "btrfs {args:?}");
+    };
+    btrfs(&["subvolume".as_ref(), "create".as_ref(), vol.as_os_str()]);
+    write_file(&vol.join("kept"), &data(1 << 20, 1));
+    write_file(&vol.join("changed"), &data(1 << 20, 2));
+    Command::new("sync").status().unwrap();
+    btrfs(&[
+        "subvolume".as_ref(),
+        "snapshot".as_ref(),
+        vol.as_os_str(),
+        snap.as_os_str(),
+    ]);
+    assert_ne!(
+        fs::metadata(&vol).unwrap().dev(),
+        fs::metadata(&snap).unwrap().dev()
+    );
+    write_file(&snap.join("changed"), &data(1 << 20, 3));
+    Command::new("sync").status().unwrap();
+
+    let u = usage_report(&[&vol, &snap], &UsageOptions::default());
+    assert!(u.errors.is_empty(), "{:?}", u.errors);
+    assert_eq!(u.total.data, 4 << 20, "four files of 1 MiB referenced");
+    assert_eq!(u.total.shared_inside, 1 << 20, "`kept` once: {:?}", u.total);
+    assert_eq!(u.total.shared_outside, 0, "{:?}", u.total);
+    assert_eq!(u.total.exclusive, 2 << 20, "{:?}", u.total);
+    assert_eq!(u.total.on_disk, 3 << 20, "{:?}", u.total);
+    assert_eq!(u.total.saved, 1 << 20, "{:?}", u.total);
+    // Each alone: `kept` is shared with the other, outside that argument.
+    for a in &u.args {
+        assert_eq!(a.usage.shared_outside, 1 << 20, "{:?}", a);
+        assert_eq!(a.usage.exclusive, 1 << 20, "{:?}", a);
+    }
+    for p in [&vol, &snap] {
+        btrfs(&["subvolume".as_ref(), "delete".as_ref(), p.as_os_str()]);
+    }
+}
