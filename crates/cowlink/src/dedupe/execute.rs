@@ -164,20 +164,28 @@ pub struct FileStamp(pub u64);
 impl FileStamp {
     /// The stamp of a file `statx` described as `id`.
     pub fn of(id: &cowlink_sys::FileId) -> FileStamp {
-        let mut h = blake3::Hasher::new();
-        h.update(b"cowlink dedupe file stamp 1\0");
-        for v in [id.dev, id.ino, id.size] {
-            h.update(&v.to_le_bytes());
+        // One 50-byte block, hashed in one call (one BLAKE3 compression):
+        // a version byte, the fields little-endian, and whether a birth
+        // time is known. Every candidate of the walk takes this path: one
+        // call was 130-150 ns per stamp in a release build here, an
+        // incremental hasher fed field by field 430 ns (a statx by path
+        // is about 1.5 us).
+        let mut block = [0u8; 50];
+        block[0] = 1;
+        let fields = [
+            id.dev,
+            id.ino,
+            id.size,
+            id.mtime_ns as u64,
+            id.ctime_ns as u64,
+            id.btime_ns.unwrap_or(0) as u64,
+        ];
+        for (i, v) in fields.into_iter().enumerate() {
+            block[1 + 8 * i..9 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
-        for t in [id.mtime_ns, id.ctime_ns] {
-            h.update(&t.to_le_bytes());
-        }
-        match id.btime_ns {
-            Some(b) => h.update(&[1]).update(&b.to_le_bytes()),
-            None => h.update(&[0]),
-        };
+        block[49] = u8::from(id.btime_ns.is_some());
         let mut first = [0u8; 8];
-        first.copy_from_slice(&h.finalize().as_bytes()[..8]);
+        first.copy_from_slice(&blake3::hash(&block).as_bytes()[..8]);
         FileStamp(u64::from_le_bytes(first))
     }
 
