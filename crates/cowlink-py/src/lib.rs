@@ -37,6 +37,7 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dedupe::plan, m)?)?;
     m.add_function(wrap_pyfunction!(dedupe::execute, m)?)?;
     m.add_function(wrap_pyfunction!(dedupe::run, m)?)?;
+    m.add_function(wrap_pyfunction!(dedupe::watch, m)?)?;
     m.add_class::<control::CancelToken>()?;
     m.add_class::<control::Progress>()?;
     m.add_class::<records::Outcome>()?;
@@ -55,6 +56,10 @@ fn _cowlink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dedupe::Group>()?;
     m.add_class::<dedupe::DedupeReport>()?;
     m.add_class::<dedupe::SkippedTarget>()?;
+    m.add_class::<dedupe::IndexReport>()?;
+    m.add_class::<dedupe::WatchScope>()?;
+    m.add_class::<dedupe::WatchBatch>()?;
+    m.add_class::<dedupe::WatchSummary>()?;
     m.add_class::<store::Store>()?;
     m.add_class::<store::Added>()?;
     m.add_class::<store::AddedTree>()?;

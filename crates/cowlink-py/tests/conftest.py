@@ -52,6 +52,14 @@ def _dir_on(var: str) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _dedupe_index_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dedupe keeps its index where the command does unless told otherwise
+    (index=True is the default): for each test, a fresh directory of its
+    own (COWLINK_INDEX_DIR), never the machine's /var/lib/cowlink."""
+    monkeypatch.setenv("COWLINK_INDEX_DIR", str(tmp_path_factory.mktemp("index")))
+
+
 @pytest.fixture
 def xfs() -> Iterator[Path]:
     yield from _dir_on("COWLINK_TEST_XFS")

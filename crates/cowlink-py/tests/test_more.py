@@ -589,6 +589,10 @@ def _plan_mutations(d: Path) -> list[tuple[str, Callable[[dict[str, Any]], None]
         ("target missing", target(d / "missing")),
         ("target nul", lambda p: group(p).__setitem__("targets", ["a\u0000b"])),
         ("two groups", lambda p: p["groups"].append(dict(group(p)))),
+        ("stamp not hex", set_("source_stamp", "zz")),
+        ("stamp a number", set_("target_stamps", [5])),
+        ("stamps removed", lambda p: [group(p).pop(k) for k in ("source_stamp", "target_stamps")]),
+        ("target stamp of the source", lambda p: group(p).__setitem__("target_stamps", [group(p)["source_stamp"]])),
         ("groups not a list", lambda p: p.__setitem__("groups", {"a": 1})),
     ]
 
@@ -624,6 +628,11 @@ def test_dedupe_plan_from_hostile_json(xfs: Path) -> None:
     assert outcomes["size negative"] == outcomes["size too big"] == "refused"
     assert outcomes["reclaimable max"] == outcomes["reclaimable over"] == "refused"
     assert outcomes["groups not a list"] == "refused"
+    assert outcomes["stamp not hex"] == outcomes["stamp a number"] == "refused"
+    # A plan that does not say which files it named, or names another
+    # file than the one at the path, shares nothing.
+    for name in ("stamps removed", "target stamp of the source", "source is a target", "target is the source"):
+        assert outcomes[name] == "deduped=0", (name, outcomes[name])
     for name in ("target differs", "target fifo", "target dir", "target link", "target missing"):
         assert outcomes[name] == "deduped=0", (name, outcomes[name])
 

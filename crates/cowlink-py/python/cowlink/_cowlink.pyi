@@ -18,6 +18,9 @@ OverwriteMode = Literal["refuse", "replace", "skip"]
 PreserveName = Literal["mode", "ownership", "timestamps", "xattrs"]
 Preserve = Union[None, Literal["all"], PreserveName, Iterable[PreserveName]]
 OnProgress = Optional[Callable[["Progress"], object]]
+# dedupe's index: True (where `cowlink dedupe` keeps it), False or None
+# (no index), or a directory.
+IndexArg = Union[bool, None, StrPath]
 
 __version__: str
 
@@ -413,9 +416,23 @@ class Plan:
     def reclaimable(self) -> int: ...
     @property
     def errors(self) -> list[OSError]: ...
+    @property
+    def index(self) -> Optional[IndexReport]: ...
     def to_json(self) -> str: ...
     @staticmethod
     def from_json(text: str) -> Plan: ...
+
+class IndexReport:
+    @property
+    def files(self) -> list[Path]: ...
+    @property
+    def unchanged(self) -> int: ...
+    @property
+    def written(self) -> int: ...
+    @property
+    def pruned(self) -> int: ...
+    @property
+    def notes(self) -> list[str]: ...
 
 class DedupeReport:
     @property
@@ -454,10 +471,11 @@ def plan(
     *,
     min_size: int = 1,
     stores: Sequence[StrPath] = (),
+    exclude: Sequence[str] = (),
+    index: IndexArg = True,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
-    index: Optional[StrPath] = None,
 ) -> Plan: ...
 def execute(
     plan: Plan,
@@ -472,12 +490,65 @@ def run(
     *,
     min_size: int = 1,
     stores: Sequence[StrPath] = (),
+    exclude: Sequence[str] = (),
+    index: IndexArg = True,
     measure: bool = True,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
-    index: Optional[StrPath] = None,
 ) -> tuple[Plan, DedupeReport]: ...
+
+class WatchScope:
+    @property
+    def root(self) -> Path: ...
+    @property
+    def mark(self) -> Literal["filesystem", "mount", "directories"]: ...
+    @property
+    def note(self) -> Optional[str]: ...
+
+class WatchBatch:
+    @property
+    def changed(self) -> int: ...
+    @property
+    def rescan(self) -> Optional[Literal["start", "queue_overflow", "pending_full", "unreadable", "mark_refused"]]: ...
+    @property
+    def roots(self) -> list[Path]: ...
+    @property
+    def plan(self) -> Optional[Plan]: ...
+    @property
+    def report(self) -> Optional[DedupeReport]: ...
+    @property
+    def error(self) -> Optional[OSError]: ...
+    @property
+    def elapsed(self) -> float: ...
+
+class WatchSummary:
+    @property
+    def batches(self) -> int: ...
+    @property
+    def rescans(self) -> int: ...
+    @property
+    def targets_deduped(self) -> int: ...
+    @property
+    def bytes_reclaimed(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+
+def watch(
+    paths: Sequence[StrPath],
+    *,
+    min_size: int = 1,
+    stores: Sequence[StrPath] = (),
+    exclude: Sequence[str] = (),
+    index: IndexArg = True,
+    quiet_period: float = 3.0,
+    max_delay: float = 60.0,
+    max_pending: int = 16384,
+    threads: Optional[int] = None,
+    cancel: Optional[CancelToken] = None,
+    on_start: Optional[Callable[[list[WatchScope]], object]] = None,
+    on_batch: Optional[Callable[[WatchBatch], object]] = None,
+) -> WatchSummary: ...
 
 class Added:
     @property

@@ -102,7 +102,7 @@ mod stages;
 pub mod watch;
 
 pub use exclude::Exclude;
-pub use execute::{execute, DedupeReport, SkipReason, SkippedTarget, UNPROVEN_BATCH};
+pub use execute::{execute, DedupeReport, FileStamp, SkipReason, SkippedTarget, UNPROVEN_BATCH};
 pub use index::IndexReport;
 use index::{Entry as IndexEntry, Indexes, Learnt, Pending};
 use stages::{layout_facts, Cand, Name, Names, Span, Times};
@@ -216,6 +216,17 @@ pub struct DedupeGroup {
     /// all become targets. What came back is measured
     /// ([`DedupeReport::bytes_reclaimed`]).
     pub reclaimable: u64,
+    /// Which file `source` named when the plan was made: [`execute()`]
+    /// carries out the group only if it still does. `None` in a plan that
+    /// does not record it (made by hand or by an older version): such a
+    /// group is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_stamp: Option<FileStamp>,
+    /// Which file each target named, in the order of `targets`: a target
+    /// that is no longer that file is left as it is (and one without a
+    /// stamp is refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_stamps: Vec<FileStamp>,
 }
 
 /// [`DedupeGroup`] as JSON has it: each path field next to its exact bytes.
@@ -235,6 +246,10 @@ struct GroupWire {
     #[serde(default)]
     already_shared_bytes: Option<Vec<Option<Vec<u8>>>>,
     reclaimable: u64,
+    #[serde(default)]
+    source_stamp: Option<FileStamp>,
+    #[serde(default)]
+    target_stamps: Vec<FileStamp>,
 }
 
 impl From<GroupWire> for DedupeGroup {
@@ -247,6 +262,8 @@ impl From<GroupWire> for DedupeGroup {
             targets: read_many(w.targets, w.targets_bytes),
             already_shared: read_many(w.already_shared, w.already_shared_bytes),
             reclaimable: w.reclaimable,
+            source_stamp: w.source_stamp,
+            target_stamps: w.target_stamps,
         }
     }
 }
@@ -385,6 +402,7 @@ impl Collect {
             },
             known: false,
             whole: None,
+            stamp: FileStamp::of(&st),
         };
         // Unchanged since a run learnt it: take what was learnt, read
         // nothing.
@@ -669,19 +687,15 @@ fn settle(
         .map(|(s, t)| (s.as_path(), t.as_path()))
         .collect();
     for g in plan.groups.iter_mut().filter(|g| g.blake3.is_none()) {
-        let DedupeGroup {
-            source,
-            targets,
-            reclaimable,
-            ..
-        } = g;
-        targets.retain(|t| {
-            let gone = out.contains(&(source.as_path(), t.as_path()));
+        let (source, mut lost) = (g.source.clone(), 0u64);
+        g.retain_targets(|t| {
+            let gone = out.contains(&(source.as_path(), t));
             if gone {
-                *reclaimable = reclaimable.saturating_sub(exclusive_bytes(t));
+                lost = lost.saturating_add(exclusive_bytes(t));
             }
             !gone
         });
+        g.reclaimable = g.reclaimable.saturating_sub(lost);
     }
     plan.groups.retain(|g| !g.targets.is_empty());
     if opts.run.cancelled() {
@@ -1258,6 +1272,8 @@ mod tests {
                 targets: vec![odd(b"/d/plain"), odd(b"/d/\xff\xfe")],
                 already_shared: vec![odd(b"/d/x")],
                 reclaimable: 8192,
+                source_stamp: Some(FileStamp(0x0123_4567_89ab_cdef)),
+                target_stamps: vec![FileStamp(1), FileStamp(u64::MAX)],
             }],
             files_scanned: 4,
             candidates: 4,

@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, DedupePlan};
+use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, DedupePlan, FileStamp};
 use cowlink::extents::extents;
 use cowlink_testfs::{data, serial, testfs, write_file};
 
@@ -633,15 +633,22 @@ fn execute_regroups_targets_of_an_edge_only_group_that_differ() {
             write_file(&d.join(n), &bytes);
         }
         sync(d);
+        // Made by hand, the plan names its files by their stamps too.
+        let stamp = |n: &str| FileStamp::of_path(&d.join(n)).unwrap().to_string();
         let text = format!(
-            r#"{{"groups": [{{"size": {}, "source": "{}", "targets": ["{}", "{}", "{}"], "reclaimable": 0}}],
+            r#"{{"groups": [{{"size": {}, "source": "{}", "targets": ["{}", "{}", "{}"], "reclaimable": 0,
+                "source_stamp": "{}", "target_stamps": ["{}", "{}", "{}"]}}],
                 "files_scanned": 4, "candidates": 4, "bytes_hashed": 0,
                 "groups_already_shared": 0, "files_already_shared": 0, "hardlinks_skipped": 0}}"#,
             256 << 10,
             d.join("a").display(),
             d.join("b").display(),
             d.join("c").display(),
-            d.join("d").display()
+            d.join("d").display(),
+            stamp("a"),
+            stamp("b"),
+            stamp("c"),
+            stamp("d"),
         );
         let p: DedupePlan = serde_json::from_str(&text).unwrap();
         assert_eq!(p.groups[0].blake3, None);
