@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -347,4 +348,59 @@ fn exclude_from_is_bounded_and_pipes_still_work() {
         .unwrap();
     ok(&out);
     assert!(dst.join("a.c").exists() && !dst.join("a.o").exists());
+}
+
+/// `--exclude-from` input that is not a list of patterns is refused
+/// before anything is made, naming the file: a line that is not UTF-8
+/// (with its number), a missing file, a directory, and a FIFO no process
+/// writes to (after a bounded wait, never a hang). A FIFO with a writer
+/// is read.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn exclude_from_refuses_what_is_not_a_list_of_patterns() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    // A name from a Latin-1 tree: not UTF-8.
+    let latin1_name = std::ffi::OsStr::from_bytes(b"caf\xe9.o");
+    fs::write(src.join(latin1_name), b"o").unwrap();
+    fs::write(src.join("a.c"), b"c").unwrap();
+    let refused = |list: &Path, what: &str| {
+        let out = cowlink(&[&"sync", &"--exclude-from", &list, &slash(&src), &dst]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains(&*list.to_string_lossy()), "{err}");
+        assert!(err.contains(what), "{err}");
+        assert!(!dst.exists(), "{list:?} made the destination");
+    };
+    // The name as written in a Latin-1 list: read lossily it became
+    // "caf\u{fffd}.o", which matches nothing, and the file was synced
+    // though listed.
+    let latin1 = x.path().join("latin1.list");
+    fs::write(&latin1, b"# build output\n*.tmp\ncaf\xe9.o\n").unwrap();
+    refused(&latin1, "line 3 of the exclude file is not UTF-8");
+    refused(&x.path().join("no-such.list"), "No such file");
+    refused(x.path(), "is a directory");
+    let fifo = x.path().join("fifo.list");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    refused(&fifo, "no process writes to");
+    // With a writer, the FIFO is a list like any other; `?` matches the
+    // byte that is not UTF-8, as the refusal advises.
+    let writer = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || fs::write(&fifo, "caf?.o\n").unwrap()
+    });
+    ok(&cowlink(&[
+        &"sync",
+        &"--exclude-from",
+        &fifo,
+        &slash(&src),
+        &dst,
+    ]));
+    writer.join().unwrap();
+    assert!(dst.join("a.c").exists() && !dst.join(latin1_name).exists());
 }
