@@ -33,8 +33,10 @@ use crate::{human_bytes, human_duration, Exit};
 /// DST is the declared mirror: entries inside it are replaced and, with
 /// --delete, removed; nothing inside it is followed (a symbolic link
 /// where a directory belongs is replaced), mount points inside it are not
-/// crossed, and nothing outside it is written. One sync per DST at a time:
-/// a second is refused, naming the process holding DST. A changed file is
+/// crossed, and nothing outside it is written. One sync per DST at a time,
+/// nested ones included: a second sync into DST, into a directory inside
+/// it or into one above it is refused, naming the process holding it
+/// (syncs into sibling directories run together). A changed file is
 /// a new inode renamed over the old name, so after a crash every name
 /// holds its old or its new content, and a rerun converges. A source
 /// file that changes while it is read is read again (three times at
@@ -428,19 +430,25 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
     }
     if let (Some(snap), false) = (&snapshot, args.json) {
         let name = snap.snapshot.as_deref().unwrap_or("(none yet)");
+        let path = snap.path.as_deref().map(shown).unwrap_or_default();
         if report.dry_run {
-            errln!("cowlink sync: dry run against snapshot {name}");
+            match &snap.snapshot {
+                Some(name) => errln!("cowlink sync: dry run against snapshot {name}"),
+                None => errln!(
+                    "cowlink sync: dry run: {} holds no complete snapshot, so every entry \
+                     would be new",
+                    shown(args.snapshot.as_deref().unwrap_or(Path::new(".")))
+                ),
+            }
         } else if snap.completed {
             errln!(
-                "cowlink sync: snapshot {name} complete: {}{}",
-                shown(&snap.path),
+                "cowlink sync: snapshot {name} complete: {path}{}",
                 if snap.resumed { " (resumed)" } else { "" }
             );
         } else {
             errln!(
-                "cowlink sync: snapshot {name} left in progress, not complete: {}; the next \
-                 run resumes it",
-                shown(&snap.path)
+                "cowlink sync: snapshot {name} left in progress, not complete: {path}; the next \
+                 run resumes it"
             );
         }
     }
