@@ -475,11 +475,13 @@ fn nested_destinations_refuse_each_other_in_both_orders() {
 
 /// A snapshot root takes part as a destination: `sync --snapshot ROOT`
 /// and a sync into ROOT or into one of its snapshots refuse each other,
-/// whichever starts first, naming the holder.
-#[test]
-#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn a_snapshot_root_and_syncs_into_it_refuse_each_other() {
-    let x = testfs!(Xfs);
+/// whichever starts first, naming the holder. On Btrfs each snapshot is a
+/// subvolume (another `st_dev`, no mount point): ROOT above it is still
+/// locked.
+fn snapshot_root_and_syncs_into_it_refuse_each_other(
+    x: &cowlink_testfs::TestDir,
+    subvolumes: bool,
+) {
     let (big, small) = (x.path().join("big"), x.path().join("small"));
     long_listing(&big);
     fs::create_dir_all(&small).unwrap();
@@ -487,6 +489,16 @@ fn a_snapshot_root_and_syncs_into_it_refuse_each_other() {
     let root = x.path().join("snaps");
     ok(&cowlink(&[&"sync", &"--snapshot", &root, &slash(&small)]));
     let first = snapshot_names(&root).remove(0);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let ino = fs::metadata(root.join(&first)).unwrap().ino();
+        if subvolumes {
+            assert_eq!(
+                ino, 256,
+                "a Btrfs snapshot is a subvolume (its root is inode 256)"
+            );
+        }
+    }
 
     // The snapshot run first.
     let snap = held_sync(&[&"--snapshot", &root, &slash(&big)], &root);
@@ -523,6 +535,18 @@ fn a_snapshot_root_and_syncs_into_it_refuse_each_other() {
     refused_by(&out, pid, "another sync");
     release(plain);
     assert_eq!(snapshot_names(&root), names, "a snapshot was begun");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_snapshot_root_and_syncs_into_it_refuse_each_other_xfs() {
+    snapshot_root_and_syncs_into_it_refuse_each_other(&testfs!(Xfs), false);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_snapshot_root_and_syncs_into_it_refuse_each_other_btrfs() {
+    snapshot_root_and_syncs_into_it_refuse_each_other(&testfs!(Btrfs), true);
 }
 
 /// `--exclude-from` input that is not a list of patterns is refused
