@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -33,8 +33,10 @@ use crate::{human_bytes, human_duration, Exit};
 /// DST is the declared mirror: entries inside it are replaced and, with
 /// --delete, removed; nothing inside it is followed (a symbolic link
 /// where a directory belongs is replaced), mount points inside it are not
-/// crossed, and nothing outside it is written. One sync per DST at a time:
-/// a second is refused, naming the process holding DST. A changed file is
+/// crossed, and nothing outside it is written. One sync per DST at a time,
+/// nested ones included: a second sync into DST, into a directory inside
+/// it or into one above it is refused, naming the process holding it
+/// (syncs into sibling directories run together). A changed file is
 /// a new inode renamed over the old name, so after a crash every name
 /// holds its old or its new content, and a rerun converges. A source
 /// file that changes while it is read is read again (three times at
@@ -80,7 +82,8 @@ pub struct SyncArgs {
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
 
-    /// Read exclusion patterns from FILE, one per line (`#` comments)
+    /// Read exclusion patterns from FILE, one per line (`#` comments;
+    /// UTF-8: a line that is not is refused with its number)
     #[arg(long, value_name = "FILE", value_parser = crate::PathArg)]
     exclude_from: Vec<PathBuf>,
 
@@ -272,14 +275,44 @@ fn summary_line(r: &SyncReport, elapsed: std::time::Duration) -> String {
 /// runaway pipe) can make us hold in memory.
 const EXCLUDE_FILE_MAX: u64 = 16 << 20;
 
-/// The bytes of the `--exclude-from` file `f` (a pipe too), bounded by
-/// [`EXCLUDE_FILE_MAX`].
+/// How long an `--exclude-from` FIFO that no process has opened to
+/// write is waited for: long enough for a writer started with the sync to
+/// open it, short enough that a FIFO nobody writes to fails instead of
+/// hanging.
+const EXCLUDE_FIFO_WAIT: Duration = Duration::from_secs(3);
+
+/// The bytes of the `--exclude-from` file `f`, bounded by
+/// [`EXCLUDE_FILE_MAX`]: a regular file, a pipe or FIFO (`<(...)`,
+/// `/dev/stdin`), or a character device; a directory is refused. A FIFO
+/// is opened without waiting for a writer (a plain open would wait
+/// forever): one that gets no writer within [`EXCLUDE_FIFO_WAIT`] is
+/// refused.
 fn read_exclude_file(f: &Path) -> Result<Vec<u8>> {
+    use rustix::fs::{FileType, Mode, OFlags};
     use std::io::Read;
     let cannot = || format!("cannot read the exclude file {}", shown(f));
-    let file = std::fs::File::open(f).with_context(cannot)?;
     let mut text = Vec::new();
-    file.take(EXCLUDE_FILE_MAX + 1)
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(f, flags, Mode::empty())
+        .map_err(std::io::Error::from)
+        .with_context(cannot)?;
+    let st = rustix::fs::fstat(&fd)
+        .map_err(std::io::Error::from)
+        .with_context(cannot)?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => anyhow::bail!(
+            "the exclude file {} is a directory, not a list of patterns",
+            shown(f)
+        ),
+        FileType::Fifo => text = wait_for_writer(&fd, f)?,
+        _ => {}
+    }
+    // Blocking again: a writer (or a terminal) is read to its end.
+    rustix::fs::fcntl_setfl(&fd, OFlags::empty())
+        .map_err(std::io::Error::from)
+        .with_context(cannot)?;
+    std::fs::File::from(fd)
+        .take(EXCLUDE_FILE_MAX + 1 - text.len() as u64)
         .read_to_end(&mut text)
         .with_context(cannot)?;
     if text.len() as u64 > EXCLUDE_FILE_MAX {
@@ -292,13 +325,46 @@ fn read_exclude_file(f: &Path) -> Result<Vec<u8>> {
     Ok(text)
 }
 
+/// Wait, up to [`EXCLUDE_FIFO_WAIT`], until the FIFO `fd` (opened
+/// without blocking) has a writer; answers what was read meanwhile. A
+/// read finding no data answers end of file at once when no process
+/// holds the FIFO open to write, `EAGAIN` when one does and has not
+/// written yet. A writer that came, wrote nothing and left looks like
+/// none: a FIFO that gives nothing is refused, never taken for an empty
+/// list.
+fn wait_for_writer(fd: &rustix::fd::OwnedFd, f: &Path) -> Result<Vec<u8>> {
+    let start = Instant::now();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match rustix::io::read(fd, &mut buf[..]) {
+            Ok(0) if start.elapsed() < EXCLUDE_FIFO_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(0) => anyhow::bail!(
+                "the exclude file {} is a FIFO that no process writes to (waited {} s); \
+                 start its writer first",
+                shown(f),
+                EXCLUDE_FIFO_WAIT.as_secs()
+            ),
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(rustix::io::Errno::AGAIN) => return Ok(Vec::new()),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(std::io::Error::from(e))
+                    .with_context(|| format!("cannot read the exclude file {}", shown(f)))
+            }
+        }
+    }
+}
+
 pub fn run(args: SyncArgs) -> Result<Exit> {
     let mut exclude = args.exclude.clone();
     for f in &args.exclude_from {
         let text = read_exclude_file(f)?;
-        exclude.extend(cowlink::sync::patterns_from(&String::from_utf8_lossy(
-            &text,
-        )));
+        exclude.extend(cowlink::sync::patterns_from(&text, f)?);
     }
     let progress = Arc::new(Progress::new());
     let options = SyncOptions {
@@ -364,19 +430,25 @@ pub fn run(args: SyncArgs) -> Result<Exit> {
     }
     if let (Some(snap), false) = (&snapshot, args.json) {
         let name = snap.snapshot.as_deref().unwrap_or("(none yet)");
+        let path = snap.path.as_deref().map(shown).unwrap_or_default();
         if report.dry_run {
-            errln!("cowlink sync: dry run against snapshot {name}");
+            match &snap.snapshot {
+                Some(name) => errln!("cowlink sync: dry run against snapshot {name}"),
+                None => errln!(
+                    "cowlink sync: dry run: {} holds no complete snapshot, so every entry \
+                     would be new",
+                    shown(args.snapshot.as_deref().unwrap_or(Path::new(".")))
+                ),
+            }
         } else if snap.completed {
             errln!(
-                "cowlink sync: snapshot {name} complete: {}{}",
-                shown(&snap.path),
+                "cowlink sync: snapshot {name} complete: {path}{}",
                 if snap.resumed { " (resumed)" } else { "" }
             );
         } else {
             errln!(
-                "cowlink sync: snapshot {name} left in progress, not complete: {}; the next \
-                 run resumes it",
-                shown(&snap.path)
+                "cowlink sync: snapshot {name} left in progress, not complete: {path}; the next \
+                 run resumes it"
             );
         }
     }

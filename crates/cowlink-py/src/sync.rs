@@ -165,8 +165,8 @@ record!(
         /// The snapshot's name under the root; in a dry run, the snapshot
         /// compared against (None when the set has no complete one).
         snapshot: Option<String>,
-        /// Its directory.
-        path: PathBuf,
+        /// Its directory (None for a dry run against no snapshot).
+        path: Option<PathBuf>,
         /// It was an interrupted snapshot, resumed under its name.
         resumed: bool,
         /// The complete snapshot it was cloned from.
@@ -246,7 +246,7 @@ pub fn sync_snapshot(
         "the entries could not be synced into the snapshot (left in progress)",
         "sync",
         Some(&src),
-        Some(&r.path),
+        r.path.as_deref(),
         report,
     )?)
 }

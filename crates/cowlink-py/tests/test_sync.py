@@ -107,6 +107,9 @@ def test_sync_snapshot_keeps_versions_that_share_unchanged_blocks(cow: Path) -> 
     second = cowlink.sync_snapshot(src, root, contents=True)
     assert second.completed and second.base == first.snapshot
     assert second.snapshot != first.snapshot
+    # A run that made a snapshot names its directory (only a dry run
+    # against no snapshot has none).
+    assert first.path is not None and second.path is not None
     assert rsync_differences(src, second.path) == []
     assert (first.path / "gone").read_bytes() == b"old"
     assert not (second.path / "gone").exists()

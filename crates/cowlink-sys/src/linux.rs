@@ -1367,6 +1367,29 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     )
 }
 
+/// `openat2(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_NO_XDEV)`:
+/// the parent of the directory `dir`, as a descriptor that only names it
+/// (no read permission needed, so a walk goes on above a directory it may
+/// not list), or `EXDEV` when reaching it crosses a mount point (`dir` is
+/// the root of its mount). At the root of the process's tree the answer
+/// is `dir` itself. Where `openat2` is missing (`ENOSYS`), a different
+/// `st_dev` alone counts as another mount.
+pub fn open_parent_same_mount(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    use rustix::fs::ResolveFlags;
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::NO_XDEV | ResolveFlags::NO_MAGICLINKS;
+    match rfs::openat2(dir, "..", flags, Mode::empty(), resolve) {
+        Err(Errno::NOSYS) => {
+            let fd = rfs::openat(dir, "..", flags, Mode::empty())?;
+            if rfs::fstat(&fd)?.st_dev != rfs::fstat(dir)?.st_dev {
+                return Err(Errno::XDEV);
+            }
+            Ok(fd)
+        }
+        r => r,
+    }
+}
+
 /// `openat2(dir, name, flags | O_NOFOLLOW | O_CLOEXEC, RESOLVE_BENEATH |
 /// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`: open
 /// the entry `name` of `dir` (any type `flags` allow) only if it is no

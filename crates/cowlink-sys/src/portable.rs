@@ -170,6 +170,23 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     Ok(fd)
 }
 
+/// The parent of the directory `dir` (opened to read: there is no
+/// `O_PATH` here), or `EXDEV` when its `st_dev` differs from `dir`'s.
+/// Without `openat2` a bind mount of the same filesystem is not told
+/// apart. At the root of the tree the answer is `dir` itself.
+pub fn open_parent_same_mount(dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    let fd = rfs::openat(
+        dir,
+        "..",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rfs::fstat(&fd)?.st_dev != rfs::fstat(dir)?.st_dev {
+        return Err(Errno::XDEV);
+    }
+    Ok(fd)
+}
+
 /// Open the entry `name` of `dir` (any type `flags` allow) without
 /// following a link (`O_NOFOLLOW`) and without crossing into another
 /// filesystem (`EXDEV` when its `st_dev` differs from `dir`'s). Without

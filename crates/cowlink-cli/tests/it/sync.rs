@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -347,4 +348,294 @@ fn exclude_from_is_bounded_and_pipes_still_work() {
         .unwrap();
     ok(&out);
     assert!(dst.join("a.c").exists() && !dst.join("a.o").exists());
+}
+
+/// A source whose itemized listing (`-i`) is far larger than a pipe
+/// holds: a sync writing it to a pipe nobody reads stops, its locks held,
+/// until the pipe is read. Empty files with long names: quick to make.
+fn long_listing(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    let tail = "n".repeat(200);
+    for i in 0..800 {
+        fs::write(dir.join(format!("{i:04}{tail}")), b"").unwrap();
+    }
+}
+
+/// Whether process `pid` holds a `flock` on the inode of `path`
+/// (`/proc/locks`).
+fn holds_lock(pid: u32, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = fs::metadata(path) else {
+        return false;
+    };
+    let ino = m.ino();
+    fs::read_to_string("/proc/locks").unwrap().lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let f = if f.get(1) == Some(&"->") {
+            &f[1..]
+        } else {
+            &f[..]
+        };
+        f.get(1) == Some(&"FLOCK")
+            && f.get(4) == Some(&pid.to_string().as_str())
+            && f.get(5).and_then(|d| d.rsplit(':').next()) == Some(ino.to_string().as_str())
+    })
+}
+
+/// `cowlink sync -i ARGS` started with its listing going to a pipe nobody
+/// reads: it stops mid-run holding its locks. Answered once it holds a
+/// lock on `locked` (a bound only keeps a broken run from hanging the
+/// test).
+fn held_sync(args: &[&dyn AsRef<std::ffi::OsStr>], locked: &Path) -> std::process::Child {
+    let mut c = bin();
+    c.args(["sync", "-i", "--no-progress", "-j", "1"]);
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..3000 {
+        if holds_lock(child.id(), locked) {
+            return child;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("the sync ended ({st}) before it was seen holding its lock");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    panic!("the sync never took its lock on {locked:?}");
+}
+
+/// Let a [`held_sync`] finish: read its listing, wait, and check it
+/// succeeded.
+fn release(mut child: std::process::Child) {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    let st = child.wait_with_output().unwrap();
+    assert!(st.status.success(), "{}", text(&st.stderr));
+}
+
+/// A sync refused because another holds a lock: exit 2, `InUse` text
+/// naming the holder's process and the directory; nothing written.
+fn refused_by(out: &std::process::Output, pid: u32, what: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("process {pid}")), "{err}");
+    assert!(err.contains(what), "{err}");
+}
+
+/// `sync A/ dst/` and `sync B/ dst/sub/` at once would both write
+/// dst/sub: they refuse each other, whichever starts first, naming the
+/// holder; runs into siblings, and a dry run of the outer directory while
+/// an inner one runs, go on.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn nested_destinations_refuse_each_other_in_both_orders() {
+    let x = testfs!(Xfs);
+    let (big, small) = (x.path().join("big"), x.path().join("small"));
+    long_listing(&big);
+    fs::create_dir_all(&small).unwrap();
+    fs::write(small.join("s"), b"small").unwrap();
+    let dst = x.path().join("dst");
+    let (sub, other) = (dst.join("sub"), dst.join("other"));
+    fs::create_dir_all(&sub).unwrap();
+    fs::create_dir_all(&other).unwrap();
+
+    // The outer run first: the inner one, and a dry run of it, are
+    // refused; a sibling of the outer directory is not.
+    let outer = held_sync(&[&slash(&big), &dst], &dst);
+    let pid = outer.id();
+    let out = cowlink(&[&"sync", &slash(&small), &sub]);
+    refused_by(&out, pid, "which holds this directory");
+    assert!(text(&out.stderr).contains(&*dst.to_string_lossy()));
+    refused_by(&cowlink(&[&"sync", &"-n", &slash(&small), &sub]), pid, "");
+    let beside = x.path().join("beside");
+    ok(&cowlink(&[&"sync", &slash(&small), &beside]));
+    release(outer);
+    assert!(!sub.join("s").exists(), "the refused run wrote");
+
+    // The inner run first: the outer one is refused; a sibling of the
+    // inner one and a dry run of the outer one go on.
+    let inner = held_sync(&[&slash(&big), &sub], &sub);
+    let pid = inner.id();
+    let out = cowlink(&[&"sync", &"--delete", &slash(&small), &dst]);
+    refused_by(&out, pid, "or into a directory inside it");
+    assert!(sub.exists() && dst.join("0000".to_string() + &"n".repeat(200)).exists());
+    ok(&cowlink(&[&"sync", &slash(&small), &other]));
+    ok(&cowlink(&[&"sync", &"-n", &slash(&small), &dst]));
+    release(inner);
+    assert_eq!(rsync_diff(&big, &sub, true), "");
+    // Both free again.
+    ok(&cowlink(&[&"sync", &slash(&small), &sub]));
+}
+
+/// A snapshot root takes part as a destination: `sync --snapshot ROOT`
+/// and a sync into ROOT or into one of its snapshots refuse each other,
+/// whichever starts first, naming the holder. On Btrfs each snapshot is a
+/// subvolume (another `st_dev`, no mount point): ROOT above it is still
+/// locked.
+fn snapshot_root_and_syncs_into_it_refuse_each_other(
+    x: &cowlink_testfs::TestDir,
+    subvolumes: bool,
+) {
+    let (big, small) = (x.path().join("big"), x.path().join("small"));
+    long_listing(&big);
+    fs::create_dir_all(&small).unwrap();
+    fs::write(small.join("s"), b"small").unwrap();
+    let root = x.path().join("snaps");
+    ok(&cowlink(&[&"sync", &"--snapshot", &root, &slash(&small)]));
+    let first = snapshot_names(&root).remove(0);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let ino = fs::metadata(root.join(&first)).unwrap().ino();
+        if subvolumes {
+            assert_eq!(
+                ino, 256,
+                "a Btrfs snapshot is a subvolume (its root is inode 256)"
+            );
+        }
+    }
+
+    // The snapshot run first.
+    let snap = held_sync(&[&"--snapshot", &root, &slash(&big)], &root);
+    let pid = snap.id();
+    refused_by(
+        &cowlink(&[&"sync", &slash(&small), &root]),
+        pid,
+        "another sync",
+    );
+    let into_old = root.join(&first);
+    refused_by(
+        &cowlink(&[&"sync", &slash(&small), &into_old.join("sub")]),
+        pid,
+        "which holds this directory",
+    );
+    refused_by(
+        &cowlink(&[&"snapshot", &"prune", &root, &"--keep-last", &"1"]),
+        pid,
+        "",
+    );
+    release(snap);
+    assert!(!into_old.join("sub").exists());
+    let names = snapshot_names(&root);
+    assert_eq!(names.len(), 2);
+    assert_eq!(rsync_diff(&big, &root.join(&names[1]), true), "");
+
+    // A sync into a snapshot first: the snapshot run is refused.
+    let plain = held_sync(
+        &[&slash(&big), &into_old.join("sub")],
+        &into_old.join("sub"),
+    );
+    let pid = plain.id();
+    let out = cowlink(&[&"sync", &"--snapshot", &root, &slash(&small)]);
+    refused_by(&out, pid, "another sync");
+    release(plain);
+    assert_eq!(snapshot_names(&root), names, "a snapshot was begun");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_snapshot_root_and_syncs_into_it_refuse_each_other_xfs() {
+    snapshot_root_and_syncs_into_it_refuse_each_other(&testfs!(Xfs), false);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_snapshot_root_and_syncs_into_it_refuse_each_other_btrfs() {
+    snapshot_root_and_syncs_into_it_refuse_each_other(&testfs!(Btrfs), true);
+}
+
+/// `--exclude-from` input that is not a list of patterns is refused
+/// before anything is made, naming the file: a line that is not UTF-8
+/// (with its number), a missing file, a directory, and a FIFO no process
+/// writes to (after a bounded wait, never a hang). A FIFO with a writer
+/// is read.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn exclude_from_refuses_what_is_not_a_list_of_patterns() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    // A name from a Latin-1 tree: not UTF-8.
+    let latin1_name = std::ffi::OsStr::from_bytes(b"caf\xe9.o");
+    fs::write(src.join(latin1_name), b"o").unwrap();
+    fs::write(src.join("a.c"), b"c").unwrap();
+    let refused = |list: &Path, what: &str| {
+        let out = cowlink(&[&"sync", &"--exclude-from", &list, &slash(&src), &dst]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains(&*list.to_string_lossy()), "{err}");
+        assert!(err.contains(what), "{err}");
+        assert!(!dst.exists(), "{list:?} made the destination");
+    };
+    // The name as written in a Latin-1 list: read lossily it became
+    // "caf\u{fffd}.o", which matches nothing, and the file was synced
+    // though listed.
+    let latin1 = x.path().join("latin1.list");
+    fs::write(&latin1, b"# build output\n*.tmp\ncaf\xe9.o\n").unwrap();
+    refused(&latin1, "line 3 of the exclude file is not UTF-8");
+    refused(&x.path().join("no-such.list"), "No such file");
+    refused(x.path(), "is a directory");
+    let fifo = x.path().join("fifo.list");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    refused(&fifo, "no process writes to");
+    // With a writer, the FIFO is a list like any other; `?` matches the
+    // byte that is not UTF-8, as the refusal advises.
+    let writer = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || fs::write(&fifo, "caf?.o\n").unwrap()
+    });
+    ok(&cowlink(&[
+        &"sync",
+        &"--exclude-from",
+        &fifo,
+        &slash(&src),
+        &dst,
+    ]));
+    writer.join().unwrap();
+    assert!(dst.join("a.c").exists() && !dst.join(latin1_name).exists());
+}
+
+/// `sync --snapshot ROOT -n` into a root with no complete snapshot:
+/// everything is new, no made-up path shows, nothing is made.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_dry_run_snapshot_into_an_empty_root_lists_everything_new() {
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/f"), b"f").unwrap();
+    let root = x.path().join("snaps");
+    fs::create_dir(&root).unwrap();
+    let out = cowlink(&[&"sync", &"-n", &"--snapshot", &root, &slash(&src)]);
+    let (stdout, stderr) = (ok(&out), text(&out.stderr));
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines, [">f+++++++++ d/f", "cd+++++++++ d/"]);
+    assert!(stderr.contains("holds no complete snapshot"), "{stderr}");
+    assert!(!stdout.contains("cowlink-none") && !stderr.contains("cowlink-none"));
+    let v = json(&cowlink(&[
+        &"sync",
+        &"-n",
+        &"--json",
+        &"--snapshot",
+        &root,
+        &slash(&src),
+    ]));
+    assert!(v["snapshot"]["path"].is_null(), "{v}");
+    assert!(v["snapshot"]["snapshot"].is_null(), "{v}");
+    assert_eq!(v["summary"]["created"], 2);
+    assert_eq!(
+        fs::read_dir(&root).unwrap().count(),
+        0,
+        "the dry run made something"
+    );
 }

@@ -38,9 +38,24 @@
 //!   preserved (`cp -a --reflink=always`): clone or fail, never a silent
 //!   full copy. On a filesystem that cannot clone, `begin` fails.
 //!
-//! The caller writes into [`Begun::path`] (sync does) and calls
-//! [`Begun::complete`]. Dropping a [`Begun`] without completing it leaves
-//! the snapshot in progress for the next `begin` to resume.
+//! Whichever way it is made, the snapshot's directory is opened once,
+//! never through a link, and its identity recorded (still `cloning`)
+//! before anything is cloned into it; a resumed snapshot is opened the
+//! same way and must be the recorded directory. Everything after writes
+//! through that descriptor ([`Begun::dir`]), never through the name,
+//! which anyone who can write in ROOT could swap for a link or another
+//! directory between two steps.
+//!
+//! The caller writes into [`Begun::dir`] (sync does:
+//! [`crate::sync::sync_into_snapshot`]) and calls [`Begun::complete`],
+//! which seals it only while its name still holds that directory.
+//! Dropping a [`Begun`] without completing it leaves the snapshot in
+//! progress for the next `begin` to resume.
+//!
+//! `sync --snapshot` and `prune` also lock ROOT as a sync destination
+//! (`LOCK_EX` on ROOT, `LOCK_SH` above it: see `crate::sync::lock`), so a
+//! plain sync into ROOT, above it or into one of its snapshots never runs
+//! at the same time.
 //!
 //! [`TreeOptions::resume`]: crate::tree::TreeOptions::resume
 //! [`LinkMode::Clone`]: crate::LinkMode::Clone
@@ -53,7 +68,7 @@ mod stamp;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -143,6 +158,17 @@ impl std::fmt::Debug for SnapshotSet {
     }
 }
 
+/// Open the directory `name` of `dir` to read it, never through a
+/// symbolic link (`ELOOP`, or `ENOTDIR` for another type).
+fn open_dir_nofollow(dir: BorrowedFd<'_>, name: &str) -> std::result::Result<OwnedFd, Errno> {
+    fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 fn open_root(root: &Path) -> Result<OwnedFd> {
     fs::open(
         root,
@@ -176,6 +202,65 @@ impl SnapshotSet {
         let root_fd = open_root(root)?;
         let book = Book::open(root_fd.as_fd(), root, true)?;
         Ok(SnapshotSet::from_parts(root, root_fd, book))
+    }
+
+    /// [`SnapshotSet::open`] for a snapshot run: ROOT is locked as a sync
+    /// destination (`LOCK_EX` on it, `LOCK_SH` above: see
+    /// `crate::sync::lock`) before its bookkeeping is made or read, so a
+    /// sync into ROOT, into a directory above it or into one of its
+    /// snapshots never runs at the same time.
+    pub(crate) fn open_locked(root: &Path) -> Result<(SnapshotSet, crate::sync::lock::Held)> {
+        // A root to be made: runs into the directories above refuse this
+        // one before it is made (see `crate::sync::lock::take_above_new`).
+        let mut above = None;
+        if fs::stat(root).is_err() {
+            let parent = match root.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let opath = cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            if let Ok(pfd) = fs::open(parent, opath, Mode::empty()) {
+                above = Some(crate::sync::lock::take_above_new(pfd.as_fd(), root)?);
+            }
+        }
+        match fs::mkdir(root, cowlink_sys::raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => {
+                return Err(
+                    err(root, e).with_reason(format!("cannot create the snapshot root: {e}"))
+                )
+            }
+        }
+        let root_fd = open_root(root)?;
+        let held = crate::sync::lock::take(root_fd.as_fd(), root, false)?;
+        drop(above);
+        let book = Book::open(root_fd.as_fd(), root, true)?;
+        Ok((SnapshotSet::from_parts(root, root_fd, book), held))
+    }
+
+    /// The newest complete snapshot whose directory is still the recorded
+    /// one, opened (never through a link) and checked on the descriptor,
+    /// for a dry run to compare against; `None` when the set has none.
+    ///
+    /// # Errors
+    /// The records cannot be read.
+    pub(crate) fn newest_complete(&self) -> Result<Option<(Snapshot, OwnedFd)>> {
+        let Some(book) = &self.inner.book else {
+            return Ok(None);
+        };
+        let (records, _) = book.records()?;
+        for (name, rec) in records.iter().rev() {
+            let Some(want) = rec.id.filter(|_| rec.state == State::Complete) else {
+                continue;
+            };
+            let Ok(dir) = open_dir_nofollow(self.inner.root_fd.as_fd(), name) else {
+                continue;
+            };
+            if book::DirId::of_fd(dir.as_fd()).is_ok_and(|now| want.same(&now)) {
+                return Ok(Some((self.snapshot(name.clone(), rec), dir)));
+            }
+        }
+        Ok(None)
     }
 
     /// Open an existing snapshot root to read it (list, prune), creating
@@ -363,7 +448,7 @@ impl SnapshotSet {
                     return Err(name_taken(&self.inner.root.join(name)));
                 }
                 Ok(r) => {
-                    let (name, record, resumed) = r?;
+                    let (name, record, resumed, dir) = r?;
                     return Ok(Begun {
                         set: self.clone(),
                         path: self.inner.root.join(&name),
@@ -371,6 +456,7 @@ impl SnapshotSet {
                         name,
                         record,
                         resumed,
+                        dir,
                         _lock: lock,
                     });
                 }
@@ -381,10 +467,7 @@ impl SnapshotSet {
     /// [`SnapshotSet::begin`] with the lock held: the snapshot's name,
     /// record and whether it was resumed; `Err(Taken)` when its name was
     /// taken by something else before its directory was made.
-    fn begin_locked(
-        &self,
-        book: &Book,
-    ) -> std::result::Result<Result<(String, Record, bool)>, Taken> {
+    fn begin_locked(&self, book: &Book) -> std::result::Result<Result<Opened>, Taken> {
         let (records, _) = match book.records() {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
@@ -401,7 +484,7 @@ impl SnapshotSet {
         &self,
         book: &Book,
         records: &book::Records,
-    ) -> std::result::Result<(String, Record, bool), (Error, Option<String>)> {
+    ) -> std::result::Result<Opened, (Error, Option<String>)> {
         let plain = |e: Error| (e, None);
         let root = &self.inner.root;
         let unfinished = records
@@ -464,29 +547,44 @@ impl SnapshotSet {
             )
             .is_ok();
             if taken {
-                return Err(plain(Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
-                    .with_src(root.join(&name))
-                    .with_reason(
-                        "the snapshot in progress cannot be resumed: its directory was replaced by something this tool did not make",
-                    )));
+                return Err(plain(not_resumable(&root.join(&name))));
             }
             rec.state = State::Cloning;
             rec.id = None;
             book.write(&name, &rec).map_err(plain)?;
         }
-        if rec.state == State::Cloning {
+        let dir = if rec.state == State::Cloning {
             let base_id = self.check_base(records, &rec).map_err(plain)?;
             // Only a name-taken answer of `make` gives the name up: the
             // record of a snapshot this tool never made a directory for.
-            rec.kind = self.make(&name, &rec, base_id, resumed).map_err(|e| {
-                let taken = is_name_taken(&e);
-                (e, taken.then(|| name.clone()))
-            })?;
-            rec.id = Some(self.id_of(&name).map_err(plain)?);
+            let dir = self
+                .make(book, &name, &mut rec, base_id, resumed)
+                .map_err(|e| {
+                    let taken = is_name_taken(&e);
+                    (e, taken.then(|| name.clone()))
+                })?;
             rec.state = State::Open;
             book.write(&name, &rec).map_err(plain)?;
-        }
-        Ok((name, rec, resumed))
+            dir
+        } else {
+            // Resumed open: the directory checked above, opened once and
+            // checked again on the descriptor (the name may have been
+            // swapped in between). The sync writes through it.
+            let path = root.join(&name);
+            let replaced = || not_resumable(&path);
+            let dir = open_dir_nofollow(self.inner.root_fd.as_fd(), &name).map_err(|e| {
+                plain(match e {
+                    Errno::NOENT | Errno::LOOP | Errno::NOTDIR => replaced(),
+                    e => err(&path, e),
+                })
+            })?;
+            let now = book::DirId::of_fd(dir.as_fd()).map_err(|e| plain(err(&path, e)))?;
+            if !rec.id.is_some_and(|want| want.same(&now)) {
+                return Err(plain(replaced()));
+            }
+            dir
+        };
+        Ok((name, rec, resumed, dir))
     }
 
     /// Refuse to clone from a base that is no longer the complete
@@ -519,16 +617,6 @@ impl SnapshotSet {
         }
     }
 
-    /// The identity of the snapshot directory `name`, which must exist.
-    fn id_of(&self, name: &str) -> Result<book::DirId> {
-        let path = self.inner.root.join(name);
-        book::DirId::of(self.inner.root_fd.as_fd(), name)
-            .map_err(|e| err(&path, e))?
-            .ok_or_else(|| {
-                err(&path, Errno::NOENT).with_reason("the snapshot's directory is missing")
-            })
-    }
-
     fn on_btrfs(&self) -> bool {
         crate::prim::files::kind_of(self.inner.root_fd.as_fd()) == FsKind::Btrfs
     }
@@ -549,19 +637,55 @@ impl SnapshotSet {
         }
     }
 
-    /// Make (or finish making) the directory of `name` as `rec` says;
-    /// the kind it was made as.
+    /// Make (or finish making) the directory of `name` as `rec` says,
+    /// and answer it open: the caller writes through this descriptor,
+    /// never through the name. `rec` gets the kind it was made as and the
+    /// directory's identity, recorded (still `cloning`) as soon as the
+    /// directory exists, before anything is cloned into it: a resumed
+    /// clone then goes on only in that directory, and a directory renamed
+    /// into the name meanwhile is refused as not this tool's.
     fn make(
         &self,
+        book: &Book,
         name: &str,
-        rec: &Record,
+        rec: &mut Record,
         base_id: Option<book::DirId>,
         resumed: bool,
-    ) -> Result<Kind> {
+    ) -> Result<OwnedFd> {
         let root_fd = self.inner.root_fd.as_fd();
         let path = self.inner.root.join(name);
         let cname = book::cstr(name);
         let existing = cowlink_sys::statat(root_fd, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        if existing.is_none() {
+            // The directory recorded (if any) is gone: the one made now is
+            // recorded in its place.
+            rec.id = None;
+        }
+        // Open the directory by its name, never through a link, and take
+        // it for the snapshot's only if it is the recorded one (or, with
+        // none recorded yet, record it): the one check every way of making
+        // it ends with.
+        let adopt = |rec: &mut Record, kind: Kind| -> Result<OwnedFd> {
+            let dir = open_dir_nofollow(root_fd, name).map_err(|e| match e {
+                Errno::NOENT | Errno::LOOP | Errno::NOTDIR => name_taken(&path),
+                e => err(&path, e),
+            })?;
+            let now = book::DirId::of_fd(dir.as_fd()).map_err(|e| err(&path, e))?;
+            if kind == Kind::Subvolume && now.ino != cowlink_sys::BTRFS_SUBVOL_ROOT_INO {
+                return Err(name_taken(&path));
+            }
+            rec.kind = kind;
+            match rec.id {
+                // Only a resumed snapshot has one recorded already.
+                Some(want) if !want.same(&now) => return Err(not_resumable(&path)),
+                Some(_) => {}
+                None => {
+                    rec.id = Some(now);
+                    book.write(name, rec)?;
+                }
+            }
+            Ok(dir)
+        };
         if let Some(st) = &existing {
             // This tool only ever makes a directory under the name, and a
             // new snapshot's name was free when it was chosen: something
@@ -574,7 +698,7 @@ impl SnapshotSet {
                 && st.st_ino == cowlink_sys::BTRFS_SUBVOL_ROOT_INO
                 && self.on_btrfs()
             {
-                return Ok(Kind::Subvolume);
+                return adopt(rec, Kind::Subvolume);
             }
         }
         // The base, opened once and checked to be the recorded snapshot:
@@ -584,13 +708,7 @@ impl SnapshotSet {
             None => None,
             Some(b) => {
                 let shown = self.inner.root.join(b);
-                let fd = fs::openat(
-                    root_fd,
-                    b.as_str(),
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| match e {
+                let fd = open_dir_nofollow(root_fd, b).map_err(|e| match e {
                     Errno::NOENT | Errno::LOOP | Errno::NOTDIR => base_changed(&shown, b),
                     e => err(&shown, e),
                 })?;
@@ -609,7 +727,7 @@ impl SnapshotSet {
                 }
             };
             match made {
-                Ok(()) => return Ok(Kind::Subvolume),
+                Ok(()) => return adopt(rec, Kind::Subvolume),
                 // Not allowed or not possible here: a tree of clones does
                 // the same in linear time.
                 Err(
@@ -636,37 +754,25 @@ impl SnapshotSet {
             Err(Errno::EXIST) => return Err(name_taken(&path)),
             Err(e) => return Err(err(&path, e)),
         }
-        let dst = fs::openat(
-            root_fd,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            Errno::LOOP | Errno::NOTDIR => name_taken(&path),
-            e => err(&path, e),
-        })?;
-        match &base {
-            None => Ok(Kind::Tree),
-            Some((base_fd, shown)) => {
-                // What is mounted inside the base is not part of it (a
-                // subvolume snapshot leaves it out too).
-                self.refuse_mounts(shown, "not cloned")?;
-                // The tree engine takes a path: the descriptor's own
-                // (`/proc/self/fd/N/.`, the directory it holds, wherever
-                // it is renamed to), not the base's name.
-                let pinned = PathBuf::from(format!(
-                    "/proc/self/fd/{}/.",
-                    std::os::fd::AsRawFd::as_raw_fd(base_fd)
-                ));
-                let into = PathBuf::from(format!(
-                    "/proc/self/fd/{}/.",
-                    std::os::fd::AsRawFd::as_raw_fd(&dst)
-                ));
-                self.clone_tree(&pinned, shown, &into, &path)?;
-                Ok(Kind::Tree)
-            }
+        let dst = adopt(rec, Kind::Tree)?;
+        if let Some((base_fd, shown)) = &base {
+            // What is mounted inside the base is not part of it (a
+            // subvolume snapshot leaves it out too).
+            self.refuse_mounts(shown, "not cloned")?;
+            // The tree engine takes a path: the descriptor's own
+            // (`/proc/self/fd/N/.`, the directory it holds, wherever
+            // it is renamed to), not the base's name.
+            let pinned = PathBuf::from(format!(
+                "/proc/self/fd/{}/.",
+                std::os::fd::AsRawFd::as_raw_fd(base_fd)
+            ));
+            let into = PathBuf::from(format!(
+                "/proc/self/fd/{}/.",
+                std::os::fd::AsRawFd::as_raw_fd(&dst)
+            ));
+            self.clone_tree(&pinned, shown, &into, &path)?;
         }
+        Ok(dst)
     }
 
     /// `cp -a --reflink=always base into`, merging into what a crash left;
@@ -718,6 +824,11 @@ impl SnapshotSet {
             return Ok(Pruned::default());
         };
         let lock = book.lock()?;
+        // Removing snapshots writes into ROOT: no sync into it (or into a
+        // snapshot, or above it) at the same time. After the set's own
+        // lock, so a snapshot run holding both is named by that one.
+        let dir_lock =
+            crate::sync::lock::take(self.inner.root_fd.as_fd(), &self.inner.root, dry_run)?;
         let (records, errors) = book.records()?;
         let mut out = Pruned {
             errors,
@@ -782,7 +893,7 @@ impl SnapshotSet {
             }
             out.snapshots.push((snap, verdict));
         }
-        drop(lock);
+        drop((dir_lock, lock));
         Ok(out)
     }
 
@@ -908,6 +1019,10 @@ impl SnapshotSet {
     }
 }
 
+/// What `begin` opened: the snapshot's name, its record, whether it was
+/// resumed, and its directory, open.
+type Opened = (String, Record, bool, OwnedFd);
+
 /// A snapshot's name was taken by something else before its directory
 /// was made there.
 struct Taken(String);
@@ -927,6 +1042,15 @@ fn is_name_taken(e: &Error) -> bool {
     e.kind() == ErrorKind::AlreadyExists
         && e.errno().is_none()
         && e.to_string().ends_with(NAME_TAKEN)
+}
+
+/// A snapshot in progress whose directory is no longer the one recorded.
+fn not_resumable(path: &Path) -> Error {
+    Error::new(Operation::Snapshot, ErrorKind::AlreadyExists)
+        .with_src(path)
+        .with_reason(
+            "the snapshot in progress cannot be resumed: its directory was replaced by something this tool did not make",
+        )
 }
 
 fn base_changed(path: &Path, base: &str) -> Error {
@@ -997,13 +1121,25 @@ pub struct Begun {
     blocks: PathBuf,
     record: Record,
     resumed: bool,
+    /// The snapshot's directory, open since it was made or checked.
+    dir: OwnedFd,
     _lock: OwnedFd,
 }
 
 impl Begun {
-    /// The snapshot's directory: write the new version here.
+    /// The snapshot's directory: write the new version here. The name
+    /// can be swapped by anyone who can write in the root; to write only
+    /// into the directory this run made and checked, write through
+    /// [`Begun::dir`] (as [`crate::sync::sync_into_snapshot`] does).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The snapshot's directory, open since `begin` made it (or checked
+    /// it against its record, when resumed): whatever is renamed into
+    /// its name afterwards, this is the snapshot's.
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
     }
 
     /// Its name under the root.
@@ -1058,20 +1194,27 @@ impl Begun {
     /// The write-back or the mark failed; the snapshot stays in progress.
     pub fn complete(mut self) -> Result<Snapshot> {
         let inner = &self.set.inner;
-        let dir = fs::openat(
-            &inner.root_fd,
-            self.name.as_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| err(&self.path, e))?;
-        let now = book::DirId::of_fd(dir.as_fd()).map_err(|e| err(&self.path, e))?;
-        if !self.record.id.is_some_and(|want| want.same(&now)) {
-            return Err(Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
+        // Sealed only while the name still holds the directory written
+        // (its record is what listing and prune go by): one swapped in
+        // meanwhile is not sealed as the snapshot, and the snapshot
+        // stays in progress.
+        let replaced = || {
+            Error::new(Operation::Snapshot, ErrorKind::ContentChanged)
                 .with_src(&self.path)
-                .with_reason("the snapshot's directory was replaced while it was open"));
+                .with_reason("the snapshot's directory was replaced while it was open (its name now holds another directory, a link or nothing); it stays in progress")
+        };
+        let now = book::DirId::of(inner.root_fd.as_fd(), &self.name)
+            .map_err(|e| err(&self.path, e))?
+            .ok_or_else(replaced)?;
+        let mine = book::DirId::of_fd(self.dir.as_fd()).map_err(|e| err(&self.path, e))?;
+        if !self
+            .record
+            .id
+            .is_some_and(|want| want.same(&now) && want.same(&mine))
+        {
+            return Err(replaced());
         }
-        cowlink_sys::sync_filesystem(dir.as_fd()).map_err(|e| err(&self.path, e))?;
+        cowlink_sys::sync_filesystem(self.dir.as_fd()).map_err(|e| err(&self.path, e))?;
         self.record.state = State::Complete;
         self.record.completed = Some(Stamp::now().0);
         self.set.book()?.write(&self.name, &self.record)?;

@@ -50,6 +50,9 @@ fn cstr(p: &Path) -> Result<CString, Error> {
 pub(super) struct Node {
     src_path: PathBuf,
     dst_path: PathBuf,
+    /// Whether `dst_path` names a destination (not in a dry run against
+    /// nothing, where no destination path exists to name).
+    named: bool,
     /// Path below the destination root.
     rel: PathBuf,
     src: OwnedFd,
@@ -128,9 +131,12 @@ struct Entry<'n> {
 
 impl Entry<'_> {
     fn err(&self, e: Errno) -> Error {
-        Error::from_errno(OP, e)
-            .with_src(&self.src)
-            .with_dst(&self.dst)
+        let err = Error::from_errno(OP, e).with_src(&self.src);
+        if self.node.named {
+            err.with_dst(&self.dst)
+        } else {
+            err
+        }
     }
 
     fn src_err(&self, e: Errno) -> Error {
@@ -645,6 +651,7 @@ impl Syncer<'_> {
         Ok(Some(Arc::new(Node {
             src_path: e.src,
             dst_path: e.dst,
+            named: parent.named,
             rel: e.rel,
             src,
             dst,
@@ -663,9 +670,12 @@ impl Syncer<'_> {
     /// source's (always for one this run created).
     fn dir_metadata(&self, node: &Node) -> Result<(), Error> {
         let err = |x: Errno| {
-            Error::from_errno(OP, x)
-                .with_src(&node.src_path)
-                .with_dst(&node.dst_path)
+            let err = Error::from_errno(OP, x).with_src(&node.src_path);
+            if node.named {
+                err.with_dst(&node.dst_path)
+            } else {
+                err
+            }
         };
         let st = cowlink_sys::fstat(&node.src).map_err(err)?;
         let Some(dst) = &node.dst else { return Ok(()) };
@@ -1033,6 +1043,7 @@ impl Syncer<'_> {
             .expect("outside dry runs the destination is open");
         let name = os(e.name);
         let placement = e.node.placement;
+        let forced_exit = forced_exit_path(dir, name, &e.dst);
         for _ in 0..READ_ATTEMPTS {
             let st = cowlink_sys::fstat(sfd).map_err(|x| e.src_err(x))?;
             if cowlink_sys::file_type(st.st_mode) != FileType::RegularFile {
@@ -1049,7 +1060,7 @@ impl Syncer<'_> {
                 name,
                 cowlink_sys::raw_mode(bits),
                 placement,
-                &e.dst,
+                &forced_exit,
             )
             .map_err(|x| e.dst_err(x))?;
             let dfd = file.fd();
@@ -1226,6 +1237,21 @@ enum ByBlocks {
     No,
 }
 
+/// The path by which a forced exit (a second Ctrl-C) removes an
+/// unfinished file `name` of the open destination directory `dir`:
+/// through the descriptor (`/proc/self/fd/N/name`), so that it is the file
+/// this run made even if a directory above was swapped for a link
+/// meanwhile (a snapshot's name can be); `shown` where there is no
+/// `/proc`.
+fn forced_exit_path(dir: BorrowedFd<'_>, name: &Path, shown: &Path) -> PathBuf {
+    if cfg!(target_os = "linux") {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+        Path::new(&format!("/proc/self/fd/{fd}")).join(name)
+    } else {
+        shown.to_path_buf()
+    }
+}
+
 /// `rel`'s parent and file name.
 fn split(rel: &Path) -> (&Path, &Path) {
     (
@@ -1241,13 +1267,60 @@ fn contents_of(p: &Path) -> bool {
     b.ends_with(b"/") || b == b"." || b.ends_with(b"/.")
 }
 
+/// Where [`run`] writes.
+#[derive(Clone, Copy)]
+pub(super) enum Dest<'a> {
+    /// A path the user named: it may be reached through a symbolic link
+    /// (the user's word), its last component is created when missing, and
+    /// the run takes its locks ([`super::lock`]).
+    Path(&'a Path),
+    /// A directory the caller opened and checked (a snapshot's), written
+    /// through this descriptor only and never reopened by name; `shown`
+    /// names it in messages. With `lock` the run takes the locks on it;
+    /// without, the caller holds locks that cover it.
+    Open {
+        dir: BorrowedFd<'a>,
+        shown: &'a Path,
+        lock: bool,
+    },
+    /// No destination at all: a dry run against nothing (a snapshot set
+    /// without a complete snapshot), where every entry is new. Nothing
+    /// is opened, locked or named as a destination.
+    Nothing,
+}
+
 pub(super) fn run(
     src: &Path,
-    dst: &Path,
+    dest: Dest<'_>,
     opts: &SyncOptions,
     observer: &dyn Observer,
 ) -> Result<SyncReport, Error> {
-    let err = |e: Errno| Error::from_errno(OP, e).with_src(src).with_dst(dst);
+    let shown: Option<&Path> = match &dest {
+        Dest::Path(p) => Some(*p),
+        Dest::Open { shown, .. } => Some(*shown),
+        Dest::Nothing => None,
+    };
+    let err = |e: Errno| {
+        let x = Error::from_errno(OP, e).with_src(src);
+        match shown {
+            Some(d) => x.with_dst(d),
+            None => x,
+        }
+    };
+    // The same, for errors that are not of one system call.
+    let refuse = |kind: ErrorKind, why: &str| {
+        let x = Error::new(OP, kind).with_src(src).with_reason(why);
+        match shown {
+            Some(d) => x.with_dst(d),
+            None => x,
+        }
+    };
+    if matches!(dest, Dest::Nothing) && !opts.dry_run {
+        return Err(refuse(
+            ErrorKind::InvalidInput,
+            "a sync without a destination can only be a dry run",
+        ));
+    }
     let contents = contents_of(src);
     let st = if contents {
         cowlink_sys::stat(src)
@@ -1264,20 +1337,16 @@ pub(super) fn run(
             .with_kind(ErrorKind::NotADirectory)
             .with_reason("a source ending in '/' must be a directory"));
     }
-    if let (Ok(s), Ok(d)) = (std::fs::canonicalize(src), canonical_dest(dst)) {
-        if is_dir && d.starts_with(&s) {
-            return Err(Error::new(OP, ErrorKind::InvalidInput)
-                .with_src(src)
-                .with_dst(dst)
-                .with_reason("the destination is inside the source"));
-        }
-        if opts.delete && s.starts_with(&d) {
-            return Err(Error::new(OP, ErrorKind::InvalidInput)
-                .with_src(src)
-                .with_dst(dst)
-                .with_reason(
-                    "the source is inside the destination, where --delete would remove it",
-                ));
+    const DST_IN_SRC: &str = "the destination is inside the source";
+    const SRC_IN_DST: &str = "the source is inside the destination, where --delete would remove it";
+    if let Dest::Path(dst) = dest {
+        if let (Ok(s), Ok(d)) = (std::fs::canonicalize(src), canonical_dest(dst)) {
+            if is_dir && d.starts_with(&s) {
+                return Err(refuse(ErrorKind::InvalidInput, DST_IN_SRC));
+            }
+            if opts.delete && s.starts_with(&d) {
+                return Err(refuse(ErrorKind::InvalidInput, SRC_IN_DST));
+            }
         }
     }
     // The same by identity, which an alias made by a bind mount (that no
@@ -1285,76 +1354,115 @@ pub(super) fn run(
     // walked through "..", as the kernel resolves them.
     if is_dir {
         let src_id = (st.st_dev, st.st_ino);
+        let opath = cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
         // A directory that cannot be opened (a dry run into a missing
         // one) holds nothing: the steps below report it if it matters.
         let inside = |p: &Path, id: (u64, u64)| -> Result<bool, Error> {
-            let flags = cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-            match fs::open(p, flags, Mode::empty()) {
+            match fs::open(p, opath, Mode::empty()) {
                 Ok(fd) => has_ancestor(fd, id).map_err(err),
                 Err(_) => Ok(false),
             }
         };
-        let existing = nearest_existing(dst);
-        if inside(existing, src_id)? {
-            return Err(Error::new(OP, ErrorKind::InvalidInput)
-                .with_src(src)
-                .with_dst(dst)
-                .with_reason("the destination is inside the source"));
+        let (dst_inside, dst_id) = match &dest {
+            Dest::Path(dst) => (
+                inside(nearest_existing(dst), src_id)?,
+                cowlink_sys::stat(*dst).ok().map(|d| (d.st_dev, d.st_ino)),
+            ),
+            Dest::Open { dir, .. } => {
+                let fd = fs::openat(dir, c".", opath, Mode::empty()).map_err(err)?;
+                let d = cowlink_sys::fstat(&fd).map_err(err)?;
+                (
+                    has_ancestor(fd, src_id).map_err(err)?,
+                    Some((d.st_dev, d.st_ino)),
+                )
+            }
+            Dest::Nothing => (false, None),
+        };
+        if dst_inside {
+            return Err(refuse(ErrorKind::InvalidInput, DST_IN_SRC));
         }
-        if opts.delete {
-            if let Ok(d) = cowlink_sys::stat(dst) {
-                if inside(src, (d.st_dev, d.st_ino))? {
-                    return Err(Error::new(OP, ErrorKind::InvalidInput)
-                        .with_src(src)
-                        .with_dst(dst)
-                        .with_reason(
-                            "the source is inside the destination, where --delete would \
-                             remove it",
-                        ));
-                }
+        if let (true, Some(id)) = (opts.delete, dst_id) {
+            if inside(src, id)? {
+                return Err(refuse(ErrorKind::InvalidInput, SRC_IN_DST));
             }
         }
     }
     let filter = Filter::new(&opts.exclude)?;
-    // The destination itself is the user's word: it may be reached
-    // through a link. Only its last component is created.
     let dirflags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let mut dst_created = false;
-    let mut dst_fd = match fs::open(dst, dirflags, Mode::empty()) {
-        Ok(fd) => Some(fd),
-        Err(Errno::NOENT) if opts.dry_run => None,
-        Err(Errno::NOENT) => {
-            fs::mkdir(dst, Mode::from_raw_mode(0o755)).map_err(|e| {
-                err(e).with_reason(format!(
-                    "cannot create the destination directory: {}",
+    let mut above = None;
+    let (mut dst_fd, lock_it) = match &dest {
+        // The destination itself is the user's word: it may be reached
+        // through a link. Only its last component is created.
+        Dest::Path(dst) => match fs::open(*dst, dirflags, Mode::empty()) {
+            Ok(fd) => (Some(fd), true),
+            Err(Errno::NOENT) if opts.dry_run => (None, false),
+            Err(Errno::NOENT) => {
+                // Runs into the directories above refuse this one before
+                // it makes anything; the locks last until its own are
+                // taken on the new directory.
+                let parent = match dst.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                let opath = cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+                if let Ok(pfd) = fs::open(parent, opath, Mode::empty()) {
+                    above = Some(super::lock::take_above_new(pfd.as_fd(), dst)?);
+                }
+                fs::mkdir(*dst, Mode::from_raw_mode(0o755)).map_err(|e| {
+                    err(e).with_reason(format!(
+                        "cannot create the destination directory: {}",
+                        errno_text(e)
+                    ))
+                })?;
+                dst_created = true;
+                (
+                    Some(fs::open(*dst, dirflags, Mode::empty()).map_err(err)?),
+                    true,
+                )
+            }
+            Err(e) => {
+                return Err(err(e).with_reason(format!(
+                    "cannot open the destination directory: {}",
                     errno_text(e)
-                ))
-            })?;
-            dst_created = true;
-            Some(fs::open(dst, dirflags, Mode::empty()).map_err(err)?)
-        }
-        Err(e) => {
-            return Err(err(e).with_reason(format!(
-                "cannot open the destination directory: {}",
-                errno_text(e)
-            )))
-        }
+                )))
+            }
+        },
+        Dest::Open { dir, lock, .. } => (
+            Some(rustix::io::fcntl_dupfd_cloexec(dir, 0).map_err(err)?),
+            *lock,
+        ),
+        Dest::Nothing => (None, false),
     };
-    if let Some(fd) = &dst_fd {
-        super::lock::take(fd.as_fd(), dst, opts.dry_run)?;
-    }
+    // Held until the run returns.
+    let _locks = match (&dst_fd, lock_it, shown) {
+        (Some(fd), true, Some(shown)) => Some(super::lock::take(fd.as_fd(), shown, opts.dry_run)?),
+        _ => None,
+    };
+    drop(above);
     let root_dev = match &dst_fd {
         Some(fd) => cowlink_sys::fstat(fd).map_err(err)?.st_dev,
         None => 0,
     };
     let mut basis_dirs = Vec::new();
     for d in &opts.reflink_dest {
-        let path = if d.is_absolute() {
-            d.clone()
-        } else {
-            dst.join(d)
+        // A relative directory is taken from the destination: from its
+        // descriptor when it is open. With no destination (a dry run
+        // against nothing, which places no file) there is nothing to
+        // take it from, and it is not needed.
+        let (path, opened) = match (&dest, d.is_absolute()) {
+            (_, true) => (d.clone(), fs::open(d, dirflags, Mode::empty())),
+            (Dest::Path(dst), false) => {
+                let p = dst.join(d);
+                let fd = fs::open(&p, dirflags, Mode::empty());
+                (p, fd)
+            }
+            (Dest::Open { dir, shown, .. }, false) => {
+                (shown.join(d), fs::openat(dir, d, dirflags, Mode::empty()))
+            }
+            (Dest::Nothing, false) => continue,
         };
-        let fd = fs::open(&path, dirflags, Mode::empty()).map_err(|e| {
+        let fd = opened.map_err(|e| {
             Error::from_errno(OP, e)
                 .with_src(&path)
                 .with_reason(format!(
@@ -1416,7 +1524,8 @@ pub(super) fn run(
     };
     let top = Arc::new(Node {
         src_path: src_parent,
-        dst_path: dst.to_path_buf(),
+        dst_path: shown.map(Path::to_path_buf).unwrap_or_default(),
+        named: shown.is_some(),
         rel: PathBuf::new(),
         src: src_fd,
         dst: dst_fd.take(),

@@ -1,21 +1,220 @@
-//! One sync per destination at a time: an exclusive `flock` on the
-//! destination directory itself (a dry run takes it shared). Locking the
-//! directory, not a file, keeps every bookkeeping file out of DST, works
-//! for every user who can open DST, and ends with the process, even after
-//! `kill -9`. A refused run names the holder from the kernel's lock table
-//! (`/proc/locks`), which lists each `flock` with its process and inode.
+//! One sync per destination at a time, nested destinations included:
+//! `flock`s on the destination directory and on the directories above it.
+//!
+//! The rule. A run that writes into DST takes `LOCK_EX` on DST and
+//! `LOCK_SH` on each ancestor of DST on DST's mount (up to the mount's
+//! root; an ancestor that cannot be opened is skipped, the walk goes on
+//! above it). A dry run takes `LOCK_SH` on DST and on the same ancestors.
+//! So:
+//! - two runs into one DST refuse each other (a dry run and a run too);
+//! - a run into DST and a run into a directory inside it refuse each
+//!   other, whichever started first: the inner run's `LOCK_SH` on DST
+//!   meets the outer run's `LOCK_EX`. A lock on DST alone would let
+//!   both write the inner directory at once;
+//! - runs into siblings (`dst/a/` and `dst/b/`) run together: both only
+//!   share their common ancestors; so do dry runs, whatever their DSTs;
+//! - a dry run of a directory inside a running DST is refused (it would
+//!   read entries being written), a dry run of DST while a run writes a
+//!   directory inside it is not (its own `LOCK_SH` meets the other's
+//!   `LOCK_SH`): the price of keeping dry runs cheap to lock.
+//!
+//! A run that makes its missing DST takes `LOCK_SH` on the directory it
+//! makes DST in, and above, before making it: a run into one of those
+//! refuses it before anything is made.
+//!
+//! A snapshot run (`sync --snapshot ROOT`, and `snapshot prune`) is a run
+//! into ROOT: `LOCK_EX` on ROOT, `LOCK_SH` above, held from before its
+//! snapshot is begun until it is sealed; the sync into the snapshot's
+//! directory takes no lock of its own (ROOT's covers it). So `sync SRC/
+//! ROOT/` and `sync SRC/ ROOT/<snapshot>/` refuse a snapshot run, and the
+//! other way round. Its dry run is a dry run of the newest complete
+//! snapshot.
+//!
+//! The walk stops at DST's mount: a run never crosses a mount point
+//! inside its DST, so nothing on another mount can be written by two.
+//! A Btrfs subvolume is no mount point: ROOT above a snapshot that is a
+//! subvolume is still locked.
+//!
+//! Locking directories, not files, keeps every bookkeeping file out of
+//! DST, works for every user who can open DST, and ends with the process,
+//! even after `kill -9`. A refused run names the holder from the kernel's
+//! lock table (`/proc/locks`), which lists each `flock` with its process
+//! and inode.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use rustix::fd::BorrowedFd;
-use rustix::fs::{self, FlockOperation};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{self, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::ground::error::{Error, ErrorKind, Operation};
 
-/// Take the lock on the open destination directory `dir` (`shown` for
-/// messages); it lasts as long as `dir`'s open file description.
-pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<(), Error> {
+/// The most ancestors walked: deeper than any real tree.
+const MAX_DEPTH: usize = 4096;
+
+/// The locks of one run; released when dropped (or when the process
+/// ends).
+#[derive(Debug)]
+pub(crate) struct Held {
+    _fds: Vec<OwnedFd>,
+}
+
+/// Take a run's locks on the open destination directory `dir` (`shown`
+/// for messages): `LOCK_EX` on it (`LOCK_SH` when `shared`: a dry run)
+/// and `LOCK_SH` on each ancestor on its mount. They last as long as the
+/// answer.
+///
+/// # Errors
+/// `InUse`, naming the holder, when another run holds a lock that
+/// conflicts; the lock on `dir` itself cannot be taken.
+pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<Held, Error> {
+    let cannot = |e: Errno| {
+        Error::from_errno(Operation::Sync, e)
+            .with_dst(shown)
+            .with_reason("cannot lock the destination directory")
+    };
+    // A description of its own: the locks belong to it, not to the
+    // caller's descriptor, and end with the answer.
+    let own = fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(cannot)?;
+    let mut fds = Vec::new();
+    match lock_one(own.as_fd(), shared) {
+        Ok(()) => fds.push(own),
+        Err(Refused::Held(who)) => {
+            let reason = if shared {
+                format!("a sync into this directory is running ({who} holds its lock)")
+            } else {
+                format!(
+                    "another sync into this directory or into a directory inside it is \
+                     running ({who} holds its lock)"
+                )
+            };
+            return Err(in_use(shown, reason));
+        }
+        Err(Refused::Failed(e)) => return Err(cannot(e)),
+    }
+    if let Ok(up) = cowlink_sys::open_parent_same_mount(dir) {
+        if !same_dir(dir, up.as_fd()) {
+            lock_chain(up, shown, shown, 1, &mut fds)?;
+        }
+    }
+    Ok(Held { _fds: fds })
+}
+
+/// Before a run makes its missing destination `dst` in the directory
+/// `parent`: `LOCK_SH` on `parent` and its ancestors, the locks the run
+/// will hold above `dst`, so that a run into one of them refuses this one
+/// before anything is made, not after. Held until the run holds its own
+/// ([`take`] on the new directory).
+///
+/// # Errors
+/// `InUse`, naming the holder, as [`take`].
+pub(crate) fn take_above_new(parent: BorrowedFd<'_>, dst: &Path) -> Result<Held, Error> {
+    let parent_path = match dst.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut fds = Vec::new();
+    let start = fs::openat(
+        parent,
+        c".",
+        cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    );
+    if let Ok(start) = start {
+        lock_chain(start, parent_path, dst, 0, &mut fds)?;
+    }
+    Ok(Held { _fds: fds })
+}
+
+/// Whether two open directories are one (the root is its own parent).
+fn same_dir(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    let id = |fd: BorrowedFd<'_>| cowlink_sys::fstat(fd).map(|s| (s.st_dev, s.st_ino));
+    matches!((id(a), id(b)), (Ok(x), Ok(y)) if x == y)
+}
+
+/// `LOCK_SH` on the directory `start` (`depth` levels above `base`) and
+/// on each directory above it on its mount, into `fds`; `shown` is the
+/// destination, for messages. A directory this user cannot open is
+/// skipped (the walk goes on above it); the walk ends at the mount's root
+/// or at the root of the tree.
+fn lock_chain(
+    start: OwnedFd,
+    base: &Path,
+    shown: &Path,
+    depth: usize,
+    fds: &mut Vec<OwnedFd>,
+) -> Result<(), Error> {
+    let mut cur = start;
+    for depth in depth..depth + MAX_DEPTH {
+        if let Ok(readable) = fs::openat(
+            &cur,
+            c".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            match lock_one(readable.as_fd(), true) {
+                Ok(()) => fds.push(readable),
+                Err(Refused::Held(who)) => {
+                    let above = ancestor_name(base, depth);
+                    return Err(in_use(
+                        shown,
+                        format!(
+                            "a sync into {}, which holds this directory, is running ({who} \
+                             holds its lock)",
+                            crate::name::quoted(&above)
+                        ),
+                    ));
+                }
+                // A filesystem without `flock` on directories: that
+                // directory cannot take part.
+                Err(Refused::Failed(_)) => {}
+            }
+        }
+        // Another mount above (`EXDEV`), or no way up: the walk ends.
+        let Ok(up) = cowlink_sys::open_parent_same_mount(cur.as_fd()) else {
+            break;
+        };
+        if same_dir(cur.as_fd(), up.as_fd()) {
+            break;
+        }
+        cur = up;
+    }
+    Ok(())
+}
+
+fn in_use(shown: &Path, reason: String) -> Error {
+    Error::new(Operation::Sync, ErrorKind::InUse)
+        .with_dst(shown)
+        .with_reason(reason)
+}
+
+/// The directory `depth` levels above `base`, for a message: from its
+/// canonical path (which ".." walks the same way), or a description when
+/// that cannot be had.
+fn ancestor_name(base: &Path, depth: usize) -> PathBuf {
+    std::fs::canonicalize(base)
+        .ok()
+        .and_then(|c| c.ancestors().nth(depth).map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from(format!("the directory {depth} levels above")))
+}
+
+/// Why [`lock_one`] did not lock.
+enum Refused {
+    /// Another holds a conflicting lock: who (a process, named when the
+    /// lock table says).
+    Held(String),
+    /// `flock` itself failed.
+    Failed(Errno),
+}
+
+/// `flock(fd, LOCK_EX or LOCK_SH | LOCK_NB)`.
+fn lock_one(fd: BorrowedFd<'_>, shared: bool) -> Result<(), Refused> {
     let op = if shared {
         FlockOperation::NonBlockingLockShared
     } else {
@@ -27,11 +226,11 @@ pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<()
     // for, a moment, before it counts as held.
     let mut waits = 0;
     loop {
-        match fs::flock(dir, op) {
+        match fs::flock(fd, op) {
             Ok(()) => return Ok(()),
             Err(Errno::INTR) => continue,
             Err(Errno::WOULDBLOCK) => {
-                let ino = cowlink_sys::fstat(dir).map(|st| st.st_ino).unwrap_or(0);
+                let ino = cowlink_sys::fstat(fd).map(|st| st.st_ino).unwrap_or(0);
                 let me = std::process::id();
                 let holder = cowlink_sys::lock_table()
                     .ok()
@@ -41,21 +240,12 @@ pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<()
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
-                let who = match holder {
+                return Err(Refused::Held(match holder {
                     Some(pid) => format!("process {pid}"),
                     None => "another process".to_string(),
-                };
-                return Err(Error::new(Operation::Sync, ErrorKind::InUse)
-                    .with_dst(shown)
-                    .with_reason(format!(
-                        "another sync into this directory is running ({who} holds its lock)"
-                    )));
+                }));
             }
-            Err(e) => {
-                return Err(Error::from_errno(Operation::Sync, e)
-                    .with_dst(shown)
-                    .with_reason("cannot lock the destination directory"))
-            }
+            Err(e) => return Err(Refused::Failed(e)),
         }
     }
 }
@@ -84,7 +274,7 @@ fn holder(table: &str, ino: u64, me: u32) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::holder;
+    use super::*;
 
     #[test]
     fn the_holder_is_read_from_the_lock_table() {
@@ -95,5 +285,49 @@ mod tests {
         assert_eq!(holder(t, 1234, 4321), None, "our own lock is not a holder");
         assert_eq!(holder(t, 5, 1), None, "POSIX locks are not ours");
         assert_eq!(holder(t, 9, 1), None);
+    }
+
+    fn open(p: &Path) -> OwnedFd {
+        fs::open(
+            p,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    /// The rule of the module notes, on one tree: nested destinations
+    /// refuse each other in both orders, siblings and dry runs do not.
+    #[test]
+    fn nested_destinations_are_exclusive_siblings_are_not() {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("dst");
+        let (a, b) = (top.join("a"), top.join("b"));
+        std::fs::create_dir_all(a.join("deep")).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let lock = |p: &Path, shared: bool| take(open(p).as_fd(), p, shared);
+        // The outer run first: every run below it is refused.
+        let outer = lock(&top, false).unwrap();
+        for p in [&a, &a.join("deep"), &b] {
+            let e = lock(p, false).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InUse);
+            assert!(e.to_string().contains("which holds this directory"), "{e}");
+            assert_eq!(lock(p, true).unwrap_err().kind(), ErrorKind::InUse);
+        }
+        drop(outer);
+        // The inner run first: the outer is refused, siblings and dry
+        // runs of the outer are not.
+        let inner = lock(&a, false).unwrap();
+        assert_eq!(lock(&top, false).unwrap_err().kind(), ErrorKind::InUse);
+        assert_eq!(lock(&a, true).unwrap_err().kind(), ErrorKind::InUse);
+        assert_eq!(
+            lock(&a.join("deep"), false).unwrap_err().kind(),
+            ErrorKind::InUse
+        );
+        let sibling = lock(&b, false).unwrap();
+        let dry = lock(&top, true).unwrap();
+        drop((inner, sibling, dry));
+        // Released: all of them again.
+        drop(lock(&top, false).unwrap());
     }
 }

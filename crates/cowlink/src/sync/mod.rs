@@ -28,8 +28,17 @@
 //! replaced, never changed in place. DST inside SRC (or SRC inside DST,
 //! with `--delete`) is refused by identity, whatever aliases the paths.
 //! Nothing is written outside DST, and
-//! no bookkeeping file is written inside it (the lock is a `flock` on
-//! DST's directory).
+//! no bookkeeping file is written inside it (the locks are `flock`s on
+//! DST's directory and the directories above it, so that nested
+//! destinations exclude each other: see `lock`).
+//!
+//! A snapshot run writes into a directory `SnapshotSet::begin` made or
+//! checked against its record, through the descriptor `begin` opened
+//! ([`crate::snapshot::Begun::dir`]); the snapshot's name is never
+//! reopened, so a link or another directory renamed into it meanwhile is
+//! never written through, and the seal refuses a name that no longer
+//! holds the directory written. A dry run with no complete snapshot to
+//! compare against has no destination at all: every entry is new.
 //!
 //! Crash semantics: a name in DST never holds a mix of old and new
 //! content. A changed file is written to a new inode (an `O_TMPFILE`, or
@@ -45,15 +54,17 @@
 
 mod apply;
 mod filter;
-mod lock;
+pub(crate) mod lock;
 pub mod plan;
 
 use std::path::{Path, PathBuf};
 
+use rustix::fd::AsFd;
+
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
-pub use filter::patterns_from;
+pub use filter::{patterns_from, EXCLUDE_LINES_MAX};
 pub use plan::{itemize, Action, Changes, EntryKind};
 
 /// Options for [`sync`]. `Default`: `cp -a` semantics, size and time
@@ -185,7 +196,12 @@ pub fn sync(
     options: &SyncOptions,
     observer: &dyn Observer,
 ) -> Result<SyncReport, Error> {
-    apply::run(src.as_ref(), dst.as_ref(), options, observer)
+    apply::run(
+        src.as_ref(),
+        apply::Dest::Path(dst.as_ref()),
+        options,
+        observer,
+    )
 }
 
 /// What [`sync_snapshot`] made.
@@ -194,9 +210,9 @@ pub struct SnapshotSyncReport {
     /// The snapshot's name under the root (for a dry run: the snapshot
     /// compared against, or `None` when the set has no complete one).
     pub snapshot: Option<String>,
-    /// Its directory.
-    #[serde(serialize_with = "crate::name::json::path")]
-    pub path: PathBuf,
+    /// Its directory (`None` for a dry run against no snapshot).
+    #[serde(flatten, serialize_with = "crate::name::json::path")]
+    pub path: Option<PathBuf>,
     /// It was an interrupted snapshot, resumed under its name.
     pub resumed: bool,
     /// The complete snapshot it was cloned from.
@@ -215,48 +231,67 @@ pub struct SnapshotSyncReport {
 /// implied, excluded entries included (`--delete --delete-excluded`).
 /// An interrupted run (cancel, kill, a failed entry) leaves the snapshot
 /// in progress, never listed complete; the next run resumes it under its
-/// original name. In a dry run nothing is made: the changes are those
-/// against the newest complete snapshot.
+/// original name.
+///
+/// The root is locked as a sync destination for the whole run (see
+/// `lock` in the module notes: a sync into the root, above it or into one
+/// of its snapshots refuses this run and the other way round), and the
+/// sync writes only through the snapshot's directory as `begin` made or
+/// checked it ([`Begun::dir`]), whatever is renamed into its name.
+///
+/// In a dry run nothing is made: the changes are those against the
+/// newest complete snapshot, or, when the set has none (or no set is
+/// there), every entry is itemized as new, with no destination path.
 ///
 /// # Errors
 /// As [`sync`], and when the set cannot be opened or begun (another run
 /// holds it: `InUse`, naming the process), or the seal fails.
+///
+/// [`Begun::dir`]: crate::snapshot::Begun::dir
 pub fn sync_snapshot(
     src: impl AsRef<Path>,
     root: impl AsRef<Path>,
     options: &SyncOptions,
     observer: &dyn Observer,
 ) -> Result<SnapshotSyncReport, Error> {
-    let root = root.as_ref();
-    let mut opts = options.clone();
-    opts.delete = true;
-    opts.delete_excluded = true;
+    let (src, root) = (src.as_ref(), root.as_ref());
+    let opts = snapshot_options(options);
     if opts.dry_run {
-        let newest = match crate::snapshot::SnapshotSet::open_existing(root) {
-            Ok(set) => set.list()?.0.into_iter().rev().find(|s| s.is_complete()),
+        let set = match crate::snapshot::SnapshotSet::open_existing(root) {
+            Ok(set) => Some(set),
             Err(e) if e.kind() == crate::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        // Against nothing: a name no snapshot has, so every entry is new.
-        let path = newest
-            .as_ref()
-            .map_or_else(|| root.join(".cowlink-none"), |s| s.path.clone());
-        let report = sync(src, &path, &opts, observer)?;
+        let newest = match &set {
+            Some(set) => set.newest_complete()?,
+            None => None,
+        };
+        let dest = match &newest {
+            Some((snap, dir)) => apply::Dest::Open {
+                dir: dir.as_fd(),
+                shown: &snap.path,
+                lock: true,
+            },
+            None => apply::Dest::Nothing,
+        };
+        let report = apply::run(src, dest, &opts, observer)?;
+        let newest = newest.map(|(s, _)| s);
         return Ok(SnapshotSyncReport {
             snapshot: newest.as_ref().map(|s| s.name.clone()),
-            path,
+            path: newest.map(|s| s.path),
             resumed: false,
             base: None,
             completed: false,
             sync: report,
         });
     }
-    let set = crate::snapshot::SnapshotSet::open(root)?.with_run(opts.run.clone());
+    let (set, _held) = crate::snapshot::SnapshotSet::open_locked(root)?;
+    let set = set.with_run(opts.run.clone());
     let begun = set.begin()?;
-    let report = sync(src, begun.path(), &opts, observer)?;
+    let report = into_begun(src, &begun, &opts, observer, false)?;
     let mut out = SnapshotSyncReport {
         snapshot: Some(begun.name().to_owned()),
-        path: begun.path().to_owned(),
+        path: Some(begun.path().to_owned()),
         resumed: begun.resumed(),
         base: begun.base().map(str::to_owned),
         completed: false,
@@ -267,4 +302,58 @@ pub fn sync_snapshot(
         out.completed = true;
     }
     Ok(out)
+}
+
+/// Sync `src` into a snapshot begun with
+/// [`SnapshotSet::begin`](crate::snapshot::SnapshotSet::begin), as
+/// [`sync_snapshot`] does between making and sealing it: with deletion
+/// (excluded entries included), and only through the snapshot's open
+/// directory ([`Begun::dir`]), never through its name, which anyone who
+/// can write in the root can swap for a link or another directory. Its
+/// locks are taken on that directory (and `LOCK_SH` above it, the root
+/// included). Seal it afterwards with
+/// [`Begun::complete`](crate::snapshot::Begun::complete), which refuses
+/// when the name no longer holds the directory written.
+///
+/// # Errors
+/// As [`sync`].
+///
+/// [`Begun::dir`]: crate::snapshot::Begun::dir
+pub fn sync_into_snapshot(
+    src: impl AsRef<Path>,
+    begun: &crate::snapshot::Begun,
+    options: &SyncOptions,
+    observer: &dyn Observer,
+) -> Result<SyncReport, Error> {
+    into_begun(
+        src.as_ref(),
+        begun,
+        &snapshot_options(options),
+        observer,
+        true,
+    )
+}
+
+fn into_begun(
+    src: &Path,
+    begun: &crate::snapshot::Begun,
+    opts: &SyncOptions,
+    observer: &dyn Observer,
+    lock: bool,
+) -> Result<SyncReport, Error> {
+    let dest = apply::Dest::Open {
+        dir: begun.dir(),
+        shown: begun.path(),
+        lock,
+    };
+    apply::run(src, dest, opts, observer)
+}
+
+/// A snapshot is the source as it was: deletion implied, excluded
+/// entries included.
+fn snapshot_options(options: &SyncOptions) -> SyncOptions {
+    let mut opts = options.clone();
+    opts.delete = true;
+    opts.delete_excluded = true;
+    opts
 }

@@ -551,3 +551,185 @@ fn a_bind_mount_of_dst_inside_src_is_not_copied_into_itself() {
     assert_eq!(fs::read(dst.join("a/f")).unwrap(), b"f");
     assert_eq!(fs::read(dst.join("top")).unwrap(), b"t");
 }
+
+/// The snapshot's directory swapped, after `begin` made it and before the
+/// sync into it, for a symbolic link to a directory outside the root (or
+/// for another directory): the sync writes only into the directory
+/// `begin` made (moved aside, wherever it went), never through the name;
+/// the seal refuses, since the name no longer holds that directory, and
+/// the snapshot stays in progress.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_snapshot_directory_swapped_after_begin_is_never_written_through() {
+    use cowlink::snapshot::{SnapshotSet, State};
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("f"), b"new data").unwrap();
+    fs::write(src.join("sub/g"), b"more").unwrap();
+    for link in [true, false] {
+        let root = x.path().join(format!("snaps-{link}"));
+        let outside = x.path().join(format!("outside-{link}"));
+        fs::create_dir_all(outside.join("sub")).unwrap();
+        fs::write(outside.join("precious"), b"p").unwrap();
+        fs::write(outside.join("sub/g"), b"theirs").unwrap();
+        let before = snapshot_of(&outside);
+        let set = SnapshotSet::open(&root).unwrap();
+        let begun = set.begin().unwrap();
+        let name = begun.path().to_path_buf();
+        let aside = root.join("moved-aside");
+        fs::rename(&name, &aside).unwrap();
+        if link {
+            symlink_dir(&outside, &name);
+        } else {
+            fs::rename(&outside, &name).unwrap();
+        }
+        let failed = Mutex::new(Vec::new());
+        let r = cowlink::sync::sync_into_snapshot(
+            slash(&src),
+            &begun,
+            &SyncOptions::default(),
+            &|ev: &SyncEvent<'_>| {
+                if let SyncEvent::Failed(e) = ev {
+                    failed.lock().unwrap().push(e.to_string());
+                }
+            },
+        )
+        .unwrap();
+        assert_eq!(r.errors, 0, "{failed:?}");
+        // Not sealed while the name holds something else.
+        let e = begun.complete().unwrap_err();
+        assert_eq!(e.kind(), cowlink::ErrorKind::ContentChanged, "{e}");
+        assert!(e.to_string().contains("replaced"), "{e}");
+        let (list, _) = set.list().unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].state, State::Open, "never sealed complete");
+        if !link {
+            fs::rename(&name, &outside).unwrap();
+        }
+        assert_eq!(snapshot_of(&outside), before, "written through the name");
+        // Written where `begin` made it.
+        assert_eq!(fs::read(aside.join("f")).unwrap(), b"new data");
+        assert_eq!(fs::read(aside.join("sub/g")).unwrap(), b"more");
+    }
+}
+
+fn symlink_dir(target: &Path, at: &Path) {
+    std::os::unix::fs::symlink(target, at).unwrap();
+}
+
+/// A snapshot still being cloned (its record says `cloning`, with the
+/// identity of the directory `begin` made) whose directory was replaced
+/// by another directory: the next `begin` does not resume the clone into
+/// it. It refuses, naming it, and leaves it alone.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_clone_resumed_into_a_swapped_directory_is_refused() {
+    use cowlink::snapshot::SnapshotSet;
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let first = set.begin().unwrap();
+    fs::write(first.path().join("data"), b"base").unwrap();
+    first.complete().unwrap();
+    let second = set.begin().unwrap();
+    let name = second.name().to_string();
+    drop(second);
+    // As a crash during the clone leaves it: the record `cloning`, its
+    // directory (identity recorded) half made.
+    let record = root.join(".cowlink/records").join(format!("{name}.json"));
+    let text = fs::read_to_string(&record).unwrap();
+    assert!(text.contains("\"open\""), "{text}");
+    fs::write(&record, text.replace("\"open\"", "\"cloning\"")).unwrap();
+    // Someone else's directory renamed into the name.
+    fs::rename(root.join(&name), x.path().join("made-by-begin")).unwrap();
+    let theirs = x.path().join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    fs::write(theirs.join("mine"), b"m").unwrap();
+    let before = snapshot_of(&theirs);
+    fs::rename(&theirs, root.join(&name)).unwrap();
+    let e = set.begin().unwrap_err();
+    assert_eq!(e.kind(), cowlink::ErrorKind::AlreadyExists, "{e}");
+    assert!(e.to_string().contains("cannot be resumed"), "{e}");
+    assert!(e.to_string().contains(&name), "{e}");
+    fs::rename(root.join(&name), &theirs).unwrap();
+    assert_eq!(snapshot_of(&theirs), before, "cloned into their directory");
+}
+
+/// `sync --snapshot ROOT SRC/ --dry-run` with no complete snapshot in
+/// ROOT (none at all, only one in progress, or no ROOT) compares against
+/// nothing: every entry is new, the report names no directory, and
+/// nothing is made in ROOT. A `ROOT/.cowlink-none` the user made (a copy
+/// of the source, or a link to one) is not compared against.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_dry_run_snapshot_with_no_complete_one_shows_everything_new_and_makes_nothing() {
+    use cowlink::sync::Action;
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("f"), b"f").unwrap();
+    fs::write(src.join("sub/g"), b"g").unwrap();
+    let dry = SyncOptions {
+        dry_run: true,
+        ..SyncOptions::default()
+    };
+    let items_of = |root: &Path| {
+        let items = Mutex::new(Vec::new());
+        let r =
+            cowlink::sync::sync_snapshot(slash(&src), root, &dry, &|ev: &SyncEvent<'_>| match ev {
+                SyncEvent::Item { path, action, .. } if *action != Action::Keep => {
+                    items.lock().unwrap().push((path.to_path_buf(), *action))
+                }
+                SyncEvent::Failed(e) => panic!("{e}"),
+                _ => {}
+            })
+            .unwrap();
+        let mut items = items.into_inner().unwrap();
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        (r, items)
+    };
+    let all_new: Vec<(PathBuf, Action)> = ["f", "sub", "sub/g"]
+        .iter()
+        .map(|p| (PathBuf::from(p), Action::Create))
+        .collect();
+    // No ROOT at all.
+    let missing = x.path().join("missing");
+    let (r, items) = items_of(&missing);
+    assert_eq!(items, all_new);
+    assert!(r.path.is_none() && r.snapshot.is_none() && !r.completed);
+    assert_eq!(r.sync.created, 3);
+    assert!(!missing.exists(), "a dry run made the root");
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(!json.contains("cowlink-none"), "{json}");
+    // A root holding a copy of SRC under `.cowlink-none`, then a link
+    // of that name to SRC itself: still compared against nothing.
+    let root = x.path().join("snaps");
+    fs::create_dir_all(&root).unwrap();
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(root.join(".cowlink-none"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let before = snapshot_of(&root);
+    let (r, items) = items_of(&root);
+    assert_eq!(items, all_new);
+    assert!(r.path.is_none());
+    assert_eq!(snapshot_of(&root), before, "the dry run changed the root");
+    fs::remove_dir_all(root.join(".cowlink-none")).unwrap();
+    std::os::unix::fs::symlink(&src, root.join(".cowlink-none")).unwrap();
+    assert_eq!(items_of(&root).1, all_new);
+    fs::remove_file(root.join(".cowlink-none")).unwrap();
+    // A set whose only snapshot is in progress: nothing complete.
+    let set = cowlink::snapshot::SnapshotSet::open(&root).unwrap();
+    let begun = set.begin().unwrap();
+    fs::write(begun.path().join("f"), b"f").unwrap();
+    drop(begun);
+    let before = snapshot_of(&root);
+    let (r, items) = items_of(&root);
+    assert_eq!(items, all_new);
+    assert!(r.path.is_none() && r.snapshot.is_none());
+    assert_eq!(snapshot_of(&root), before, "the dry run changed the root");
+}
