@@ -66,13 +66,27 @@
 //! Crash rules: what the walk learned is written in one redb write
 //! transaction per filesystem when the walk ends (committed, fsync), what
 //! planning learned after it in a second one when planning ends, and the
-//! layouts of the files a run shared in a third after executing. redb
+//! layouts of the files a run shared after executing (in batches, one
+//! transaction each). redb
 //! commits are atomic, so a `kill -9` at any point leaves the last
 //! committed state: at worst a run's learning is lost, and the next run
 //! reads those files again (an entry written before its file's layout was
 //! read says so, and the layout is read next time). An entry is only ever
 //! written with the identity its file had before it was read, so a file
 //! written while being read is read again next time.
+//!
+//! Size on disk: redb splits a full B-tree leaf in half, allocates pages
+//! in powers of two, and copies every page a transaction changes, so a
+//! first run (every record written, then most rewritten after sharing)
+//! leaves a file several times what it holds, which redb's compaction
+//! does not give back. Records are written in a scattered order of their
+//! keys ([`scatter`]; in key order every leaf is left half empty), and a
+//! file more than twice what it holds is rewritten at the end of the run:
+//! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
+//! crash leaves one whole file or the other). A directory of many files
+//! is one large value, and those strand the most space in redb's
+//! power-of-two pages: splitting records into pieces of a page would
+//! give more back.
 //!
 //! Memory: records are built one directory at a time from the plan's own
 //! candidates (no second copy of what was learned), lookups keep a
@@ -120,6 +134,9 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// looked up while the walk is in it, so a few records cover the walk's
 /// threads; a record let go is read again if needed.
 pub const CACHED_ENTRIES: usize = 1 << 13;
+
+/// Paths mapped and written per transaction after sharing.
+const RELAYOUT_BATCH: usize = 1 << 14;
 
 /// redb's cache: each record is read once per run, so a large cache buys
 /// little and shows in the run's peak memory.
@@ -705,12 +722,12 @@ impl Indexes {
         }
     }
 
-    /// Rewrite each index compactly where a quarter of its file or more
-    /// is free pages (a first run's bulk inserts and copy-on-write
-    /// commits leave them; a rerun that rewrites a few records leaves a
-    /// few, reused by the next).
-    /// Takes the indexes back from the run: only when no one else holds
-    /// them.
+    /// Rewrite each index into a new file where its file is more than
+    /// twice what it holds (a first run writes every record, rewrites
+    /// most of them after sharing, and redb's copy-on-write pages and
+    /// power-of-two allocations leave most of the file free or unused,
+    /// which its own compaction does not give back). Takes the indexes
+    /// back from the run: only when no one else holds them.
     pub fn finish(self: Arc<Self>) {
         let Ok(me) = Arc::try_unwrap(self) else {
             return;
@@ -732,12 +749,12 @@ impl Indexes {
                 let txn = ix.db.begin_write()?;
                 let st = txn.stats()?;
                 txn.abort()?;
-                let live = st.allocated_pages() * st.page_size() as u64;
+                let used = st.stored_bytes() + st.metadata_bytes();
                 let size = std::fs::metadata(&ix.file).map_or(0, |m| m.len());
-                Ok(size > live + live / 4 + (1 << 20))
+                Ok(size > 2 * used + (1 << 20))
             })();
             if wasteful.unwrap_or(false) {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ix.db.compact()));
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrite(ix)));
             }
         }
     }
@@ -842,7 +859,8 @@ impl Indexes {
     /// device in `seen`, remove the records of directories under its
     /// roots that the walk did not meet. One transaction per filesystem.
     pub fn update(&self, mut updates: Vec<Update>, seen: Option<Seen<'_>>) {
-        updates.sort_unstable_by_key(|u| (u.dev, u.dir, u.ino));
+        // Each device's directories together, in a scattered order.
+        updates.sort_unstable_by_key(|u| (u.dev, scatter(u.dir), u.ino));
         let mut devs: Vec<u64> = updates.iter().map(|u| u.dev).collect();
         if let Some(seen) = seen {
             devs.extend(seen.dirs.iter().map(|&(d, _)| d));
@@ -943,8 +961,16 @@ impl Indexes {
     /// Record the layouts of `paths` as they are now (after sharing), for
     /// those whose entry's identity still matches. Mapped in parallel: a
     /// first run shares most files of a tree of copies, and each is
-    /// opened and mapped once more here.
+    /// opened and mapped once more here; in batches of [`RELAYOUT_BATCH`],
+    /// each written in a transaction of its own, so the updates held at
+    /// once stay bounded.
     pub fn relayout(&self, paths: &[&Path]) {
+        for batch in paths.chunks(RELAYOUT_BATCH) {
+            self.relayout_batch(batch);
+        }
+    }
+
+    fn relayout_batch(&self, paths: &[&Path]) {
         use rayon::prelude::*;
         let updates: Vec<Update> = paths
             .par_iter()
@@ -1145,6 +1171,77 @@ impl Indexes {
         write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
         Ok(db)
     }
+}
+
+/// Copy `ix`'s database into `<file>.new`, its records in a scattered
+/// order ([`scatter`]: redb splits a full leaf in half, so records put in
+/// key order leave every leaf half empty, and a large record among small
+/// ones strands more), then rename it over the old file: atomic, so a
+/// crash leaves the old file or the new one, whole (a `.new` left over
+/// is replaced next time). The lock is held throughout.
+fn rewrite(ix: FsIndex) {
+    let FsIndex {
+        file, db, _lock, ..
+    } = ix;
+    let tmp = file.with_extension("redb.new");
+    let _ = std::fs::remove_file(&tmp);
+    let copied = (|| -> Result<(), String> {
+        let own = own_file(&tmp)?;
+        let mut b = Database::builder();
+        b.set_cache_size(DB_CACHE);
+        let mut new = b.create_file(own).map_err(|e| e.to_string())?;
+        (|| -> Result<(), redb::Error> {
+            let r = db.begin_read()?;
+            let w = new.begin_write()?;
+            {
+                let from = r.open_table(META)?;
+                let mut to = w.open_table(META)?;
+                for row in from.iter()? {
+                    let (k, v) = row?;
+                    to.insert(k.value(), v.value())?;
+                }
+                let from = r.open_table(RECORDS)?;
+                let mut to = w.open_table(RECORDS)?;
+                let mut keys = Vec::with_capacity(from.len()? as usize);
+                for row in from.iter()? {
+                    keys.push(row?.0.value());
+                }
+                keys.sort_unstable_by_key(|&k| scatter(k));
+                for k in keys {
+                    if let Some(v) = from.get(k)? {
+                        to.insert(k, v.value())?;
+                    }
+                }
+            }
+            w.commit()?;
+            Ok(())
+        })()
+        .map_err(|e| e.to_string())?;
+        // redb grows its file by regions and gives the slack back only
+        // over several commits: its compaction makes them.
+        new.compact().map_err(|e| e.to_string())?;
+        drop(new);
+        std::fs::rename(&tmp, &file).map_err(|e| e.to_string())?;
+        if let Some(dir) = file.parent() {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
+        Ok(())
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    drop(db);
+}
+
+/// A key's place in a scattered order (the splitmix64 finalizer): the
+/// order records are written in, so that a run's writes spread over the
+/// B-tree's leaves instead of filling each in turn and leaving it half
+/// empty.
+pub(super) fn scatter(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn format_of(db: &Database) -> Result<Option<u32>, redb::Error> {

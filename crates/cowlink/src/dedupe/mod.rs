@@ -1109,6 +1109,8 @@ fn record_walk(ix: &Indexes, files: &mut [Cand], names: &Names, allowed: impl Fn
         names.dirs().filter(|((dev, _), _)| allowed(*dev)).collect();
     dirs.sort_unstable_by_key(|(id, _)| *id);
     dirs.dedup_by_key(|(id, _)| *id);
+    // Written per device in a scattered order (see `index::scatter`).
+    dirs.sort_unstable_by_key(|((dev, ino), _)| (*dev, index::scatter(*ino)));
     let files = &*files;
     for one in dirs.chunk_by(|a, b| a.0 .0 == b.0 .0) {
         let dev = one[0].0 .0;
