@@ -83,10 +83,11 @@
 //! keys ([`scatter`]; in key order every leaf is left half empty), and a
 //! file more than twice what it holds is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
-//! crash leaves one whole file or the other). A directory of many files
-//! is one large value, and those strand the most space in redb's
-//! power-of-two pages: splitting records into pieces of a page would
-//! give more back.
+//! crash leaves one whole file or the other). What is left is redb's
+//! growth by regions: the file's apparent size runs ahead of the pages
+//! in use (not written, so not allocated on disk). Storing records in
+//! pieces of 2 KiB, so that no value outgrows a page, was measured to
+//! change neither.
 //!
 //! Memory: records are built one directory at a time from the plan's own
 //! candidates (no second copy of what was learned), lookups keep a
