@@ -104,7 +104,7 @@ pub mod watch;
 pub use exclude::Exclude;
 pub use execute::{execute, DedupeReport, FileStamp, SkipReason, SkippedTarget, UNPROVEN_BATCH};
 pub use index::IndexReport;
-use index::{Entry as IndexEntry, Indexes, Learnt, Pending};
+use index::{Entry as IndexEntry, Indexes, Learnt, Record, Update};
 use stages::{layout_facts, Cand, Name, Names, Span, Times};
 
 /// Bytes hashed from each end of a file for the partial hash.
@@ -341,6 +341,9 @@ struct Collect {
     roots: Vec<PathBuf>,
     /// The indexes, when the run keeps them.
     indexes: Option<Arc<Indexes>>,
+    /// Each walked directory's device and inode, by the walk's id: the
+    /// index's records are per directory.
+    dir_keys: RwLock<Vec<(u64, u64)>>,
 }
 
 /// The inline files the walk met, and per device the shortest of their
@@ -405,14 +408,22 @@ impl Collect {
             stamp: FileStamp::of(&st),
         };
         // Unchanged since a run learnt it: take what was learnt, read
-        // nothing.
-        if let Some(hit) = self
-            .indexes
-            .as_ref()
-            .and_then(|ix| ix.of(st.dev, e.dirfd))
-            .and_then(|ix| ix.lookup(&st))
-        {
-            c.known = true;
+        // nothing. Looked up in its directory's record (a file on another
+        // device than its directory, a bind mount, is not indexed).
+        if let Some(hit) = self.indexes.as_ref().and_then(|ix| {
+            let d = e.dir?;
+            let (dev, dir) = *self
+                .dir_keys
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(d.id)?;
+            (dev == st.dev).then_some(())?;
+            ix.of(dev, e.dirfd)?.lookup(dir, &st)
+        }) {
+            // An entry written before its file was mapped (a run stopped
+            // after the walk, a file without a partner then) gives only the
+            // identity: the file is mapped, and hashed, as a new one.
+            c.known = hit.mapped;
             c.mapped = hit.mapped;
             if hit.mapped {
                 c.exclusive = hit.exclusive;
@@ -517,6 +528,13 @@ impl Collect {
 
 impl Visitor for Collect {
     fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat) {
+        if self.indexes.is_some() {
+            let mut keys = self.dir_keys.write().unwrap_or_else(|e| e.into_inner());
+            if keys.len() <= dir.id {
+                keys.resize(dir.id + 1, (0, 0));
+            }
+            keys[dir.id] = (st.st_dev, st.st_ino);
+        }
         lock(&self.files)
             .1
             .dir(dir.id, &dir.path, st.st_dev, st.st_ino);
@@ -807,26 +825,12 @@ fn find<P: AsRef<Path>>(
         ..Default::default()
     };
 
-    // One inode is one file: keep the name that sorts first.
-    let mut files = files;
-    plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
-    // The inodes met, for pruning the index's entries of those gone.
-    // (Files, directories), each as (device, inode).
-    type Met = HashSet<(u64, u64)>;
-    let seen: Option<(Met, Met)> = indexes.map(|_| {
-        let files = files
-            .iter()
-            .map(|c| (c.dev, c.ino))
-            .chain(inline.iter().map(|i| (i.dev, i.ino)))
-            .collect();
-        (files, names.dirs().map(|(id, _)| id).collect())
-    });
-
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
     // PATH_MAX, which the probe needs).
     // (A candidate's path is built only when it is shorter than the one
     // kept; the walk's candidates first, as they win a tie.)
+    let mut files = files;
     let mut devices: HashMap<u64, PathBuf> = HashMap::new();
     let shorter =
         |kept: Option<&PathBuf>, len: usize| kept.is_none_or(|p| len < p.as_os_str().len());
@@ -865,6 +869,22 @@ fn find<P: AsRef<Path>>(
     }
     files.retain(|c| allowed[&c.dev]);
     inline.retain(|i| allowed[&i.dev]);
+    if let Some(ix) = indexes {
+        // What the walk learnt (small files were read whole there), every
+        // name of each file, before the names beyond one per inode and
+        // the files without a partner are dropped.
+        record_walk(ix, &mut files, &names, |dev| {
+            allowed.get(&dev) == Some(&true)
+        });
+    }
+
+    // One inode is one file: keep the name that sorts first.
+    plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
+    // The directories met, as (device, inode), for pruning the index's
+    // records of those gone.
+    let seen: Option<HashSet<(u64, u64)>> =
+        indexes.map(|_| names.dirs().map(|(id, _)| id).collect());
+
     let inline = stages::count_inline(inline, &files);
     // Each Btrfs subvolume has a device number of its own, but they are
     // one filesystem and FIDEDUPERANGE shares blocks between them: from
@@ -878,27 +898,6 @@ fn find<P: AsRef<Path>>(
     }
     plan.hardlinks_skipped += inline.hardlinks;
     plan.candidates = files.len() as u64 + inline.inodes;
-    if let Some(ix) = indexes {
-        // What the walk learnt of small files (read whole there), before
-        // those without a partner are dropped: a partner may come later.
-        let mut p = Pending::default();
-        let dirs: Vec<((u64, u64), PathBuf)> = names
-            .dirs()
-            .map(|(id, path)| (id, index::absolute(path)))
-            .filter(|((dev, ino), path)| {
-                !ix.opened(*dev)
-                    .is_some_and(|f| f.has_dir(*ino, path.as_os_str().as_bytes()))
-            })
-            .collect();
-        ix.walked();
-        for ((dev, ino), path) in dirs {
-            p.dir(dev, ino, path.as_os_str().as_bytes());
-        }
-        for c in files.iter().filter(|c| c.size <= 2 * EDGE) {
-            learnt_in_walk(&mut p, c, &names);
-        }
-        ix.commit(p, None);
-    }
     stages::by_size(&mut files);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(run.threads_or(crate::run::cores))
@@ -907,24 +906,33 @@ fn find<P: AsRef<Path>>(
     // The layout tells already-shared files apart without reading them.
     // Only larger files with a same-size partner are mapped here (small
     // ones were, in the walk); a failure only costs the shortcut.
-    pool.install(|| {
-        files.par_iter_mut().for_each(|c| {
-            if run.cancelled() || c.mapped {
-                return;
-            }
-            if let Ok(fd) = open_read(&names.path(c.name)) {
+    // The layouts read here go to the index with what hashing learns
+    // (`learnt`), at the end of planning.
+    let layouts: Vec<Update> = pool.install(|| {
+        files
+            .par_iter_mut()
+            .filter_map(|c| {
+                if run.cancelled() || c.mapped {
+                    return None;
+                }
+                let fd = open_read(&names.path(c.name)).ok()?;
                 read_layout(fd.as_fd(), c);
-            }
-        })
+                let (dev, dir) = names.dir_key(c.name)?;
+                (indexes.is_some() && c.mapped).then_some(Update {
+                    dev,
+                    dir,
+                    ino: c.ino,
+                    what: Learnt::Layout {
+                        exclusive: c.exclusive,
+                        shared: c.shared,
+                        inline: c.inline,
+                        hash: c.hash,
+                    },
+                })
+            })
+            .collect()
     });
-    if let Some(ix) = indexes {
-        // The layouts (and edges) of the larger files just read.
-        let mut p = Pending::default();
-        for c in files.iter().filter(|c| c.size > 2 * EDGE) {
-            learnt_in_walk(&mut p, c, &names);
-        }
-        ix.commit(p, None);
-    }
+    let mut learnt = indexes.map(|_| layouts);
     // Inline data has no blocks to share: report, never claim.
     let (inline_dropped, size_groups) = stages::drop_inline(&mut files);
     plan.inline_skipped = inline.partnered + inline_dropped;
@@ -980,7 +988,6 @@ fn find<P: AsRef<Path>>(
     // its layout) is counted, not read; without, one whose whole hash the
     // index holds is not read. Hashes read go to the index (`learnt`), for
     // every member of the cluster.
-    let mut learnt = indexes.map(|_| Pending::default());
     let mut hash_reps = |cl: &mut stages::Clusters, ids: &[usize], edges: bool| {
         let got: Vec<(usize, Option<[u8; 32]>, bool)> = pool.install(|| {
             ids.par_iter()
@@ -1014,7 +1021,16 @@ fn find<P: AsRef<Path>>(
                     Learnt::Hash(h)
                 };
                 for m in &cl.files[cl.clusters[id].range()] {
-                    p.learnt(m.dev, m.ino, l);
+                    // By the directory's own device: a Btrfs subvolume's
+                    // files were grouped under another's device number.
+                    if let Some((dev, dir)) = names.dir_key(m.name) {
+                        p.push(Update {
+                            dev,
+                            dir,
+                            ino: m.ino,
+                            what: l,
+                        });
+                    }
                 }
             }
             let rep = cl.rep_mut(id);
@@ -1067,14 +1083,11 @@ fn find<P: AsRef<Path>>(
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
     if let Some(ix) = indexes {
-        // The hashes learnt, and the entries of files gone pruned.
+        // The layouts and hashes learnt, and the records of directories
+        // gone pruned.
         let abs: Vec<PathBuf> = roots.iter().map(|r| index::absolute(r)).collect();
-        let seen = seen.as_ref().map(|(f, d)| index::Seen {
-            files: f,
-            dirs: d,
-            roots: &abs,
-        });
-        ix.commit(learnt.unwrap_or_default(), seen);
+        let seen = seen.as_ref().map(|dirs| index::Seen { dirs, roots: &abs });
+        ix.update(learnt.unwrap_or_default(), seen);
     }
 
     let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
@@ -1098,12 +1111,46 @@ fn find<P: AsRef<Path>>(
     Ok(plan)
 }
 
-/// Put what the walk and the layout pass learnt of `c` (read this run)
-/// into `p`.
-fn learnt_in_walk(p: &mut Pending, c: &Cand, names: &Names) {
-    if c.known || !c.mapped {
-        return;
+/// Write each walked directory's record, rebuilt from the candidates met
+/// in it (`files`, sorted here by directory and inode), one filesystem at
+/// a time, on the devices `allowed` (a refused filesystem's index is left
+/// as it was). A file met on another device than its directory is left
+/// out.
+fn record_walk(ix: &Indexes, files: &mut [Cand], names: &Names, allowed: impl Fn(u64) -> bool) {
+    ix.walked();
+    files.sort_unstable_by_key(|c| (names.dir_key(c.name), c.ino));
+    let mut dirs: Vec<((u64, u64), &Path)> =
+        names.dirs().filter(|((dev, _), _)| allowed(*dev)).collect();
+    dirs.sort_unstable_by_key(|(id, _)| *id);
+    dirs.dedup_by_key(|(id, _)| *id);
+    // Written per device in a scattered order (see `index::scatter`).
+    dirs.sort_unstable_by_key(|((dev, ino), _)| (*dev, index::scatter(*ino)));
+    let files = &*files;
+    for one in dirs.chunk_by(|a, b| a.0 .0 == b.0 .0) {
+        let dev = one[0].0 .0;
+        let recs = one.iter().map(|&(key, path)| {
+            let lo = files.partition_point(|c| names.dir_key(c.name) < Some(key));
+            let hi = files.partition_point(|c| names.dir_key(c.name) <= Some(key));
+            let mut entries: Vec<(u64, IndexEntry)> = files[lo..hi]
+                .iter()
+                .filter(|c| c.dev == key.0)
+                .map(|c| (c.ino, entry_of(c)))
+                .collect();
+            // Two names of one inode in one directory: one entry.
+            entries.dedup_by_key(|(ino, _)| *ino);
+            let rec = Record {
+                path: index::absolute(path).as_os_str().as_bytes().to_vec(),
+                files: entries,
+            };
+            (key.1, rec)
+        });
+        ix.put_dirs(dev, recs);
     }
+}
+
+/// What candidate `c` tells the index: its identity as the walk saw it,
+/// and what is known of it (from the index, or read this run).
+fn entry_of(c: &Cand) -> IndexEntry {
     let id = cowlink_sys::FileId {
         dev: c.dev,
         ino: c.ino,
@@ -1113,17 +1160,16 @@ fn learnt_in_walk(p: &mut Pending, c: &Cand, names: &Names) {
         btime_ns: c.times.btime_ns,
         ..Default::default()
     };
-    let (dir, own) = names.dir_and_own(c.name);
-    let mut e = match dir {
-        0 => IndexEntry::of(&id, 0, index::absolute(own).as_os_str().as_bytes()),
-        d => IndexEntry::of(&id, d, own.as_os_str().as_bytes()),
-    };
-    e.mapped = true;
-    e.exclusive = c.exclusive;
-    e.shared = c.shared;
-    e.inline = c.inline;
+    let mut e = IndexEntry::of(&id);
     e.hash = c.hash;
-    p.put(c.dev, c.ino, e);
+    e.whole = c.whole.as_deref().copied();
+    if c.mapped {
+        e.mapped = true;
+        e.exclusive = c.exclusive;
+        e.shared = c.shared;
+        e.inline = c.inline;
+    }
+    e
 }
 
 /// Open for reading without touching the access time where allowed.

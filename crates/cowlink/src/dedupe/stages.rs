@@ -72,12 +72,12 @@ impl Names {
             .filter_map(|(&id, p)| Some((id, p.as_deref()?)))
     }
 
-    /// A name's directory inode and own name, or (0, the whole path) for
-    /// a name given as a root.
-    pub fn dir_and_own(&self, n: Name) -> (u64, &Path) {
+    /// The device and inode of a name's directory (`None` for a name
+    /// given as a root).
+    pub fn dir_key(&self, n: Name) -> Option<(u64, u64)> {
         match n.dir {
-            Name::ROOT => (0, self.own(n)),
-            d => (self.dir_ids[d as usize].1, self.own(n)),
+            Name::ROOT => None,
+            d => self.dir_ids.get(d as usize).copied(),
         }
     }
 
@@ -405,8 +405,10 @@ pub(super) fn count_inline(mut inline: Vec<Inline>, files: &[Cand]) -> InlineCou
     }
 }
 
-/// What the stages after clustering need of a candidate: 104 bytes of
-/// its 152 (`size_of` on x86_64). Over 223,547 real files the plan's end (the candidates and the
+/// What the stages after clustering need of a candidate: a smaller
+/// record than a [`Cand`] (the index's updates find a member's directory
+/// by its name, so no device is kept; the stamp is kept for execute's
+/// check that each path is still the planned file). Over 223,547 real files the plan's end (the candidates and the
 /// groups' paths at once) was its peak.
 #[derive(Debug, Clone)]
 pub(super) struct Member {
@@ -417,7 +419,6 @@ pub(super) struct Member {
     pub exclusive: u64,
     pub hash: Option<[u8; 32]>,
     pub may_change: bool,
-    pub dev: u64,
     pub ino: u64,
     /// The hash came from the index (not read this run).
     pub known: bool,
@@ -429,7 +430,6 @@ pub(super) struct Member {
 impl From<Cand> for Member {
     fn from(c: Cand) -> Member {
         Member {
-            dev: c.dev,
             ino: c.ino,
             known: c.known,
             whole: c.whole,

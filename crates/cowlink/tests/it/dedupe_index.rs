@@ -739,12 +739,11 @@ fn a_run_over_part_of_a_tree_prunes_only_there() {
     assert_shared_iff_equal(&root);
 }
 
-/// One entry per file, an unchanged rerun writes no entry and leaves the
-/// file's size as it was (redb itself marks its header on open), and
-/// the file stays within 512 bytes per entry: compacted at the end of the
-/// run, redb's file is still about four times the entries' bytes (113
-/// each here, from redb's own stats), which are within the 200-byte
-/// target.
+/// One entry per file, an unchanged rerun writes no record and leaves the
+/// file's size as it was (redb itself marks its header on open), and the
+/// file stays within 512 bytes per entry (a small index is mostly redb's
+/// own fixed overhead: the bytes per file are measured on a real tree by
+/// bench/dedupe-index).
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn an_unchanged_rerun_leaves_the_index_as_it_was() {
@@ -768,4 +767,146 @@ fn an_unchanged_rerun_leaves_the_index_as_it_was() {
     let (p, _) = run(&root, ix.path());
     assert_eq!(index_of(&p).written, 0, "{p:?}");
     assert_eq!(cowlink::dedupe::index::stats(&file).unwrap(), (n, size));
+}
+
+/// The index's records table (directory inode → record), as the format
+/// keeps it.
+const RECORDS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("records");
+
+/// The inode of `p`.
+fn ino(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().ino()
+}
+
+/// One directory's record damaged (a byte of its middle changed, redb's
+/// own page checksum made to agree): that record is dropped with a note
+/// and only its directory's files are read again; the others are
+/// trusted, and the next run trusts the rewritten record.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_damaged_directory_record_is_dropped_and_only_its_files_read_again() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    tree(&root);
+    let (p, _) = run(&root, ix.path());
+    let file = index_file(&p);
+    {
+        use redb::ReadableTable as _;
+        let db = redb::Database::open(&file).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(RECORDS).unwrap();
+            let key = ino(&root.join("b"));
+            let mut v = t.get(key).unwrap().expect("b's record").value().to_vec();
+            let mid = v.len() / 2;
+            v[mid] ^= 0x55;
+            t.insert(key, v.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (p, r) = run(&root, ix.path());
+    let notes = &index_of(&p).notes;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("1 damaged directory records")),
+        "{notes:?}"
+    );
+    // b's files (300,000 + 20,000 + 8192 + 7777 + 5000 + 100 bytes at
+    // most) are read again, nothing else.
+    let b: u64 = fs::read_dir(root.join("b"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(p.bytes_hashed <= b, "{} > {b}: {p:?}", p.bytes_hashed);
+    assert_eq!(index_of(&p).unchanged, p.candidates - 6, "{p:?}");
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    assert_shared_iff_equal(&root);
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
+    assert!(index_of(&p).notes.is_empty(), "{:?}", index_of(&p).notes);
+}
+
+/// A file renamed within its directory or into another is read again
+/// (the rename moved its ctime) and then trusted under its new name; the
+/// old directory's record drops it. A file with names in two directories
+/// is found under both. A directory renamed keeps its files' entries.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn renames_and_a_hard_link_in_two_directories_are_found_again() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    tree(&root);
+    run(&root, ix.path());
+
+    fs::rename(root.join("a/f1"), root.join("a/f1-renamed")).unwrap();
+    fs::rename(root.join("a/f3"), root.join("b/f3-moved")).unwrap();
+    fs::hard_link(root.join("c/f4"), root.join("a/f4-link")).unwrap();
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    // The moved file's entry left a's record.
+    assert!(index_of(&p).pruned >= 1, "{p:?}");
+    assert_shared_iff_equal(&root);
+    assert!(same_blocks(&root.join("b/f3-moved"), &root.join("c/f3")));
+
+    // Every name is found, none is read, nothing is written.
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    assert_eq!(p.hardlinks_skipped, 1, "{p:?}");
+    assert_eq!(
+        index_of(&p).unchanged,
+        p.candidates + p.hardlinks_skipped,
+        "a name was not found: {p:?}"
+    );
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
+
+    // A directory renamed: its files are found under the new path, and
+    // its record follows it (written again with the new path, not pruned).
+    fs::rename(root.join("c"), root.join("c2")).unwrap();
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
+}
+
+/// Directories removed, or moved out of the walked tree, leave no record
+/// behind; a directory outside the walked roots keeps its record.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn records_of_directories_removed_or_moved_out_are_pruned() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    tree(&root);
+    let deep = root.join("c/deeper/still");
+    fs::create_dir_all(&deep).unwrap();
+    write_file(&deep.join("x"), &data(20_000, 1));
+    let outside = d.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    write_file(&outside.join("y"), &data(20_000, 1));
+    run(&outside, ix.path());
+    run(&root, ix.path());
+    let file = index_file(&run(&root, ix.path()).0);
+    let (before, _) = cowlink::dedupe::index::stats(&file).unwrap();
+
+    // c (five files, and x two levels down) removed; b moved out.
+    fs::remove_dir_all(root.join("c")).unwrap();
+    fs::rename(root.join("b"), d.path().join("b-out")).unwrap();
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).pruned, 6 + 6, "{p:?}");
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    let (after, _) = cowlink::dedupe::index::stats(&file).unwrap();
+    assert_eq!(after, before - 12);
+    // `outside` was not walked: its record stays, and is trusted.
+    let (p, _) = run(&outside, ix.path());
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    assert_eq!(index_of(&p).unchanged, 1, "{p:?}");
+    // Nothing more to prune.
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
 }
