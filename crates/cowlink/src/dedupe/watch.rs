@@ -43,13 +43,16 @@
 //! batch is a rescan of every root. The kernel's queue is its default
 //! bounded one (16384 events), so memory stays bounded on both sides.
 //!
-//! [`dedupe_batch`] is the one step a batch runs. Without a persistent
-//! index it cannot restrict the work to the changed files: a new file's
-//! duplicate may be any old file. So it runs [`super::dedupe`] over the
-//! roots on the filesystems that saw a change (every root for a rescan),
-//! with the roots' `--exclude` patterns. An index that answers "which
-//! indexed files have this size and edge hash" would let it read only the
-//! changed files; the batch's signature already carries them.
+//! [`dedupe_batch`] is the one step a batch runs: [`super::dedupe`] over
+//! the roots on the filesystems that saw a change (every root for a
+//! rescan), with the roots' `--exclude` patterns, because a new file's
+//! duplicate may be any old file. With the persistent index (the
+//! default) that walk reads only new and changed files; every unchanged
+//! one is answered from its directory's record, so a batch costs a
+//! metadata walk of the roots plus the changed files. Without an index
+//! each batch reads every candidate again. An index that answered "which
+//! indexed files have this size and edge hash" would spare the walk too;
+//! the batch's signature already carries the changed paths for that.
 //!
 //! The loop ([`run`]) starts with a rescan (what is already there is
 //! deduplicated first; the marks are set before it, so nothing written
