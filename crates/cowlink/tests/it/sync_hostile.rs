@@ -733,3 +733,93 @@ fn a_dry_run_snapshot_with_no_complete_one_shows_everything_new_and_makes_nothin
     assert!(r.path.is_none() && r.snapshot.is_none());
     assert_eq!(snapshot_of(&root), before, "the dry run changed the root");
 }
+
+/// A snapshot begun through the library (`SnapshotSet::begin`, then
+/// `sync_into_snapshot`) is a run into its root, as `sync --snapshot`
+/// is: a sync into the root (whose `--delete` would remove the snapshot
+/// being cloned, and the bookkeeping) refuses it and the other way
+/// round. The other run's lock is held here on a descriptor of its own,
+/// which `flock` treats as another holder.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_library_snapshot_and_a_sync_into_its_root_refuse_each_other() {
+    use cowlink::snapshot::{SnapshotSet, State};
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("f"), b"data").unwrap();
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let names = |root: &Path| {
+        let mut v: Vec<String> = fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    // A sync into ROOT holds it: begin is refused and makes nothing.
+    let other = rustix::fs::open(
+        &root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    rustix::fs::flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+    let e = set.begin().unwrap_err();
+    assert_eq!(e.kind(), cowlink::ErrorKind::InUse, "{e}");
+    assert_eq!(names(&root), [".cowlink"], "a snapshot was made meanwhile");
+    drop(other);
+    // A begun snapshot holds ROOT: syncs into it, above it or into the
+    // snapshot are refused, and nothing under ROOT changes.
+    let begun = set.begin().unwrap();
+    let before = snapshot_of(&root);
+    let delete = SyncOptions {
+        delete: true,
+        ..SyncOptions::default()
+    };
+    for (dst, dry) in [
+        (root.clone(), false),
+        (root.clone(), true),
+        (begun.path().to_path_buf(), false),
+        (root.join("new"), false),
+    ] {
+        let opts = SyncOptions {
+            dry_run: dry,
+            ..delete.clone()
+        };
+        let e = sync(slash(&src), &dst, &opts, &|_: &SyncEvent<'_>| {}).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            cowlink::ErrorKind::InUse,
+            "{dst:?} dry {dry}: {e}"
+        );
+    }
+    assert_eq!(
+        snapshot_of(&root),
+        before,
+        "written while the snapshot runs"
+    );
+    // Its own sync goes through, and it seals.
+    let r = cowlink::sync::sync_into_snapshot(
+        slash(&src),
+        &begun,
+        &SyncOptions::default(),
+        &|_: &SyncEvent<'_>| {},
+    )
+    .unwrap();
+    assert_eq!((r.errors, r.created), (0, 2), "{r:?}");
+    let done = begun.complete().unwrap();
+    assert_eq!(done.state, State::Complete);
+    assert_eq!(fs::read(done.path.join("f")).unwrap(), b"data");
+    // Released with the snapshot: a sync into ROOT runs again.
+    let free = root.join("free");
+    sync(
+        slash(&src),
+        &free,
+        &SyncOptions::default(),
+        &|_: &SyncEvent<'_>| {},
+    )
+    .unwrap();
+}
