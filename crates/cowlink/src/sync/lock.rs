@@ -28,7 +28,10 @@
 //! directory takes no lock of its own (ROOT's covers it). So `sync SRC/
 //! ROOT/` and `sync SRC/ ROOT/<snapshot>/` refuse a snapshot run, and the
 //! other way round. Its dry run is a dry run of the newest complete
-//! snapshot.
+//! snapshot. A snapshot begun through the library (`SnapshotSet::begin`)
+//! holds `LOCK_SH` on ROOT and above until it is sealed or dropped: a
+//! sync into ROOT or above refuses it, a sync into its directory (the
+//! caller filling it) does not.
 //!
 //! The walk stops at DST's mount: a run never crosses a mount point
 //! inside its DST, so nothing on another mount can be written by two.
