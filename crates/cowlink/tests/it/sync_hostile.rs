@@ -820,3 +820,63 @@ fn a_library_snapshot_and_a_sync_into_its_root_refuse_each_other() {
     .unwrap();
     assert_eq!(r.errors, 0);
 }
+
+/// A destination reached through a bind mount of a directory inside
+/// another run's destination is that directory: the locks go on above
+/// the bind mount's root through the filesystem's own parents, so a sync
+/// into the alias (or into a new directory inside it, or a dry run of
+/// it) refuses the run into the outer directory, and writes nothing.
+/// The other run's lock is held here on a descriptor of its own, which
+/// `flock` treats as another holder.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_bind_mount_alias_of_a_directory_inside_a_running_dst_is_refused() {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"data").unwrap();
+    let outer = x.path().join("a/outer");
+    let inner = outer.join("mid/inner");
+    let alias = x.path().join("b/alias");
+    fs::create_dir_all(&inner).unwrap();
+    fs::create_dir_all(&alias).unwrap();
+    let _bind = Bind::new(&inner, &alias);
+    for held in [&outer, &outer.join("mid"), &x.path().join("a")] {
+        let other = rustix::fs::open(
+            held,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        rustix::fs::flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+        for (dst, dry) in [
+            (alias.clone(), false),
+            (alias.clone(), true),
+            (alias.join("new"), false),
+        ] {
+            let opts = SyncOptions {
+                dry_run: dry,
+                ..SyncOptions::default()
+            };
+            let e = sync(slash(&src), &dst, &opts, &|_: &SyncEvent<'_>| {}).unwrap_err();
+            assert_eq!(e.kind(), cowlink::ErrorKind::InUse, "{held:?} {dst:?}: {e}");
+            assert!(e.to_string().contains(&*held.to_string_lossy()), "{e}");
+        }
+        assert_eq!(
+            fs::read_dir(&inner).unwrap().count(),
+            0,
+            "written meanwhile"
+        );
+    }
+    // Nothing held: the alias is synced.
+    let r = sync(
+        slash(&src),
+        &alias,
+        &SyncOptions::default(),
+        &|_: &SyncEvent<'_>| {},
+    )
+    .unwrap();
+    assert_eq!((r.errors, r.created), (0, 1));
+    assert_eq!(fs::read(inner.join("f")).unwrap(), b"data");
+}
