@@ -33,8 +33,14 @@
 //! sync into ROOT or above refuses it, a sync into its directory (the
 //! caller filling it) does not.
 //!
-//! The walk stops at DST's mount: a run never crosses a mount point
-//! inside its DST, so nothing on another mount can be written by two.
+//! The walk goes up DST's filesystem: `..` on DST's mount, and at the
+//! root of a mount that is not the filesystem's root (a bind mount of a
+//! directory, a Btrfs `subvol=` mount) on through another mount of the
+//! same filesystem that reaches the parent (found in the mount table,
+//! checked by identity). A bind mount of a directory inside a running
+//! DST is that directory, whichever path reaches it. A run never crosses
+//! a mount point inside its DST, so nothing on another filesystem can be
+//! written by two.
 //! A Btrfs subvolume is no mount point: ROOT above a snapshot that is a
 //! subvolume is still locked.
 //!
@@ -101,12 +107,115 @@ pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<He
         }
         Err(Refused::Failed(e)) => return Err(cannot(e)),
     }
-    if let Ok(up) = cowlink_sys::open_parent_same_mount(dir) {
-        if !same_dir(dir, up.as_fd()) {
-            lock_chain(up, shown, shown, 1, &mut fds)?;
-        }
+    if let Some(up) = parent_of(dir) {
+        lock_chain(up, shown, shown, 1, &mut fds)?;
     }
     Ok(Held { _fds: fds })
+}
+
+/// The directory above `dir` on its filesystem: its `..` on its mount;
+/// at the root of a mount that is not the filesystem's root (a bind mount
+/// of a directory, a Btrfs `subvol=` mount), the same parent reached
+/// through another mount of that filesystem. A directory bind-mounted
+/// elsewhere is the one inside another run's DST, whatever path reaches
+/// it: without this, a run into the alias would lock nothing above it
+/// and write beside the run into the outer directory. `None` at the
+/// filesystem's root, or when no mount this process sees reaches the
+/// parent.
+fn parent_of(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
+    match cowlink_sys::open_parent_same_mount(dir) {
+        Ok(up) if same_dir(dir, up.as_fd()) => alias_parent(dir),
+        Ok(up) => Some(up),
+        Err(Errno::XDEV) => alias_parent(dir),
+        Err(_) => None,
+    }
+}
+
+/// [`parent_of`] at a mount's root: from the mount table, the path of
+/// `dir` inside its filesystem (the mount's root field), and a mount of
+/// the same filesystem whose root holds that path's parent. The parent
+/// found is checked by identity (its entry of `dir`'s name is `dir`), so
+/// a stale table or a name renamed since is never locked in its place.
+fn alias_parent(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let sx = fs::statx(
+        dir,
+        c"",
+        fs::AtFlags::EMPTY_PATH,
+        fs::StatxFlags::MNT_ID | fs::StatxFlags::INO,
+    )
+    .ok()?;
+    if sx.stx_mask & fs::StatxFlags::MNT_ID.bits() == 0 {
+        return None;
+    }
+    let table = cowlink_sys::mount_table().ok()?;
+    let mounts = mount_roots(&table);
+    let mine = mounts.iter().find(|m| u64::from(m.id) == sx.stx_mnt_id)?;
+    let name = mine.root.file_name()?;
+    let parent = mine.root.parent()?;
+    let want = cowlink_sys::fstat(dir).ok()?;
+    // Mounts of the filesystem whose root holds the parent, the widest
+    // first (the most ancestors reachable through it).
+    let mut via: Vec<&MountRoot> = mounts
+        .iter()
+        .filter(|m| m.dev == mine.dev && m.id != mine.id && parent.starts_with(&m.root))
+        .collect();
+    via.sort_by_key(|m| m.root.components().count());
+    via.into_iter().find_map(|m| {
+        let rel = parent.strip_prefix(&m.root).ok()?;
+        let path = CString::new(m.mount_point.join(rel).as_os_str().as_bytes()).ok()?;
+        let up = fs::open(
+            path.as_c_str(),
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let name = CString::new(name.as_bytes()).ok()?;
+        let child = fs::openat(
+            &up,
+            name.as_c_str(),
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let got = cowlink_sys::fstat(&child).ok()?;
+        ((got.st_dev, got.st_ino) == (want.st_dev, want.st_ino)).then_some(up)
+    })
+}
+
+/// What [`alias_parent`] needs of one mount: its id, its filesystem's
+/// device, the directory of the filesystem at its root, and where it is.
+struct MountRoot {
+    id: u32,
+    dev: (u32, u32),
+    root: PathBuf,
+    mount_point: PathBuf,
+}
+
+/// The fields of `/proc/self/mountinfo` text [`alias_parent`] reads
+/// (`36 35 98:0 /mnt1 /mnt2 rw - ext3 /dev/root rw`); malformed lines
+/// are skipped.
+fn mount_roots(table: &str) -> Vec<MountRoot> {
+    let unescape = |f: &str| PathBuf::from(crate::ground::mountinfo::unescape(f));
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split(' ');
+            let id = f.next()?.parse().ok()?;
+            let _parent = f.next()?;
+            let (maj, min) = f.next()?.split_once(':')?;
+            let dev = (maj.parse().ok()?, min.parse().ok()?);
+            let root = unescape(f.next()?);
+            let mount_point = unescape(f.next()?);
+            Some(MountRoot {
+                id,
+                dev,
+                root,
+                mount_point,
+            })
+        })
+        .collect()
 }
 
 /// Before a run makes its missing destination `dst` in the directory
@@ -164,7 +273,8 @@ fn lock_chain(
             match lock_one(readable.as_fd(), true) {
                 Ok(()) => fds.push(readable),
                 Err(Refused::Held(who)) => {
-                    let above = ancestor_name(base, depth);
+                    let above =
+                        dir_name(readable.as_fd()).unwrap_or_else(|| ancestor_name(base, depth));
                     return Err(in_use(
                         shown,
                         format!(
@@ -179,13 +289,10 @@ fn lock_chain(
                 Err(Refused::Failed(_)) => {}
             }
         }
-        // Another mount above (`EXDEV`), or no way up: the walk ends.
-        let Ok(up) = cowlink_sys::open_parent_same_mount(cur.as_fd()) else {
+        // The filesystem's root, or no way up: the walk ends.
+        let Some(up) = parent_of(cur.as_fd()) else {
             break;
         };
-        if same_dir(cur.as_fd(), up.as_fd()) {
-            break;
-        }
         cur = up;
     }
     Ok(())
@@ -195,6 +302,16 @@ fn in_use(shown: &Path, reason: String) -> Error {
     Error::new(Operation::Sync, ErrorKind::InUse)
         .with_dst(shown)
         .with_reason(reason)
+}
+
+/// The path of the open directory `dir` as the kernel names it, for a
+/// message: the walk may have gone up through another mount than the
+/// destination's path.
+fn dir_name(dir: BorrowedFd<'_>) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        .ok()
+        .filter(|p| p.is_absolute())
 }
 
 /// The directory `depth` levels above `base`, for a message: from its
@@ -288,6 +405,18 @@ mod tests {
         assert_eq!(holder(t, 1234, 4321), None, "our own lock is not a holder");
         assert_eq!(holder(t, 5, 1), None, "POSIX locks are not ours");
         assert_eq!(holder(t, 9, 1), None);
+    }
+
+    #[test]
+    fn mount_roots_are_read_from_the_mount_table() {
+        let t = "22 1 8:2 / / rw - xfs /dev/sda2 rw\n\
+                 40 22 8:2 /a/my\\040dir /mnt/b rw,relatime shared:1 - xfs /dev/sda2 rw\n\
+                 bad line\n";
+        let m = mount_roots(t);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[1].id, m[1].dev), (40, (8, 2)));
+        assert_eq!(m[1].root, Path::new("/a/my dir"));
+        assert_eq!(m[1].mount_point, Path::new("/mnt/b"));
     }
 
     fn open(p: &Path) -> OwnedFd {
