@@ -639,3 +639,45 @@ fn a_dry_run_snapshot_into_an_empty_root_lists_everything_new() {
         "the dry run made something"
     );
 }
+
+/// A directory a user cannot open to read cannot be locked by that
+/// user's run: `sync` as nobody into `p/q/`, while root's run holds `p/`
+/// (mode 0711: searchable, not readable), is still refused, naming the
+/// holder, from the kernel's lock table; nothing is written.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_run_inside_an_unreadable_running_dst_is_refused_as_another_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let x = testfs!(Xfs);
+    let (big, small) = (x.path().join("big"), x.path().join("small"));
+    long_listing(&big);
+    fs::create_dir(&small).unwrap();
+    fs::write(small.join("f"), b"f").unwrap();
+    let p = x.path().join("p");
+    let q = p.join("q");
+    fs::create_dir_all(&q).unwrap();
+    std::os::unix::fs::chown(&q, Some(65534), Some(65534)).unwrap();
+    for d in [x.path(), &small] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::set_permissions(small.join("f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let outer = held_sync(&[&slash(&big), &slash(&p)], &p);
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o711)).unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .args([
+            "sync".as_ref(),
+            slash(&small).as_os_str(),
+            slash(&q).as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    refused_by(&out, outer.id(), &p.to_string_lossy());
+    assert!(
+        !q.join("f").exists(),
+        "written while the outer run holds p/"
+    );
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    release(outer);
+}
