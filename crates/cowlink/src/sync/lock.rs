@@ -2,9 +2,11 @@
 //! `flock`s on the destination directory and on the directories above it.
 //!
 //! The rule. A run that writes into DST takes `LOCK_EX` on DST and
-//! `LOCK_SH` on each ancestor of DST on DST's mount (up to the mount's
-//! root; an ancestor that cannot be opened is skipped, the walk goes on
-//! above it). A dry run takes `LOCK_SH` on DST and on the same ancestors.
+//! `LOCK_SH` on each ancestor of DST on DST's filesystem (an ancestor
+//! this user cannot open to read cannot be locked: the walk goes on above
+//! it, and the run is refused if another holds `LOCK_EX` on it, as the
+//! kernel's lock table says; a run into that ancestor started later does
+//! not see this one). A dry run takes `LOCK_SH` on DST and on the same ancestors.
 //! So:
 //! - two runs into one DST refuse each other (a dry run and a run too);
 //! - a run into DST and a run into a directory inside it refuse each
@@ -264,12 +266,30 @@ fn lock_chain(
 ) -> Result<(), Error> {
     let mut cur = start;
     for depth in depth..depth + MAX_DEPTH {
-        if let Ok(readable) = fs::openat(
+        let opened = fs::openat(
             &cur,
             c".",
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        ) {
+        );
+        if opened.is_err() {
+            // Not readable by this user, so not lockable: a run into it
+            // (its `LOCK_EX`, in the kernel's lock table) still refuses
+            // this one. A run into it that starts later cannot see this
+            // one: the price of a directory this user cannot open.
+            if let Some(who) = exclusive_holder(cur.as_fd()) {
+                let above = dir_name(cur.as_fd()).unwrap_or_else(|| ancestor_name(base, depth));
+                return Err(in_use(
+                    shown,
+                    format!(
+                        "a sync into {}, which holds this directory, is running (process \
+                         {who} holds its lock)",
+                        crate::name::quoted(&above)
+                    ),
+                ));
+            }
+        }
+        if let Ok(readable) = opened {
             match lock_one(readable.as_fd(), true) {
                 Ok(()) => fds.push(readable),
                 Err(Refused::Held(who)) => {
@@ -370,6 +390,42 @@ fn lock_one(fd: BorrowedFd<'_>, shared: bool) -> Result<(), Refused> {
     }
 }
 
+/// The process other than this one holding an exclusive `flock` on the
+/// directory `dir` (open `O_PATH`), from the lock table. The lock table
+/// names the filesystem's device, which is `dir`'s own except on Btrfs
+/// (a subvolume's device differs): there the inode alone is compared.
+fn exclusive_holder(dir: BorrowedFd<'_>) -> Option<u32> {
+    const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
+    let st = cowlink_sys::fstat(dir).ok()?;
+    let btrfs = fs::fstatfs(dir).is_ok_and(|f| f.f_type as u64 == BTRFS_SUPER_MAGIC);
+    let dev = (!btrfs).then(|| (fs::major(st.st_dev), fs::minor(st.st_dev)));
+    let table = cowlink_sys::lock_table().ok()?;
+    exclusive_in(&table, dev, st.st_ino, std::process::id())
+}
+
+/// [`exclusive_holder`] on the text of `/proc/locks`: a `FLOCK` `WRITE`
+/// lock on inode `ino` (of device `dev`, hexadecimal `major:minor` in the
+/// table, when given) held by a process other than `me`; waiters
+/// (`->`) are not holders.
+fn exclusive_in(table: &str, dev: Option<(u32, u32)>, ino: u64, me: u32) -> Option<u32> {
+    table.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&"FLOCK") || f.get(3) != Some(&"WRITE") {
+            return None;
+        }
+        let pid: u32 = f.get(4)?.parse().ok()?;
+        let mut id = f.get(5)?.rsplitn(2, ':');
+        let file_ino: u64 = id.next()?.parse().ok()?;
+        let (maj, min) = id.next()?.split_once(':')?;
+        let file_dev = (
+            u32::from_str_radix(maj, 16).ok()?,
+            u32::from_str_radix(min, 16).ok()?,
+        );
+        let same_dev = dev.is_none_or(|d| d == file_dev);
+        (file_ino == ino && same_dev && pid != me).then_some(pid)
+    })
+}
+
 /// The process holding a `flock` on inode `ino`, from the text of
 /// `/proc/locks` (`1: FLOCK ADVISORY WRITE 1234 08:02:567 0 EOF`), other
 /// than `me`. The device is not compared: Btrfs reports a subvolume's own
@@ -405,6 +461,18 @@ mod tests {
         assert_eq!(holder(t, 1234, 4321), None, "our own lock is not a holder");
         assert_eq!(holder(t, 5, 1), None, "POSIX locks are not ours");
         assert_eq!(holder(t, 9, 1), None);
+    }
+
+    #[test]
+    fn an_exclusive_holder_is_read_from_the_lock_table() {
+        let t = "1: FLOCK  ADVISORY  READ 55 fd:01:1234 0 EOF\n\
+                 2: FLOCK  ADVISORY  WRITE 66 08:12:777 0 EOF\n\
+                 2: -> FLOCK  ADVISORY  WRITE 67 08:12:1234 0 EOF\n";
+        assert_eq!(exclusive_in(t, None, 1234, 1), None, "shared, or waiting");
+        assert_eq!(exclusive_in(t, Some((8, 0x12)), 777, 1), Some(66));
+        assert_eq!(exclusive_in(t, Some((8, 2)), 777, 1), None, "other device");
+        assert_eq!(exclusive_in(t, None, 777, 1), Some(66));
+        assert_eq!(exclusive_in(t, None, 777, 66), None, "our own");
     }
 
     #[test]
