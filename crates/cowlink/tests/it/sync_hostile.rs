@@ -880,3 +880,53 @@ fn a_bind_mount_alias_of_a_directory_inside_a_running_dst_is_refused() {
     assert_eq!((r.errors, r.created), (0, 1));
     assert_eq!(fs::read(inner.join("f")).unwrap(), b"data");
 }
+
+/// DST swapped, in a tight loop, with a link into SRC (`renameat2`
+/// `RENAME_EXCHANGE`, so the name always holds one of them) while syncs
+/// run: whichever the run opens, it never writes inside SRC. The check
+/// that DST is not inside SRC is on the directory opened, not on an
+/// earlier look at the path.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn dst_swapped_for_a_link_into_src_while_syncs_start_never_writes_src() {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(src.join("inner")).unwrap();
+    fs::write(src.join("f"), b"data").unwrap();
+    let before = snapshot_of(&src);
+    let dst = x.path().join("dst");
+    let alt = x.path().join("alt");
+    fs::create_dir(&dst).unwrap();
+    symlink_dir(&src.join("inner"), &alt);
+    let stop = AtomicBool::new(false);
+    let (mut ran, mut refused) = (0, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                renameat_with(CWD, &dst, CWD, &alt, RenameFlags::EXCHANGE).unwrap();
+            }
+        });
+        for _ in 0..300 {
+            match sync(
+                slash(&src),
+                &dst,
+                &SyncOptions::default(),
+                &|_: &SyncEvent<'_>| {},
+            ) {
+                Ok(_) => ran += 1,
+                Err(e) => {
+                    assert_eq!(e.kind(), cowlink::ErrorKind::InvalidInput, "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(snapshot_of(&src), before, "written inside SRC");
+    assert!(
+        ran > 0 && refused > 0,
+        "the race never went both ways: {ran} {refused}"
+    );
+}
