@@ -681,3 +681,42 @@ fn a_run_inside_an_unreadable_running_dst_is_refused_as_another_user() {
     fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
     release(outer);
 }
+
+/// One `--exclude-from` line longer than any path (a wrong file, a
+/// generator gone wrong) is refused naming the file and the line, before
+/// the matcher compiles it: compiled, a few MiB of one line took over a
+/// GiB of memory.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn exclude_from_refuses_a_line_longer_than_any_path() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a.c"), b"c").unwrap();
+    let list = x.path().join("long.list");
+    let mut bytes = b"*.tmp\n".to_vec();
+    bytes.extend(std::iter::repeat_n(b"*a", 4 << 20).flatten());
+    bytes.push(b'\n');
+    fs::write(&list, &bytes).unwrap();
+    let out = cowlink(&[&"sync", &"--exclude-from", &list, &slash(&src), &dst]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains(&*list.to_string_lossy()), "{err}");
+    assert!(
+        err.contains("line 2 of the exclude file is longer than"),
+        "{err}"
+    );
+    assert!(!dst.exists(), "the destination was made");
+    // A line as long as a path is a pattern like any other.
+    let name = "n".repeat(250);
+    fs::write(src.join(&name), b"n").unwrap();
+    fs::write(&list, format!("{}/../{name}\n{name}\n", "d".repeat(3800))).unwrap();
+    ok(&cowlink(&[
+        &"sync",
+        &"--exclude-from",
+        &list,
+        &slash(&src),
+        &dst,
+    ]));
+    assert!(dst.join("a.c").exists() && !dst.join(&name).exists());
+}
