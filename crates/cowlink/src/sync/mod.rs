@@ -64,7 +64,7 @@ use rustix::fd::AsFd;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
-pub use filter::{patterns_from, EXCLUDE_LINES_MAX};
+pub use filter::{patterns_from, EXCLUDE_LINES_MAX, EXCLUDE_LINE_MAX};
 pub use plan::{itemize, Action, Changes, EntryKind};
 
 /// Options for [`sync`]. `Default`: `cp -a` semantics, size and time
