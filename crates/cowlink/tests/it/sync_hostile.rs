@@ -932,3 +932,93 @@ fn dst_swapped_for_a_link_into_src_while_syncs_start_never_writes_src() {
         "the race never went both ways: {ran} {refused}"
     );
 }
+
+/// What a generated run does: write into a directory, or a dry run of it.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Index into the directories of the test.
+    dir: usize,
+    dry: bool,
+}
+
+/// Random pairs of runs, the second started while the first holds its
+/// locks (from inside the first run's observer, on its first entry), over
+/// nested directories, siblings, dry runs and a bind mount alias of an
+/// inner directory: the second is refused exactly when the module rule
+/// says (`crate::sync::lock`), and never waits.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn generated_pairs_of_concurrent_runs_follow_the_lock_rule() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"f").unwrap();
+    let top = x.path().join("dst");
+    let a = top.join("a");
+    let deep = a.join("deep");
+    let b = top.join("b");
+    for d in [&deep, &b] {
+        fs::create_dir_all(d).unwrap();
+    }
+    let alias = x.path().join("alias");
+    fs::create_dir(&alias).unwrap();
+    let _bind = Bind::new(&a, &alias);
+    // The directories, and the one each really is (the alias is `a`).
+    let dirs = [&top, &a, &deep, &b, &alias];
+    let real = |i: usize| if i == 4 { 1 } else { i };
+    // Whether real directory `i` is `j` or holds it.
+    let holds = |i: usize, j: usize| {
+        let (i, j) = (real(i), real(j));
+        i == j || dirs[j].starts_with(dirs[i])
+    };
+    let conflict = |p: Run, q: Run| match (p.dry, q.dry) {
+        (false, false) => holds(p.dir, q.dir) || holds(q.dir, p.dir),
+        (false, true) => holds(p.dir, q.dir),
+        (true, false) => holds(q.dir, p.dir),
+        (true, true) => false,
+    };
+    let opts = |r: Run| SyncOptions {
+        dry_run: r.dry,
+        run: cowlink::run::Run::default().with_threads(1),
+        ..SyncOptions::default()
+    };
+    let mut rng = Rng(0x5eed_0048);
+    // A refusal within one process waits half a second (the lock table
+    // names no other holder), so the pairs are few: 40, about 13 s.
+    let (mut refused, mut ran) = (0, 0);
+    for _ in 0..40 {
+        let pick = |rng: &mut Rng| Run {
+            dir: rng.below(dirs.len() as u64) as usize,
+            dry: rng.below(3) == 0,
+        };
+        let (first, second) = (pick(&mut rng), pick(&mut rng));
+        let started = AtomicBool::new(false);
+        let inner = Mutex::new(None);
+        let observer = |_: &SyncEvent<'_>| {
+            if !started.swap(true, Ordering::SeqCst) {
+                let r = sync(
+                    slash(&src),
+                    dirs[second.dir],
+                    &opts(second),
+                    &|_: &SyncEvent<'_>| {},
+                );
+                *inner.lock().unwrap() = Some(r.map(|_| ()).map_err(|e| (e.kind(), e.to_string())));
+            }
+        };
+        sync(slash(&src), dirs[first.dir], &opts(first), &observer).unwrap();
+        let got = inner
+            .into_inner()
+            .unwrap()
+            .expect("the second run was started");
+        match (conflict(first, second), got) {
+            (true, Err((kind, _))) => {
+                assert_eq!(kind, cowlink::ErrorKind::InUse);
+                refused += 1;
+            }
+            (false, Ok(())) => ran += 1,
+            (want, got) => panic!("{first:?} then {second:?}: conflict {want}, got {got:?}"),
+        }
+    }
+    assert!(refused > 0 && ran > 0, "{refused} refused, {ran} ran");
+}
