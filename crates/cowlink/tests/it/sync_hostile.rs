@@ -828,21 +828,30 @@ fn a_library_snapshot_and_a_sync_into_its_root_refuse_each_other() {
 /// it) refuses the run into the outer directory, and writes nothing.
 /// The other run's lock is held here on a descriptor of its own, which
 /// `flock` treats as another holder.
-#[test]
-#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn a_bind_mount_alias_of_a_directory_inside_a_running_dst_is_refused() {
+/// On Btrfs the inner directory is a subvolume: another `st_dev`, no
+/// mount point, and its bind mount's root is named by path all the same.
+fn bind_mount_alias_refused(top: &Path, subvolume: bool) {
     use rustix::fs::{FlockOperation, Mode, OFlags};
-    let x = testfs!(Xfs);
-    let src = x.path().join("src");
+    let src = top.join("src");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), b"data").unwrap();
-    let outer = x.path().join("a/outer");
+    let outer = top.join("a/outer");
     let inner = outer.join("mid/inner");
-    let alias = x.path().join("b/alias");
-    fs::create_dir_all(&inner).unwrap();
+    let alias = top.join("b/alias");
+    if subvolume {
+        fs::create_dir_all(outer.join("mid")).unwrap();
+        let ok = Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(&inner)
+            .output()
+            .unwrap();
+        assert!(ok.status.success(), "{ok:?}");
+    } else {
+        fs::create_dir_all(&inner).unwrap();
+    }
     fs::create_dir_all(&alias).unwrap();
     let _bind = Bind::new(&inner, &alias);
-    for held in [&outer, &outer.join("mid"), &x.path().join("a")] {
+    for held in [&outer, &outer.join("mid"), &top.join("a")] {
         let other = rustix::fs::open(
             held,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -879,6 +888,20 @@ fn a_bind_mount_alias_of_a_directory_inside_a_running_dst_is_refused() {
     .unwrap();
     assert_eq!((r.errors, r.created), (0, 1));
     assert_eq!(fs::read(inner.join("f")).unwrap(), b"data");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_bind_mount_alias_of_a_directory_inside_a_running_dst_is_refused() {
+    let x = testfs!(Xfs);
+    bind_mount_alias_refused(x.path(), false);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_bind_mount_alias_of_a_subvolume_inside_a_running_dst_is_refused_btrfs() {
+    let b = testfs!(Btrfs);
+    bind_mount_alias_refused(b.path(), true);
 }
 
 /// DST swapped, in a tight loop, with a link into SRC (`renameat2`
