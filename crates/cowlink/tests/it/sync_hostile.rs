@@ -1045,3 +1045,51 @@ fn generated_pairs_of_concurrent_runs_follow_the_lock_rule() {
     }
     assert!(refused > 0 && ran > 0, "{refused} refused, {ran} ran");
 }
+
+/// `snapshot ls` while a prune forgets records: a record that vanishes
+/// between the listing of the records and its reading was forgotten, not
+/// broken; the listing goes on without it and reports no error. A
+/// record is made and removed in a tight loop while the set is listed.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn listing_while_records_are_forgotten_reports_no_error() {
+    use cowlink::snapshot::SnapshotSet;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let x = testfs!(Xfs);
+    let root = x.path().join("snaps");
+    let set = SnapshotSet::open(&root).unwrap();
+    let done = set.begin().unwrap().complete().unwrap();
+    let records = root.join(".cowlink/records");
+    let record = fs::read(records.join(format!("{}.json", done.name))).unwrap();
+    // A record of an older snapshot, named as the tool names them.
+    let gone = records.join("20200101T000000.000000Z.json");
+    let stop = AtomicBool::new(false);
+    // Asserted after the loop, which stops the other thread.
+    let mut failures = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                fs::write(&gone, &record).unwrap();
+                fs::remove_file(&gone).unwrap();
+            }
+        });
+        for _ in 0..3000 {
+            match set.list() {
+                Ok((list, errors)) if errors.is_empty() => {
+                    if !list.iter().any(|s| s.name == done.name) {
+                        failures.push("the complete snapshot is missing".to_string());
+                    }
+                }
+                Ok((_, errors)) => failures.push(format!("{errors:?}")),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of 3000: {:?}",
+        failures.len(),
+        failures.first()
+    );
+}
