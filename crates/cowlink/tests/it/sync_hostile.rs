@@ -1068,8 +1068,11 @@ fn listing_while_records_are_forgotten_reports_no_error() {
     let mut failures = Vec::new();
     std::thread::scope(|s| {
         s.spawn(|| {
+            // Written whole and renamed in, as the tool writes records.
+            let tmp = records.join("new.tmp");
             while !stop.load(Ordering::Relaxed) {
-                fs::write(&gone, &record).unwrap();
+                fs::write(&tmp, &record).unwrap();
+                fs::rename(&tmp, &gone).unwrap();
                 fs::remove_file(&gone).unwrap();
             }
         });
