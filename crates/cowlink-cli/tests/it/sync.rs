@@ -639,3 +639,84 @@ fn a_dry_run_snapshot_into_an_empty_root_lists_everything_new() {
         "the dry run made something"
     );
 }
+
+/// A directory a user cannot open to read cannot be locked by that
+/// user's run: `sync` as nobody into `p/q/`, while root's run holds `p/`
+/// (mode 0711: searchable, not readable), is still refused, naming the
+/// holder, from the kernel's lock table; nothing is written.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_run_inside_an_unreadable_running_dst_is_refused_as_another_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let x = testfs!(Xfs);
+    let (big, small) = (x.path().join("big"), x.path().join("small"));
+    long_listing(&big);
+    fs::create_dir(&small).unwrap();
+    fs::write(small.join("f"), b"f").unwrap();
+    let p = x.path().join("p");
+    let q = p.join("q");
+    fs::create_dir_all(&q).unwrap();
+    std::os::unix::fs::chown(&q, Some(65534), Some(65534)).unwrap();
+    for d in [x.path(), &small] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::set_permissions(small.join("f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let outer = held_sync(&[&slash(&big), &slash(&p)], &p);
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o711)).unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_cowlink"))
+        .args([
+            "sync".as_ref(),
+            slash(&small).as_os_str(),
+            slash(&q).as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    refused_by(&out, outer.id(), &p.to_string_lossy());
+    assert!(
+        !q.join("f").exists(),
+        "written while the outer run holds p/"
+    );
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    release(outer);
+}
+
+/// One `--exclude-from` line longer than any path (a wrong file, a
+/// generator gone wrong) is refused naming the file and the line, before
+/// the matcher compiles it: compiled, a few MiB of one line took over a
+/// GiB of memory.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn exclude_from_refuses_a_line_longer_than_any_path() {
+    let x = testfs!(Xfs);
+    let (src, dst) = (x.path().join("src"), x.path().join("dst"));
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a.c"), b"c").unwrap();
+    let list = x.path().join("long.list");
+    let mut bytes = b"*.tmp\n".to_vec();
+    bytes.extend(std::iter::repeat_n(b"*a", 4 << 20).flatten());
+    bytes.push(b'\n');
+    fs::write(&list, &bytes).unwrap();
+    let out = cowlink(&[&"sync", &"--exclude-from", &list, &slash(&src), &dst]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains(&*list.to_string_lossy()), "{err}");
+    assert!(
+        err.contains("line 2 of the exclude file is longer than"),
+        "{err}"
+    );
+    assert!(!dst.exists(), "the destination was made");
+    // A line as long as a path is a pattern like any other.
+    let name = "n".repeat(250);
+    fs::write(src.join(&name), b"n").unwrap();
+    fs::write(&list, format!("{}/../{name}\n{name}\n", "d".repeat(3800))).unwrap();
+    ok(&cowlink(&[
+        &"sync",
+        &"--exclude-from",
+        &list,
+        &slash(&src),
+        &dst,
+    ]));
+    assert!(dst.join("a.c").exists() && !dst.join(&name).exists());
+}

@@ -293,6 +293,9 @@ impl Book {
                 .join(std::ffi::OsStr::from_bytes(file));
             match self.read(name) {
                 Ok(r) => out.push((name.to_string(), r)),
+                // Forgotten since the directory was read (a prune, or a
+                // begin giving its name up): no record, not a bad one.
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => bad.push(e.with_src(&shown)),
             }
         }

@@ -55,7 +55,10 @@
 //! `sync --snapshot` and `prune` also lock ROOT as a sync destination
 //! (`LOCK_EX` on ROOT, `LOCK_SH` above it: see `crate::sync::lock`), so a
 //! plain sync into ROOT, above it or into one of its snapshots never runs
-//! at the same time.
+//! at the same time. A [`Begun`] of the library holds `LOCK_SH` on ROOT
+//! and above for its whole life, so a sync into ROOT or above it never
+//! runs while a snapshot is made and filled, and the caller can still
+//! fill it with a sync into its directory.
 //!
 //! [`TreeOptions::resume`]: crate::tree::TreeOptions::resume
 //! [`LinkMode::Clone`]: crate::LinkMode::Clone
@@ -142,6 +145,10 @@ struct Inner {
     root_fd: OwnedFd,
     book: Option<Book>,
     run: crate::run::Run,
+    /// The caller holds ROOT's sync lock ([`SnapshotSet::open_locked`]):
+    /// `begin` must not take it again (`flock` refuses a second
+    /// description even in the same process).
+    root_locked: bool,
 }
 
 /// A snapshot root, opened (see the module notes for the layout).
@@ -235,7 +242,11 @@ impl SnapshotSet {
         let held = crate::sync::lock::take(root_fd.as_fd(), root, false)?;
         drop(above);
         let book = Book::open(root_fd.as_fd(), root, true)?;
-        Ok((SnapshotSet::from_parts(root, root_fd, book), held))
+        let mut set = SnapshotSet::from_parts(root, root_fd, book);
+        if let Some(inner) = Arc::get_mut(&mut set.inner) {
+            inner.root_locked = true;
+        }
+        Ok((set, held))
     }
 
     /// The newest complete snapshot whose directory is still the recorded
@@ -283,6 +294,7 @@ impl SnapshotSet {
                 root_fd,
                 book,
                 run: crate::run::Run::default(),
+                root_locked: false,
             }),
         }
     }
@@ -302,6 +314,7 @@ impl SnapshotSet {
                 path: b.path.clone(),
             }),
             run: a.run.clone(),
+            root_locked: a.root_locked,
         });
         SnapshotSet {
             inner: Arc::new(Inner { run, ..inner }),
@@ -432,6 +445,23 @@ impl SnapshotSet {
     pub fn begin(&self) -> Result<Begun> {
         let book = self.book()?;
         let lock = book.lock()?;
+        // Making and filling a snapshot writes into ROOT: no sync into
+        // ROOT or above it at the same time (its `--delete` would remove
+        // the snapshot being cloned and the bookkeeping). `LOCK_SH`, as a
+        // dry run of ROOT, not `LOCK_EX`: the caller fills the snapshot
+        // with a sync into its directory (`sync_into_snapshot`, or a plain
+        // sync into `path`), which takes `LOCK_SH` on ROOT too. After the
+        // set's own lock, as `prune`, so a second snapshot run is named by
+        // that one. `sync --snapshot` holds `LOCK_EX` on ROOT already.
+        let root_lock = if self.inner.root_locked {
+            None
+        } else {
+            Some(crate::sync::lock::take(
+                self.inner.root_fd.as_fd(),
+                &self.inner.root,
+                true,
+            )?)
+        };
         // A name taken by someone else before the snapshot's directory
         // was made there is given up (its record forgotten: nothing of
         // this tool's is under it) and the next free name is taken; a few
@@ -458,6 +488,7 @@ impl SnapshotSet {
                         resumed,
                         dir,
                         _lock: lock,
+                        _root_lock: root_lock,
                     });
                 }
             }
@@ -1124,6 +1155,9 @@ pub struct Begun {
     /// The snapshot's directory, open since it was made or checked.
     dir: OwnedFd,
     _lock: OwnedFd,
+    /// `LOCK_SH` on ROOT and above, when `begin` took it (not when the
+    /// set's opener holds `LOCK_EX` on ROOT).
+    _root_lock: Option<crate::sync::lock::Held>,
 }
 
 impl Begun {

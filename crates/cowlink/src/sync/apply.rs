@@ -1434,6 +1434,24 @@ pub(super) fn run(
         ),
         Dest::Nothing => (None, false),
     };
+    // The checks above looked at DST's path; the run writes into the
+    // directory opened since, which a rename may have put under that
+    // name in between (a link into SRC): the same checks, on it.
+    if let (true, Dest::Path(_), Some(fd)) = (is_dir, &dest, &dst_fd) {
+        let opath = cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let here = fs::openat(fd, c".", opath, Mode::empty()).map_err(err)?;
+        let d = cowlink_sys::fstat(&here).map_err(err)?;
+        if has_ancestor(here, (st.st_dev, st.st_ino)).map_err(err)? {
+            return Err(refuse(ErrorKind::InvalidInput, DST_IN_SRC));
+        }
+        if opts.delete {
+            if let Ok(s) = fs::open(src, opath, Mode::empty()) {
+                if has_ancestor(s, (d.st_dev, d.st_ino)).map_err(err)? {
+                    return Err(refuse(ErrorKind::InvalidInput, SRC_IN_DST));
+                }
+            }
+        }
+    }
     // Held until the run returns.
     let _locks = match (&dst_fd, lock_it, shown) {
         (Some(fd), true, Some(shown)) => Some(super::lock::take(fd.as_fd(), shown, opts.dry_run)?),

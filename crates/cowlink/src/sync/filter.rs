@@ -51,6 +51,12 @@ impl Filter {
 /// the cost of the sync; it is refused instead.
 pub const EXCLUDE_LINES_MAX: usize = 100_000;
 
+/// The longest `--exclude-from` line, in bytes: a path's longest
+/// (`PATH_MAX`). A longer pattern matches no name a sync can meet, and
+/// the matcher's memory grows with a pattern's length (tens of times
+/// it), so one runaway line is refused before it is compiled.
+pub const EXCLUDE_LINE_MAX: usize = 4096;
+
 /// The patterns of an `--exclude-from` file, from its bytes (`file`
 /// names it in messages): one per line, a `\r` before the `\n` dropped;
 /// blank lines and `#` comments are skipped by the matcher.
@@ -59,8 +65,9 @@ pub const EXCLUDE_LINES_MAX: usize = 100_000;
 /// `InvalidInput`, naming `file` and the line number: a line that is not
 /// UTF-8 (patterns are text; read lossily it would match other names, or
 /// none, without a word: the bytes of a name that is not UTF-8 are
-/// matched by `?` or `*`), a pattern the matcher refuses, or more than
-/// [`EXCLUDE_LINES_MAX`] lines.
+/// matched by `?` or `*`), a pattern the matcher refuses, a line longer
+/// than [`EXCLUDE_LINE_MAX`] bytes, or more than [`EXCLUDE_LINES_MAX`]
+/// lines.
 pub fn patterns_from(bytes: &[u8], file: &Path) -> Result<Vec<String>, Error> {
     let bad = |n: usize, why: String| {
         Error::new(Operation::Sync, ErrorKind::InvalidInput)
@@ -85,6 +92,16 @@ pub fn patterns_from(bytes: &[u8], file: &Path) -> Result<Vec<String>, Error> {
                 )));
         }
         let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.len() > EXCLUDE_LINE_MAX {
+            return Err(bad(
+                n,
+                format!(
+                    "is longer than {EXCLUDE_LINE_MAX} bytes ({} bytes), longer than any \
+                     path: not a pattern",
+                    line.len()
+                ),
+            ));
+        }
         let line = std::str::from_utf8(line).map_err(|e| {
             bad(
                 n,

@@ -2,9 +2,11 @@
 //! `flock`s on the destination directory and on the directories above it.
 //!
 //! The rule. A run that writes into DST takes `LOCK_EX` on DST and
-//! `LOCK_SH` on each ancestor of DST on DST's mount (up to the mount's
-//! root; an ancestor that cannot be opened is skipped, the walk goes on
-//! above it). A dry run takes `LOCK_SH` on DST and on the same ancestors.
+//! `LOCK_SH` on each ancestor of DST on DST's filesystem (an ancestor
+//! this user cannot open to read cannot be locked: the walk goes on above
+//! it, and the run is refused if another holds `LOCK_EX` on it, as the
+//! kernel's lock table says; a run into that ancestor started later does
+//! not see this one). A dry run takes `LOCK_SH` on DST and on the same ancestors.
 //! So:
 //! - two runs into one DST refuse each other (a dry run and a run too);
 //! - a run into DST and a run into a directory inside it refuse each
@@ -28,10 +30,19 @@
 //! directory takes no lock of its own (ROOT's covers it). So `sync SRC/
 //! ROOT/` and `sync SRC/ ROOT/<snapshot>/` refuse a snapshot run, and the
 //! other way round. Its dry run is a dry run of the newest complete
-//! snapshot.
+//! snapshot. A snapshot begun through the library (`SnapshotSet::begin`)
+//! holds `LOCK_SH` on ROOT and above until it is sealed or dropped: a
+//! sync into ROOT or above refuses it, a sync into its directory (the
+//! caller filling it) does not.
 //!
-//! The walk stops at DST's mount: a run never crosses a mount point
-//! inside its DST, so nothing on another mount can be written by two.
+//! The walk goes up DST's filesystem: `..` on DST's mount, and at the
+//! root of a mount that is not the filesystem's root (a bind mount of a
+//! directory, a Btrfs `subvol=` mount) on through another mount of the
+//! same filesystem that reaches the parent (found in the mount table,
+//! checked by identity). A bind mount of a directory inside a running
+//! DST is that directory, whichever path reaches it. A run never crosses
+//! a mount point inside its DST, so nothing on another filesystem can be
+//! written by two.
 //! A Btrfs subvolume is no mount point: ROOT above a snapshot that is a
 //! subvolume is still locked.
 //!
@@ -98,12 +109,115 @@ pub(crate) fn take(dir: BorrowedFd<'_>, shown: &Path, shared: bool) -> Result<He
         }
         Err(Refused::Failed(e)) => return Err(cannot(e)),
     }
-    if let Ok(up) = cowlink_sys::open_parent_same_mount(dir) {
-        if !same_dir(dir, up.as_fd()) {
-            lock_chain(up, shown, shown, 1, &mut fds)?;
-        }
+    if let Some(up) = parent_of(dir) {
+        lock_chain(up, shown, shown, 1, &mut fds)?;
     }
     Ok(Held { _fds: fds })
+}
+
+/// The directory above `dir` on its filesystem: its `..` on its mount;
+/// at the root of a mount that is not the filesystem's root (a bind mount
+/// of a directory, a Btrfs `subvol=` mount), the same parent reached
+/// through another mount of that filesystem. A directory bind-mounted
+/// elsewhere is the one inside another run's DST, whatever path reaches
+/// it: without this, a run into the alias would lock nothing above it
+/// and write beside the run into the outer directory. `None` at the
+/// filesystem's root, or when no mount this process sees reaches the
+/// parent.
+fn parent_of(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
+    match cowlink_sys::open_parent_same_mount(dir) {
+        Ok(up) if same_dir(dir, up.as_fd()) => alias_parent(dir),
+        Ok(up) => Some(up),
+        Err(Errno::XDEV) => alias_parent(dir),
+        Err(_) => None,
+    }
+}
+
+/// [`parent_of`] at a mount's root: from the mount table, the path of
+/// `dir` inside its filesystem (the mount's root field), and a mount of
+/// the same filesystem whose root holds that path's parent. The parent
+/// found is checked by identity (its entry of `dir`'s name is `dir`), so
+/// a stale table or a name renamed since is never locked in its place.
+fn alias_parent(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let sx = fs::statx(
+        dir,
+        c"",
+        fs::AtFlags::EMPTY_PATH,
+        fs::StatxFlags::MNT_ID | fs::StatxFlags::INO,
+    )
+    .ok()?;
+    if sx.stx_mask & fs::StatxFlags::MNT_ID.bits() == 0 {
+        return None;
+    }
+    let table = cowlink_sys::mount_table().ok()?;
+    let mounts = mount_roots(&table);
+    let mine = mounts.iter().find(|m| u64::from(m.id) == sx.stx_mnt_id)?;
+    let name = mine.root.file_name()?;
+    let parent = mine.root.parent()?;
+    let want = cowlink_sys::fstat(dir).ok()?;
+    // Mounts of the filesystem whose root holds the parent, the widest
+    // first (the most ancestors reachable through it).
+    let mut via: Vec<&MountRoot> = mounts
+        .iter()
+        .filter(|m| m.dev == mine.dev && m.id != mine.id && parent.starts_with(&m.root))
+        .collect();
+    via.sort_by_key(|m| m.root.components().count());
+    via.into_iter().find_map(|m| {
+        let rel = parent.strip_prefix(&m.root).ok()?;
+        let path = CString::new(m.mount_point.join(rel).as_os_str().as_bytes()).ok()?;
+        let up = fs::open(
+            path.as_c_str(),
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let name = CString::new(name.as_bytes()).ok()?;
+        let child = fs::openat(
+            &up,
+            name.as_c_str(),
+            cowlink_sys::O_PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let got = cowlink_sys::fstat(&child).ok()?;
+        ((got.st_dev, got.st_ino) == (want.st_dev, want.st_ino)).then_some(up)
+    })
+}
+
+/// What [`alias_parent`] needs of one mount: its id, its filesystem's
+/// device, the directory of the filesystem at its root, and where it is.
+struct MountRoot {
+    id: u32,
+    dev: (u32, u32),
+    root: PathBuf,
+    mount_point: PathBuf,
+}
+
+/// The fields of `/proc/self/mountinfo` text [`alias_parent`] reads
+/// (`36 35 98:0 /mnt1 /mnt2 rw - ext3 /dev/root rw`); malformed lines
+/// are skipped.
+fn mount_roots(table: &str) -> Vec<MountRoot> {
+    let unescape = |f: &str| PathBuf::from(crate::ground::mountinfo::unescape(f));
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split(' ');
+            let id = f.next()?.parse().ok()?;
+            let _parent = f.next()?;
+            let (maj, min) = f.next()?.split_once(':')?;
+            let dev = (maj.parse().ok()?, min.parse().ok()?);
+            let root = unescape(f.next()?);
+            let mount_point = unescape(f.next()?);
+            Some(MountRoot {
+                id,
+                dev,
+                root,
+                mount_point,
+            })
+        })
+        .collect()
 }
 
 /// Before a run makes its missing destination `dst` in the directory
@@ -152,16 +266,35 @@ fn lock_chain(
 ) -> Result<(), Error> {
     let mut cur = start;
     for depth in depth..depth + MAX_DEPTH {
-        if let Ok(readable) = fs::openat(
+        let opened = fs::openat(
             &cur,
             c".",
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        ) {
+        );
+        if opened.is_err() {
+            // Not readable by this user, so not lockable: a run into it
+            // (its `LOCK_EX`, in the kernel's lock table) still refuses
+            // this one. A run into it that starts later cannot see this
+            // one: the price of a directory this user cannot open.
+            if let Some(who) = exclusive_holder(cur.as_fd()) {
+                let above = dir_name(cur.as_fd()).unwrap_or_else(|| ancestor_name(base, depth));
+                return Err(in_use(
+                    shown,
+                    format!(
+                        "a sync into {}, which holds this directory, is running (process \
+                         {who} holds its lock)",
+                        crate::name::quoted(&above)
+                    ),
+                ));
+            }
+        }
+        if let Ok(readable) = opened {
             match lock_one(readable.as_fd(), true) {
                 Ok(()) => fds.push(readable),
                 Err(Refused::Held(who)) => {
-                    let above = ancestor_name(base, depth);
+                    let above =
+                        dir_name(readable.as_fd()).unwrap_or_else(|| ancestor_name(base, depth));
                     return Err(in_use(
                         shown,
                         format!(
@@ -176,13 +309,10 @@ fn lock_chain(
                 Err(Refused::Failed(_)) => {}
             }
         }
-        // Another mount above (`EXDEV`), or no way up: the walk ends.
-        let Ok(up) = cowlink_sys::open_parent_same_mount(cur.as_fd()) else {
+        // The filesystem's root, or no way up: the walk ends.
+        let Some(up) = parent_of(cur.as_fd()) else {
             break;
         };
-        if same_dir(cur.as_fd(), up.as_fd()) {
-            break;
-        }
         cur = up;
     }
     Ok(())
@@ -192,6 +322,16 @@ fn in_use(shown: &Path, reason: String) -> Error {
     Error::new(Operation::Sync, ErrorKind::InUse)
         .with_dst(shown)
         .with_reason(reason)
+}
+
+/// The path of the open directory `dir` as the kernel names it, for a
+/// message: the walk may have gone up through another mount than the
+/// destination's path.
+fn dir_name(dir: BorrowedFd<'_>) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        .ok()
+        .filter(|p| p.is_absolute())
 }
 
 /// The directory `depth` levels above `base`, for a message: from its
@@ -250,6 +390,42 @@ fn lock_one(fd: BorrowedFd<'_>, shared: bool) -> Result<(), Refused> {
     }
 }
 
+/// The process other than this one holding an exclusive `flock` on the
+/// directory `dir` (open `O_PATH`), from the lock table. The lock table
+/// names the filesystem's device, which is `dir`'s own except on Btrfs
+/// (a subvolume's device differs): there the inode alone is compared.
+fn exclusive_holder(dir: BorrowedFd<'_>) -> Option<u32> {
+    const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
+    let st = cowlink_sys::fstat(dir).ok()?;
+    let btrfs = fs::fstatfs(dir).is_ok_and(|f| f.f_type as u64 == BTRFS_SUPER_MAGIC);
+    let dev = (!btrfs).then(|| (fs::major(st.st_dev), fs::minor(st.st_dev)));
+    let table = cowlink_sys::lock_table().ok()?;
+    exclusive_in(&table, dev, st.st_ino, std::process::id())
+}
+
+/// [`exclusive_holder`] on the text of `/proc/locks`: a `FLOCK` `WRITE`
+/// lock on inode `ino` (of device `dev`, hexadecimal `major:minor` in the
+/// table, when given) held by a process other than `me`; waiters
+/// (`->`) are not holders.
+fn exclusive_in(table: &str, dev: Option<(u32, u32)>, ino: u64, me: u32) -> Option<u32> {
+    table.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&"FLOCK") || f.get(3) != Some(&"WRITE") {
+            return None;
+        }
+        let pid: u32 = f.get(4)?.parse().ok()?;
+        let mut id = f.get(5)?.rsplitn(2, ':');
+        let file_ino: u64 = id.next()?.parse().ok()?;
+        let (maj, min) = id.next()?.split_once(':')?;
+        let file_dev = (
+            u32::from_str_radix(maj, 16).ok()?,
+            u32::from_str_radix(min, 16).ok()?,
+        );
+        let same_dev = dev.is_none_or(|d| d == file_dev);
+        (file_ino == ino && same_dev && pid != me).then_some(pid)
+    })
+}
+
 /// The process holding a `flock` on inode `ino`, from the text of
 /// `/proc/locks` (`1: FLOCK ADVISORY WRITE 1234 08:02:567 0 EOF`), other
 /// than `me`. The device is not compared: Btrfs reports a subvolume's own
@@ -285,6 +461,30 @@ mod tests {
         assert_eq!(holder(t, 1234, 4321), None, "our own lock is not a holder");
         assert_eq!(holder(t, 5, 1), None, "POSIX locks are not ours");
         assert_eq!(holder(t, 9, 1), None);
+    }
+
+    #[test]
+    fn an_exclusive_holder_is_read_from_the_lock_table() {
+        let t = "1: FLOCK  ADVISORY  READ 55 fd:01:1234 0 EOF\n\
+                 2: FLOCK  ADVISORY  WRITE 66 08:12:777 0 EOF\n\
+                 2: -> FLOCK  ADVISORY  WRITE 67 08:12:1234 0 EOF\n";
+        assert_eq!(exclusive_in(t, None, 1234, 1), None, "shared, or waiting");
+        assert_eq!(exclusive_in(t, Some((8, 0x12)), 777, 1), Some(66));
+        assert_eq!(exclusive_in(t, Some((8, 2)), 777, 1), None, "other device");
+        assert_eq!(exclusive_in(t, None, 777, 1), Some(66));
+        assert_eq!(exclusive_in(t, None, 777, 66), None, "our own");
+    }
+
+    #[test]
+    fn mount_roots_are_read_from_the_mount_table() {
+        let t = "22 1 8:2 / / rw - xfs /dev/sda2 rw\n\
+                 40 22 8:2 /a/my\\040dir /mnt/b rw,relatime shared:1 - xfs /dev/sda2 rw\n\
+                 bad line\n";
+        let m = mount_roots(t);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[1].id, m[1].dev), (40, (8, 2)));
+        assert_eq!(m[1].root, Path::new("/a/my dir"));
+        assert_eq!(m[1].mount_point, Path::new("/mnt/b"));
     }
 
     fn open(p: &Path) -> OwnedFd {

@@ -64,7 +64,7 @@ use rustix::fd::AsFd;
 use crate::ground::error::Error;
 use crate::prim::mode::Outcome;
 
-pub use filter::{patterns_from, EXCLUDE_LINES_MAX};
+pub use filter::{patterns_from, EXCLUDE_LINES_MAX, EXCLUDE_LINE_MAX};
 pub use plan::{itemize, Action, Changes, EntryKind};
 
 /// Options for [`sync`]. `Default`: `cp -a` semantics, size and time
@@ -311,7 +311,8 @@ pub fn sync_snapshot(
 /// directory ([`Begun::dir`]), never through its name, which anyone who
 /// can write in the root can swap for a link or another directory. Its
 /// locks are taken on that directory (and `LOCK_SH` above it, the root
-/// included). Seal it afterwards with
+/// included, which the [`Begun`](crate::snapshot::Begun) shares). Seal it
+/// afterwards with
 /// [`Begun::complete`](crate::snapshot::Begun::complete), which refuses
 /// when the name no longer holds the directory written.
 ///
