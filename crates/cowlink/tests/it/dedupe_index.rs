@@ -910,3 +910,44 @@ fn records_of_directories_removed_or_moved_out_are_pruned() {
     assert_eq!(index_of(&p).pruned, 0, "{p:?}");
     assert_eq!(index_of(&p).written, 0, "{p:?}");
 }
+
+/// A file's blocks unshared without its identity moving (Btrfs rewrites
+/// a file's extents on a compressing defragment and leaves its ctime as
+/// it was): the index must not claim it still shares its partner's
+/// blocks, and the rerun shares it again.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_file_unshared_by_defragment_is_not_claimed_already_shared() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    let bytes = data(300_000, 7);
+    for name in ["a", "b", "c"] {
+        fs::write(root.join(name), &bytes).unwrap();
+    }
+    sync(&root);
+    run(&root, ix.path());
+    assert!(same_blocks(&root.join("a"), &root.join("c")));
+    // The layouts after sharing are in the index now.
+    let (p, _) = run(&root, ix.path());
+    assert!(index_of(&p).unchanged >= 3, "{p:?}");
+    let before = fs::metadata(root.join("c")).unwrap();
+    let st = std::process::Command::new("btrfs")
+        .args(["filesystem", "defragment", "-czstd"])
+        .arg(root.join("c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(&root);
+    let after = fs::metadata(root.join("c")).unwrap();
+    assert_eq!(
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec()),
+        "the defragment left the ctime (what this test is about)"
+    );
+    assert!(!same_blocks(&root.join("a"), &root.join("c")), "unshared");
+    run(&root, ix.path());
+    assert_eq!(fs::read(root.join("c")).unwrap(), bytes);
+    assert_shared_iff_equal(&root);
+}
