@@ -40,7 +40,11 @@
 //! identities: they are found under the new path. A file given as a walk
 //! root (no directory walked) is not indexed. A match is still proven by
 //! `FIDEDUPERANGE`, which compares every byte under lock: the index only
-//! decides what need not be read. The hashes are kept whole (32 bytes),
+//! decides what need not be read. The identity covers the content, not
+//! the layout: extents move with no time changed (a compressing Btrfs
+//! defragment, another tool's dedupe), so an entry whose layout would
+//! spare work (every block shared, or none held alone) has its file
+//! mapped again (one FIEMAP, no byte read) before the layout is used. The hashes are kept whole (32 bytes),
 //! though a planning hash needs fewer bits: a plan shows the BLAKE3 of
 //! each group, and an index hash must compare equal to one read this run.
 //!
