@@ -951,3 +951,26 @@ fn a_file_unshared_by_defragment_is_not_claimed_already_shared() {
     assert_eq!(fs::read(root.join("c")).unwrap(), bytes);
     assert_shared_iff_equal(&root);
 }
+
+/// A run killed while rewriting a bloated index leaves `<key>.redb.new`
+/// beside the whole old file: the next run uses the old file and
+/// removes the leftover, which would otherwise hold its disk space until
+/// some later run happened to rewrite the index again.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_rewrite_left_half_done_is_cleaned_up_and_the_index_kept() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    tree(&root);
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let file = index_file(&p);
+    let left = file.with_extension("redb.new");
+    fs::write(&left, vec![0x5a; 1 << 20]).unwrap();
+    let (p, _) = run(&root, ix.path());
+    assert!(index_of(&p).unchanged > 0, "{p:?}");
+    assert_eq!(index_file(&p), file);
+    assert!(!left.exists(), "{left:?} left behind");
+    assert_shared_iff_equal(&root);
+}
