@@ -87,7 +87,8 @@
 //! keys ([`scatter`]; in key order every leaf is left half empty), and a
 //! file more than twice what it holds is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
-//! crash leaves one whole file or the other). What is left is redb's
+//! crash leaves one whole file or the other; a copy left by a crash is
+//! removed when the index is next opened). What is left is redb's
 //! growth by regions: the file's apparent size runs ahead of the pages
 //! in use (not written, so not allocated on disk). Storing records in
 //! pieces of 2 KiB, so that no value outgrows a page, was measured to
@@ -1091,6 +1092,10 @@ impl Indexes {
         let _ = lk.set_len(0);
         let _ = lk.rewind();
         let _ = writeln!(lk, "pid {} ({})", std::process::id(), command_line());
+        // A rewrite's copy left by a run killed before its rename (see
+        // [`rewrite`]): the old file is whole; the copy only holds space.
+        // Under the lock, so no run is writing it.
+        let _ = std::fs::remove_file(file.with_extension("redb.new"));
         let db = self.open_db(&file)?;
         if check {
             match last_dev(&db) {
@@ -1183,7 +1188,7 @@ impl Indexes {
 /// key order leave every leaf half empty, and a large record among small
 /// ones strands more), then rename it over the old file: atomic, so a
 /// crash leaves the old file or the new one, whole (a `.new` left over
-/// is replaced next time). The lock is held throughout.
+/// is removed when the index is next opened). The lock is held throughout.
 fn rewrite(ix: FsIndex) {
     let FsIndex {
         file, db, _lock, ..
