@@ -1044,3 +1044,33 @@ fn a_directory_inode_reused_with_its_file_inodes_is_not_trusted() {
         "no inode number was reused: the test proves nothing"
     );
 }
+
+/// One directory of 100,000 files is one record of that many entries:
+/// written, read back whole on a rerun (nothing read of any file), and a
+/// change to one file rewrites it with that file read again. (About 20 s
+/// in a debug build: the size is the point.)
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_directory_of_100k_files_is_one_record_read_back_whole() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    const N: u64 = 100_000;
+    for i in 0..N {
+        fs::write(root.join(format!("f{i}")), (i % 1000).to_le_bytes()).unwrap();
+    }
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let file = index_file(&p);
+    assert_eq!(cowlink::dedupe::index::stats(&file).unwrap().0, N);
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).unchanged, N, "{:?}", index_of(&p));
+    assert_eq!(index_of(&p).written, 0);
+    fs::write(root.join("f7"), 234u64.to_le_bytes()).unwrap();
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).unchanged, N - 1, "{:?}", index_of(&p));
+    assert_eq!(fs::read(root.join("f7")).unwrap(), 234u64.to_le_bytes());
+    assert!(same_blocks(&root.join("f7"), &root.join("f234")) || runs(&root.join("f7")).is_none());
+}
