@@ -1074,3 +1074,79 @@ fn a_directory_of_100k_files_is_one_record_read_back_whole() {
     assert_eq!(fs::read(root.join("f7")).unwrap(), 234u64.to_le_bytes());
     assert!(same_blocks(&root.join("f7"), &root.join("f234")) || runs(&root.join("f7")).is_none());
 }
+
+/// `btrfs` with `args`, checked to succeed.
+fn btrfs(args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new("btrfs")
+        .args(args)
+        .output()
+        .expect("btrfs-progs installed");
+    assert!(
+        out.status.success(),
+        "btrfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Subvolumes made by a test, deleted when it ends.
+struct Subvols(Vec<PathBuf>);
+
+impl Drop for Subvols {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = std::process::Command::new("btrfs")
+                .args(["subvolume", "delete"])
+                .arg(p)
+                .output();
+        }
+    }
+}
+
+/// A Btrfs snapshot has every file's identity (inode, size, times) of
+/// its origin: it gets an index of its own (its subvolume id in the
+/// key), nothing of it is taken from the origin's, and a file changed in
+/// the snapshot is read again and shared with its new equals there
+/// while its origin stays apart.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_btrfs_snapshot_gets_its_own_index_and_its_changes_are_caught() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    let (s, t) = (root.join("s"), root.join("t"));
+    let mut subs = Subvols(Vec::new());
+    btrfs(&["subvolume".as_ref(), "create".as_ref(), s.as_os_str()]);
+    subs.0.push(s.clone());
+    let same = data(300_000, 3);
+    fs::create_dir(s.join("d")).unwrap();
+    fs::write(s.join("d/a"), &same).unwrap();
+    fs::write(s.join("d/b"), &same).unwrap();
+    fs::write(s.join("d/u"), data(300_000, 4)).unwrap();
+    sync(&s);
+    let (p, _) = run(&s, ix.path());
+    let origin = index_file(&p);
+    btrfs(&[
+        "subvolume".as_ref(),
+        "snapshot".as_ref(),
+        s.as_os_str(),
+        t.as_os_str(),
+    ]);
+    subs.0.push(t.clone());
+    assert_eq!(ino(&s.join("d/u")), ino(&t.join("d/u")));
+    // Changed in the snapshot only, to the shared files' bytes.
+    fs::write(t.join("d/u"), &same).unwrap();
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let ixr = index_of(&p);
+    assert_eq!(ixr.files.len(), 2, "{ixr:?}");
+    assert!(ixr.files.contains(&origin), "{ixr:?}");
+    assert_eq!(ixr.unchanged, 3, "only the origin's files: {ixr:?}");
+    assert_eq!(fs::read(t.join("d/u")).unwrap(), same);
+    assert_eq!(fs::read(s.join("d/u")).unwrap(), data(300_000, 4));
+    assert_shared_iff_equal(&root);
+    // Rerun: both indexes trusted, nothing to do.
+    let (p, r) = run(&root, ix.path());
+    assert_eq!(index_of(&p).unchanged, 6, "{:?}", index_of(&p));
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+}
