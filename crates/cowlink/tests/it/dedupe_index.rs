@@ -1150,3 +1150,52 @@ fn a_btrfs_snapshot_gets_its_own_index_and_its_changes_are_caught() {
     assert_eq!(index_of(&p).unchanged, 6, "{:?}", index_of(&p));
     assert_eq!(r.targets_deduped, 0, "{r:?}");
 }
+
+/// On XFS another tool's dedupe moves a file's extents and leaves its
+/// times: `c`, indexed as sharing `a`'s blocks, is made to share `d`'s
+/// (equal bytes, blocks of their own) instead. The run must not take
+/// `c` as sharing `a` still: every equal file ends up on one set of
+/// blocks.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(root.join("x")).unwrap();
+    let bytes = data(300_000, 9);
+    for name in ["a", "c"] {
+        fs::write(root.join("x").join(name), &bytes).unwrap();
+    }
+    sync(&root);
+    run(&root, ix.path());
+    run(&root, ix.path());
+    assert!(same_blocks(&root.join("x/a"), &root.join("x/c")));
+    // Outside the walked tree: `d`, equal bytes, blocks of its own.
+    let other = d.path().join("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("d"), &bytes).unwrap();
+    sync(d.path());
+    let before = fs::metadata(root.join("x/c")).unwrap();
+    let st = std::process::Command::new("xfs_io")
+        .arg("-c")
+        .arg(format!(
+            "dedupe {} 0 0 {}",
+            other.join("d").display(),
+            bytes.len()
+        ))
+        .arg(root.join("x/c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(d.path());
+    let after = fs::metadata(root.join("x/c")).unwrap();
+    assert_eq!(
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec()),
+        "the dedupe left the ctime (what this test is about)"
+    );
+    assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
+    run(&root, ix.path());
+    assert_shared_iff_equal(&root);
+}
