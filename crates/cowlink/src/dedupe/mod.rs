@@ -430,6 +430,31 @@ impl Collect {
                 c.shared = hit.shared;
                 c.inline = hit.inline;
             }
+            // A layout that would spare work (every block shared, or
+            // none held alone) is mapped again: extents move without
+            // the identity moving (a compressing Btrfs defragment, or
+            // another tool's dedupe, leaves the ctime), and a stale
+            // claim would skip a duplicate. One FIEMAP, nothing read.
+            if c.mapped && !c.inline && (c.shared.is_some() || c.exclusive == 0) {
+                let fresh = open_read_at(e.dirfd, e.name).ok().and_then(|fd| {
+                    let id = cowlink_sys::file_id(fd.as_fd()).ok()?;
+                    (id.dev == st.dev && id.ino == st.ino).then_some(())?;
+                    extents_fd(fd.as_fd(), false).ok()
+                });
+                match fresh {
+                    Some(list) => {
+                        c.exclusive = 0;
+                        layout_facts(&list, &mut c);
+                    }
+                    // Not mapped again: taken as a new file.
+                    None => {
+                        c.known = false;
+                        c.mapped = false;
+                        c.shared = None;
+                        c.exclusive = st.blocks * 512;
+                    }
+                }
+            }
             c.hash = hit.hash;
             c.whole = hit.whole.map(Box::new);
             if c.inline {

@@ -910,3 +910,292 @@ fn records_of_directories_removed_or_moved_out_are_pruned() {
     assert_eq!(index_of(&p).pruned, 0, "{p:?}");
     assert_eq!(index_of(&p).written, 0, "{p:?}");
 }
+
+/// A file's blocks unshared without its identity moving (Btrfs rewrites
+/// a file's extents on a compressing defragment and leaves its ctime as
+/// it was): the index must not claim it still shares its partner's
+/// blocks, and the rerun shares it again.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_file_unshared_by_defragment_is_not_claimed_already_shared() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    let bytes = data(300_000, 7);
+    for name in ["a", "b", "c"] {
+        fs::write(root.join(name), &bytes).unwrap();
+    }
+    sync(&root);
+    run(&root, ix.path());
+    assert!(same_blocks(&root.join("a"), &root.join("c")));
+    // The layouts after sharing are in the index now.
+    let (p, _) = run(&root, ix.path());
+    assert!(index_of(&p).unchanged >= 3, "{p:?}");
+    let before = fs::metadata(root.join("c")).unwrap();
+    let st = std::process::Command::new("btrfs")
+        .args(["filesystem", "defragment", "-czstd"])
+        .arg(root.join("c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(&root);
+    let after = fs::metadata(root.join("c")).unwrap();
+    assert_eq!(
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec()),
+        "the defragment left the ctime (what this test is about)"
+    );
+    assert!(!same_blocks(&root.join("a"), &root.join("c")), "unshared");
+    run(&root, ix.path());
+    assert_eq!(fs::read(root.join("c")).unwrap(), bytes);
+    assert_shared_iff_equal(&root);
+}
+
+/// A run killed while rewriting a bloated index leaves `<key>.redb.new`
+/// beside the whole old file: the next run uses the old file and
+/// removes the leftover, which would otherwise hold its disk space until
+/// some later run happened to rewrite the index again.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_rewrite_left_half_done_is_cleaned_up_and_the_index_kept() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    tree(&root);
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let file = index_file(&p);
+    let left = file.with_extension("redb.new");
+    fs::write(&left, vec![0x5a; 1 << 20]).unwrap();
+    let (p, _) = run(&root, ix.path());
+    assert!(index_of(&p).unchanged > 0, "{p:?}");
+    assert_eq!(index_file(&p), file);
+    assert!(!left.exists(), "{left:?} left behind");
+    assert_shared_iff_equal(&root);
+}
+
+/// A directory removed with its files, and a new one given its inode
+/// number (XFS reuses freed inodes at once) filled with other files of
+/// the same sizes, which take the freed files' inode numbers: no entry
+/// of the old record is trusted for them, and equal files end up shared,
+/// different ones apart.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_directory_inode_reused_with_its_file_inodes_is_not_trusted() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(root.join("keep")).unwrap();
+    let sizes = [5000usize, 20_000, 300_000];
+    for (i, &size) in sizes.iter().enumerate() {
+        fs::write(root.join("keep").join(format!("k{i}")), data(size, 1)).unwrap();
+    }
+    let mut reused = 0;
+    for round in 0..4u64 {
+        let old = root.join(format!("old{round}"));
+        fs::create_dir(&old).unwrap();
+        for (i, &size) in sizes.iter().enumerate() {
+            fs::write(old.join(format!("f{i}")), data(size, 1)).unwrap();
+        }
+        sync(&root);
+        run(&root, ix.path());
+        let dino = ino(&old);
+        let finos: Vec<u64> = (0..sizes.len())
+            .map(|i| ino(&old.join(format!("f{i}"))))
+            .collect();
+        fs::remove_dir_all(&old).unwrap();
+        sync(&root);
+        // XFS spreads new directories over its allocation groups: make
+        // some until one takes a freed number, keep that one.
+        let mut made = Vec::new();
+        for j in 0..64 {
+            let c = root.join(format!("new{round}-{j}"));
+            fs::create_dir(&c).unwrap();
+            let hit = ino(&c) == dino || finos.contains(&ino(&c));
+            made.push(c);
+            if hit {
+                break;
+            }
+        }
+        let new = made.pop().unwrap();
+        for c in made {
+            fs::remove_dir(c).unwrap();
+        }
+        // Other bytes, same sizes: one file equal to a kept one, the
+        // others new content.
+        for (i, &size) in sizes.iter().enumerate() {
+            let seed = if i == 0 { 1 } else { 100 + round };
+            fs::write(new.join(format!("f{i}")), data(size, seed)).unwrap();
+        }
+        sync(&root);
+        if ino(&new) == dino || finos.contains(&ino(&new)) {
+            reused += 1;
+        }
+        reused += (0..sizes.len())
+            .filter(|&i| finos.contains(&ino(&new.join(format!("f{i}")))))
+            .count();
+        run(&root, ix.path());
+        assert_shared_iff_equal(&root);
+        fs::remove_dir_all(&new).unwrap();
+    }
+    assert!(
+        reused > 0,
+        "no inode number was reused: the test proves nothing"
+    );
+}
+
+/// One directory of 100,000 files is one record of that many entries:
+/// written, read back whole on a rerun (nothing read of any file), and a
+/// change to one file rewrites it with that file read again. (About 20 s
+/// in a debug build: the size is the point.)
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_directory_of_100k_files_is_one_record_read_back_whole() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    const N: u64 = 100_000;
+    for i in 0..N {
+        fs::write(root.join(format!("f{i}")), (i % 1000).to_le_bytes()).unwrap();
+    }
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let file = index_file(&p);
+    assert_eq!(cowlink::dedupe::index::stats(&file).unwrap().0, N);
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).unchanged, N, "{:?}", index_of(&p));
+    assert_eq!(index_of(&p).written, 0);
+    fs::write(root.join("f7"), 234u64.to_le_bytes()).unwrap();
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).unchanged, N - 1, "{:?}", index_of(&p));
+    assert_eq!(fs::read(root.join("f7")).unwrap(), 234u64.to_le_bytes());
+    assert!(same_blocks(&root.join("f7"), &root.join("f234")) || runs(&root.join("f7")).is_none());
+}
+
+/// `btrfs` with `args`, checked to succeed.
+fn btrfs(args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new("btrfs")
+        .args(args)
+        .output()
+        .expect("btrfs-progs installed");
+    assert!(
+        out.status.success(),
+        "btrfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Subvolumes made by a test, deleted when it ends.
+struct Subvols(Vec<PathBuf>);
+
+impl Drop for Subvols {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            let _ = std::process::Command::new("btrfs")
+                .args(["subvolume", "delete"])
+                .arg(p)
+                .output();
+        }
+    }
+}
+
+/// A Btrfs snapshot has every file's identity (inode, size, times) of
+/// its origin: it gets an index of its own (its subvolume id in the
+/// key), nothing of it is taken from the origin's, and a file changed in
+/// the snapshot is read again and shared with its new equals there
+/// while its origin stays apart.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_btrfs_snapshot_gets_its_own_index_and_its_changes_are_caught() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    let (s, t) = (root.join("s"), root.join("t"));
+    let mut subs = Subvols(Vec::new());
+    btrfs(&["subvolume".as_ref(), "create".as_ref(), s.as_os_str()]);
+    subs.0.push(s.clone());
+    let same = data(300_000, 3);
+    fs::create_dir(s.join("d")).unwrap();
+    fs::write(s.join("d/a"), &same).unwrap();
+    fs::write(s.join("d/b"), &same).unwrap();
+    fs::write(s.join("d/u"), data(300_000, 4)).unwrap();
+    sync(&s);
+    let (p, _) = run(&s, ix.path());
+    let origin = index_file(&p);
+    btrfs(&[
+        "subvolume".as_ref(),
+        "snapshot".as_ref(),
+        s.as_os_str(),
+        t.as_os_str(),
+    ]);
+    subs.0.push(t.clone());
+    assert_eq!(ino(&s.join("d/u")), ino(&t.join("d/u")));
+    // Changed in the snapshot only, to the shared files' bytes.
+    fs::write(t.join("d/u"), &same).unwrap();
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let ixr = index_of(&p);
+    assert_eq!(ixr.files.len(), 2, "{ixr:?}");
+    assert!(ixr.files.contains(&origin), "{ixr:?}");
+    assert_eq!(ixr.unchanged, 3, "only the origin's files: {ixr:?}");
+    assert_eq!(fs::read(t.join("d/u")).unwrap(), same);
+    assert_eq!(fs::read(s.join("d/u")).unwrap(), data(300_000, 4));
+    assert_shared_iff_equal(&root);
+    // Rerun: both indexes trusted, nothing to do.
+    let (p, r) = run(&root, ix.path());
+    assert_eq!(index_of(&p).unchanged, 6, "{:?}", index_of(&p));
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+}
+
+/// On XFS another tool's dedupe moves a file's extents and leaves its
+/// times: `c`, indexed as sharing `a`'s blocks, is made to share `d`'s
+/// (equal bytes, blocks of their own) instead. The run must not take
+/// `c` as sharing `a` still: every equal file ends up on one set of
+/// blocks.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(root.join("x")).unwrap();
+    let bytes = data(300_000, 9);
+    for name in ["a", "c"] {
+        fs::write(root.join("x").join(name), &bytes).unwrap();
+    }
+    sync(&root);
+    run(&root, ix.path());
+    run(&root, ix.path());
+    assert!(same_blocks(&root.join("x/a"), &root.join("x/c")));
+    // Outside the walked tree: `d`, equal bytes, blocks of its own.
+    let other = d.path().join("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("d"), &bytes).unwrap();
+    sync(d.path());
+    let before = fs::metadata(root.join("x/c")).unwrap();
+    let st = std::process::Command::new("xfs_io")
+        .arg("-c")
+        .arg(format!(
+            "dedupe {} 0 0 {}",
+            other.join("d").display(),
+            bytes.len()
+        ))
+        .arg(root.join("x/c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(d.path());
+    let after = fs::metadata(root.join("x/c")).unwrap();
+    assert_eq!(
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec()),
+        "the dedupe left the ctime (what this test is about)"
+    );
+    assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
+    run(&root, ix.path());
+    assert_shared_iff_equal(&root);
+}
