@@ -121,6 +121,12 @@ pub struct DedupeArgs {
     #[arg(long)]
     no_index: bool,
 
+    /// Map again every file the index says shares all its blocks (by
+    /// default one in 16 per run, at random): extents moved by a
+    /// defragment or another tool's dedupe leave the file's times alone
+    #[arg(long, conflicts_with = "no_index")]
+    recheck_layouts: bool,
+
     /// Show every group (source and targets)
     #[arg(short, long)]
     verbose: bool,
@@ -198,6 +204,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         stores: args.stores.clone(),
         exclude,
         index,
+        layout_recheck: recheck(&args),
         run: Run::default()
             .with_threads(args.threads.map_or(0, crate::capped_threads))
             .with_cancel(crate::interrupt::token())
@@ -437,6 +444,15 @@ fn index_dir(args: &DedupeArgs) -> Option<PathBuf> {
 
 /// `cowlink dedupe --watch`: each batch is a dedupe over the roots that
 /// changed, with the index, so unchanged files are not read again.
+/// `--recheck-layouts`: every indexed layout mapped again, else a sample.
+fn recheck(args: &DedupeArgs) -> dedupe::LayoutRecheck {
+    if args.recheck_layouts {
+        dedupe::LayoutRecheck::Every
+    } else {
+        dedupe::LayoutRecheck::Sample
+    }
+}
+
 fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
     crate::drive::need_root_for(
         "cowlink dedupe --watch",
@@ -451,6 +467,7 @@ fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
             stores: args.stores.clone(),
             exclude,
             index: index_dir(&args),
+            layout_recheck: recheck(&args),
             run: Run::default()
                 .with_threads(args.threads.map_or(0, crate::capped_threads))
                 .with_cancel(crate::interrupt::token()),

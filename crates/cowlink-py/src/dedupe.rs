@@ -296,6 +296,7 @@ pub fn plan(
         stores: stores.into_iter().map(|p| p.0).collect(),
         exclude,
         index: index_dir(index),
+        layout_recheck: Default::default(),
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -369,6 +370,7 @@ pub fn run(
         stores: stores.into_iter().map(|p| p.0).collect(),
         exclude,
         index: index_dir(index),
+        layout_recheck: Default::default(),
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?
@@ -575,6 +577,7 @@ pub fn watch(
             stores: stores.into_iter().map(|p| p.0).collect(),
             exclude,
             index: index_dir(index),
+            layout_recheck: Default::default(),
         },
         quiet_period,
         max_delay,

@@ -11,15 +11,20 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, DedupePlan, DedupeReport};
+use cowlink::dedupe::{
+    dedupe, execute, plan, DedupeOptions, DedupePlan, DedupeReport, LayoutRecheck,
+};
 use cowlink::extents::extents;
 use cowlink_testfs::{data, testfs, write_file};
 
 use crate::same_blocks;
 
+/// Every indexed layout mapped again (`--recheck-layouts`): a test that
+/// moves extents behind the index sees them found on the next run.
 fn opts(ix: &Path) -> DedupeOptions {
     DedupeOptions {
         index: Some(ix.to_path_buf()),
+        layout_recheck: LayoutRecheck::Every,
         ..DedupeOptions::default()
     }
 }
@@ -1197,5 +1202,65 @@ fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
     );
     assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
     run(&root, ix.path());
+    assert_shared_iff_equal(&root);
+}
+
+/// The default ([`LayoutRecheck::Sample`]) maps again a random sixteenth
+/// of the files the index says share every block: a layout moved behind
+/// the index (here another tool's dedupe, which keeps the times) is found
+/// within a few runs, where [`LayoutRecheck::Never`] trusts it for ever.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_sampled_recheck_finds_a_moved_layout_within_a_few_runs() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(root.join("x")).unwrap();
+    let bytes = data(300_000, 11);
+    for name in ["a", "c"] {
+        fs::write(root.join("x").join(name), &bytes).unwrap();
+    }
+    sync(&root);
+    run(&root, ix.path());
+    run(&root, ix.path());
+    assert!(same_blocks(&root.join("x/a"), &root.join("x/c")));
+    let other = d.path().join("other");
+    fs::create_dir_all(&other).unwrap();
+    fs::write(other.join("d"), &bytes).unwrap();
+    sync(d.path());
+    let st = std::process::Command::new("xfs_io")
+        .arg("-c")
+        .arg(format!(
+            "dedupe {} 0 0 {}",
+            other.join("d").display(),
+            bytes.len()
+        ))
+        .arg(root.join("x/c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(d.path());
+    assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
+    let with = |recheck| DedupeOptions {
+        layout_recheck: recheck,
+        ..opts(ix.path())
+    };
+    for _ in 0..20 {
+        let (p, r) = dedupe(&[&root], &with(LayoutRecheck::Never)).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty());
+    }
+    assert!(
+        !same_blocks(&root.join("x/a"), &root.join("x/c")),
+        "trusted layouts are never mapped again"
+    );
+    // Two files, each picked with probability 1/16 per run: missed by
+    // 400 runs with probability (15/16)^800, never in practice.
+    let mut runs = 0;
+    while !same_blocks(&root.join("x/a"), &root.join("x/c")) {
+        assert!(runs < 400, "the moved layout was not found in {runs} runs");
+        let (p, r) = dedupe(&[&root], &with(LayoutRecheck::Sample)).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty());
+        runs += 1;
+    }
     assert_shared_iff_equal(&root);
 }
