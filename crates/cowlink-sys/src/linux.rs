@@ -1367,6 +1367,22 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     )
 }
 
+/// `statx(fd, "", AT_EMPTY_PATH, STATX_MNT_ID)`: the id of the mount `fd`
+/// was opened through (the first field of `/proc/self/mountinfo`), or
+/// `ENODATA` when the kernel did not say.
+pub fn mount_id(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    let sx = rfs::statx(
+        fd,
+        c"",
+        rfs::AtFlags::EMPTY_PATH,
+        rfs::StatxFlags::MNT_ID | rfs::StatxFlags::INO,
+    )?;
+    if sx.stx_mask & rfs::StatxFlags::MNT_ID.bits() == 0 {
+        return Err(Errno::NODATA);
+    }
+    Ok(sx.stx_mnt_id)
+}
+
 /// `openat2(dir, "..", O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_NO_XDEV)`:
 /// the parent of the directory `dir`, as a descriptor that only names it
 /// (no read permission needed, so a walk goes on above a directory it may

@@ -170,6 +170,11 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd, 
     Ok(fd)
 }
 
+/// The id of the mount `fd` was opened through: Linux only (`ENOSYS`).
+pub fn mount_id(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    Err(Errno::NOSYS)
+}
+
 /// The parent of the directory `dir` (opened to read: there is no
 /// `O_PATH` here), or `EXDEV` when its `st_dev` differs from `dir`'s.
 /// Without `openat2` a bind mount of the same filesystem is not told

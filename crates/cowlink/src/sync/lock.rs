@@ -141,19 +141,10 @@ fn parent_of(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
 fn alias_parent(dir: BorrowedFd<'_>) -> Option<OwnedFd> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
-    let sx = fs::statx(
-        dir,
-        c"",
-        fs::AtFlags::EMPTY_PATH,
-        fs::StatxFlags::MNT_ID | fs::StatxFlags::INO,
-    )
-    .ok()?;
-    if sx.stx_mask & fs::StatxFlags::MNT_ID.bits() == 0 {
-        return None;
-    }
+    let mnt_id = cowlink_sys::mount_id(dir).ok()?;
     let table = cowlink_sys::mount_table().ok()?;
     let mounts = mount_roots(&table);
-    let mine = mounts.iter().find(|m| u64::from(m.id) == sx.stx_mnt_id)?;
+    let mine = mounts.iter().find(|m| u64::from(m.id) == mnt_id)?;
     let name = mine.root.file_name()?;
     let parent = mine.root.parent()?;
     let want = cowlink_sys::fstat(dir).ok()?;
@@ -397,8 +388,8 @@ fn lock_one(fd: BorrowedFd<'_>, shared: bool) -> Result<(), Refused> {
 fn exclusive_holder(dir: BorrowedFd<'_>) -> Option<u32> {
     const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
     let st = cowlink_sys::fstat(dir).ok()?;
-    let btrfs = fs::fstatfs(dir).is_ok_and(|f| f.f_type as u64 == BTRFS_SUPER_MAGIC);
-    let dev = (!btrfs).then(|| (fs::major(st.st_dev), fs::minor(st.st_dev)));
+    let btrfs = cowlink_sys::fs_stat(dir).is_ok_and(|f| f.magic == Some(BTRFS_SUPER_MAGIC));
+    let dev = (!btrfs).then(|| cowlink_sys::dev_major_minor(st.st_dev as u64));
     let table = cowlink_sys::lock_table().ok()?;
     exclusive_in(&table, dev, st.st_ino, std::process::id())
 }
