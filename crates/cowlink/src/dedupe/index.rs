@@ -84,7 +84,7 @@
 //! first run (every record written, then most rewritten after sharing)
 //! leaves a file several times what it holds, which redb's compaction
 //! does not give back. Records are written in a scattered order of their
-//! keys ([`scatter`]; in key order every leaf is left half empty), and a
+//! keys (`scatter`; in key order every leaf is left half empty), and a
 //! file more than twice what it holds is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
 //! crash leaves one whole file or the other; a copy left by a crash is
