@@ -722,6 +722,15 @@ impl Drop for TestLoop {
         if loops_of(&self.file).contains(&self.dev) {
             let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
         }
+        // A device still open elsewhere for a moment (udev probing it)
+        // is only marked to detach on its last close: wait until it is
+        // gone, so what follows sees the file unattached.
+        for _ in 0..100 {
+            if !loops_of(&self.file).contains(&self.dev) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
 
