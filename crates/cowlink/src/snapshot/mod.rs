@@ -176,6 +176,14 @@ fn open_dir_nofollow(dir: BorrowedFd<'_>, name: &str) -> std::result::Result<Own
     )
 }
 
+/// `mkdir ROOT` (0755), an existing one kept.
+fn make_root(root: &Path) -> Result<()> {
+    match fs::mkdir(root, cowlink_sys::raw_mode(0o755)) {
+        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(err(root, e).with_reason(format!("cannot create the snapshot root: {e}"))),
+    }
+}
+
 fn open_root(root: &Path) -> Result<OwnedFd> {
     fs::open(
         root,
@@ -198,14 +206,7 @@ impl SnapshotSet {
     /// or holds another format (`Corrupt`).
     pub fn open(root: impl AsRef<Path>) -> Result<SnapshotSet> {
         let root = root.as_ref();
-        match fs::mkdir(root, cowlink_sys::raw_mode(0o755)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => {
-                return Err(
-                    err(root, e).with_reason(format!("cannot create the snapshot root: {e}"))
-                )
-            }
-        }
+        make_root(root)?;
         let root_fd = open_root(root)?;
         let book = Book::open(root_fd.as_fd(), root, true)?;
         Ok(SnapshotSet::from_parts(root, root_fd, book))
@@ -230,14 +231,7 @@ impl SnapshotSet {
                 above = Some(crate::sync::lock::take_above_new(pfd.as_fd(), root)?);
             }
         }
-        match fs::mkdir(root, cowlink_sys::raw_mode(0o755)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => {
-                return Err(
-                    err(root, e).with_reason(format!("cannot create the snapshot root: {e}"))
-                )
-            }
-        }
+        make_root(root)?;
         let root_fd = open_root(root)?;
         let held = crate::sync::lock::take(root_fd.as_fd(), root, false)?;
         drop(above);
