@@ -1156,31 +1156,29 @@ fn a_btrfs_snapshot_gets_its_own_index_and_its_changes_are_caught() {
     assert_eq!(r.targets_deduped, 0, "{r:?}");
 }
 
-/// On XFS another tool's dedupe moves a file's extents and leaves its
-/// times: `c`, indexed as sharing `a`'s blocks, is made to share `d`'s
-/// (equal bytes, blocks of their own) instead. The run must not take
-/// `c` as sharing `a` still: every equal file ends up on one set of
-/// blocks.
-#[test]
-#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
-    let d = testfs!(Xfs);
-    let ix = tempfile::tempdir().unwrap();
-    let root = d.path().join("t");
+/// Files `x/a` and `x/c` of equal bytes under `root`, shared by two
+/// indexed runs (index in `ix`); then another tool's dedupe (`xfs_io`)
+/// moves `c` onto `other/d`, blocks of its own outside `root`. Returns
+/// `c`'s metadata before and after the move.
+fn a_layout_moved_behind_the_index(
+    top: &Path,
+    root: &Path,
+    ix: &Path,
+    seed: u64,
+) -> (fs::Metadata, fs::Metadata) {
     fs::create_dir_all(root.join("x")).unwrap();
-    let bytes = data(300_000, 9);
+    let bytes = data(300_000, seed);
     for name in ["a", "c"] {
         fs::write(root.join("x").join(name), &bytes).unwrap();
     }
-    sync(&root);
-    run(&root, ix.path());
-    run(&root, ix.path());
+    sync(root);
+    run(root, ix);
+    run(root, ix);
     assert!(same_blocks(&root.join("x/a"), &root.join("x/c")));
-    // Outside the walked tree: `d`, equal bytes, blocks of its own.
-    let other = d.path().join("other");
+    let other = top.join("other");
     fs::create_dir_all(&other).unwrap();
     fs::write(other.join("d"), &bytes).unwrap();
-    sync(d.path());
+    sync(top);
     let before = fs::metadata(root.join("x/c")).unwrap();
     let st = std::process::Command::new("xfs_io")
         .arg("-c")
@@ -1193,14 +1191,29 @@ fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
         .status()
         .unwrap();
     assert!(st.success());
-    sync(d.path());
+    sync(top);
     let after = fs::metadata(root.join("x/c")).unwrap();
+    assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
+    (before, after)
+}
+
+/// On XFS another tool's dedupe moves a file's extents and leaves its
+/// times: `c`, indexed as sharing `a`'s blocks, is made to share `d`'s
+/// (equal bytes, blocks of their own) instead. The run must not take
+/// `c` as sharing `a` still: every equal file ends up on one set of
+/// blocks.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    let (before, after) = a_layout_moved_behind_the_index(d.path(), &root, ix.path(), 9);
     assert_eq!(
         (before.ctime(), before.ctime_nsec()),
         (after.ctime(), after.ctime_nsec()),
         "the dedupe left the ctime (what this test is about)"
     );
-    assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
     run(&root, ix.path());
     assert_shared_iff_equal(&root);
 }
@@ -1215,32 +1228,7 @@ fn a_sampled_recheck_finds_a_moved_layout_within_a_few_runs() {
     let d = testfs!(Xfs);
     let ix = tempfile::tempdir().unwrap();
     let root = d.path().join("t");
-    fs::create_dir_all(root.join("x")).unwrap();
-    let bytes = data(300_000, 11);
-    for name in ["a", "c"] {
-        fs::write(root.join("x").join(name), &bytes).unwrap();
-    }
-    sync(&root);
-    run(&root, ix.path());
-    run(&root, ix.path());
-    assert!(same_blocks(&root.join("x/a"), &root.join("x/c")));
-    let other = d.path().join("other");
-    fs::create_dir_all(&other).unwrap();
-    fs::write(other.join("d"), &bytes).unwrap();
-    sync(d.path());
-    let st = std::process::Command::new("xfs_io")
-        .arg("-c")
-        .arg(format!(
-            "dedupe {} 0 0 {}",
-            other.join("d").display(),
-            bytes.len()
-        ))
-        .arg(root.join("x/c"))
-        .status()
-        .unwrap();
-    assert!(st.success());
-    sync(d.path());
-    assert!(!same_blocks(&root.join("x/a"), &root.join("x/c")));
+    a_layout_moved_behind_the_index(d.path(), &root, ix.path(), 11);
     let with = |recheck| DedupeOptions {
         layout_recheck: recheck,
         ..opts(ix.path())
