@@ -140,3 +140,64 @@ fn no_index_reads_everything_and_keeps_nothing() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// `cp -a --reflink=always a b` of files whose sizes collide (so each size
+/// group holds several pairs, none equal to another): every file of `b`
+/// is counted as already shared, with and without the index, on a first
+/// run and a rerun, and nothing is deduped.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_reflinked_copy_counts_as_already_shared() {
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
+    for fs in [x.path(), b.path()] {
+        // Small files (read whole in the walk) and larger ones (mapped,
+        // then hashed at their edges), each size held by several files.
+        let (small, large) = (12u64, 6u64);
+        for index in [false, true] {
+            let root = fs.join(format!("reflinked-{index}"));
+            let a = root.join("a");
+            std::fs::create_dir_all(&a).unwrap();
+            for i in 0..small {
+                write_file(&a.join(format!("s{i}")), &data(6000 + (i % 2) as usize, i));
+            }
+            for i in 0..large {
+                write_file(&a.join(format!("l{i}")), &data(300_000, 100 + i));
+            }
+            let st = std::process::Command::new("cp")
+                .args(["-a", "--reflink=always"])
+                .arg(&a)
+                .arg(root.join("b"))
+                .status()
+                .unwrap();
+            assert!(st.success());
+            let ix = tempfile::tempdir().unwrap();
+            for round in 0..2 {
+                let mut cmd = bin();
+                cmd.args(["dedupe", "--json"]);
+                match index {
+                    true => cmd.arg("--index").arg(ix.path()),
+                    false => cmd.arg("--no-index"),
+                };
+                let v = json(&cmd.arg(&a).arg(root.join("b")).output().unwrap());
+                let what = format!("{fs:?} index {index} round {round}: {v}");
+                assert_eq!(v["plan"]["files_already_shared"], small + large, "{what}");
+                assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{what}");
+                assert_eq!(v["result"]["targets_deduped"], 0, "{what}");
+                // The text summary says the same.
+                let mut cmd = bin();
+                cmd.args(["dedupe", "--dry-run"]);
+                match index {
+                    true => cmd.arg("--index").arg(ix.path()),
+                    false => cmd.arg("--no-index"),
+                };
+                let out = cmd.arg(&a).arg(root.join("b")).output().unwrap();
+                assert!(out.status.success(), "{}", text(&out.stderr));
+                let said = text(&out.stdout);
+                assert!(
+                    said.contains(&format!("skipped: {} already shared", small + large)),
+                    "{what}: {said}"
+                );
+            }
+        }
+    }
+}

@@ -458,6 +458,11 @@ pub(super) struct Clusters {
     pub groups_already_shared: u64,
     /// Files in those groups beyond the first of each.
     pub files_already_shared: u64,
+    /// Files beyond the first of clusters [`split_by`] left out of every
+    /// set (no other cluster of their hash, or no hash): already shared
+    /// among themselves, with nothing to share them with. Handed on, and
+    /// reset, by [`groups`], so each is counted once.
+    pub left_shared: u64,
 }
 
 impl Clusters {
@@ -530,10 +535,16 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
 /// Within each group (a span of clusters), the sets of two or more clusters
 /// whose representatives have the same hash, as spans of clusters (the
 /// group's clusters are reordered by hash to make them so). Clusters
-/// without a hash are left out: reading them failed.
+/// without a hash are left out: reading them failed. The members beyond
+/// the first of a cluster left out are counted in
+/// [`Clusters::left_shared`]: a tree and its reflinked copy is all such
+/// clusters once its files' sizes collide.
 pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
     let Clusters {
-        files, clusters, ..
+        files,
+        clusters,
+        left_shared,
+        ..
     } = cl;
     let hash = |s: &Span| files[s.first()].hash;
     let mut out = Vec::new();
@@ -546,6 +557,11 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
             let end = start + ids[start..].partition_point(|s| hash(s) == h);
             if h.is_some() && end - start > 1 {
                 out.push(Span::new(g.first() + start, g.first() + end));
+            } else {
+                *left_shared += ids[start..end]
+                    .iter()
+                    .map(|s| s.len() as u64 - 1)
+                    .sum::<u64>();
             }
             start = end;
         }
@@ -560,8 +576,9 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
 /// all shared already (freeing nothing as a target); targets are the files of the
 /// other clusters the caller may change. Returns the groups, largest
 /// reclaimable first (ties by source path), how many files were already
-/// shared with their source, and how many duplicates were left alone
-/// because the caller may not change them.
+/// shared with their source (or, left out by [`split_by`] since the last
+/// call, with the rest of their cluster), and how many duplicates were
+/// left alone because the caller may not change them.
 ///
 /// The groups' paths are built from `names`.
 pub(super) fn groups(
@@ -569,12 +586,13 @@ pub(super) fn groups(
     sets: &[Span],
     names: &Names,
 ) -> (Vec<DedupeGroup>, u64, u64) {
+    let left = std::mem::take(&mut cl.left_shared);
     let Clusters {
         files, clusters, ..
     } = cl;
     let files = &*files;
     let mut out = Vec::with_capacity(sets.len());
-    let (mut already, mut not_permitted) = (0, 0);
+    let (mut already, mut not_permitted) = (left, 0);
     for set in sets {
         {
             let fixed = |s: &Span| files[s.range()].iter().filter(|c| !c.may_change).count();
@@ -942,6 +960,58 @@ mod tests {
         assert_eq!(g.targets, [PathBuf::from("y"), PathBuf::from("z")]);
         assert_eq!(g.reclaimable, 20, "the targets' exclusive bytes");
         assert_eq!(g.blake3, Some(crate::ground::hash::hex(&[1; 32])));
+        assert_eq!(already, 1);
+    }
+
+    #[test]
+    fn a_shared_cluster_without_a_twin_of_its_hash_counts_as_already_shared() {
+        // A tree and its reflinked copy: a1/b1 and a2/b2 share every
+        // block, pairwise; every file has the same size and no two pairs
+        // hold the same bytes (nor does c, alone), so no set is formed, yet
+        // b1 and b2 are already shared. So is a pair whose read failed (no
+        // hash): its blocks are one extent whatever it holds.
+        let mut c = clustered(vec![vec![
+            shared(cand("a1", 1, 1, 10), 100),
+            shared(cand("b1", 1, 2, 10), 100),
+            shared(cand("a2", 1, 3, 10), 200),
+            shared(cand("b2", 1, 4, 10), 200),
+            shared(cand("a3", 1, 5, 10), 300),
+            shared(cand("b3", 1, 6, 10), 300),
+            cand("c", 1, 7, 10),
+        ]]);
+        assert_eq!(c.files_already_shared, 0, "one size group, four clusters");
+        hash(&mut c, &["a1"], 1);
+        hash(&mut c, &["a2"], 2);
+        hash(&mut c, &["c"], 3);
+        let size_groups = c.groups.clone();
+        let split = split_by(&mut c, &size_groups);
+        assert!(split.is_empty());
+        let (groups, already, _) = groups(&mut c, &split, &names());
+        assert!(groups.is_empty());
+        assert_eq!(already, 3, "b1, b2 and b3");
+        // Counted once: a second split and grouping add nothing.
+        let again = split_by(&mut c, &split);
+        let (_, already, _) = super::groups(&mut c, &again, &names());
+        assert_eq!(already, 0);
+    }
+
+    #[test]
+    fn a_cluster_left_by_a_second_split_counts_as_already_shared() {
+        // Equal edges for the pair x1/x2 (shared) and y; the whole-file
+        // hashes set them apart: x2 is already shared with x1.
+        let mut c = clustered(vec![vec![
+            shared(cand("x1", 1, 1, 10), 100),
+            shared(cand("x2", 1, 2, 10), 100),
+            cand("y", 1, 3, 10),
+        ]]);
+        hash(&mut c, &["x1", "y"], 1);
+        let size_groups = c.groups.clone();
+        let edges = split_by(&mut c, &size_groups);
+        assert_eq!(edges.len(), 1);
+        hash(&mut c, &["x1"], 2);
+        let whole = split_by(&mut c, &edges);
+        assert!(whole.is_empty());
+        let (_, already, _) = groups(&mut c, &whole, &names());
         assert_eq!(already, 1);
     }
 
