@@ -29,68 +29,182 @@ fn same_blocks(a: &Path, b: &Path) -> bool {
     !x.is_empty() && x == y
 }
 
-/// Three copies of 400 files, from 1 KiB to 200 KiB; the first copy's
-/// paths.
-fn tree(dir: &Path) -> Vec<PathBuf> {
-    let mut first = Vec::new();
+/// One round's files: three copies (`c0`, `c1`, `c2`, written apart) of
+/// 200 files from 4 KiB to 124 KiB (none inline on Btrfs; small ones read whole in the walk,
+/// larger ones hashed at their edges), each of its own bytes.
+fn round_tree(dir: &Path, seed: u64) -> Vec<(Vec<PathBuf>, Vec<u8>)> {
+    let mut sets: Vec<(Vec<PathBuf>, Vec<u8>)> = (0..200u64)
+        .map(|i| {
+            (
+                Vec::new(),
+                data(4096 + (i as usize * 613) % (120 << 10), seed * 1000 + i),
+            )
+        })
+        .collect();
     for copy in 0..3 {
         let d = dir.join(format!("c{copy}"));
         std::fs::create_dir_all(&d).unwrap();
-        for i in 0..400u64 {
+        for (i, (paths, bytes)) in sets.iter_mut().enumerate() {
             let p = d.join(format!("f{i}"));
-            write_file(&p, &data(1024 + (i as usize * 509) % (200 << 10), i));
-            if copy == 0 {
-                first.push(p);
-            }
+            // Not synced: 600 fsyncs a round would be most of the test.
+            std::fs::write(&p, &bytes).unwrap();
+            paths.push(p);
         }
     }
-    first
+    sets
 }
 
+/// Rewrite `p` with other bytes of the same size and put its mtime back:
+/// only its ctime tells the change (same inode, size and mtime).
+fn rewrite_keeping_mtime(p: &Path, bytes: &[u8]) {
+    let mtime = std::fs::metadata(p).unwrap().modified().unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+    std::io::Write::write_all(&mut f, bytes).unwrap();
+    f.set_modified(mtime).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// The seed of a generated test: `COWLINK_TEST_SEED`, else the clock;
+/// printed, so a failure is replayed with it.
+fn seed() -> u64 {
+    let seed = std::env::var("COWLINK_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("seed {seed} (replay with COWLINK_TEST_SEED={seed})");
+    seed
+}
+
+/// Only the database and its lock are left in the index's directory:
+/// no `.redb.new` of a rewrite killed before its rename, no other
+/// temporary.
+fn assert_index_files(ix: &Path, what: &str) {
+    for n in cowlink_testfs::names(ix) {
+        assert!(
+            n.ends_with(".redb") || n.ends_with(".lock"),
+            "{what}: {n} left in the index's directory"
+        );
+    }
+}
+
+/// Every set's files share their blocks and hold its bytes.
+fn assert_shared(sets: &[(Vec<PathBuf>, Vec<u8>)], what: &str) {
+    for (paths, bytes) in sets {
+        for p in paths {
+            assert!(
+                std::fs::read(p).unwrap() == *bytes,
+                "{what}: bytes of {p:?}"
+            );
+            assert!(same_blocks(&paths[0], p), "{what}: {p:?} not shared");
+        }
+    }
+}
+
+/// kill -9 at random points of a run (drawn from a seeded RNG over the
+/// length of a whole run: the walk, hashing, sharing and the index's
+/// commits and rewrite), each followed by a rerun, on XFS and Btrfs.
+/// Expected: redb commits are atomic, so no kill ever leaves a corrupt
+/// index (the rerun's index notes are empty), a rewrite's `.redb.new` is
+/// gone after the rerun, every duplicate ends shared with its bytes, and
+/// a third run finds nothing to read or do. Between the kill and the
+/// rerun a file is rewritten under its restored mtime: the rerun must
+/// read it again (ctime) and never share it with its old twins.
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn kill_9_mid_run_leaves_an_index_the_next_run_trusts() {
-    let x = testfs!(Xfs);
-    let ix = tempfile::tempdir().unwrap();
-    let root = x.path().join("t");
-    let first = tree(&root);
-    // Killed at several points of a run (walk, hashing, sharing, the
-    // index's writes), each followed by a whole run.
-    for delay_ms in [5, 40, 120, 300] {
-        // New duplicates each round, so every run has work.
-        for copy in 0..2 {
-            let p = root.join(format!("new-{delay_ms}-{copy}"));
-            write_file(&p, &data(150_000, 1000 + delay_ms));
+fn kill_9_at_random_points_leaves_an_index_the_next_run_trusts() {
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
+    let seed = seed();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for fs in [x.path(), b.path()] {
+        let ix = tempfile::tempdir().unwrap();
+        let root = fs.join("kill");
+        // A whole first run over one round's files, timed: the kills are
+        // drawn over its length (and a little past it).
+        let mut sets = round_tree(&root.join("whole"), 0);
+        let t0 = std::time::Instant::now();
+        let v = json(&dedupe(ix.path(), &root));
+        let whole = t0.elapsed();
+        assert_eq!(v["result"]["targets_deduped"], 400, "{v}");
+        eprintln!("{fs:?}: a whole run took {whole:?}");
+        for round in 1..=6u64 {
+            let dir = root.join(format!("r{round}"));
+            let mut round_sets = round_tree(&dir, round);
+            let delay = Duration::from_micros(rng.u64(0..=whole.as_micros() as u64 * 11 / 10));
+            let what = format!("{fs:?} round {round}, killed after {delay:?} (seed {seed})");
+            let mut child = bin()
+                .args(["dedupe", "--index"])
+                .arg(ix.path())
+                .arg(&dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(delay);
+            let _ = child.kill(); // SIGKILL
+            child.wait().unwrap();
+            // Changed behind the index: other bytes, same size, inode and
+            // mtime; its twins keep theirs. A new file holds its new bytes:
+            // an entry trusted by its mtime would keep the old hash and
+            // miss that duplicate.
+            let k = rng.usize(0..round_sets.len());
+            let (paths, bytes) = &mut round_sets[k];
+            let changed = paths.remove(0);
+            let new = data(bytes.len(), 7_000_000 + round);
+            rewrite_keeping_mtime(&changed, &new);
+            let partner = dir.join("new");
+            write_file(&partner, &new);
+            round_sets.push((vec![changed.clone(), partner], new));
+
+            let v = json(&dedupe(ix.path(), &root));
+            assert_eq!(
+                v["plan"]["index"]["notes"],
+                serde_json::json!([]),
+                "{what}: {v}"
+            );
+            assert_eq!(v["plan"]["errors"], serde_json::json!([]), "{what}: {v}");
+            assert_eq!(v["result"]["errors"], serde_json::json!([]), "{what}: {v}");
+            assert_eq!(v["result"]["changed"], serde_json::json!([]), "{what}: {v}");
+            assert_index_files(ix.path(), &what);
+            sets.extend(round_sets);
+            assert_shared(&sets, &what);
+            let twin = changed
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("c1")
+                .join(changed.file_name().unwrap());
+            assert!(
+                !same_blocks(&changed, &twin),
+                "{what}: {changed:?} shared with its old twin"
+            );
+            // The names in the tree are the ones written: nothing left.
+            assert_eq!(
+                cowlink_testfs::temporaries(&root),
+                Vec::<PathBuf>::new(),
+                "{what}"
+            );
+            for c in 0..3 {
+                assert_eq!(
+                    cowlink_testfs::names(&dir.join(format!("c{c}"))).len(),
+                    200,
+                    "{what}"
+                );
+            }
         }
-        let mut child = bin()
-            .args(["dedupe", "--index"])
-            .arg(ix.path())
-            .arg(&root)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        let _ = child.kill(); // SIGKILL
-        child.wait().unwrap();
-        let out = dedupe(ix.path(), &root);
-        let v = json(&out);
-        let notes = &v["plan"]["index"]["notes"];
-        assert_eq!(notes, &serde_json::json!([]), "after kill at {delay_ms} ms");
-        assert_eq!(v["result"]["errors"], serde_json::json!([]));
-        for f in &first {
-            let twin = root.join("c2").join(f.file_name().unwrap());
-            assert!(same_blocks(f, &twin), "{f:?} after kill at {delay_ms} ms");
-        }
-        assert!(same_blocks(
-            &root.join(format!("new-{delay_ms}-0")),
-            &root.join(format!("new-{delay_ms}-1"))
-        ));
+        // A third run: consistent, nothing to read, nothing to do.
+        let v = json(&dedupe(ix.path(), &root));
+        assert_eq!(v["plan"]["bytes_hashed"], 0, "{v}");
+        assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{v}");
+        assert_eq!(v["result"]["targets_deduped"], 0, "{v}");
+        assert_index_files(ix.path(), "after the third run");
+        assert_shared(&sets, "after the third run");
     }
-    // Consistent: an unchanged rerun reads nothing.
-    let v = json(&dedupe(ix.path(), &root));
-    assert_eq!(v["plan"]["bytes_hashed"], 0, "{v}");
-    assert_eq!(v["result"]["targets_deduped"], 0, "{v}");
 }
 
 #[test]
