@@ -3,19 +3,21 @@
 //! overlapped (`run`), as `cowlink dedupe` does; or keep doing it as files
 //! change (`watch`, `cowlink dedupe --watch`). The options are the
 //! command's: `exclude` (`--exclude`), `index` (`--index DIR`, or False
-//! for `--no-index`), `stores` (`--store`).
+//! for `--no-index`), `recheck_layouts` (`--recheck-layouts` is "every"),
+//! `stores` (`--store`).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use cowlink::dedupe::watch::{self as lib_watch, WatchOptions};
-use cowlink::dedupe::{self as lib, DedupeOptions, Exclude};
+use cowlink::dedupe::{self as lib, DedupeOptions, Exclude, LayoutRecheck};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::control::{CancelToken, Control};
 use crate::errors::to_py;
+use crate::ops::choose;
 use crate::path::FsPath;
 use crate::records::{error_list, record, word};
 
@@ -42,6 +44,23 @@ fn index_dir(index: Option<IndexArg>) -> Option<PathBuf> {
             .map(PathBuf::from)
             .or_else(lib::index::default_dir),
     }
+}
+
+/// The `recheck_layouts` argument: which files the index says share
+/// every block (or hold none alone) are mapped again, "sample" (one in
+/// sixteen, chosen afresh each run: the command's default), "every"
+/// (`--recheck-layouts`) or "never" (the index's layouts trusted while
+/// the identity holds).
+fn recheck_of(given: &str) -> PyResult<LayoutRecheck> {
+    choose(
+        "recheck_layouts",
+        given,
+        &[
+            ("sample", LayoutRecheck::Sample),
+            ("every", LayoutRecheck::Every),
+            ("never", LayoutRecheck::Never),
+        ],
+    )
 }
 
 /// The `exclude` patterns compiled; `ValueError` naming the first bad one.
@@ -274,8 +293,17 @@ record!(
 /// (`COWLINK_INDEX_DIR`, else `/var/lib/cowlink/index` for root, else the
 /// XDG state directory), a path keeps it in that directory, False (or
 /// None) uses none. `Plan.index` says what it did.
+///
+/// `recheck_layouts`: extents move without a file's identity moving (a
+/// compressing Btrfs defragment, another tool's dedupe that keeps the
+/// times), so a file the index says shares every block (or holds none
+/// alone) is mapped again (one FIEMAP, nothing read): "sample" (the
+/// default) one in sixteen, chosen afresh each run, so a moved layout is
+/// found within a few runs; "every" all of them, as `cowlink dedupe
+/// --recheck-layouts`; "never" trusts the index. Anything else raises
+/// ValueError.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), exclude=Vec::new(), index=Some(IndexArg::Flag(true)), threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), exclude=Vec::new(), index=Some(IndexArg::Flag(true)), recheck_layouts="sample", threads=None, on_progress=None, cancel=None))]
 #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 pub fn plan(
     py: Python<'_>,
@@ -284,11 +312,13 @@ pub fn plan(
     stores: Vec<FsPath>,
     exclude: Vec<String>,
     index: Option<IndexArg>,
+    recheck_layouts: &str,
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<Plan> {
     let exclude = exclude_of(&exclude)?;
+    let layout_recheck = recheck_of(recheck_layouts)?;
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let opts = DedupeOptions {
         min_size,
@@ -296,7 +326,7 @@ pub fn plan(
         stores: stores.into_iter().map(|p| p.0).collect(),
         exclude,
         index: index_dir(index),
-        layout_recheck: Default::default(),
+        layout_recheck,
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -344,10 +374,11 @@ pub fn execute(
 /// byte before it shares. Returns the plan as carried out and what was
 /// done. A cancel, even while planning, is reported in
 /// `cancelled`; the plan then holds only the groups started by then.
-/// `stores`, `exclude` and `index` as in `plan`, `measure` as in
+/// `stores`, `exclude`, `index` and `recheck_layouts` as in `plan`,
+/// `measure` as in
 /// `execute`.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), exclude=Vec::new(), index=Some(IndexArg::Flag(true)), measure=true, threads=None, on_progress=None, cancel=None))]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), exclude=Vec::new(), index=Some(IndexArg::Flag(true)), recheck_layouts="sample", measure=true, threads=None, on_progress=None, cancel=None))]
 #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 pub fn run(
     py: Python<'_>,
@@ -356,12 +387,14 @@ pub fn run(
     stores: Vec<FsPath>,
     exclude: Vec<String>,
     index: Option<IndexArg>,
+    recheck_layouts: &str,
     measure: bool,
     threads: Option<usize>,
     on_progress: Option<Bound<'_, PyAny>>,
     cancel: Option<Bound<'_, CancelToken>>,
 ) -> PyResult<(Plan, DedupeReport)> {
     let exclude = exclude_of(&exclude)?;
+    let layout_recheck = recheck_of(recheck_layouts)?;
     let control = Control::new(threads, on_progress, cancel.as_ref().map(Bound::get))?;
     let _always_measured = measure;
     let opts = DedupeOptions {
@@ -370,7 +403,7 @@ pub fn run(
         stores: stores.into_iter().map(|p| p.0).collect(),
         exclude,
         index: index_dir(index),
-        layout_recheck: Default::default(),
+        layout_recheck,
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?
@@ -536,11 +569,12 @@ fn seconds(name: &str, v: f64) -> PyResult<Duration> {
 /// process itself (its callbacks included) are not seen: the watch drops
 /// them, so its own dedupe does not wake it again.
 ///
-/// `min_size`, `stores`, `exclude` and `index` as in `plan`. Raises
+/// `min_size`, `stores`, `exclude`, `index` and `recheck_layouts` as in
+/// `plan`. Raises
 /// PermissionError without the privilege, and OSError when a path cannot
 /// be watched.
 #[pyfunction]
-#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), exclude=Vec::new(), index=Some(IndexArg::Flag(true)), quiet_period=3.0, max_delay=60.0, max_pending=16384, threads=None, cancel=None, on_start=None, on_batch=None))]
+#[pyo3(signature = (paths, *, min_size=1, stores=Vec::new(), exclude=Vec::new(), index=Some(IndexArg::Flag(true)), recheck_layouts="sample", quiet_period=3.0, max_delay=60.0, max_pending=16384, threads=None, cancel=None, on_start=None, on_batch=None))]
 #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 pub fn watch(
     py: Python<'_>,
@@ -549,6 +583,7 @@ pub fn watch(
     stores: Vec<FsPath>,
     exclude: Vec<String>,
     index: Option<IndexArg>,
+    recheck_layouts: &str,
     quiet_period: f64,
     max_delay: f64,
     max_pending: usize,
@@ -558,6 +593,7 @@ pub fn watch(
     on_batch: Option<Bound<'_, PyAny>>,
 ) -> PyResult<WatchSummary> {
     let exclude = exclude_of(&exclude)?;
+    let layout_recheck = recheck_of(recheck_layouts)?;
     let quiet_period = seconds("quiet_period", quiet_period)?;
     let max_delay = seconds("max_delay", max_delay)?;
     for (name, cb) in [("on_start", &on_start), ("on_batch", &on_batch)] {
@@ -577,7 +613,7 @@ pub fn watch(
             stores: stores.into_iter().map(|p| p.0).collect(),
             exclude,
             index: index_dir(index),
-            layout_recheck: Default::default(),
+            layout_recheck,
         },
         quiet_period,
         max_delay,

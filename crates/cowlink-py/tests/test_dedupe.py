@@ -96,6 +96,43 @@ def test_dedupe_index_makes_a_rerun_read_only_what_changed(
         cowlink.dedupe.plan([xfs / "t"], index=3)  # type: ignore[arg-type]
 
 
+def test_dedupe_recheck_layouts_finds_a_layout_moved_behind_the_index(xfs: Path, tmp_path: Path) -> None:
+    # a and c share their blocks, and the index says so; then another
+    # tool's dedupe (xfs_io, which keeps the times) moves c onto d's
+    # blocks, outside the tree: a and c hold the same bytes on two sets
+    # of blocks, and only mapping c again tells.
+    ix = tmp_path / "ix"
+    content = data(300_000, 21)
+    a, c = write(xfs / "t" / "a", content), write(xfs / "t" / "c", content)
+    d = write(xfs / "other" / "d", content)
+    os.sync()
+    for _ in range(2):
+        plan, report = cowlink.dedupe.run([xfs / "t"], index=ix, recheck_layouts="every")
+        assert not plan.errors and not report.errors
+    assert runs(a) == runs(c)
+    before = c.stat()
+    subprocess.run(["xfs_io", "-c", f"dedupe {d} 0 0 {len(content)}", str(c)], check=True)
+    os.sync()
+    after = c.stat()
+    assert (before.st_mtime_ns, before.st_ctime_ns) == (after.st_mtime_ns, after.st_ctime_ns)
+    assert runs(a) != runs(c) and runs(c) == runs(d)
+
+    # Trusted, the index claims them shared: nothing to do, every time.
+    for _ in range(3):
+        plan = cowlink.dedupe.plan([xfs / "t"], index=ix, recheck_layouts="never")
+        assert plan.groups == []
+        assert plan.index is not None and plan.index.unchanged == 2
+    # Mapped again: one group, and the run shares a and c again.
+    plan = cowlink.dedupe.plan([xfs / "t"], index=ix, recheck_layouts="every")
+    assert [(g.source, g.targets) for g in plan.groups] in ([(a, [c])], [(c, [a])])
+    plan, report = cowlink.dedupe.run([xfs / "t"], index=ix, recheck_layouts="every")
+    assert report.targets_deduped == 1 and not report.errors and not report.changed
+    assert runs(a) == runs(c)
+    assert a.read_bytes() == content and c.read_bytes() == content
+    with pytest.raises(ValueError, match="recheck_layouts must be one of"):
+        cowlink.dedupe.plan([xfs / "t"], index=ix, recheck_layouts="Every")  # type: ignore[arg-type]
+
+
 def test_a_target_swapped_after_the_plan_is_left_alone(cow: Path) -> None:
     content = data(1 << 20, 7)
     for n in ("a", "b", "c"):
@@ -209,5 +246,7 @@ def test_dedupe_watch_refuses_bad_arguments(xfs: Path) -> None:
         cowlink.dedupe.watch([xfs], on_batch=5, cancel=stop)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="exclude pattern"):
         cowlink.dedupe.watch([xfs], exclude=["a{b"], cancel=stop)
+    with pytest.raises(ValueError, match="recheck_layouts must be one of"):
+        cowlink.dedupe.watch([xfs], recheck_layouts="always", cancel=stop)  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError):
         cowlink.dedupe.watch([xfs / "missing"], cancel=stop)

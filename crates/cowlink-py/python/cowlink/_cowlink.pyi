@@ -21,6 +21,9 @@ OnProgress = Optional[Callable[["Progress"], object]]
 # dedupe's index: True (where `cowlink dedupe` keeps it), False or None
 # (no index), or a directory.
 IndexArg = Union[bool, None, StrPath]
+# dedupe's recheck of layouts the index says are shared: one file in
+# sixteen, every one (`--recheck-layouts`), or none.
+LayoutRecheck = Literal["sample", "every", "never"]
 
 __version__: str
 
@@ -473,6 +476,7 @@ def plan(
     stores: Sequence[StrPath] = (),
     exclude: Sequence[str] = (),
     index: IndexArg = True,
+    recheck_layouts: LayoutRecheck = "sample",
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
     cancel: Optional[CancelToken] = None,
@@ -492,6 +496,7 @@ def run(
     stores: Sequence[StrPath] = (),
     exclude: Sequence[str] = (),
     index: IndexArg = True,
+    recheck_layouts: LayoutRecheck = "sample",
     measure: bool = True,
     threads: Optional[int] = None,
     on_progress: OnProgress = None,
@@ -541,6 +546,7 @@ def watch(
     stores: Sequence[StrPath] = (),
     exclude: Sequence[str] = (),
     index: IndexArg = True,
+    recheck_layouts: LayoutRecheck = "sample",
     quiet_period: float = 3.0,
     max_delay: float = 60.0,
     max_pending: int = 16384,

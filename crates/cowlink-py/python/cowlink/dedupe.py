@@ -26,6 +26,14 @@ command keeps it; a directory, or False for none), ``stores``
     plan, report = cowlink.dedupe.run(["/srv"], exclude=["*.tmp", ".git"])
     print(plan.index.unchanged, "files not read again")
 
+A file the index says shares every block is mapped again (one FIEMAP,
+nothing read) one time in sixteen by default (``recheck_layouts="sample"``),
+since another tool can move extents and keep the times;
+``recheck_layouts="every"`` maps all of them, as ``cowlink dedupe
+--recheck-layouts``, and ``"never"`` trusts the index::
+
+    plan, report = cowlink.dedupe.run(["/srv"], recheck_layouts="every")
+
 And ``watch`` keeps going as files change (root), as ``cowlink dedupe
 --watch``, until its CancelToken is cancelled or Ctrl-C::
 
