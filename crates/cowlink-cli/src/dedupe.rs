@@ -52,7 +52,9 @@ use crate::{human_bytes, human_duration, Exit};
 /// (~/.local/state/cowlink/index), or $COWLINK_INDEX_DIR where set;
 /// --index DIR puts it elsewhere,
 /// --no-index runs without. A damaged index, or one of another version,
-/// is rebuilt with a message; one in use by another run is left alone.
+/// is rebuilt with a message. One in use by another run (a watch, say)
+/// is not waited for: this run goes on without it and says so, naming
+/// the index.
 ///
 /// Works on XFS, Btrfs and other filesystems whose dedupe passes a trial;
 /// refuses ext4, tmpfs and ZFS (cannot), NFS and CIFS clients (unsafe:
