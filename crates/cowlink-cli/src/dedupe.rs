@@ -561,6 +561,11 @@ fn report_batch(b: &WatchBatch, json: bool) {
             for e in plan.errors.iter().chain(&r.errors) {
                 errln!("cowlink: {e}");
             }
+            // An index in use by another run, or rebuilt: as a single
+            // run says it.
+            for n in plan.index.iter().flat_map(|ix| &ix.notes) {
+                errln!("cowlink: {n}");
+            }
             outln!(
                 "{why}: {} scanned, {}, {} deduplicated, {} reclaimed, {} changed meanwhile; {}",
                 count(plan.files_scanned, "file", "files"),

@@ -437,3 +437,119 @@ fn two_runs_at_once_share_everything_and_one_goes_on_without_the_index() {
     }
     eprintln!("in {lost} of 8 rounds one run went on without the index");
 }
+
+/// A watch (root, fanotify) and manual runs on one index, on XFS: new
+/// duplicates are written, then a manual run starts at a seeded random
+/// offset, so it meets the watch's batch at different points (and the
+/// watch starts with the lock held by the test). Both share
+/// everything; whichever finds the lock held goes on without the index
+/// and names it; after SIGTERM (exit 0) the index opens with no note and
+/// a `--recheck-layouts` run finds nothing left.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_watch_and_a_manual_run_share_one_index() {
+    let x = testfs!(Xfs);
+    let seed = seed();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let ix = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let root = x.path().join("watched");
+    let mut sets = round_tree(&root.join("r0"), 80);
+    let (out, err) = (logs.path().join("out"), logs.path().join("err"));
+    // The start batch meets the index's lock held (by the test): it goes
+    // on without the index and says so, naming it.
+    json(&dedupe(ix.path(), &root.join("r0")));
+    let lock = cowlink_testfs::names(ix.path())
+        .into_iter()
+        .find(|n| n.ends_with(".lock"))
+        .unwrap();
+    let held = std::fs::File::open(ix.path().join(&lock)).unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    // Killed if an assertion fails first.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut watch = Stop(
+        bin()
+            .args(["dedupe", "--watch", "--quiet-period", "200ms", "--index"])
+            .arg(ix.path())
+            .arg(&root)
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let said = || {
+        let mut s = std::fs::read_to_string(&out).unwrap_or_default();
+        s += &std::fs::read_to_string(&err).unwrap_or_default();
+        s
+    };
+    let t0 = std::time::Instant::now();
+    while !said().contains("start: every path") {
+        assert!(watch.0.try_wait().unwrap().is_none(), "{}", said());
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", said());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let shown = ix.path().to_str().unwrap();
+    let file = ix.path().join(lock.replace(".lock", ".redb"));
+    assert!(
+        said().contains(&format!("index '{}' is in use by", file.display())),
+        "the watch's start batch did not say it went without the index: {}",
+        said()
+    );
+    drop(held);
+    let mut manual_lost = 0;
+    for round in 1..=3u64 {
+        let new = round_tree(&root.join(format!("r{round}")), 80 + round);
+        let offset = Duration::from_micros(rng.u64(0..=600_000));
+        let what = format!("round {round}, manual run {offset:?} after the writes (seed {seed})");
+        std::thread::sleep(offset);
+        let v = json(&dedupe(ix.path(), &root));
+        for n in v["plan"]["index"]["notes"].as_array().unwrap() {
+            let n = n.as_str().unwrap();
+            assert!(
+                n.contains("is in use by") && n.contains(shown),
+                "{what}: {n}"
+            );
+            manual_lost += 1;
+        }
+        assert_eq!(v["result"]["errors"], serde_json::json!([]), "{what}: {v}");
+        sets.extend(new);
+        // The watch may be on its batch still: a second manual run
+        // settles what either left.
+        json(&dedupe(ix.path(), &root));
+        assert_shared(&sets, &what);
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&watch.0),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = watch.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", said());
+    let watch_lost = said()
+        .lines()
+        .filter(|l| l.contains("is in use by"))
+        .count();
+    for line in said().lines().filter(|l| l.contains("is in use by")) {
+        assert!(line.contains(shown), "{line}");
+    }
+    eprintln!("the watch went without the index {watch_lost} times, the manual runs {manual_lost}");
+    let v = json(&dedupe(ix.path(), &root));
+    assert_eq!(v["plan"]["index"]["notes"], serde_json::json!([]), "{v}");
+    assert_index_files(ix.path(), "after the watch");
+    let out = bin()
+        .args(["dedupe", "--json", "--recheck-layouts", "--index"])
+        .arg(ix.path())
+        .arg(&root)
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{v}");
+    assert_eq!(v["result"]["targets_deduped"], 0, "{v}");
+    assert_shared(&sets, "after the watch");
+}
