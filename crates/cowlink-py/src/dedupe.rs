@@ -131,6 +131,33 @@ impl Plan {
         self.0.bytes_hashed
     }
 
+    /// Files that share every block with another of the same content
+    /// already (a reflinked copy, a file deduplicated before): nothing to
+    /// do for them. The first of each set is not counted.
+    #[getter]
+    fn files_already_shared(&self) -> u64 {
+        self.0.files_already_shared
+    }
+
+    /// Extra names of a file met more than once (hard links): counted once.
+    #[getter]
+    fn hardlinks_skipped(&self) -> u64 {
+        self.0.hardlinks_skipped
+    }
+
+    /// Files whose data is inline in metadata (Btrfs): no blocks to share.
+    #[getter]
+    fn inline_skipped(&self) -> u64 {
+        self.0.inline_skipped
+    }
+
+    /// Duplicates left alone because the caller may not change them
+    /// (dedupe needs the owner, write permission or root).
+    #[getter]
+    fn not_permitted(&self) -> u64 {
+        self.0.not_permitted
+    }
+
     /// Files to deduplicate, over all groups.
     #[getter]
     fn targets(&self) -> u64 {

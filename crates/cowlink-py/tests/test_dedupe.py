@@ -133,6 +133,23 @@ def test_dedupe_recheck_layouts_finds_a_layout_moved_behind_the_index(xfs: Path,
         cowlink.dedupe.plan([xfs / "t"], index=ix, recheck_layouts="Every")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("index", [False, True])
+def test_dedupe_counts_a_reflinked_copy_as_already_shared(cow: Path, tmp_path: Path, index: bool) -> None:
+    # Sizes collide (several files per size, none equal to another): each
+    # file of b shares all its blocks with its twin in a, small and larger.
+    a = cow / "a"
+    for i in range(6):
+        write(a / f"s{i}", data(6000, i))
+        write(a / f"l{i}", data(200_000, 100 + i))
+    subprocess.run(["cp", "-a", "--reflink=always", str(a), str(cow / "b")], check=True)
+    ix: Path | bool = tmp_path / "ix" if index else False
+    for _ in range(2):
+        plan, report = cowlink.dedupe.run([a, cow / "b"], index=ix)
+        assert plan.files_already_shared == 12 and plan.groups == []
+        assert report.targets_deduped == 0 and not report.errors
+        assert (plan.hardlinks_skipped, plan.inline_skipped, plan.not_permitted) == (0, 0, 0)
+
+
 def test_a_target_swapped_after_the_plan_is_left_alone(cow: Path) -> None:
     content = data(1 << 20, 7)
     for n in ("a", "b", "c"):
