@@ -141,9 +141,6 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// threads; a record let go is read again if needed.
 pub const CACHED_ENTRIES: usize = 1 << 13;
 
-/// Paths mapped and written per transaction after sharing.
-const RELAYOUT_BATCH: usize = 1 << 14;
-
 /// redb's cache: each record is read once per run, so a large cache buys
 /// little and shows in the run's peak memory.
 const DB_CACHE: usize = 4 << 20;
@@ -962,52 +959,6 @@ impl Indexes {
             txn.abort()?;
         }
         Ok(())
-    }
-
-    /// Record the layouts of `paths` as they are now (after sharing), for
-    /// those whose entry's identity still matches. Mapped in parallel: a
-    /// first run shares most files of a tree of copies, and each is
-    /// opened and mapped once more here; in batches of [`RELAYOUT_BATCH`],
-    /// each written in a transaction of its own, so the updates held at
-    /// once stay bounded.
-    pub fn relayout(&self, paths: &[&Path]) {
-        for batch in paths.chunks(RELAYOUT_BATCH) {
-            self.relayout_batch(batch);
-        }
-    }
-
-    fn relayout_batch(&self, paths: &[&Path]) {
-        use rayon::prelude::*;
-        let updates: Vec<Update> = paths
-            .par_iter()
-            .filter_map(|p| {
-                let parent = p.parent()?;
-                let at = match parent.as_os_str().is_empty() {
-                    true => Path::new("."),
-                    false => parent,
-                };
-                let dir = cowlink_sys::lstat(at).ok()?;
-                let fd = super::open_read(p).ok()?;
-                let id = cowlink_sys::file_id(fd.as_fd()).ok()?;
-                if id.dev != dir.st_dev {
-                    return None;
-                }
-                let list = crate::extents::extents_fd(fd.as_fd(), false).ok()?;
-                let mut c = super::Cand::default();
-                super::layout_facts(&list, &mut c);
-                Some(Update {
-                    dev: id.dev,
-                    dir: dir.st_ino,
-                    ino: id.ino,
-                    what: Learnt::Relayout {
-                        ident: Ident::of(&id),
-                        exclusive: c.exclusive,
-                        shared: c.shared,
-                    },
-                })
-            })
-            .collect();
-        self.update(updates, None);
     }
 
     /// Whether `ix` broke while being read; if so, its file is removed

@@ -695,6 +695,9 @@ pub fn dedupe<P: AsRef<Path>>(
         // while planning they are the plan.
         let worker = s.spawn(|| {
             let mut ex = execute::Executor::new(run, &tally);
+            if let Some(ix) = ix {
+                ex.learn_layouts(ix.clone());
+            }
             let mut handed = Vec::new();
             for groups in rx {
                 ex.start(&groups);
@@ -728,23 +731,19 @@ pub fn dedupe<P: AsRef<Path>>(
                 plan.groups = handed;
                 stages::order(&mut plan.groups);
                 settle(&mut plan, opts, &mut ex, ix);
+                // The files shared now hold other blocks: their layouts,
+                // as the executor learnt them, so the next run sees them
+                // shared and reads neither.
+                ex.flush_layouts();
                 let report = ex.finish();
                 if let Some(ix) = ix {
-                    // The files shared now hold other blocks: their
-                    // layouts, as they are, so the next run sees them
-                    // shared and reads neither.
-                    let paths: Vec<&Path> = plan
-                        .groups
-                        .iter()
-                        .flat_map(|g| std::iter::once(&g.source).chain(&g.targets))
-                        .map(PathBuf::as_path)
-                        .collect();
-                    ix.relayout(&paths);
                     plan.index = Some(ix.report());
                 }
                 Ok((plan, report))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
+                // What was shared before the cancel, as it is now.
+                ex.flush_layouts();
                 let plan = DedupePlan {
                     groups: handed,
                     index: ix.map(|ix| ix.report()),
