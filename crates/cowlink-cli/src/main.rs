@@ -134,6 +134,7 @@ fn invoked_as_cp() -> bool {
 }
 
 fn main() -> ExitCode {
+    cowlink::run::keep_freed_heap();
     out::closed_stdout_fails();
     let command = if invoked_as_cp() {
         out::set_prog("cp");
