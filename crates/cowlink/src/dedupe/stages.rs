@@ -489,6 +489,17 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
         // in path order (the order of clusters does not matter), so paths
         // are compared there alone.
         members.sort_unstable_by_key(|c| c.shared);
+        // A group that is one cluster (every member on the same shared
+        // runs: what an unchanged rerun meets everywhere) has nothing to
+        // do, and its paths are not compared.
+        if members.len() > 1
+            && members[0].shared.is_some()
+            && members[0].shared == members[members.len() - 1].shared
+        {
+            out.groups_already_shared += 1;
+            out.files_already_shared += g.len() as u64 - 1;
+            continue;
+        }
         let first = out.clusters.len();
         let mut start = 0;
         while start < members.len() {
