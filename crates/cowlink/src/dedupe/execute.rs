@@ -1201,6 +1201,9 @@ fn dedupe_group(
             tally.done(1, g.size);
         }
         let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::with_capacity(opened.len());
+        // Targets the kernel said it shared fewer bytes of than asked:
+        // shared, but not known to be laid out as the source is.
+        let mut short: HashSet<&Path> = HashSet::new();
         let proofs = match proving {
             Proving::Sort => prove(&src, src_ino, &opened, dev, fs),
             Proving::Measured => vec![Proof::Freed; opened.len()],
@@ -1232,7 +1235,12 @@ fn dedupe_group(
                 Ok(results) => {
                     for ((t, fd), r) in live.into_iter().zip(results) {
                         match r.status {
-                            cowlink_sys::DedupeStatus::Same => keep.push((t, fd)),
+                            cowlink_sys::DedupeStatus::Same => {
+                                if r.bytes_deduped != len {
+                                    short.insert(t.as_path());
+                                }
+                                keep.push((t, fd))
+                            }
                             cowlink_sys::DedupeStatus::Differs if g.blake3.is_none() => {
                                 part.differ.push((g.source.clone(), t.clone()))
                             }
@@ -1265,23 +1273,32 @@ fn dedupe_group(
         if learn.is_some() {
             shared_whole.extend(
                 live.iter()
+                    .filter(|(t, _)| !short.contains(t.as_path()))
                     .filter_map(|(t, fd)| Some((*t, cowlink_sys::file_id(fd.as_fd()).ok()?))),
             );
         }
     }
     if let (Some(learn), false) = (learn, shared_whole.is_empty()) {
-        // The source's layout, now, is every target's (see `Learn`).
+        // The source's layout, now, is every target's (see `Learn`);
+        // learnt only if the source is still the file planned, before
+        // and after it is mapped (a write to it moves its blocks, not
+        // the targets').
+        let before = cowlink_sys::file_id(src.as_fd()).ok();
         let facts = extents_fd(src.as_fd(), false).ok().map(|list| {
             let mut c = super::stages::Cand::default();
             super::layout_facts(&list, &mut c);
             (c.exclusive, c.shared)
         });
-        if let (Some(facts), Ok(id)) = (facts, cowlink_sys::file_id(src.as_fd())) {
-            let got = std::iter::once((&g.source, &id))
-                .chain(shared_whole.iter().map(|(t, tid)| (*t, tid)))
-                .filter_map(|(p, id)| learn.update(p, id, facts))
-                .collect();
-            learn.keep(got);
+        let after = cowlink_sys::file_id(src.as_fd()).ok();
+        if let (Some(facts), Some(id), Some(after)) = (facts, before, after) {
+            let planned = |id: &cowlink_sys::FileId| g.source_stamp == Some(FileStamp::of(id));
+            if planned(&id) && planned(&after) {
+                let got = std::iter::once((&g.source, &id))
+                    .chain(shared_whole.iter().map(|(t, tid)| (*t, tid)))
+                    .filter_map(|(p, id)| learn.update(p, id, facts))
+                    .collect();
+                learn.keep(got);
+            }
         }
     }
     report.targets_deduped += done;
