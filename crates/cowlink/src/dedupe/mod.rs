@@ -1111,7 +1111,13 @@ fn find<P: AsRef<Path>>(
                 for m in &cl.files[cl.clusters[id].range()] {
                     // By the directory's own device: a Btrfs subvolume's
                     // files were grouped under another's device number.
-                    if let Some((dev, dir)) = names.dir_key(m.name) {
+                    // A file given as a root (the regrouping of files the
+                    // kernel found different) is recorded too: its whole
+                    // hash is what spares the next run asking again.
+                    let key = names
+                        .dir_key(m.name)
+                        .or_else(|| names.root_dir_key(m.name, m.ino));
+                    if let Some((dev, dir)) = key {
                         p.push(Update {
                             dev,
                             dir,

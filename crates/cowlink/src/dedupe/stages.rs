@@ -81,6 +81,23 @@ impl Names {
         }
     }
 
+    /// For a name given as a root (a whole path): its directory's device
+    /// and inode, if the file there is still inode `ino` on that device
+    /// (a file on another device than its directory is not indexed).
+    pub fn root_dir_key(&self, n: Name, ino: u64) -> Option<(u64, u64)> {
+        if n.dir != Name::ROOT {
+            return None;
+        }
+        let path = self.own(n);
+        let parent = match path.parent()? {
+            p if p.as_os_str().is_empty() => Path::new("."),
+            p => p,
+        };
+        let dir = cowlink_sys::lstat(parent).ok()?;
+        let file = cowlink_sys::lstat(path).ok()?;
+        (file.st_ino == ino && file.st_dev == dir.st_dev).then_some((dir.st_dev, dir.st_ino))
+    }
+
     /// Keep `name`, found in directory `dir` (`None`: `name` is a whole
     /// path, given as a root).
     pub fn push(&mut self, dir: Option<usize>, name: &OsStr) -> Name {
@@ -523,6 +540,20 @@ pub(super) fn clusters(mut files: Vec<Cand>, size_groups: &[Span], names: &Names
                 // block is shared).
                 if end - start > 1 {
                     members[start].exclusive = held;
+                }
+                // On the same blocks, so the same bytes: a hash any
+                // member holds (from the index) is the representative's,
+                // which is then not read. A whole-file hash is learnt
+                // only for the files a regrouping read, not their
+                // clones.
+                let (rep, rest) = members[start..end].split_at_mut(1);
+                let rep = &mut rep[0];
+                if rep.hash.is_none() {
+                    rep.hash = rest.iter().find_map(|m| m.hash);
+                    rep.known |= rep.hash.is_some();
+                }
+                if rep.whole.is_none() {
+                    rep.whole = rest.iter().find_map(|m| m.whole.clone());
                 }
             }
             out.clusters
