@@ -1252,3 +1252,71 @@ fn a_sampled_recheck_finds_a_moved_layout_within_a_few_runs() {
     }
     assert_shared_iff_equal(&root);
 }
+
+/// Random trees of equal and different files (sizes across block and
+/// chunk edges, unaligned tails, holes), deduplicated once: the layouts
+/// the run learnt while sharing (each target given its source's) must be
+/// what a fresh map of every file says, so a second run that maps every
+/// indexed file again (`LayoutRecheck::Every`) writes nothing, reads
+/// nothing and plans nothing.
+fn learnt_layouts_match_fresh_maps(dir: &Path, seed: u64) {
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("layouts-{seed}"));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let sizes = [1usize, 4095, 4096, 4097, 12_288, 65_537, 300_001, 1 << 20];
+    for d in 0..4 {
+        fs::create_dir_all(root.join(format!("d{d}"))).unwrap();
+    }
+    for i in 0..60 {
+        let size = sizes[rng.usize(..sizes.len())];
+        let mut bytes = data(size, rng.u64(1..4));
+        let path = root.join(format!("d{}/f{i}", rng.usize(..4)));
+        if rng.u8(..4) == 0 && size > 8192 {
+            // A hole in the middle (the same one in each such copy).
+            fs::write(&path, []).unwrap();
+            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&bytes[..4096], 0).unwrap();
+            f.write_all_at(&bytes[size - 4096..], (size - 4096) as u64)
+                .unwrap();
+            bytes[4096..size - 4096].fill(0);
+            f.set_len(size as u64).unwrap();
+            assert_eq!(fs::read(&path).unwrap(), bytes);
+        } else {
+            write_file(&path, &bytes);
+        }
+    }
+    sync(&root);
+    let before = files(&root);
+    let (p, r) = run(&root, ix.path());
+    assert!(r.targets_deduped > 0, "seed {seed}: {p:?}");
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    assert_shared_iff_equal(&root);
+    let (p, r) = run(&root, ix.path());
+    let got = index_of(&p);
+    assert_eq!(
+        got.written, 0,
+        "seed {seed}: a learnt layout was not the file's: {p:?}"
+    );
+    assert_eq!(p.bytes_hashed, 0, "seed {seed}: {p:?}");
+    assert!(p.groups.is_empty(), "seed {seed}: {p:?}");
+    assert_eq!(r.targets_deduped, 0, "seed {seed}");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_layouts_learnt_while_sharing_are_what_a_fresh_map_says() {
+    let d = testfs!(Xfs);
+    for seed in [11, 12, 13] {
+        learnt_layouts_match_fresh_maps(d.path(), seed);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_layouts_learnt_while_sharing_are_what_a_fresh_map_says() {
+    let d = testfs!(Btrfs);
+    for seed in [21, 22] {
+        learnt_layouts_match_fresh_maps(d.path(), seed);
+    }
+}
