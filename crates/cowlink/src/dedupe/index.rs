@@ -68,14 +68,12 @@
 //! the report.
 //!
 //! Crash rules: what the walk learned is written in one redb write
-//! transaction per filesystem when the walk ends, what planning learned
-//! after it in a second one when planning ends, and the layouts of the
-//! files a run shares while it shares them (in batches, one transaction
-//! each, learnt by the executor). These commits are not synced
-//! (`Durability::None`); one commit that syncs ends the run
-//! (`Indexes::persist`). redb commits are atomic and it opens at its last
-//! synced one, so a `kill -9` at any point leaves the last synced
-//! state: at worst a run's learning is lost, and the next run
+//! transaction per filesystem when the walk ends (committed, fsync), what
+//! planning learned after it in a second one when planning ends, and the
+//! layouts of the files a run shared after executing (in batches, one
+//! transaction each). redb
+//! commits are atomic, so a `kill -9` at any point leaves the last
+//! committed state: at worst a run's learning is lost, and the next run
 //! reads those files again (an entry written before its file's layout was
 //! read says so, and the layout is read next time). An entry is only ever
 //! written with the identity its file had before it was read, so a file
@@ -122,9 +120,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use redb::{
-    Database, Durability, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Database, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition};
 use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs::{self, FlockOperation};
 
@@ -491,9 +487,6 @@ pub(super) struct FsIndex {
     /// redb failed (panicked) reading it: a damage its checks missed.
     /// Nothing more is read or written; the file is removed at commit.
     broken: AtomicBool,
-    /// Commits made since the last one synced to disk (see
-    /// [`Indexes::finish`]).
-    lazy: AtomicBool,
 }
 
 /// The records a run met, and those decoded for its lookups.
@@ -732,15 +725,13 @@ impl Indexes {
         }
     }
 
-    /// Sync the run's commits ([`Indexes::persist`]), then rewrite each
-    /// index into a new file where its file is more than twice what it
-    /// holds (a first run writes every record, rewrites
+    /// Rewrite each index into a new file where its file is more than
+    /// twice what it holds (a first run writes every record, rewrites
     /// most of them after sharing, and redb's copy-on-write pages and
     /// power-of-two allocations leave most of the file free or unused,
     /// which its own compaction does not give back). Takes the indexes
     /// back from the run: only when no one else holds them.
     pub fn finish(self: Arc<Self>) {
-        self.persist();
         let Ok(me) = Arc::try_unwrap(self) else {
             return;
         };
@@ -797,8 +788,7 @@ impl Indexes {
         }
         let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
             || -> Result<(), redb::Error> {
-                let mut txn = ix.db.begin_write()?;
-                txn.set_durability(Durability::None);
+                let txn = ix.db.begin_write()?;
                 let (mut written, mut pruned) = (0, 0);
                 let mut changed = false;
                 {
@@ -841,7 +831,6 @@ impl Indexes {
                 }
                 if changed {
                     txn.commit()?;
-                    ix.lazy.store(true, Ordering::Relaxed);
                 } else {
                     txn.abort()?;
                 }
@@ -909,8 +898,7 @@ impl Indexes {
         updates: &[Update],
         prune: Option<(Seen<'_>, u64)>,
     ) -> Result<(), redb::Error> {
-        let mut txn = ix.db.begin_write()?;
-        txn.set_durability(Durability::None);
+        let txn = ix.db.begin_write()?;
         let mut changed = false;
         {
             let mut t = txn.open_table(RECORDS)?;
@@ -967,35 +955,10 @@ impl Indexes {
         }
         if changed {
             txn.commit()?;
-            ix.lazy.store(true, Ordering::Relaxed);
         } else {
             txn.abort()?;
         }
         Ok(())
-    }
-
-    /// Sync this run's commits to disk: one commit that syncs, per index
-    /// written to. The run's own commits (after the walk, at the end of
-    /// planning, and the layouts learnt while sharing, a batch at a time)
-    /// are made without a sync (`Durability::None`): a first run over
-    /// 154,608 files made some forty of them, each an `fdatasync`. A crash
-    /// before this loses what the run learnt, never the index: redb
-    /// opens at its last synced commit.
-    fn persist(&self) {
-        let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
-        for ix in map.values().flatten() {
-            if !ix.lazy.swap(false, Ordering::Relaxed) || self.drop_broken(ix) {
-                continue;
-            }
-            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                || -> Result<(), redb::Error> {
-                    let txn = ix.db.begin_write()?;
-                    txn.commit()?;
-                    Ok(())
-                },
-            ));
-            self.wrote(ix, res);
-        }
     }
 
     /// Whether `ix` broke while being read; if so, its file is removed
@@ -1113,7 +1076,6 @@ impl Indexes {
             unchanged: AtomicU64::new(0),
             state: Mutex::default(),
             broken: Default::default(),
-            lazy: Default::default(),
         })
     }
 
