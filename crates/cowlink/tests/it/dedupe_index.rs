@@ -1320,3 +1320,257 @@ fn btrfs_layouts_learnt_while_sharing_are_what_a_fresh_map_says() {
         learnt_layouts_match_fresh_maps(d.path(), seed);
     }
 }
+
+/// Options of a run that trusts every indexed layout while its file's
+/// identity holds (`LayoutRecheck::Never`): what the index claims is then
+/// all the run knows, so a wrong claim shows in its plan.
+fn trusting(ix: &Path) -> DedupeOptions {
+    DedupeOptions {
+        index: Some(ix.to_path_buf()),
+        layout_recheck: LayoutRecheck::Never,
+        ..DedupeOptions::default()
+    }
+}
+
+/// One attempt: a group of `n` equal files of `size` bytes is shared while
+/// another program rewrites (with the same bytes) a target the kernel has
+/// just shared, as the same call goes on sharing the group's other
+/// targets. The write moves that target off the source's blocks and gives
+/// it a new identity. Returns the target written, or `None` when the
+/// write did not land while the run went on, or landed on the source (a
+/// void attempt). A second run trusting the index must share it again.
+fn a_target_written_after_sharing(dir: &Path, seed: u64) -> Option<PathBuf> {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("race-{seed}"));
+    fs::create_dir_all(&root).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (n, size) = (100, 4 << 20);
+    let bytes = data(size, rng.u64(..));
+    let paths: Vec<PathBuf> = (0..n).map(|i| root.join(format!("f{i:03}"))).collect();
+    for p in &paths {
+        write_file(p, &bytes);
+    }
+    sync(&root);
+    let stop = AtomicBool::new(false);
+    let (plan, report, hit) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            while !stop.load(Relaxed) {
+                // The latest shared in path order: the call shares its
+                // targets in that order, and the others come after it.
+                let shared: Vec<&PathBuf> = (paths.iter())
+                    .filter(|p| {
+                        extents(p).is_ok_and(|l| l.extents.iter().any(|x| x.is_shared()))
+                    })
+                    .collect();
+                if shared.len() >= 2 {
+                    let p = shared[shared.len() - 1];
+                    let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+                    f.write_all_at(&bytes[..4096], 0).unwrap();
+                    f.sync_data().unwrap();
+                    return Some(p.clone());
+                }
+            }
+            None
+        });
+        let (plan, report) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        stop.store(true, Relaxed);
+        (plan, report, writer.join().unwrap())
+    });
+    assert!(plan.errors.is_empty() && report.errors.is_empty());
+    let hit = hit.filter(|h| plan.groups.iter().all(|g| &g.source != h));
+    let Some(hit) = hit else {
+        fs::remove_dir_all(&root).unwrap();
+        return None;
+    };
+    sync(&root);
+    assert_eq!(fs::read(&hit).unwrap(), bytes, "seed {seed}");
+    // The write moved the target's first block: it is a duplicate apart.
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty());
+    assert_shared_iff_equal(&root);
+    assert!(
+        same_blocks(&hit, &paths[0]),
+        "seed {seed}: {hit:?}, written after it was shared, stayed apart: \
+         the index claimed it shared ({p:?})"
+    );
+    fs::remove_dir_all(&root).unwrap();
+    Some(hit)
+}
+
+/// [`a_target_written_after_sharing`] over seeds until three attempts got
+/// their write in while the run was sharing (at most twelve tries).
+fn targets_written_after_sharing(dir: &Path, first_seed: u64) {
+    let mut landed = 0;
+    for seed in first_seed..first_seed + 12 {
+        eprintln!("seed {seed}");
+        if a_target_written_after_sharing(dir, seed).is_some() {
+            landed += 1;
+            if landed == 3 {
+                return;
+            }
+        }
+    }
+    panic!("only {landed} of 12 writes landed while the group was shared");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_target_written_right_after_it_was_shared_is_not_claimed_shared() {
+    let d = testfs!(Xfs);
+    targets_written_after_sharing(d.path(), 100);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_target_written_right_after_it_was_shared_is_not_claimed_shared() {
+    let d = testfs!(Btrfs);
+    targets_written_after_sharing(d.path(), 200);
+}
+
+/// A tree deduplicated through a root that is a symbolic link to its
+/// directory (on the same filesystem): the layouts learnt while sharing
+/// go to the records of the directories the walk read, so a rerun
+/// trusting the index reads nothing and plans nothing.
+fn a_root_given_as_a_symlink(dir: &Path) {
+    let ix = tempfile::tempdir().unwrap();
+    let real = dir.join("symroot-real");
+    tree(&real);
+    // Copies right under the root too: their directory is the link's.
+    for i in 0..3 {
+        write_file(&real.join(format!("top{i}")), &data(300_000, 4));
+    }
+    sync(&real);
+    let link = dir.join("symroot-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    // With a trailing slash, as a shell's completion leaves it: a link
+    // given so is followed.
+    let link = PathBuf::from(format!("{}/", link.display()));
+    let (p, r) = dedupe(&[&link], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+    assert!(r.targets_deduped > 0, "{p:?}");
+    assert_shared_iff_equal(&real);
+    for root in [&link, &real, &link] {
+        let (p, r) = dedupe(&[root], &trusting(ix.path())).unwrap();
+        assert_eq!(p.bytes_hashed, 0, "through {root:?}: {p:?}");
+        assert!(p.groups.is_empty(), "through {root:?}: {p:?}");
+        assert_eq!(r.targets_deduped, 0, "through {root:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_root_given_as_a_symlink_learns_its_layouts_where_the_walk_reads() {
+    let d = testfs!(Xfs);
+    a_root_given_as_a_symlink(d.path());
+}
+
+/// A random tree built to trip the layouts learnt while sharing: names
+/// with a newline, invalid UTF-8 and spaces; files right under the root
+/// and in directories; hard links across directories; files equal at
+/// both ends but not in the middle (regrouped by whole hashes); on
+/// Btrfs, a subvolume and a snapshot of it (its files on the origin's
+/// blocks, under another device number). When `via_link`, the run is
+/// given a symbolic link to the root, as a user may. After one indexed
+/// run, a run that maps every indexed file again (`LayoutRecheck::Every`)
+/// must find every learnt layout and hash right: no entry written, no
+/// byte read, nothing planned.
+fn hostile_tree(dir: &Path, seed: u64, via_link: bool, mut subvols: Option<&mut Subvols>) {
+    use std::os::unix::ffi::OsStrExt;
+    eprintln!("seed {seed}, via a link: {via_link}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("hostile-{seed}"));
+    fs::create_dir_all(&root).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut dirs: Vec<PathBuf> = vec![root.clone()];
+    for name in [&b"d0"[..], b"new\nline", b"\xff\xfe-bad", b"with space"] {
+        let d = root.join(std::ffi::OsStr::from_bytes(name));
+        fs::create_dir(&d).unwrap();
+        dirs.push(d);
+    }
+    let sv = root.join("sv");
+    let with_subvolume = subvols.is_some();
+    if let Some(subs) = subvols.as_mut() {
+        btrfs(&["subvolume".as_ref(), "create".as_ref(), sv.as_os_str()]);
+        subs.0.push(sv.clone());
+        dirs.push(sv.clone());
+    }
+    let sizes = [4096usize, 4097, 12_288, 65_537, 300_001, 1 << 20];
+    let mut made: Vec<PathBuf> = Vec::new();
+    for i in 0..50 {
+        let size = sizes[rng.usize(..sizes.len())];
+        let mut bytes = data(size, rng.u64(1..4));
+        if rng.u8(..4) == 0 && size > 8192 {
+            // Equal ends, another middle: the kernel finds it different.
+            bytes[size / 2] ^= 0x5a;
+        }
+        let d = &dirs[rng.usize(..dirs.len())];
+        let p = d.join(format!("f{i}\n{}", rng.u8(..)));
+        write_file(&p, &bytes);
+        if rng.u8(..6) == 0 {
+            // A hard link in another directory (same device only).
+            let other = &dirs[rng.usize(..dirs.len())];
+            if other != d && !other.starts_with(&sv) && !d.starts_with(&sv) {
+                let _ = fs::hard_link(&p, other.join(format!("link{i}")));
+            }
+        }
+        made.push(p);
+    }
+    if let (true, Some(subs)) = (with_subvolume, subvols) {
+        let snap = root.join("snap");
+        btrfs(&[
+            "subvolume".as_ref(),
+            "snapshot".as_ref(),
+            sv.as_os_str(),
+            snap.as_os_str(),
+        ]);
+        subs.0.push(snap);
+    }
+    sync(&root);
+    let walk_root = match via_link {
+        true => {
+            // With a trailing slash, as a shell's completion leaves it: a
+            // link given so is followed.
+            let link = dir.join(format!("hostile-{seed}-link"));
+            std::os::unix::fs::symlink(&root, &link).unwrap();
+            PathBuf::from(format!("{}/", link.display()))
+        }
+        false => root.clone(),
+    };
+    let before = files(&root);
+    let (p, r) = dedupe(&[&walk_root], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "seed {seed}: {p:?} {r:?}");
+    assert!(r.targets_deduped > 0, "seed {seed}: {p:?}");
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    assert_shared_iff_equal(&root);
+    let (p, r) = dedupe(&[&walk_root], &opts(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "seed {seed}: {p:?} {r:?}");
+    assert_eq!(
+        index_of(&p).written,
+        0,
+        "seed {seed}: a learnt layout or hash was not the file's: {p:?}"
+    );
+    assert_eq!(p.bytes_hashed, 0, "seed {seed}: {p:?}");
+    assert!(p.groups.is_empty(), "seed {seed}: {p:?}");
+    assert_eq!(r.targets_deduped, 0, "seed {seed}");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_hostile_tree_through_a_link_or_not_is_learnt_right() {
+    let d = testfs!(Xfs);
+    for seed in [31, 32, 33, 34] {
+        hostile_tree(d.path(), seed, seed % 2 == 0, None);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_hostile_tree_with_subvolumes_through_a_link_or_not_is_learnt_right() {
+    let d = testfs!(Btrfs);
+    let mut subs = Subvols(Vec::new());
+    for seed in [41, 42, 43, 44] {
+        hostile_tree(d.path(), seed, seed % 2 == 0, Some(&mut subs));
+    }
+}
