@@ -399,7 +399,10 @@ impl Learn {
         if let Some(&known) = lock(&self.dirs).get(at) {
             return known;
         }
-        let got = cowlink_sys::lstat(at).ok().map(|st| (st.st_dev, st.st_ino));
+        // Followed: the path's own lookup follows a link there (a root
+        // given as `link/`), and the walk keyed its record by the
+        // directory it read, not by the link.
+        let got = cowlink_sys::stat(at).ok().map(|st| (st.st_dev, st.st_ino));
         lock(&self.dirs).insert(at.to_path_buf(), got);
         got
     }

@@ -93,7 +93,9 @@ impl Names {
             p if p.as_os_str().is_empty() => Path::new("."),
             p => p,
         };
-        let dir = cowlink_sys::lstat(parent).ok()?;
+        // Followed, as the path's own lookup follows it (a root given as
+        // `link/`): the record is the directory's, not the link's.
+        let dir = cowlink_sys::stat(parent).ok()?;
         let file = cowlink_sys::lstat(path).ok()?;
         (file.st_ino == ino && file.st_dev == dir.st_dev).then_some((dir.st_dev, dir.st_ino))
     }
