@@ -1180,6 +1180,11 @@ fn dedupe_group(
         }
     };
     measure_once(fs, dev, &src);
+    // With an index: marked before anything of its filesystem is shared
+    // (see `Indexes::sharing`).
+    if let Some(learn) = learn {
+        learn.ix.sharing(dev);
+    }
     let mut done = 0u64;
     // Targets shared whole, as they are now (with an index).
     let mut shared_whole: Vec<(&PathBuf, cowlink_sys::FileId)> = Vec::new();
@@ -1193,6 +1198,11 @@ fn dedupe_group(
         for &(t, stamp) in batch {
             match open_planned(t, stamp, g.size) {
                 Ok((fd, id, stamp)) => {
+                    // A target in another Btrfs subvolume has an index
+                    // of its own.
+                    if let (Some(learn), true) = (learn, id.dev != dev) {
+                        learn.ix.sharing(id.dev);
+                    }
                     opened.push((t, fd, id.ino));
                     stamps.push(stamp);
                     continue;

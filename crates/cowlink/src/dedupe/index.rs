@@ -135,6 +135,15 @@ pub const FORMAT: u32 = 3;
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
+/// Key of [`META`] set, synced, before a run first shares a file of the
+/// index's filesystem ([`Indexes::sharing`]), and removed by the run's
+/// last, synced commit ([`Indexes::persist`]). Found when the index is
+/// opened, it tells of a run stopped while sharing: the files it shared
+/// kept their identities (a dedupe changes no time) but not their
+/// blocks, and the layouts it learnt since its last batch was written
+/// were lost, so every layout held is forgotten ([`forget_layouts`]).
+const SHARING: &str = "sharing";
+
 /// Entries of decoded records kept for the walk's lookups (the oldest
 /// records go first; one is always kept). A directory's entries are
 /// looked up while the walk is in it, so a few records cover the walk's
@@ -487,6 +496,11 @@ pub(super) struct FsIndex {
     /// redb failed (panicked) reading it: a damage its checks missed.
     /// Nothing more is read or written; the file is removed at commit.
     broken: AtomicBool,
+    /// This run set [`SHARING`]: its end removes it
+    /// ([`Indexes::persist`]).
+    lazy: AtomicBool,
+    /// [`SHARING`] is set (synced) for this run.
+    sharing: Mutex<bool>,
 }
 
 /// The records a run met, and those decoded for its lookups.
@@ -725,13 +739,14 @@ impl Indexes {
         }
     }
 
-    /// Rewrite each index into a new file where its file is more than
-    /// twice what it holds (a first run writes every record, rewrites
+    /// End the run ([`Indexes::persist`]), then rewrite each index into a
+    /// new file where its file is more than twice what it holds (a first run writes every record, rewrites
     /// most of them after sharing, and redb's copy-on-write pages and
     /// power-of-two allocations leave most of the file free or unused,
     /// which its own compaction does not give back). Takes the indexes
     /// back from the run: only when no one else holds them.
     pub fn finish(self: Arc<Self>) {
+        self.persist();
         let Ok(me) = Arc::try_unwrap(self) else {
             return;
         };
@@ -961,6 +976,54 @@ impl Indexes {
         Ok(())
     }
 
+    /// Before the first file of device `dev` is shared in this run: set
+    /// [`SHARING`] in its index, synced, so that a crash from here until
+    /// [`Indexes::persist`] is seen by the next run. One `fdatasync` per
+    /// filesystem per run that shares; threads sharing on `dev` wait for
+    /// it. An index that cannot be marked is dropped (removed, rebuilt by
+    /// the next run): it could be left claiming layouts that are gone.
+    pub fn sharing(&self, dev: u64) {
+        let Some(ix) = self.opened(dev) else { return };
+        let mut marked = lock(&ix.sharing);
+        if *marked || self.drop_broken(&ix) {
+            return;
+        }
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            || -> Result<(), redb::Error> {
+                let txn = ix.db.begin_write()?;
+                txn.open_table(META)?.insert(SHARING, [1u8].as_slice())?;
+                txn.commit()?;
+                Ok(())
+            },
+        ));
+        *marked = true;
+        ix.lazy.store(true, Ordering::Relaxed);
+        if !matches!(res, Ok(Ok(()))) {
+            ix.broken.store(true, Ordering::Relaxed);
+            self.drop_broken(&ix);
+        }
+    }
+
+    /// The run's end: remove [`SHARING`] from each index it set it in,
+    /// in a commit of its own (after every layout learnt was written).
+    fn persist(&self) {
+        let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
+        for ix in map.values().flatten() {
+            if !ix.lazy.swap(false, Ordering::Relaxed) || self.drop_broken(ix) {
+                continue;
+            }
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || -> Result<(), redb::Error> {
+                    let txn = ix.db.begin_write()?;
+                    txn.open_table(META)?.remove(SHARING)?;
+                    txn.commit()?;
+                    Ok(())
+                },
+            ));
+            self.wrote(ix, res);
+        }
+    }
+
     /// Whether `ix` broke while being read; if so, its file is removed
     /// (once), to be rebuilt by the next run.
     fn drop_broken(&self, ix: &FsIndex) -> bool {
@@ -1059,6 +1122,9 @@ impl Indexes {
                 _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
             }
         }
+        if was_sharing(&db) {
+            forget_layouts(&db).map_err(|e| format!("index {}: {e}", shown(&file)))?;
+        }
         let read = db
             .begin_read()
             .ok()
@@ -1076,6 +1142,8 @@ impl Indexes {
             unchanged: AtomicU64::new(0),
             state: Mutex::default(),
             broken: Default::default(),
+            lazy: Default::default(),
+            sharing: Mutex::default(),
         })
     }
 
@@ -1235,6 +1303,51 @@ fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     txn.open_table(META)?
         .insert("dev", dev.to_le_bytes().as_slice())?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// Whether the last run that shared files of this index's filesystem
+/// stopped before its end ([`SHARING`]).
+fn was_sharing(db: &Database) -> bool {
+    let Ok(txn) = db.begin_read() else {
+        return false;
+    };
+    let Ok(t) = txn.open_table(META) else {
+        return false;
+    };
+    t.get(SHARING).is_ok_and(|v| v.is_some())
+}
+
+/// After a run stopped while sharing: every entry's layout is forgotten
+/// (identity and hashes kept), so each file is mapped again (one
+/// FIEMAP, no byte read) before its layout is trusted, and [`SHARING`]
+/// is removed, in one synced commit. A damaged record is left for the
+/// walk to drop.
+fn forget_layouts(db: &Database) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut t = txn.open_table(RECORDS)?;
+        let mut rewritten = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            let dir = k.value();
+            let Some(mut rec) = Record::decode(dir, v.value()) else {
+                continue;
+            };
+            for (_, e) in &mut rec.files {
+                e.mapped = false;
+                e.exclusive = 0;
+                e.shared = None;
+                e.inline = false;
+            }
+            rewritten.push((dir, rec.encode(dir)));
+        }
+        for (dir, bytes) in rewritten {
+            t.insert(dir, bytes.as_slice())?;
+        }
+        txn.open_table(META)?.remove(SHARING)?;
+    }
     txn.commit()?;
     Ok(())
 }
