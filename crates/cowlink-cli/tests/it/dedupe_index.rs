@@ -567,7 +567,9 @@ fn reflink(from: &Path, to: &Path) {
 
 /// One attempt of [`a_kill_between_two_clones_moved_leaves_no_stale_claim`];
 /// `false` when the kill did not land between the two clones' sharing.
-fn kill_between_two_clones(fs: &Path, seed: u64) -> bool {
+/// With `lock_held`, the index is in use (its lock held by the test)
+/// while the killed run goes: that run shares without the index.
+fn kill_between_two_clones(fs: &Path, seed: u64, lock_held: bool) -> bool {
     let ix = tempfile::tempdir().unwrap();
     let root = fs.join(format!("kill-clones-{seed}"));
     let (p, q) = (root.join("p"), root.join("q"));
@@ -584,6 +586,15 @@ fn kill_between_two_clones(fs: &Path, seed: u64) -> bool {
     write_file(&s[0], &bytes);
     reflink(&s[0], &s[1]);
     reflink(&s[0], &s[2]);
+    let held = lock_held.then(|| {
+        let lock = cowlink_testfs::names(ix.path())
+            .into_iter()
+            .find(|n| n.ends_with(".lock"))
+            .unwrap();
+        let held = std::fs::File::open(ix.path().join(&lock)).unwrap();
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+        held
+    });
     // The larger cluster is the source: a and z are both targets.
     let mut child = bin()
         .args(["dedupe", "--index"])
@@ -606,6 +617,7 @@ fn kill_between_two_clones(fs: &Path, seed: u64) -> bool {
         }
     }
     child.wait().unwrap();
+    drop(held);
     let moved = [&a, &z].map(|t| same_blocks(t, &s[0]));
     if !landed || moved[0] == moved[1] {
         std::fs::remove_dir_all(&root).unwrap();
@@ -647,7 +659,23 @@ fn a_kill_between_two_clones_moved_leaves_no_stale_claim() {
     let x = testfs!(Xfs);
     let first = seed() % 1_000_000;
     for seed in first..first + 10 {
-        if kill_between_two_clones(x.path(), seed) {
+        if kill_between_two_clones(x.path(), seed, false) {
+            return;
+        }
+    }
+    panic!("no kill landed between the two clones' sharing in ten tries");
+}
+
+/// As [`a_kill_between_two_clones_moved_leaves_no_stale_claim`], but the
+/// killed run found the index in use and went on without it: it could
+/// not mark the index, yet it moved one clone behind it.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_kill_of_a_run_without_the_index_in_use_leaves_no_stale_claim() {
+    let x = testfs!(Xfs);
+    let first = seed() % 1_000_000;
+    for seed in first..first + 10 {
+        if kill_between_two_clones(x.path(), seed, true) {
             return;
         }
     }
