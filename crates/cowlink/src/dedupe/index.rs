@@ -609,6 +609,9 @@ pub(super) struct Indexes {
     notes: Mutex<Vec<String>>,
     written: AtomicU64,
     pruned: AtomicU64,
+    /// Per device whose index another run holds: the file that tells
+    /// its next opener this run shared behind it ([`Indexes::sharing`]).
+    in_use: Mutex<HashMap<u64, PathBuf>>,
 }
 
 /// What pruning needs of a walk: the directories it met, as (device,
@@ -697,6 +700,7 @@ impl Indexes {
             notes: Mutex::default(),
             written: AtomicU64::new(0),
             pruned: AtomicU64::new(0),
+            in_use: Mutex::default(),
         }
     }
 
@@ -982,8 +986,28 @@ impl Indexes {
     /// filesystem per run that shares; threads sharing on `dev` wait for
     /// it. An index that cannot be marked is dropped (removed, rebuilt by
     /// the next run): it could be left claiming layouts that are gone.
+    ///
+    /// A run that found the index in use shares behind it: it leaves a
+    /// file next to it instead ([`moved_mark`]), read by its next opener.
     pub fn sharing(&self, dev: u64) {
-        let Some(ix) = self.opened(dev) else { return };
+        let Some(ix) = self.opened(dev) else {
+            let Some(mark) = lock(&self.in_use).remove(&dev) else {
+                return;
+            };
+            let made = own_file(&mark).and_then(|f| {
+                let dir = std::fs::File::open(&self.dir).map_err(|e| e.to_string())?;
+                f.sync_all()
+                    .and_then(|()| dir.sync_all())
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(e) = made {
+                self.note(format!(
+                    "index in use: cannot leave {}: {e}; its layouts may be stale until mapped again",
+                    crate::name::quoted(&mark)
+                ));
+            }
+            return;
+        };
         let mut marked = lock(&ix.sharing);
         if *marked || self.drop_broken(&ix) {
             return;
@@ -1093,6 +1117,7 @@ impl Indexes {
             let mut holder = String::new();
             let _ = lk.read_to_string(&mut holder);
             let holder = holder.trim();
+            lock(&self.in_use).insert(dev, moved_mark(&file));
             return Err(format!(
                 "index {} is in use by {}; this run goes on without it",
                 shown(&file),
@@ -1122,8 +1147,13 @@ impl Indexes {
                 _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
             }
         }
-        if was_sharing(&db) {
+        let mark = moved_mark(&file);
+        let moved = cowlink_sys::lstat(&mark).is_ok();
+        if moved || was_sharing(&db) {
             forget_layouts(&db).map_err(|e| format!("index {}: {e}", shown(&file)))?;
+            if moved {
+                let _ = std::fs::remove_file(&mark);
+            }
         }
         let read = db
             .begin_read()
@@ -1305,6 +1335,14 @@ fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
         .insert("dev", dev.to_le_bytes().as_slice())?;
     txn.commit()?;
     Ok(())
+}
+
+/// The file a run leaves next to the index `file` it found in use before
+/// it shares files of its filesystem: it moved blocks behind the index,
+/// whose entries keep their identities, so the next run to open the
+/// index forgets its layouts ([`forget_layouts`]) and removes the file.
+fn moved_mark(file: &Path) -> PathBuf {
+    file.with_extension("moved")
 }
 
 /// Whether the last run that shared files of this index's filesystem
