@@ -85,7 +85,7 @@
 //! leaves a file several times what it holds, which redb's compaction
 //! does not give back. Records are written in a scattered order of their
 //! keys (`scatter`; in key order every leaf is left half empty), and a
-//! file more than twice what it holds is rewritten at the end of the run:
+//! file more than 1.5 times what it holds is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
 //! crash leaves one whole file or the other; a copy left by a crash is
 //! removed when the index is next opened). What is left is redb's
@@ -744,7 +744,10 @@ impl Indexes {
     }
 
     /// End the run ([`Indexes::persist`]), then rewrite each index into a
-    /// new file where its file is more than twice what it holds (a first run writes every record, rewrites
+    /// new file where its file is more than one and a half times what it
+    /// holds (at twice, a first run over 154,608 files left 34 MB for 17
+    /// of content, just under, or 21 MB when it went over: the size
+    /// depended on the run) (a first run writes every record, rewrites
     /// most of them after sharing, and redb's copy-on-write pages and
     /// power-of-two allocations leave most of the file free or unused,
     /// which its own compaction does not give back). Takes the indexes
@@ -773,7 +776,7 @@ impl Indexes {
                 txn.abort()?;
                 let used = st.stored_bytes() + st.metadata_bytes();
                 let size = std::fs::metadata(&ix.file).map_or(0, |m| m.len());
-                Ok(size > 2 * used + (1 << 20))
+                Ok(size > used + used / 2 + (1 << 20))
             })();
             if wasteful.unwrap_or(false) {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrite(ix)));
