@@ -657,9 +657,15 @@ fn kill_between_two_clones(fs: &Path, seed: u64, lock_held: bool) -> bool {
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_kill_between_two_clones_moved_leaves_no_stale_claim() {
     let x = testfs!(Xfs);
+    kill_between_two_clones_within_ten_tries(x.path(), false);
+}
+
+/// [`kill_between_two_clones`] from the run's seed on, until a kill lands
+/// between the two clones' sharing (at most ten tries).
+fn kill_between_two_clones_within_ten_tries(dir: &Path, in_use: bool) {
     let first = seed() % 1_000_000;
     for seed in first..first + 10 {
-        if kill_between_two_clones(x.path(), seed, false) {
+        if kill_between_two_clones(dir, seed, in_use) {
             return;
         }
     }
@@ -673,11 +679,5 @@ fn a_kill_between_two_clones_moved_leaves_no_stale_claim() {
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_kill_of_a_run_without_the_index_in_use_leaves_no_stale_claim() {
     let x = testfs!(Xfs);
-    let first = seed() % 1_000_000;
-    for seed in first..first + 10 {
-        if kill_between_two_clones(x.path(), seed, true) {
-            return;
-        }
-    }
-    panic!("no kill landed between the two clones' sharing in ten tries");
+    kill_between_two_clones_within_ten_tries(x.path(), true);
 }
