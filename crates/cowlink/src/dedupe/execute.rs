@@ -363,8 +363,8 @@ pub(super) struct Executor<'a> {
 /// Layouts learnt and held before they are written to the index, by
 /// the thread that learnt the last one while the others go on sharing:
 /// the records they touch are rewritten at each write, and holding them
-/// all (a hundred bytes a file) was 25 MB of a first run's peak over
-/// 154,608 files.
+/// all would be about a hundred bytes a file (15 MB over 154,608 files)
+/// at the first run's peak.
 const LAYOUTS_HELD: usize = 1 << 12;
 
 struct Learn {
