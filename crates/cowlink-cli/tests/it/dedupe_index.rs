@@ -424,15 +424,7 @@ fn two_runs_at_once_share_everything_and_one_goes_on_without_the_index() {
             assert_eq!(v["result"]["errors"], serde_json::json!([]), "{what}: {v}");
             assert_index_files(ix.path(), &what);
             assert_shared(&sets, &what);
-            let out = bin()
-                .args(["dedupe", "--json", "--recheck-layouts", "--index"])
-                .arg(ix.path())
-                .arg(&root)
-                .output()
-                .unwrap();
-            let v = json(&out);
-            assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{what}: {v}");
-            assert_eq!(v["result"]["targets_deduped"], 0, "{what}: {v}");
+            assert_recheck_finds_nothing(ix.path(), &root, &what);
         }
     }
     eprintln!("in {lost} of 8 rounds one run went on without the index");
@@ -542,16 +534,22 @@ fn a_watch_and_a_manual_run_share_one_index() {
     let v = json(&dedupe(ix.path(), &root));
     assert_eq!(v["plan"]["index"]["notes"], serde_json::json!([]), "{v}");
     assert_index_files(ix.path(), "after the watch");
+    assert_recheck_finds_nothing(ix.path(), &root, "after the watch");
+    assert_shared(&sets, "after the watch");
+}
+
+/// A run that maps every indexed file again (`--recheck-layouts`) plans
+/// and shares nothing: every claim the index holds is true.
+fn assert_recheck_finds_nothing(ix: &Path, root: &Path, what: &str) {
     let out = bin()
         .args(["dedupe", "--json", "--recheck-layouts", "--index"])
-        .arg(ix.path())
-        .arg(&root)
+        .arg(ix)
+        .arg(root)
         .output()
         .unwrap();
     let v = json(&out);
-    assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{v}");
-    assert_eq!(v["result"]["targets_deduped"], 0, "{v}");
-    assert_shared(&sets, "after the watch");
+    assert_eq!(v["plan"]["groups"], serde_json::json!([]), "{what}: {v}");
+    assert_eq!(v["result"]["targets_deduped"], 0, "{what}: {v}");
 }
 
 /// `cp --reflink=always from to`: `to` on `from`'s blocks.
