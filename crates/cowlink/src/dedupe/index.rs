@@ -644,13 +644,6 @@ pub(super) enum Learnt {
         inline: bool,
         hash: Option<[u8; 32]>,
     },
-    /// The layout after sharing, of the file as it is now (`ident`): only
-    /// for an entry of that identity.
-    Relayout {
-        ident: Ident,
-        exclusive: u64,
-        shared: Option<u64>,
-    },
     /// The planning hash.
     Hash([u8; 32]),
     /// The whole-file hash.
@@ -674,20 +667,64 @@ impl Learnt {
                     e.hash = hash;
                 }
             }
-            Learnt::Relayout {
-                ident,
-                exclusive,
-                shared,
-            } => {
-                if e.ident() == ident {
-                    e.exclusive = exclusive;
-                    e.shared = shared;
-                    e.mapped = true;
-                }
-            }
             Learnt::Hash(h) => e.hash = Some(h),
             Learnt::Whole(h) => e.whole = Some(h),
         }
+    }
+}
+
+/// A file shared whole with its group's source during the run: on
+/// device `dev`, in the directory of inode `dir`, the file of inode
+/// `ino` now shares every block, on runs of fingerprint `shared`. Only
+/// made for a file whose stamp is still the one the walk saw (the
+/// identity its entry holds): sharing moves no time. A third of an
+/// [`Update`]: a first run holds one per file it shared until it ends.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Relaid {
+    pub dev: u64,
+    pub dir: u64,
+    pub ino: u64,
+    pub shared: u64,
+}
+
+/// What [`Indexes::write`] applies to one entry of a record: an
+/// [`Update`] or a [`Relaid`].
+trait Change {
+    fn dev(&self) -> u64;
+    fn dir(&self) -> u64;
+    fn ino(&self) -> u64;
+    fn apply(&self, e: &mut Entry);
+}
+
+impl Change for Update {
+    fn dev(&self) -> u64 {
+        self.dev
+    }
+    fn dir(&self) -> u64 {
+        self.dir
+    }
+    fn ino(&self) -> u64 {
+        self.ino
+    }
+    fn apply(&self, e: &mut Entry) {
+        self.what.apply(e);
+    }
+}
+
+impl Change for Relaid {
+    fn dev(&self) -> u64 {
+        self.dev
+    }
+    fn dir(&self) -> u64 {
+        self.dir
+    }
+    fn ino(&self) -> u64 {
+        self.ino
+    }
+    fn apply(&self, e: &mut Entry) {
+        e.exclusive = 0;
+        e.shared = Some(self.shared);
+        e.mapped = true;
     }
 }
 
@@ -883,10 +920,23 @@ impl Indexes {
     /// Apply `updates` to the records of their directories and, on each
     /// device in `seen`, remove the records of directories under its
     /// roots that the walk did not meet. One transaction per filesystem.
-    pub fn update(&self, mut updates: Vec<Update>, seen: Option<Seen<'_>>) {
+    pub fn update(&self, updates: Vec<Update>, seen: Option<Seen<'_>>) {
+        self.change(updates, seen);
+    }
+
+    /// Record the layouts of the files a run shared whole (see
+    /// [`Relaid`]). One transaction per filesystem, at the run's end: a
+    /// record is rewritten once however many of its files were shared
+    /// (written as they came, in batches, the large records of a first
+    /// run were rewritten by most batches).
+    pub fn relayout(&self, relaid: Vec<Relaid>) {
+        self.change(relaid, None);
+    }
+
+    fn change<C: Change>(&self, mut updates: Vec<C>, seen: Option<Seen<'_>>) {
         // Each device's directories together, in a scattered order.
-        updates.sort_unstable_by_key(|u| (u.dev, scatter(u.dir), u.ino));
-        let mut devs: Vec<u64> = updates.iter().map(|u| u.dev).collect();
+        updates.sort_unstable_by_key(|u| (u.dev(), scatter(u.dir()), u.ino()));
+        let mut devs: Vec<u64> = updates.iter().map(|u| u.dev()).collect();
         if let Some(seen) = seen {
             devs.extend(seen.dirs.iter().map(|&(d, _)| d));
         }
@@ -897,8 +947,8 @@ impl Indexes {
             if self.drop_broken(&ix) {
                 continue;
             }
-            let lo = updates.partition_point(|u| u.dev < dev);
-            let hi = updates.partition_point(|u| u.dev <= dev);
+            let lo = updates.partition_point(|u| u.dev() < dev);
+            let hi = updates.partition_point(|u| u.dev() <= dev);
             let mine = &updates[lo..hi];
             // Every record held was met: none can be of a directory gone,
             // and the scan (every record read) would be most of an
@@ -914,29 +964,29 @@ impl Indexes {
         }
     }
 
-    fn write(
+    fn write<C: Change>(
         &self,
         ix: &FsIndex,
-        updates: &[Update],
+        updates: &[C],
         prune: Option<(Seen<'_>, u64)>,
     ) -> Result<(), redb::Error> {
         let txn = ix.db.begin_write()?;
         let mut changed = false;
         {
             let mut t = txn.open_table(RECORDS)?;
-            for run in updates.chunk_by(|a, b| a.dir == b.dir) {
-                let dir = run[0].dir;
+            for run in updates.chunk_by(|a, b| a.dir() == b.dir()) {
+                let dir = run[0].dir();
                 let Some(mut rec) = t.get(dir)?.and_then(|v| Record::decode(dir, v.value())) else {
                     continue;
                 };
                 let mut n = 0;
                 for u in run {
-                    let Ok(i) = rec.files.binary_search_by_key(&u.ino, |(k, _)| *k) else {
+                    let Ok(i) = rec.files.binary_search_by_key(&u.ino(), |(k, _)| *k) else {
                         continue;
                     };
                     let e = &mut rec.files[i].1;
                     let was = e.clone();
-                    u.what.apply(e);
+                    u.apply(e);
                     n += u64::from(*e != was);
                 }
                 if n > 0 {
@@ -1682,25 +1732,24 @@ mod tests {
     }
 
     #[test]
-    fn relayout_applies_only_to_the_same_identity() {
+    fn a_file_shared_whole_is_recorded_as_sharing_every_block() {
         let mut e = full();
         e.shared = None;
-        let id = cowlink_sys::FileId {
-            size: e.size,
-            mtime_ns: e.mtime_ns,
-            ctime_ns: e.ctime_ns,
-            btime_ns: e.btime_ns,
-            ..Default::default()
-        };
-        let other = cowlink_sys::FileId { ctime_ns: 8, ..id };
-        let to = |ident| Learnt::Relayout {
-            ident,
-            exclusive: 0,
-            shared: Some(9),
-        };
-        to(Ident::of(&other)).apply(&mut e);
-        assert_eq!(e.shared, None);
-        to(Ident::of(&id)).apply(&mut e);
-        assert_eq!((e.exclusive, e.shared), (0, Some(9)));
+        e.exclusive = 4096;
+        e.mapped = false;
+        let was = e.clone();
+        Relaid {
+            dev: 1,
+            dir: 2,
+            ino: 3,
+            shared: 9,
+        }
+        .apply(&mut e);
+        assert_eq!((e.exclusive, e.shared, e.mapped), (0, Some(9), true));
+        // Its identity and hashes are left as they were.
+        assert_eq!(
+            (e.ident(), e.hash, e.whole),
+            (was.ident(), was.hash, was.whole)
+        );
     }
 }

@@ -446,6 +446,7 @@ impl Collect {
             ino: st.ino,
             size,
             shared: None,
+            runs: 0,
             // Until the layout is read.
             exclusive: st.blocks * 512,
             inline: false,
@@ -690,7 +691,7 @@ pub fn dedupe<P: AsRef<Path>>(
     let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
     let ix = indexes.as_ref();
     let out = std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<DedupeGroup>>();
+        let (tx, rx) = std::sync::mpsc::channel::<(Vec<DedupeGroup>, stages::SourceRuns)>();
         // The executor keeps the groups it was handed: after a cancel
         // while planning they are the plan.
         let worker = s.spawn(|| {
@@ -699,7 +700,8 @@ pub fn dedupe<P: AsRef<Path>>(
                 ex.learn_layouts(ix.clone());
             }
             let mut handed = Vec::new();
-            for groups in rx {
+            for (groups, runs) in rx {
+                ex.source_runs(runs);
                 ex.start(&groups);
                 handed.extend(groups);
             }
@@ -712,10 +714,10 @@ pub fn dedupe<P: AsRef<Path>>(
             paths,
             opts,
             Compare::Kernel,
-            Some(&mut |groups: Vec<DedupeGroup>| {
+            Some(&mut |groups: Vec<DedupeGroup>, runs| {
                 let (f, b) = execute::totals(&groups);
                 (files, bytes) = (files + f, bytes + b);
-                let _ = tx.send(groups);
+                let _ = tx.send((groups, runs));
             }),
             ix,
         );
@@ -866,12 +868,13 @@ fn exclusive_bytes(path: &Path) -> u64 {
 /// as soon as it is known (the small files' groups, then the rest) and
 /// not kept: the plan returned has no groups, and the receiver holds the
 /// only copy (over 223,547 files, the copy the executor was sent took a
-/// whole run's peak from 175 to 143 MB).
+/// whole run's peak from 175 to 143 MB). Each batch comes with its
+/// sources' runs where known ([`stages::SourceRuns`]).
 fn find<P: AsRef<Path>>(
     paths: &[P],
     opts: &DedupeOptions,
     compare: Compare,
-    mut hand_over: Option<&mut dyn FnMut(Vec<DedupeGroup>)>,
+    mut hand_over: Option<&mut dyn FnMut(Vec<DedupeGroup>, stages::SourceRuns)>,
     indexes: Option<&Arc<Indexes>>,
 ) -> Result<DedupePlan> {
     let (roots, fixed_from) = walk_roots(paths, &opts.stores)?;
@@ -1063,11 +1066,11 @@ fn find<P: AsRef<Path>>(
             .sum(),
     );
     let sets = stages::split_by(&mut cl, &small);
-    let (mut groups, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
+    let (mut groups, already, not_permitted, runs) = stages::groups(&mut cl, &sets, &names);
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
     if let Some(give) = hand_over.as_mut() {
-        give(std::mem::take(&mut groups));
+        give(std::mem::take(&mut groups), runs);
     }
     let hash_errors = Mutex::new(Vec::new());
     // Hash the representatives of clusters `ids` (`edges`: a larger file's
@@ -1184,7 +1187,7 @@ fn find<P: AsRef<Path>>(
         ix.update(learnt.unwrap_or_default(), seen);
     }
 
-    let (mut rest, already, not_permitted) = stages::groups(&mut cl, &sets, &names);
+    let (mut rest, already, not_permitted, runs) = stages::groups(&mut cl, &sets, &names);
     drop((cl, names));
     plan.files_already_shared += already;
     plan.not_permitted += not_permitted;
@@ -1195,7 +1198,7 @@ fn find<P: AsRef<Path>>(
         }
     }
     match hand_over {
-        Some(give) => give(rest),
+        Some(give) => give(rest, runs),
         None => groups.extend(rest),
     }
     stages::order(&mut groups);

@@ -186,6 +186,11 @@ pub(super) struct Cand {
     /// A fingerprint rather than the runs: the index keeps it in 8 bytes,
     /// and a candidate holds no heap block for it.
     pub shared: Option<u64>,
+    /// The fingerprint of the runs whether shared or not, where every
+    /// extent has its blocks (none unwritten, delayed or inline); 0 when
+    /// not known. A target shared whole with this file as its source
+    /// takes these runs (see `execute::Learn`).
+    pub runs: u64,
     /// Bytes in extents not flagged shared.
     pub exclusive: u64,
     /// BLAKE3 of the whole file for files of at most two edges; for larger
@@ -271,8 +276,12 @@ impl Span {
 pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
     let mut runs: Vec<Run> = Vec::new();
     let mut all_shared = !list.is_empty();
+    let mut all_placed = !list.is_empty();
     c.inline = list.iter().any(Extent::is_inline);
     for x in list {
+        if !x.has_address() || x.is_unwritten() || x.is_inline() {
+            all_placed = false;
+        }
         if !x.is_shared() || !x.has_address() || x.is_unwritten() {
             all_shared = false;
             c.exclusive += x.length;
@@ -288,10 +297,12 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
             }),
         }
     }
-    c.shared = all_shared.then(|| fingerprint(&runs));
+    let fp = fingerprint(&runs);
+    c.shared = all_shared.then_some(fp);
+    c.runs = if all_placed { fp } else { 0 };
 }
 
-/// 64 bits of BLAKE3 over `runs`.
+/// 64 bits of BLAKE3 over `runs`, never 0 (see [`Cand::runs`]).
 pub(super) fn fingerprint(runs: &[Run]) -> u64 {
     let mut h = blake3::Hasher::new();
     for r in runs {
@@ -301,7 +312,7 @@ pub(super) fn fingerprint(runs: &[Run]) -> u64 {
     }
     let mut b = [0; 8];
     b.copy_from_slice(&h.finalize().as_bytes()[..8]);
-    u64::from_le_bytes(b)
+    u64::from_le_bytes(b).max(1)
 }
 
 /// One inode is one file: keep the name that sorts first (it may change
@@ -436,6 +447,8 @@ pub(super) struct Member {
     /// Bytes in extents not flagged shared; on the representative of a
     /// cluster of several, the bytes of the cluster's shared extents.
     pub exclusive: u64,
+    /// [`Cand::runs`].
+    pub runs: u64,
     pub hash: Option<[u8; 32]>,
     pub may_change: bool,
     pub ino: u64,
@@ -455,6 +468,7 @@ impl From<Cand> for Member {
             name: c.name,
             size: c.size,
             exclusive: c.exclusive,
+            runs: c.runs,
             hash: c.hash,
             may_change: c.may_change,
             stamp: c.stamp,
@@ -625,17 +639,21 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
 /// left alone because the caller may not change them.
 ///
 /// The groups' paths are built from `names`.
+/// The groups of `sets`, the files already sharing their source's blocks,
+/// and those the caller may not change; and each group's source's runs
+/// ([`Cand::runs`]) by its stamp, where known.
 pub(super) fn groups(
     cl: &mut Clusters,
     sets: &[Span],
     names: &Names,
-) -> (Vec<DedupeGroup>, u64, u64) {
+) -> (Vec<DedupeGroup>, u64, u64, SourceRuns) {
     let left = std::mem::take(&mut cl.left_shared);
     let Clusters {
         files, clusters, ..
     } = cl;
     let files = &*files;
     let mut out = Vec::with_capacity(sets.len());
+    let mut runs = SourceRuns::new();
     let (mut already, mut not_permitted) = (left, 0);
     for set in sets {
         {
@@ -681,6 +699,9 @@ pub(super) fn groups(
         }
         targets.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let (targets, target_stamps) = targets.into_iter().unzip();
+        if src[0].runs != 0 {
+            runs.push((src[0].stamp, src[0].runs));
+        }
         out.push(DedupeGroup {
             size: src[0].size,
             blake3: Some(crate::ground::hash::hex(&hash)),
@@ -693,8 +714,11 @@ pub(super) fn groups(
         });
     }
     order(&mut out);
-    (out, already, not_permitted)
+    (out, already, not_permitted, runs)
 }
+
+/// Sources' runs ([`Cand::runs`]) by their stamps.
+pub(super) type SourceRuns = Vec<(FileStamp, u64)>;
 
 /// The plan's order: largest reclaimable first, ties by source path.
 pub(super) fn order(groups: &mut [DedupeGroup]) {
@@ -835,6 +859,35 @@ mod tests {
         );
         assert_eq!(d.shared, None, "not every block is shared");
         assert_eq!(d.exclusive, 4096);
+        // Its runs are known all the same: a target shared with it takes them.
+        assert_eq!(c.runs, c.shared.unwrap());
+        let runs = [(0, 4096), (4096, 99 << 12)].map(|(logical, physical)| Run {
+            logical,
+            physical,
+            length: 4096,
+        });
+        assert_eq!(d.runs, fingerprint(&runs));
+
+        // An extent without its blocks (unwritten, delayed, inline): a
+        // target sharing it would not map the same, so no runs.
+        for flag in [
+            cowlink_sys::FIEMAP_EXTENT_UNWRITTEN,
+            cowlink_sys::FIEMAP_EXTENT_DELALLOC,
+            cowlink_sys::FIEMAP_EXTENT_DATA_INLINE,
+        ] {
+            let mut e = cand("c", 1, 3, 8192);
+            layout_facts(
+                &[
+                    Extent::new(0, 4096, 4096, 0),
+                    Extent::new(4096, 8192, 4096, flag),
+                ],
+                &mut e,
+            );
+            assert_eq!(e.runs, 0, "flag {flag:#x}");
+        }
+        let mut none = cand("d", 1, 4, 8192);
+        layout_facts(&[], &mut none);
+        assert_eq!(none.runs, 0, "no extent at all");
     }
 
     #[test]
@@ -996,7 +1049,7 @@ mod tests {
         reps.sort();
         assert_eq!(reps, ["x1", "y", "z"]);
 
-        let (groups, already, _) = groups(&mut c, &split, &names());
+        let (groups, already, _, _) = groups(&mut c, &split, &names());
         assert_eq!(groups.len(), 1);
         let g = &groups[0];
         assert_eq!(g.source, PathBuf::from("x1"), "largest cluster, first path");
@@ -1030,12 +1083,12 @@ mod tests {
         let size_groups = c.groups.clone();
         let split = split_by(&mut c, &size_groups);
         assert!(split.is_empty());
-        let (groups, already, _) = groups(&mut c, &split, &names());
+        let (groups, already, _, _) = groups(&mut c, &split, &names());
         assert!(groups.is_empty());
         assert_eq!(already, 3, "b1, b2 and b3");
         // Counted once: a second split and grouping add nothing.
         let again = split_by(&mut c, &split);
-        let (_, already, _) = super::groups(&mut c, &again, &names());
+        let (_, already, _, _) = super::groups(&mut c, &again, &names());
         assert_eq!(already, 0);
     }
 
@@ -1055,7 +1108,7 @@ mod tests {
         hash(&mut c, &["x1"], 2);
         let whole = split_by(&mut c, &edges);
         assert!(whole.is_empty());
-        let (_, already, _) = groups(&mut c, &whole, &names());
+        let (_, already, _, _) = groups(&mut c, &whole, &names());
         assert_eq!(already, 1);
     }
 
@@ -1075,7 +1128,7 @@ mod tests {
         hash(&mut c, &["b", "c"], 4);
         let whole = split_by(&mut c, &edges);
         assert_eq!(whole.len(), 1);
-        let (g, _, _) = groups(&mut c, &whole, &names());
+        let (g, _, _, _) = groups(&mut c, &whole, &names());
         assert_eq!(g[0].source, PathBuf::from("b"));
         assert_eq!(g[0].targets, [PathBuf::from("c")]);
     }
@@ -1092,7 +1145,7 @@ mod tests {
         hash(&mut c, &["a3", "b3"], 2);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, _) = groups(&mut c, &sets, &names());
+        let (g, _, _, _) = groups(&mut c, &sets, &names());
         let src: Vec<_> = g.iter().map(|g| g.source.to_str().unwrap()).collect();
         assert_eq!(src, ["s2", "a3", "s1"]);
     }
@@ -1112,13 +1165,37 @@ mod tests {
         hash(&mut c, &["z", "m", "a", "q"], 5);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, _) = groups(&mut c, &sets, &names());
+        let (g, _, _, _) = groups(&mut c, &sets, &names());
         assert_eq!(g[0].source, PathBuf::from("a"));
         assert_eq!(g[0].source_stamp, Some(FileStamp(103)));
         assert_eq!(g[0].targets, ["m", "q", "z"].map(PathBuf::from));
         assert_eq!(
             g[0].target_stamps,
             [FileStamp(102), FileStamp(104), FileStamp(101)]
+        );
+    }
+
+    #[test]
+    fn each_group_hands_on_its_sources_runs_where_known() {
+        let mut a = vec![cand("a1", 1, 1, 10), cand("a2", 1, 2, 10)];
+        let mut b = vec![cand("b1", 1, 3, 20), cand("b2", 1, 4, 20)];
+        for c in a.iter_mut().chain(&mut b) {
+            c.stamp = FileStamp(100 + c.ino);
+            c.runs = 7000 + c.ino;
+        }
+        // The source of the second group was not mapped this run.
+        b[0].runs = 0;
+        let mut c = clustered(vec![a, b]);
+        hash(&mut c, &["a1", "a2"], 5);
+        hash(&mut c, &["b1", "b2"], 6);
+        let size_groups = c.groups.clone();
+        let sets = split_by(&mut c, &size_groups);
+        let (g, _, _, runs) = groups(&mut c, &sets, &names());
+        assert_eq!(g.len(), 2);
+        assert_eq!(
+            runs,
+            [(FileStamp(101), 7001)],
+            "the sources' runs, by stamp"
         );
     }
 
@@ -1134,7 +1211,7 @@ mod tests {
         hash(&mut c, &["m", "r1", "r2"], 7);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, not_permitted) = groups(&mut c, &sets, &names());
+        let (g, _, not_permitted, _) = groups(&mut c, &sets, &names());
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].source, PathBuf::from("r1"));
         assert_eq!(g[0].targets, [PathBuf::from("m")]);
@@ -1149,7 +1226,7 @@ mod tests {
         hash(&mut c, &["a", "b"], 7);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, not_permitted) = groups(&mut c, &sets, &names());
+        let (g, _, not_permitted, _) = groups(&mut c, &sets, &names());
         assert!(g.is_empty());
         assert_eq!(not_permitted, 1);
     }
@@ -1170,7 +1247,7 @@ mod tests {
         hash(&mut c, &["obj", "c1", "e"], 7);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, _) = groups(&mut c, &sets, &names());
+        let (g, _, _, _) = groups(&mut c, &sets, &names());
         assert_eq!(g[0].source, PathBuf::from("obj"));
         let want: Vec<PathBuf> = ["c1", "c2", "e"].iter().map(PathBuf::from).collect();
         assert_eq!(g[0].targets, want);
@@ -1192,7 +1269,7 @@ mod tests {
         hash(&mut c, &["o1", "g1"], 8);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, not_permitted) = groups(&mut c, &sets, &names());
+        let (g, _, not_permitted, _) = groups(&mut c, &sets, &names());
         assert_eq!(g[0].source, PathBuf::from("o1"));
         assert_eq!(g[0].targets, [PathBuf::from("g1")]);
         assert_eq!(not_permitted, 1);
@@ -1210,7 +1287,7 @@ mod tests {
         hash(&mut c, &["a", "b"], 9);
         let size_groups = c.groups.clone();
         let sets = split_by(&mut c, &size_groups);
-        let (g, _, _) = groups(&mut c, &sets, &names());
+        let (g, _, _, _) = groups(&mut c, &sets, &names());
         assert_eq!(g[0].source, PathBuf::from("b"));
         assert_eq!(g[0].targets, [PathBuf::from("a")]);
         assert_eq!(g[0].reclaimable, 10);
