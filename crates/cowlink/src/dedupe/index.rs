@@ -17,7 +17,7 @@
 //!
 //! One record per directory: table `records` maps a directory's inode to
 //! its absolute path and the entries of the files met in it, by inode
-//! (sorted, delta-coded). An entry holds the identity the file was learned
+//! (sorted; inodes and times delta-coded). An entry holds the identity the file was learned
 //! under (size, mtime, ctime, birth time where the filesystem gives one)
 //! and what was learned: the planning hash (BLAKE3 of the whole content
 //! for a file of two edges or less, of its first and last 4 KiB
@@ -129,8 +129,9 @@ use crate::ground::lock;
 /// The records' format. An index of another format is rebuilt. 2: table
 /// `meta` records the device the index was last opened on, which tells a
 /// same-UUID copy of a filesystem from the original. 3: one record per
-/// directory (table `records`) instead of one entry per file.
-pub const FORMAT: u32 = 3;
+/// directory (table `records`) instead of one entry per file. 4: an
+/// entry's times are differences from the entry before it.
+pub const FORMAT: u32 = 4;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -268,7 +269,11 @@ impl Entry {
     /// file's mtime is its source's), the birth time as its distance from
     /// the ctime (zigzag varint: a file written once has its ctime a
     /// moment after its birth), then what is known.
-    fn encode(&self, v: &mut Vec<u8>) {
+    /// Append the entry to `v`; its times as differences from `prev`'s
+    /// (the entry before it in its record, or none), which are small
+    /// within a directory (files made or unpacked together): five to ten
+    /// bytes instead of sixteen.
+    fn encode(&self, prev: Option<&Entry>, v: &mut Vec<u8>) {
         let flags = [
             (self.btime_ns.is_some(), F_BTIME),
             (self.shared.is_some(), F_SHARED),
@@ -282,8 +287,9 @@ impl Entry {
         .fold(0, |f, (_, b)| f | b);
         v.push(flags);
         put_var(v, self.size);
-        v.extend_from_slice(&self.mtime_ns.to_le_bytes());
-        v.extend_from_slice(&self.ctime_ns.to_le_bytes());
+        let (m, c) = prev.map_or((0, 0), |p| (p.mtime_ns, p.ctime_ns));
+        put_var(v, zigzag(self.mtime_ns.wrapping_sub(m)));
+        put_var(v, zigzag(self.ctime_ns.wrapping_sub(c)));
         if let Some(b) = self.btime_ns {
             put_var(v, zigzag(b.wrapping_sub(self.ctime_ns)));
         }
@@ -301,15 +307,18 @@ impl Entry {
         }
     }
 
-    fn decode(r: &mut Reader<'_>) -> Option<Entry> {
+    /// The entry [`Entry::encode`] wrote after `prev`.
+    fn decode(prev: Option<&Entry>, r: &mut Reader<'_>) -> Option<Entry> {
         let flags = r.byte()?;
         if flags & !(F_BTIME | F_SHARED | F_INLINE | F_MAPPED | F_HASH | F_WHOLE) != 0 {
             return None;
         }
+        let (m, c) = prev.map_or((0, 0), |p| (p.mtime_ns, p.ctime_ns));
+        let size = r.var()?;
         let mut e = Entry {
-            size: r.var()?,
-            mtime_ns: r.u64()? as i64,
-            ctime_ns: r.u64()? as i64,
+            size,
+            mtime_ns: m.wrapping_add(unzigzag(r.var()?)),
+            ctime_ns: c.wrapping_add(unzigzag(r.var()?)),
             ..Entry::default()
         };
         if flags & F_BTIME != 0 {
@@ -406,11 +415,13 @@ impl Record {
         v.extend_from_slice(&self.path);
         put_var(&mut v, self.files.len() as u64);
         let mut last = 0;
+        let mut prev = None;
         for (ino, e) in &self.files {
             debug_assert!(*ino >= last, "entries sorted by inode");
             put_var(&mut v, ino - last);
             last = *ino;
-            e.encode(&mut v);
+            e.encode(prev, &mut v);
+            prev = Some(e);
         }
         let check = check(dir, &v);
         v.extend_from_slice(&check);
@@ -424,8 +435,8 @@ impl Record {
         let len = usize::try_from(r.var()?).ok()?;
         let path = r.take(len)?.to_vec();
         let n = r.var()?;
-        // Each entry takes 18 bytes at least: no count beyond that.
-        if n > body.len() as u64 / 18 {
+        // Each entry takes 5 bytes at least: no count beyond that.
+        if n > body.len() as u64 / 5 {
             return None;
         }
         let mut files = Vec::with_capacity(n as usize);
@@ -436,7 +447,8 @@ impl Record {
                 return None;
             }
             last = last.checked_add(d)?;
-            files.push((last, Entry::decode(&mut r)?));
+            let e = Entry::decode(files.last().map(|(_, p)| p), &mut r)?;
+            files.push((last, e));
         }
         r.0.is_empty().then_some(Record { path, files })
     }
@@ -1616,6 +1628,62 @@ mod tests {
         assert_eq!(rec.get(5), None);
     }
 
+    /// Times are coded as differences from the entry before: any times,
+    /// one after another (far apart, either way, at the ends of the
+    /// range), read back as they were; close ones take little room.
+    #[test]
+    fn times_coded_against_the_entry_before_read_back_whatever_they_are() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let edges = [i64::MIN, i64::MAX, 0, -1, 1, i64::MIN + 1, i64::MAX - 1];
+        for round in 0..200 {
+            let n = 1 + (next() % 40) as usize;
+            let mut files = Vec::with_capacity(n);
+            let time = |r: u64, x: u64| match r % 3 {
+                0 => edges[(x % edges.len() as u64) as usize],
+                1 => 1_700_000_000_000_000_000 + (x % 1_000_000) as i64,
+                _ => x as i64,
+            };
+            for i in 0..n {
+                let e = Entry {
+                    size: next() % 100_000,
+                    mtime_ns: time(next(), next()),
+                    ctime_ns: time(next(), next()),
+                    btime_ns: (next() % 2 == 0).then(|| time(next(), next())),
+                    ..full()
+                };
+                files.push((i as u64 * 3 + 1, e));
+            }
+            let rec = Record {
+                path: b"/d".to_vec(),
+                files,
+            };
+            assert_eq!(
+                Record::decode(9, &rec.encode(9)),
+                Some(rec),
+                "round {round}"
+            );
+        }
+        // Files made together: a few bytes of time each, not sixteen.
+        let close = |i: u64| Entry {
+            size: 10,
+            mtime_ns: 1_700_000_000_000_000_000,
+            ctime_ns: 1_764_000_000_000_000_000 + i as i64 * 20_000,
+            ..Entry::default()
+        };
+        let rec = |n: u64| Record {
+            path: b"/d".to_vec(),
+            files: (1..=n).map(|i| (i, close(i))).collect(),
+        };
+        let per_entry = (rec(101).encode(1).len() - rec(1).encode(1).len()) / 100;
+        assert!(per_entry <= 8, "{per_entry} bytes an entry");
+    }
+
     /// A body whose check holds but whose fields do not read whole (a
     /// format this code did not write) is refused, not half-read.
     #[test]
@@ -1698,7 +1766,7 @@ mod tests {
             let sum = check(dir, &b);
             b.extend_from_slice(&sum);
             if let Some(r) = Record::decode(dir, &b) {
-                assert!(r.files.len() <= b.len() / 18, "round {round}");
+                assert!(r.files.len() <= b.len() / 5, "round {round}");
                 assert!(r.files.windows(2).all(|w| w[0].0 < w[1].0), "round {round}");
                 assert_eq!(Record::decode(dir + 1, &b), None);
             }
@@ -1726,8 +1794,8 @@ mod tests {
                 ..Entry::default()
             };
             let mut v = Vec::new();
-            e.encode(&mut v);
-            assert_eq!(Entry::decode(&mut Reader(&v)), Some(e));
+            e.encode(None, &mut v);
+            assert_eq!(Entry::decode(None, &mut Reader(&v)), Some(e));
         }
     }
 
