@@ -209,8 +209,57 @@ impl LayoutRecheck {
 /// directory of each store in `stores` (the walk roots from the returned
 /// index on are store objects: sources only). A store whose objects
 /// directory does not exist yet holds nothing and adds no root.
-fn walk_roots<P: AsRef<Path>>(paths: &[P], stores: &[PathBuf]) -> Result<(Vec<PathBuf>, usize)> {
-    let mut roots: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+///
+/// A path that is a symbolic link to a directory is walked as that
+/// directory, as `link/` would be: the caller named it, and a link has
+/// no blocks to share. One to anything else, or a path that is neither
+/// a file nor a directory (a FIFO, a device), is an error of its own in
+/// the third list (the run goes on with the other paths), not a silent
+/// nothing.
+fn walk_roots<P: AsRef<Path>>(
+    paths: &[P],
+    stores: &[PathBuf],
+) -> Result<(Vec<PathBuf>, usize, Vec<Error>)> {
+    let mut roots: Vec<PathBuf> = Vec::with_capacity(paths.len());
+    let mut refused = Vec::new();
+    for p in paths {
+        let p = p.as_ref();
+        let refuse = |why: &str| {
+            Error::new(Operation::Dedupe, ErrorKind::InvalidInput)
+                .with_src(p)
+                .with_reason(why.to_string())
+        };
+        // Missing or unreadable: the walk reports it, as for any path.
+        let Ok(st) = cowlink_sys::lstat(p) else {
+            roots.push(p.to_path_buf());
+            continue;
+        };
+        match cowlink_sys::file_type(st.st_mode) {
+            FileType::Directory | FileType::RegularFile => roots.push(p.to_path_buf()),
+            FileType::Symlink => match cowlink_sys::stat(p).map(|t| cowlink_sys::file_type(t.st_mode)) {
+                Ok(FileType::Directory) => {
+                    let mut dir = p.as_os_str().to_os_string();
+                    dir.push("/");
+                    roots.push(dir.into());
+                }
+                Ok(FileType::RegularFile) => refused.push(refuse(
+                    "a symbolic link to a file: links have no blocks to share; give the file it points to",
+                )),
+                Ok(_) => refused.push(refuse(
+                    "a symbolic link to something that is neither a file nor a directory",
+                )),
+                Err(Errno::NOENT) => refused.push(
+                    Error::from_errno(Operation::Dedupe, Errno::NOENT)
+                        .with_src(p)
+                        .with_reason("a symbolic link to nothing: its target does not exist"),
+                ),
+                Err(e) => refused.push(Error::from_errno(Operation::Dedupe, e).with_src(p)),
+            },
+            _ => refused.push(refuse(
+                "neither a regular file nor a directory: nothing to deduplicate",
+            )),
+        }
+    }
     let fixed_from = roots.len();
     for store in stores {
         let marker = store.join(crate::store::MARKER_NAME);
@@ -231,7 +280,7 @@ fn walk_roots<P: AsRef<Path>>(paths: &[P], stores: &[PathBuf]) -> Result<(Vec<Pa
             roots.push(objects);
         }
     }
-    Ok((roots, fixed_from))
+    Ok((roots, fixed_from, refused))
 }
 
 /// Identical files: one source and the targets to share its blocks.
@@ -877,7 +926,7 @@ fn find<P: AsRef<Path>>(
     mut hand_over: Option<&mut dyn FnMut(Vec<DedupeGroup>, stages::SourceRuns)>,
     indexes: Option<&Arc<Indexes>>,
 ) -> Result<DedupePlan> {
-    let (roots, fixed_from) = walk_roots(paths, &opts.stores)?;
+    let (roots, fixed_from, refused) = walk_roots(paths, &opts.stores)?;
     let run = &opts.run;
     let cancelled = || Error::new(Operation::Dedupe, ErrorKind::Cancelled);
     run.enter(Phase::Scan, 0, 0);
@@ -905,9 +954,12 @@ fn find<P: AsRef<Path>>(
         files: mut inline,
         shortest: inline_names,
     } = c.inline.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut errors = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
+    let walked = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     let files_scanned = (files.len() + inline.len()) as u64 + c.below_min.into_inner();
-    if files_scanned == 0 && !errors.is_empty() && errors.len() >= roots.len() {
+    let nothing_walked = walked.len() >= roots.len();
+    let mut errors = refused;
+    errors.extend(walked);
+    if files_scanned == 0 && !errors.is_empty() && nothing_walked {
         // Nothing could be walked: the (first) path's own error.
         return Err(errors.swap_remove(0));
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use cowlink::dedupe::{dedupe, execute, plan, DedupeOptions, DedupePlan, FileStamp};
 use cowlink::extents::extents;
+use cowlink::ErrorKind;
 use cowlink_testfs::{data, serial, testfs, write_file};
 
 use crate::same_blocks;
@@ -662,4 +663,67 @@ fn execute_regroups_targets_of_an_edge_only_group_that_differ() {
         assert_eq!(fs::read(d.join("d")).unwrap(), bytes);
         assert_ne!(fs::read(d.join("a")).unwrap(), bytes);
     }
+}
+
+/// A path given that is a symbolic link to a directory is walked as that
+/// directory (as `link/` is); a link to a file or to nothing, or a FIFO,
+/// is an error naming it, and the other paths are still deduplicated.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn given_links_to_directories_are_walked_and_other_odd_paths_are_named() {
+    let _serial = serial();
+    let x = testfs!(Xfs);
+    let d = x.path();
+    let real = d.join("real");
+    fs::create_dir(&real).unwrap();
+    let files = copies(&real, 3, 64 << 10, 21);
+    std::os::unix::fs::symlink("real", d.join("link")).unwrap();
+    std::os::unix::fs::symlink("real/copy000", d.join("to-file")).unwrap();
+    std::os::unix::fs::symlink("gone", d.join("dangling")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        d.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+
+    // The link alone: the directory's files, under the link's name.
+    let p = plan_of(&[&d.join("link")]);
+    assert_eq!(p.files_scanned, 3, "{p:#?}");
+    assert_eq!(p.groups.len(), 1);
+    assert!(p.groups[0].source.starts_with(d.join("link")), "{p:#?}");
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+
+    // Odd paths alone: the first one's error, typed, naming it.
+    for (name, kind) in [
+        ("to-file", ErrorKind::InvalidInput),
+        ("dangling", ErrorKind::NotFound),
+        ("fifo", ErrorKind::InvalidInput),
+    ] {
+        let e = plan(&[d.join(name)], &DedupeOptions::default()).unwrap_err();
+        assert_eq!(e.kind(), kind, "{name}: {e}");
+        assert_eq!(e.src(), Some(d.join(name).as_path()), "{name}: {e}");
+    }
+
+    // With a good path: it is deduplicated, the others reported.
+    let paths = [
+        d.join("dangling"),
+        d.join("link"),
+        d.join("fifo"),
+        d.join("to-file"),
+    ];
+    let (p, r) = dedupe(&paths, &DedupeOptions::default()).unwrap();
+    let named: Vec<_> = p.errors.iter().filter_map(|e| e.src()).collect();
+    assert_eq!(named.len(), 3, "{:?}", p.errors);
+    for n in ["dangling", "fifo", "to-file"] {
+        assert!(
+            named.contains(&d.join(n).as_path()),
+            "{n} not named: {:?}",
+            p.errors
+        );
+    }
+    assert_eq!(r.targets_deduped, 2);
+    assert!(same_blocks(&files[0], &files[1]) && same_blocks(&files[0], &files[2]));
 }
