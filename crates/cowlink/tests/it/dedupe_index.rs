@@ -1680,3 +1680,71 @@ fn btrfs_sources_written_and_not_yet_synced_are_learnt_right() {
         dirty_sources(d.path(), seed, false);
     }
 }
+
+/// A file sharing every block with a clone, overwritten in place and not
+/// yet synced when the run starts: on disk (what the plan maps) it still
+/// sits on its clone's blocks, though its bytes are now another file's.
+/// The two must not be taken for one file's copies (one read for both),
+/// and after the runs, every pair of equal files shares its blocks: the
+/// clone with its own copy made apart, the written file with its own.
+fn dirty_file_on_its_clones_blocks(dir: &Path, seed: u64) {
+    use std::os::unix::fs::FileExt;
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("dirty-clone-{seed}"));
+    fs::create_dir_all(&root).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let size = [65_536usize, 300_001, 1 << 20][rng.usize(..3)];
+    let (old, new) = (data(size, rng.u64(..)), data(size, rng.u64(..)));
+    let (src, clone) = (root.join("a-written"), root.join("z-clone"));
+    write_file(&src, &old);
+    let st = std::process::Command::new("cp")
+        .arg("--reflink=always")
+        .arg(&src)
+        .arg(&clone)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // A copy of each content on blocks of its own.
+    write_file(&root.join("m-old-copy"), &old);
+    write_file(&root.join("m-new-copy"), &new);
+    sync(&root);
+    assert!(same_blocks(&src, &clone));
+    let f = fs::OpenOptions::new().write(true).open(&src).unwrap();
+    f.write_all_at(&new, 0).unwrap();
+    drop(f);
+    let before = files(&root);
+    for round in 0..3 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(
+            p.errors.is_empty() && r.errors.is_empty(),
+            "seed {seed}, round {round}: {p:?} {r:?}"
+        );
+        assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    }
+    assert_shared_iff_equal(&root);
+    let (p, _) = dedupe(&[&root], &opts(ix.path())).unwrap();
+    assert_eq!(
+        index_of(&p).written,
+        0,
+        "seed {seed}: a learnt layout was not the file's: {p:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_written_file_still_on_its_clones_blocks_is_not_taken_for_it() {
+    let d = testfs!(Xfs);
+    for seed in [71, 72] {
+        dirty_file_on_its_clones_blocks(d.path(), seed);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_written_file_still_on_its_clones_blocks_is_not_taken_for_it() {
+    let d = testfs!(Btrfs);
+    for seed in [81, 82] {
+        dirty_file_on_its_clones_blocks(d.path(), seed);
+    }
+}
