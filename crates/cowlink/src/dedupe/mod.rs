@@ -547,7 +547,8 @@ impl Collect {
                 let fresh = open_read_at(e.dirfd, e.name).ok().and_then(|fd| {
                     let id = cowlink_sys::file_id(fd.as_fd()).ok()?;
                     (id.dev == st.dev && id.ino == st.ino).then_some(())?;
-                    extents_fd(fd.as_fd(), false).ok()
+                    // Written back first: see `read_layout`.
+                    extents_fd(fd.as_fd(), true).ok()
                 });
                 match fresh {
                     Some(list) => {
@@ -1356,9 +1357,19 @@ fn open_read_at(dirfd: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedF
 /// its edges (a file that does may be skipped unread). So each small file
 /// is opened once for the whole plan, and each larger one once less. A
 /// failure only costs the shortcut.
+///
+/// The map is taken with the file's dirty pages written back first
+/// (`FIEMAP_FLAG_SYNC`): a file overwritten in place and not yet synced
+/// still maps its old blocks on disk, which a copy-on-write filesystem
+/// replaces when the pages are written (Btrfs always, XFS where they are
+/// shared). Mapped without, such a file sharing a clone's blocks was
+/// clustered with the clone (one read for both, the clone's duplicates
+/// left apart run after run), and a source's runs handed to the executor
+/// were not the ones its targets took. Sharing writes the pages back
+/// anyway; a clean file costs the kernel one look at its page tags.
 fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) {
     c.mapped = true;
-    if let Ok(list) = extents_fd(fd, false) {
+    if let Ok(list) = extents_fd(fd, true) {
         c.exclusive = 0;
         layout_facts(&list, c);
     }
