@@ -679,3 +679,74 @@ fn a_kill_of_a_run_without_the_index_in_use_leaves_no_stale_claim() {
     let x = testfs!(Xfs);
     kill_between_two_clones_within_ten_tries(x.path(), true);
 }
+
+/// A path given as a symbolic link to a directory is deduplicated as the
+/// directory, and its rerun through the link reads nothing; a link to
+/// nothing, a link to a file and a FIFO given next to it are each named
+/// on stderr with the reason, and the run fails (exit 1) after sharing
+/// the rest.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_given_link_to_a_directory_is_walked_and_odd_paths_are_named() {
+    let x = testfs!(Xfs);
+    let root = x.path().join("t");
+    std::fs::create_dir_all(root.join("real/sub")).unwrap();
+    let bytes = data(70_000, 9);
+    for f in ["a", "b", "sub/c"] {
+        write_file(&root.join("real").join(f), &bytes);
+    }
+    std::os::unix::fs::symlink("real", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
+    std::os::unix::fs::symlink("real/a", root.join("to-file")).unwrap();
+    let fifo = root.join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let ix = tempfile::tempdir().unwrap();
+    let run = |paths: &[&str]| {
+        let mut c = bin();
+        c.args(["dedupe", "--index"]).arg(ix.path());
+        for p in paths {
+            c.arg(root.join(p));
+        }
+        c.output().unwrap()
+    };
+    let out = run(&["link"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("3 files scanned") && said.contains("2 files deduplicated"),
+        "{said}"
+    );
+    let real = root.join("real");
+    assert!(same_blocks(&real.join("a"), &real.join("b")));
+    assert!(same_blocks(&real.join("a"), &real.join("sub/c")));
+    let out = run(&["link"]);
+    assert!(
+        text(&out.stdout).contains("index: 3 files not read (unchanged)"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = run(&["dangling", "link", "to-file", "fifo"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    for (name, why) in [
+        ("dangling", "a symbolic link to nothing"),
+        ("to-file", "a symbolic link to a file"),
+        ("fifo", "neither a regular file nor a directory"),
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.contains(&format!("/t/{name}'")) && l.contains(why)),
+            "{name}: {err}"
+        );
+    }
+    assert!(
+        text(&out.stdout).contains("3 files scanned"),
+        "{}",
+        text(&out.stdout)
+    );
+}
