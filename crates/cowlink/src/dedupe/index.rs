@@ -85,7 +85,8 @@
 //! leaves a file several times what it holds, which redb's compaction
 //! does not give back. Records are written in a scattered order of their
 //! keys (`scatter`; in key order every leaf is left half empty), and a
-//! file more than 1.5 times what it holds is rewritten at the end of the run:
+//! file more than 1.5 times what it holds, and at least twice its size
+//! after its last rewrite (meta key `compacted`), is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
 //! crash leaves one whole file or the other; a copy left by a crash is
 //! removed when the index is next opened). What is left is redb's
@@ -144,6 +145,10 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// blocks, and the layouts it learnt since its last batch was written
 /// were lost, so every layout held is forgotten ([`forget_layouts`]).
 const SHARING: &str = "sharing";
+
+/// Key of [`META`]: the file's size (little-endian u64) right after it
+/// was last rewritten ([`rewrite`]). See [`Indexes::finish`].
+const COMPACTED: &str = "compacted";
 
 /// Entries of decoded records kept for the walk's lookups (the oldest
 /// records go first; one is always kept). A directory's entries are
@@ -794,13 +799,21 @@ impl Indexes {
 
     /// End the run ([`Indexes::persist`]), then rewrite each index into a
     /// new file where its file is more than one and a half times what it
-    /// holds (at twice, a first run over 154,608 files left 34 MB for 17
-    /// of content, just under, or 21 MB when it went over: the size
-    /// depended on the run) (a first run writes every record, rewrites
-    /// most of them after sharing, and redb's copy-on-write pages and
-    /// power-of-two allocations leave most of the file free or unused,
-    /// which its own compaction does not give back). Takes the indexes
-    /// back from the run: only when no one else holds them.
+    /// holds and at least twice its size after its last rewrite (a first
+    /// run writes every record, rewrites most of them after sharing, and
+    /// redb's copy-on-write pages and power-of-two allocations leave most
+    /// of the file free or unused, which its own compaction does not give
+    /// back).
+    ///
+    /// The second condition: redb grows its file by doubling, so even a
+    /// file just rewritten is up to twice the pages it uses (17.4 MB for
+    /// 9.3 MB of records over 154,608 files). Against content alone, any
+    /// later run that wrote a record (one file changed, each batch of a
+    /// watch) rewrote the whole index again: 0.45 s of a 1.1 s rerun
+    /// there. Now a rewrite waits until the file has grown to twice what
+    /// the last one left, which takes writing about the index's size
+    /// again. Takes the indexes back from the run: only when no one else
+    /// holds them.
     pub fn finish(self: Arc<Self>) {
         self.persist();
         let Ok(me) = Arc::try_unwrap(self) else {
@@ -822,10 +835,14 @@ impl Indexes {
             let wasteful = (|| -> Result<bool, redb::Error> {
                 let txn = ix.db.begin_write()?;
                 let st = txn.stats()?;
+                let compacted = txn
+                    .open_table(META)?
+                    .get(COMPACTED)?
+                    .and_then(|v| Some(u64::from_le_bytes(v.value().try_into().ok()?)));
                 txn.abort()?;
                 let used = st.stored_bytes() + st.metadata_bytes();
                 let size = std::fs::metadata(&ix.file).map_or(0, |m| m.len());
-                Ok(size > used + used / 2 + (1 << 20))
+                Ok(bloated(size, used, compacted))
             })();
             if wasteful.unwrap_or(false) {
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrite(ix)));
@@ -1297,6 +1314,15 @@ impl Indexes {
     }
 }
 
+/// Whether an index file of `size` bytes holding `used` bytes, `compacted`
+/// bytes after its last rewrite (if any), is rewritten ([`Indexes::finish`]):
+/// over one and a half times what it holds (and a megabyte), and at least
+/// twice what its last rewrite left.
+fn bloated(size: u64, used: u64, compacted: Option<u64>) -> bool {
+    size > used.saturating_add(used / 2).saturating_add(1 << 20)
+        && compacted.is_none_or(|c| size >= c.saturating_mul(2))
+}
+
 /// Copy `ix`'s database into `<file>.new`, its records in a scattered
 /// order ([`scatter`]: redb splits a full leaf in half, so records put in
 /// key order leave every leaf half empty, and a large record among small
@@ -1344,6 +1370,17 @@ fn rewrite(ix: FsIndex) {
         // redb grows its file by regions and gives the slack back only
         // over several commits: its compaction makes them.
         new.compact().map_err(|e| e.to_string())?;
+        // The size it was left at, for the next run's decision (a small
+        // commit, within the space compaction left).
+        let size = std::fs::metadata(&tmp).map_err(|e| e.to_string())?.len();
+        (|| -> Result<(), redb::Error> {
+            let w = new.begin_write()?;
+            w.open_table(META)?
+                .insert(COMPACTED, size.to_le_bytes().as_slice())?;
+            w.commit()?;
+            Ok(())
+        })()
+        .map_err(|e| e.to_string())?;
         drop(new);
         std::fs::rename(&tmp, &file).map_err(|e| e.to_string())?;
         if let Some(dir) = file.parent() {
@@ -1797,6 +1834,26 @@ mod tests {
             e.encode(None, &mut v);
             assert_eq!(Entry::decode(None, &mut Reader(&v)), Some(e));
         }
+    }
+
+    #[test]
+    fn a_rewrite_waits_for_the_file_to_double() {
+        const MB: u64 = 1 << 20;
+        // A first run's file, never rewritten: against its content.
+        assert!(bloated(60 * MB, 10 * MB, None));
+        assert!(!bloated(15 * MB, 10 * MB, None));
+        // Small indexes are left alone.
+        assert!(!bloated(MB, MB / 4, None));
+        // Just rewritten, up to twice its content by redb's doubling:
+        // kept, however much a later run writes, until it doubles.
+        assert!(!bloated(17 * MB, 9 * MB, Some(17 * MB)));
+        assert!(!bloated(34 * MB - 1, 9 * MB, Some(17 * MB)));
+        assert!(bloated(34 * MB, 9 * MB, Some(17 * MB)));
+        // Doubled because it holds twice as much: not bloated.
+        assert!(!bloated(34 * MB, 24 * MB, Some(17 * MB)));
+        // Sizes at the end of the range do not overflow.
+        assert!(!bloated(u64::MAX, u64::MAX, None));
+        assert!(bloated(u64::MAX, MB, Some(u64::MAX)));
     }
 
     #[test]
