@@ -335,7 +335,19 @@ fn xfs_a_measured_batch_that_grows_usage_stops_the_rest() {
     // The first batch (one target) grew the space in use: nothing more of
     // the kind was shared, and every other target says why.
     let stopped = skipped(&r, SkipReason::UsageGrew);
-    assert!(r.bytes_grown > 0, "{r:?}");
+    // The batch's own measure says it grew. (The run's total, from its
+    // start to its end, can still fall: XFS gives back, at times of its
+    // own, the room it reserved past the end of the files just written,
+    // so `bytes_grown` is not asserted; it failed about one run in seven.)
+    let grown: Vec<u64> = r
+        .skipped
+        .iter()
+        .filter_map(|s| {
+            let (_, after) = s.detail.split_once("grew the space in use by ")?;
+            after.split(' ').next()?.parse().ok()
+        })
+        .collect();
+    assert!(!grown.is_empty() && grown.iter().all(|&n| n > 0), "{r:?}");
     assert_eq!(r.targets_deduped, 1, "{r:?}");
     assert_eq!(stopped.len(), 7, "{r:?}");
     assert!(
