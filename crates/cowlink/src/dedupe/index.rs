@@ -526,6 +526,9 @@ struct State {
     /// Per directory inode met: the check of its record as the run found
     /// it (`None`: there was none, or it was damaged).
     met: HashMap<u64, Option<[u8; CHECK]>>,
+    /// Per record decoded this run: its number of entries and its path
+    /// (see [`Indexes::stored_as`]).
+    shape: HashMap<u64, (usize, Box<[u8]>)>,
     /// Decoded records, the oldest first in `order`, and their entries in
     /// all.
     cache: HashMap<u64, Arc<Record>>,
@@ -588,6 +591,10 @@ impl FsIndex {
                 self.damaged.fetch_add(1, Ordering::Relaxed);
             }
             v.insert(sum);
+            if let Some(r) = &rec {
+                st.shape
+                    .insert(dir, (r.files.len(), r.path.clone().into_boxed_slice()));
+            }
         }
         let rec = rec?;
         if let Some(r) = st.cache.get(&dir) {
@@ -869,6 +876,28 @@ impl Indexes {
     /// inode), in one transaction. A record equal to the stored one is
     /// not written; entries the stored one had and the new one lacks
     /// (files gone) count as pruned.
+    /// Whether the record of directory `dir` on `dev`, as this run read
+    /// it, has `files` entries and `path`: with every file the walk met
+    /// there found unchanged in it, the record it would be rebuilt into
+    /// is the one stored, and need not be built.
+    pub fn stored_as(&self, dev: u64, dir: u64, files: usize, path: &[u8]) -> bool {
+        let Some(ix) = self.opened(dev) else {
+            return false;
+        };
+        let st = lock(&ix.state);
+        st.shape
+            .get(&dir)
+            .is_some_and(|(n, p)| *n == files && **p == *path)
+    }
+
+    /// Let go of what [`Indexes::stored_as`] answers from.
+    pub fn forget_stored(&self) {
+        let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
+        for ix in map.values().flatten() {
+            lock(&ix.state).shape = HashMap::new();
+        }
+    }
+
     pub fn put_dirs(&self, dev: u64, recs: impl Iterator<Item = (u64, Record)>) {
         let Some(ix) = self.opened(dev) else { return };
         if self.drop_broken(&ix) {

@@ -34,6 +34,9 @@ pub(super) struct Names {
     dirs: Vec<Option<Box<Path>>>,
     /// Each directory's device and inode (by the same id), for the index.
     dir_ids: Vec<(u64, u64)>,
+    /// Per directory (by the same id): the candidates met in it, and how
+    /// many of them the index held exactly as they are now.
+    met: Vec<(u32, u32)>,
     bytes: Vec<u8>,
 }
 
@@ -59,6 +62,7 @@ impl Names {
         if self.dirs.len() <= id {
             self.dirs.resize(id + 1, None);
             self.dir_ids.resize(id + 1, (0, 0));
+            self.met.resize(id + 1, (0, 0));
         }
         self.dirs[id] = Some(path.into());
         self.dir_ids[id] = (dev, ino);
@@ -66,10 +70,28 @@ impl Names {
 
     /// The directories recorded: (device, inode) and path.
     pub fn dirs(&self) -> impl Iterator<Item = ((u64, u64), &Path)> {
+        self.dirs_met().map(|(id, p, _)| (id, p))
+    }
+
+    /// [`Names::dirs`], each with (candidates met in it, those the index
+    /// held as they are: [`Names::met`]).
+    pub fn dirs_met(&self) -> impl Iterator<Item = ((u64, u64), &Path, (u32, u32))> {
         self.dir_ids
             .iter()
             .zip(&self.dirs)
-            .filter_map(|(&id, p)| Some((id, p.as_deref()?)))
+            .zip(self.met.iter().copied().chain(std::iter::repeat((0, 0))))
+            .filter_map(|((&id, p), m)| Some((id, p.as_deref()?, m)))
+    }
+
+    /// Count a candidate met in directory `dir` (the walk's id), `known`
+    /// if the index held it exactly as it is now.
+    pub fn met(&mut self, dir: usize, known: bool) {
+        if self.met.len() <= dir {
+            self.met.resize(dir + 1, (0, 0));
+        }
+        let m = &mut self.met[dir];
+        m.0 = m.0.saturating_add(1);
+        m.1 = m.1.saturating_add(u32::from(known));
     }
 
     /// The device and inode of a name's directory (`None` for a name
