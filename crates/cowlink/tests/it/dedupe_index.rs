@@ -980,6 +980,76 @@ fn a_rewrite_left_half_done_is_cleaned_up_and_the_index_kept() {
     assert_shared_iff_equal(&root);
 }
 
+/// The index file is not rewritten after every run that wrote
+/// something: redb grows a file by doubling, so even a file just
+/// rewritten is up to twice what it holds, and a rule against its content
+/// alone rewrote the whole index for one changed file. (When it is
+/// rewritten: `index::tests::a_rewrite_waits_for_the_file_to_double`.)
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn one_changed_file_does_not_rewrite_the_whole_index() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    // Three copies of 60 directories of 100 small files: about 18,000
+    // entries with their hashes, over a megabyte of records.
+    for copy in 0..3 {
+        for dir in 0..60 {
+            let at = root.join(format!("c{copy}")).join(format!("d{dir}"));
+            fs::create_dir_all(&at).unwrap();
+            for f in 0..100u64 {
+                fs::write(at.join(format!("f{f}")), data(1000 + f as usize, f)).unwrap();
+            }
+        }
+    }
+    sync(&root);
+    let (p, _) = run(&root, ix.path());
+    let file = index_file(&p);
+    let first = ino(&file);
+    for round in 0..3u64 {
+        let f = root.join("c0/d7/f3");
+        fs::remove_file(&f).unwrap();
+        write_file(&f, &data(1003, 77 + round));
+        let (p, _) = run(&root, ix.path());
+        assert!(index_of(&p).written > 0, "round {round}: {p:?}");
+        assert_eq!(ino(&file), first, "round {round}: rewritten for one file");
+    }
+    assert_shared_iff_equal(&root);
+}
+
+/// A directory moved to another place keeps its inode and its files
+/// their identities: a run over its new place finds them unchanged and
+/// records the new path, so a later run over the old place does not take
+/// the directory for gone, and a run over the new place again reads
+/// nothing. (A record kept under its old path would be pruned by the run
+/// over the old place, and its files read again.)
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_moved_directory_is_recorded_under_its_new_path() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    for dir in [a.join("x"), a.join("stay"), b.clone()] {
+        fs::create_dir_all(&dir).unwrap();
+    }
+    for i in 0..6u64 {
+        let bytes = data(20_000 + i as usize, i);
+        write_file(&a.join("x").join(format!("f{i}")), &bytes);
+        write_file(&a.join("stay").join(format!("f{i}")), &bytes);
+    }
+    sync(d.path());
+    run(d.path(), ix.path());
+    fs::rename(a.join("x"), b.join("x")).unwrap();
+    let (p, _) = run(&b, ix.path());
+    assert_eq!(index_of(&p).unchanged, 6, "{p:?}");
+    let (p, _) = run(&a, ix.path());
+    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
+    let (p, _) = run(&b, ix.path());
+    assert_eq!(index_of(&p).unchanged, 6, "{p:?}");
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    assert_shared_iff_equal(d.path());
+}
+
 /// A directory removed with its files, and a new one given its inode
 /// number (XFS reuses freed inodes at once) filled with other files of
 /// the same sizes, which take the freed files' inode numbers: no entry
@@ -1747,74 +1817,4 @@ fn btrfs_a_written_file_still_on_its_clones_blocks_is_not_taken_for_it() {
     for seed in [81, 82] {
         dirty_file_on_its_clones_blocks(d.path(), seed);
     }
-}
-
-/// The index file is not rewritten after every run that wrote
-/// something: redb grows a file by doubling, so even a file just
-/// rewritten is up to twice what it holds, and a rule against its content
-/// alone rewrote the whole index for one changed file. (When it is
-/// rewritten: `index::tests::a_rewrite_waits_for_the_file_to_double`.)
-#[test]
-#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn one_changed_file_does_not_rewrite_the_whole_index() {
-    let d = testfs!(Xfs);
-    let ix = tempfile::tempdir().unwrap();
-    let root = d.path().join("t");
-    // Three copies of 60 directories of 100 small files: about 18,000
-    // entries with their hashes, over a megabyte of records.
-    for copy in 0..3 {
-        for dir in 0..60 {
-            let at = root.join(format!("c{copy}")).join(format!("d{dir}"));
-            fs::create_dir_all(&at).unwrap();
-            for f in 0..100u64 {
-                fs::write(at.join(format!("f{f}")), data(1000 + f as usize, f)).unwrap();
-            }
-        }
-    }
-    sync(&root);
-    let (p, _) = run(&root, ix.path());
-    let file = index_file(&p);
-    let first = ino(&file);
-    for round in 0..3u64 {
-        let f = root.join("c0/d7/f3");
-        fs::remove_file(&f).unwrap();
-        write_file(&f, &data(1003, 77 + round));
-        let (p, _) = run(&root, ix.path());
-        assert!(index_of(&p).written > 0, "round {round}: {p:?}");
-        assert_eq!(ino(&file), first, "round {round}: rewritten for one file");
-    }
-    assert_shared_iff_equal(&root);
-}
-
-/// A directory moved to another place keeps its inode and its files
-/// their identities: a run over its new place finds them unchanged and
-/// records the new path, so a later run over the old place does not take
-/// the directory for gone, and a run over the new place again reads
-/// nothing. (A record kept under its old path would be pruned by the run
-/// over the old place, and its files read again.)
-#[test]
-#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn a_moved_directory_is_recorded_under_its_new_path() {
-    let d = testfs!(Xfs);
-    let ix = tempfile::tempdir().unwrap();
-    let (a, b) = (d.path().join("a"), d.path().join("b"));
-    for dir in [a.join("x"), a.join("stay"), b.clone()] {
-        fs::create_dir_all(&dir).unwrap();
-    }
-    for i in 0..6u64 {
-        let bytes = data(20_000 + i as usize, i);
-        write_file(&a.join("x").join(format!("f{i}")), &bytes);
-        write_file(&a.join("stay").join(format!("f{i}")), &bytes);
-    }
-    sync(d.path());
-    run(d.path(), ix.path());
-    fs::rename(a.join("x"), b.join("x")).unwrap();
-    let (p, _) = run(&b, ix.path());
-    assert_eq!(index_of(&p).unchanged, 6, "{p:?}");
-    let (p, _) = run(&a, ix.path());
-    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
-    let (p, _) = run(&b, ix.path());
-    assert_eq!(index_of(&p).unchanged, 6, "{p:?}");
-    assert_eq!(p.bytes_hashed, 0, "{p:?}");
-    assert_shared_iff_equal(d.path());
 }
