@@ -1818,3 +1818,69 @@ fn btrfs_a_written_file_still_on_its_clones_blocks_is_not_taken_for_it() {
         dirty_file_on_its_clones_blocks(d.path(), seed);
     }
 }
+
+/// Random groups of equal files with preallocated (unwritten) ranges:
+/// zeros the reader sees, blocks with no data yet. Once a run has
+/// shared them, a run trusting the index must find nothing left to do:
+/// no group planned, nothing shared again (sharing again reads both
+/// files in the kernel, run after run).
+fn preallocated_copies(dir: &Path, seed: u64) {
+    use std::os::unix::fs::FileExt;
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("prealloc-{seed}"));
+    fs::create_dir_all(&root).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for g in 0..rng.usize(2..5) {
+        let blocks = rng.u64(4..64);
+        let size = blocks * 4096 + rng.u64(..4096);
+        let bytes = data(size as usize, rng.u64(..));
+        // A range left preallocated, block-aligned, before the tail.
+        let from = rng.u64(..blocks - 2);
+        let to = rng.u64(from + 1..blocks - 1);
+        let (from, to) = (from * 4096, to * 4096);
+        for k in 0..rng.usize(2..4) {
+            let p = root.join(format!("g{g}-{k}"));
+            let f = fs::File::create(&p).unwrap();
+            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, size).unwrap();
+            f.write_all_at(&bytes[..from as usize], 0).unwrap();
+            f.write_all_at(&bytes[to as usize..], to).unwrap();
+            f.sync_all().unwrap();
+        }
+    }
+    sync(&root);
+    let before = files(&root);
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?} {r:?}"
+    );
+    assert!(r.targets_deduped > 0, "seed {seed}: {p:?}");
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    // Not `assert_shared_iff_equal`: the kernel may leave a target's
+    // preallocated range as a hole or unwritten blocks of its own.
+    for round in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty());
+        assert!(p.groups.is_empty(), "seed {seed}, round {round}: {p:?}");
+        assert_eq!(r.targets_deduped, 0, "seed {seed}, round {round}");
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_preallocated_copies_once_shared_are_left_alone() {
+    let d = testfs!(Xfs);
+    for seed in [91, 92] {
+        preallocated_copies(d.path(), seed);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_preallocated_copies_once_shared_are_left_alone() {
+    let d = testfs!(Btrfs);
+    for seed in [93, 94] {
+        preallocated_copies(d.path(), seed);
+    }
+}
