@@ -1884,3 +1884,117 @@ fn btrfs_preallocated_copies_once_shared_are_left_alone() {
         preallocated_copies(d.path(), seed);
     }
 }
+
+/// One attempt: while a run shares its first groups, another program
+/// (`xfs_io`, FIDEDUPERANGE) moves the source of the run's last group,
+/// `z-src`, onto a copy outside the run (`out/z`): the times stay, so
+/// the source's identity is the planned one, but its blocks are not the
+/// ones the plan mapped. The target then shares the copy's blocks. A run
+/// mapping every indexed file again must find every learnt layout
+/// right. `None` when the move did not land between the plan and the
+/// last group (a void attempt).
+fn a_source_moved_while_the_run_shares(dir: &Path, seed: u64) -> Option<()> {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let top = dir.join(format!("moved-src-{seed}"));
+    let (root, out) = (top.join("in"), top.join("out"));
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let first = data(4 << 20, rng.u64(..));
+    for i in 0..20 {
+        write_file(&root.join(format!("a{i:03}")), &first);
+    }
+    for g in 0..20 {
+        let bytes = data(1 << 20, rng.u64(..));
+        for k in 0..3 {
+            write_file(&root.join(format!("m{g:02}-{k}")), &bytes);
+        }
+    }
+    let last = data((1 << 20) + rng.usize(..4096), rng.u64(..));
+    let (src, tgt, copy) = (root.join("z-src"), root.join("z-tgt"), out.join("z"));
+    for p in [&src, &tgt, &copy] {
+        write_file(p, &last);
+    }
+    sync(&top);
+    let stop = AtomicBool::new(false);
+    let (p, r, moved) = std::thread::scope(|s| {
+        let mover = s.spawn(|| {
+            // The first group's target (the call sharing it is slow on
+            // Btrfs), or, on odd seeds, a target of the first group of
+            // each of the executor's threads too (XFS shares fast): the
+            // groups go in path order, the last one last.
+            let names: &[&str] = match seed % 2 {
+                0 => &["a001"],
+                _ => &["a001", "m00-1", "m09-1", "m10-1", "m11-1"],
+            };
+            let watched: Vec<PathBuf> = (names.iter()).map(|n| root.join(n)).collect();
+            while !stop.load(Relaxed) {
+                let started = watched
+                    .iter()
+                    .any(|w| extents(w).is_ok_and(|l| l.extents.iter().any(|x| x.is_shared())));
+                if started {
+                    let st = std::process::Command::new("xfs_io")
+                        .arg("-c")
+                        .arg(format!("dedupe {} 0 0 {}", copy.display(), last.len()))
+                        .arg(&src)
+                        .output()
+                        .unwrap();
+                    return st.status.success();
+                }
+            }
+            false
+        });
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        stop.store(true, Relaxed);
+        (p, r, mover.join().unwrap())
+    });
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?} {r:?}"
+    );
+    sync(&top);
+    let landed = moved && same_blocks(&tgt, &copy) && same_blocks(&src, &copy);
+    eprintln!(
+        "moved {moved}, target on the copy's blocks {}, source {}",
+        same_blocks(&tgt, &copy),
+        same_blocks(&src, &copy)
+    );
+    let result = landed.then(|| {
+        assert_shared_iff_equal(&root);
+        let (p, _) = dedupe(&[&root], &opts(ix.path())).unwrap();
+        assert_eq!(
+            index_of(&p).written,
+            0,
+            "seed {seed}: a learnt layout was not the file's: {p:?}"
+        );
+    });
+    fs::remove_dir_all(&top).unwrap();
+    result
+}
+
+/// [`a_source_moved_while_the_run_shares`] over seeds until the move
+/// lands between the plan and the last group (at most twelve tries).
+fn sources_moved_while_the_run_shares(dir: &Path, first_seed: u64) {
+    for seed in first_seed..first_seed + 12 {
+        if a_source_moved_while_the_run_shares(dir, seed).is_some() {
+            return;
+        }
+    }
+    panic!("no move landed between the plan and the last group in twelve tries");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_source_moved_by_another_dedupe_while_the_run_shares_is_learnt_right() {
+    let d = testfs!(Xfs);
+    sources_moved_while_the_run_shares(d.path(), 300);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_source_moved_by_another_dedupe_while_the_run_shares_is_learnt_right() {
+    let d = testfs!(Btrfs);
+    sources_moved_while_the_run_shares(d.path(), 400);
+}
