@@ -358,8 +358,11 @@ pub(super) struct Executor<'a> {
 /// source keeps its own: after a group, the source and each target
 /// shared whole share every block, on the source's runs. Those runs'
 /// fingerprint comes from the plan, which mapped the source
-/// ([`Executor::source_runs`]); only a source the plan did not map this
-/// run (known from the index) is mapped again here, once per group. A
+/// ([`Executor::source_runs`]), and the source is mapped again after its
+/// group (once per group) to check it still has those runs: another
+/// program's dedupe moves a file's blocks and leaves its times, and the
+/// targets then take the blocks it was moved to. A source the plan did
+/// not map this run (known from the index) must share every block. A
 /// file is learnt only if its stamp (`fstat` on the descriptor it was
 /// shared through) is still the one planned: sharing moves no time, so
 /// its index entry, written from the walk's identity, is its own.
@@ -1312,21 +1315,24 @@ fn dedupe_group(
             let unchanged = |fd: &OwnedFd| {
                 cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| FileStamp::of(&id) == planned)
             };
-            let shared = match runs {
-                Some(fp) => unchanged(&src).then_some(fp),
-                // Not mapped by the plan: mapped now, between two checks.
-                None => {
-                    let before = unchanged(&src);
-                    let facts = extents_fd(src.as_fd(), false).ok().map(|list| {
-                        let mut c = super::stages::Cand::default();
-                        super::layout_facts(&list, &mut c);
-                        (c.exclusive, c.shared)
-                    });
-                    match facts {
-                        Some((0, Some(fp))) if before && unchanged(&src) => Some(fp),
-                        _ => None,
-                    }
-                }
+            // Mapped again after the group, between two checks of its
+            // stamp: another program's dedupe moves a file's blocks and
+            // leaves its times, so the stamp alone cannot tell that the
+            // source still has the runs the plan mapped, which its
+            // targets took. Where the plan mapped it, its runs must be
+            // the plan's (a move before or while the group was shared
+            // changes them); where not, every block must be shared.
+            let before = unchanged(&src);
+            let facts = extents_fd(src.as_fd(), false).ok().map(|list| {
+                let mut c = super::stages::Cand::default();
+                super::layout_facts(&list, &mut c);
+                (c.exclusive, c.shared, c.runs)
+            });
+            let still = before && unchanged(&src);
+            let shared = match (facts, runs) {
+                (Some((_, _, now)), Some(fp)) if still && now == fp => Some(fp),
+                (Some((0, Some(fp), _)), None) if still => Some(fp),
+                _ => None,
             };
             if let Some(fp) = shared {
                 let got: Vec<Relaid> = std::iter::once((&g.source, dev, src_ino))
