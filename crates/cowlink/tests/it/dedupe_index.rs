@@ -2004,3 +2004,164 @@ fn btrfs_a_source_moved_by_another_dedupe_while_the_run_shares_is_learnt_right()
     let d = testfs!(Btrfs);
     sources_moved_while_the_run_shares(d.path(), 400);
 }
+
+/// A target with a second name in another directory (a hard link whose
+/// name sorts first), once a clone of another file: after one run has
+/// shared it, runs trusting the index find nothing to do, and a run
+/// mapping every indexed file again finds every layout right, whichever
+/// of its names' records it is looked up in.
+fn a_hard_linked_target(dir: &Path, seed: u64, cloned: bool) {
+    eprintln!("seed {seed}, cloned: {cloned}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("linked-{seed}-{cloned}"));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for d in ["a", "b", "c"] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let bytes = data(rng.usize(9000..400_000), rng.u64(..));
+    let reflink = |from: &Path, to: &Path| {
+        let st = std::process::Command::new("cp")
+            .arg("--reflink=always")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    // The source: the largest cluster (three names on one set of blocks).
+    write_file(&root.join("c/s1"), &bytes);
+    for n in ["c/s2", "c/s3"] {
+        reflink(&root.join("c/s1"), &root.join(n));
+    }
+    let t = root.join("b/t");
+    if cloned {
+        write_file(&root.join("b/x"), &bytes);
+        reflink(&root.join("b/x"), &t);
+    } else {
+        write_file(&t, &bytes);
+    }
+    fs::hard_link(&t, root.join("a/t-link")).unwrap();
+    sync(&root);
+    let before = files(&root);
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+    assert!(r.targets_deduped > 0, "seed {seed}: {p:?}");
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    assert_shared_iff_equal(&root);
+    for round in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty());
+        assert!(p.groups.is_empty(), "seed {seed}, round {round}: {p:?}");
+        assert_eq!(r.targets_deduped, 0, "seed {seed}, round {round}");
+    }
+    let (p, _) = dedupe(&[&root], &opts(ix.path())).unwrap();
+    assert_eq!(
+        index_of(&p).written,
+        0,
+        "seed {seed}: a learnt layout was not the file's: {p:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_hard_linked_target_is_learnt_under_each_name() {
+    let d = testfs!(Xfs);
+    for seed in [501, 502] {
+        a_hard_linked_target(d.path(), seed, seed % 2 == 0);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_hard_linked_target_is_learnt_under_each_name() {
+    let d = testfs!(Btrfs);
+    for seed in [601, 602] {
+        a_hard_linked_target(d.path(), seed, seed % 2 == 0);
+    }
+}
+
+/// Bytes that compress: each 4 KiB block is one of a few short random
+/// patterns repeated.
+fn compressible(len: usize, seed: u64) -> Vec<u8> {
+    let patterns: Vec<Vec<u8>> = (0..3).map(|i| data(256, seed * 7 + i)).collect();
+    (0..len)
+        .map(|i| {
+            let block = i / 4096;
+            patterns[(block * 31 + block / 3) % 3][i % 256]
+        })
+        .collect()
+}
+
+/// Random groups of compressible equal files on a Btrfs mounted with
+/// zstd compression (extents flagged encoded, their physical address
+/// the compressed extent's; small files inline), some with a hole, some
+/// rewritten in place and not synced: after one run, a run mapping every
+/// indexed file again must find every learnt layout right, and a run
+/// trusting the index must find nothing to do.
+fn compressed_copies(dir: &Path, seed: u64) {
+    use std::os::unix::fs::FileExt;
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("zstd-{seed}"));
+    fs::create_dir_all(&root).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let sizes = [3000usize, 4097, 65_537, 300_001, 1 << 20];
+    let mut dirty = Vec::new();
+    for g in 0..rng.usize(3..7) {
+        let size = sizes[rng.usize(..sizes.len())];
+        let mut bytes = compressible(size, rng.u64(..1 << 40));
+        let hole = size > 3 * 131_072 && rng.bool();
+        if hole {
+            bytes[131_072..2 * 131_072].fill(0);
+        }
+        for k in 0..rng.usize(2..5) {
+            let p = root.join(format!("g{g}-{k}"));
+            if hole {
+                let f = fs::File::create(&p).unwrap();
+                f.write_all_at(&bytes[..131_072], 0).unwrap();
+                f.write_all_at(&bytes[2 * 131_072..], 2 * 131_072).unwrap();
+                f.sync_all().unwrap();
+            } else {
+                write_file(&p, &bytes);
+            }
+            if rng.u8(..4) == 0 {
+                dirty.push((p, bytes.clone()));
+            }
+        }
+    }
+    sync(&root);
+    let encoded = files(&root).iter().any(|(p, _)| {
+        extents(p).is_ok_and(|l| l.extents.iter().any(|x| x.is_encoded() && !x.is_inline()))
+    });
+    assert!(encoded, "seed {seed}: nothing was compressed");
+    for (p, bytes) in &dirty {
+        let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(&bytes[..bytes.len().min(8192)], 0).unwrap();
+    }
+    let before = files(&root);
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?} {r:?}"
+    );
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    assert_shared_iff_equal(&root);
+    let (p, r) = dedupe(&[&root], &opts(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty());
+    assert_eq!(
+        index_of(&p).written,
+        0,
+        "seed {seed}: a learnt layout was not the file's: {p:?}"
+    );
+    assert!(p.groups.is_empty(), "seed {seed}: {p:?}");
+    assert_eq!(r.targets_deduped, 0, "seed {seed}");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_zstd_compressed_copies_are_learnt_right() {
+    let d = testfs!(BtrfsZstd);
+    for seed in [701, 702, 703] {
+        compressed_copies(d.path(), seed);
+    }
+}
