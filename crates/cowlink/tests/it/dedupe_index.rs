@@ -2165,3 +2165,149 @@ fn btrfs_zstd_compressed_copies_are_learnt_right() {
         compressed_copies(d.path(), seed);
     }
 }
+
+/// One of the changes [`a_writer_during_the_run`] makes to a file.
+fn hostile_change(rng: &mut fastrand::Rng, model: &mut [(PathBuf, Vec<u8>)], sizes: &[usize]) {
+    use std::os::unix::fs::FileExt;
+    let i = rng.usize(..model.len());
+    let j = rng.usize(..model.len());
+    let p = model[i].0.clone();
+    match rng.u8(..4) {
+        // Take another file's bytes, written in place (not synced).
+        0 => {
+            let bytes = model[j].1.clone();
+            let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(bytes.len() as u64).unwrap();
+            f.write_all_at(&bytes, 0).unwrap();
+            model[i].1 = bytes;
+        }
+        // Become a clone of another file (FICLONE through cp).
+        1 if i != j => {
+            let st = std::process::Command::new("cp")
+                .arg("--reflink=always")
+                .arg(&model[j].0)
+                .arg(&p)
+                .status()
+                .unwrap();
+            assert!(st.success());
+            model[i].1 = model[j].1.clone();
+        }
+        // A hole punched in a block-aligned range.
+        2 => {
+            let len = model[i].1.len() as u64;
+            if len >= 3 * 4096 {
+                let from = rng.u64(..len / 4096 - 1) * 4096;
+                let n = 4096 * rng.u64(1..3);
+                let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+                rustix::fs::fallocate(
+                    &f,
+                    rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                    from,
+                    n,
+                )
+                .unwrap();
+                let end = ((from + n) as usize).min(model[i].1.len());
+                model[i].1[from as usize..end].fill(0);
+            }
+        }
+        // Replaced by a new file of another size.
+        _ => {
+            let bytes = data(sizes[rng.usize(..sizes.len())], rng.u64(1..4));
+            let tmp = p.with_extension("new");
+            fs::write(&tmp, &bytes).unwrap();
+            fs::rename(&tmp, &p).unwrap();
+            model[i].1 = bytes;
+        }
+    }
+}
+
+/// A run with an index while another program changes its files (in-place
+/// writes left in the page cache, clones, punched holes, replacement;
+/// not preallocation, which has its own test, nor another dedupe, which moves blocks behind any index
+/// by design). Every file ends with the bytes the other program gave
+/// it, and after two more runs trusting the index, every pair of equal
+/// files shares its blocks and no two different files share them all.
+fn a_writer_during_the_run(dir: &Path, seed: u64) {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("writer-{seed}"));
+    fs::create_dir_all(&root).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let sizes = [4097usize, 65_537, 300_001, 1 << 20];
+    let mut model: Vec<(PathBuf, Vec<u8>)> = (0..40)
+        .map(|i| {
+            let bytes = data(sizes[rng.usize(..sizes.len())], rng.u64(1..4));
+            let p = root.join(format!("f{i:02}"));
+            write_file(&p, &bytes);
+            (p, bytes)
+        })
+        .collect();
+    sync(&root);
+    let stop = AtomicBool::new(false);
+    let mut wrng = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    let model = std::thread::scope(|s| {
+        let stop = &stop;
+        let writer = s.spawn(move || {
+            let mut n = 0;
+            while !stop.load(Relaxed) || n < 5 {
+                hostile_change(&mut wrng, &mut model, &sizes);
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_millis(wrng.u64(..3)));
+            }
+            model
+        });
+        let got = dedupe(&[&root], &trusting(ix.path()));
+        stop.store(true, Relaxed);
+        let model = writer.join().unwrap();
+        let (p, r) = got.unwrap();
+        // A file replaced under the walk is gone from where it was
+        // seen, one written while read changed; anything else is an
+        // error of the run's.
+        let unexpected: Vec<_> = (p.errors.iter().chain(&r.errors))
+            .filter(|e| {
+                !matches!(
+                    e.kind(),
+                    cowlink::ErrorKind::NotFound | cowlink::ErrorKind::ContentChanged
+                )
+            })
+            .collect();
+        assert!(unexpected.is_empty(), "seed {seed}: {unexpected:?}");
+        model
+    });
+    sync(&root);
+    for (p, bytes) in &model {
+        assert!(
+            fs::read(p).unwrap() == *bytes,
+            "seed {seed}: {p:?} lost the bytes written to it"
+        );
+    }
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(
+            p.errors.is_empty() && r.errors.is_empty(),
+            "seed {seed}: {p:?} {r:?}"
+        );
+        held = r.skipped.iter().map(|s| s.path.clone()).collect();
+    }
+    assert_shared_iff_equal_but(&root, &held);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_writer_during_the_run_loses_nothing_and_leaves_no_wrong_claim() {
+    let d = testfs!(Xfs);
+    for seed in [801, 802, 803] {
+        a_writer_during_the_run(d.path(), seed);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_writer_during_the_run_loses_nothing_and_leaves_no_wrong_claim() {
+    let d = testfs!(Btrfs);
+    for seed in [901, 902, 903] {
+        a_writer_during_the_run(d.path(), seed);
+    }
+}
