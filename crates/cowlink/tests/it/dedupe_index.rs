@@ -2298,7 +2298,7 @@ fn a_writer_during_the_run(dir: &Path, seed: u64) {
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_a_writer_during_the_run_loses_nothing_and_leaves_no_wrong_claim() {
     let d = testfs!(Xfs);
-    for seed in [801, 802, 803] {
+    for seed in [801, 802, 803, 815] {
         a_writer_during_the_run(d.path(), seed);
     }
 }
