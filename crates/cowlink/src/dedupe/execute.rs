@@ -1246,6 +1246,16 @@ fn dedupe_group(
                 Proof::Unproven => part.unproven.push((t.clone(), stamp)),
             }
         }
+        // The stamp `t` was planned with, and whether `fd` still has it.
+        let planned_stamp = |t: &Path| -> Option<FileStamp> {
+            batch
+                .iter()
+                .find(|(p, _)| p.as_path() == t)
+                .and_then(|(_, s)| *s)
+        };
+        let still_planned = |fd: &OwnedFd, stamp: Option<FileStamp>| {
+            cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| Some(FileStamp::of(&id)) == stamp)
+        };
         let mut off = 0u64;
         while off < g.size && !live.is_empty() && !run.cancelled() {
             let len = CHUNK.min(g.size - off);
@@ -1268,11 +1278,24 @@ fn dedupe_group(
                                 part.differ.push((g.source.clone(), t.clone()))
                             }
                             cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
+                            // Another program resized or replaced the
+                            // target since it was opened (the kernel
+                            // refuses a range past its end): changed,
+                            // as a target found changed when opened.
+                            cowlink_sys::DedupeStatus::Error(_)
+                                if !still_planned(&fd, planned_stamp(t)) =>
+                            {
+                                report.changed.push(t.clone())
+                            }
                             cowlink_sys::DedupeStatus::Error(e) => report
                                 .errors
                                 .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t)),
                         }
                     }
+                }
+                // The source changed the same way: it is the one changed.
+                Err(_) if !still_planned(&src, g.source_stamp) => {
+                    report.changed.push(g.source.clone());
                 }
                 Err(e) => {
                     for (t, _) in live {
