@@ -301,6 +301,14 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
     let mut all_placed = !list.is_empty();
     c.inline = list.iter().any(Extent::is_inline);
     for x in list {
+        // Unwritten (preallocated) blocks read as zeros and hold no data:
+        // taken as a hole. Sharing gives nothing back there on XFS (a
+        // target keeps its own unwritten blocks), so copies once shared
+        // would otherwise look apart and be shared again every run; on
+        // Btrfs a first sharing takes them along all the same.
+        if x.is_unwritten() && x.has_address() && !x.is_inline() {
+            continue;
+        }
         if !x.has_address() || x.is_unwritten() || x.is_inline() {
             all_placed = false;
         }
@@ -890,10 +898,28 @@ mod tests {
         });
         assert_eq!(d.runs, fingerprint(&runs));
 
-        // An extent without its blocks (unwritten, delayed, inline): a
-        // target sharing it would not map the same, so no runs.
+        // An unwritten extent is taken as a hole: two files whose
+        // written blocks are the same share all there is to share.
+        let mut u = cand("u", 1, 5, 8192);
+        u.exclusive = 0;
+        layout_facts(
+            &[
+                Extent::new(0, 4096, 4096, SHARED),
+                Extent::new(4096, 77 << 12, 4096, cowlink_sys::FIEMAP_EXTENT_UNWRITTEN),
+            ],
+            &mut u,
+        );
+        let written = [Run {
+            logical: 0,
+            physical: 4096,
+            length: 4096,
+        }];
+        assert_eq!(u.shared, Some(fingerprint(&written)));
+        assert_eq!((u.exclusive, u.runs), (0, fingerprint(&written)));
+
+        // An extent without its blocks (delayed, inline): a target
+        // sharing it would not map the same, so no runs.
         for flag in [
-            cowlink_sys::FIEMAP_EXTENT_UNWRITTEN,
             cowlink_sys::FIEMAP_EXTENT_DELALLOC,
             cowlink_sys::FIEMAP_EXTENT_DATA_INLINE,
         ] {
