@@ -201,7 +201,8 @@ pub(super) struct Cand {
     pub ino: u64,
     pub size: u64,
     /// A fingerprint of the logical→physical runs when every extent is
-    /// shared (else `None`): 64 bits of BLAKE3 over the runs. Two files
+    /// shared (else `None`), unwritten ones left out as holes: 64 bits
+    /// of BLAKE3 over the runs. Two files
     /// with equal fingerprints are taken to hold the same blocks; a false
     /// match (2^-64 within one size group) only makes a duplicate look
     /// already shared, and `FIDEDUPERANGE` compares whatever is shared.
@@ -209,8 +210,8 @@ pub(super) struct Cand {
     /// and a candidate holds no heap block for it.
     pub shared: Option<u64>,
     /// The fingerprint of the runs whether shared or not, where every
-    /// extent has its blocks (none unwritten, delayed or inline); 0 when
-    /// not known. A target shared whole with this file as its source
+    /// extent has its blocks (none delayed or inline); 0 when not known.
+    /// Unwritten extents are left out, as holes (see [`layout_facts`]). A target shared whole with this file as its source
     /// takes these runs (see `execute::Learn`).
     pub runs: u64,
     /// Bytes in extents not flagged shared.
