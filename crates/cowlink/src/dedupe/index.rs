@@ -714,21 +714,14 @@ pub(super) struct Relaid {
 /// What [`Indexes::write`] applies to one entry of a record: an
 /// [`Update`] or a [`Relaid`].
 trait Change {
-    fn dev(&self) -> u64;
-    fn dir(&self) -> u64;
-    fn ino(&self) -> u64;
+    /// Device, directory inode, file inode.
+    fn key(&self) -> (u64, u64, u64);
     fn apply(&self, e: &mut Entry);
 }
 
 impl Change for Update {
-    fn dev(&self) -> u64 {
-        self.dev
-    }
-    fn dir(&self) -> u64 {
-        self.dir
-    }
-    fn ino(&self) -> u64 {
-        self.ino
+    fn key(&self) -> (u64, u64, u64) {
+        (self.dev, self.dir, self.ino)
     }
     fn apply(&self, e: &mut Entry) {
         self.what.apply(e);
@@ -736,14 +729,8 @@ impl Change for Update {
 }
 
 impl Change for Relaid {
-    fn dev(&self) -> u64 {
-        self.dev
-    }
-    fn dir(&self) -> u64 {
-        self.dir
-    }
-    fn ino(&self) -> u64 {
-        self.ino
+    fn key(&self) -> (u64, u64, u64) {
+        (self.dev, self.dir, self.ino)
     }
     fn apply(&self, e: &mut Entry) {
         e.exclusive = 0;
@@ -993,8 +980,11 @@ impl Indexes {
 
     fn change<C: Change>(&self, mut updates: Vec<C>, seen: Option<Seen<'_>>) {
         // Each device's directories together, in a scattered order.
-        updates.sort_unstable_by_key(|u| (u.dev(), scatter(u.dir()), u.ino()));
-        let mut devs: Vec<u64> = updates.iter().map(|u| u.dev()).collect();
+        updates.sort_unstable_by_key(|u| {
+            let (dev, dir, ino) = u.key();
+            (dev, scatter(dir), ino)
+        });
+        let mut devs: Vec<u64> = updates.iter().map(|u| u.key().0).collect();
         if let Some(seen) = seen {
             devs.extend(seen.dirs.iter().map(|&(d, _)| d));
         }
@@ -1005,8 +995,8 @@ impl Indexes {
             if self.drop_broken(&ix) {
                 continue;
             }
-            let lo = updates.partition_point(|u| u.dev() < dev);
-            let hi = updates.partition_point(|u| u.dev() <= dev);
+            let lo = updates.partition_point(|u| u.key().0 < dev);
+            let hi = updates.partition_point(|u| u.key().0 <= dev);
             let mine = &updates[lo..hi];
             // Every record held was met: none can be of a directory gone,
             // and the scan (every record read) would be most of an
@@ -1032,14 +1022,14 @@ impl Indexes {
         let mut changed = false;
         {
             let mut t = txn.open_table(RECORDS)?;
-            for run in updates.chunk_by(|a, b| a.dir() == b.dir()) {
-                let dir = run[0].dir();
+            for run in updates.chunk_by(|a, b| a.key().1 == b.key().1) {
+                let dir = run[0].key().1;
                 let Some(mut rec) = t.get(dir)?.and_then(|v| Record::decode(dir, v.value())) else {
                     continue;
                 };
                 let mut n = 0;
                 for u in run {
-                    let Ok(i) = rec.files.binary_search_by_key(&u.ino(), |(k, _)| *k) else {
+                    let Ok(i) = rec.files.binary_search_by_key(&u.key().2, |(k, _)| *k) else {
                         continue;
                     };
                     let e = &mut rec.files[i].1;

@@ -1477,13 +1477,25 @@ fn a_target_written_after_sharing(dir: &Path, seed: u64) -> Option<PathBuf> {
 /// keeps the write from being trusted is that a learnt layout never
 /// changes an entry's identity: the entry keeps the one the walk saw.
 fn targets_written_after_sharing(dir: &Path, first_seed: u64) {
-    for seed in first_seed..first_seed + 8 {
+    until_one_lands(
+        first_seed,
+        8,
+        "no write landed while the group was shared",
+        |seed| a_target_written_after_sharing(dir, seed).map(drop),
+    );
+}
+
+/// `attempt` over seeds from `first` until one lands (gives `Some`), at
+/// most `tries`: a race a test sets up does not land every time, and a
+/// void attempt proves nothing either way. Panics with `what` if none did.
+fn until_one_lands(first: u64, tries: u64, what: &str, mut attempt: impl FnMut(u64) -> Option<()>) {
+    for seed in first..first + tries {
         eprintln!("seed {seed}");
-        if a_target_written_after_sharing(dir, seed).is_some() {
+        if attempt(seed).is_some() {
             return;
         }
     }
-    panic!("no write landed while the group was shared in eight tries");
+    panic!("{what} in {tries} tries");
 }
 
 #[test]
@@ -1983,12 +1995,12 @@ fn a_source_moved_while_the_run_shares(dir: &Path, seed: u64) -> Option<()> {
 /// [`a_source_moved_while_the_run_shares`] over seeds until the move
 /// lands between the plan and the last group (at most twelve tries).
 fn sources_moved_while_the_run_shares(dir: &Path, first_seed: u64) {
-    for seed in first_seed..first_seed + 12 {
-        if a_source_moved_while_the_run_shares(dir, seed).is_some() {
-            return;
-        }
-    }
-    panic!("no move landed between the plan and the last group in twelve tries");
+    until_one_lands(
+        first_seed,
+        12,
+        "no move landed between the plan and the last group",
+        |seed| a_source_moved_while_the_run_shares(dir, seed),
+    );
 }
 
 #[test]
