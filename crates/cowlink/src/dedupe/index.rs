@@ -801,13 +801,12 @@ impl Indexes {
     ///
     /// The second condition: redb grows its file by doubling, so even a
     /// file just rewritten is up to twice the pages it uses (17.4 MB for
-    /// 9.3 MB of records over 154,608 files). Against content alone, any
-    /// later run that wrote a record (one file changed, each batch of a
-    /// watch) rewrote the whole index again: 0.45 s of a 1.1 s rerun
-    /// there. Now a rewrite waits until the file has grown to twice what
-    /// the last one left, which takes writing about the index's size
-    /// again. Takes the indexes back from the run: only when no one else
-    /// holds them.
+    /// 9.3 MB of records over 154,608 files). Judged against its content
+    /// alone, any run that wrote one record (one file changed, a watch's
+    /// batch) would rewrite the whole index (about 0.3 s there). So a
+    /// rewrite waits until the file has grown to twice what the last one
+    /// left, which takes writing about the index's size again. Takes the
+    /// indexes back from the run: only when no one else holds them.
     pub fn finish(self: Arc<Self>) {
         self.persist();
         let Ok(me) = Arc::try_unwrap(self) else {
@@ -972,8 +971,8 @@ impl Indexes {
     /// Record the layouts of the files a run shared whole (see
     /// [`Relaid`]). One transaction per filesystem, at the run's end: a
     /// record is rewritten once however many of its files were shared
-    /// (written as they came, in batches, the large records of a first
-    /// run were rewritten by most batches).
+    /// (written in batches as they come, a first run's large records
+    /// would be rewritten by most batches).
     pub fn relayout(&self, relaid: Vec<Relaid>) {
         self.change(relaid, None);
     }
