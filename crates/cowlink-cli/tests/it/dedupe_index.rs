@@ -23,6 +23,19 @@ fn dedupe(ix: &Path, dir: &Path) -> Output {
         .unwrap()
 }
 
+/// `cowlink dedupe --index IX DIR` started, its output dropped: a run
+/// the test kills.
+fn spawn_quiet(ix: &Path, dir: &Path) -> std::process::Child {
+    bin()
+        .args(["dedupe", "--index"])
+        .arg(ix)
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn same_blocks(a: &Path, b: &Path) -> bool {
     let runs = |p: &Path| cowlink::extents::extents(p).unwrap().physical_runs();
     let (x, y) = (runs(a), runs(b));
@@ -136,14 +149,7 @@ fn kill_9_at_random_points_leaves_an_index_the_next_run_trusts() {
             let mut round_sets = round_tree(&dir, round);
             let delay = Duration::from_micros(rng.u64(0..=whole.as_micros() as u64 * 11 / 10));
             let what = format!("{fs:?} round {round}, killed after {delay:?} (seed {seed})");
-            let mut child = bin()
-                .args(["dedupe", "--index"])
-                .arg(ix.path())
-                .arg(&dir)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
+            let mut child = spawn_quiet(ix.path(), &dir);
             std::thread::sleep(delay);
             let _ = child.kill(); // SIGKILL
             child.wait().unwrap();
@@ -594,14 +600,7 @@ fn kill_between_two_clones(fs: &Path, seed: u64, lock_held: bool) -> bool {
         held
     });
     // The larger cluster is the source: a and z are both targets.
-    let mut child = bin()
-        .args(["dedupe", "--index"])
-        .arg(ix.path())
-        .arg(&root)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_quiet(ix.path(), &root);
     let mut landed = false;
     loop {
         let moved = [&a, &z].map(|t| same_blocks(t, &s[0]));
