@@ -114,7 +114,7 @@
 // a failed index write only, which becomes a note in the report.
 #![allow(clippy::result_large_err)]
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -150,11 +150,21 @@ const SHARING: &str = "sharing";
 /// was last rewritten ([`rewrite`]). See [`Indexes::finish`].
 const COMPACTED: &str = "compacted";
 
-/// Entries of decoded records kept for the walk's lookups (the oldest
-/// records go first; one is always kept). A directory's entries are
-/// looked up while the walk is in it, so a few records cover the walk's
-/// threads; a record let go is read again if needed.
+/// Entries of decoded records kept for the walk's lookups (the least
+/// recently used records go first, but never the [`KEPT_RECORDS`] most
+/// recent). A directory's entries are looked up while the walk is in it,
+/// so a few records cover the walk's threads; a record let go is read
+/// again if needed.
 pub const CACHED_ENTRIES: usize = 1 << 13;
+
+/// Decoded records kept whatever their size: the walk's threads each
+/// look up in a directory of their own (or share a large one), and a
+/// directory larger than [`CACHED_ENTRIES`] must not be let go while a
+/// thread is still in it. Evicting by age alone did that: a directory of
+/// 17,630 man pages was decoded again every time the other thread
+/// entered a small directory, 600 times in one rerun (626 MB decoded
+/// for a 17 MB index).
+const KEPT_RECORDS: usize = 8;
 
 /// redb's cache: each record is read once per run, so a large cache buys
 /// little and shows in the run's peak memory.
@@ -529,10 +539,10 @@ struct State {
     /// Per record decoded this run: its number of entries and its path
     /// (see [`Indexes::stored_as`]).
     shape: HashMap<u64, (usize, Box<[u8]>)>,
-    /// Decoded records, the oldest first in `order`, and their entries in
-    /// all.
-    cache: HashMap<u64, Arc<Record>>,
-    order: VecDeque<u64>,
+    /// Decoded records, each with when it was last used (a count of
+    /// lookups), and their entries in all.
+    cache: HashMap<u64, (Arc<Record>, u64)>,
+    uses: u64,
     cached: usize,
 }
 
@@ -556,8 +566,11 @@ impl FsIndex {
     /// stays cached).
     fn record(&self, dir: u64) -> Option<Arc<Record>> {
         {
-            let st = lock(&self.state);
-            if let Some(r) = st.cache.get(&dir) {
+            let mut st = lock(&self.state);
+            st.uses += 1;
+            let now = st.uses;
+            if let Some((r, used)) = st.cache.get_mut(&dir) {
+                *used = now;
                 return Some(r.clone());
             }
             if let Some(None) = st.met.get(&dir) {
@@ -597,17 +610,25 @@ impl FsIndex {
             }
         }
         let rec = rec?;
-        if let Some(r) = st.cache.get(&dir) {
+        st.uses += 1;
+        let now = st.uses;
+        if let Some((r, used)) = st.cache.get_mut(&dir) {
+            *used = now;
             return Some(r.clone());
         }
         st.cached += rec.files.len();
-        st.order.push_back(dir);
-        st.cache.insert(dir, rec.clone());
-        while st.cached > CACHED_ENTRIES && st.order.len() > 1 {
-            let Some(old) = st.order.pop_front() else {
+        st.cache.insert(dir, (rec.clone(), now));
+        while st.cached > CACHED_ENTRIES && st.cache.len() > KEPT_RECORDS {
+            // The least recently used; a scan, once per record decoded.
+            let Some(old) = st
+                .cache
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| *k)
+            else {
                 break;
             };
-            if let Some(r) = st.cache.remove(&old) {
+            if let Some((r, _)) = st.cache.remove(&old) {
                 st.cached -= r.files.len();
             }
         }
@@ -786,7 +807,6 @@ impl Indexes {
             *ix.read.write().unwrap_or_else(|e| e.into_inner()) = None;
             let mut st = lock(&ix.state);
             st.cache = HashMap::new();
-            st.order = VecDeque::new();
             st.cached = 0;
         }
     }
