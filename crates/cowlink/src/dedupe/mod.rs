@@ -455,6 +455,19 @@ struct Collect {
 struct SetAside {
     files: Vec<stages::Inline>,
     shortest: HashMap<u64, PathBuf>,
+    /// With an index: each inline file met in a directory, for that
+    /// directory's record (so the next run knows it is inline from the
+    /// index, not from a tree search per file).
+    indexed: Vec<InlineSeen>,
+}
+
+/// An inline file as its directory's record keeps it.
+struct InlineSeen {
+    /// The walk's id of its directory.
+    dir: u32,
+    ino: u64,
+    size: u64,
+    times: Times,
 }
 
 impl Collect {
@@ -571,7 +584,7 @@ impl Collect {
             c.hash = hit.hash;
             c.whole = hit.whole.map(Box::new);
             if c.inline {
-                return self.set_aside(c, e.path);
+                return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
             }
         }
         if size <= 2 * EDGE && !c.mapped {
@@ -584,7 +597,7 @@ impl Collect {
                 read_layout(fd.as_fd(), &mut c);
             }
             if c.inline {
-                return self.set_aside(c, e.path);
+                return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
             }
         }
         let known = held.is_some_and(|h| entry_of(&c) == h);
@@ -612,9 +625,32 @@ impl Collect {
     }
 
     /// Keep an inline file apart, without its name (unless `path` is its
-    /// device's shortest yet).
-    fn set_aside(&self, c: Cand, path: PathBuf) {
+    /// device's shortest yet). With an index, it is counted as met in its
+    /// directory `dir` (the walk's id), `known` if the index held it
+    /// (`held`) as it is.
+    fn set_aside(&self, c: Cand, path: PathBuf, dir: Option<usize>, held: Option<&IndexEntry>) {
+        // (A file on another device than its directory is not indexed.)
+        let same_dev = |dir: usize| {
+            let keys = self.dir_keys.read().unwrap_or_else(|e| e.into_inner());
+            keys.get(dir).is_some_and(|&(dev, _)| dev == c.dev)
+        };
+        let seen = match (&self.indexes, dir) {
+            (Some(_), Some(dir)) if same_dev(dir) => {
+                let seen = InlineSeen {
+                    dir: dir as u32,
+                    ino: c.ino,
+                    size: c.size,
+                    times: c.times,
+                };
+                lock(&self.files)
+                    .1
+                    .met(dir, held == Some(&inline_entry(&seen)));
+                Some(seen)
+            }
+            _ => None,
+        };
         let mut aside = lock(&self.inline);
+        aside.indexed.extend(seen);
         aside.files.push(stages::Inline {
             dev: c.dev,
             ino: c.ino,
@@ -962,6 +998,7 @@ fn find<P: AsRef<Path>>(
     let SetAside {
         files: mut inline,
         shortest: inline_names,
+        indexed: inline_seen,
     } = c.inline.into_inner().unwrap_or_else(|e| e.into_inner());
     let walked = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     let files_scanned = (files.len() + inline.len()) as u64 + c.below_min.into_inner();
@@ -1025,8 +1062,11 @@ fn find<P: AsRef<Path>>(
         // What the walk learnt (small files were read whole there), every
         // name of each file, before the names beyond one per inode and
         // the files without a partner are dropped.
-        record_walk(ix, &files, &names, |dev| allowed.get(&dev) == Some(&true));
+        record_walk(ix, &files, &inline_seen, &names, |dev| {
+            allowed.get(&dev) == Some(&true)
+        });
     }
+    drop(inline_seen);
 
     // One inode is one file: keep the name that sorts first.
     plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
@@ -1278,7 +1318,13 @@ fn find<P: AsRef<Path>>(
 /// record was a tenth of such a rerun over 154,608 files). The others'
 /// candidates are put in order by an index, not moved (a candidate is
 /// 160 bytes).
-fn record_walk(ix: &Indexes, files: &[Cand], names: &Names, allowed: impl Fn(u64) -> bool) {
+fn record_walk(
+    ix: &Indexes,
+    files: &[Cand],
+    inline: &[InlineSeen],
+    names: &Names,
+    allowed: impl Fn(u64) -> bool,
+) {
     ix.walked();
     let mut dirs: Vec<((u64, u64), &Path)> = names
         .dirs_met()
@@ -1299,6 +1345,7 @@ fn record_walk(ix: &Indexes, files: &[Cand], names: &Names, allowed: impl Fn(u64
     }
     // The candidates of those directories, by directory and inode.
     let wanted: HashSet<(u64, u64)> = dirs.iter().map(|(id, _)| *id).collect();
+    // (An index past the candidates is an inline file's.)
     let mut order: Vec<(u64, u64, u64, u32)> = files
         .iter()
         .enumerate()
@@ -1308,6 +1355,12 @@ fn record_walk(ix: &Indexes, files: &[Cand], names: &Names, allowed: impl Fn(u64
                 .contains(&key)
                 .then_some((key.0, key.1, c.ino, i as u32))
         })
+        .chain(inline.iter().enumerate().filter_map(|(i, s)| {
+            let key = names.dir_key_of(s.dir)?;
+            wanted
+                .contains(&key)
+                .then_some((key.0, key.1, s.ino, (files.len() + i) as u32))
+        }))
         .collect();
     drop(wanted);
     order.sort_unstable();
@@ -1320,9 +1373,13 @@ fn record_walk(ix: &Indexes, files: &[Cand], names: &Names, allowed: impl Fn(u64
             let hi = order.partition_point(|o| (o.0, o.1) <= key);
             let mut entries: Vec<(u64, IndexEntry)> = order[lo..hi]
                 .iter()
-                .map(|o| &files[o.3 as usize])
-                .filter(|c| c.dev == key.0)
-                .map(|c| (c.ino, entry_of(c)))
+                .filter_map(|o| match files.get(o.3 as usize) {
+                    Some(c) => (c.dev == key.0).then(|| (c.ino, entry_of(c))),
+                    None => {
+                        let s = &inline[o.3 as usize - files.len()];
+                        Some((s.ino, inline_entry(s)))
+                    }
+                })
                 .collect();
             // Two names of one inode in one directory: one entry.
             entries.dedup_by_key(|(ino, _)| *ino);
@@ -1358,6 +1415,24 @@ fn entry_of(c: &Cand) -> IndexEntry {
         e.inline = c.inline;
     }
     e
+}
+
+/// What the index keeps of an inline file: its identity, and that it is
+/// inline (no blocks to share).
+fn inline_entry(s: &InlineSeen) -> IndexEntry {
+    IndexEntry {
+        inline: true,
+        mapped: true,
+        exclusive: 0,
+        ..IndexEntry::of(&cowlink_sys::FileId {
+            ino: s.ino,
+            size: s.size,
+            mtime_ns: s.times.mtime_ns,
+            ctime_ns: s.times.ctime_ns,
+            btime_ns: s.times.btime_ns,
+            ..Default::default()
+        })
+    }
 }
 
 /// Open for reading without touching the access time where allowed.

@@ -103,6 +103,11 @@ impl Names {
         }
     }
 
+    /// The device and inode of the directory of walk id `dir`.
+    pub fn dir_key_of(&self, dir: u32) -> Option<(u64, u64)> {
+        self.dir_ids.get(dir as usize).copied()
+    }
+
     /// For a name given as a root (a whole path): its directory's device
     /// and inode, if the file there is still inode `ino` on that device
     /// (a file on another device than its directory is not indexed).
