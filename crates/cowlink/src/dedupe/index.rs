@@ -160,10 +160,10 @@ pub const CACHED_ENTRIES: usize = 1 << 13;
 /// Decoded records kept whatever their size: the walk's threads each
 /// look up in a directory of their own (or share a large one), and a
 /// directory larger than [`CACHED_ENTRIES`] must not be let go while a
-/// thread is still in it. Evicting by age alone did that: a directory of
-/// 17,630 man pages was decoded again every time the other thread
-/// entered a small directory, 600 times in one rerun (626 MB decoded
-/// for a 17 MB index).
+/// thread is still in it (evicted by age alone, a large directory is
+/// decoded again each time another thread enters a small one). Eight
+/// covers the walk's threads on most machines; more threads only cost
+/// decodes, never a wrong answer.
 const KEPT_RECORDS: usize = 8;
 
 /// redb's cache: each record is read once per run, so a large cache buys

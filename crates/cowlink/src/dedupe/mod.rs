@@ -1295,9 +1295,9 @@ fn find<P: AsRef<Path>>(
     }
     if let Some(ix) = indexes {
         // The layouts and hashes learnt, and the records of directories
-        // gone pruned: once the clusters and names are gone (this update
-        // beside them was a first run's peak, 83 MiB of 84 on XFS), while
-        // the executor shares.
+        // gone pruned: once the clusters and names are gone (beside them,
+        // this update would be a first run's peak), while the executor
+        // shares.
         let abs: Vec<PathBuf> = roots.iter().map(|r| index::absolute(r)).collect();
         let seen = seen.as_ref().map(|dirs| index::Seen { dirs, roots: &abs });
         ix.update(learnt.unwrap_or_default(), seen);
