@@ -2332,3 +2332,119 @@ fn btrfs_a_writer_during_the_run_loses_nothing_and_leaves_no_wrong_claim() {
         a_writer_during_the_run(d.path(), seed);
     }
 }
+
+/// A file of `bytes` at `p` whose data is in a block of its own, never
+/// inline, whatever its size: written longer, synced, then cut back
+/// (Btrfs does not move a truncated extent inline).
+fn not_inline(p: &Path, bytes: &[u8]) {
+    let mut long = bytes.to_vec();
+    long.extend(data(8192, 77));
+    write_file(p, &long);
+    let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+    f.set_len(bytes.len() as u64).unwrap();
+    f.sync_all().unwrap();
+    assert!(runs(p).is_some(), "{p:?} is inline");
+}
+
+/// Inline files (Btrfs), indexed as inline by a first run; then another
+/// tool's dedupe (`xfs_io`, as `duperemove` would) puts some of them on
+/// the blocks of a non-inline copy: no longer inline, their times left
+/// as they were. The copies they were put on are removed (each such file
+/// now holds its block alone) and new non-inline copies written. The
+/// index's inline claim is stale: runs that map every indexed file again
+/// must share each moved file with its new copy, not set it aside as
+/// inline run after run.
+fn inline_files_moved_by_another_dedupe(dir: &Path, seed: u64) {
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("inline-moved-{seed}"));
+    let donors = dir.join(format!("inline-donors-{seed}"));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for d in ["d0", "d1", "late"] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::create_dir_all(&donors).unwrap();
+    // Sizes below Btrfs's inline limit (max_inline 2048).
+    let sizes = [1usize, 100, 1000, 1500, 2000];
+    let mut inline_files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    for i in 0..8 {
+        let bytes = data(sizes[rng.usize(..sizes.len())], seed * 100 + i);
+        let p = root.join(format!("d{}/in{i}", rng.usize(..2)));
+        write_file(&p, &bytes);
+        inline_files.push((p, bytes));
+    }
+    sync(&root);
+    for (p, _) in &inline_files {
+        assert!(runs(p).is_none(), "seed {seed}: {p:?} is not inline");
+    }
+    let (p, _) = run(&root, ix.path());
+    assert!(p.inline_skipped >= 8, "seed {seed}: {p:?}");
+    // Another tool's dedupe moves some of them (at least one) onto a
+    // non-inline copy outside the root.
+    let moved: Vec<usize> = (0..inline_files.len())
+        .filter(|i| *i == 0 || rng.bool())
+        .collect();
+    for &i in &moved {
+        let (p, bytes) = &inline_files[i];
+        let donor = donors.join(format!("c{i}"));
+        not_inline(&donor, bytes);
+        let before = fs::metadata(p).unwrap();
+        let st = std::process::Command::new("xfs_io")
+            .arg("-c")
+            .arg(format!("dedupe {} 0 0 {}", donor.display(), bytes.len()))
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "seed {seed}: xfs_io dedupe onto {p:?}");
+        sync(dir);
+        let after = fs::metadata(p).unwrap();
+        assert_eq!(
+            (before.ctime(), before.ctime_nsec(), before.mtime_nsec()),
+            (after.ctime(), after.ctime_nsec(), after.mtime_nsec()),
+            "seed {seed}: the dedupe left the times (what this test is about)"
+        );
+        assert!(runs(p).is_some(), "seed {seed}: {p:?} is still inline");
+        assert!(same_blocks(p, &donor), "seed {seed}: {p:?}");
+    }
+    fs::remove_dir_all(&donors).unwrap();
+    // A new copy of each moved file, in a block of its own.
+    for &i in &moved {
+        let (_, bytes) = &inline_files[i];
+        not_inline(&root.join(format!("late/c{i}")), bytes);
+    }
+    sync(dir);
+    for n in 0..2 {
+        let (p, _) = run(&root, ix.path());
+        assert!(
+            p.inline_skipped as usize <= inline_files.len() - moved.len(),
+            "seed {seed}, run {n}: a file moved out of its inline extent was set aside as inline: {p:?}"
+        );
+    }
+    for &i in &moved {
+        let (p, bytes) = &inline_files[i];
+        assert_eq!(&fs::read(p).unwrap(), bytes, "seed {seed}");
+        assert!(
+            same_blocks(p, &root.join(format!("late/c{i}"))),
+            "seed {seed}: {p:?} and its copy are equal, not shared"
+        );
+    }
+    assert_shared_iff_equal(&root);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_an_inline_file_moved_by_another_dedupe_is_not_claimed_inline() {
+    let d = testfs!(Btrfs);
+    for seed in [31, 32, 33] {
+        inline_files_moved_by_another_dedupe(d.path(), seed);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_zstd_an_inline_file_moved_by_another_dedupe_is_not_claimed_inline() {
+    let d = testfs!(BtrfsZstd);
+    for seed in [41, 42] {
+        inline_files_moved_by_another_dedupe(d.path(), seed);
+    }
+}
