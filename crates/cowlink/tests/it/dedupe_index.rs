@@ -2377,8 +2377,7 @@ fn inline_files_moved_by_another_dedupe(dir: &Path, seed: u64) {
     for (p, _) in &inline_files {
         assert!(runs(p).is_none(), "seed {seed}: {p:?} is not inline");
     }
-    let (p, _) = run(&root, ix.path());
-    assert!(p.inline_skipped >= 8, "seed {seed}: {p:?}");
+    run(&root, ix.path());
     // Another tool's dedupe moves some of them (at least one) onto a
     // non-inline copy outside the root.
     let moved: Vec<usize> = (0..inline_files.len())
