@@ -165,7 +165,10 @@ impl Default for DedupeOptions {
 /// work of reading it; a stale one would skip a duplicate that is no
 /// longer shared. Mapping such a file again costs an open and a FIEMAP
 /// (no byte read), which on a tree deduplicated before is most of a
-/// rerun's cost beyond the metadata walk.
+/// rerun's cost beyond the metadata walk. An entry that says a file is
+/// inline (Btrfs) spares even that, and goes stale the same way (another
+/// tool's dedupe puts an inline file on a regular extent): such a file is
+/// asked of Btrfs again (one tree search), as a new file is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LayoutRecheck {
     /// One such file in [`RECHECK_ONE_IN`], chosen afresh each run (by
@@ -550,6 +553,17 @@ impl Collect {
                 c.exclusive = hit.exclusive;
                 c.shared = hit.shared;
                 c.inline = hit.inline;
+            }
+            // An inline claim sets the file aside unread, and another
+            // tool's dedupe moves an inline file onto a regular extent
+            // leaving its times: one picked is taken as a new file (one
+            // tree search, below), not trusted.
+            if c.inline && self.recheck.picks(st.ino, self.salt) {
+                c.known = false;
+                c.mapped = false;
+                c.inline = false;
+                c.shared = None;
+                c.exclusive = st.blocks * 512;
             }
             // A layout that would spare work (every block shared, or
             // none held alone) is mapped again: extents move without
