@@ -2249,13 +2249,17 @@ fn hostile_change(rng: &mut fastrand::Rng, model: &mut [(PathBuf, Vec<u8>)], siz
 /// it, and after two more runs trusting the index, every pair of equal
 /// files shares its blocks and no two different files share them all.
 fn a_writer_during_the_run(dir: &Path, seed: u64) {
+    a_writer_during_the_run_of(dir, seed, &[4097, 65_537, 300_001, 1 << 20]);
+}
+
+/// As [`a_writer_during_the_run`], with files of `sizes`.
+fn a_writer_during_the_run_of(dir: &Path, seed: u64, sizes: &[usize]) {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     eprintln!("seed {seed}");
     let ix = tempfile::tempdir().unwrap();
     let root = dir.join(format!("writer-{seed}"));
     fs::create_dir_all(&root).unwrap();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let sizes = [4097usize, 65_537, 300_001, 1 << 20];
     let mut model: Vec<(PathBuf, Vec<u8>)> = (0..40)
         .map(|i| {
             let bytes = data(sizes[rng.usize(..sizes.len())], rng.u64(1..4));
@@ -2272,7 +2276,7 @@ fn a_writer_during_the_run(dir: &Path, seed: u64) {
         let writer = s.spawn(move || {
             let mut n = 0;
             while !stop.load(Relaxed) || n < 5 {
-                hostile_change(&mut wrng, &mut model, &sizes);
+                hostile_change(&mut wrng, &mut model, sizes);
                 n += 1;
                 std::thread::sleep(std::time::Duration::from_millis(wrng.u64(..3)));
             }
@@ -2445,5 +2449,87 @@ fn btrfs_zstd_an_inline_file_moved_by_another_dedupe_is_not_claimed_inline() {
     let d = testfs!(BtrfsZstd);
     for seed in [41, 42] {
         inline_files_moved_by_another_dedupe(d.path(), seed);
+    }
+}
+
+/// A writer during the run over files of Btrfs inline sizes as well as
+/// larger ones: files move in and out of their inline extents (written
+/// in place, cloned over, replaced) while the run indexes them as inline
+/// or not; no claim may outlive the change.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_writer_during_the_run_over_inline_files_leaves_no_wrong_claim() {
+    let d = testfs!(Btrfs);
+    for seed in [951, 952, 953, 954] {
+        a_writer_during_the_run_of(d.path(), seed, &[100, 1500, 2048, 4097, 65_537]);
+    }
+}
+
+/// Inline files (Btrfs), written back, then grown in place past the
+/// inline limit and not synced when the run starts: Btrfs's tree still
+/// holds their old inline extents until the writeback replaces them.
+/// Each has a non-inline copy of its new bytes. After the run (and a
+/// sync), runs that trust every claim the index holds
+/// ([`LayoutRecheck::Never`]: a claim must be right when written) must
+/// share each grown file with its copy, not keep it aside as inline.
+fn inline_files_grown_unsynced(dir: &Path, seed: u64) {
+    use std::io::Write;
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("inline-grown-{seed}"));
+    fs::create_dir_all(root.join("copies")).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut grown = Vec::new();
+    for i in 0..6 {
+        let p = root.join(format!("g{i}"));
+        let first = data(rng.usize(1..2000), seed * 100 + i);
+        write_file(&p, &first);
+        assert!(runs(&p).is_none(), "seed {seed}: {p:?} is not inline");
+        // Past max_inline (2048), at most two blocks.
+        let more = data(rng.usize(2100..8000) - first.len(), seed * 100 + 50 + i);
+        let mut bytes = first;
+        bytes.extend(&more);
+        not_inline(&root.join(format!("copies/c{i}")), &bytes);
+        grown.push((p, bytes, more));
+    }
+    sync(&root);
+    // Appended, left in the page cache.
+    for (p, _, more) in &grown {
+        let mut f = fs::OpenOptions::new().append(true).open(p).unwrap();
+        f.write_all(more).unwrap();
+    }
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?}"
+    );
+    sync(&root);
+    for _ in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(
+            p.errors.is_empty() && r.errors.is_empty(),
+            "seed {seed}: {p:?}"
+        );
+    }
+    for (i, (p, bytes, _)) in grown.iter().enumerate() {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "seed {seed}");
+        assert!(
+            runs(p).is_some(),
+            "seed {seed}: {p:?} is inline after the sync"
+        );
+        assert!(
+            same_blocks(p, &root.join(format!("copies/c{i}"))),
+            "seed {seed}: {p:?} and its copy are equal, not shared"
+        );
+    }
+    assert_shared_iff_equal(&root);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_an_inline_file_grown_and_not_yet_written_back_is_not_claimed_inline() {
+    let d = testfs!(Btrfs);
+    for seed in [61, 62, 63] {
+        inline_files_grown_unsynced(d.path(), seed);
     }
 }
