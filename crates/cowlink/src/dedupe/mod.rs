@@ -168,7 +168,7 @@ impl Default for DedupeOptions {
 /// rerun's cost beyond the metadata walk. An entry that says a file is
 /// inline (Btrfs) spares even that, and goes stale the same way (another
 /// tool's dedupe puts an inline file on a regular extent): such a file is
-/// asked of Btrfs again (one tree search), as a new file is.
+/// mapped again, as a new file is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LayoutRecheck {
     /// One such file in [`RECHECK_ONE_IN`], chosen afresh each run (by
@@ -556,8 +556,8 @@ impl Collect {
             }
             // An inline claim sets the file aside unread, and another
             // tool's dedupe moves an inline file onto a regular extent
-            // leaving its times: one picked is taken as a new file (one
-            // tree search, below), not trusted.
+            // leaving its times: one picked is taken as a new file
+            // (mapped, below), not trusted.
             if c.inline && self.recheck.picks(st.ino, self.salt) {
                 c.known = false;
                 c.mapped = false;
@@ -604,8 +604,17 @@ impl Collect {
         if size <= 2 * EDGE && !c.mapped {
             // Small files are read now, while their directory is open
             // (no path to walk again), in the walk's threads. Inline
-            // ones (Btrfs) need not be opened at all.
-            if self.inline_by_search(e.dirfd, st.dev, st.ino) == Some(true) {
+            // ones (Btrfs) need not be opened at all, but for the index:
+            // the tree search reads the extents as last written back,
+            // and a file grown in place and not yet written back still
+            // shows its old inline extent. Such an answer costs this run
+            // one missed file; kept in the index under the file's new
+            // identity (writeback moves no time), it would set the file
+            // aside every run. With an index the file is mapped instead
+            // (written back first): once, as the index then knows it.
+            let searched = self.indexes.is_none()
+                && self.inline_by_search(e.dirfd, st.dev, st.ino) == Some(true);
+            if searched {
                 c.inline = true;
             } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
                 read_layout(fd.as_fd(), &mut c);
@@ -684,7 +693,9 @@ impl Collect {
     /// cost of opening the file and mapping its extents
     /// (`bench/inline-probe`), and most small files on Btrfs are inline.
     /// `None` where the search is not available (another filesystem, or no
-    /// `CAP_SYS_ADMIN`) or failed: the caller maps the file instead.
+    /// `CAP_SYS_ADMIN`) or failed: the caller maps the file instead. It
+    /// reads the extents as last written back, so a run with an index
+    /// does not ask it (see [`Collect::take`]).
     fn inline_by_search(&self, dirfd: BorrowedFd<'_>, dev: u64, ino: u64) -> Option<bool> {
         let known = self
             .searchable
