@@ -114,7 +114,7 @@
 // a failed index write only, which becomes a note in the report.
 #![allow(clippy::result_large_err)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -540,10 +540,53 @@ struct State {
     /// (see [`Indexes::stored_as`]).
     shape: HashMap<u64, (usize, Box<[u8]>)>,
     /// Decoded records, each with when it was last used (a count of
-    /// lookups), and their entries in all.
+    /// switches between records), and their entries in all.
     cache: HashMap<u64, (Arc<Record>, u64)>,
+    /// The cached records by when they were last used, the least
+    /// recently used first: eviction takes the first. A scan of the
+    /// cache per record decoded costs a step per record cached, 8,192
+    /// per directory once the cache is full of one-file directories.
+    by_use: BTreeMap<u64, u64>,
     uses: u64,
     cached: usize,
+}
+
+impl State {
+    /// Directory `dir`'s cached record, marked used now.
+    fn touch(&mut self, dir: u64) -> Option<Arc<Record>> {
+        let (r, used) = self.cache.get_mut(&dir)?;
+        // Already the most recent (the walk's lookups come a directory
+        // at a time): nothing moves.
+        if *used != self.uses {
+            self.by_use.remove(used);
+            self.uses += 1;
+            *used = self.uses;
+            self.by_use.insert(self.uses, dir);
+        }
+        Some(r.clone())
+    }
+
+    /// Cache `rec`, directory `dir`'s record, as used now; let the least
+    /// recently used go while the cache holds more than
+    /// [`CACHED_ENTRIES`] entries, but never the [`KEPT_RECORDS`] most
+    /// recent.
+    fn keep(&mut self, dir: u64, rec: Arc<Record>) {
+        self.uses += 1;
+        self.cached += rec.files.len();
+        if let Some((old, used)) = self.cache.insert(dir, (rec, self.uses)) {
+            self.cached -= old.files.len();
+            self.by_use.remove(&used);
+        }
+        self.by_use.insert(self.uses, dir);
+        while self.cached > CACHED_ENTRIES && self.cache.len() > KEPT_RECORDS {
+            let Some((_, old)) = self.by_use.pop_first() else {
+                break;
+            };
+            if let Some((r, _)) = self.cache.remove(&old) {
+                self.cached -= r.files.len();
+            }
+        }
+    }
 }
 
 impl FsIndex {
@@ -567,11 +610,8 @@ impl FsIndex {
     fn record(&self, dir: u64) -> Option<Arc<Record>> {
         {
             let mut st = lock(&self.state);
-            st.uses += 1;
-            let now = st.uses;
-            if let Some((r, used)) = st.cache.get_mut(&dir) {
-                *used = now;
-                return Some(r.clone());
+            if let Some(r) = st.touch(dir) {
+                return Some(r);
             }
             if let Some(None) = st.met.get(&dir) {
                 return None;
@@ -610,28 +650,10 @@ impl FsIndex {
             }
         }
         let rec = rec?;
-        st.uses += 1;
-        let now = st.uses;
-        if let Some((r, used)) = st.cache.get_mut(&dir) {
-            *used = now;
-            return Some(r.clone());
+        if let Some(r) = st.touch(dir) {
+            return Some(r);
         }
-        st.cached += rec.files.len();
-        st.cache.insert(dir, (rec.clone(), now));
-        while st.cached > CACHED_ENTRIES && st.cache.len() > KEPT_RECORDS {
-            // The least recently used; a scan, once per record decoded.
-            let Some(old) = st
-                .cache
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k)
-            else {
-                break;
-            };
-            if let Some((r, _)) = st.cache.remove(&old) {
-                st.cached -= r.files.len();
-            }
-        }
+        st.keep(dir, rec.clone());
         Some(rec)
     }
 
@@ -807,6 +829,7 @@ impl Indexes {
             *ix.read.write().unwrap_or_else(|e| e.into_inner()) = None;
             let mut st = lock(&ix.state);
             st.cache = HashMap::new();
+            st.by_use = BTreeMap::new();
             st.cached = 0;
         }
     }
@@ -1914,5 +1937,70 @@ mod tests {
             (e.ident(), e.hash, e.whole),
             (was.ident(), was.hash, was.whole)
         );
+    }
+
+    /// The record cache against a plain model of its rule (scan for the
+    /// least recently used, let it go while over [`CACHED_ENTRIES`]
+    /// entries and more than [`KEPT_RECORDS`] records), over seeded
+    /// random lookups of records of random sizes: the same records are
+    /// cached after every step, and a cached one is the one kept.
+    #[test]
+    fn the_record_cache_lets_the_least_recently_used_go() {
+        for seed in 1..=8u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut st = State::default();
+            // Model: dir -> (entries, last use).
+            let mut model: HashMap<u64, (usize, u64)> = HashMap::new();
+            let mut clock = 0u64;
+            let sizes: Vec<usize> = (0..200)
+                .map(|_| match rng.u8(..4) {
+                    0 => rng.usize(2000..6000),
+                    1 => 0,
+                    _ => rng.usize(1..50),
+                })
+                .collect();
+            for step in 0..3000 {
+                // Runs of lookups in one directory, as the walk makes.
+                let dir = rng.u64(..sizes.len() as u64);
+                for _ in 0..rng.usize(1..4) {
+                    clock += 1;
+                    match st.touch(dir) {
+                        Some(r) => {
+                            assert_eq!(r.files.len(), sizes[dir as usize], "seed {seed}");
+                            model.get_mut(&dir).expect("cached in the model").1 = clock;
+                        }
+                        None => {
+                            assert!(!model.contains_key(&dir), "seed {seed} step {step}");
+                            let files = (0..sizes[dir as usize] as u64)
+                                .map(|i| (i, Entry::default()))
+                                .collect();
+                            st.keep(
+                                dir,
+                                Arc::new(Record {
+                                    path: Vec::new(),
+                                    files,
+                                }),
+                            );
+                            model.insert(dir, (sizes[dir as usize], clock));
+                            loop {
+                                let total: usize = model.values().map(|v| v.0).sum();
+                                if total <= CACHED_ENTRIES || model.len() <= KEPT_RECORDS {
+                                    break;
+                                }
+                                let old = *model.iter().min_by_key(|(_, v)| v.1).unwrap().0;
+                                model.remove(&old);
+                            }
+                        }
+                    }
+                }
+                let mut got: Vec<u64> = st.cache.keys().copied().collect();
+                let mut want: Vec<u64> = model.keys().copied().collect();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "seed {seed} step {step}");
+                assert_eq!(st.cached, model.values().map(|v| v.0).sum::<usize>());
+                assert_eq!(st.by_use.len(), st.cache.len());
+            }
+        }
     }
 }
