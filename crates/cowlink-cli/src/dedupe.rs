@@ -123,9 +123,9 @@ pub struct DedupeArgs {
     #[arg(long)]
     no_index: bool,
 
-    /// Map again every file the index says shares all its blocks (by
-    /// default one in 16 per run, at random): extents moved by a
-    /// defragment or another tool's dedupe leave the file's times alone
+    /// Map again every file the index says shares all its blocks or is
+    /// inline (by default one in 16 per run, at random): extents moved by
+    /// a defragment or another tool's dedupe leave the file's times alone
     #[arg(long, conflicts_with = "no_index")]
     recheck_layouts: bool,
 
