@@ -2533,3 +2533,107 @@ fn btrfs_an_inline_file_grown_and_not_yet_written_back_is_not_claimed_inline() {
         inline_files_grown_unsynced(d.path(), seed);
     }
 }
+
+/// By default ([`LayoutRecheck::Sample`]) a stale inline claim is found
+/// within a few runs, as a moved layout is: an inline file put on a
+/// regular extent by another tool's dedupe (times left alone), its donor
+/// removed and a new non-inline copy written, stays apart from the copy
+/// while every claim is trusted ([`LayoutRecheck::Never`]), and is
+/// shared with it by sampled runs.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_sampled_recheck_finds_a_stale_inline_claim_within_a_few_runs() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    fs::create_dir_all(&root).unwrap();
+    let bytes = data(1500, 5);
+    let a = root.join("a");
+    write_file(&a, &bytes);
+    // Another file, so the run has something of its own to index.
+    write_file(&root.join("other"), &data(1000, 6));
+    sync(&root);
+    assert!(runs(&a).is_none(), "a is not inline");
+    run(&root, ix.path());
+    let donor = d.path().join("donor");
+    not_inline(&donor, &bytes);
+    let st = std::process::Command::new("xfs_io")
+        .arg("-c")
+        .arg(format!("dedupe {} 0 0 {}", donor.display(), bytes.len()))
+        .arg(&a)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::remove_file(&donor).unwrap();
+    let copy = root.join("copy");
+    not_inline(&copy, &bytes);
+    sync(d.path());
+    assert!(runs(&a).is_some(), "a is still inline");
+    let with = |recheck| DedupeOptions {
+        layout_recheck: recheck,
+        ..opts(ix.path())
+    };
+    for _ in 0..20 {
+        let (p, r) = dedupe(&[&root], &with(LayoutRecheck::Never)).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty());
+    }
+    assert!(
+        !same_blocks(&a, &copy),
+        "trusted claims are never mapped again"
+    );
+    // Picked with probability 1/16 per run: missed by 400 runs with
+    // probability (15/16)^400, never in practice.
+    let mut n = 0;
+    while !same_blocks(&a, &copy) {
+        assert!(n < 400, "the stale inline claim was not found in {n} runs");
+        let (p, r) = dedupe(&[&root], &with(LayoutRecheck::Sample)).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty());
+        n += 1;
+    }
+    assert_eq!(fs::read(&a).unwrap(), bytes);
+    assert_shared_iff_equal(&root);
+}
+
+/// Btrfs: a directory of inline and larger files moved elsewhere keeps
+/// its record (keyed by its inode), inline entries and all: a run over
+/// its new place reads nothing and finds every file unchanged, and a run
+/// over the old place prunes nothing of it.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_moved_directory_keeps_its_inline_entries() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    for dir in [a.join("x"), a.join("stay"), b.clone()] {
+        fs::create_dir_all(&dir).unwrap();
+    }
+    let mut inline = Vec::new();
+    for i in 0..6u64 {
+        let size = if i < 4 {
+            100 + 400 * i as usize
+        } else {
+            20_000
+        };
+        let bytes = data(size, i);
+        write_file(&a.join("x").join(format!("f{i}")), &bytes);
+        write_file(&a.join("stay").join(format!("f{i}")), &bytes);
+        if i < 4 {
+            inline.push(a.join("x").join(format!("f{i}")));
+        }
+    }
+    sync(d.path());
+    for p in &inline {
+        assert!(runs(p).is_none(), "{p:?} is not inline");
+    }
+    run(d.path(), ix.path());
+    fs::rename(a.join("x"), b.join("x")).unwrap();
+    let (p, _) = run(&b, ix.path());
+    assert_eq!(index_of(&p).unchanged, 6, "{p:?}");
+    assert_eq!(p.bytes_hashed, 0, "{p:?}");
+    let (p, _) = run(&a, ix.path());
+    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
+    let (p, _) = run(&b, ix.path());
+    assert_eq!(index_of(&p).unchanged, 6, "{p:?}");
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
+    assert_shared_iff_equal(d.path());
+}
