@@ -604,16 +604,10 @@ impl Collect {
         if size <= 2 * EDGE && !c.mapped {
             // Small files are read now, while their directory is open
             // (no path to walk again), in the walk's threads. Inline
-            // ones (Btrfs) need not be opened at all, but for the index:
-            // the tree search reads the extents as last written back,
-            // and a file grown in place and not yet written back still
-            // shows its old inline extent. Such an answer costs this run
-            // one missed file; kept in the index under the file's new
-            // identity (writeback moves no time), it would set the file
-            // aside every run. With an index the file is mapped instead
-            // (written back first): once, as the index then knows it.
-            let searched = self.indexes.is_none()
-                && self.inline_by_search(e.dirfd, st.dev, st.ino) == Some(true);
+            // ones (Btrfs) need not be opened at all: the tree search
+            // says so when its inline extent holds the file's whole
+            // size (see `inline_by_search` for why the size).
+            let searched = self.inline_by_search(e.dirfd, st.dev, st.ino, size) == Some(true);
             if searched {
                 c.inline = true;
             } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
@@ -693,10 +687,24 @@ impl Collect {
     /// cost of opening the file and mapping its extents
     /// (`bench/inline-probe`), and most small files on Btrfs are inline.
     /// `None` where the search is not available (another filesystem, or no
-    /// `CAP_SYS_ADMIN`) or failed: the caller maps the file instead. It
-    /// reads the extents as last written back, so a run with an index
-    /// does not ask it (see [`Collect::take`]).
-    fn inline_by_search(&self, dirfd: BorrowedFd<'_>, dev: u64, ino: u64) -> Option<bool> {
+    /// `CAP_SYS_ADMIN`) or failed: the caller maps the file instead.
+    ///
+    /// The search reads the extents as last written back: a file grown,
+    /// shrunk or replaced and not yet written back still shows its old
+    /// inline extent. So the answer is yes only when that extent starts
+    /// the file and holds all `size` bytes of it as `statx` gives them
+    /// now; otherwise the file is mapped (written back first). A file
+    /// rewritten in place at the same size, not yet written back, is
+    /// inline again once it is. Kept in the index under the file's new
+    /// identity (writeback moves no time), a wrong yes would set the
+    /// file aside every run.
+    fn inline_by_search(
+        &self,
+        dirfd: BorrowedFd<'_>,
+        dev: u64,
+        ino: u64,
+        size: u64,
+    ) -> Option<bool> {
         let known = self
             .searchable
             .read()
@@ -718,7 +726,9 @@ impl Collect {
             return None;
         }
         match cowlink_sys::btrfs_first_file_extent(dirfd, ino) {
-            Ok(first) => Some(first.is_some_and(|x| x.kind == 0)),
+            Ok(first) => Some(
+                first.is_some_and(|x| x.kind == 0 && x.file_offset == 0 && x.ram_bytes == size),
+            ),
             // Not allowed (no CAP_SYS_ADMIN), or not answered here.
             Err(Errno::PERM | Errno::NOTTY | Errno::OPNOTSUPP | Errno::INVAL) => {
                 remember(false);
