@@ -151,8 +151,8 @@ const SHARING: &str = "sharing";
 const COMPACTED: &str = "compacted";
 
 /// Entries of decoded records kept for the walk's lookups (the least
-/// recently used records go first, but never the [`KEPT_RECORDS`] most
-/// recent). A directory's entries are looked up while the walk is in it,
+/// recently used records go first, but never the eight most recent).
+/// A directory's entries are looked up while the walk is in it,
 /// so a few records cover the walk's threads; a record let go is read
 /// again if needed.
 pub const CACHED_ENTRIES: usize = 1 << 13;
