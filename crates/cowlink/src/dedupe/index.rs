@@ -484,6 +484,23 @@ fn check(dir: u64, body: &[u8]) -> [u8; CHECK] {
     out
 }
 
+/// Take the exclusive `flock` on the index's lock file `lk`, trying a few
+/// times over about a quarter of a second before calling it held. A lock
+/// released by a run can still be held for a moment by a process another
+/// thread of the same program forked before it execs (the descriptor is
+/// close-on-exec, but shared until the exec): taken at once, a run right
+/// after another of the same program would find its own index "in use"
+/// and go on without it, sharing what the index knows to leave alone.
+fn lock_soon(lk: &std::fs::File) -> bool {
+    for wait_ms in [0u64, 5, 10, 20, 40, 80, 100] {
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        if fs::flock(lk.as_fd(), FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
 /// The body of the stored bytes `b` of directory `dir`'s record, if its
 /// check holds.
 fn checked(dir: u64, b: &[u8]) -> Option<&[u8]> {
@@ -1256,7 +1273,7 @@ impl Indexes {
         let lock_path = self.dir.join(format!("{key}.lock"));
         let mut lk = own_file(&lock_path)
             .map_err(|e| format!("index lock {}: {e}; going on without it", shown(&lock_path)))?;
-        if fs::flock(lk.as_fd(), FlockOperation::NonBlockingLockExclusive).is_err() {
+        if !lock_soon(&lk) {
             let mut holder = String::new();
             let _ = lk.read_to_string(&mut holder);
             let holder = holder.trim();
