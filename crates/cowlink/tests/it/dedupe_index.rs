@@ -2350,6 +2350,16 @@ fn not_inline(p: &Path, bytes: &[u8]) {
     assert!(runs(p).is_some(), "{p:?} is inline");
 }
 
+/// `p` still holds `bytes` and shares its blocks with `copy`, an equal
+/// file (seeded case `seed`).
+fn assert_kept_and_shared(p: &Path, bytes: &[u8], copy: &Path, seed: u64) {
+    assert_eq!(fs::read(p).unwrap(), bytes, "seed {seed}");
+    assert!(
+        same_blocks(p, copy),
+        "seed {seed}: {p:?} and its copy are equal, not shared"
+    );
+}
+
 /// Inline files (Btrfs), indexed as inline by a first run; then another
 /// tool's dedupe (`xfs_io`, as `duperemove` would) puts some of them on
 /// the blocks of a non-inline copy: no longer inline, their times left
@@ -2425,11 +2435,7 @@ fn inline_files_moved_by_another_dedupe(dir: &Path, seed: u64) {
     }
     for &i in &moved {
         let (p, bytes) = &inline_files[i];
-        assert_eq!(&fs::read(p).unwrap(), bytes, "seed {seed}");
-        assert!(
-            same_blocks(p, &root.join(format!("late/c{i}"))),
-            "seed {seed}: {p:?} and its copy are equal, not shared"
-        );
+        assert_kept_and_shared(p, bytes, &root.join(format!("late/c{i}")), seed);
     }
     assert_shared_iff_equal(&root);
 }
@@ -2512,15 +2518,11 @@ fn inline_files_grown_unsynced(dir: &Path, seed: u64) {
         );
     }
     for (i, (p, bytes, _)) in grown.iter().enumerate() {
-        assert_eq!(&fs::read(p).unwrap(), bytes, "seed {seed}");
         assert!(
             runs(p).is_some(),
             "seed {seed}: {p:?} is inline after the sync"
         );
-        assert!(
-            same_blocks(p, &root.join(format!("copies/c{i}"))),
-            "seed {seed}: {p:?} and its copy are equal, not shared"
-        );
+        assert_kept_and_shared(p, bytes, &root.join(format!("copies/c{i}")), seed);
     }
     assert_shared_iff_equal(&root);
 }
@@ -2573,14 +2575,14 @@ fn a_sampled_recheck_finds_a_stale_inline_claim_within_a_few_runs() {
         layout_recheck: recheck,
         ..opts(ix.path())
     };
-    for _ in 0..20 {
+    for n in 0..20 {
         let (p, r) = dedupe(&[&root], &with(LayoutRecheck::Never)).unwrap();
         assert!(p.errors.is_empty() && r.errors.is_empty());
+        assert!(
+            !same_blocks(&a, &copy),
+            "trusted claims are never mapped again (run {n}): {p:?} {r:?}"
+        );
     }
-    assert!(
-        !same_blocks(&a, &copy),
-        "trusted claims are never mapped again"
-    );
     // Picked with probability 1/16 per run: missed by 400 runs with
     // probability (15/16)^400, never in practice.
     let mut n = 0;
