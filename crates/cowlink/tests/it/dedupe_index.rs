@@ -2639,3 +2639,96 @@ fn btrfs_a_moved_directory_keeps_its_inline_entries() {
     assert_eq!(index_of(&p).written, 0, "{p:?}");
     assert_shared_iff_equal(d.path());
 }
+
+/// Compressed inline files (Btrfs inlines a file up to one block whose
+/// compressed data fits `max_inline`, 2048), written back, then rewritten
+/// in place at the same size with bytes that do not compress, and not
+/// synced when the run starts: the tree still holds the old inline
+/// extent, and it holds the file's whole size, yet once written back the
+/// file is in a regular extent. Each has a non-inline copy of its new
+/// bytes. After the run (and a sync), runs that trust every claim the
+/// index holds must share each rewritten file with its copy, not keep it
+/// aside as inline. `compress` sets compression on the directory (for a
+/// filesystem not mounted with it).
+fn compressed_inline_rewritten_unsynced(dir: &Path, seed: u64, compress: bool) {
+    use std::os::unix::fs::FileExt;
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("inline-recompressed-{seed}"));
+    fs::create_dir_all(root.join("copies")).unwrap();
+    if compress {
+        btrfs(&[
+            "property".as_ref(),
+            "set".as_ref(),
+            root.as_os_str(),
+            "compression".as_ref(),
+            "zstd".as_ref(),
+        ]);
+    }
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut rewritten = Vec::new();
+    for i in 0..6 {
+        let p = root.join(format!("r{i}"));
+        // Past max_inline (2048), under a block: inline only compressed.
+        let size = rng.usize(2100..4000);
+        let pattern = data(rng.usize(1..64), seed * 100 + i);
+        let first: Vec<u8> = pattern.iter().copied().cycle().take(size).collect();
+        write_file(&p, &first);
+        assert!(
+            runs(&p).is_none(),
+            "seed {seed}: {p:?} ({size} bytes, compressible) is not inline"
+        );
+        let bytes = data(size, seed * 100 + 50 + i);
+        not_inline(&root.join(format!("copies/c{i}")), &bytes);
+        rewritten.push((p, bytes));
+    }
+    sync(&root);
+    // Rewritten in place, same size, left in the page cache.
+    for (p, bytes) in &rewritten {
+        let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+    }
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?}"
+    );
+    sync(&root);
+    for _ in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(
+            p.errors.is_empty() && r.errors.is_empty(),
+            "seed {seed}: {p:?}"
+        );
+    }
+    for (i, (p, bytes)) in rewritten.iter().enumerate() {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "seed {seed}");
+        assert!(
+            runs(p).is_some(),
+            "seed {seed}: {p:?} is inline after the sync"
+        );
+        assert!(
+            same_blocks(p, &root.join(format!("copies/c{i}"))),
+            "seed {seed}: {p:?} and its copy are equal, not shared (claimed inline)"
+        );
+    }
+    assert_shared_iff_equal(&root);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_zstd_a_compressed_inline_file_rewritten_unsynced_is_not_claimed_inline() {
+    let d = testfs!(BtrfsZstd);
+    for seed in [71, 72, 73] {
+        compressed_inline_rewritten_unsynced(d.path(), seed, false);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_compressed_inline_file_rewritten_unsynced_is_not_claimed_inline() {
+    let d = testfs!(Btrfs);
+    for seed in [74, 75, 76] {
+        compressed_inline_rewritten_unsynced(d.path(), seed, true);
+    }
+}
