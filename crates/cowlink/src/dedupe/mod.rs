@@ -109,6 +109,15 @@ use stages::{layout_facts, Cand, Name, Names, Span, Times};
 
 /// Bytes hashed from each end of a file for the partial hash.
 const EDGE: u64 = 4096;
+
+/// The largest file a Btrfs tree search is believed inline for: Btrfs's
+/// default `max_inline`, the most a file's bytes may take inline
+/// uncompressed. A same-size rewrite of a file up to this size is inline
+/// again once written back whatever its bytes; a larger inline file is
+/// inline only compressed, and a rewrite may not compress (see
+/// `Collect::inline_by_search`).
+const SEARCH_INLINE_MAX: u64 = 2048;
+
 /// Largest range given to one `FIDEDUPERANGE` call.
 pub const CHUNK: u64 = 1 << 30;
 
@@ -693,11 +702,18 @@ impl Collect {
     /// shrunk or replaced and not yet written back still shows its old
     /// inline extent. So the answer is yes only when that extent starts
     /// the file and holds all `size` bytes of it as `statx` gives them
-    /// now; otherwise the file is mapped (written back first). A file
-    /// rewritten in place at the same size, not yet written back, is
-    /// inline again once it is. Kept in the index under the file's new
-    /// identity (writeback moves no time), a wrong yes would set the
-    /// file aside every run.
+    /// now; otherwise the file is mapped (written back first).
+    ///
+    /// A file rewritten in place at the same size, not yet written back,
+    /// is inline again once it is only when its bytes fit inline as they
+    /// are: Btrfs also inlines a file of up to a block whose *compressed*
+    /// data fits `max_inline`, and such a file rewritten with bytes that
+    /// do not compress lands in a regular extent. So the answer is yes
+    /// only up to [`SEARCH_INLINE_MAX`] bytes; a larger (compressed)
+    /// inline file is mapped, an open and a FIEMAP more for a file that
+    /// is rare outside a compressed mount. Kept in the index under the
+    /// file's new identity (writeback moves no time), a wrong yes would
+    /// set the file aside every run.
     fn inline_by_search(
         &self,
         dirfd: BorrowedFd<'_>,
@@ -726,9 +742,12 @@ impl Collect {
             return None;
         }
         match cowlink_sys::btrfs_first_file_extent(dirfd, ino) {
-            Ok(first) => Some(
-                first.is_some_and(|x| x.kind == 0 && x.file_offset == 0 && x.ram_bytes == size),
-            ),
+            Ok(first) => Some(first.is_some_and(|x| {
+                x.kind == 0
+                    && x.file_offset == 0
+                    && x.ram_bytes == size
+                    && size <= SEARCH_INLINE_MAX
+            })),
             // Not allowed (no CAP_SYS_ADMIN), or not answered here.
             Err(Errno::PERM | Errno::NOTTY | Errno::OPNOTSUPP | Errno::INVAL) => {
                 remember(false);
