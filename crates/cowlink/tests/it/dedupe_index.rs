@@ -2732,3 +2732,124 @@ fn btrfs_a_compressed_inline_file_rewritten_unsynced_is_not_claimed_inline() {
         compressed_inline_rewritten_unsynced(d.path(), seed, true);
     }
 }
+
+/// `xfs_io` with `cmds` on `p`; whether every command succeeded (it
+/// prints failures, not always with a failing status).
+fn xfs_io_ok(p: &Path, cmds: &[String]) -> bool {
+    let mut c = std::process::Command::new("xfs_io");
+    for x in cmds {
+        c.arg("-c").arg(x);
+    }
+    let o = c.arg(p).output().expect("xfs_io installed");
+    o.status.success() && o.stderr.is_empty()
+}
+
+/// Inline files (Btrfs), written back, then changed by a random sequence
+/// of operations (writes, mmap writes, hole punching, zeroing,
+/// preallocation past the end, growing past the inline limit and cutting
+/// back, clones from a regular extent, direct writes) and not synced
+/// when the run starts. Each ends with a non-inline copy of its final
+/// bytes. After the run (and a sync), runs that trust every claim must
+/// share each file that is not inline with its copy: a file the index
+/// holds as inline must be inline once written back.
+fn inline_files_changed_unsynced(dir: &Path, seed: u64) {
+    eprintln!("seed {seed}");
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("inline-changed-{seed}"));
+    fs::create_dir_all(root.join("copies")).unwrap();
+    let donors = dir.join(format!("inline-changed-donors-{seed}"));
+    fs::create_dir_all(&donors).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let n = 12;
+    let mut done = Vec::new();
+    for i in 0..n {
+        let p = root.join(format!("f{i}"));
+        write_file(&p, &data(rng.usize(1..=2048), seed * 1000 + i));
+        assert!(runs(&p).is_none(), "seed {seed}: {p:?} is not inline");
+    }
+    sync(dir);
+    for i in 0..n {
+        let p = root.join(format!("f{i}"));
+        let mut ops = Vec::new();
+        for _ in 0..rng.usize(1..4) {
+            let s = fs::metadata(&p).unwrap().len().max(1);
+            let off = rng.u64(0..s);
+            let len = rng.u64(1..=s - off);
+            let byte = rng.u8(..);
+            let cmds: Vec<String> = match rng.u8(0..8) {
+                0 => vec![format!("pwrite -S {byte:#x} {off} {len}")],
+                1 => vec![
+                    format!("mmap -w 0 {s}"),
+                    format!("mwrite -S {byte:#x} {off} {len}"),
+                ],
+                2 => vec![format!("fpunch {off} {len}")],
+                3 => vec![format!("fzero -k {off} {len}")],
+                4 => vec![format!("falloc -k {off} {}", rng.u64(1..16384))],
+                5 => {
+                    let t = rng.u64(2100..12_000);
+                    vec![
+                        format!("truncate {t}"),
+                        format!("pwrite -S {byte:#x} {} 100", t - 100),
+                        format!("truncate {s}"),
+                    ]
+                }
+                6 => {
+                    let donor = donors.join(format!("d{i}-{}", ops.len()));
+                    not_inline(&donor, &data(s as usize, seed * 1000 + 500 + i));
+                    vec![format!("reflink {} 0 0 {s}", donor.display())]
+                }
+                _ => vec![format!("pwrite -d -S {byte:#x} 0 4096")],
+            };
+            let ok = xfs_io_ok(&p, &cmds);
+            ops.push((cmds, ok));
+        }
+        eprintln!("seed {seed}: f{i}: {ops:?}");
+        let bytes = fs::read(&p).unwrap();
+        if !bytes.is_empty() {
+            not_inline(&root.join(format!("copies/c{i}")), &bytes);
+        }
+        done.push((p, bytes));
+    }
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?}"
+    );
+    sync(dir);
+    for _ in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(
+            p.errors.is_empty() && r.errors.is_empty(),
+            "seed {seed}: {p:?}"
+        );
+    }
+    for (i, (p, bytes)) in done.iter().enumerate() {
+        assert_eq!(&fs::read(p).unwrap(), bytes, "seed {seed}");
+        if bytes.is_empty() || runs(p).is_none() {
+            continue;
+        }
+        assert!(
+            same_blocks(p, &root.join(format!("copies/c{i}"))),
+            "seed {seed}: {p:?} is not inline once synced, yet not shared with its copy"
+        );
+    }
+    assert_shared_iff_equal(&root);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_inline_files_changed_unsynced_are_claimed_inline_only_if_they_are() {
+    let d = testfs!(Btrfs);
+    for seed in 81..89 {
+        inline_files_changed_unsynced(d.path(), seed);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_zstd_inline_files_changed_unsynced_are_claimed_inline_only_if_they_are() {
+    let d = testfs!(BtrfsZstd);
+    for seed in 91..99 {
+        inline_files_changed_unsynced(d.path(), seed);
+    }
+}
