@@ -559,6 +559,25 @@ pub fn btrfs_first_file_extent(
     Ok(out.into_iter().next())
 }
 
+/// The first `max` file extent items of inode `inode` (at most 16), in
+/// file order, in one tree search: the first tells a file whose data is
+/// inline, and a second says it is not the only item (an extent
+/// preallocated past the end, say). `fd` is any descriptor in the same
+/// subvolume. Empty when the inode has no file extent items.
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
+pub fn btrfs_leading_file_extents(
+    fd: BorrowedFd<'_>,
+    inode: u64,
+    max: u32,
+) -> Result<Vec<BtrfsFileExtent>, Errno> {
+    let max = max.min(16);
+    let mut out = Vec::with_capacity(max as usize);
+    search_file_extents(fd, inode, 0, max, &mut out)?;
+    out.truncate(max as usize);
+    Ok(out)
+}
+
 /// One `BTRFS_IOC_TREE_SEARCH` call for at most `max_items` of inode
 /// `inode`'s file extent items from file offset `from`, appended to `out`.
 /// Returns the key offset of the last item the kernel returned, or `None`

@@ -131,6 +131,15 @@ pub fn btrfs_first_file_extent(
     Err(Errno::NOTTY)
 }
 
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_leading_file_extents(
+    _fd: BorrowedFd<'_>,
+    _inode: u64,
+    _max: u32,
+) -> Result<Vec<BtrfsFileExtent>, Errno> {
+    Err(Errno::NOTTY)
+}
+
 /// Where a directory is a Btrfs subvolume's root; never met here.
 pub const BTRFS_SUBVOL_ROOT_INO: u64 = 256;
 

@@ -711,7 +711,10 @@ impl Collect {
     /// do not compress lands in a regular extent. So the answer is yes
     /// only up to [`SEARCH_INLINE_MAX`] bytes; a larger (compressed)
     /// inline file is mapped, an open and a FIEMAP more for a file that
-    /// is rare outside a compressed mount. Kept in the index under the
+    /// is rare outside a compressed mount. And only when the inline extent
+    /// is the file's only item: one with an extent preallocated past its
+    /// end (`fallocate` keeping the size) is, rewritten, written back to a
+    /// regular extent. Kept in the index under the
     /// file's new identity (writeback moves no time), a wrong yes would
     /// set the file aside every run.
     fn inline_by_search(
@@ -741,13 +744,18 @@ impl Collect {
         if !btrfs {
             return None;
         }
-        match cowlink_sys::btrfs_first_file_extent(dirfd, ino) {
-            Ok(first) => Some(first.is_some_and(|x| {
-                x.kind == 0
-                    && x.file_offset == 0
-                    && x.ram_bytes == size
-                    && size <= SEARCH_INLINE_MAX
-            })),
+        // Two items: a second (an extent preallocated past the end) means
+        // a rewrite is not inline once written back.
+        match cowlink_sys::btrfs_leading_file_extents(dirfd, ino, 2) {
+            Ok(items) => Some(match items.as_slice() {
+                [x] => {
+                    x.kind == 0
+                        && x.file_offset == 0
+                        && x.ram_bytes == size
+                        && size <= SEARCH_INLINE_MAX
+                }
+                _ => false,
+            }),
             // Not allowed (no CAP_SYS_ADMIN), or not answered here.
             Err(Errno::PERM | Errno::NOTTY | Errno::OPNOTSUPP | Errno::INVAL) => {
                 remember(false);
