@@ -490,6 +490,12 @@ struct Loop {
 
 impl Loop {
     fn mount(img: &Path, mnt: &Path) -> Loop {
+        // nouuid: XFS refuses a second mount of one UUID otherwise.
+        Loop::mount_with(img, mnt, "nouuid")
+    }
+
+    /// The image at `img` mounted at `mnt` with mount options `opts`.
+    fn mount_with(img: &Path, mnt: &Path, opts: &str) -> Loop {
         let sh = |c: &mut std::process::Command| {
             let o = c.output().unwrap();
             assert!(
@@ -503,9 +509,8 @@ impl Loop {
             .args(["-f", "--show"])
             .arg(img));
         fs::create_dir_all(mnt).unwrap();
-        // nouuid: XFS refuses a second mount of one UUID otherwise.
         sh(std::process::Command::new("mount")
-            .args(["-o", "nouuid", &dev])
+            .args(["-o", opts, &dev])
             .arg(mnt));
         Loop {
             dev,
@@ -2868,4 +2873,71 @@ fn btrfs_zstd_inline_files_changed_unsynced_are_claimed_inline_only_if_they_are(
     for seed in 91..99 {
         inline_files_changed_unsynced(d.path(), seed);
     }
+}
+
+/// Btrfs mounted with a smaller `max_inline` than the one its inline
+/// files were written under (`mount -o remount,max_inline=0`): a file
+/// rewritten in place at its size and not yet written back still shows
+/// its old inline extent, the only item, holding its whole size, yet is
+/// written back to a regular extent. Each has a non-inline copy of its
+/// new bytes; after the run (and a sync) runs that trust every claim
+/// must share each file with its copy, not keep it aside as inline.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_remounted_with_a_smaller_max_inline_does_not_claim_rewrites_inline() {
+    use std::os::unix::fs::FileExt;
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let img = d.path().join("btrfs.img");
+    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    let out = std::process::Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = Loop::mount_with(&img, &d.path().join("m"), "max_inline=2048");
+    let root = m.mnt.join("t");
+    fs::create_dir_all(root.join("copies")).unwrap();
+    let mut files = Vec::new();
+    for i in 0..4u64 {
+        let p = root.join(format!("f{i}"));
+        let size = 200 + 400 * i as usize;
+        write_file(&p, &data(size, 10 + i));
+        assert!(runs(&p).is_none(), "{p:?} is not inline");
+        let bytes = data(size, 20 + i);
+        files.push((p, bytes));
+    }
+    sync(&m.mnt);
+    let st = std::process::Command::new("mount")
+        .args(["-o", "remount,max_inline=0"])
+        .arg(&m.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "remount with max_inline=0");
+    for (i, (p, bytes)) in files.iter().enumerate() {
+        not_inline(&root.join(format!("copies/c{i}")), bytes);
+        let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+    }
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?}");
+    sync(&m.mnt);
+    for _ in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?}");
+    }
+    for (i, (p, bytes)) in files.iter().enumerate() {
+        assert_eq!(&fs::read(p).unwrap(), bytes);
+        assert!(runs(p).is_some(), "{p:?} is inline with max_inline=0");
+        assert!(
+            same_blocks(p, &root.join(format!("copies/c{i}"))),
+            "{p:?} and its copy are equal, not shared (claimed inline)"
+        );
+    }
+    drop(m);
 }
