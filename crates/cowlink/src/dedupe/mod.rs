@@ -118,6 +118,34 @@ const EDGE: u64 = 4096;
 /// `Collect::inline_by_search`).
 const SEARCH_INLINE_MAX: u64 = 2048;
 
+/// The largest size a Btrfs tree search in directory `dirfd` is
+/// believed inline for: [`SEARCH_INLINE_MAX`], or the `max_inline` the
+/// filesystem is mounted with when smaller (a file inline under a larger
+/// one and rewritten is written back to a regular extent). Btrfs shows
+/// `max_inline` among a mount's options only when not the default; read
+/// from `/proc/self/mountinfo`, the line of `dirfd`'s mount (by its id:
+/// a Btrfs file's device number is its subvolume's, not the mount's). 0
+/// (no search believed) when that cannot be read. Read once per device
+/// and run: a remount during the run is not seen.
+fn inline_limit(dirfd: BorrowedFd<'_>) -> u64 {
+    let Ok(id) = cowlink_sys::mount_id(dirfd) else {
+        return 0;
+    };
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    let want = id.to_string();
+    text.lines()
+        .filter(|l| l.split(' ').next() == Some(want.as_str()))
+        .filter_map(|l| l.split_once(" - ").map(|(_, r)| r))
+        // fstype, source, then the filesystem's own options.
+        .filter_map(|r| r.split(' ').nth(2))
+        .flat_map(|o| o.split(','))
+        .filter_map(|o| o.strip_prefix("max_inline="))
+        .map(|n| n.parse().unwrap_or(0))
+        .fold(SEARCH_INLINE_MAX, u64::min)
+}
+
 /// Largest range given to one `FIDEDUPERANGE` call.
 pub const CHUNK: u64 = 1 << 30;
 
@@ -441,8 +469,9 @@ struct Collect {
     fixed_from: usize,
     /// Per device: whether a small file's layout may be learnt from a
     /// Btrfs tree search on its directory (Btrfs, until a search is
-    /// refused).
-    searchable: RwLock<HashMap<u64, bool>>,
+    /// refused), and then the largest size it is believed inline for
+    /// (see [`inline_limit`]).
+    searchable: RwLock<HashMap<u64, Option<u64>>>,
     /// Inline files, kept apart from `files` without their names.
     inline: Mutex<SetAside>,
     /// Regular files below `min_size`: counted as scanned, nothing more.
@@ -709,7 +738,8 @@ impl Collect {
     /// are: Btrfs also inlines a file of up to a block whose *compressed*
     /// data fits `max_inline`, and such a file rewritten with bytes that
     /// do not compress lands in a regular extent. So the answer is yes
-    /// only up to [`SEARCH_INLINE_MAX`] bytes; a larger (compressed)
+    /// only up to [`SEARCH_INLINE_MAX`] bytes, or the mount's smaller
+    /// `max_inline` ([`inline_limit`]); a larger (compressed)
     /// inline file is mapped, an open and a FIEMAP more for a file that
     /// is rare outside a compressed mount. And only when the inline extent
     /// is the file's only item: one with an extent preallocated past its
@@ -730,35 +760,28 @@ impl Collect {
             .unwrap_or_else(|e| e.into_inner())
             .get(&dev)
             .copied();
-        let remember = |ok: bool| {
+        let remember = |limit: Option<u64>| {
             self.searchable
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(dev, ok);
+                .insert(dev, limit);
         };
-        let btrfs = known.unwrap_or_else(|| {
+        let limit = known.unwrap_or_else(|| {
             let btrfs = FsKind::of_fd(dirfd).is_ok_and(|k| k == FsKind::Btrfs);
-            remember(btrfs);
-            btrfs
-        });
-        if !btrfs {
-            return None;
-        }
+            let limit = btrfs.then(|| inline_limit(dirfd));
+            remember(limit);
+            limit
+        })?;
         // Two items: a second (an extent preallocated past the end) means
         // a rewrite is not inline once written back.
         match cowlink_sys::btrfs_leading_file_extents(dirfd, ino, 2) {
             Ok(items) => Some(match items.as_slice() {
-                [x] => {
-                    x.kind == 0
-                        && x.file_offset == 0
-                        && x.ram_bytes == size
-                        && size <= SEARCH_INLINE_MAX
-                }
+                [x] => x.kind == 0 && x.file_offset == 0 && x.ram_bytes == size && size <= limit,
                 _ => false,
             }),
             // Not allowed (no CAP_SYS_ADMIN), or not answered here.
             Err(Errno::PERM | Errno::NOTTY | Errno::OPNOTSUPP | Errno::INVAL) => {
-                remember(false);
+                remember(None);
                 None
             }
             Err(_) => None,
