@@ -108,7 +108,8 @@ pub struct DedupeArgs {
     #[arg(long = "store", value_name = "DIR", value_parser = crate::PathArg)]
     stores: Vec<PathBuf>,
 
-    /// Print JSON: the plan, and with it the result
+    /// Print JSON: the plan, and with it the result (every group's paths
+    /// are then held to the end: more memory on a large tree)
     #[arg(long)]
     json: bool,
 
@@ -129,7 +130,8 @@ pub struct DedupeArgs {
     #[arg(long, conflicts_with = "no_index")]
     recheck_layouts: bool,
 
-    /// Show every group (source and targets)
+    /// Show every group (source and targets; held to the end, as with
+    /// --json)
     #[arg(short, long)]
     verbose: bool,
 
@@ -207,6 +209,8 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         exclude,
         index,
         layout_recheck: recheck(&args),
+        // The groups are printed only with these.
+        keep_groups: args.json || args.verbose,
         run: Run::default()
             .with_threads(args.threads.map_or(0, crate::capped_threads))
             .with_cancel(crate::interrupt::token())
@@ -339,7 +343,7 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
                 out,
                 "{} scanned, {}, {} hashed; {} deduplicated, {} reclaimed ({}); {}, {} changed, {}; {}",
                 count(plan.files_scanned, "file", "files"),
-                count(plan.groups.len() as u64, "duplicate group", "duplicate groups"),
+                count(plan.groups_found, "duplicate group", "duplicate groups"),
                 human_bytes(plan.bytes_hashed),
                 count(r.targets_deduped, "file", "files"),
                 human_bytes(r.bytes_reclaimed),
@@ -470,6 +474,8 @@ fn watch(args: DedupeArgs, exclude: Exclude) -> Result<Exit> {
             exclude,
             index: index_dir(&args),
             layout_recheck: recheck(&args),
+            // A batch reports counts only.
+            keep_groups: false,
             run: Run::default()
                 .with_threads(args.threads.map_or(0, crate::capped_threads))
                 .with_cancel(crate::interrupt::token()),
@@ -569,11 +575,7 @@ fn report_batch(b: &WatchBatch, json: bool) {
             outln!(
                 "{why}: {} scanned, {}, {} deduplicated, {} reclaimed, {} changed meanwhile; {}",
                 count(plan.files_scanned, "file", "files"),
-                count(
-                    plan.groups.len() as u64,
-                    "duplicate group",
-                    "duplicate groups"
-                ),
+                count(plan.groups_found, "duplicate group", "duplicate groups"),
                 count(r.targets_deduped, "file", "files"),
                 human_bytes(r.bytes_reclaimed),
                 r.changed.len(),

@@ -354,6 +354,7 @@ pub fn plan(
         exclude,
         index: index_dir(index),
         layout_recheck,
+        keep_groups: true,
     };
     control
         .drive(py, || lib::plan(&paths, &opts))?
@@ -431,6 +432,7 @@ pub fn run(
         exclude,
         index: index_dir(index),
         layout_recheck,
+        keep_groups: true,
     };
     let (plan, r) = control
         .drive(py, || lib::dedupe(&paths, &opts))?
@@ -641,6 +643,8 @@ pub fn watch(
             exclude,
             index: index_dir(index),
             layout_recheck,
+            // A batch reports counts only.
+            keep_groups: false,
         },
         quiet_period,
         max_delay,

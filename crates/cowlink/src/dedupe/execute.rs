@@ -463,13 +463,43 @@ struct Unproven {
 /// among those deferred, its path, its stamp and size.
 type Deferred<'g> = (u64, usize, &'g PathBuf, FileStamp, u64);
 
-/// What one group's run gives back to [`Executor::start`].
+/// What one group's run gives back to [`Executor::start`], and what a
+/// run of many gives back, summed in group order. A part per group, kept
+/// until every group had run, held a report's worth of empty vectors per
+/// group (about 200 bytes each, for tens of thousands of groups at once).
 #[derive(Default)]
 struct Part {
-    dev: Option<u64>,
     report: DedupeReport,
     differ: Vec<(PathBuf, PathBuf)>,
-    /// Targets handed back to run later, with their stamps.
+    /// Targets handed back to run later: the index of their group in
+    /// the run, its device, and each target's path and stamp.
+    unproven: Vec<(usize, u64, PathBuf, FileStamp)>,
+    /// Devices where something was shared.
+    shared_on: HashSet<u64>,
+}
+
+impl Part {
+    /// Add `later`, the part of groups after this one's.
+    fn append(&mut self, later: Part) {
+        let (r, l) = (&mut self.report, later.report);
+        r.groups += l.groups;
+        r.targets_deduped += l.targets_deduped;
+        r.bytes_compared += l.bytes_compared;
+        r.changed.extend(l.changed);
+        r.skipped.extend(l.skipped);
+        r.errors.extend(l.errors);
+        self.differ.extend(later.differ);
+        self.unproven.extend(later.unproven);
+        self.shared_on.extend(later.shared_on);
+    }
+}
+
+/// What [`dedupe_group`] gives back of one group: its report, the targets
+/// found different, and those handed back to run later.
+#[derive(Default)]
+struct GroupPart {
+    report: DedupeReport,
+    differ: Vec<(PathBuf, PathBuf)>,
     unproven: Vec<(PathBuf, FileStamp)>,
 }
 
@@ -544,44 +574,68 @@ impl<'a> Executor<'a> {
         // Disk order (approximately: path order) rather than size order.
         let mut order: Vec<&DedupeGroup> = groups.iter().collect();
         order.sort_by(|a, b| a.source.cmp(&b.source));
-        let parts = self.run_groups(&order, Proving::Sort);
-        let mut unproven = Vec::new();
-        for (g, p) in order.iter().zip(&parts) {
-            if let (Some(dev), false) = (p.dev, p.unproven.is_empty()) {
-                let (targets, target_stamps) = p.unproven.iter().cloned().unzip();
+        let mut part = self.run_groups(&order, Proving::Sort);
+        let mut unproven: Vec<Unproven> = Vec::new();
+        let mut last = usize::MAX;
+        for (i, dev, t, stamp) in std::mem::take(&mut part.unproven) {
+            if i != last {
                 unproven.push(Unproven {
                     dev,
                     group: DedupeGroup {
-                        targets,
-                        target_stamps,
+                        targets: Vec::new(),
+                        target_stamps: Vec::new(),
                         already_shared: Vec::new(),
-                        ..(*g).clone()
+                        ..order[i].clone()
                     },
                 });
+                last = i;
+            }
+            if let Some(u) = unproven.last_mut() {
+                u.group.targets.push(t);
+                u.group.target_stamps.push(stamp);
             }
         }
-        self.absorb(parts);
+        self.absorb(part);
         self.run_unproven(unproven);
     }
 
-    /// Run `groups` in parallel on the pool.
-    fn run_groups(&self, groups: &[&DedupeGroup], proving: Proving) -> Vec<Part> {
+    /// Run `groups` in parallel on the pool; their parts summed in group
+    /// order.
+    fn run_groups(&self, groups: &[&DedupeGroup], proving: Proving) -> Part {
         let learn = self.learn.as_ref();
         let (run, tally, fs) = (self.run, self.tally, &self.fs);
-        let work = || -> Vec<Part> {
+        let work = || -> Part {
             groups
                 .par_iter()
-                .map(|g| {
-                    let mut p = Part::default();
-                    if !run.cancelled() {
-                        // A group split into measured batches was
-                        // counted when it was sorted.
-                        p.report.groups = u64::from(proving == Proving::Sort);
-                        p.dev = dedupe_group(g, &mut p, run, tally, fs, proving, learn);
+                .enumerate()
+                .fold(Part::default, |mut acc, (i, g)| {
+                    if run.cancelled() {
+                        return acc;
                     }
-                    p
+                    let mut p = GroupPart::default();
+                    // A group split into measured batches was counted
+                    // when it was sorted.
+                    p.report.groups = u64::from(proving == Proving::Sort);
+                    let dev = dedupe_group(g, &mut p, run, tally, fs, proving, learn);
+                    if let (Some(d), true) = (dev, p.report.targets_deduped > 0) {
+                        acc.shared_on.insert(d);
+                    }
+                    let unproven = std::mem::take(&mut p.unproven);
+                    if let Some(d) = dev {
+                        acc.unproven
+                            .extend(unproven.into_iter().map(|(t, st)| (i, d, t, st)));
+                    }
+                    acc.append(Part {
+                        report: p.report,
+                        differ: p.differ,
+                        ..Part::default()
+                    });
+                    acc
                 })
-                .collect()
+                .reduce(Part::default, |mut a, b| {
+                    a.append(b);
+                    a
+                })
         };
         match &self.pool {
             Some(pool) => pool.install(work),
@@ -590,22 +644,18 @@ impl<'a> Executor<'a> {
     }
 
     /// Add the groups' results to the report.
-    fn absorb(&mut self, parts: Vec<Part>) {
+    fn absorb(&mut self, p: Part) {
         let report = &mut self.report;
-        for p in parts {
-            if let (Some(d), true) = (p.dev, p.report.targets_deduped > 0) {
-                self.shared_on.insert(d);
-            }
-            let r = p.report;
-            report.groups += r.groups;
-            report.targets_deduped += r.targets_deduped;
-            report.bytes_compared += r.bytes_compared;
-            report.changed.extend(r.changed);
-            report.skipped.extend(r.skipped);
-            report.errors.extend(r.errors);
-            report.regrouped += p.differ.len() as u64;
-            self.unsettled.extend(p.differ);
-        }
+        self.shared_on.extend(p.shared_on);
+        let r = p.report;
+        report.groups += r.groups;
+        report.targets_deduped += r.targets_deduped;
+        report.bytes_compared += r.bytes_compared;
+        report.changed.extend(r.changed);
+        report.skipped.extend(r.skipped);
+        report.errors.extend(r.errors);
+        report.regrouped += p.differ.len() as u64;
+        self.unsettled.extend(p.differ);
     }
 
     /// Run the targets whose holders could not be named, per filesystem,
@@ -670,8 +720,8 @@ impl<'a> Executor<'a> {
                     }
                 }
                 let refs: Vec<&DedupeGroup> = groups.iter().collect();
-                let parts = self.run_groups(&refs, Proving::Measured);
-                self.absorb(parts);
+                let part = self.run_groups(&refs, Proving::Measured);
+                self.absorb(part);
                 match self.used_now(dev) {
                     Some(after) if after <= before => {}
                     Some(after) => {
@@ -1160,7 +1210,7 @@ fn open_planned(
 /// (`part.unproven`).
 fn dedupe_group(
     g: &DedupeGroup,
-    part: &mut Part,
+    part: &mut GroupPart,
     run: &Run,
     tally: &Counters<'_>,
     fs: &FsState,

@@ -181,6 +181,16 @@ pub struct DedupeOptions {
     /// Which files the index says share every block (or hold none
     /// alone) are mapped again ([`LayoutRecheck`]).
     pub layout_recheck: LayoutRecheck,
+    /// Whether [`dedupe`] returns the groups it carried out in
+    /// [`DedupePlan::groups`] (the default). Without, the planner hands
+    /// the groups over in batches, waits while the executor is a batch
+    /// behind, and each batch is dropped once carried out: the run holds
+    /// the paths of a batch or two rather than of every duplicate (over
+    /// three copies of a real tree, those paths were a fifth of a first
+    /// run's peak memory). [`DedupePlan::groups_found`] still counts
+    /// them. The command line keeps them only to print them (`--json`,
+    /// `--verbose`). [`plan`] always returns its groups.
+    pub keep_groups: bool,
 }
 
 impl Default for DedupeOptions {
@@ -192,6 +202,7 @@ impl Default for DedupeOptions {
             exclude: Exclude::default(),
             index: None,
             layout_recheck: LayoutRecheck::default(),
+            keep_groups: true,
         }
     }
 }
@@ -410,8 +421,13 @@ impl From<GroupWire> for DedupeGroup {
 /// What [`plan`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DedupePlan {
-    /// Groups with at least one target, largest reclaim first.
+    /// Groups with at least one target, largest reclaim first (empty
+    /// after a [`dedupe`] without [`DedupeOptions::keep_groups`]).
     pub groups: Vec<DedupeGroup>,
+    /// How many groups were found: the length of [`DedupePlan::groups`]
+    /// where they are kept.
+    #[serde(default)]
+    pub groups_found: u64,
     /// Regular files the walk saw (store objects included).
     pub files_scanned: u64,
     /// Files of at least `min_size` on a filesystem that can deduplicate.
@@ -870,9 +886,20 @@ pub fn dedupe<P: AsRef<Path>>(
     let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
     let ix = indexes.as_ref();
     let out = std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel::<(Vec<DedupeGroup>, stages::SourceRuns)>();
-        // The executor keeps the groups it was handed: after a cancel
-        // while planning they are the plan.
+        // Without `keep_groups` the planner waits while a batch is
+        // queued, so that only a batch or two of paths is alive.
+        let (tx, rx) = match opts.keep_groups {
+            true => {
+                let (tx, rx) = std::sync::mpsc::channel::<Handed>();
+                (Sender::Open(tx), rx)
+            }
+            false => {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Handed>(1);
+                (Sender::Bounded(tx), rx)
+            }
+        };
+        // The executor keeps the groups it was handed (when asked to):
+        // after a cancel while planning they are the plan.
         let worker = s.spawn(|| {
             let mut ex = execute::Executor::new(run, &tally);
             if let Some(ix) = ix {
@@ -882,7 +909,9 @@ pub fn dedupe<P: AsRef<Path>>(
             for (groups, runs) in rx {
                 ex.source_runs(runs);
                 ex.start(&groups);
-                handed.extend(groups);
+                if opts.keep_groups {
+                    handed.extend(groups);
+                }
             }
             (ex, handed)
         });
@@ -896,7 +925,7 @@ pub fn dedupe<P: AsRef<Path>>(
             Some(&mut |groups: Vec<DedupeGroup>, runs| {
                 let (f, b) = execute::totals(&groups);
                 (files, bytes) = (files + f, bytes + b);
-                let _ = tx.send((groups, runs));
+                tx.send((groups, runs));
             }),
             ix,
         );
@@ -926,6 +955,7 @@ pub fn dedupe<P: AsRef<Path>>(
                 // What was shared before the cancel, as it is now.
                 ex.flush_layouts();
                 let plan = DedupePlan {
+                    groups_found: handed.len() as u64,
                     groups: handed,
                     index: ix.map(|ix| ix.report()),
                     ..DedupePlan::default()
@@ -939,6 +969,28 @@ pub fn dedupe<P: AsRef<Path>>(
         ix.finish();
     }
     out
+}
+
+/// A batch of groups handed to the executor, with its sources' runs.
+type Handed = (Vec<DedupeGroup>, stages::SourceRuns);
+
+/// The planner's end of the channel to the executor: unbounded when the
+/// groups are kept anyway, else bounded (see
+/// [`DedupeOptions::keep_groups`]).
+enum Sender {
+    Open(std::sync::mpsc::Sender<Handed>),
+    Bounded(std::sync::mpsc::SyncSender<Handed>),
+}
+
+impl Sender {
+    /// Hand `batch` over (an executor gone has panicked: the panic is
+    /// resumed where it is joined).
+    fn send(&self, batch: Handed) {
+        let _ = match self {
+            Sender::Open(tx) => tx.send(batch),
+            Sender::Bounded(tx) => tx.send(batch),
+        };
+    }
 }
 
 /// Targets of edge-only groups that the kernel found different from their
@@ -978,15 +1030,20 @@ fn settle(
         });
         g.reclaimable = g.reclaimable.saturating_sub(lost);
     }
+    let before = plan.groups.len();
     plan.groups.retain(|g| !g.targets.is_empty());
+    plan.groups_found -= (before - plan.groups.len()) as u64;
     if opts.run.cancelled() {
         return;
     }
     if let Some(second) = regroup(&unsettled, opts, ix) {
         ex.start(&second.groups);
         plan.bytes_hashed += second.bytes_hashed;
-        plan.groups.extend(second.groups);
-        stages::order(&mut plan.groups);
+        plan.groups_found += second.groups_found;
+        if opts.keep_groups {
+            plan.groups.extend(second.groups);
+            stages::order(&mut plan.groups);
+        }
         plan.errors.extend(second.errors);
     }
 }
@@ -1027,6 +1084,7 @@ fn regroup(
         },
         index: None,
         layout_recheck: opts.layout_recheck,
+        keep_groups: true,
     };
     find(&paths, &quiet, Compare::Hash, None, ix).ok()
 }
@@ -1250,12 +1308,17 @@ fn find<P: AsRef<Path>>(
             .sum(),
     );
     let sets = stages::split_by(&mut cl, &small);
-    let (mut groups, already, not_permitted, runs) = stages::groups(&mut cl, &sets, &names);
-    plan.files_already_shared += already;
-    plan.not_permitted += not_permitted;
-    if let Some(give) = hand_over.as_mut() {
-        give(std::mem::take(&mut groups), runs);
-    }
+    let mut groups = Vec::new();
+    build_groups(
+        &mut cl,
+        &sets,
+        &names,
+        false,
+        &mut hand_over,
+        &mut groups,
+        &mut plan,
+    );
+
     let hash_errors = Mutex::new(Vec::new());
     // Hash the representatives of clusters `ids` (`edges`: a larger file's
     // two ends only) and record it on them; a failure leaves no hash. With
@@ -1323,6 +1386,7 @@ fn find<P: AsRef<Path>>(
     };
     let ids: Vec<usize> = rest.iter().flat_map(|g| g.range()).collect();
     hash_reps(&mut cl, &ids, true);
+
     let mut sets = stages::split_by(&mut cl, &rest);
     drop((ids, rest));
     if compare == Compare::Hash {
@@ -1358,26 +1422,26 @@ fn find<P: AsRef<Path>>(
     // paths are built.
     pool.broadcast(|_| crate::ground::hash::release_buffer());
     drop(pool);
+
     if run.cancelled() {
         return Err(cancelled());
     }
     errors.extend(hash_errors.into_inner().unwrap_or_else(|e| e.into_inner()));
     plan.bytes_hashed = hashed.load(Ordering::Relaxed);
 
-    let (mut rest, already, not_permitted, runs) = stages::groups(&mut cl, &sets, &names);
+    // Only edges were hashed for the larger files with `Compare::Kernel`:
+    // the kernel compares.
+    let kernel = compare == Compare::Kernel;
+    build_groups(
+        &mut cl,
+        &sets,
+        &names,
+        kernel,
+        &mut hand_over,
+        &mut groups,
+        &mut plan,
+    );
     drop((cl, names));
-    plan.files_already_shared += already;
-    plan.not_permitted += not_permitted;
-    if compare == Compare::Kernel {
-        // Only edges were hashed for the larger files: the kernel compares.
-        for g in rest.iter_mut().filter(|g| g.size > 2 * EDGE) {
-            g.blake3 = None;
-        }
-    }
-    match hand_over {
-        Some(give) => give(rest, runs),
-        None => groups.extend(rest),
-    }
     if let Some(ix) = indexes {
         // The layouts and hashes learnt, and the records of directories
         // gone pruned: once the clusters and names are gone (beside them,
@@ -1392,6 +1456,53 @@ fn find<P: AsRef<Path>>(
     errors.sort_by(|a, b| (a.src(), a.to_string()).cmp(&(b.src(), b.to_string())));
     plan.errors = errors;
     Ok(plan)
+}
+
+/// Groups handed to the executor at a time (see
+/// [`DedupeOptions::keep_groups`]): a batch's paths are a few megabytes.
+const HAND_OVER_BATCH: usize = 2048;
+
+/// Build the groups of `sets` ([`stages::groups`]) and hand them over
+/// with `hand_over` in batches of [`HAND_OVER_BATCH`] sets, or keep them
+/// in `groups` without one. `kernel`: the larger files' blake3 (of their
+/// edges only) is dropped, the kernel compares them. Counts what they
+/// count in `plan`.
+fn build_groups(
+    cl: &mut stages::Clusters,
+    sets: &[Span],
+    names: &stages::Names,
+    kernel: bool,
+    hand_over: &mut Option<&mut dyn FnMut(Vec<DedupeGroup>, stages::SourceRuns)>,
+    groups: &mut Vec<DedupeGroup>,
+    plan: &mut DedupePlan,
+) {
+    let step = match hand_over {
+        Some(_) => HAND_OVER_BATCH,
+        None => sets.len().max(1),
+    };
+    // At least one call, empty or not: it counts the members left out
+    // of every set since the last ([`stages::Clusters::left_shared`]).
+    let mut rest = sets;
+    loop {
+        let (now, later) = rest.split_at(step.min(rest.len()));
+        let (mut got, already, not_permitted, runs) = stages::groups(cl, now, names);
+        plan.files_already_shared += already;
+        plan.not_permitted += not_permitted;
+        plan.groups_found += got.len() as u64;
+        if kernel {
+            for g in got.iter_mut().filter(|g| g.size > 2 * EDGE) {
+                g.blake3 = None;
+            }
+        }
+        match hand_over {
+            Some(give) => give(got, runs),
+            None => groups.extend(got),
+        }
+        if later.is_empty() {
+            break;
+        }
+        rest = later;
+    }
 }
 
 /// Write each walked directory's record, rebuilt from the candidates met

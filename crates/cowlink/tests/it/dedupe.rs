@@ -554,6 +554,59 @@ fn btrfs_overlapped_dedupe_matches_plan_then_execute() {
     overlapped_dedupe_matches_plan_then_execute(d.path(), &[4096, 8192, 8193, 3 << 20]);
 }
 
+/// `dedupe` without `keep_groups` (what the command line runs unless it
+/// prints the groups): the groups are handed over in batches and dropped
+/// once carried out. It shares exactly what `plan` finds, over more
+/// groups than one batch holds and with near duplicates grouped again,
+/// counts the groups it found, and returns none.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_dedupe_that_keeps_no_groups_shares_what_the_plan_finds() {
+    let _serial = serial();
+    let x = testfs!(Xfs);
+    let dir = x.path();
+    let mut groups = mixed(&dir.join("mixed").tap_mkdir(), &[1, 8192, 8193, 3 << 20]);
+    // More groups than a batch: 2,500 pairs of small files, and 300
+    // pairs of larger ones (hashed at their edges after the walk).
+    let many = dir.join("many").tap_mkdir();
+    for i in 0..2800u64 {
+        let bytes = data(if i < 2500 { 100 } else { 12 << 10 }, 1000 + i);
+        let pair = vec![many.join(format!("{i}a")), many.join(format!("{i}b"))];
+        for p in &pair {
+            write_file(p, &bytes);
+        }
+        groups.push(pair);
+    }
+    sync(dir);
+    let planned = plan_of(&[dir]);
+    assert_eq!(planned.groups_found, planned.groups.len() as u64);
+    assert_eq!(planned.groups.len(), groups.len());
+    let opts = DedupeOptions {
+        keep_groups: false,
+        ..Default::default()
+    };
+    let (p, r) = dedupe(&[dir], &opts).unwrap();
+    assert!(p.groups.is_empty(), "{:?}", p.groups.len());
+    // The near duplicates' group of four counts, and so does the group
+    // the two that differ were planned again into.
+    assert_eq!(p.groups_found, groups.len() as u64);
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty() && r.changed.is_empty(),
+        "{r:?}"
+    );
+    assert_eq!(r.regrouped, 2, "c and d differ from a");
+    assert_eq!(r.targets_deduped, planned.targets());
+    for g in &groups {
+        let want = fs::read(&g[0]).unwrap();
+        for f in &g[1..] {
+            assert!(same_blocks(&g[0], f), "{} not shared", f.display());
+            assert_eq!(fs::read(f).unwrap(), want);
+        }
+    }
+    let near = dir.join("mixed/near");
+    assert!(!same_blocks(&near.join("a"), &near.join("c")));
+}
+
 /// A cancel while the large files are still being hashed: the small files'
 /// groups handed over by then may be done (and share), the large ones were
 /// never handed over and stay apart, every byte stays as it was, and the
