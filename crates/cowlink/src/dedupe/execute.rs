@@ -1202,6 +1202,39 @@ fn open_planned(
     Ok((fd, id, stamp))
 }
 
+/// Why the kernel refused one target of a `FIDEDUPERANGE` call
+/// ([`refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// The target is no longer the file planned: changed.
+    TargetChanged,
+    /// The target is, but the source is not: the source changed.
+    SourceChanged,
+    /// Both are the files planned: an error of the call's own.
+    Error,
+}
+
+/// What the kernel's error for one target means, given whether that
+/// target is still the file planned (`target_planned`) and, asked only
+/// when it is, whether the source is (`source_planned`).
+///
+/// The kernel checks the source's size once per call, then each
+/// target's range against the source's size as it is when that target's
+/// turn comes: a source shrunk or replaced by another program during
+/// the call has later targets refused one by one (`EINVAL`, a range
+/// past the source's end) while the call itself succeeds. Those targets
+/// are unchanged; the source is the file that changed, and is reported
+/// so, never as an error.
+fn refused(target_planned: bool, source_planned: impl FnOnce() -> bool) -> Refused {
+    if !target_planned {
+        Refused::TargetChanged
+    } else if !source_planned() {
+        Refused::SourceChanged
+    } else {
+        Refused::Error
+    }
+}
+
 /// Carry out one group; returns the source's device once it was opened.
 /// Targets of an edge-only group that differ from the source go to
 /// `part.differ` (source, target), not to the report's `changed`. With
@@ -1307,6 +1340,9 @@ fn dedupe_group(
         let still_planned = |fd: &OwnedFd, stamp: Option<FileStamp>| {
             cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| Some(FileStamp::of(&id)) == stamp)
         };
+        // Whether the source was found changed under a call (reported
+        // once, however many targets and chunks saw it).
+        let mut source_changed = false;
         let mut off = 0u64;
         while off < g.size && !live.is_empty() && !run.cancelled() {
             let len = CHUNK.min(g.size - off);
@@ -1329,25 +1365,22 @@ fn dedupe_group(
                                 part.differ.push((g.source.clone(), t.clone()))
                             }
                             cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
-                            // Another program resized or replaced the
-                            // target since it was opened (the kernel
-                            // refuses a range past its end): changed,
-                            // as a target found changed when opened.
-                            cowlink_sys::DedupeStatus::Error(_)
-                                if !still_planned(&fd, planned_stamp(t)) =>
-                            {
-                                report.changed.push(t.clone())
+                            cowlink_sys::DedupeStatus::Error(e) => {
+                                match refused(still_planned(&fd, planned_stamp(t)), || {
+                                    still_planned(&src, g.source_stamp)
+                                }) {
+                                    Refused::TargetChanged => report.changed.push(t.clone()),
+                                    Refused::SourceChanged => source_changed = true,
+                                    Refused::Error => report.errors.push(
+                                        Error::from_errno(op, e).with_src(&g.source).with_dst(t),
+                                    ),
+                                }
                             }
-                            cowlink_sys::DedupeStatus::Error(e) => report
-                                .errors
-                                .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t)),
                         }
                     }
                 }
                 // The source changed the same way: it is the one changed.
-                Err(_) if !still_planned(&src, g.source_stamp) => {
-                    report.changed.push(g.source.clone());
-                }
+                Err(_) if !still_planned(&src, g.source_stamp) => source_changed = true,
                 Err(e) => {
                     for (t, _) in live {
                         report
@@ -1355,6 +1388,9 @@ fn dedupe_group(
                             .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t));
                     }
                 }
+            }
+            if source_changed && !report.changed.contains(&g.source) {
+                report.changed.push(g.source.clone());
             }
             live = keep;
             let finished = if off + len == g.size { live.len() } else { 0 };
@@ -1425,6 +1461,27 @@ fn dedupe_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_refused_because_the_source_changed_is_no_error() {
+        // The target changed: the source is not even asked about.
+        let asked = std::cell::Cell::new(false);
+        let source = |planned: bool| {
+            let asked = &asked;
+            move || {
+                asked.set(true);
+                planned
+            }
+        };
+        assert_eq!(refused(false, source(false)), Refused::TargetChanged);
+        assert!(!asked.get());
+        // The target is the file planned, the source is not: the source
+        // shrank or was replaced during the call.
+        assert_eq!(refused(true, source(false)), Refused::SourceChanged);
+        assert!(asked.get());
+        // Both are: the kernel's refusal is an error of its own.
+        assert_eq!(refused(true, source(true)), Refused::Error);
+    }
 
     #[test]
     fn a_stamp_tells_every_identity_field_apart_and_reads_back_strictly() {
