@@ -125,6 +125,7 @@ use redb::{Database, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableD
 use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs::{self, FlockOperation};
 
+use super::FileStamp;
 use crate::ground::lock;
 
 /// The records' format. An index of another format is rebuilt. 2: table
@@ -266,6 +267,20 @@ impl Entry {
             ctime_ns: self.ctime_ns,
             btime_ns: self.btime_ns,
         }
+    }
+
+    /// The stamp of the file this entry was learned of: inode `ino` on
+    /// device `dev` (its record's), with the entry's identity.
+    pub fn stamp(&self, dev: u64, ino: u64) -> FileStamp {
+        FileStamp::of(&cowlink_sys::FileId {
+            dev,
+            ino,
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+            btime_ns: self.btime_ns,
+            ..Default::default()
+        })
     }
 
     /// The identity part of an entry for `id`; nothing learned yet.
@@ -707,12 +722,16 @@ pub(super) struct Seen<'a> {
 }
 
 /// Something learnt of a file after the walk: on device `dev`, in the
-/// directory of inode `dir`, the file of inode `ino`.
+/// directory of inode `dir`, the file of inode `ino`, while it was the
+/// file of `stamp` (its identity as the walk saw it, checked after the
+/// reading). Applied only to an entry of that identity (see
+/// [`Change::stamp`]).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Update {
     pub dev: u64,
     pub dir: u64,
     pub ino: u64,
+    pub stamp: FileStamp,
     pub what: Learnt,
 }
 
@@ -760,14 +779,15 @@ impl Learnt {
 /// A file shared whole with its group's source during the run: on
 /// device `dev`, in the directory of inode `dir`, the file of inode
 /// `ino` now shares every block, on runs of fingerprint `shared`. Only
-/// made for a file whose stamp is still the one the walk saw (the
-/// identity its entry holds): sharing moves no time. A third of an
-/// [`Update`]: a first run holds one per file it shared until it ends.
+/// made for a file whose stamp is still the one the walk saw (`stamp`,
+/// the identity its entry holds): sharing moves no time. Less than half
+/// an [`Update`]: a first run holds one per file it shared until it ends.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Relaid {
     pub dev: u64,
     pub dir: u64,
     pub ino: u64,
+    pub stamp: FileStamp,
     pub shared: u64,
 }
 
@@ -776,12 +796,37 @@ pub(super) struct Relaid {
 trait Change {
     /// Device, directory inode, file inode.
     fn key(&self) -> (u64, u64, u64);
+    /// The identity of the file when this was learnt of it.
+    ///
+    /// A fact is applied only to an entry of that identity: an entry
+    /// written for another (the file changed between the walk that
+    /// wrote the entry and the reading that learnt the fact, or a file
+    /// given as a root was walked again later) keeps what it has. So a
+    /// fact never outlives a change of the file it describes: the file
+    /// that changed no longer has the entry's identity, and an entry of
+    /// the file as it is now is only ever given facts read from it.
+    fn stamp(&self) -> FileStamp;
     fn apply(&self, e: &mut Entry);
+}
+
+/// Apply `u` to `e`, the entry of inode `ino` on device `dev`, if `e` is
+/// of the identity `u` was learnt under ([`Change::stamp`]); whether `e`
+/// changed.
+fn apply_to<C: Change>(u: &C, dev: u64, ino: u64, e: &mut Entry) -> bool {
+    if e.stamp(dev, ino) != u.stamp() {
+        return false;
+    }
+    let was = e.clone();
+    u.apply(e);
+    *e != was
 }
 
 impl Change for Update {
     fn key(&self) -> (u64, u64, u64) {
         (self.dev, self.dir, self.ino)
+    }
+    fn stamp(&self) -> FileStamp {
+        self.stamp
     }
     fn apply(&self, e: &mut Entry) {
         self.what.apply(e);
@@ -791,6 +836,9 @@ impl Change for Update {
 impl Change for Relaid {
     fn key(&self) -> (u64, u64, u64) {
         (self.dev, self.dir, self.ino)
+    }
+    fn stamp(&self) -> FileStamp {
+        self.stamp
     }
     fn apply(&self, e: &mut Entry) {
         e.exclusive = 0;
@@ -1088,13 +1136,11 @@ impl Indexes {
                 };
                 let mut n = 0;
                 for u in run {
-                    let Ok(i) = rec.files.binary_search_by_key(&u.key().2, |(k, _)| *k) else {
+                    let (dev, _, ino) = u.key();
+                    let Ok(i) = rec.files.binary_search_by_key(&ino, |(k, _)| *k) else {
                         continue;
                     };
-                    let e = &mut rec.files[i].1;
-                    let was = e.clone();
-                    u.apply(e);
-                    n += u64::from(*e != was);
+                    n += u64::from(apply_to(u, dev, ino, &mut rec.files[i].1));
                 }
                 if n > 0 {
                     t.insert(dir, rec.encode(dir).as_slice())?;
@@ -1935,6 +1981,49 @@ mod tests {
     }
 
     #[test]
+    fn what_is_learnt_goes_only_to_an_entry_of_the_identity_it_was_learnt_under() {
+        let stored = Entry {
+            hash: None,
+            whole: None,
+            shared: None,
+            ..full()
+        };
+        let learnt = |stamp| Update {
+            dev: 1,
+            dir: 2,
+            ino: 3,
+            stamp,
+            what: Learnt::Hash([7; 32]),
+        };
+        // Learnt of the file as its entry has it: applied.
+        let mut e = stored.clone();
+        assert!(apply_to(&learnt(e.stamp(1, 3)), 1, 3, &mut e));
+        assert_eq!(e.hash, Some([7; 32]));
+        // Learnt of the file after a change (here its ctime moved), or of
+        // another inode, or on another device: the entry keeps what it
+        // had, whatever the change.
+        let later = Entry {
+            ctime_ns: stored.ctime_ns + 1,
+            ..stored.clone()
+        };
+        for stamp in [later.stamp(1, 3), stored.stamp(1, 4), stored.stamp(9, 3)] {
+            let mut e = stored.clone();
+            assert!(!apply_to(&learnt(stamp), 1, 3, &mut e));
+            assert_eq!(e, stored);
+            let mut e = stored.clone();
+            let relaid = Relaid {
+                dev: 1,
+                dir: 2,
+                ino: 3,
+                stamp,
+                shared: 9,
+            };
+            assert!(!apply_to(&relaid, 1, 3, &mut e));
+            assert_eq!(e, stored);
+        }
+    }
+
+    #[test]
     fn a_file_shared_whole_is_recorded_as_sharing_every_block() {
         let mut e = full();
         e.shared = None;
@@ -1945,6 +2034,7 @@ mod tests {
             dev: 1,
             dir: 2,
             ino: 3,
+            stamp: e.stamp(1, 3),
             shared: 9,
         }
         .apply(&mut e);

@@ -580,6 +580,7 @@ impl Collect {
             known: false,
             whole: None,
             stamp: FileStamp::of(&st),
+            changed: false,
         };
         // Unchanged since a run learnt it: take what was learnt, read
         // nothing. Looked up in its directory's record (a file on another
@@ -630,10 +631,11 @@ impl Collect {
                 && self.recheck.picks(st.ino, self.salt)
             {
                 let fresh = open_read_at(e.dirfd, e.name).ok().and_then(|fd| {
-                    let id = cowlink_sys::file_id(fd.as_fd()).ok()?;
-                    (id.dev == st.dev && id.ino == st.ino).then_some(())?;
                     // Written back first: see `read_layout`.
-                    extents_fd(fd.as_fd(), true).ok()
+                    let list = extents_fd(fd.as_fd(), true).ok()?;
+                    // Mapped as the file the walk saw, or not at all
+                    // (see `still_walked`).
+                    still_walked(fd.as_fd(), c.stamp).then_some(list)
                 });
                 match fresh {
                     Some(list) => {
@@ -665,7 +667,9 @@ impl Collect {
             if searched {
                 c.inline = true;
             } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
-                read_layout(fd.as_fd(), &mut c);
+                if !read_layout(fd.as_fd(), &mut c) {
+                    return self.error(changed_while_read(&e.path));
+                }
             }
             if c.inline {
                 return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
@@ -1241,6 +1245,8 @@ fn find<P: AsRef<Path>>(
     // ones were, in the walk); a failure only costs the shortcut.
     // The layouts read here go to the index with what hashing learns
     // (`learnt`), at the end of planning.
+    // A file written or replaced since the walk saw it is dropped (with
+    // an error saying so): what was read is not of the file the walk saw.
     let layouts: Vec<Update> = pool.install(|| {
         files
             .par_iter_mut()
@@ -1249,12 +1255,16 @@ fn find<P: AsRef<Path>>(
                     return None;
                 }
                 let fd = open_read(&names.path(c.name)).ok()?;
-                read_layout(fd.as_fd(), c);
+                if !read_layout(fd.as_fd(), c) {
+                    c.changed = true;
+                    return None;
+                }
                 let (dev, dir) = names.dir_key(c.name)?;
                 (indexes.is_some() && c.mapped).then_some(Update {
                     dev,
                     dir,
                     ino: c.ino,
+                    stamp: c.stamp,
                     what: Learnt::Layout {
                         exclusive: c.exclusive,
                         shared: c.shared,
@@ -1265,6 +1275,15 @@ fn find<P: AsRef<Path>>(
             })
             .collect()
     });
+    if files.iter().any(|c| c.changed) {
+        errors.extend(
+            files
+                .iter()
+                .filter(|c| c.changed)
+                .map(|c| changed_while_read(&names.path(c.name))),
+        );
+        files.retain(|c| !c.changed);
+    }
     let mut learnt = indexes.map(|_| layouts);
     // Inline data has no blocks to share: report, never claim.
     let (inline_dropped, size_groups) = stages::drop_inline(&mut files);
@@ -1325,7 +1344,13 @@ fn find<P: AsRef<Path>>(
     // `edges`, one hashed already (whole during the walk, or its edges with
     // its layout) is counted, not read; without, one whose whole hash the
     // index holds is not read. Hashes read go to the index (`learnt`), for
-    // every member of the cluster.
+    // every member of the cluster: the members were mapped on the
+    // representative's blocks under the identities the walk saw, so the
+    // bytes are theirs, but only if the representative was still the file
+    // the walk saw when read (`hash_file` checks: a representative
+    // rewritten in place after it was mapped would give its clones the
+    // hash of bytes they never held, kept under their unchanged
+    // identities, run after run).
     let mut hash_reps = |cl: &mut stages::Clusters, ids: &[usize], edges: bool| {
         let got: Vec<(usize, Option<[u8; 32]>, bool)> = pool.install(|| {
             ids.par_iter()
@@ -1343,7 +1368,7 @@ fn find<P: AsRef<Path>>(
                     if let (false, Some(w)) = (edges, &c.whole) {
                         return Some((id, Some(**w), false));
                     }
-                    let h = hash_file(&names.path(c.name), c.size, edges, &count)
+                    let h = hash_file(&names.path(c.name), c.size, c.stamp, edges, &count)
                         .map_err(|e| lock(&hash_errors).push(e))
                         .ok();
                     Some((id, h, true))
@@ -1372,6 +1397,7 @@ fn find<P: AsRef<Path>>(
                             dev,
                             dir,
                             ino: m.ino,
+                            stamp: m.stamp,
                             what: l,
                         });
                     }
@@ -1678,24 +1704,50 @@ fn open_read_at(dirfd: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedF
 /// left apart run after run), and a source's runs handed to the executor
 /// were not the ones its targets took. Sharing writes the pages back
 /// anyway; a clean file costs the kernel one look at its page tags.
-fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) {
+///
+/// Returns whether what was read is of the file the walk saw
+/// ([`still_walked`] after the reading); when not, nothing read is kept
+/// and the caller drops the candidate. The walk's identity is what the
+/// index keeps these facts under: a file written or replaced between
+/// the walk and this read would otherwise have its new layout and bytes
+/// claimed for an identity that never held them.
+fn read_layout(fd: BorrowedFd<'_>, c: &mut Cand) -> bool {
     c.mapped = true;
     if let Ok(list) = extents_fd(fd, true) {
         c.exclusive = 0;
         layout_facts(&list, c);
     }
-    if c.inline || c.shared.is_some() {
-        return;
-    }
-    if c.size <= 2 * EDGE {
-        if let Ok((h, n)) = crate::ground::hash::hash_fd(fd, c.size, &|_| {}) {
-            if n == c.size {
-                c.hash = Some(h);
+    if !c.inline && c.shared.is_none() {
+        if c.size <= 2 * EDGE {
+            if let Ok((h, n)) = crate::ground::hash::hash_fd(fd, c.size, &|_| {}) {
+                if n == c.size {
+                    c.hash = Some(h);
+                }
             }
+        } else {
+            c.hash = hash_edges(fd, c.size).ok().flatten();
         }
-    } else {
-        c.hash = hash_edges(fd, c.size).ok().flatten();
     }
+    if still_walked(fd, c.stamp) {
+        return true;
+    }
+    c.hash = None;
+    c.shared = None;
+    c.inline = false;
+    c.runs = 0;
+    false
+}
+
+/// Whether the file open as `fd` is still the one the walk saw, as
+/// `stamp` (its identity: device, inode, size, times), after something
+/// was read from it. A file's identity only moves forward (any write,
+/// truncation or clone moves its ctime, which no caller can set back,
+/// and a replacement is another inode), so the same identity after a
+/// read means the same identity throughout, since the walk: what was
+/// read is of the file the walk saw, and may be kept under its
+/// identity.
+fn still_walked(fd: BorrowedFd<'_>, stamp: FileStamp) -> bool {
+    cowlink_sys::file_id(fd).is_ok_and(|id| FileStamp::of(&id) == stamp)
 }
 
 /// BLAKE3 of the first and last [`EDGE`] bytes of a file of `size` (more
@@ -1717,21 +1769,35 @@ fn hash_edges(fd: BorrowedFd<'_>, size: u64) -> rustix::io::Result<Option<[u8; 3
 }
 
 /// BLAKE3 of the first and last [`EDGE`] bytes (`edges`, for files larger
-/// than both edges) or of the whole file, checking the size is unchanged.
-fn hash_file(path: &Path, size: u64, edges: bool, count: &dyn Fn(u64)) -> Result<[u8; 32]> {
+/// than both edges) or of the whole file, checking the size is unchanged
+/// and that the file read is still the one the walk saw (`stamp`, see
+/// [`still_walked`]): the hash is kept under the walk's identity, and
+/// given to the file's clones.
+fn hash_file(
+    path: &Path,
+    size: u64,
+    stamp: FileStamp,
+    edges: bool,
+    count: &dyn Fn(u64),
+) -> Result<[u8; 32]> {
     let op = Operation::Dedupe;
     let err = |e: Errno| Error::from_errno(op, e).with_src(path);
     let fd = open_read(path).map_err(err)?;
-    if edges && size > 2 * EDGE {
+    let hash = if edges && size > 2 * EDGE {
         let h = hash_edges(fd.as_fd(), size)
             .map_err(err)?
             .ok_or_else(|| changed(path))?;
         count(2 * EDGE);
-        return Ok(h);
-    }
-    let (hash, total) = crate::ground::hash::hash_fd(fd.as_fd(), size, count).map_err(err)?;
-    if total != size {
-        return Err(changed(path));
+        h
+    } else {
+        let (hash, total) = crate::ground::hash::hash_fd(fd.as_fd(), size, count).map_err(err)?;
+        if total != size {
+            return Err(changed(path));
+        }
+        hash
+    };
+    if !still_walked(fd.as_fd(), stamp) {
+        return Err(changed_while_read(path));
     }
     Ok(hash)
 }
@@ -1740,6 +1806,14 @@ pub(super) fn changed(path: &Path) -> Error {
     Error::new(Operation::Dedupe, ErrorKind::ContentChanged)
         .with_src(path)
         .with_reason("changed size while being read")
+}
+
+/// A file found written or replaced (by another program) between the
+/// walk and a read of it: left out of this run.
+fn changed_while_read(path: &Path) -> Error {
+    Error::new(Operation::Dedupe, ErrorKind::ContentChanged)
+        .with_src(path)
+        .with_reason("written or replaced by another program while this run read it; left as it is")
 }
 
 /// Whether files on `path`'s filesystem may be deduplicated: not a network

@@ -247,6 +247,9 @@ pub(super) struct Cand {
     /// Which file it is (from the walk's `statx`, on its own device): the
     /// plan records it for execution to check.
     pub stamp: FileStamp,
+    /// Found written or replaced since the walk when its layout was
+    /// read: dropped before clustering.
+    pub changed: bool,
 }
 
 /// A file's times as the walk saw them, in nanoseconds.

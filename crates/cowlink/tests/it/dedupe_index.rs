@@ -2342,6 +2342,174 @@ fn btrfs_a_writer_during_the_run_loses_nothing_and_leaves_no_wrong_claim() {
     }
 }
 
+/// Whether a rewrite of `rep` by this test landed between two reads of
+/// it by a run: watching `rep` (inotify, set up before the run opens
+/// it), on the run's first close of it, write `bytes` over it in place
+/// through `w` (opened before the watch), then tell whether the run
+/// opened it again only after that write (`true`), or before it, or not
+/// at all (`false`). Sets `armed` once the watch is up; once the caller
+/// clears it, stops when every event is read.
+fn rewrite_between_reads(
+    rep: &Path,
+    w: &fs::File,
+    bytes: &[u8],
+    armed: &std::sync::atomic::AtomicBool,
+) -> bool {
+    use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+    use std::os::unix::fs::FileExt;
+    let ino = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(
+        &ino,
+        rep,
+        WatchFlags::OPEN | WatchFlags::CLOSE_NOWRITE | WatchFlags::MODIFY,
+    )
+    .unwrap();
+    // The run may start.
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+    let mut events = inotify::Reader::new(&ino, &mut buf);
+    // 0: waiting for the first close; 1: written, waiting for the write's
+    // own event; 2: waiting for the run's next open.
+    let mut step = 0;
+    loop {
+        match events.next() {
+            Ok(ev) => {
+                let f = ev.events();
+                if step == 0 && f.contains(ReadFlags::CLOSE_NOWRITE) {
+                    w.write_all_at(bytes, 0).unwrap();
+                    step = 1;
+                } else if step == 1 && f.contains(ReadFlags::OPEN) {
+                    // Opened again before the write was done.
+                    return false;
+                } else if step == 1 && f.contains(ReadFlags::MODIFY) {
+                    step = 2;
+                } else if step == 2 && f.contains(ReadFlags::OPEN) {
+                    return true;
+                }
+            }
+            Err(rustix::io::Errno::AGAIN) => {
+                if !armed.load(std::sync::atomic::Ordering::SeqCst) {
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            Err(e) => panic!("inotify: {e}"),
+        }
+    }
+}
+
+/// One attempt: a file `a` and its clone `b` (every block shared: one
+/// cluster, read once, through its first path, `a`), `c` a plain copy of
+/// them and `d` of the same size with other bytes. Once the run has
+/// mapped `a`, and before it reads `a`'s edges for the cluster, `a` is
+/// rewritten in place with `d`'s bytes (not synced). `b` keeps its bytes
+/// and its identity: whatever was read of `a` after the rewrite is not
+/// `b`'s, and the index must not keep it as `b`'s. Runs trusting the
+/// index must then share `b` with `c` and `a` with `d`. Returns whether
+/// the rewrite landed between the two reads (see
+/// [`rewrite_between_reads`]); the run is single-threaded, and files of
+/// larger sizes are mapped between the two, so it nearly always does.
+fn clone_rewritten_between_map_and_read(dir: &Path, attempt: u64) -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let ix = tempfile::tempdir().unwrap();
+    let root = dir.join(format!("rep-rewritten-{attempt}"));
+    fs::create_dir_all(root.join("pad")).unwrap();
+    let size = 9000;
+    let (orig, other) = (data(size, attempt * 10 + 1), data(size, attempt * 10 + 2));
+    // The filesystem's checks open its shortest path: this one, so that
+    // the run's first open of `a` is to map it.
+    fs::write(root.join("0"), b"x").unwrap();
+    let (a, b) = (root.join("clone-a"), root.join("clone-b"));
+    let (c, d) = (root.join("copy-c"), root.join("other-d"));
+    fs::write(&a, &orig).unwrap();
+    let st = std::process::Command::new("cp")
+        .arg("--reflink=always")
+        .arg(&a)
+        .arg(&b)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::write(&c, &orig).unwrap();
+    fs::write(&d, &other).unwrap();
+    // Larger files in pairs of one size (mapped after `a`), each file of
+    // bytes of its own.
+    for i in 0..300u64 {
+        for k in 0..2 {
+            let n = size + 1 + i as usize;
+            fs::write(
+                root.join(format!("pad/{i}-{k}")),
+                data(n, 1000 * attempt + 2 * i + k),
+            )
+            .unwrap();
+        }
+    }
+    sync(&root);
+    let w = fs::OpenOptions::new().write(true).open(&a).unwrap();
+    let armed = AtomicBool::new(false);
+    let one_thread = DedupeOptions {
+        run: cowlink::run::Run::default().with_threads(1),
+        ..trusting(ix.path())
+    };
+    let landed = std::thread::scope(|s| {
+        let watcher = s.spawn(|| rewrite_between_reads(&a, &w, &other, &armed));
+        while !armed.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        let got = dedupe(&[&root], &one_thread);
+        armed.store(false, SeqCst);
+        let landed = watcher.join().unwrap();
+        let (p, r) = got.unwrap();
+        let unexpected: Vec<_> = (p.errors.iter().chain(&r.errors))
+            .filter(|e| e.kind() != cowlink::ErrorKind::ContentChanged)
+            .collect();
+        assert!(unexpected.is_empty(), "attempt {attempt}: {unexpected:?}");
+        landed
+    });
+    assert_eq!(fs::read(&a).unwrap(), other, "attempt {attempt}");
+    assert_eq!(fs::read(&b).unwrap(), orig, "attempt {attempt}");
+    sync(&root);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+        assert!(
+            p.errors.is_empty() && r.errors.is_empty(),
+            "attempt {attempt}: {p:?} {r:?}"
+        );
+        held = r.skipped.iter().map(|s| s.path.clone()).collect();
+    }
+    assert!(
+        same_blocks(&b, &c),
+        "attempt {attempt}: {b:?} kept a hash of bytes it never held (landed: {landed})"
+    );
+    assert!(same_blocks(&a, &d), "attempt {attempt}");
+    assert_shared_iff_equal_but(&root, &held);
+    landed
+}
+
+/// A clone's representative rewritten between the run's map of it and
+/// its read (see [`clone_rewritten_between_map_and_read`]): at least one
+/// attempt must have the rewrite land there, or the test proved nothing.
+fn a_clone_rewritten_between_map_and_read(dir: &Path) {
+    let landed = (1..=3)
+        .filter(|&n| clone_rewritten_between_map_and_read(dir, n))
+        .count();
+    assert!(landed > 0, "no rewrite landed between the two reads");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_clone_rewritten_while_its_cluster_is_read_leaves_no_claim_on_the_other() {
+    let d = testfs!(Btrfs);
+    a_clone_rewritten_between_map_and_read(d.path());
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_clone_rewritten_while_its_cluster_is_read_leaves_no_claim_on_the_other() {
+    let d = testfs!(Xfs);
+    a_clone_rewritten_between_map_and_read(d.path());
+}
+
 /// A file of `bytes` at `p` whose data is in a block of its own, never
 /// inline, whatever its size: written longer, synced, then cut back
 /// (Btrfs does not move a truncated extent inline).
