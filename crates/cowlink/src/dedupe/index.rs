@@ -79,6 +79,16 @@
 //! written with the identity its file had before it was read, so a file
 //! written while being read is read again next time.
 //!
+//! No claim outlives a change of the file it describes: what is learnt
+//! of a file (its layout, its hashes, its layout after sharing) is kept
+//! only if the file was still the one the walk saw after it was read
+//! (its stamp, checked on the descriptor read), and is applied only to
+//! an entry of that identity. A clone's hash is read once, from the first
+//! file of its cluster, and given to every member under its own
+//! identity: that file, rewritten between its map and its read, would
+//! otherwise give its unchanged clones the hash of bytes they never
+//! held, trusted run after run.
+//!
 //! Size on disk: redb splits a full B-tree leaf in half, allocates pages
 //! in powers of two, and copies every page a transaction changes, so a
 //! first run (every record written, then most rewritten after sharing)
