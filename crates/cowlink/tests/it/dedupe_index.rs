@@ -2452,7 +2452,9 @@ fn clone_rewritten_between_map_and_read(dir: &Path, attempt: u64) -> bool {
     };
     let landed = std::thread::scope(|s| {
         let watcher = s.spawn(|| rewrite_between_reads(&a, &w, &other, &armed));
-        while !armed.load(SeqCst) {
+        // (A watch that could not be set up ends its thread: its panic
+        // is the test's, at the join below.)
+        while !armed.load(SeqCst) && !watcher.is_finished() {
             std::thread::yield_now();
         }
         let got = dedupe(&[&root], &one_thread);
