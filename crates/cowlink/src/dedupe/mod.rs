@@ -1329,6 +1329,7 @@ fn find<P: AsRef<Path>>(
     let sets = stages::split_by(&mut cl, &small);
     let mut groups = Vec::new();
     build_groups(
+        run,
         &mut cl,
         &sets,
         &names,
@@ -1459,6 +1460,7 @@ fn find<P: AsRef<Path>>(
     // the kernel compares.
     let kernel = compare == Compare::Kernel;
     build_groups(
+        run,
         &mut cl,
         &sets,
         &names,
@@ -1492,8 +1494,11 @@ const HAND_OVER_BATCH: usize = 2048;
 /// with `hand_over` in batches of [`HAND_OVER_BATCH`] sets, or keep them
 /// in `groups` without one. `kernel`: the larger files' blake3 (of their
 /// edges only) is dropped, the kernel compares them. Counts what they
-/// count in `plan`.
+/// count in `plan`. Stops after the batch during which `run` is
+/// cancelled (the groups not handed over were never started).
+#[allow(clippy::too_many_arguments)] // the planner's state, passed as is
 fn build_groups(
+    run: &Run,
     cl: &mut stages::Clusters,
     sets: &[Span],
     names: &stages::Names,
@@ -1524,7 +1529,7 @@ fn build_groups(
             Some(give) => give(got, runs),
             None => groups.extend(got),
         }
-        if later.is_empty() {
+        if later.is_empty() || run.cancelled() {
             break;
         }
         rest = later;

@@ -607,6 +607,66 @@ fn a_dedupe_that_keeps_no_groups_shares_what_the_plan_finds() {
     assert!(!same_blocks(&near.join("a"), &near.join("c")));
 }
 
+/// A cancel while the executor shares the first batches and the planner,
+/// without `keep_groups`, waits to hand over the next: the run stops
+/// promptly, every byte stays as it was, the report says cancelled, and
+/// what it counts as shared is exactly what shares.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_cancel_while_the_planner_waits_for_the_executor_stops_promptly() {
+    let _serial = serial();
+    let x = testfs!(Xfs);
+    let dir = x.path().join("waits").tap_mkdir();
+    // Three batches of small groups.
+    let pairs: Vec<(PathBuf, PathBuf, Vec<u8>)> = (0..6_000u64)
+        .map(|i| {
+            let bytes = data(64, 5000 + i);
+            let (a, b) = (dir.join(format!("{i}a")), dir.join(format!("{i}b")));
+            write_file(&a, &bytes);
+            write_file(&b, &bytes);
+            (a, b, bytes)
+        })
+        .collect();
+    sync(&dir);
+    let opts = DedupeOptions {
+        keep_groups: false,
+        run: cowlink::Run::default().with_threads(1),
+        ..Default::default()
+    };
+    let cancel = opts.run.cancel.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let probe = &pairs[..300];
+        // Cancel once anything shares: the executor is at work, the
+        // planner a batch or two ahead of it.
+        s.spawn(move || loop {
+            if probe.iter().any(|(a, b, _)| same_blocks(a, b)) {
+                cancel.cancel();
+                return;
+            }
+            if rx.try_recv().is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        });
+        let (p, r) = dedupe(&[&dir], &opts).unwrap();
+        let _ = tx.send(());
+        assert!(r.cancelled, "{r:?}");
+        assert!(p.groups.is_empty());
+        assert!(r.errors.is_empty() && r.changed.is_empty(), "{r:?}");
+        let shared = pairs.iter().filter(|(a, b, _)| same_blocks(a, b)).count() as u64;
+        assert_eq!(shared, r.targets_deduped);
+        assert!(
+            shared < pairs.len() as u64,
+            "the cancel came after the last group"
+        );
+        for (a, b, bytes) in &pairs {
+            assert_eq!(&fs::read(a).unwrap(), bytes);
+            assert_eq!(&fs::read(b).unwrap(), bytes);
+        }
+    });
+}
+
 /// A cancel while the large files are still being hashed: the small files'
 /// groups handed over by then may be done (and share), the large ones were
 /// never handed over and stay apart, every byte stays as it was, and the
