@@ -8,6 +8,7 @@ use std::path::Path;
 
 mod cp;
 mod dedupe;
+mod dedupe_hostile;
 mod dedupe_identity;
 mod dedupe_index;
 mod dedupe_space;

@@ -1,0 +1,210 @@
+//! Dedupe against hostile trees: seeded random trees of exact copies and
+//! near duplicates (same size and edges, another middle), run with and
+//! without `keep_groups`, must share the same files and report the same
+//! counts as each other and as the plan (`--dry-run`) finds.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use cowlink::dedupe::{dedupe, plan, DedupeOptions};
+use cowlink_testfs::{data, serial, testfs, write_file};
+
+use crate::same_blocks;
+
+fn sync(dir: &Path) {
+    let f = fs::File::open(dir).unwrap();
+    rustix::fs::syncfs(&f).unwrap();
+}
+
+/// A seeded random tree under `dir`: groups of exact copies (small ones,
+/// read whole while walking, and larger ones, grouped on their edges),
+/// near duplicates whose every member differs in the middle only (one
+/// edge group the kernel splits whole), near duplicates with equal pairs
+/// among the variants (grouped again by hash), and singletons. Returns
+/// the sets of equal files (two or more each).
+fn random_tree(dir: &Path, seed: u64) -> Vec<Vec<PathBuf>> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut sets = Vec::new();
+    for g in 0..24u64 {
+        let sub = dir.join(format!("g{g:02}"));
+        fs::create_dir_all(&sub).unwrap();
+        let file_seed = seed * 1000 + g;
+        match rng.u8(0..4) {
+            // Exact copies, small or larger.
+            0 | 1 => {
+                let size = if rng.bool() {
+                    rng.usize(4096..=8192)
+                } else {
+                    rng.usize(8193..=96 << 10)
+                };
+                let bytes = data(size, file_seed);
+                let set: Vec<PathBuf> = (0..rng.usize(2..=4))
+                    .map(|i| sub.join(format!("c{i}")))
+                    .collect();
+                for p in &set {
+                    write_file(p, &bytes);
+                }
+                sets.push(set);
+            }
+            // Same size and edges, every file another middle: nothing
+            // is equal.
+            2 => {
+                let size = rng.usize(16 << 10..=96 << 10);
+                let base = data(size, file_seed);
+                for i in 0..rng.usize(2..=4) {
+                    let mut b = base.clone();
+                    b[size / 2] ^= 1 + i as u8;
+                    write_file(&sub.join(format!("n{i}")), &b);
+                }
+            }
+            // Same edges; variants in equal pairs.
+            _ => {
+                let size = rng.usize(16 << 10..=96 << 10);
+                let base = data(size, file_seed);
+                write_file(&sub.join("base"), &base);
+                for v in 0..rng.usize(1..=2) {
+                    let mut b = base.clone();
+                    b[size / 2] ^= 1 + v as u8;
+                    let set: Vec<PathBuf> = (0..2).map(|i| sub.join(format!("v{v}_{i}"))).collect();
+                    for p in &set {
+                        write_file(p, &b);
+                    }
+                    sets.push(set);
+                }
+            }
+        }
+        // A singleton of the same size as nothing else.
+        if rng.bool() {
+            write_file(
+                &sub.join("single"),
+                &data(rng.usize(1..=20_000), !file_seed),
+            );
+        }
+    }
+    sync(dir);
+    sets
+}
+
+/// Two identical random trees of `seed`, one deduplicated keeping its
+/// groups and one not: both find the groups the plan finds, share every
+/// equal set, keep every byte, and report the same counts.
+fn keep_groups_changes_nothing_but_the_groups(dir: &Path, seed: u64) {
+    let (ka, kb) = (dir.join("kept"), dir.join("dropped"));
+    let kept_sets = random_tree(&ka, seed);
+    let dropped_sets = random_tree(&kb, seed);
+    let planned = plan(&[&ka], &DedupeOptions::default()).unwrap();
+    assert_eq!(planned.groups.len(), kept_sets.len(), "seed {seed}");
+    let (pk, rk) = dedupe(&[&ka], &DedupeOptions::default()).unwrap();
+    let opts = DedupeOptions {
+        keep_groups: false,
+        ..Default::default()
+    };
+    let (pd, rd) = dedupe(&[&kb], &opts).unwrap();
+    assert!(pd.groups.is_empty());
+    for (p, r) in [(&pk, &rk), (&pd, &rd)] {
+        assert!(p.errors.is_empty(), "seed {seed}: {:?}", p.errors);
+        assert!(
+            r.errors.is_empty() && r.changed.is_empty(),
+            "seed {seed}: {r:?}"
+        );
+        // The summary's count is the dry run's.
+        assert_eq!(
+            p.groups_found,
+            planned.groups.len() as u64,
+            "seed {seed}: groups found (keep_groups {})",
+            !p.groups.is_empty()
+        );
+        assert_eq!(r.targets_deduped, planned.targets(), "seed {seed}");
+    }
+    assert_eq!(pk.groups_found, pk.groups.len() as u64, "seed {seed}");
+    assert_eq!(
+        (rk.groups, rk.regrouped, pk.files_already_shared),
+        (rd.groups, rd.regrouped, pd.files_already_shared),
+        "seed {seed}"
+    );
+    for sets in [&kept_sets, &dropped_sets] {
+        for set in sets {
+            let want = fs::read(&set[0]).unwrap();
+            for f in &set[1..] {
+                assert!(same_blocks(&set[0], f), "seed {seed}: {}", f.display());
+                assert_eq!(fs::read(f).unwrap(), want, "seed {seed}");
+            }
+        }
+    }
+}
+
+/// Near duplicates whose every target the kernel finds different leave
+/// their edge group empty: it is no group found, with or without
+/// `keep_groups` (the summary's count must be the dry run's).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn an_edge_group_split_whole_counts_the_same_without_keep_groups() {
+    let _serial = serial();
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
+    for (i, d) in [x.path(), b.path()].into_iter().enumerate() {
+        for seed in 0..4 {
+            let dir = d.join(format!("s{i}_{seed}"));
+            keep_groups_changes_nothing_but_the_groups(&dir, 7000 + seed);
+        }
+    }
+}
+
+/// A cancel while the larger files are hashed, without `keep_groups`:
+/// the small files' group was handed over (and may be shared) before the
+/// cancel; the plan still counts it, as it counts it with `keep_groups`
+/// (where it is the plan's one group).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_cancel_while_hashing_counts_the_groups_handed_over_without_keep_groups() {
+    let _serial = serial();
+    let x = testfs!(Xfs);
+    let dir = x.path();
+    let sdir = dir.join("small");
+    fs::create_dir(&sdir).unwrap();
+    let small: Vec<PathBuf> = (0..20).map(|i| sdir.join(format!("c{i:02}"))).collect();
+    for f in &small {
+        write_file(f, &data(5000, 70));
+    }
+    // Enough larger files that one thread is still reading their edges
+    // when the watcher sees the phase change.
+    let ldir = dir.join("large");
+    fs::create_dir(&ldir).unwrap();
+    for i in 0..2000u64 {
+        let bytes = data(12 << 10, 200 + i);
+        for n in ["a", "b"] {
+            write_file(&ldir.join(format!("{i}{n}")), &bytes);
+        }
+    }
+    sync(dir);
+    let progress = std::sync::Arc::new(cowlink::Progress::new());
+    let opts = DedupeOptions {
+        run: cowlink::Run::default()
+            .with_threads(1)
+            .with_progress(progress.clone()),
+        keep_groups: false,
+        ..Default::default()
+    };
+    let cancel = opts.run.cancel.clone();
+    let watcher = std::thread::spawn(move || {
+        while progress.phase() != cowlink::Phase::Hash {
+            std::thread::yield_now();
+        }
+        cancel.cancel();
+    });
+    let (p, r) = dedupe(&[dir], &opts).unwrap();
+    watcher.join().unwrap();
+    assert!(r.cancelled);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let shared = small[1..]
+        .iter()
+        .filter(|f| same_blocks(&small[0], f))
+        .count() as u64;
+    assert_eq!(shared, r.targets_deduped);
+    // The small group is handed over before anything looks at the
+    // cancel: found, whether or not the executor ran it.
+    assert_eq!(
+        p.groups_found, 1,
+        "{} targets shared, groups found {}",
+        r.targets_deduped, p.groups_found
+    );
+}
