@@ -345,6 +345,11 @@ pub(super) struct Executor<'a> {
     grew_on: HashMap<FsKey, u64>,
     /// (source, target) of edge-only groups whose bytes differ.
     unsettled: Vec<(PathBuf, PathBuf)>,
+    /// The sources of edge-only groups that may lose every target to
+    /// `unsettled`, with their planned number of targets (see
+    /// [`Executor::groups_emptied`]). Only groups with a target found
+    /// different or handed back are held: rare, unlike the groups.
+    split: HashMap<PathBuf, usize>,
     /// With an index: the layouts of the files shared, learnt on the way.
     learn: Option<Learn>,
     report: DedupeReport,
@@ -485,6 +490,9 @@ struct Part {
     unproven: Vec<(usize, u64, PathBuf, FileStamp)>,
     /// Devices where something was shared.
     shared_on: HashSet<u64>,
+    /// Edge-only groups with a target found different or handed back:
+    /// their source and how many targets they were planned with.
+    split: Vec<(PathBuf, usize)>,
 }
 
 impl Part {
@@ -500,6 +508,7 @@ impl Part {
         self.differ.extend(later.differ);
         self.unproven.extend(later.unproven);
         self.shared_on.extend(later.shared_on);
+        self.split.extend(later.split);
     }
 }
 
@@ -537,6 +546,7 @@ impl<'a> Executor<'a> {
             shared_on: HashSet::new(),
             grew_on: HashMap::new(),
             unsettled: Vec::new(),
+            split: HashMap::new(),
             learn: None,
             report: DedupeReport::default(),
         }
@@ -629,6 +639,10 @@ impl<'a> Executor<'a> {
                     if let (Some(d), true) = (dev, p.report.targets_deduped > 0) {
                         acc.shared_on.insert(d);
                     }
+                    let edge_only = proving == Proving::Sort && g.blake3.is_none();
+                    if edge_only && !(p.differ.is_empty() && p.unproven.is_empty()) {
+                        acc.split.push((g.source.clone(), g.targets.len()));
+                    }
                     let unproven = std::mem::take(&mut p.unproven);
                     if let Some(d) = dev {
                         acc.unproven
@@ -665,6 +679,7 @@ impl<'a> Executor<'a> {
         report.errors.extend(r.errors);
         report.regrouped += p.differ.len() as u64;
         self.unsettled.extend(p.differ);
+        self.split.extend(p.split);
     }
 
     /// Run the targets whose holders could not be named, per filesystem,
@@ -778,6 +793,21 @@ impl<'a> Executor<'a> {
     /// found different since the last call.
     pub(super) fn take_unsettled(&mut self) -> Vec<(PathBuf, PathBuf)> {
         std::mem::take(&mut self.unsettled)
+    }
+
+    /// How many groups every target of which is in `unsettled` (pairs
+    /// taken with [`Executor::take_unsettled`]): the groups a plan that
+    /// kept them drops as empty. Counted from the sources' planned
+    /// numbers of targets, for a run that keeps no groups to look in (a
+    /// target is in one group only, and found different at most once).
+    pub(super) fn groups_emptied(&self, unsettled: &[(PathBuf, PathBuf)]) -> u64 {
+        let mut lost: HashMap<&Path, usize> = HashMap::new();
+        for (s, _) in unsettled {
+            *lost.entry(s.as_path()).or_default() += 1;
+        }
+        lost.iter()
+            .filter(|&(s, n)| self.split.get(*s) == Some(n))
+            .count() as u64
     }
 
     /// Measure the space given back and close the run.

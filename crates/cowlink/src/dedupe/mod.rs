@@ -909,15 +909,16 @@ pub fn dedupe<P: AsRef<Path>>(
             if let Some(ix) = ix {
                 ex.learn_layouts(ix.clone());
             }
-            let mut handed = Vec::new();
+            let (mut handed, mut found) = (Vec::new(), 0u64);
             for (groups, runs) in rx {
                 ex.source_runs(runs);
                 ex.start(&groups);
+                found += groups.len() as u64;
                 if opts.keep_groups {
                     handed.extend(groups);
                 }
             }
-            (ex, handed)
+            (ex, handed, found)
         });
         // The groups go to the executor, not copied: what the Dedupe
         // phase will count is added up on the way.
@@ -937,7 +938,7 @@ pub fn dedupe<P: AsRef<Path>>(
             tally.show(files, bytes);
         }
         drop(tx);
-        let (mut ex, handed) = worker
+        let (mut ex, handed, found) = worker
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         match planned {
@@ -959,7 +960,9 @@ pub fn dedupe<P: AsRef<Path>>(
                 // What was shared before the cancel, as it is now.
                 ex.flush_layouts();
                 let plan = DedupePlan {
-                    groups_found: handed.len() as u64,
+                    // Counted as handed over: none are kept without
+                    // `keep_groups`.
+                    groups_found: found,
                     groups: handed,
                     index: ix.map(|ix| ix.report()),
                     ..DedupePlan::default()
@@ -1036,7 +1039,11 @@ fn settle(
     }
     let before = plan.groups.len();
     plan.groups.retain(|g| !g.targets.is_empty());
-    plan.groups_found -= (before - plan.groups.len()) as u64;
+    // Without the groups, the executor tells which lost every target.
+    plan.groups_found -= match opts.keep_groups {
+        true => (before - plan.groups.len()) as u64,
+        false => ex.groups_emptied(&unsettled),
+    };
     if opts.run.cancelled() {
         return;
     }
