@@ -759,3 +759,64 @@ fn btrfs_without_root_files_a_snapshot_holds_are_skipped_from_the_maps() {
     );
     assert!(after < before, "space in use {before} then {after}");
 }
+
+/// Exact copies, near duplicates the kernel splits whole (same size and
+/// edges, each another middle) and near duplicates with an equal pair
+/// among the variants, in `dir`: two groups in all.
+fn edge_twins(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    let exact = data(100 << 10, 41);
+    for n in ["e0", "e1", "e2"] {
+        write_file(&dir.join(n), &exact);
+    }
+    let base = data(64 << 10, 42);
+    for (i, n) in ["n0", "n1", "n2"].into_iter().enumerate() {
+        let mut b = base.clone();
+        b[32 << 10] ^= 1 + i as u8;
+        write_file(&dir.join(n), &b);
+    }
+    let base = data(48 << 10, 43);
+    write_file(&dir.join("v"), &base);
+    let mut b = base.clone();
+    b[24 << 10] ^= 1;
+    for n in ["v0", "v1"] {
+        write_file(&dir.join(n), &b);
+    }
+    let f = fs::File::open(dir).unwrap();
+    rustix::fs::syncfs(&f).unwrap();
+}
+
+/// The summary's group count is the dry run's, whether the groups are
+/// kept to print them (`--verbose`, `--json`) or not, with an edge group
+/// the kernel split whole; `--verbose` and `--json` print every group.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn dedupe_counts_the_groups_the_dry_run_finds_with_and_without_verbose() {
+    let _serial = serial();
+    let x = testfs!(Xfs);
+    let tree = |n: &str| {
+        let d = x.path().join(n);
+        edge_twins(&d);
+        d
+    };
+    let out = cowlink(&[&"dedupe", &"--dry-run", &tree("dry")]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}{}", text(&out.stderr));
+    assert!(s.contains(", 2 duplicate groups, 3 targets,"), "{s}");
+    let out = cowlink(&[&"dedupe", &tree("plain")]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}{}", text(&out.stderr));
+    assert!(s.contains(", 2 duplicate groups, "), "{s}");
+    assert!(s.contains("; 3 files deduplicated"), "{s}");
+    let out = cowlink(&[&"dedupe", &"--verbose", &tree("verbose")]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}{}", text(&out.stderr));
+    assert!(s.contains(", 2 duplicate groups, "), "{s}");
+    assert_eq!(s.matches("; source ").count(), 2, "{s}");
+    let out = cowlink(&[&"dedupe", &"--json", &tree("json")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["plan"]["groups"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["plan"]["groups_found"], 2, "{v}");
+    assert_eq!(v["result"]["targets_deduped"], 3, "{v}");
+}
