@@ -2259,8 +2259,19 @@ fn a_writer_during_the_run(dir: &Path, seed: u64) {
 
 /// As [`a_writer_during_the_run`], with files of `sizes`.
 fn a_writer_during_the_run_of(dir: &Path, seed: u64, sizes: &[usize]) {
+    a_writer_during_a_run_keeping(dir, seed, sizes, true);
+}
+
+/// As [`a_writer_during_the_run_of`]; the runs keep their groups (as
+/// `--json` and `--verbose` do) or not (`keep`, see
+/// [`DedupeOptions::keep_groups`]).
+fn a_writer_during_a_run_keeping(dir: &Path, seed: u64, sizes: &[usize], keep: bool) {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     eprintln!("seed {seed}");
+    let trusting = |ix: &Path| DedupeOptions {
+        keep_groups: keep,
+        ..trusting(ix)
+    };
     let ix = tempfile::tempdir().unwrap();
     let root = dir.join(format!("writer-{seed}"));
     fs::create_dir_all(&root).unwrap();
@@ -2339,6 +2350,20 @@ fn btrfs_a_writer_during_the_run_loses_nothing_and_leaves_no_wrong_claim() {
     let d = testfs!(Btrfs);
     for seed in [901, 902, 903] {
         a_writer_during_the_run(d.path(), seed);
+    }
+}
+
+/// As [`a_writer_during_the_run`], the runs keeping no groups (what the
+/// command line runs unless it prints them): the groups are handed over
+/// in bounded batches while the other program writes.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_writer_during_a_run_that_keeps_no_groups_loses_nothing() {
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
+    let sizes = [4097, 8192, 65_537, 300_001];
+    for seed in [1101, 1102, 1103] {
+        a_writer_during_a_run_keeping(x.path(), seed, &sizes, false);
+        a_writer_during_a_run_keeping(b.path(), seed + 100, &sizes, false);
     }
 }
 
