@@ -1253,9 +1253,12 @@ enum Refused {
     Error,
 }
 
-/// What the kernel's error for one target means, given whether that
-/// target is still the file planned (`target_planned`) and, asked only
-/// when it is, whether the source is (`source_planned`).
+/// What the kernel's error for one target (or its finding the target
+/// different) means, given whether that target is still the file
+/// planned (`target_planned`) and, asked only when it is, whether the
+/// source is (`source_planned`). A source rewritten in place without a
+/// change of size, after it was opened, differs from every target: it is
+/// the file that changed, and the targets are not reported changed.
 ///
 /// The kernel checks the source's size once per call, then each
 /// target's range against the source's size as it is when that target's
@@ -1400,10 +1403,20 @@ fn dedupe_group(
                                 }
                                 keep.push((t, fd))
                             }
-                            cowlink_sys::DedupeStatus::Differs if g.blake3.is_none() => {
-                                part.differ.push((g.source.clone(), t.clone()))
+                            // A source rewritten in place (same size)
+                            // since it was opened differs from every
+                            // target: it is the file changed, not them.
+                            cowlink_sys::DedupeStatus::Differs => {
+                                match refused(still_planned(&fd, planned_stamp(t)), || {
+                                    still_planned(&src, g.source_stamp)
+                                }) {
+                                    Refused::SourceChanged => source_changed = true,
+                                    _ if g.blake3.is_none() => {
+                                        part.differ.push((g.source.clone(), t.clone()))
+                                    }
+                                    _ => report.changed.push(t.clone()),
+                                }
                             }
-                            cowlink_sys::DedupeStatus::Differs => report.changed.push(t.clone()),
                             cowlink_sys::DedupeStatus::Error(e) => {
                                 match refused(still_planned(&fd, planned_stamp(t)), || {
                                     still_planned(&src, g.source_stamp)
