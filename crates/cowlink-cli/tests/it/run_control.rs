@@ -106,6 +106,64 @@ fn sigint_stops_du_and_dedupe_with_130_and_changes_nothing() {
     assert!(temporaries(&src).is_empty());
 }
 
+/// Ctrl-C while groups are being shared, without `--json` or
+/// `--verbose` (the groups go to the executor in bounded batches of
+/// 2,048, the planner waiting on it): exit 130, no byte changed, and a
+/// rerun shares every pair left, counting exactly those as groups.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn sigint_while_sharing_batches_exits_130_and_a_rerun_finishes() {
+    let x = testfs!(Xfs);
+    let src = x.path().join("src");
+    // 5,000 pairs of small files: three batches.
+    const DIRS: usize = 200;
+    wide_tree(&src, DIRS, 50);
+    let pair = |d: usize, f: usize| {
+        let dir = src.join(format!("d{d:05}"));
+        (dir.join(format!("f{f}")), dir.join(format!("f{}", f + 1)))
+    };
+    let shared = |d: usize, f: usize| {
+        let (a, b) = pair(d, f);
+        common::shares_extents_with(&a, &b) || common::shares_extents_with(&b, &a)
+    };
+    let out = interrupt_when(spawn(bin().args(["dedupe", "-j", "2"]).arg(&src)), |_| {
+        (0..DIRS).step_by(7).any(|d| shared(d, 0))
+    });
+    assert_interrupted(&out);
+    assert!(
+        text(&out.stderr).contains("groups already done share their blocks"),
+        "{}",
+        text(&out.stderr)
+    );
+    let left = (0..DIRS)
+        .flat_map(|d| (0..50).step_by(2).map(move |f| (d, f)))
+        .filter(|&(d, f)| !shared(d, f))
+        .count();
+    assert!(left > 0 && left < DIRS * 25, "{left} pairs left unshared");
+    for d in (0..DIRS).step_by(13) {
+        for f in 0..50 {
+            let seed = ((d * 50 + f) / 2) as u64;
+            let p = src.join(format!("d{d:05}/f{f}"));
+            assert_eq!(
+                fs::read(&p).unwrap(),
+                data(4096 + seed as usize % 3000, seed)
+            );
+        }
+    }
+    assert!(temporaries(&src).is_empty());
+    let s = common::ok(&bin().arg("dedupe").arg(&src).output().unwrap());
+    let groups = if left == 1 { "group" } else { "groups" };
+    assert!(
+        s.contains(&format!(" {left} duplicate {groups}, ")),
+        "{left} pairs left: {s}"
+    );
+    let unshared = (0..DIRS)
+        .flat_map(|d| (0..50).step_by(2).map(move |f| (d, f)))
+        .filter(|&(d, f)| !shared(d, f))
+        .count();
+    assert_eq!(unshared, 0);
+}
+
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn sigint_stops_store_add_tree_and_checkout_leaving_the_store_consistent() {
