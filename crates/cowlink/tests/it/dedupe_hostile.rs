@@ -219,6 +219,7 @@ fn a_cancel_while_hashing_counts_the_groups_handed_over_without_keep_groups() {
 fn source_rewritten_when_opened(
     dir: &Path,
     n: usize,
+    index: Option<&Path>,
 ) -> Option<(PathBuf, cowlink::dedupe::DedupeReport)> {
     use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
     use std::os::unix::fs::FileExt;
@@ -233,6 +234,8 @@ fn source_rewritten_when_opened(
     sync(dir);
     let opts = DedupeOptions {
         run: cowlink::Run::default().with_threads(1),
+        index: index.map(Path::to_path_buf),
+        layout_recheck: cowlink::dedupe::LayoutRecheck::Never,
         ..Default::default()
     };
     let p = plan(&[dir], &opts).unwrap();
@@ -284,7 +287,8 @@ fn a_source_rewritten_under_the_call_is_the_file_reported_changed() {
     let mut landed = [0; 2];
     for attempt in 0..6 {
         let fs = if attempt % 2 == 0 { x.path() } else { b.path() };
-        let Some((source, r)) = source_rewritten_when_opened(&fs.join(format!("a{attempt}")), 300)
+        let Some((source, r)) =
+            source_rewritten_when_opened(&fs.join(format!("a{attempt}")), 300, None)
         else {
             continue;
         };
@@ -301,4 +305,45 @@ fn a_source_rewritten_under_the_call_is_the_file_reported_changed() {
         landed[0] > 0 && landed[1] > 0,
         "the rewrite never landed before the kernel's comparison"
     );
+}
+
+/// As [`a_source_rewritten_under_the_call_is_the_file_reported_changed`],
+/// with an index trusted by every run: a rerun shares every target,
+/// those shared before the rewrite and those found different, and
+/// leaves the rewritten source apart; a third run has nothing to do.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn after_a_source_rewritten_under_the_call_a_rerun_shares_the_targets() {
+    let _serial = serial();
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
+    let mut landed = [0; 2];
+    for attempt in 0..4 {
+        let fs = if attempt % 2 == 0 { x.path() } else { b.path() };
+        let ix = tempfile::tempdir().unwrap();
+        let dir = fs.join(format!("i{attempt}"));
+        let Some((source, r)) = source_rewritten_when_opened(&dir, 200, Some(ix.path())) else {
+            continue;
+        };
+        landed[attempt % 2] += 1;
+        assert!(r.changed == [source.clone()], "attempt {attempt}: {r:?}");
+        let opts = DedupeOptions {
+            index: Some(ix.path().to_path_buf()),
+            layout_recheck: cowlink::dedupe::LayoutRecheck::Never,
+            ..Default::default()
+        };
+        let (p, r) = dedupe(&[&dir], &opts).unwrap();
+        assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+        let targets: Vec<PathBuf> = (1..=200).map(|i| dir.join(format!("f{i:03}"))).collect();
+        for t in &targets[1..] {
+            assert!(same_blocks(&targets[0], t), "attempt {attempt}: {t:?}");
+        }
+        assert!(!same_blocks(&source, &targets[0]));
+        let (p, r) = dedupe(&[&dir], &opts).unwrap();
+        assert_eq!(
+            (p.groups_found, r.targets_deduped),
+            (0, 0),
+            "attempt {attempt}"
+        );
+    }
+    assert!(landed[0] > 0 && landed[1] > 0, "{landed:?}");
 }
