@@ -201,11 +201,14 @@ fn a_cancel_while_hashing_counts_the_groups_handed_over_without_keep_groups() {
         .count() as u64;
     assert_eq!(shared, r.targets_deduped);
     // The small group is handed over before anything looks at the
-    // cancel: found, whether or not the executor ran it.
-    assert_eq!(
-        p.groups_found, 1,
+    // cancel: found, whether or not the executor ran it. On a loaded
+    // machine the watcher may see the phase only after planning ended:
+    // then every group was found (and the larger ones handed over too).
+    assert!(
+        p.groups_found == 1 || p.groups_found == 2001,
         "{} targets shared, groups found {}",
-        r.targets_deduped, p.groups_found
+        r.targets_deduped,
+        p.groups_found
     );
 }
 
