@@ -498,18 +498,23 @@ struct Part {
 impl Part {
     /// Add `later`, the part of groups after this one's.
     fn append(&mut self, later: Part) {
-        let (r, l) = (&mut self.report, later.report);
-        r.groups += l.groups;
-        r.targets_deduped += l.targets_deduped;
-        r.bytes_compared += l.bytes_compared;
-        r.changed.extend(l.changed);
-        r.skipped.extend(l.skipped);
-        r.errors.extend(l.errors);
+        add_groups(&mut self.report, later.report);
         self.differ.extend(later.differ);
         self.unproven.extend(later.unproven);
         self.shared_on.extend(later.shared_on);
         self.split.extend(later.split);
     }
+}
+
+/// Add to `to` what the groups of `from` report (the counts and lists a
+/// group's run fills; the space measured is the executor's own).
+fn add_groups(to: &mut DedupeReport, from: DedupeReport) {
+    to.groups += from.groups;
+    to.targets_deduped += from.targets_deduped;
+    to.bytes_compared += from.bytes_compared;
+    to.changed.extend(from.changed);
+    to.skipped.extend(from.skipped);
+    to.errors.extend(from.errors);
 }
 
 /// What [`dedupe_group`] gives back of one group: its report, the targets
@@ -668,16 +673,9 @@ impl<'a> Executor<'a> {
 
     /// Add the groups' results to the report.
     fn absorb(&mut self, p: Part) {
-        let report = &mut self.report;
         self.shared_on.extend(p.shared_on);
-        let r = p.report;
-        report.groups += r.groups;
-        report.targets_deduped += r.targets_deduped;
-        report.bytes_compared += r.bytes_compared;
-        report.changed.extend(r.changed);
-        report.skipped.extend(r.skipped);
-        report.errors.extend(r.errors);
-        report.regrouped += p.differ.len() as u64;
+        add_groups(&mut self.report, p.report);
+        self.report.regrouped += p.differ.len() as u64;
         self.unsettled.extend(p.differ);
         self.split.extend(p.split);
     }
