@@ -368,17 +368,18 @@ pub(super) struct Executor<'a> {
 /// program's dedupe moves a file's blocks and leaves its times, and the
 /// targets then take the blocks it was moved to. A source the plan did
 /// not map this run (known from the index) must share every block. A
-/// file is learnt only if its stamp (`fstat` on the descriptor it was
-/// shared through) is still the one planned: sharing moves no time, so
-/// its index entry, written from the walk's identity, is its own.
+/// file is learnt under the stamp it was opened with, the one planned
+/// (checked again after the map for the source): sharing moves no time,
+/// so its index entry, written from the walk's identity, is its own, and
+/// a write since moved its ctime, so the next run does not trust that
+/// entry.
 /// Mapping every shared file again by path after the run cost 1.2 s of
 /// a 6.5 s first run over 154,608 files on XFS; mapping each source
 /// after its group, 0.26 s of CPU.
 ///
 /// What is learnt is held (40 bytes a file, 6 MB over 154,608 files)
-/// and written in one transaction per filesystem when the run ends
-/// ([`Executor::flush_layouts`]), after planning has let go of its
-/// memory. Written in batches as it comes, a first run's large records
+/// and written when the run ends ([`Executor::flush_layouts`] hands it
+/// to `Indexes::finish`), after planning has let go of its memory. Written in batches as it comes, a first run's large records
 /// would be rewritten by most batches while planning still holds its
 /// candidates (14 MB more at the peak over 154,608 files on XFS).
 /// Nothing is lost by waiting: a run
@@ -557,12 +558,12 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Learn the layout of every file shared and write it to `ix` (see
+    /// Learn the layout of every file shared and hand it to `ix` (see
     /// [`Learn`]) at [`Executor::flush_layouts`].
     ///
-    /// The planning's own update of the index ([`Indexes::update`]) comes
-    /// before the run's end, so a layout written here is never
-    /// overwritten by the one read before sharing.
+    /// The planning's own updates of the index ([`Indexes::update`]) are
+    /// applied before these at the run's end, so a layout learnt here is
+    /// never overwritten by the one read before sharing.
     pub(super) fn learn_layouts(&mut self, ix: Arc<Indexes>) {
         self.learn = Some(Learn {
             ix,
@@ -580,7 +581,8 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Write the layouts learnt to the index.
+    /// Hand the layouts learnt to the index, which writes them at the
+    /// run's end (`Indexes::finish`).
     pub(super) fn flush_layouts(&mut self) {
         if let Some(learn) = &self.learn {
             let held = std::mem::take(&mut *lock(&learn.held));
@@ -1321,7 +1323,8 @@ fn dedupe_group(
     for batch in targets.chunks(cowlink_sys::DEDUPE_MAX_DESTS) {
         // Open every target of the batch: each must be the file planned.
         let mut opened: Vec<Live<'_>> = Vec::new();
-        let mut stamps: Vec<FileStamp> = Vec::new();
+        // Each target's stamp, and its device (with an index).
+        let mut stamps: Vec<(FileStamp, u64)> = Vec::new();
         for &(t, stamp) in batch {
             match open_planned(t, stamp, g.size) {
                 Ok((fd, id, stamp)) => {
@@ -1331,7 +1334,7 @@ fn dedupe_group(
                         learn.ix.sharing(id.dev);
                     }
                     opened.push((t, fd, id.ino));
-                    stamps.push(stamp);
+                    stamps.push((stamp, id.dev));
                     continue;
                 }
                 Err(NotPlanned::Changed) => report.changed.push(t.clone()),
@@ -1342,7 +1345,9 @@ fn dedupe_group(
         }
         let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::with_capacity(opened.len());
         // The stamp each target was opened under, by path.
-        let mut opened_as: HashMap<&Path, FileStamp> = HashMap::new();
+        // The stamp each target was opened under (the one planned), its
+        // device and inode, by path.
+        let mut opened_as: HashMap<&Path, (FileStamp, u64, u64)> = HashMap::new();
         // Targets the kernel said it shared fewer bytes of than asked:
         // shared, but not known to be laid out as the source is.
         let mut short: HashSet<&Path> = HashSet::new();
@@ -1350,11 +1355,11 @@ fn dedupe_group(
             Proving::Sort => prove(&src, src_ino, &opened, dev, fs),
             Proving::Measured => vec![Proof::Freed; opened.len()],
         };
-        for (((t, fd, _), proof), stamp) in opened.into_iter().zip(proofs).zip(stamps) {
+        for (((t, fd, ino), proof), (stamp, t_dev)) in opened.into_iter().zip(proofs).zip(stamps) {
             match proof {
                 Proof::Freed => {
                     if learn.is_some() {
-                        opened_as.insert(t.as_path(), stamp);
+                        opened_as.insert(t.as_path(), (stamp, t_dev, ino));
                     }
                     live.push((t, fd))
                 }
@@ -1453,14 +1458,19 @@ fn dedupe_group(
             live.clear();
         }
         done += live.len() as u64;
+        // Learnt under the stamp each target was opened with, the one
+        // planned, which its index entry holds: its stamp is not taken
+        // again. A write to it since moved its ctime (no caller can set
+        // it back), so the next run finds the entry is not of the file
+        // and reads the file again; what is learnt here is never
+        // trusted of a changed file.
         if learn.is_some() {
             shared_whole.extend(
                 live.iter()
                     .filter(|(t, _)| !short.contains(t.as_path()))
-                    .filter_map(|(t, fd)| {
-                        let id = cowlink_sys::file_id(fd.as_fd()).ok()?;
-                        let was = opened_as.get(t.as_path())?;
-                        (FileStamp::of(&id) == *was).then_some((*t, id.dev, id.ino, *was))
+                    .filter_map(|(t, _)| {
+                        let &(was, t_dev, ino) = opened_as.get(t.as_path())?;
+                        Some((*t, t_dev, ino, was))
                     }),
             );
         }
@@ -1475,20 +1485,22 @@ fn dedupe_group(
             let unchanged = |fd: &OwnedFd| {
                 cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| FileStamp::of(&id) == planned)
             };
-            // Mapped again after the group, between two checks of its
-            // stamp: another program's dedupe moves a file's blocks and
-            // leaves its times, so the stamp alone cannot tell that the
-            // source still has the runs the plan mapped, which its
-            // targets took. Where the plan mapped it, its runs must be
-            // the plan's (a move before or while the group was shared
-            // changes them); where not, every block must be shared.
-            let before = unchanged(&src);
+            // Mapped again after the group, then its stamp checked:
+            // another program's dedupe moves a file's blocks and leaves
+            // its times, so the stamp alone cannot tell that the source
+            // still has the runs the plan mapped, which its targets
+            // took. Where the plan mapped it, its runs must be the
+            // plan's (a move before or while the group was shared
+            // changes them); where not, every block must be shared. One
+            // check, after the map, covers the time before it too: a
+            // write moves the ctime before its data lands, and the
+            // ctime never comes back to the planned one.
             let facts = extents_fd(src.as_fd(), false).ok().map(|list| {
                 let mut c = super::stages::Cand::default();
                 super::layout_facts(&list, &mut c);
                 (c.exclusive, c.shared, c.runs)
             });
-            let still = before && unchanged(&src);
+            let still = unchanged(&src);
             let shared = match (facts, runs) {
                 (Some((_, _, now)), Some(fp)) if still && now == fp => Some(fp),
                 (Some((0, Some(fp), _)), None) if still => Some(fp),

@@ -55,11 +55,15 @@
 //! walked roots that the walk did not meet (removed, or moved out) are
 //! removed at the end of planning; that scan of every record is skipped
 //! when the run met every record the index held. What is learned after
-//! the walk (larger files' layouts and hashes) updates the records of
-//! their directories in one transaction at the end of planning. A hard
-//! link in two directories has an entry in each; what is learned after the
-//! walk goes to the name the plan kept (a stale layout under another name
-//! only costs a dedupe call that shares nothing new).
+//! the walk (larger files' layouts and hashes while planning, the layouts
+//! of the files shared while executing) is held and applied to the
+//! records of their directories once, at the run's end: in one
+//! transaction, or in the copy when the file is due for a rewrite (a
+//! first run: written in place, it would rewrite most records only for
+//! the copy to read them again). A hard link in two directories has an
+//! entry in each; what is learned after the walk goes to the name the
+//! plan kept (a stale layout under another name only costs a dedupe call
+//! that shares nothing new).
 //!
 //! Each record ends with 8 bytes of BLAKE3 over its directory's inode
 //! number and its bytes: a damaged record is dropped and its directory's
@@ -68,11 +72,10 @@
 //! the report.
 //!
 //! Crash rules: what the walk learned is written in one redb write
-//! transaction per filesystem when the walk ends (committed, fsync), what
-//! planning learned after it in a second one when planning ends, and the
-//! layouts of the files a run shared after executing (in batches, one
-//! transaction each). redb
-//! commits are atomic, so a `kill -9` at any point leaves the last
+//! transaction per filesystem when the walk ends (committed, fsync), and
+//! what was learned after it in a second one at the run's end (or in the
+//! rewrite's copy, renamed over the file). redb commits are atomic, and
+//! so is the rename, so a `kill -9` at any point leaves the last
 //! committed state: at worst a run's learning is lost, and the next run
 //! reads those files again (an entry written before its file's layout was
 //! read says so, and the layout is read next time). An entry is only ever
@@ -93,9 +96,11 @@
 //! in powers of two, and copies every page a transaction changes, so a
 //! first run (every record written, then most rewritten after sharing)
 //! leaves a file several times what it holds, which redb's compaction
-//! does not give back. Records are written in a scattered order of their
-//! keys (`scatter`; in key order every leaf is left half empty), and a
-//! file more than 1.5 times what it holds, and at least twice its size
+//! does not give back. New records are written in a scattered order of
+//! their keys (`scatter`; in key order every leaf is left half empty),
+//! but in key order into an index that held nothing (see
+//! `Indexes::write_order`), and changed records in key order; a file
+//! more than 1.5 times what it holds, and at least twice its size
 //! after its last rewrite (meta key `compacted`), is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
 //! crash leaves one whole file or the other; a copy left by a crash is
@@ -721,6 +726,18 @@ pub(super) struct Indexes {
     /// Per device whose index another run holds: the file that tells
     /// its next opener this run shared behind it ([`Indexes::sharing`]).
     in_use: Mutex<HashMap<u64, PathBuf>>,
+    /// What was learnt after the walk, written at the run's end
+    /// ([`Indexes::finish`]).
+    later: Mutex<Later>,
+}
+
+/// What a run learnt after its walk: the planning's updates
+/// ([`Indexes::update`]) and the layouts after sharing
+/// ([`Indexes::relayout`]).
+#[derive(Default)]
+struct Later {
+    updates: Vec<Update>,
+    relaid: Vec<Relaid>,
 }
 
 /// What pruning needs of a walk: the directories it met, as (device,
@@ -857,6 +874,71 @@ impl Change for Relaid {
     }
 }
 
+/// What was learnt after the walk of the files of one filesystem: the
+/// planning's updates and the layouts after sharing, each sorted by
+/// [`Change::key`].
+#[derive(Clone, Copy, Default)]
+struct Facts<'a> {
+    updates: &'a [Update],
+    relaid: &'a [Relaid],
+}
+
+impl<'a> Facts<'a> {
+    /// Those of `updates` and `relaid` on device `dev`.
+    fn of(updates: &'a [Update], relaid: &'a [Relaid], dev: u64) -> Facts<'a> {
+        Facts {
+            updates: of_key(updates, |k| k.0.cmp(&dev)),
+            relaid: of_key(relaid, |k| k.0.cmp(&dev)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.updates.is_empty() && self.relaid.is_empty()
+    }
+
+    /// The directories they are about, in key order, once each.
+    fn dirs(&self) -> Vec<u64> {
+        let mut dirs: Vec<u64> = (self.updates.iter().map(|u| u.key().1))
+            .chain(self.relaid.iter().map(|u| u.key().1))
+            .collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        dirs
+    }
+
+    /// Whether any is about directory `dir`.
+    fn about(&self, dir: u64) -> bool {
+        let at = |k: (u64, u64, u64)| k.1.cmp(&dir);
+        !of_key(self.updates, at).is_empty() || !of_key(self.relaid, at).is_empty()
+    }
+
+    /// Apply those about directory `dir` to its record `rec`: the
+    /// planning's first, then the layouts after sharing (which were
+    /// learnt later, and win). The entries changed.
+    fn apply(&self, dir: u64, rec: &mut Record) -> u64 {
+        fn run<C: Change>(run: &[C], rec: &mut Record) -> u64 {
+            let mut n = 0;
+            for u in run {
+                let (dev, _, ino) = u.key();
+                if let Ok(i) = rec.files.binary_search_by_key(&ino, |(k, _)| *k) {
+                    n += u64::from(apply_to(u, dev, ino, &mut rec.files[i].1));
+                }
+            }
+            n
+        }
+        let at = |k: (u64, u64, u64)| k.1.cmp(&dir);
+        run(of_key(self.updates, at), rec) + run(of_key(self.relaid, at), rec)
+    }
+}
+
+/// The run of `changes` (sorted by [`Change::key`]) whose keys `at` finds
+/// equal.
+fn of_key<C: Change>(changes: &[C], at: impl Fn((u64, u64, u64)) -> std::cmp::Ordering) -> &[C] {
+    let lo = changes.partition_point(|u| at(u.key()).is_lt());
+    let hi = changes.partition_point(|u| at(u.key()).is_le());
+    &changes[lo..hi]
+}
+
 impl Indexes {
     /// Indexes kept under `dir` (created when first needed).
     pub fn new(dir: &Path) -> Indexes {
@@ -867,6 +949,7 @@ impl Indexes {
             written: AtomicU64::new(0),
             pruned: AtomicU64::new(0),
             in_use: Mutex::default(),
+            later: Mutex::default(),
         }
     }
 
@@ -909,13 +992,19 @@ impl Indexes {
         }
     }
 
-    /// End the run ([`Indexes::persist`]), then rewrite each index into a
-    /// new file where its file is more than one and a half times what it
-    /// holds and at least twice its size after its last rewrite (a first
-    /// run writes every record, rewrites most of them after sharing, and
-    /// redb's copy-on-write pages and power-of-two allocations leave most
-    /// of the file free or unused, which its own compaction does not give
-    /// back).
+    /// End the run: write the layouts learnt while sharing
+    /// ([`Indexes::relayout`]), remove [`SHARING`], and rewrite each index
+    /// into a new file where its file is more than one and a half times
+    /// what it holds and at least twice its size after its last rewrite
+    /// (a first run writes every record, rewrites many of them after
+    /// planning, and redb's copy-on-write pages and power-of-two
+    /// allocations leave most of the file free or unused, which its own
+    /// compaction does not give back). What the indexes did, in all.
+    ///
+    /// An index due for a rewrite before the layouts are written takes
+    /// them in its copy ([`rewrite`]): written in place first, they would
+    /// rewrite most of a first run's records only for the copy to read
+    /// them again.
     ///
     /// The second condition: redb grows its file by doubling, so even a
     /// file just rewritten is up to twice the pages it uses (17.4 MB for
@@ -923,41 +1012,67 @@ impl Indexes {
     /// alone, any run that wrote one record (one file changed, a watch's
     /// batch) would rewrite the whole index (about 0.3 s there). So a
     /// rewrite waits until the file has grown to twice what the last one
-    /// left, which takes writing about the index's size again. Takes the
-    /// indexes back from the run: only when no one else holds them.
-    pub fn finish(self: Arc<Self>) {
-        self.persist();
-        let Ok(me) = Arc::try_unwrap(self) else {
-            return;
+    /// left, which takes writing about the index's size again. Rewrites
+    /// only when no one else holds the indexes.
+    pub fn finish(self: Arc<Self>) -> IndexReport {
+        let Later {
+            mut updates,
+            mut relaid,
+        } = std::mem::take(&mut *lock(&self.later));
+        updates.sort_unstable_by_key(|u| u.key());
+        relaid.sort_unstable_by_key(|u| u.key());
+        let me = match Arc::try_unwrap(self) {
+            Ok(me) => me,
+            Err(shared) => {
+                shared.change(&updates, &relaid, None);
+                shared.persist();
+                return shared.report();
+            }
         };
-        // A run that wrote nothing leaves the file alone.
-        if me.written.load(Ordering::Relaxed) + me.pruned.load(Ordering::Relaxed) == 0 {
+        {
+            let map = me.by_dev.read().unwrap_or_else(|e| e.into_inner());
+            for (&dev, ix) in map.iter() {
+                let Some(ix) = ix else { continue };
+                me.end(ix, Facts::of(&updates, &relaid, dev));
+            }
+        }
+        me.report()
+    }
+
+    /// [`Indexes::finish`] for one index, `facts` what was learnt of its
+    /// files after the walk.
+    fn end(&self, ix: &FsIndex, facts: Facts<'_>) {
+        if self.drop_broken(ix) {
             return;
         }
-        let map = me.by_dev.into_inner().unwrap_or_else(|e| e.into_inner());
-        for ix in map.into_values().flatten() {
-            let Ok(mut ix) = Arc::try_unwrap(ix) else {
-                continue;
-            };
-            if ix.broken.load(Ordering::Relaxed) {
-                continue;
+        *ix.read.write().unwrap_or_else(|e| e.into_inner()) = None;
+        if !facts.is_empty() && wasteful(ix) {
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                rewrite(ix, facts, ix.lazy.load(Ordering::Relaxed))
+            }));
+            if let Ok(Ok(n)) = res {
+                self.written.fetch_add(n, Ordering::Relaxed);
+                ix.lazy.store(false, Ordering::Relaxed);
+                return;
             }
-            *ix.read.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
-            let wasteful = (|| -> Result<bool, redb::Error> {
-                let txn = ix.db.begin_write()?;
-                let st = txn.stats()?;
-                let compacted = txn
-                    .open_table(META)?
-                    .get(COMPACTED)?
-                    .and_then(|v| Some(u64::from_le_bytes(v.value().try_into().ok()?)));
-                txn.abort()?;
-                let used = st.stored_bytes() + st.metadata_bytes();
-                let size = std::fs::metadata(&ix.file).map_or(0, |m| m.len());
-                Ok(bloated(size, used, compacted))
-            })();
-            if wasteful.unwrap_or(false) {
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrite(ix)));
-            }
+        }
+        if !facts.is_empty() {
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.write(ix, facts, None)
+            }));
+            self.wrote(ix, res);
+        }
+        self.persist_one(ix);
+        // A run that wrote nothing leaves the file alone.
+        if self.written.load(Ordering::Relaxed) + self.pruned.load(Ordering::Relaxed) == 0
+            || ix.broken.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        if wasteful(ix) {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                rewrite(ix, Facts::default(), false)
+            }));
         }
     }
 
@@ -992,6 +1107,20 @@ impl Indexes {
         st.shape
             .get(&dir)
             .is_some_and(|(n, p)| *n == files && **p == *path)
+    }
+
+    /// The order to write new records of device `dev` in, by their
+    /// directory's inode: key order into an index that held nothing when
+    /// the run began (each leaf is filled and written once, where a
+    /// scattered order, with redb's small write buffer, writes most
+    /// leaves back and reads them again several times; the leaves it
+    /// leaves half empty go in the rewrite a first run ends with), else
+    /// scattered ([`scatter`]).
+    pub fn write_order(&self, dev: u64) -> fn(u64) -> u64 {
+        match self.opened(dev) {
+            Some(ix) if ix.held == 0 => |k| k,
+            _ => scatter,
+        }
     }
 
     /// Let go of what [`Indexes::stored_as`] answers from.
@@ -1079,29 +1208,32 @@ impl Indexes {
         }
     }
 
-    /// Apply `updates` to the records of their directories and, on each
-    /// device in `seen`, remove the records of directories under its
-    /// roots that the walk did not meet. One transaction per filesystem.
+    /// Keep `updates` for the records of their directories, written at
+    /// the run's end with the layouts learnt while sharing
+    /// ([`Indexes::finish`]: one transaction, or the rewrite a first run
+    /// ends with, instead of one more rewrite of most of a first run's
+    /// records), and now, on each device in `seen`, remove the records of
+    /// directories under its roots that the walk did not meet.
     pub fn update(&self, updates: Vec<Update>, seen: Option<Seen<'_>>) {
-        self.change(updates, seen);
+        lock(&self.later).updates.extend(updates);
+        self.change(&[], &[], seen);
     }
 
-    /// Record the layouts of the files a run shared whole (see
-    /// [`Relaid`]). One transaction per filesystem, at the run's end: a
+    /// Keep the layouts of the files a run shared whole (see
+    /// [`Relaid`]), written at the run's end ([`Indexes::finish`]): a
     /// record is rewritten once however many of its files were shared
     /// (written in batches as they come, a first run's large records
     /// would be rewritten by most batches).
     pub fn relayout(&self, relaid: Vec<Relaid>) {
-        self.change(relaid, None);
+        lock(&self.later).relaid.extend(relaid);
     }
 
-    fn change<C: Change>(&self, mut updates: Vec<C>, seen: Option<Seen<'_>>) {
-        // Each device's directories together, in a scattered order.
-        updates.sort_unstable_by_key(|u| {
-            let (dev, dir, ino) = u.key();
-            (dev, scatter(dir), ino)
-        });
-        let mut devs: Vec<u64> = updates.iter().map(|u| u.key().0).collect();
+    /// Write `updates` and `relaid` (each sorted by [`Change::key`]) and
+    /// prune as `seen` says: one transaction per filesystem.
+    fn change(&self, updates: &[Update], relaid: &[Relaid], seen: Option<Seen<'_>>) {
+        let mut devs: Vec<u64> = (updates.iter().map(|u| u.key().0))
+            .chain(relaid.iter().map(|u| u.key().0))
+            .collect();
         if let Some(seen) = seen {
             devs.extend(seen.dirs.iter().map(|&(d, _)| d));
         }
@@ -1112,46 +1244,41 @@ impl Indexes {
             if self.drop_broken(&ix) {
                 continue;
             }
-            let lo = updates.partition_point(|u| u.key().0 < dev);
-            let hi = updates.partition_point(|u| u.key().0 <= dev);
-            let mine = &updates[lo..hi];
+            let facts = Facts::of(updates, relaid, dev);
             // Every record held was met: none can be of a directory gone,
             // and the scan (every record read) would be most of an
             // unchanged rerun's index work.
             let prune = seen.filter(|_| ix.may_hold_others());
-            if mine.is_empty() && prune.is_none() {
+            if facts.is_empty() && prune.is_none() {
                 continue;
             }
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.write(&ix, mine, prune.map(|s| (s, dev)))
+                self.write(&ix, facts, prune.map(|s| (s, dev)))
             }));
             self.wrote(&ix, res);
         }
     }
 
-    fn write<C: Change>(
+    /// Apply `facts` to the records of their directories in key order
+    /// (records are replaced, not added, so the order leaves the leaves
+    /// as full as any other, and each leaf is written once; in a
+    /// scattered order most would be written back and read again), and
+    /// prune.
+    fn write(
         &self,
         ix: &FsIndex,
-        updates: &[C],
+        facts: Facts<'_>,
         prune: Option<(Seen<'_>, u64)>,
     ) -> Result<(), redb::Error> {
         let txn = ix.db.begin_write()?;
         let mut changed = false;
         {
             let mut t = txn.open_table(RECORDS)?;
-            for run in updates.chunk_by(|a, b| a.key().1 == b.key().1) {
-                let dir = run[0].key().1;
+            for dir in facts.dirs() {
                 let Some(mut rec) = t.get(dir)?.and_then(|v| Record::decode(dir, v.value())) else {
                     continue;
                 };
-                let mut n = 0;
-                for u in run {
-                    let (dev, _, ino) = u.key();
-                    let Ok(i) = rec.files.binary_search_by_key(&ino, |(k, _)| *k) else {
-                        continue;
-                    };
-                    n += u64::from(apply_to(u, dev, ino, &mut rec.files[i].1));
-                }
+                let n = facts.apply(dir, &mut rec);
                 if n > 0 {
                     t.insert(dir, rec.encode(dir).as_slice())?;
                     self.written.fetch_add(n, Ordering::Relaxed);
@@ -1249,19 +1376,24 @@ impl Indexes {
     fn persist(&self) {
         let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
         for ix in map.values().flatten() {
-            if !ix.lazy.swap(false, Ordering::Relaxed) || self.drop_broken(ix) {
-                continue;
-            }
-            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                || -> Result<(), redb::Error> {
-                    let txn = ix.db.begin_write()?;
-                    txn.open_table(META)?.remove(SHARING)?;
-                    txn.commit()?;
-                    Ok(())
-                },
-            ));
-            self.wrote(ix, res);
+            self.persist_one(ix);
         }
+    }
+
+    /// [`Indexes::persist`] for `ix`.
+    fn persist_one(&self, ix: &FsIndex) {
+        if !ix.lazy.swap(false, Ordering::Relaxed) || self.drop_broken(ix) {
+            return;
+        }
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            || -> Result<(), redb::Error> {
+                let txn = ix.db.begin_write()?;
+                txn.open_table(META)?.remove(SHARING)?;
+                txn.commit()?;
+                Ok(())
+            },
+        ));
+        self.wrote(ix, res);
     }
 
     /// Whether `ix` broke while being read; if so, its file is removed
@@ -1457,18 +1589,42 @@ fn bloated(size: u64, used: u64, compacted: Option<u64>) -> bool {
         && compacted.is_none_or(|c| size >= c.saturating_mul(2))
 }
 
+/// Whether `ix`'s file is due for a rewrite ([`bloated`]).
+fn wasteful(ix: &FsIndex) -> bool {
+    (|| -> Result<bool, redb::Error> {
+        let txn = ix.db.begin_write()?;
+        let st = txn.stats()?;
+        let compacted = txn
+            .open_table(META)?
+            .get(COMPACTED)?
+            .and_then(|v| Some(u64::from_le_bytes(v.value().try_into().ok()?)));
+        txn.abort()?;
+        let used = st.stored_bytes() + st.metadata_bytes();
+        let size = std::fs::metadata(&ix.file).map_or(0, |m| m.len());
+        Ok(bloated(size, used, compacted))
+    })()
+    .unwrap_or(false)
+}
+
 /// Copy `ix`'s database into `<file>.new`, its records in a scattered
 /// order ([`scatter`]: redb splits a full leaf in half, so records put in
 /// key order leave every leaf half empty, and a large record among small
 /// ones strands more), then rename it over the old file: atomic, so a
 /// crash leaves the old file or the new one, whole (a `.new` left over
-/// is removed when the index is next opened). The lock is held throughout.
-fn rewrite(ix: FsIndex) {
-    let FsIndex {
-        file, db, _lock, ..
-    } = ix;
+/// is removed when the index is next opened). The lock is held
+/// throughout; the old file is let go by the caller.
+///
+/// `facts` are applied to the records on the way, as [`Indexes::write`]
+/// would; with `done_sharing` ([`SHARING`] was set by this run, and
+/// `facts` hold all it learnt while sharing),
+/// [`SHARING`] is left out of the copy: the layouts and the mark's
+/// removal land together. On an error nothing changed: the old file
+/// holds what it held. The entries changed.
+fn rewrite(ix: &FsIndex, facts: Facts<'_>, done_sharing: bool) -> Result<u64, String> {
+    let (file, db) = (&ix.file, &ix.db);
     let tmp = file.with_extension("redb.new");
     let _ = std::fs::remove_file(&tmp);
+    let mut changed = 0;
     let copied = (|| -> Result<(), String> {
         let own = own_file(&tmp)?;
         let mut b = Database::builder();
@@ -1482,6 +1638,9 @@ fn rewrite(ix: FsIndex) {
                 let mut to = w.open_table(META)?;
                 for row in from.iter()? {
                     let (k, v) = row?;
+                    if done_sharing && k.value() == SHARING {
+                        continue;
+                    }
                     to.insert(k.value(), v.value())?;
                 }
                 let from = r.open_table(RECORDS)?;
@@ -1492,9 +1651,17 @@ fn rewrite(ix: FsIndex) {
                 }
                 keys.sort_unstable_by_key(|&k| scatter(k));
                 for k in keys {
-                    if let Some(v) = from.get(k)? {
-                        to.insert(k, v.value())?;
-                    }
+                    let Some(v) = from.get(k)? else { continue };
+                    let mut rec = match facts.about(k) {
+                        true => Record::decode(k, v.value()),
+                        false => None,
+                    };
+                    let n = rec.as_mut().map_or(0, |rec| facts.apply(k, rec));
+                    match rec {
+                        Some(rec) if n > 0 => to.insert(k, rec.encode(k).as_slice())?,
+                        _ => to.insert(k, v.value())?,
+                    };
+                    changed += n;
                 }
             }
             w.commit()?;
@@ -1516,7 +1683,7 @@ fn rewrite(ix: FsIndex) {
         })()
         .map_err(|e| e.to_string())?;
         drop(new);
-        std::fs::rename(&tmp, &file).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, file).map_err(|e| e.to_string())?;
         if let Some(dir) = file.parent() {
             let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
         }
@@ -1525,7 +1692,7 @@ fn rewrite(ix: FsIndex) {
     if copied.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    drop(db);
+    copied.map(|()| changed)
 }
 
 /// A key's place in a scattered order (the splitmix64 finalizer): the

@@ -846,11 +846,7 @@ impl Visitor for Collect {
 pub fn plan<P: AsRef<Path>>(paths: &[P], opts: &DedupeOptions) -> Result<DedupePlan> {
     let indexes = opts.index.as_deref().map(|d| Arc::new(Indexes::new(d)));
     let mut plan = find(paths, opts, Compare::Hash, None, indexes.as_ref())?;
-    plan.index = indexes.map(|ix| {
-        let r = ix.report();
-        ix.finish();
-        r
-    });
+    plan.index = indexes.map(|ix| ix.finish());
     Ok(plan)
 }
 
@@ -951,9 +947,6 @@ pub fn dedupe<P: AsRef<Path>>(
                 // shared and reads neither.
                 ex.flush_layouts();
                 let report = ex.finish();
-                if let Some(ix) = ix {
-                    plan.index = Some(ix.report());
-                }
                 Ok((plan, report))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
@@ -964,7 +957,6 @@ pub fn dedupe<P: AsRef<Path>>(
                     // `keep_groups`.
                     groups_found: found,
                     groups: handed,
-                    index: ix.map(|ix| ix.report()),
                     ..DedupePlan::default()
                 };
                 Ok((plan, ex.finish()))
@@ -972,8 +964,14 @@ pub fn dedupe<P: AsRef<Path>>(
             Err(e) => Err(e),
         }
     });
+    // The layouts learnt while sharing are written now (see
+    // `Indexes::finish`): the report counts them.
+    let mut out = out;
     if let Some(ix) = indexes {
-        ix.finish();
+        let report = ix.finish();
+        if let Ok((plan, _)) = out.as_mut() {
+            plan.index = Some(report);
+        }
     }
     out
 }
@@ -1600,8 +1598,12 @@ fn record_walk(
         .collect();
     drop(wanted);
     order.sort_unstable();
-    // Written per device in a scattered order (see `index::scatter`).
-    dirs.sort_unstable_by_key(|((dev, ino), _)| (*dev, index::scatter(*ino)));
+    // Written per device in the index's order (`Indexes::write_order`).
+    let write_order: HashMap<u64, fn(u64) -> u64> = dirs
+        .iter()
+        .map(|((dev, _), _)| (*dev, ix.write_order(*dev)))
+        .collect();
+    dirs.sort_unstable_by_key(|((dev, ino), _)| (*dev, write_order[dev](*ino)));
     for one in dirs.chunk_by(|a, b| a.0 .0 == b.0 .0) {
         let dev = one[0].0 .0;
         let recs = one.iter().map(|&(key, path)| {
