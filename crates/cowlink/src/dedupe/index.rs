@@ -992,8 +992,9 @@ impl Indexes {
         }
     }
 
-    /// End the run: write the layouts learnt while sharing
-    /// ([`Indexes::relayout`]), remove [`SHARING`], and rewrite each index
+    /// End the run: write what was learnt after the walk
+    /// ([`Indexes::update`], [`Indexes::relayout`]), remove [`SHARING`],
+    /// and rewrite each index
     /// into a new file where its file is more than one and a half times
     /// what it holds and at least twice its size after its last rewrite
     /// (a first run writes every record, rewrites many of them after
@@ -1001,10 +1002,10 @@ impl Indexes {
     /// allocations leave most of the file free or unused, which its own
     /// compaction does not give back). What the indexes did, in all.
     ///
-    /// An index due for a rewrite before the layouts are written takes
-    /// them in its copy ([`rewrite`]): written in place first, they would
-    /// rewrite most of a first run's records only for the copy to read
-    /// them again.
+    /// An index due for a rewrite before what was learnt is written
+    /// takes it in its copy ([`rewrite`]): written in place first, it
+    /// would rewrite most of a first run's records only for the copy to
+    /// read them again.
     ///
     /// The second condition: redb grows its file by doubling, so even a
     /// file just rewritten is up to twice the pages it uses (17.4 MB for
