@@ -11,6 +11,7 @@ mod dedupe;
 mod dedupe_hostile;
 mod dedupe_identity;
 mod dedupe_index;
+mod dedupe_index_end;
 mod dedupe_space;
 mod delta;
 mod inspect;
