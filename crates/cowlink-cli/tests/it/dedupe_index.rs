@@ -749,3 +749,126 @@ fn a_given_link_to_a_directory_is_walked_and_odd_paths_are_named() {
         text(&out.stdout)
     );
 }
+
+/// A first run's tree for [`a_signal_at_any_point_of_a_first_run_leaves_no_claim_a_trusting_run_keeps`]:
+/// 600 contents of 4 to 20 KiB, each written in three of eight
+/// directories drawn at random (1,800 files: an index its first run
+/// rewrites at its end), not synced.
+fn spread_tree(dir: &Path, seed: u64) -> Vec<(Vec<PathBuf>, Vec<u8>)> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let dirs: Vec<PathBuf> = (0..8).map(|d| dir.join(format!("d{d}"))).collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    (0..600u64)
+        .map(|i| {
+            let bytes = data(4096 + (i as usize * 613) % (16 << 10), seed * 1000 + i);
+            let mut paths = Vec::new();
+            while paths.len() < 3 {
+                let p = dirs[rng.usize(..dirs.len())].join(format!("f{i}-{}", paths.len()));
+                std::fs::write(&p, &bytes).unwrap();
+                paths.push(p);
+            }
+            (paths, bytes)
+        })
+        .collect()
+}
+
+/// A library run over `dir` that trusts every indexed layout while its
+/// file's identity holds (`LayoutRecheck::Never`, which the command does
+/// not offer): what the index claims is all it knows.
+fn trusting_run(
+    ix: &Path,
+    dir: &Path,
+    what: &str,
+) -> (cowlink::dedupe::DedupePlan, cowlink::dedupe::DedupeReport) {
+    let opts = cowlink::dedupe::DedupeOptions {
+        index: Some(ix.to_path_buf()),
+        layout_recheck: cowlink::dedupe::LayoutRecheck::Never,
+        ..cowlink::dedupe::DedupeOptions::default()
+    };
+    let (p, r) = cowlink::dedupe::dedupe(&[dir], &opts).unwrap();
+    assert!(p.errors.is_empty(), "{what}: {:?}", p.errors);
+    assert!(r.errors.is_empty(), "{what}: {:?}", r.errors);
+    let notes = &p.index.as_ref().expect("an index report").notes;
+    assert!(notes.is_empty(), "{what}: {notes:?}");
+    (p, r)
+}
+
+/// SIGKILL, SIGINT or SIGTERM (drawn from a seeded RNG) at a random
+/// point of a first run over 1,800 files (from the walk to the index's
+/// rewrite at the run's end, where the layouts learnt while sharing go
+/// into the copy), on XFS and Btrfs, each with an index of its own.
+/// Then a run that trusts the index wholly: it must leave every
+/// duplicate shared (no claim of the stopped run made it skip a file it
+/// had to read, or take two files for shared), leave only the database
+/// and its lock in the index's directory, and a run after it must read,
+/// plan, share and write nothing.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_signal_at_any_point_of_a_first_run_leaves_no_claim_a_trusting_run_keeps() {
+    use rustix::process::Signal;
+    let (x, b) = (testfs!(Xfs), testfs!(Btrfs));
+    let seed = seed();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for fs in [x.path(), b.path()] {
+        let root = fs.join(format!("signals-{seed}"));
+        // A whole first run, timed: the signals are drawn over its length.
+        let timing = root.join("timing");
+        spread_tree(&timing, 0);
+        let ix = tempfile::tempdir().unwrap();
+        let t0 = std::time::Instant::now();
+        let v = json(&dedupe(ix.path(), &timing));
+        let whole = t0.elapsed();
+        assert_eq!(v["result"]["targets_deduped"], 1200, "{v}");
+        eprintln!("{fs:?}: a whole first run took {whole:?}");
+        for round in 1..=4u64 {
+            let dir = root.join(format!("r{round}"));
+            let sets = spread_tree(&dir, round);
+            let ix = tempfile::tempdir().unwrap();
+            let sig = [Signal::KILL, Signal::INT, Signal::TERM][rng.usize(..3)];
+            let us = whole.as_micros() as u64;
+            let delay = Duration::from_micros(rng.u64(us / 10..=us * 11 / 10));
+            let what = format!("{fs:?} round {round}, {sig:?} after {delay:?} (seed {seed})");
+            let mut child = spawn_quiet(ix.path(), &dir);
+            std::thread::sleep(delay);
+            let _ = rustix::process::kill_process(rustix::process::Pid::from_child(&child), sig);
+            let status = child.wait().unwrap();
+            if sig != Signal::KILL {
+                // 130 when cancelled, 0 when it had finished; killed by
+                // the signal only before its handler was set.
+                use std::os::unix::process::ExitStatusExt;
+                assert!(
+                    matches!(status.code(), Some(0 | 130)) || status.signal() == Some(sig.as_raw()),
+                    "{what}: {status:?}"
+                );
+            }
+            // A `.redb.new` left by a kill during the rewrite is the
+            // next opener's to remove.
+            trusting_run(ix.path(), &dir, &what);
+            assert_index_files(ix.path(), &what);
+            assert_shared(&sets, &what);
+            let firsts: Vec<Vec<(u64, u64)>> = sets
+                .iter()
+                .map(|(p, _)| cowlink::extents::extents(&p[0]).unwrap().physical_runs())
+                .collect();
+            let mut distinct = firsts.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(
+                distinct.len(),
+                firsts.len(),
+                "{what}: different files on the same blocks"
+            );
+            let (p, r) = trusting_run(ix.path(), &dir, &what);
+            let got = p.index.as_ref().unwrap();
+            assert_eq!(p.bytes_hashed, 0, "{what}: {p:?}");
+            assert!(p.groups.is_empty(), "{what}: {:?}", p.groups);
+            assert_eq!(r.targets_deduped, 0, "{what}");
+            assert_eq!(got.written, 0, "{what}: {got:?}");
+            assert_eq!(got.unchanged, p.candidates, "{what}: {p:?}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
