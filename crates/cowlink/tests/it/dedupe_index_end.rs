@@ -504,3 +504,77 @@ fn btrfs_two_runs_at_once_on_a_large_index_leave_no_wrong_claim() {
     let d = testfs!(Btrfs);
     two_runs_at_once(d.path(), 361);
 }
+
+/// Fill the filesystem of `dir` to its last block: files of halving
+/// sizes until not one more block fits.
+fn fill_all(dir: &Path) -> Vec<PathBuf> {
+    let mut made = Vec::new();
+    let mut len: u64 = 1 << 30;
+    while len >= 4096 {
+        let p = dir.join(format!("filler-{}", made.len()));
+        // No room left for one more inode either.
+        let Ok(f) = fs::File::create(&p) else { break };
+        if rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, len).is_ok() {
+            made.push(p);
+        } else {
+            drop(f);
+            let _ = fs::remove_file(&p);
+            len /= 2;
+        }
+    }
+    made
+}
+
+/// An index made with room, then its filesystem filled to the last
+/// block (and, with `reflinked`, its file's blocks shared with a copy,
+/// as a backup by `cp --reflink` leaves them, so that redb's overwrite of
+/// its header needs new blocks too): a run must go on without the index
+/// and keep it, never remove it as if it were damaged, and once there is
+/// room again a rerun must find every file it held unchanged.
+fn a_full_filesystem_keeps_the_index(data_dir: &Path, tiny: &Path, reflinked: bool) {
+    let root = data_dir.join(format!("keep-{reflinked}"));
+    let ix = tiny.join(format!("keep-ix-{reflinked}"));
+    fs::create_dir_all(&ix).unwrap();
+    let mut rng = fastrand::Rng::with_seed(370 + u64::from(reflinked));
+    let model = build(&root, &mut rng, 6, 20);
+    let (p, _) = run(&root, &ix, "with room");
+    let file = p.index.as_ref().unwrap().files[0].clone();
+    let held = cowlink::dedupe::index::stats(&file).unwrap().0;
+    let ino = fs::metadata(&file).unwrap().ino();
+    if reflinked {
+        reflink(&file, &tiny.join(format!("backup-{reflinked}.redb")));
+    }
+    let fillers = fill_all(tiny);
+    let (p, r) = dedupe(&[&root], &trusting(&ix)).unwrap();
+    for f in &fillers {
+        fs::remove_file(f).unwrap();
+    }
+    let what = format!("reflinked {reflinked}: {:?}", p.index);
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{what}: {p:?}");
+    assert!(
+        fs::metadata(&file).is_ok_and(|m| m.ino() == ino),
+        "{what}: the index was removed on a full filesystem"
+    );
+    assert_eq!(
+        cowlink::dedupe::index::stats(&file).unwrap().0,
+        held,
+        "{what}"
+    );
+    let (p, _) = run(&root, &ix, &what);
+    assert_eq!(
+        p.bytes_hashed, 0,
+        "{what}: what the index held was lost: {p:?}"
+    );
+    assert_shared_iff_equal(&model, &[], &what);
+    fs::remove_dir_all(&root).unwrap();
+    fs::remove_dir_all(&ix).unwrap();
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn an_index_on_a_filesystem_filled_since_is_kept_not_rebuilt() {
+    let _alone = cowlink_testfs::serial();
+    let (d, t) = (testfs!(Xfs), testfs!(TinyXfs));
+    a_full_filesystem_keeps_the_index(d.path(), t.path(), false);
+    a_full_filesystem_keeps_the_index(d.path(), t.path(), true);
+}
