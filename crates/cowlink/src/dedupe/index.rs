@@ -1556,6 +1556,15 @@ impl Indexes {
                 "damaged".into(),
             )))
         });
+        // No room (a full filesystem: redb's open overwrites its header,
+        // which needs a new block where the file's blocks are shared with
+        // a reflinked copy), a quota or a read-only mount says nothing of
+        // the file: it is kept for a run that can write it, and this one
+        // goes on without it. Removed, everything it held would be read
+        // again, and a full filesystem could not even hold a new one.
+        let kept = |e: &dyn std::fmt::Display| {
+            format!("index {shown}: {e}; going on without it (the index is kept)")
+        };
         let why = match opened {
             Ok(db) => match format_of(&db) {
                 Ok(Some(FORMAT)) => return Ok(db),
@@ -1564,8 +1573,12 @@ impl Indexes {
                     return Ok(db);
                 }
                 Ok(Some(other)) => format!("is of format {other}, this version uses {FORMAT}"),
+                Err(redb::Error::Io(e)) if no_room(&e) => return Err(kept(&e)),
                 Err(e) => format!("cannot be read ({e})"),
             },
+            Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))) if no_room(&e) => {
+                return Err(kept(&e))
+            }
             Err(e) => format!("cannot be read ({e})"),
         };
         self.note(format!(
@@ -1588,6 +1601,15 @@ impl Indexes {
 fn bloated(size: u64, used: u64, compacted: Option<u64>) -> bool {
     size > used.saturating_add(used / 2).saturating_add(1 << 20)
         && compacted.is_none_or(|c| size >= c.saturating_mul(2))
+}
+
+/// Whether `e` is the filesystem refusing a write (no space, a quota, a
+/// read-only mount), not a damage of the file being written.
+fn no_room(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::NOSPC, Errno::DQUOT, Errno::ROFS]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
 }
 
 /// Whether `ix`'s file is due for a rewrite ([`bloated`]).
