@@ -98,7 +98,8 @@ real_tree() {
 }
 
 # medians RESULT.json ROOT [REF]: a markdown table of medians, each with its
-# ratio to command number REF (0-based, default 1).
+# ratio to command number REF (0-based, default 1); for bench/interleave's
+# runs, also the median of the ratios within each round.
 medians() {
     python3 - "$@" <<'PY'
 import json, statistics, sys
@@ -109,9 +110,17 @@ import os
 def name(r):
     c = r["command"].replace(os.environ["BIN"], "cowlink").replace(os.environ["FLOOR"], "floor")
     return c.replace(root, "T").replace("'", "")
-print("| command | median ms | min ms | max ms | vs `%s` |" % name(results[ref]))
-print("|---|---:|---:|---:|---:|")
+# Runs from bench/interleave: the median of the ratios within each round
+# too (runs seconds apart, whatever the machine did between rounds).
+paired = json.load(open(sys.argv[1])).get("interleaved", False)
+extra = " paired median ratio |" if paired else ""
+print("| command | median ms | min ms | max ms | vs `%s` |%s" % (name(results[ref]), extra))
+print("|---|---:|---:|---:|---:|" + ("---:|" if paired else ""))
 for r, m in zip(results, med):
-    print(f"| `{name(r)}` | {m:.0f} | {r['min']*1000:.0f} | {r['max']*1000:.0f} | {m / med[ref]:.2f}× |")
+    row = f"| `{name(r)}` | {m:.0f} | {r['min']*1000:.0f} | {r['max']*1000:.0f} | {m / med[ref]:.2f}× |"
+    if paired:
+        ratios = [a / b for a, b in zip(r["times"], results[ref]["times"])]
+        row += f" {statistics.median(ratios):.2f}× |"
+    print(row)
 PY
 }
