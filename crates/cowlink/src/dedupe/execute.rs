@@ -274,6 +274,13 @@ pub(super) fn totals(groups: &[DedupeGroup]) -> (u64, u64) {
 /// A group without a whole-file hash (from [`dedupe`](super::dedupe)'s
 /// plan) is confirmed by the kernel's comparison; a target found different
 /// is hashed whole with its source and grouped again, as `dedupe` does.
+///
+/// The index ([`DedupeOptions::index`]) is not written here: what the
+/// files shared now hold is learnt by [`dedupe`](super::dedupe), which maps
+/// each group's source as the plan handed it over. An indexed run after a
+/// [`plan`](super::plan) and `execute` finds the files as the plan left
+/// them in the index (not yet shared) and has the kernel compare them
+/// again, which shares nothing twice and then learns their layouts.
 pub fn execute(plan: &DedupePlan, opts: &DedupeOptions) -> DedupeReport {
     let tally = Counters::new(&opts.run);
     let (files, bytes) = totals(&plan.groups);
@@ -887,8 +894,12 @@ enum Proof {
     /// None of its extents is shared, or every holder is in its group.
     Freed,
     /// A holder outside its group keeps some of its blocks (the words say
-    /// which).
-    Held(String),
+    /// which); `outside`, the holders outside the group by (tree, inode)
+    /// where Btrfs names them.
+    Held {
+        words: String,
+        outside: Vec<(u64, u64)>,
+    },
     /// Some extents are shared and the holders cannot be named.
     Unproven,
 }
@@ -1015,15 +1026,19 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                     let member = |&(r, ino): &(u64, u64)| {
                         (r == root && ino == src_ino) || target(r, ino, false)
                     };
-                    let mut outside: Vec<&(u64, u64)> = h.iter().filter(|x| !member(x)).collect();
+                    let mut outside: Vec<(u64, u64)> =
+                        h.iter().filter(|x| !member(x)).copied().collect();
                     outside.sort_unstable();
-                    outside.first().map(|&&(r, ino)| {
+                    outside.first().map(|&(r, ino)| {
                         let who = Holder {
                             root: r,
                             ino,
                             skipped: target(r, ino, true),
                         };
-                        holder_words(&live[i].1, mine, who, outside.len())
+                        (
+                            holder_words(&live[i].1, mine, who, outside.len()),
+                            outside.clone(),
+                        )
                     })
                 }
                 _ => {
@@ -1036,7 +1051,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                         })
                         .count();
                     (lone > 0).then(|| {
-                        format!(
+                        let words = format!(
                             "its blocks are also held outside its group ({}, marked shared, that \
                              no other file of the group maps): sharing it would free nothing and \
                              could grow usage",
@@ -1044,13 +1059,14 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                                 1 => "1 extent".to_string(),
                                 n => format!("{n} extents"),
                             }
-                        )
+                        );
+                        (words, Vec::new())
                     })
                 }
             };
-            if let Some(words) = held {
+            if let Some((words, outside)) = held {
                 state[i] = State::Held;
-                proofs[i] = Proof::Held(words);
+                proofs[i] = Proof::Held { words, outside };
                 again = true;
             }
         }
@@ -1199,6 +1215,64 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
         }
     };
     format!("its blocks are also held by {who}: sharing it would free nothing and could grow usage")
+}
+
+/// The files of `g` the plan took as already sharing the source's blocks
+/// (its cluster, [`DedupeGroup::already_shared`]) that Btrfs names as
+/// holding a target's blocks outside the group (in `proofs`): added to
+/// `opened` and `stamps` as targets of this batch (within
+/// [`cowlink_sys::DEDUPE_MAX_DESTS`]), and returned with the stamps they
+/// were opened under, for the kernel's refusals to be told apart as
+/// any target's are.
+///
+/// Such a file does not share the source's blocks, whatever the plan
+/// said: its index entry kept a layout that another tool's dedupe (or a
+/// run without the index) moved, leaving every time alone. Left out, the
+/// target that shares its real blocks would be refused as held outside
+/// its group, run after run, until the sampled recheck maps the file
+/// again; shared with it, both give their blocks back. The kernel
+/// compares each byte as for any target.
+fn stale_mates<'g>(
+    g: &'g DedupeGroup,
+    proofs: &[Proof],
+    opened: &mut Vec<Live<'g>>,
+    stamps: &mut Vec<(FileStamp, u64)>,
+) -> Vec<(&'g PathBuf, Option<FileStamp>)> {
+    let held_by: HashSet<(u64, u64)> = proofs
+        .iter()
+        .filter_map(|p| match p {
+            Proof::Held { outside, .. } => Some(outside),
+            _ => None,
+        })
+        .flatten()
+        .copied()
+        .collect();
+    let mut mates = Vec::new();
+    if held_by.is_empty() {
+        return mates;
+    }
+    for m in &g.already_shared {
+        if opened.len() >= cowlink_sys::DEDUPE_MAX_DESTS {
+            break;
+        }
+        let Ok(fd) = open_read(m) else { continue };
+        let Ok(id) = cowlink_sys::file_id(fd.as_fd()) else {
+            continue;
+        };
+        let Ok(root) = cowlink_sys::btrfs_root_id(fd.as_fd()) else {
+            continue;
+        };
+        // Of the group's size, and not a target already. (Holders are
+        // named within the source's filesystem, which the group shares.)
+        let fresh = id.size == g.size && !opened.iter().any(|o| o.2 == id.ino);
+        if fresh && held_by.contains(&(root, id.ino)) {
+            let stamp = FileStamp::of(&id);
+            opened.push((m, fd, id.ino));
+            stamps.push((stamp, id.dev));
+            mates.push((m, Some(stamp)));
+        }
+    }
+    mates
 }
 
 /// Why a path of the plan was not opened for sharing ([`open_planned`]).
@@ -1351,10 +1425,23 @@ fn dedupe_group(
         // Targets the kernel said it shared fewer bytes of than asked:
         // shared, but not known to be laid out as the source is.
         let mut short: HashSet<&Path> = HashSet::new();
-        let proofs = match proving {
+        let mut proofs = match proving {
             Proving::Sort => prove(&src, src_ino, &opened, dev, fs),
             Proving::Measured => vec![Proof::Freed; opened.len()],
         };
+        // Files the plan took as already sharing the source's blocks and
+        // found holding a target's: shared too (see `stale_mates`).
+        let mates = stale_mates(g, &proofs, &mut opened, &mut stamps);
+        if !mates.is_empty() {
+            if let Some(learn) = learn {
+                for &(_, t_dev) in &stamps[stamps.len() - mates.len()..] {
+                    if t_dev != dev {
+                        learn.ix.sharing(t_dev);
+                    }
+                }
+            }
+            proofs = prove(&src, src_ino, &opened, dev, fs);
+        }
         for (((t, fd, ino), proof), (stamp, t_dev)) in opened.into_iter().zip(proofs).zip(stamps) {
             match proof {
                 Proof::Freed => {
@@ -1363,7 +1450,7 @@ fn dedupe_group(
                     }
                     live.push((t, fd))
                 }
-                Proof::Held(detail) => {
+                Proof::Held { words: detail, .. } => {
                     // Done with, for the progress: it will not be shared.
                     tally.done(1, g.size);
                     report.skipped.push(SkippedTarget {
@@ -1379,6 +1466,7 @@ fn dedupe_group(
         let planned_stamp = |t: &Path| -> Option<FileStamp> {
             batch
                 .iter()
+                .chain(&mates)
                 .find(|(p, _)| p.as_path() == t)
                 .and_then(|(_, s)| *s)
         };
