@@ -1218,12 +1218,13 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
 }
 
 /// The files of `g` the plan took as already sharing the source's blocks
-/// (its cluster, [`DedupeGroup::already_shared`]) that Btrfs names as
-/// holding a target's blocks outside the group (in `proofs`): added to
-/// `opened` and `stamps` as targets of this batch (within
-/// [`cowlink_sys::DEDUPE_MAX_DESTS`]), and returned with the stamps they
-/// were opened under, for the kernel's refusals to be told apart as
-/// any target's are.
+/// (its cluster, [`DedupeGroup::already_shared`]) that hold a target's
+/// blocks outside the group (in `proofs`): added to `opened` and `stamps`
+/// as targets of this batch (within [`cowlink_sys::DEDUPE_MAX_DESTS`]),
+/// and returned with the stamps they were opened under, for the kernel's
+/// refusals to be told apart as any target's are. Where Btrfs named the
+/// holders, such a file is one of them (by tree and inode); where nothing
+/// named them (XFS), it maps one of the shared extents of a target held.
 ///
 /// Such a file does not share the source's blocks, whatever the plan
 /// said: its index entry kept a layout that another tool's dedupe (or a
@@ -1231,26 +1232,45 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
 /// target that shares its real blocks would be refused as held outside
 /// its group, run after run, until the sampled recheck maps the file
 /// again; shared with it, both give their blocks back. The kernel
-/// compares each byte as for any target.
+/// compares each byte as for any target, and the proof is taken again
+/// with it: a file not shown to hold a target's blocks is never added.
 fn stale_mates<'g>(
     g: &'g DedupeGroup,
     proofs: &[Proof],
     opened: &mut Vec<Live<'g>>,
     stamps: &mut Vec<(FileStamp, u64)>,
 ) -> Vec<(&'g PathBuf, Option<FileStamp>)> {
-    let held_by: HashSet<(u64, u64)> = proofs
-        .iter()
-        .filter_map(|p| match p {
-            Proof::Held { outside, .. } => Some(outside),
-            _ => None,
-        })
-        .flatten()
-        .copied()
-        .collect();
     let mut mates = Vec::new();
-    if held_by.is_empty() {
+    if g.already_shared.is_empty() || !proofs.iter().any(|p| matches!(p, Proof::Held { .. })) {
         return mates;
     }
+    // Holders Btrfs named; and the shared extents (physical start, end)
+    // of the targets held where it named none.
+    let mut named: HashSet<(u64, u64)> = HashSet::new();
+    let mut unnamed: Vec<(u64, u64)> = Vec::new();
+    for (p, (_, fd, _)) in proofs.iter().zip(opened.iter()) {
+        match p {
+            Proof::Held { outside, .. } if !outside.is_empty() => named.extend(outside),
+            Proof::Held { .. } => {
+                if let Ok(list) = extents_fd(fd.as_fd(), false) {
+                    unnamed.extend(
+                        list.iter()
+                            .filter(|x| x.is_shared() && x.has_address())
+                            .map(|x| (x.physical, x.physical + x.length)),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    let overlaps = |fd: &OwnedFd| {
+        extents_fd(fd.as_fd(), false).is_ok_and(|list| {
+            list.iter().filter(|x| x.has_address()).any(|x| {
+                let (s, e) = (x.physical, x.physical + x.length);
+                unnamed.iter().any(|&(a, b)| s < b && a < e)
+            })
+        })
+    };
     for m in &g.already_shared {
         if opened.len() >= cowlink_sys::DEDUPE_MAX_DESTS {
             break;
@@ -1259,13 +1279,15 @@ fn stale_mates<'g>(
         let Ok(id) = cowlink_sys::file_id(fd.as_fd()) else {
             continue;
         };
-        let Ok(root) = cowlink_sys::btrfs_root_id(fd.as_fd()) else {
+        // Of the group's size, and not a target already.
+        if id.size != g.size || opened.iter().any(|o| o.2 == id.ino) {
             continue;
-        };
-        // Of the group's size, and not a target already. (Holders are
-        // named within the source's filesystem, which the group shares.)
-        let fresh = id.size == g.size && !opened.iter().any(|o| o.2 == id.ino);
-        if fresh && held_by.contains(&(root, id.ino)) {
+        }
+        // (Holders are named within the source's filesystem.)
+        let holds = (!named.is_empty()
+            && cowlink_sys::btrfs_root_id(fd.as_fd()).is_ok_and(|r| named.contains(&(r, id.ino))))
+            || (!unnamed.is_empty() && overlaps(&fd));
+        if holds {
             let stamp = FileStamp::of(&id);
             opened.push((m, fd, id.ino));
             stamps.push((stamp, id.dev));

@@ -3137,22 +3137,19 @@ fn btrfs_remounted_with_a_smaller_max_inline_does_not_claim_rewrites_inline() {
     drop(m);
 }
 
-/// On Btrfs, as root: `a`, `b` and `c`, equal, are shared by an indexed
-/// run onto `a`'s blocks; then another tool's dedupe (`xfs_io`, times
-/// left alone) moves `b` and `c` onto the blocks of a copy outside the
-/// tree, and `b` is touched, so the index maps it again while it goes on
-/// claiming that `c` shares `a`'s blocks. The next run, trusting the
-/// index, plans `b` as a target of `a` and `c` as already sharing `a`'s
-/// blocks: the guard finds `b`'s blocks held by `c`, outside the group.
-/// `c` must then be shared with it, not `b` refused: all three end up on
-/// `a`'s blocks, nothing is skipped, and the run after that has nothing
-/// to do.
-#[test]
-#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
-fn btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
-    let d = testfs!(Btrfs);
+/// `a`, `b` and `c`, equal, are shared by an indexed run onto `a`'s
+/// blocks; then another tool's dedupe (`xfs_io`, times left alone) moves
+/// `b` and `c` onto the blocks of a copy outside the tree, and `b` is
+/// touched, so the index maps it again while it goes on claiming that
+/// `c` shares `a`'s blocks. The next run, trusting the index, plans `b`
+/// as a target of `a` and `c` as already sharing `a`'s blocks: the guard
+/// finds `b`'s blocks held by `c`, outside the group (named on Btrfs as
+/// root; on XFS, a shared extent no file of the group maps). `c` must
+/// then be shared with it, not `b` refused: all three end up on `a`'s
+/// blocks, nothing is skipped, and the run after that has nothing to do.
+fn a_stale_mate_holding_a_targets_blocks(dir: &Path) {
     let ix = tempfile::tempdir().unwrap();
-    let top = d.path().join("stale-mate");
+    let top = dir.join("stale-mate");
     let (root, other) = (top.join("in"), top.join("out"));
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&other).unwrap();
@@ -3189,6 +3186,20 @@ fn btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
     let (_, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert_eq!((r.targets_deduped, r.skipped.len()), (0, 0), "{r:?}");
     assert_shared_iff_equal(&root);
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
+    let d = testfs!(Btrfs);
+    a_stale_mate_holding_a_targets_blocks(d.path());
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
+    let d = testfs!(Xfs);
+    a_stale_mate_holding_a_targets_blocks(d.path());
 }
 
 /// `execute` writes nothing to the index, even given one in its options
