@@ -374,6 +374,10 @@ pub fn plan(
 /// `bytes_reclaimed` is the space in use measured before and after.
 /// `measure` is accepted for callers written when that was optional; it
 /// changes nothing.
+///
+/// Nothing is written to the index that `plan` used: the next indexed run
+/// has the kernel compare these files again (nothing is reclaimed twice)
+/// and learns their layouts then. `run` learns them as it shares.
 #[pyfunction]
 #[pyo3(signature = (plan, *, measure=true, threads=None, on_progress=None, cancel=None))]
 pub fn execute(
