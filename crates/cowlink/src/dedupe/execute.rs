@@ -286,6 +286,7 @@ pub fn execute(plan: &DedupePlan, opts: &DedupeOptions) -> DedupeReport {
     let (files, bytes) = totals(&plan.groups);
     tally.show(files, bytes);
     let mut ex = Executor::new(&opts.run, &tally);
+    ex.sources_only(&opts.stores);
     ex.start(&plan.groups);
     let unsettled = ex.take_unsettled();
     if !unsettled.is_empty() && !opts.run.cancelled() {
@@ -455,6 +456,9 @@ struct FsState {
     /// Whether `LOGICAL_INO_V2` answers there (Btrfs, as root); absent
     /// until asked.
     names_holders: Mutex<HashMap<u64, bool>>,
+    /// The stores' objects directories: files under them are sources only,
+    /// never made targets here (see [`stale_mates`]).
+    sources_only: Vec<PathBuf>,
 }
 
 /// The space in use per filesystem, and which filesystem each device is.
@@ -563,6 +567,12 @@ impl<'a> Executor<'a> {
             learn: None,
             report: DedupeReport::default(),
         }
+    }
+
+    /// The stores of the run (`DedupeOptions::stores`): their objects are
+    /// never made targets, not even as a plan's already shared files.
+    pub(super) fn sources_only(&mut self, stores: &[PathBuf]) {
+        self.fs.sources_only = stores.iter().map(|s| s.join("objects")).collect();
     }
 
     /// Learn the layout of every file shared and hand it to `ix` (see
@@ -1239,6 +1249,7 @@ fn stale_mates<'g>(
     proofs: &[Proof],
     opened: &mut Vec<Live<'g>>,
     stamps: &mut Vec<(FileStamp, u64)>,
+    sources_only: &[PathBuf],
 ) -> Vec<(&'g PathBuf, Option<FileStamp>)> {
     let mut mates = Vec::new();
     if g.already_shared.is_empty() || !proofs.iter().any(|p| matches!(p, Proof::Held { .. })) {
@@ -1271,9 +1282,16 @@ fn stale_mates<'g>(
             })
         })
     };
+    let euid = rustix::process::geteuid().as_raw();
     for m in &g.already_shared {
         if opened.len() >= cowlink_sys::DEDUPE_MAX_DESTS {
             break;
+        }
+        // A store's object is a source only; the plan made targets only
+        // of files the kernel lets this user change (root, the owner, or
+        // write permission).
+        if sources_only.iter().any(|o| m.starts_with(o)) {
+            continue;
         }
         let Ok(fd) = open_read(m) else { continue };
         let Ok(id) = cowlink_sys::file_id(fd.as_fd()) else {
@@ -1281,6 +1299,12 @@ fn stale_mates<'g>(
         };
         // Of the group's size, and not a target already.
         if id.size != g.size || opened.iter().any(|o| o.2 == id.ino) {
+            continue;
+        }
+        let may_change = euid == 0
+            || id.uid == euid
+            || fs::accessat(fs::CWD, m, fs::Access::WRITE_OK, fs::AtFlags::EACCESS).is_ok();
+        if !may_change {
             continue;
         }
         // (Holders are named within the source's filesystem.)
@@ -1453,7 +1477,7 @@ fn dedupe_group(
         };
         // Files the plan took as already sharing the source's blocks and
         // found holding a target's: shared too (see `stale_mates`).
-        let mates = stale_mates(g, &proofs, &mut opened, &mut stamps);
+        let mates = stale_mates(g, &proofs, &mut opened, &mut stamps, &fs.sources_only);
         if !mates.is_empty() {
             if let Some(learn) = learn {
                 for &(_, t_dev) in &stamps[stamps.len() - mates.len()..] {

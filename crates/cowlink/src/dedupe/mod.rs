@@ -902,6 +902,7 @@ pub fn dedupe<P: AsRef<Path>>(
         // after a cancel while planning they are the plan.
         let worker = s.spawn(|| {
             let mut ex = execute::Executor::new(run, &tally);
+            ex.sources_only(&opts.stores);
             if let Some(ix) = ix {
                 ex.learn_layouts(ix.clone());
             }

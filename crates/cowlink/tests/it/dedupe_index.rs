@@ -3231,3 +3231,60 @@ fn plan_then_execute_leaves_the_index_to_the_next_run() {
     assert_eq!(r.targets_deduped, 0, "{r:?}");
     assert!(p.groups.is_empty(), "{p:?}");
 }
+
+/// A plan's already shared file that holds a target's blocks is shared
+/// with the group (see `a_stale_mate_holding_a_targets_blocks`), unless
+/// it is a store's object: objects are sources only. Here `obj`, under a
+/// store's `objects`, is a reflink of the target `b`, and the source `a`
+/// has blocks of its own. Given the store, `b` is refused (held outside
+/// its group) and `obj` keeps its blocks; without it, `obj` is shared
+/// too, which is what makes this test tell the two apart.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_store_object_is_never_made_a_target_as_a_stale_mate() {
+    use cowlink::dedupe::{DedupeGroup, FileStamp, SkipReason};
+    let d = testfs!(Xfs);
+    let top = d.path().join("mate-object");
+    let store = top.join("store");
+    let objects = store.join("objects").join("ab");
+    fs::create_dir_all(&objects).unwrap();
+    let bytes = data((1 << 20) + 4096, 202);
+    let (a, b, obj) = (top.join("a"), top.join("b"), objects.join("cdef"));
+    write_file(&a, &bytes);
+    write_file(&b, &bytes);
+    let st = std::process::Command::new("cp")
+        .arg("--reflink=always")
+        .arg(&b)
+        .arg(&obj)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(&top);
+    let plan = DedupePlan {
+        groups: vec![DedupeGroup {
+            size: bytes.len() as u64,
+            blake3: None,
+            source: a.clone(),
+            targets: vec![b.clone()],
+            already_shared: vec![obj.clone()],
+            reclaimable: 0,
+            source_stamp: Some(FileStamp::of_path(&a).unwrap()),
+            target_stamps: vec![FileStamp::of_path(&b).unwrap()],
+        }],
+        ..DedupePlan::default()
+    };
+    let with_store = DedupeOptions {
+        stores: vec![store.clone()],
+        ..DedupeOptions::default()
+    };
+    let r = execute(&plan, &with_store);
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    assert_eq!(r.skipped.len(), 1, "{r:?}");
+    assert_eq!(r.skipped[0].reason, SkipReason::HeldElsewhere);
+    assert!(same_blocks(&b, &obj) && !same_blocks(&a, &obj));
+    let r = execute(&plan, &DedupeOptions::default());
+    assert!(r.errors.is_empty() && r.skipped.is_empty(), "{r:?}");
+    assert_eq!(r.targets_deduped, 2, "{r:?}");
+    assert!(same_blocks(&a, &b) && same_blocks(&a, &obj));
+}
