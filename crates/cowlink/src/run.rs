@@ -469,6 +469,12 @@ impl Progress {
         self.phase.store(phase as u8, Ordering::Relaxed);
     }
 
+    /// Expect more work in this phase than its totals said.
+    pub(crate) fn more(&self, files: u64, bytes: u64) {
+        self.files_total.fetch_add(files, Ordering::Relaxed);
+        self.bytes_total.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Count work done.
     pub(crate) fn done(&self, files: u64, bytes: u64) {
         if files > 0 {
@@ -542,6 +548,13 @@ impl Run {
     pub(crate) fn finish(&self) {
         if let Some(p) = &self.progress {
             p.phase.store(Phase::Done as u8, Ordering::Relaxed);
+        }
+    }
+
+    /// Expect more work in this phase (when a progress is attached).
+    pub(crate) fn more(&self, files: u64, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.more(files, bytes);
         }
     }
 

@@ -304,6 +304,8 @@ pub(super) struct Counters<'a> {
     run: &'a Run,
     /// Shown yet, and files and bytes done before it was.
     held: Mutex<(bool, u64, u64)>,
+    /// Files and bytes added to the totals before it was shown.
+    more: Mutex<(u64, u64)>,
 }
 
 impl<'a> Counters<'a> {
@@ -311,6 +313,7 @@ impl<'a> Counters<'a> {
         Counters {
             run,
             held: Mutex::new((false, 0, 0)),
+            more: Mutex::new((0, 0)),
         }
     }
 
@@ -318,9 +321,24 @@ impl<'a> Counters<'a> {
     /// `bytes` in all), with what was done so far.
     pub(super) fn show(&self, files: u64, bytes: u64) {
         let mut held = lock(&self.held);
-        self.run.enter(Phase::Dedupe, files, bytes);
+        let more = *lock(&self.more);
+        self.run
+            .enter(Phase::Dedupe, files + more.0, bytes + more.1);
         self.run.done(held.1, held.2);
         held.0 = true;
+    }
+
+    /// Add `files` of `bytes` in all to the work expected: files shared
+    /// that the plan did not list as targets.
+    fn more(&self, files: u64, bytes: u64) {
+        let held = lock(&self.held);
+        if held.0 {
+            self.run.more(files, bytes);
+        } else {
+            let mut more = lock(&self.more);
+            more.0 += files;
+            more.1 += bytes;
+        }
     }
 
     fn done(&self, files: u64, bytes: u64) {
@@ -361,6 +379,8 @@ pub(super) struct Executor<'a> {
     /// With an index: the layouts of the files shared, learnt on the way.
     learn: Option<Learn>,
     report: DedupeReport,
+    /// Stale mates shared (see [`Executor::mates_shared`]).
+    mates: u64,
 }
 
 /// What the executor learns for the index as it shares: the layout of
@@ -505,6 +525,8 @@ struct Part {
     /// Edge-only groups with a target found different or handed back:
     /// their source and how many targets they were planned with.
     split: Vec<(PathBuf, usize)>,
+    /// Stale mates shared (see `GroupPart::mates`).
+    mates: u64,
 }
 
 impl Part {
@@ -515,6 +537,7 @@ impl Part {
         self.unproven.extend(later.unproven);
         self.shared_on.extend(later.shared_on);
         self.split.extend(later.split);
+        self.mates += later.mates;
     }
 }
 
@@ -536,6 +559,9 @@ struct GroupPart {
     report: DedupeReport,
     differ: Vec<(PathBuf, PathBuf)>,
     unproven: Vec<(PathBuf, FileStamp)>,
+    /// Stale mates (see `stale_mates`) shared: counted among the targets
+    /// deduplicated, no longer among the files already shared.
+    mates: u64,
 }
 
 /// How [`dedupe_group`] treats targets with shared extents.
@@ -566,6 +592,7 @@ impl<'a> Executor<'a> {
             split: HashMap::new(),
             learn: None,
             report: DedupeReport::default(),
+            mates: 0,
         }
     }
 
@@ -675,6 +702,7 @@ impl<'a> Executor<'a> {
                     acc.append(Part {
                         report: p.report,
                         differ: p.differ,
+                        mates: p.mates,
                         ..Part::default()
                     });
                     acc
@@ -697,6 +725,14 @@ impl<'a> Executor<'a> {
         self.report.regrouped += p.differ.len() as u64;
         self.unsettled.extend(p.differ);
         self.split.extend(p.split);
+        self.mates += p.mates;
+    }
+
+    /// How many files the plan took as already sharing their source's
+    /// blocks were found not to and shared (see `stale_mates`): counted
+    /// among the targets deduplicated.
+    pub(super) fn mates_shared(&self) -> u64 {
+        self.mates
     }
 
     /// Run the targets whose holders could not be named, per filesystem,
@@ -1011,10 +1047,16 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
         .then(|| cowlink_sys::btrfs_root_id(src.as_fd()).ok())
         .flatten();
     // Each target's own subvolume: a group may span several of one
-    // filesystem, and inode numbers repeat between them.
+    // filesystem, and inode numbers repeat between them. None for a
+    // target of another filesystem (a hand-made plan's), whose numbers
+    // name nothing here.
+    let fsid = root.and_then(|_| cowlink_sys::btrfs_fsid(src.as_fd()).ok());
     let roots: Vec<Option<u64>> = live
         .iter()
-        .map(|(_, fd, _)| root.and_then(|_| cowlink_sys::btrfs_root_id(fd.as_fd()).ok()))
+        .map(|(_, fd, _)| {
+            fsid.filter(|&id| cowlink_sys::btrfs_fsid(fd.as_fd()) == Ok(id))
+                .and_then(|_| cowlink_sys::btrfs_root_id(fd.as_fd()).ok())
+        })
         .collect();
     loop {
         let mut again = false;
@@ -1230,11 +1272,19 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
 /// The files of `g` the plan took as already sharing the source's blocks
 /// (its cluster, [`DedupeGroup::already_shared`]) that hold a target's
 /// blocks outside the group (in `proofs`): added to `opened` and `stamps`
-/// as targets of this batch (within [`cowlink_sys::DEDUPE_MAX_DESTS`]),
-/// and returned with the stamps they were opened under, for the kernel's
-/// refusals to be told apart as any target's are. Where Btrfs named the
-/// holders, such a file is one of them (by tree and inode); where nothing
-/// named them (XFS), it maps one of the shared extents of a target held.
+/// as targets of this batch (up to [`cowlink_sys::DEDUPE_MAX_DESTS`] of
+/// them: a full batch takes them too, its calls split), and returned
+/// with the stamps they were opened under, for the kernel's refusals to
+/// be told apart as any target's are. Where Btrfs named the holders,
+/// such a file is one of them (by tree and inode); where nothing named
+/// them (XFS), it maps one of the shared extents of a target held.
+///
+/// Only a file of the source's filesystem (`src`, on device `dev`) is
+/// taken: tree and inode numbers repeat on every other Btrfs
+/// filesystem, and physical addresses on every other filesystem, so a
+/// path of a hand-made plan elsewhere is never taken for a holder.
+/// Never a store's object (`sources_only`: sources only), nor a file
+/// this user may not change (the rule the plan's targets follow).
 ///
 /// Such a file does not share the source's blocks, whatever the plan
 /// said: its index entry kept a layout that another tool's dedupe (or a
@@ -1246,6 +1296,7 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
 /// with it: a file not shown to hold a target's blocks is never added.
 fn stale_mates<'g>(
     g: &'g DedupeGroup,
+    (src, dev): (&OwnedFd, u64),
     proofs: &[Proof],
     opened: &mut Vec<Live<'g>>,
     stamps: &mut Vec<(FileStamp, u64)>,
@@ -1282,14 +1333,18 @@ fn stale_mates<'g>(
             })
         })
     };
+    // The source's filesystem: a Btrfs one by its UUID (its subvolumes
+    // have device numbers of their own), any other by its device.
+    let fsid = cowlink_sys::btrfs_fsid(src.as_fd()).ok();
+    let same_fs = |fd: &OwnedFd, d: u64| match fsid {
+        Some(id) => cowlink_sys::btrfs_fsid(fd.as_fd()) == Ok(id),
+        None => d == dev,
+    };
     let euid = rustix::process::geteuid().as_raw();
     for m in &g.already_shared {
-        if opened.len() >= cowlink_sys::DEDUPE_MAX_DESTS {
+        if mates.len() >= cowlink_sys::DEDUPE_MAX_DESTS {
             break;
         }
-        // A store's object is a source only; the plan made targets only
-        // of files the kernel lets this user change (root, the owner, or
-        // write permission).
         if sources_only.iter().any(|o| m.starts_with(o)) {
             continue;
         }
@@ -1297,8 +1352,13 @@ fn stale_mates<'g>(
         let Ok(id) = cowlink_sys::file_id(fd.as_fd()) else {
             continue;
         };
-        // Of the group's size, and not a target already.
-        if id.size != g.size || opened.iter().any(|o| o.2 == id.ino) {
+        // Of the group's size and filesystem, and not a target already:
+        // by device and inode (each Btrfs subvolume has a device number
+        // of its own, and inode numbers repeat between them).
+        if id.size != g.size
+            || !same_fs(&fd, id.dev)
+            || (opened.iter().zip(stamps.iter())).any(|(o, &(_, d))| o.2 == id.ino && d == id.dev)
+        {
             continue;
         }
         let may_change = euid == 0
@@ -1307,7 +1367,6 @@ fn stale_mates<'g>(
         if !may_change {
             continue;
         }
-        // (Holders are named within the source's filesystem.)
         let holds = (!named.is_empty()
             && cowlink_sys::btrfs_root_id(fd.as_fd()).is_ok_and(|r| named.contains(&(r, id.ino))))
             || (!unnamed.is_empty() && overlaps(&fd));
@@ -1477,8 +1536,17 @@ fn dedupe_group(
         };
         // Files the plan took as already sharing the source's blocks and
         // found holding a target's: shared too (see `stale_mates`).
-        let mates = stale_mates(g, &proofs, &mut opened, &mut stamps, &fs.sources_only);
+        let mates = stale_mates(
+            g,
+            (&src, dev),
+            &proofs,
+            &mut opened,
+            &mut stamps,
+            &fs.sources_only,
+        );
         if !mates.is_empty() {
+            // Work the plan's totals did not count.
+            tally.more(mates.len() as u64, g.size * mates.len() as u64);
             if let Some(learn) = learn {
                 for &(_, t_dev) in &stamps[stamps.len() - mates.len()..] {
                     if t_dev != dev {
@@ -1499,6 +1567,11 @@ fn dedupe_group(
                 Proof::Held { words: detail, .. } => {
                     // Done with, for the progress: it will not be shared.
                     tally.done(1, g.size);
+                    // A stale mate left as it was stays what the plan
+                    // counts it as: a file already shared, not a target.
+                    if mates.iter().any(|(m, _)| *m == t) {
+                        continue;
+                    }
                     report.skipped.push(SkippedTarget {
                         path: t.clone(),
                         reason: SkipReason::HeldElsewhere,
@@ -1525,56 +1598,65 @@ fn dedupe_group(
         let mut off = 0u64;
         while off < g.size && !live.is_empty() && !run.cancelled() {
             let len = CHUNK.min(g.size - off);
-            let dests: Vec<(rustix::fd::BorrowedFd<'_>, u64)> =
-                live.iter().map(|(_, fd)| (fd.as_fd(), off)).collect();
-            let results = cowlink_sys::fideduperange(src.as_fd(), off, len, &dests);
-            drop(dests);
             let mut keep = Vec::with_capacity(live.len());
-            match results {
-                Ok(results) => {
-                    for ((t, fd), r) in live.into_iter().zip(results) {
-                        match r.status {
-                            cowlink_sys::DedupeStatus::Same => {
-                                if r.bytes_deduped != len {
-                                    short.insert(t.as_path());
-                                }
-                                keep.push((t, fd))
-                            }
-                            // A source rewritten in place (same size)
-                            // since it was opened differs from every
-                            // target: it is the file changed, not them.
-                            cowlink_sys::DedupeStatus::Differs => {
-                                match refused(still_planned(&fd, planned_stamp(t)), || {
-                                    still_planned(&src, g.source_stamp)
-                                }) {
-                                    Refused::SourceChanged => source_changed = true,
-                                    _ if g.blake3.is_none() => {
-                                        part.differ.push((g.source.clone(), t.clone()))
+            // One call per DEDUPE_MAX_DESTS targets: stale mates (see
+            // `stale_mates`) can take a full batch past it.
+            let mut rest = live;
+            while !rest.is_empty() {
+                let tail = rest.split_off(rest.len().min(cowlink_sys::DEDUPE_MAX_DESTS));
+                let piece = std::mem::replace(&mut rest, tail);
+                let dests: Vec<(rustix::fd::BorrowedFd<'_>, u64)> =
+                    piece.iter().map(|(_, fd)| (fd.as_fd(), off)).collect();
+                let results = cowlink_sys::fideduperange(src.as_fd(), off, len, &dests);
+                drop(dests);
+                match results {
+                    Ok(results) => {
+                        for ((t, fd), r) in piece.into_iter().zip(results) {
+                            match r.status {
+                                cowlink_sys::DedupeStatus::Same => {
+                                    if r.bytes_deduped != len {
+                                        short.insert(t.as_path());
                                     }
-                                    _ => report.changed.push(t.clone()),
+                                    keep.push((t, fd))
                                 }
-                            }
-                            cowlink_sys::DedupeStatus::Error(e) => {
-                                match refused(still_planned(&fd, planned_stamp(t)), || {
-                                    still_planned(&src, g.source_stamp)
-                                }) {
-                                    Refused::TargetChanged => report.changed.push(t.clone()),
-                                    Refused::SourceChanged => source_changed = true,
-                                    Refused::Error => report.errors.push(
-                                        Error::from_errno(op, e).with_src(&g.source).with_dst(t),
-                                    ),
+                                // A source rewritten in place (same size)
+                                // since it was opened differs from every
+                                // target: it is the file changed, not them.
+                                cowlink_sys::DedupeStatus::Differs => {
+                                    match refused(still_planned(&fd, planned_stamp(t)), || {
+                                        still_planned(&src, g.source_stamp)
+                                    }) {
+                                        Refused::SourceChanged => source_changed = true,
+                                        _ if g.blake3.is_none() => {
+                                            part.differ.push((g.source.clone(), t.clone()))
+                                        }
+                                        _ => report.changed.push(t.clone()),
+                                    }
+                                }
+                                cowlink_sys::DedupeStatus::Error(e) => {
+                                    match refused(still_planned(&fd, planned_stamp(t)), || {
+                                        still_planned(&src, g.source_stamp)
+                                    }) {
+                                        Refused::TargetChanged => report.changed.push(t.clone()),
+                                        Refused::SourceChanged => source_changed = true,
+                                        Refused::Error => report.errors.push(
+                                            Error::from_errno(op, e)
+                                                .with_src(&g.source)
+                                                .with_dst(t),
+                                        ),
+                                    }
                                 }
                             }
                         }
                     }
-                }
-                // The source changed the same way: it is the one changed.
-                Err(_) if !still_planned(&src, g.source_stamp) => source_changed = true,
-                Err(e) => {
-                    for (t, _) in live {
-                        report
-                            .errors
-                            .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t));
+                    // The source changed the same way: it is the one changed.
+                    Err(_) if !still_planned(&src, g.source_stamp) => source_changed = true,
+                    Err(e) => {
+                        for (t, _) in piece {
+                            report
+                                .errors
+                                .push(Error::from_errno(op, e).with_src(&g.source).with_dst(t));
+                        }
                     }
                 }
             }
@@ -1592,6 +1674,10 @@ fn dedupe_group(
             live.clear();
         }
         done += live.len() as u64;
+        part.mates += live
+            .iter()
+            .filter(|(t, _)| mates.iter().any(|(m, _)| m == t))
+            .count() as u64;
         // Learnt under the stamp each target was opened with, the one
         // planned, which its index entry holds: its stamp is not taken
         // again. A write to it since moved its ctime (no caller can set

@@ -943,6 +943,10 @@ pub fn dedupe<P: AsRef<Path>>(
                 plan.groups = handed;
                 stages::order(&mut plan.groups);
                 settle(&mut plan, opts, &mut ex, ix);
+                // Files taken as already shared and found not to, shared
+                // by the run: among the targets deduplicated instead.
+                plan.files_already_shared =
+                    plan.files_already_shared.saturating_sub(ex.mates_shared());
                 // The files shared now hold other blocks: their layouts,
                 // as the executor learnt them, so the next run sees them
                 // shared and reads neither.

@@ -3288,3 +3288,375 @@ fn a_store_object_is_never_made_a_target_as_a_stale_mate() {
     assert_eq!(r.targets_deduped, 2, "{r:?}");
     assert!(same_blocks(&a, &b) && same_blocks(&a, &obj));
 }
+
+/// Create and remove an empty file in `dir`: the inode number the next
+/// file made there gets (Btrfs hands them out in order, never again).
+fn next_ino(dir: &Path) -> u64 {
+    let p = dir.join(".probe");
+    fs::File::create(&p).unwrap();
+    let ino = fs::metadata(&p).unwrap().ino();
+    fs::remove_file(&p).unwrap();
+    ino + 1
+}
+
+/// A reflinked copy `h` of `target` (Btrfs), and a file `f` of other
+/// bytes on another Btrfs filesystem with `h`'s tree and inode numbers:
+/// each in a new subvolume (under `out`, and under `far`), made until
+/// the two subvolumes' ids meet, so that both trees are fresh and their
+/// inode numbers meet after a few files at most. (Inode numbers in a
+/// tree the suite has filled would take a file made per number to meet.)
+/// The subvolumes go with the returned guard.
+fn holder_and_twin(target: &Path, out: &Path, far: &Path) -> (PathBuf, PathBuf, Subvols) {
+    let len = fs::metadata(target).unwrap().len() as usize;
+    let mut subs = Subvols(Vec::new());
+    let mut made = [0usize; 2];
+    let mut new_sub = |i: usize, dir: &Path, subs: &mut Subvols| -> (PathBuf, u64) {
+        made[i] += 1;
+        let sv = dir.join(format!("sv{}", made[i]));
+        btrfs(&["subvolume".as_ref(), "create".as_ref(), sv.as_os_str()]);
+        subs.0.push(sv.clone());
+        let id = std::process::Command::new("btrfs")
+            .args(["inspect-internal", "rootid"])
+            .arg(&sv)
+            .output()
+            .unwrap();
+        assert!(id.status.success(), "btrfs inspect-internal rootid");
+        let id = String::from_utf8(id.stdout).unwrap();
+        (sv, id.trim().parse().unwrap())
+    };
+    let mut a = new_sub(0, out, &mut subs);
+    let mut b = new_sub(1, far, &mut subs);
+    for _ in 0..1000 {
+        match a.1.cmp(&b.1) {
+            std::cmp::Ordering::Less => a = new_sub(0, out, &mut subs),
+            std::cmp::Ordering::Greater => b = new_sub(1, far, &mut subs),
+            std::cmp::Ordering::Equal => break,
+        }
+    }
+    assert_eq!(a.1, b.1, "subvolume ids never met");
+    let (h, f) = (a.0.join("h"), b.0.join("f"));
+    for _ in 0..1000 {
+        // Each probe takes a number: the lower side takes the gap.
+        let (na, nb) = (next_ino(&a.0), next_ino(&b.0));
+        if na != nb {
+            let behind = if na < nb { &a.0 } else { &b.0 };
+            (na.min(nb)..na.max(nb)).for_each(|_| {
+                next_ino(behind);
+            });
+            continue;
+        }
+        let _ = fs::remove_file(&h);
+        let _ = fs::remove_file(&f);
+        let st = std::process::Command::new("cp")
+            .arg("--reflink=always")
+            .arg(target)
+            .arg(&h)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        write_file(&f, &data(len, 203));
+        if fs::metadata(&h).unwrap().ino() == fs::metadata(&f).unwrap().ino() {
+            return (h, f, subs);
+        }
+    }
+    panic!("inode numbers never met");
+}
+
+/// On Btrfs, as root: a hand-made plan's `already_shared` names a file on
+/// another Btrfs filesystem that has the tree and inode numbers of the
+/// file outside the group (a reflinked copy) holding the target's blocks.
+/// It is not that holder: the target must still be refused as held
+/// elsewhere, and nothing done to the foreign file (no error either).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_an_already_shared_file_of_another_filesystem_is_no_stale_mate() {
+    let d = testfs!(Btrfs);
+    let e = testfs!(BtrfsZstd);
+    let root = d.path().join("in");
+    let out = d.path().join("out");
+    let far = e.path().join("far");
+    for p in [&root, &out, &far] {
+        fs::create_dir_all(p).unwrap();
+    }
+    let bytes = data((1 << 20) + 4096, 202);
+    let (a, b) = (root.join("a"), root.join("b"));
+    write_file(&a, &bytes);
+    write_file(&b, &bytes);
+    sync(&root);
+    let mut p = plan(&[&root], &DedupeOptions::default()).unwrap();
+    assert_eq!(p.groups.len(), 1, "{p:?}");
+    let target = p.groups[0].targets[0].clone();
+    // `h`, outside the tree, holds the target's blocks; `f`, on the other
+    // filesystem, has `h`'s numbers (tree 5 on both).
+    let (h, f, _subs) = holder_and_twin(&target, &out, &far);
+    sync(&out);
+    sync(&far);
+    assert!(same_blocks(&target, &h));
+    p.groups[0].already_shared = vec![f.clone()];
+    let r = execute(&p, &DedupeOptions::default());
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(
+        r.skipped
+            .iter()
+            .any(|s| s.path == target && s.reason == cowlink::dedupe::SkipReason::HeldElsewhere),
+        "{r:?}"
+    );
+    assert!(same_blocks(&target, &h));
+}
+
+/// As in [`btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too`]:
+/// the stale file shared with the target is work the progress counts
+/// within its totals, never past them (no "2 MiB of 1 MiB").
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_stale_mate_shared_keeps_the_progress_within_its_totals() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let top = d.path().join("stale-mate");
+    let (root, other) = (top.join("in"), top.join("out"));
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&other).unwrap();
+    let bytes = data((1 << 20) + 4096, 204);
+    let [a, b, c] = ["a", "b", "c"].map(|n| root.join(n));
+    for p in [&a, &b, &c] {
+        write_file(p, &bytes);
+    }
+    sync(&top);
+    let (_, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(r.errors.is_empty(), "{r:?}");
+    let z = other.join("z");
+    write_file(&z, &bytes);
+    sync(&top);
+    for p in [&c, &b] {
+        let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
+        assert!(xfs_io_ok(p, &[cmd]), "xfs_io dedupe onto {}", z.display());
+    }
+    rustix::fs::chmod(&b, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    fs::remove_file(&z).unwrap();
+    sync(&top);
+    let progress = std::sync::Arc::new(cowlink::Progress::new());
+    let mut o = trusting(ix.path());
+    o.run = cowlink::Run::default().with_progress(progress.clone());
+    let (p, r) = dedupe(&[&root], &o).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+    assert!(same_blocks(&a, &b) && same_blocks(&a, &c));
+    let s = progress.snapshot();
+    assert!(
+        s.files_done <= s.files_total && s.bytes_done <= s.bytes_total,
+        "{s:?}"
+    );
+}
+
+/// On Btrfs, as root: the stale file holding the target's blocks is in
+/// another subvolume of the filesystem, where its inode number is the
+/// target's (inode numbers repeat between subvolumes). It is another
+/// file, the holder Btrfs names: shared with the target as any stale
+/// file is, the target not refused.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_stale_mate_with_the_target_s_inode_number_in_another_subvolume_is_shared() {
+    let d = testfs!(Btrfs);
+    let top = d.path().join("t");
+    fs::create_dir_all(&top).unwrap();
+    let (s1, s2) = (top.join("s1"), top.join("s2"));
+    let mut subs = Subvols(Vec::new());
+    for s in [&s1, &s2] {
+        btrfs(&["subvolume".as_ref(), "create".as_ref(), s.as_os_str()]);
+        subs.0.push(s.clone());
+    }
+    let bytes = data((1 << 20) + 4096, 205);
+    write_file(&s1.join("a"), &bytes);
+    write_file(&s1.join("b"), &bytes);
+    sync(&top);
+    let mut p = plan(&[&s1], &DedupeOptions::default()).unwrap();
+    assert_eq!(p.groups.len(), 1, "{p:?}");
+    let (source, target) = (p.groups[0].source.clone(), p.groups[0].targets[0].clone());
+    // `c`, in the other subvolume, holds the target's blocks under the
+    // target's inode number.
+    let c = s2.join("c");
+    let want = ino(&target);
+    while next_ino(&s2) < want {}
+    let st = std::process::Command::new("cp")
+        .arg("--reflink=always")
+        .arg(&target)
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(ino(&c), want);
+    sync(&top);
+    p.groups[0].already_shared = vec![c.clone()];
+    let r = execute(&p, &DedupeOptions::default());
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert!(r.skipped.is_empty(), "nothing refused: {:?}", r.skipped);
+    assert!(same_blocks(&source, &target) && same_blocks(&source, &c));
+    drop(subs);
+}
+
+/// As [`btrfs_an_already_shared_file_of_another_filesystem_is_no_stale_mate`],
+/// the foreign file a target of the hand-made plan: it is not the holder
+/// of the other target's blocks either, which must still be refused as
+/// held elsewhere (the foreign one the kernel refuses).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_target_of_another_filesystem_is_no_holder_of_the_group() {
+    let d = testfs!(Btrfs);
+    let e = testfs!(BtrfsZstd);
+    let root = d.path().join("in");
+    let out = d.path().join("out");
+    let far = e.path().join("far");
+    for p in [&root, &out, &far] {
+        fs::create_dir_all(p).unwrap();
+    }
+    let bytes = data((1 << 20) + 4096, 207);
+    write_file(&root.join("a"), &bytes);
+    write_file(&root.join("b"), &bytes);
+    sync(&root);
+    let mut p = plan(&[&root], &DedupeOptions::default()).unwrap();
+    assert_eq!(p.groups.len(), 1, "{p:?}");
+    let target = p.groups[0].targets[0].clone();
+    let (h, f, _subs) = holder_and_twin(&target, &out, &far);
+    sync(&out);
+    sync(&far);
+    let g = &mut p.groups[0];
+    g.targets.push(f.clone());
+    g.target_stamps
+        .push(cowlink::dedupe::FileStamp::of_path(&f).unwrap());
+    let r = execute(&p, &DedupeOptions::default());
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    assert!(
+        r.skipped
+            .iter()
+            .any(|s| s.path == target && s.reason == cowlink::dedupe::SkipReason::HeldElsewhere),
+        "{r:?}"
+    );
+    assert!(same_blocks(&target, &h));
+}
+
+/// On Btrfs, as root: a stale file (`already_shared`, holding a target's
+/// blocks) is shared with the target when the target's batch is full
+/// ([`cowlink_sys::DEDUPE_MAX_DESTS`] targets) as when it is not: the
+/// target is not refused run after run for the size of its group.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_stale_mate_of_a_target_in_a_full_batch_is_shared_too() {
+    let d = testfs!(Btrfs);
+    let root = d.path().join("in");
+    let out = d.path().join("out");
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    let bytes = data(64 << 10, 208);
+    for i in 0..=128 {
+        write_file(&root.join(format!("f{i:03}")), &bytes);
+    }
+    sync(&root);
+    let mut p = plan(&[&root], &DedupeOptions::default()).unwrap();
+    assert_eq!(p.groups.len(), 1, "{p:?}");
+    assert_eq!(p.groups[0].targets.len(), 128);
+    let (source, target) = (p.groups[0].source.clone(), p.groups[0].targets[0].clone());
+    let c = out.join("c");
+    let st = std::process::Command::new("cp")
+        .arg("--reflink=always")
+        .arg(&target)
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    sync(&out);
+    p.groups[0].already_shared = vec![c.clone()];
+    let r = execute(&p, &DedupeOptions::default());
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert!(r.skipped.is_empty(), "nothing refused: {:?}", r.skipped);
+    assert!(same_blocks(&source, &target) && same_blocks(&source, &c));
+}
+
+/// As in [`btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too`],
+/// with `d` really sharing `a`'s blocks: the stale `c`, shared by the run,
+/// is counted once, among the files deduplicated, not also among those
+/// skipped as already shared (every file but the source is one or the
+/// other).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_stale_mate_shared_is_not_also_counted_already_shared() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let top = d.path().join("stale-mate");
+    let (root, other) = (top.join("in"), top.join("out"));
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&other).unwrap();
+    let bytes = data((1 << 20) + 4096, 210);
+    let [a, b, c, e] = ["a", "b", "c", "d"].map(|n| root.join(n));
+    for p in [&a, &b, &c, &e] {
+        write_file(p, &bytes);
+    }
+    sync(&top);
+    let (_, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(r.errors.is_empty(), "{r:?}");
+    let z = other.join("z");
+    write_file(&z, &bytes);
+    sync(&top);
+    for p in [&c, &b] {
+        let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
+        assert!(xfs_io_ok(p, &[cmd]), "xfs_io dedupe onto {}", z.display());
+    }
+    rustix::fs::chmod(&b, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    fs::remove_file(&z).unwrap();
+    sync(&top);
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+    assert!(same_blocks(&a, &b) && same_blocks(&a, &c) && same_blocks(&a, &e));
+    assert_eq!(r.targets_deduped, 2, "{r:?}");
+    assert_eq!(p.files_already_shared, 1, "{p:?}");
+}
+
+/// As in [`btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too`],
+/// a snapshot holding the stale `c`'s blocks too: `b` is refused as held
+/// elsewhere, and `c`, left as it was, is counted once, among the files
+/// already shared (as the plan has it), not also among those skipped.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_stale_mate_held_by_a_snapshot_is_not_reported_skipped() {
+    let d = testfs!(Btrfs);
+    let ix = tempfile::tempdir().unwrap();
+    let sv = d.path().join("sv");
+    let mut subs = Subvols(Vec::new());
+    btrfs(&["subvolume".as_ref(), "create".as_ref(), sv.as_os_str()]);
+    subs.0.push(sv.clone());
+    let (root, other) = (sv.join("in"), sv.join("out"));
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&other).unwrap();
+    let bytes = data((1 << 20) + 4096, 211);
+    let [a, b, c] = ["a", "b", "c"].map(|n| root.join(n));
+    for p in [&a, &b, &c] {
+        write_file(p, &bytes);
+    }
+    sync(&sv);
+    let (_, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(r.errors.is_empty(), "{r:?}");
+    let z = other.join("z");
+    write_file(&z, &bytes);
+    sync(&sv);
+    for p in [&c, &b] {
+        let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
+        assert!(xfs_io_ok(p, &[cmd]), "xfs_io dedupe onto {}", z.display());
+    }
+    rustix::fs::chmod(&b, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    fs::remove_file(&z).unwrap();
+    let snap = d.path().join("snap");
+    btrfs(&[
+        "subvolume".as_ref(),
+        "snapshot".as_ref(),
+        sv.as_os_str(),
+        snap.as_os_str(),
+    ]);
+    subs.0.push(snap.clone());
+    sync(&sv);
+    let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
+    assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+    assert_eq!(p.files_already_shared, 1, "{p:?}");
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    let skipped: Vec<&PathBuf> = r.skipped.iter().map(|s| &s.path).collect();
+    assert_eq!(skipped, [&b], "{r:?}");
+    drop(subs);
+}
