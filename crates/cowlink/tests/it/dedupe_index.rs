@@ -606,7 +606,7 @@ fn random_operations_between_runs(dir: &Path, seed: u64) {
             let pick = |rng: &mut Rng, names: &[PathBuf]| {
                 (!names.is_empty()).then(|| names[rng.below(names.len() as u64) as usize].clone())
             };
-            match rng.below(10) {
+            match rng.below(12) {
                 0 | 1 => {
                     let p = root
                         .join(if next % 2 == 0 { "d" } else { "" })
@@ -686,13 +686,31 @@ fn random_operations_between_runs(dir: &Path, seed: u64) {
                         }
                     }
                 }
-                _ => {
+                10 => {
                     // A copy of another (not a clone).
                     if let Some(p) = pick(&mut rng, &names) {
                         let to = root.join(format!("c{next}"));
                         next += 1;
                         write_file(&to, &fs::read(&p).unwrap());
                         names.push(to);
+                    }
+                }
+                _ => {
+                    // Another tool's dedupe moves its blocks onto a copy
+                    // outside the tree, then removed: every time stays,
+                    // so what the index holds of its layout is stale.
+                    if let Some(p) = pick(&mut rng, &names) {
+                        let bytes = fs::read(&p).unwrap();
+                        if !bytes.is_empty() {
+                            let z = dir.join(format!("g-out{next}"));
+                            next += 1;
+                            write_file(&z, &bytes);
+                            sync(dir);
+                            let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
+                            // Refused for an inline file (Btrfs): left as is.
+                            let _ = xfs_io_ok(&p, &[cmd]);
+                            fs::remove_file(&z).unwrap();
+                        }
                     }
                 }
             }
