@@ -384,9 +384,14 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
         }
     }
     if let Some(ix) = &plan.index {
+        // On Btrfs, as root: how many were known without a stat.
+        let unstated = match ix.unstated {
+            0 => String::new(),
+            n => format!(", {n} of them not even stat'ed (Btrfs transaction)"),
+        };
         writeln!(
             out,
-            "index: {} not read (unchanged), {} written, {} of files gone removed",
+            "index: {} not read (unchanged){unstated}, {} written, {} of files gone removed",
             count(ix.unchanged, "file", "files"),
             count(ix.written, "entry", "entries"),
             count(ix.pruned, "entry", "entries"),

@@ -182,6 +182,7 @@ impl Plan {
         self.0.index.as_ref().map(|r| IndexReport {
             files: r.files.clone(),
             unchanged: r.unchanged,
+            unstated: r.unstated,
             written: r.written,
             pruned: r.pruned,
             notes: r.notes.clone(),
@@ -240,6 +241,10 @@ record!(
         /// Files whose identity (inode, size, mtime, ctime, birth time)
         /// matched their entry: nothing of them was read.
         unchanged: u64,
+        /// Of `unchanged`, files known unchanged without even a stat: on
+        /// Btrfs, as root, no transaction since their directory's record
+        /// wrote their inode.
+        unstated: u64,
         /// Entries written (files read this time, layouts after sharing).
         written: u64,
         /// Entries of files gone from the paths walked, removed.

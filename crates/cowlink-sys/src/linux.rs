@@ -578,6 +578,162 @@ pub fn btrfs_leading_file_extents(
     Ok(out)
 }
 
+const BTRFS_IOC_START_SYNC: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_START_SYNC as Opcode;
+const BTRFS_IOC_WAIT_SYNC: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_WAIT_SYNC as Opcode;
+/// `BTRFS_INODE_ITEM_KEY`: the item type of an inode.
+const BTRFS_INODE_ITEM_KEY: u32 = 1;
+
+/// `BTRFS_IOC_START_SYNC` then `BTRFS_IOC_WAIT_SYNC` on the filesystem
+/// `fd` is on: the running transaction, if any, is committed, and its id
+/// returned (with none running, the last committed one). After it, every
+/// change made before the call is in the trees a tree search reads (an
+/// inode's update is held back in memory until a commit), and every
+/// change made after it belongs to a later transaction.
+///
+/// `ENOTTY` off Btrfs.
+pub fn btrfs_commit(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    // SAFETY: BTRFS_IOC_START_SYNC is `_IOR(0x94, 24, __u64)`: the kernel
+    // writes one u64, which the Getter provides.
+    let transid = unsafe {
+        ioctl(
+            fd,
+            rustix::ioctl::Getter::<BTRFS_IOC_START_SYNC, u64>::new(),
+        )?
+    };
+    // SAFETY: BTRFS_IOC_WAIT_SYNC is `_IOW(0x94, 22, __u64)`: the kernel
+    // reads one u64 from the pointer, which lives for the call.
+    unsafe {
+        ioctl(
+            fd,
+            rustix::ioctl::Setter::<BTRFS_IOC_WAIT_SYNC, u64>::new(transid),
+        )?
+    };
+    Ok(transid)
+}
+
+/// The inodes numbered `lo..=hi` in the subvolume `fd` is in whose inode
+/// item a transaction after `since` wrote, from their inode items; `dev`
+/// is put in each [`FileId`]. An inode left out was not changed since
+/// `since`: no write, truncation, clone, dedupe, defragment, change of
+/// owner, mode, links or times (an access time included), as each of
+/// those writes the inode item in the transaction it belongs to.
+/// Changes not yet committed are not seen: call [`btrfs_commit`] first.
+///
+/// One tree search per 4 KiB of results; leaves no transaction after
+/// `since` wrote are skipped whole, so a range nothing changed in costs
+/// one call. `Ok(None)` when more than `max_items` items (of any type)
+/// came back: the caller's range was too wide to be worth it.
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
+pub fn btrfs_inodes_changed_since(
+    fd: BorrowedFd<'_>,
+    dev: u64,
+    lo: u64,
+    hi: u64,
+    since: u64,
+    max_items: usize,
+) -> Result<Option<Vec<BtrfsChanged>>, Errno> {
+    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
+    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
+    let mut out = Vec::new();
+    let mut seen = 0usize;
+    // The next key to search from: (objectid, type, offset).
+    let mut from = (lo, 0u32, 0u64);
+    loop {
+        let mut arg = btrfs_ioctl_search_args {
+            key: btrfs_ioctl_search_key {
+                tree_id: 0,
+                min_objectid: from.0,
+                max_objectid: hi,
+                min_offset: from.2,
+                max_offset: u64::MAX,
+                min_transid: since.saturating_add(1),
+                max_transid: u64::MAX,
+                min_type: from.1,
+                max_type: 255,
+                nr_items: u32::MAX,
+                unused: 0,
+                unused1: 0,
+                unused2: 0,
+                unused3: 0,
+                unused4: 0,
+            },
+            buf: [0; 3992],
+        };
+        // SAFETY: as in `search_file_extents`: `arg` is exactly the
+        // 4096-byte struct BTRFS_IOC_TREE_SEARCH reads and writes, and
+        // lives for the call.
+        unsafe {
+            ioctl(
+                fd,
+                Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
+            )?
+        };
+        let n = arg.key.nr_items as usize;
+        if n == 0 {
+            return Ok(Some(out));
+        }
+        seen += n;
+        if seen > max_items {
+            return Ok(None);
+        }
+        let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
+        let mut at = 0;
+        let mut last = from;
+        for _ in 0..n {
+            if at + HEADER > buf.len() {
+                break;
+            }
+            // btrfs_ioctl_search_header: transid, objectid, offset (u64),
+            // type, len (u32), in host order.
+            let h = &buf[at..at + HEADER];
+            let objectid = u64::from_ne_bytes(bytes(h, 8));
+            let offset = u64::from_ne_bytes(bytes(h, 16));
+            let typ = u32::from_ne_bytes(bytes(h, 24));
+            let len = u32::from_ne_bytes(bytes(h, 28)) as usize;
+            let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
+            at += HEADER + len;
+            last = (objectid, typ, offset);
+            // struct btrfs_inode_item (little endian, packed, 160
+            // bytes): generation 0, transid 8, size 16, nbytes 24,
+            // block_group 32, nlink 40, uid 44, gid 48, mode 52, rdev
+            // 56, flags 64, sequence 72, reserved 80, then the times
+            // (u64 seconds, u32 nanoseconds): atime 112, ctime 124,
+            // mtime 136, otime 148.
+            if typ != BTRFS_INODE_ITEM_KEY || item.len() < 160 || objectid < lo {
+                continue;
+            }
+            let transid = le64(item, 8);
+            if transid <= since {
+                continue;
+            }
+            let le32 = |at: usize| u32::from_le_bytes(bytes(item, at));
+            let t = |at: usize| time_ns(le64(item, at) as i64, u64::from(le32(at + 8)));
+            out.push(BtrfsChanged {
+                transid,
+                id: FileId {
+                    dev,
+                    ino: objectid,
+                    mode: le32(52),
+                    uid: le32(44),
+                    size: le64(item, 16),
+                    blocks: le64(item, 24) / 512,
+                    mtime_ns: t(136),
+                    ctime_ns: t(124),
+                    btime_ns: Some(t(148)),
+                },
+            });
+        }
+        // Past the last key returned.
+        from = match last {
+            (o, t, off) if off < u64::MAX => (o, t, off + 1),
+            (o, t, _) if t < 255 => (o, t + 1, 0),
+            (o, _, _) if o < hi => (o + 1, 0, 0),
+            _ => return Ok(Some(out)),
+        };
+    }
+}
+
 /// One `BTRFS_IOC_TREE_SEARCH` call for at most `max_items` of inode
 /// `inode`'s file extent items from file offset `from`, appended to `out`.
 /// Returns the key offset of the last item the kernel returned, or `None`

@@ -140,6 +140,23 @@ pub fn btrfs_leading_file_extents(
     Err(Errno::NOTTY)
 }
 
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_commit(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
+pub fn btrfs_inodes_changed_since(
+    _fd: BorrowedFd<'_>,
+    _dev: u64,
+    _lo: u64,
+    _hi: u64,
+    _since: u64,
+    _max_items: usize,
+) -> Result<Option<Vec<BtrfsChanged>>, Errno> {
+    Err(Errno::NOTTY)
+}
+
 /// Where a directory is a Btrfs subvolume's root; never met here.
 pub const BTRFS_SUBVOL_ROOT_INO: u64 = 256;
 

@@ -86,6 +86,18 @@ pub struct BtrfsRef {
     pub root: u64,
 }
 
+/// A Btrfs inode changed after a transaction: its inode item, as
+/// [`btrfs_inodes_changed_since`] returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BtrfsChanged {
+    /// The transaction that last wrote the inode item.
+    pub transid: u64,
+    /// The inode as `statx` would describe it, `dev` given by the caller
+    /// (the subvolume's device number). `blocks` is the bytes written to
+    /// disk (`nbytes`) in 512-byte blocks, without data not written back.
+    pub id: FileId,
+}
+
 /// One file extent item of a Btrfs inode (`struct btrfs_file_extent_item`
 /// under an `EXTENT_DATA` key), as [`btrfs_file_extents`](crate::btrfs_file_extents) reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

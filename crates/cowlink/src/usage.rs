@@ -424,7 +424,7 @@ impl Collector {
 }
 
 impl Visitor for Collector {
-    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat) {
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat, _: rustix::fd::BorrowedFd<'_>) {
         lock(&self.dirs).push(DirRec {
             key: (st.st_dev, st.st_ino),
             id: dir.id,

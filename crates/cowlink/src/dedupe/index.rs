@@ -147,8 +147,10 @@ use crate::ground::lock;
 /// `meta` records the device the index was last opened on, which tells a
 /// same-UUID copy of a filesystem from the original. 3: one record per
 /// directory (table `records`) instead of one entry per file. 4: an
-/// entry's times are differences from the entry before it.
-pub const FORMAT: u32 = 4;
+/// entry's times are differences from the entry before it. 5: a record
+/// holds the Btrfs transaction its files are known unchanged since
+/// ([`Record::since`]).
+pub const FORMAT: u32 = 5;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -206,10 +208,15 @@ pub struct IndexReport {
     pub files: Vec<PathBuf>,
     /// Files whose identity matched their entry: nothing of them was read.
     pub unchanged: u64,
+    /// Of [`IndexReport::unchanged`], files known unchanged without even
+    /// a `stat`: on Btrfs, as root, no transaction after their record's
+    /// wrote their inode.
+    pub unstated: u64,
     /// Entries written: those of the directory records rewritten after
     /// the walk (a record is rewritten whole when one of its files
     /// changed), and those updated later (layouts and hashes learnt,
-    /// layouts after sharing).
+    /// layouts after sharing). A record rewritten only to note a later
+    /// Btrfs transaction, every entry as it was, is not counted.
     pub written: u64,
     /// Entries of files gone from the walked paths (from their
     /// directory, or with it), removed.
@@ -447,17 +454,24 @@ impl<'a> Reader<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Record {
     pub path: Vec<u8>,
+    /// On Btrfs, a transaction committed before any file of the record
+    /// was looked at: a file whose inode item no later transaction wrote
+    /// is as its entry says, layout included (see [`FsIndex::walked`]).
+    /// 0: none known.
+    pub since: u64,
     pub files: Vec<(u64, Entry)>,
 }
 
 impl Record {
-    /// The bytes stored for directory `dir`: the path, the count, each
+    /// The bytes stored for directory `dir`: the path, the transaction,
+    /// the count, each
     /// entry after its inode's distance from the last (inodes of one
     /// directory are often near each other), and the check.
     fn encode(&self, dir: u64) -> Vec<u8> {
         let mut v = Vec::with_capacity(16 + self.path.len() + self.files.len() * 80);
         put_var(&mut v, self.path.len() as u64);
         v.extend_from_slice(&self.path);
+        put_var(&mut v, self.since);
         put_var(&mut v, self.files.len() as u64);
         let mut last = 0;
         let mut prev = None;
@@ -479,6 +493,7 @@ impl Record {
         let mut r = Reader(body);
         let len = usize::try_from(r.var()?).ok()?;
         let path = r.take(len)?.to_vec();
+        let since = r.var()?;
         let n = r.var()?;
         // Each entry takes 5 bytes at least: no count beyond that.
         if n > body.len() as u64 / 5 {
@@ -495,7 +510,7 @@ impl Record {
             let e = Entry::decode(files.last().map(|(_, p)| p), &mut r)?;
             files.push((last, e));
         }
-        r.0.is_empty().then_some(Record { path, files })
+        r.0.is_empty().then_some(Record { path, since, files })
     }
 
     /// The entry of inode `ino`.
@@ -566,6 +581,7 @@ pub(super) struct FsIndex {
     /// Records that failed their check (dropped, their files read again).
     damaged: AtomicU64,
     unchanged: AtomicU64,
+    unstated: AtomicU64,
     state: Mutex<State>,
     /// redb failed (panicked) reading it: a damage its checks missed.
     /// Nothing more is read or written; the file is removed at commit.
@@ -575,6 +591,49 @@ pub(super) struct FsIndex {
     lazy: AtomicBool,
     /// [`SHARING`] is set (synced) for this run.
     sharing: Mutex<bool>,
+    /// On Btrfs, as root: the transaction committed when the index was
+    /// opened, before the walk looked at any file of it (see
+    /// [`FsIndex::proof`]).
+    since_now: Option<u64>,
+    /// Tree searches are refused here (no `CAP_SYS_ADMIN`).
+    unsearchable: AtomicBool,
+}
+
+/// How the walk may know the files of one directory's record on Btrfs
+/// without a `statx` each ([`FsIndex::proof`]).
+///
+/// The rule: a record's [`Record::since`] is a transaction committed
+/// before any of its files was looked at. Every change to a file (a
+/// write, truncation, clone, dedupe, defragment, a change of owner,
+/// mode, links or any time) writes its inode item in the transaction it
+/// belongs to, so an inode whose item no later transaction wrote is as
+/// its entry says, its layout included; one tree search per directory,
+/// after a commit (an inode's update waits in memory until one), names
+/// the others and gives their identity from the item. A record is
+/// given this run's transaction only when each of its entries is known
+/// that way, or was read, or mapped again, this run: a layout claim the
+/// sampled recheck left unchecked is never certified.
+pub(super) enum DirProof {
+    /// Nothing known by transaction: each file is `statx`ed and a layout
+    /// claim checked by sample, as off Btrfs.
+    None,
+    /// The record's inodes written since its transaction, with their
+    /// identity now; the rest are unchanged.
+    Searched(HashMap<u64, cowlink_sys::FileId>),
+    /// No record, or one without a transaction: each file is `statx`ed,
+    /// and a layout claim that would spare work is mapped again, so the
+    /// rebuilt record is certified.
+    Remap,
+}
+
+/// What [`FsIndex::unstated`] knows of one file.
+pub(super) enum Unstated {
+    /// Unchanged since its record's transaction: the identity its entry
+    /// holds.
+    Unchanged(cowlink_sys::FileId),
+    /// Written since (its times may be the same: a dedupe, an access):
+    /// its identity now, from its inode item.
+    Written(cowlink_sys::FileId),
 }
 
 /// The records a run met, and those decoded for its lookups.
@@ -596,6 +655,14 @@ struct State {
     by_use: BTreeMap<u64, u64>,
     uses: u64,
     cached: usize,
+    /// Per directory whose record is decoded: how its files are known
+    /// (let go with the record).
+    proofs: HashMap<u64, Arc<DirProof>>,
+    /// Directories whose rebuilt record may be given this run's
+    /// transaction ([`DirProof`]), and those where a claim was trusted
+    /// unchecked (which may not).
+    certified: HashSet<u64>,
+    uncertified: HashSet<u64>,
 }
 
 impl State {
@@ -632,6 +699,7 @@ impl State {
             if let Some((r, _)) = self.cache.remove(&old) {
                 self.cached -= r.files.len();
             }
+            self.proofs.remove(&old);
         }
     }
 }
@@ -650,6 +718,108 @@ impl FsIndex {
         }
         self.unchanged.fetch_add(1, Ordering::Relaxed);
         Some(e.clone())
+    }
+
+    /// How the files of directory `dir` (open as `dirfd`, on device
+    /// `dev`) are known this run; found once per directory while its
+    /// record stays cached.
+    pub fn proof(&self, dir: u64, dirfd: BorrowedFd<'_>, dev: u64) -> Arc<DirProof> {
+        if let Some(p) = lock(&self.state).proofs.get(&dir) {
+            return p.clone();
+        }
+        let p = Arc::new(self.find_proof(dir, dirfd, dev));
+        let mut st = lock(&self.state);
+        if !matches!(*p, DirProof::None) {
+            st.certified.insert(dir);
+        }
+        // Kept only while the record is (a directory without one has
+        // nothing to search).
+        if st.cache.contains_key(&dir) {
+            st.proofs.insert(dir, p.clone());
+        }
+        p
+    }
+
+    fn find_proof(&self, dir: u64, dirfd: BorrowedFd<'_>, dev: u64) -> DirProof {
+        if self.since_now.is_none()
+            || self.broken.load(Ordering::Relaxed)
+            || self.unsearchable.load(Ordering::Relaxed)
+        {
+            return DirProof::None;
+        }
+        let Some(rec) = self.record(dir) else {
+            return DirProof::Remap;
+        };
+        let (Some((lo, _)), Some((hi, _))) = (rec.files.first(), rec.files.last()) else {
+            return DirProof::Remap;
+        };
+        if rec.since == 0 {
+            return DirProof::Remap;
+        }
+        // A leaf changed since holds about a hundred items; a range wider
+        // than that per file is searched only while few changed in it.
+        let most = rec.files.len().saturating_mul(32).saturating_add(1024);
+        match cowlink_sys::btrfs_inodes_changed_since(dirfd, dev, *lo, *hi, rec.since, most) {
+            Ok(Some(changed)) => {
+                DirProof::Searched(changed.into_iter().map(|c| (c.id.ino, c.id)).collect())
+            }
+            Ok(None) => DirProof::None,
+            Err(_) => {
+                self.unsearchable.store(true, Ordering::Relaxed);
+                DirProof::None
+            }
+        }
+    }
+
+    /// What the index knows of the regular file (by its directory entry)
+    /// of inode `ino` in directory `dir` without a `statx`, by `proof`.
+    pub fn unstated(&self, dir: u64, dev: u64, ino: u64, proof: &DirProof) -> Option<Unstated> {
+        let DirProof::Searched(written) = proof else {
+            return None;
+        };
+        if let Some(id) = written.get(&ino) {
+            return (cowlink_sys::file_type(id.mode) == rustix::fs::FileType::RegularFile)
+                .then_some(Unstated::Written(*id));
+        }
+        let rec = self.record(dir)?;
+        let e = rec.get(ino)?;
+        // The bytes held alone come from the layout: without one the
+        // file is mapped, and its blocks are taken from `statx`.
+        if !e.mapped {
+            return None;
+        }
+        self.unstated.fetch_add(1, Ordering::Relaxed);
+        Some(Unstated::Unchanged(cowlink_sys::FileId {
+            dev,
+            ino,
+            mode: 0o100_600,
+            uid: 0,
+            size: e.size,
+            blocks: e.exclusive.div_ceil(512),
+            mtime_ns: e.mtime_ns,
+            ctime_ns: e.ctime_ns,
+            btime_ns: e.btime_ns,
+        }))
+    }
+
+    /// A layout claim of a file in directory `dir` was trusted without
+    /// being mapped again or proven by transaction (a sampled recheck
+    /// that did not pick it, or none asked for).
+    pub fn uncertify(&self, dir: u64) {
+        if self.since_now.is_some() {
+            lock(&self.state).uncertified.insert(dir);
+        }
+    }
+
+    /// The transaction a record rebuilt this run for directory `dir` is
+    /// given: this run's where each of its files was known by
+    /// [`DirProof`], read, or mapped again; else none.
+    pub fn since_for(&self, dir: u64) -> u64 {
+        let st = lock(&self.state);
+        match self.since_now {
+            Some(t) if st.certified.contains(&dir) && !st.uncertified.contains(&dir) => t,
+            _ => 0,
+        }
     }
 
     /// Directory `dir`'s record as the run began, decoded (once while it
@@ -729,6 +899,9 @@ pub(super) struct Indexes {
     /// What was learnt after the walk, written at the run's end
     /// ([`Indexes::finish`]).
     later: Mutex<Later>,
+    /// Per device the walk entered: the Btrfs transaction committed
+    /// before it looked at any file there ([`Indexes::entering`]).
+    since: RwLock<HashMap<u64, Option<u64>>>,
 }
 
 /// What a run learnt after its walk: the planning's updates
@@ -950,7 +1123,31 @@ impl Indexes {
             pruned: AtomicU64::new(0),
             in_use: Mutex::default(),
             later: Mutex::default(),
+            since: RwLock::default(),
         }
+    }
+
+    /// The walk opened a directory, `fd`, on device `dev`, and will look
+    /// at its files next. The first time a device is met, on Btrfs, as
+    /// root (a tree search needs it), the running transaction is
+    /// committed: its id is what the records rebuilt this run on `dev`
+    /// are known unchanged since (see [`DirProof`]).
+    pub fn entering(&self, dev: u64, fd: BorrowedFd<'_>) {
+        if self
+            .since
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&dev)
+        {
+            return;
+        }
+        let mut map = self.since.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(dev).or_insert_with(|| {
+            rustix::process::geteuid()
+                .is_root()
+                .then(|| cowlink_sys::btrfs_commit(fd).ok())
+                .flatten()
+        });
     }
 
     /// The index of device `dev`, opened on first use from `fd` (a file or
@@ -989,6 +1186,7 @@ impl Indexes {
             st.cache = HashMap::new();
             st.by_use = BTreeMap::new();
             st.cached = 0;
+            st.proofs = HashMap::new();
         }
     }
 
@@ -1167,6 +1365,9 @@ impl Indexes {
                         if old.is_some_and(|sum| b.ends_with(&sum)) {
                             continue;
                         }
+                        // Rewritten only to note a later transaction
+                        // (every entry as it was): not counted as written.
+                        let mut same = false;
                         if let Some(was) = t.get(dir)?.and_then(|v| Record::decode(dir, v.value()))
                         {
                             pruned += was
@@ -1174,9 +1375,12 @@ impl Indexes {
                                 .iter()
                                 .filter(|(ino, _)| rec.get(*ino).is_none())
                                 .count() as u64;
+                            same = was.path == rec.path && was.files == rec.files;
                         }
                         t.insert(dir, b.as_slice())?;
-                        written += rec.files.len() as u64;
+                        if !same {
+                            written += rec.files.len() as u64;
+                        }
                         changed = true;
                     }
                 }
@@ -1424,6 +1628,7 @@ impl Indexes {
         for ix in map.values().flatten() {
             r.files.push(ix.file.clone());
             r.unchanged += ix.unchanged.load(Ordering::Relaxed);
+            r.unstated += ix.unstated.load(Ordering::Relaxed);
             let damaged = ix.damaged.load(Ordering::Relaxed);
             if damaged > 0 {
                 r.notes.push(format!(
@@ -1437,7 +1642,14 @@ impl Indexes {
         r
     }
     fn open(&self, dev: u64, fd: BorrowedFd<'_>) -> Result<FsIndex, String> {
-        self.open_keyed(dev, fs_key(dev, fd), true)
+        let since_now = self
+            .since
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&dev)
+            .copied()
+            .flatten();
+        self.open_keyed(dev, fs_key(dev, fd), true, since_now)
     }
 
     /// Open the index named `key` for device `dev`. With `check`, an
@@ -1450,7 +1662,13 @@ impl Indexes {
     /// full read, never a wrong trust. Two copies mounted one after the
     /// other on one device cannot be told apart; the kernel's compare
     /// still proves every match.
-    fn open_keyed(&self, dev: u64, key: String, check: bool) -> Result<FsIndex, String> {
+    fn open_keyed(
+        &self,
+        dev: u64,
+        key: String,
+        check: bool,
+        since_now: Option<u64>,
+    ) -> Result<FsIndex, String> {
         let shown = |p: &Path| crate::name::quoted(p).to_string();
         std::fs::create_dir_all(&self.dir).map_err(|e| {
             format!(
@@ -1491,7 +1709,7 @@ impl Indexes {
                 Some(d) if mounted_with_key(d, &key) => {
                     drop(db);
                     drop(lk);
-                    return self.open_keyed(dev, format!("{key}-dev-{dev:x}"), false);
+                    return self.open_keyed(dev, format!("{key}-dev-{dev:x}"), false, since_now);
                 }
                 _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
             }
@@ -1519,10 +1737,13 @@ impl Indexes {
             _lock: lk,
             damaged: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
+            unstated: AtomicU64::new(0),
             state: Mutex::default(),
             broken: Default::default(),
             lazy: Default::default(),
             sharing: Mutex::default(),
+            since_now,
+            unsearchable: Default::default(),
         })
     }
 
@@ -1958,6 +2179,7 @@ mod tests {
     fn records_read_back_and_a_changed_byte_is_refused() {
         let rec = Record {
             path: b"/a/caf\xe9".to_vec(),
+            since: 0,
             files: vec![
                 (3, full()),
                 (
@@ -1982,6 +2204,7 @@ mod tests {
         assert_eq!(Record::decode(77, &[]), None);
         let empty = Record {
             path: b"/".to_vec(),
+            since: 0,
             files: Vec::new(),
         };
         assert_eq!(Record::decode(5, &empty.encode(5)), Some(empty));
@@ -2022,6 +2245,7 @@ mod tests {
             }
             let rec = Record {
                 path: b"/d".to_vec(),
+                since: 0,
                 files,
             };
             assert_eq!(
@@ -2039,6 +2263,7 @@ mod tests {
         };
         let rec = |n: u64| Record {
             path: b"/d".to_vec(),
+            since: 0,
             files: (1..=n).map(|i| (i, close(i))).collect(),
         };
         let per_entry = (rec(101).encode(1).len() - rec(1).encode(1).len()) / 100;
@@ -2103,6 +2328,7 @@ mod tests {
                 .collect();
             let rec = Record {
                 path: b"/d".to_vec(),
+                since: 0,
                 files,
             };
             let dir = round;
@@ -2285,6 +2511,7 @@ mod tests {
                                 dir,
                                 Arc::new(Record {
                                     path: Vec::new(),
+                                    since: 0,
                                     files,
                                 }),
                             );

@@ -104,7 +104,7 @@ pub mod watch;
 pub use exclude::Exclude;
 pub use execute::{execute, DedupeReport, FileStamp, SkipReason, SkippedTarget, UNPROVEN_BATCH};
 pub use index::IndexReport;
-use index::{Entry as IndexEntry, Indexes, Learnt, Record, Update};
+use index::{DirProof, Entry as IndexEntry, FsIndex, Indexes, Learnt, Record, Unstated, Update};
 use stages::{layout_facts, Cand, Name, Names, Span, Times};
 
 /// Bytes hashed from each end of a file for the partial hash.
@@ -536,13 +536,41 @@ impl Collect {
         if self.excluded(e.root, &e.path) {
             return;
         }
-        // statx: the birth time comes with the rest, for the index.
-        let st = match cowlink_sys::file_id_at(e.dirfd, e.name) {
-            Ok(st) => st,
-            Err(err) => {
-                return self.error(Error::from_errno(Operation::Dedupe, err).with_src(&e.path))
+        // On Btrfs, as root, a file of an indexed directory is known by
+        // transaction (see `index::DirProof`), without a statx.
+        let proof = self.dir_proof(&e);
+        let unstated = proof.as_ref().and_then(|(ix, dir, dev, p)| {
+            ix.unstated(*dir, *dev, e.ino?, p)
+                .filter(|_| e.file_type == Some(FileType::RegularFile))
+        });
+        // A layout claim is mapped again: always where the file was
+        // written since its record's transaction (a dedupe, a
+        // defragment), or where the record is to be certified; never
+        // where the transaction proves it unchanged; else by sample.
+        let remap = match (&unstated, proof.as_ref().map(|p| &*p.3)) {
+            (Some(Unstated::Written(_)), _)
+            | (None, Some(DirProof::Remap | DirProof::Searched(_))) => {
+                self.recheck != LayoutRecheck::Never
             }
+            (Some(Unstated::Unchanged(_)), _) => self.recheck == LayoutRecheck::Every,
+            _ => false,
         };
+        let sampled = proof
+            .as_ref()
+            .is_none_or(|p| matches!(*p.3, DirProof::None));
+        let written = matches!(unstated, Some(Unstated::Written(_)));
+        let proven = matches!(unstated, Some(Unstated::Unchanged(_)));
+        let st = match unstated {
+            Some(Unstated::Unchanged(id) | Unstated::Written(id)) => id,
+            // statx: the birth time comes with the rest, for the index.
+            None => match cowlink_sys::file_id_at(e.dirfd, e.name) {
+                Ok(st) => st,
+                Err(err) => {
+                    return self.error(Error::from_errno(Operation::Dedupe, err).with_src(&e.path))
+                }
+            },
+        };
+        let picks = |ino| remap || (sampled && self.recheck.picks(ino, self.salt));
         if cowlink_sys::file_type(st.mode) != FileType::RegularFile {
             return;
         }
@@ -599,6 +627,14 @@ impl Collect {
         // exactly (see `record_walk`).
         let held = hit.clone();
         if let Some(hit) = hit {
+            // A claim that would spare work, trusted unchecked: the
+            // directory's record cannot be given this run's transaction.
+            let spares = hit.inline || hit.shared.is_some() || hit.exclusive == 0;
+            if hit.mapped && spares && !proven && !picks(st.ino) {
+                if let Some((fs, dir, _, _)) = &proof {
+                    fs.uncertify(*dir);
+                }
+            }
             // An entry written before its file was mapped (a run stopped
             // after the walk, a file without a partner then) gives only the
             // identity: the file is mapped, and hashed, as a new one.
@@ -613,7 +649,7 @@ impl Collect {
             // tool's dedupe moves an inline file onto a regular extent
             // leaving its times: one picked is taken as a new file
             // (mapped, below), not trusted.
-            if c.inline && self.recheck.picks(st.ino, self.salt) {
+            if c.inline && picks(st.ino) {
                 c.known = false;
                 c.mapped = false;
                 c.inline = false;
@@ -625,11 +661,7 @@ impl Collect {
             // the identity moving (a compressing Btrfs defragment, or
             // another tool's dedupe, leaves the ctime), and a stale
             // claim would skip a duplicate. One FIEMAP, nothing read.
-            if c.mapped
-                && !c.inline
-                && (c.shared.is_some() || c.exclusive == 0)
-                && self.recheck.picks(st.ino, self.salt)
-            {
+            if c.mapped && !c.inline && (c.shared.is_some() || c.exclusive == 0) && picks(st.ino) {
                 let fresh = open_read_at(e.dirfd, e.name).ok().and_then(|fd| {
                     // Written back first: see `read_layout`.
                     let list = extents_fd(fd.as_fd(), true).ok()?;
@@ -675,7 +707,9 @@ impl Collect {
                 return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
             }
         }
-        let known = held.is_some_and(|h| entry_of(&c) == h);
+        // Written since its record's transaction: the record is rebuilt,
+        // to be given this run's.
+        let known = !written && held.is_some_and(|h| entry_of(&c) == h);
         let mut files = lock(&self.files);
         let (files, names) = &mut *files;
         c.name = match e.dir {
@@ -686,6 +720,22 @@ impl Collect {
             None => names.push(None, e.path.as_os_str()),
         };
         files.push(c);
+    }
+
+    /// The index of an entry's directory, the directory's inode and
+    /// device, and how its files are known ([`DirProof`]); `None` for a
+    /// walk root or without an index.
+    fn dir_proof(&self, e: &Entry<'_>) -> Option<(Arc<FsIndex>, u64, u64, Arc<DirProof>)> {
+        let ix = self.indexes.as_ref()?;
+        let d = e.dir?;
+        let (dev, dir) = *self
+            .dir_keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(d.id)?;
+        let fs = ix.opened(dev)?;
+        let p = fs.proof(dir, e.dirfd, dev);
+        Some((fs, dir, dev, p))
     }
 
     /// Whether `path` (below walk root `root`) is excluded by its own name
@@ -810,8 +860,10 @@ impl Collect {
 }
 
 impl Visitor for Collect {
-    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat) {
-        if self.indexes.is_some() {
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat, fd: BorrowedFd<'_>) {
+        if let Some(ix) = &self.indexes {
+            // Before any file below is looked at (see `index::DirProof`).
+            ix.entering(st.st_dev, fd);
             let mut keys = self.dir_keys.write().unwrap_or_else(|e| e.into_inner());
             if keys.len() <= dir.id {
                 keys.resize(dir.id + 1, (0, 0));
@@ -1611,6 +1663,12 @@ fn record_walk(
     dirs.sort_unstable_by_key(|((dev, ino), _)| (*dev, write_order[dev](*ino)));
     for one in dirs.chunk_by(|a, b| a.0 .0 == b.0 .0) {
         let dev = one[0].0 .0;
+        // Asked before `put_dirs` takes the index's state.
+        let since: HashMap<u64, u64> = ix.opened(dev).map_or_else(HashMap::new, |o| {
+            one.iter()
+                .map(|((_, dir), _)| (*dir, o.since_for(*dir)))
+                .collect()
+        });
         let recs = one.iter().map(|&(key, path)| {
             let lo = order.partition_point(|o| (o.0, o.1) < key);
             let hi = order.partition_point(|o| (o.0, o.1) <= key);
@@ -1628,6 +1686,7 @@ fn record_walk(
             entries.dedup_by_key(|(ino, _)| *ino);
             let rec = Record {
                 path: index::absolute(path).as_os_str().as_bytes().to_vec(),
+                since: since.get(&key.1).copied().unwrap_or(0),
                 files: entries,
             };
             (key.1, rec)

@@ -167,7 +167,7 @@ impl TreeIngest<'_> {
 }
 
 impl Visitor for TreeIngest<'_> {
-    fn dir(&self, dir: &DirInfo, st: &Stat) {
+    fn dir(&self, dir: &DirInfo, st: &Stat, _: rustix::fd::BorrowedFd<'_>) {
         if dir.parent.is_none() {
             return; // the root itself
         }

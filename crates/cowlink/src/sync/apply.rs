@@ -407,7 +407,7 @@ impl pool::Driver for Syncer<'_> {
         );
     }
 
-    fn entry(&self, dir: &Arc<Node>, name: &CStr, t: FileType) -> Next {
+    fn entry(&self, dir: &Arc<Node>, name: &CStr, t: FileType, _: u64) -> Next {
         let (src, dst, rel) = dir.paths(name);
         let e = Entry {
             node: dir,
@@ -1579,7 +1579,7 @@ pub(super) fn run(
             pool::run_with(&syncer, vec![node], threads);
         }
     } else {
-        syncer.entry(&top, &name, cowlink_sys::file_type(st.st_mode));
+        syncer.entry(&top, &name, cowlink_sys::file_type(st.st_mode), st.st_ino);
     }
     opts.run.finish();
     Ok(syncer.report())

@@ -55,7 +55,7 @@ impl pool::Driver for Copier<'_> {
         );
     }
 
-    fn entry(&self, dir: &Arc<DirNode>, name: &CStr, t: FileType) -> Next {
+    fn entry(&self, dir: &Arc<DirNode>, name: &CStr, t: FileType, _: u64) -> Next {
         match self.entry_type(dir, name, t) {
             Ok(FileType::Directory) => return Next::Descend,
             Ok(t) => entry::copy_single(&self.ctx, dir, name, name, t),

@@ -68,8 +68,10 @@ pub(crate) trait Driver: Sync {
     /// Reading the directory failed with `e`; the rest of it is skipped.
     fn read_failed(&self, dir: &Self::Dir, e: Errno);
     /// One entry of `dir`, typed as `getdents` gave it (possibly
-    /// `Unknown`). Answer [`Next::Descend`] to have the pool open it.
-    fn entry(&self, dir: &Arc<Self::Dir>, name: &CStr, file_type: FileType) -> Next;
+    /// `Unknown`), with the inode number it gave (`d_ino`: the file's, but
+    /// for a mount point or a Btrfs subvolume). Answer [`Next::Descend`]
+    /// to have the pool open it.
+    fn entry(&self, dir: &Arc<Self::Dir>, name: &CStr, file_type: FileType, ino: u64) -> Next;
     /// Everything below `dir` is done; returns the parent to release next.
     fn finish(&self, dir: Self::Dir) -> Option<Arc<Self::Dir>>;
     /// Whether to stop starting new work (cancelled, or asked to stop).
@@ -294,7 +296,7 @@ impl<D: Driver> Pool<'_, D> {
 
     /// Read the next batch of `dir`, queue the rest, hand out the batch.
     fn read(&self, dir: Arc<D::Dir>, local: &Worker<Job<D>>) {
-        let mut batch: Vec<(CString, FileType)> = Vec::with_capacity(BATCH);
+        let mut batch: Vec<(CString, FileType, u64)> = Vec::with_capacity(BATCH);
         let mut more = false;
         let mut read_error = None;
         {
@@ -310,7 +312,7 @@ impl<D: Driver> Pool<'_, D> {
                         Some(Ok(e)) => {
                             let name = e.file_name();
                             if name != c"." && name != c".." {
-                                batch.push((name.to_owned(), e.file_type()));
+                                batch.push((name.to_owned(), e.file_type(), e.ino()));
                             }
                         }
                         Some(Err(e)) => {
@@ -333,11 +335,11 @@ impl<D: Driver> Pool<'_, D> {
             self.driver.read_failed(&dir, e);
         }
         let handed = batch.len() as u64;
-        for (name, t) in batch {
+        for (name, t, ino) in batch {
             if self.driver.stopped() {
                 break;
             }
-            if self.driver.entry(&dir, &name, t) == Next::Descend {
+            if self.driver.entry(&dir, &name, t, ino) == Next::Descend {
                 let parent = dir.clone();
                 self.push(local, Job::Open { parent, name });
             }
@@ -393,7 +395,7 @@ mod tests {
             &dir.reader
         }
         fn read_failed(&self, _: &Node, _: Errno) {}
-        fn entry(&self, _: &Arc<Node>, _: &CStr, _: FileType) -> Next {
+        fn entry(&self, _: &Arc<Node>, _: &CStr, _: FileType, _: u64) -> Next {
             Next::Done
         }
         fn finish(&self, dir: Node) -> Option<Arc<Node>> {

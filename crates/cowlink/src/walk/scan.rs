@@ -56,12 +56,17 @@ pub(crate) struct Entry<'a> {
     pub path: PathBuf,
     /// The type from the directory entry, when the filesystem gave one.
     pub file_type: Option<FileType>,
+    /// The inode number from the directory entry (`d_ino`; `None` for a
+    /// walk root). The file's own but where something is mounted on the
+    /// name: only a `stat` of the name is sure.
+    pub ino: Option<u64>,
 }
 
 /// What the walk reports to.
 pub(crate) trait Visitor: Sync {
-    /// A directory was opened (before its entries are visited).
-    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat);
+    /// A directory was opened (before its entries are visited); `fd` is
+    /// open on it.
+    fn dir(&self, dir: &DirInfo, st: &cowlink_sys::Stat, fd: BorrowedFd<'_>);
     /// A non-directory entry. `Break` stops the walk.
     fn entry(&self, entry: Entry<'_>) -> ControlFlow<()>;
     /// A directory or root could not be opened or read.
@@ -144,7 +149,7 @@ impl Walk<'_> {
                 return None;
             }
         };
-        self.visitor.dir(&info, st);
+        self.visitor.dir(&info, st, fd.as_fd());
         Some(Arc::new(ScanDir {
             info,
             fd,
@@ -182,6 +187,7 @@ impl pool::Driver for Walk<'_> {
                     name: &name,
                     path: path.to_path_buf(),
                     file_type: Some(cowlink_sys::file_type(st.st_mode)),
+                    ino: None,
                 }),
                 Err(e) => self.visitor.error(err(e)),
             }
@@ -220,7 +226,7 @@ impl pool::Driver for Walk<'_> {
             .error(Error::from_errno(self.op, e).with_src(&dir.info.path));
     }
 
-    fn entry(&self, dir: &Arc<ScanDir>, name: &CStr, mut ft: FileType) -> Next {
+    fn entry(&self, dir: &Arc<ScanDir>, name: &CStr, mut ft: FileType, ino: u64) -> Next {
         if ft == FileType::Unknown {
             ft = match cowlink_sys::statat(&dir.fd, name, fs::AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => cowlink_sys::file_type(st.st_mode),
@@ -237,6 +243,7 @@ impl pool::Driver for Walk<'_> {
             name,
             path: dir.info.path.join(OsStr::from_bytes(name.to_bytes())),
             file_type: (ft != FileType::Unknown).then_some(ft),
+            ino: Some(ino),
         });
         Next::Done
     }
@@ -287,7 +294,7 @@ mod tests {
     }
 
     impl Visitor for Stopper {
-        fn dir(&self, _: &DirInfo, _: &cowlink_sys::Stat) {}
+        fn dir(&self, _: &DirInfo, _: &cowlink_sys::Stat, _: BorrowedFd<'_>) {}
         fn entry(&self, _: Entry<'_>) -> ControlFlow<()> {
             match self.seen.fetch_add(1, Ordering::Relaxed) + 1 >= self.limit {
                 true => ControlFlow::Break(()),
