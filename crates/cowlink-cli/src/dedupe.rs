@@ -125,8 +125,10 @@ pub struct DedupeArgs {
     no_index: bool,
 
     /// Map again every file the index says shares all its blocks or is
-    /// inline (by default one in 16 per run, at random): extents moved by
-    /// a defragment or another tool's dedupe leave the file's times alone
+    /// inline (by default one in 16 per run, at random; on Btrfs as root,
+    /// every file written since the last run, and no other): extents moved
+    /// by a defragment or another tool's dedupe leave the file's times
+    /// alone
     #[arg(long, conflicts_with = "no_index")]
     recheck_layouts: bool,
 

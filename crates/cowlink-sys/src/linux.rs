@@ -618,6 +618,9 @@ pub fn btrfs_commit(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 /// owner, mode, links or times (an access time included), as each of
 /// those writes the inode item in the transaction it belongs to.
 /// Changes not yet committed are not seen: call [`btrfs_commit`] first.
+/// Nor are changes whose data is not written back yet: a write waits for
+/// its write-back to record the new size, and one in the same clock tick
+/// as the last leaves the times alone; `syncfs` before the commit.
 ///
 /// One tree search per 4 KiB of results; leaves no transaction after
 /// `since` wrote are skipped whole, so a range nothing changed in costs

@@ -87,7 +87,7 @@ pub struct BtrfsRef {
 }
 
 /// A Btrfs inode changed after a transaction: its inode item, as
-/// [`btrfs_inodes_changed_since`] returns it.
+/// [`btrfs_inodes_changed_since`](crate::btrfs_inodes_changed_since) returns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BtrfsChanged {
     /// The transaction that last wrote the inode item.

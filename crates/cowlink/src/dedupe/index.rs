@@ -149,7 +149,7 @@ use crate::ground::lock;
 /// directory (table `records`) instead of one entry per file. 4: an
 /// entry's times are differences from the entry before it. 5: a record
 /// holds the Btrfs transaction its files are known unchanged since
-/// ([`Record::since`]).
+/// (`Record::since`).
 pub const FORMAT: u32 = 5;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
@@ -1129,9 +1129,10 @@ impl Indexes {
 
     /// The walk opened a directory, `fd`, on device `dev`, and will look
     /// at its files next. The first time a device is met, on Btrfs, as
-    /// root (a tree search needs it), the running transaction is
-    /// committed: its id is what the records rebuilt this run on `dev`
-    /// are known unchanged since (see [`DirProof`]).
+    /// root (a tree search needs it), the filesystem is synced and
+    /// committed: the transaction's id is what the records
+    /// rebuilt this run on `dev` are known unchanged since (see
+    /// [`DirProof`]).
     pub fn entering(&self, dev: u64, fd: BorrowedFd<'_>) {
         if self
             .since
@@ -1143,10 +1144,17 @@ impl Indexes {
         }
         let mut map = self.since.write().unwrap_or_else(|e| e.into_inner());
         map.entry(dev).or_insert_with(|| {
-            rustix::process::geteuid()
-                .is_root()
-                .then(|| cowlink_sys::btrfs_commit(fd).ok())
-                .flatten()
+            let btrfs = crate::ground::fskind::FsKind::of_fd(fd)
+                .is_ok_and(|k| k == crate::ground::fskind::FsKind::Btrfs);
+            if !btrfs || !rustix::process::geteuid().is_root() {
+                return None;
+            }
+            // Data not yet written back has not written its inode's item
+            // (a write in the same tick as the last one leaves the times
+            // as they were, and the size waits for the write-back): the
+            // filesystem is synced, then committed again.
+            rustix::fs::syncfs(fd).ok()?;
+            cowlink_sys::btrfs_commit(fd).ok()
         });
     }
 

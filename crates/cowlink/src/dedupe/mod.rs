@@ -733,7 +733,7 @@ impl Collect {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(d.id)?;
-        let fs = ix.opened(dev)?;
+        let fs = ix.of(dev, e.dirfd)?;
         let p = fs.proof(dir, e.dirfd, dev);
         Some((fs, dir, dev, p))
     }
