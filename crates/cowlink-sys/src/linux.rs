@@ -624,8 +624,10 @@ pub fn btrfs_commit(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 ///
 /// One tree search per 4 KiB of results; leaves no transaction after
 /// `since` wrote are skipped whole, so a range nothing changed in costs
-/// one call. `Ok(None)` when more than `max_items` items (of any type)
-/// came back: the caller's range was too wide to be worth it.
+/// one call. Also returned: how many items (of any type) the kernel
+/// copied, those of leaves a later transaction wrote for another item's
+/// sake included. `Ok(None)` when more than `max_items` came back: the
+/// caller's range was too wide to be worth it.
 ///
 /// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
 pub fn btrfs_inodes_changed_since(
@@ -635,7 +637,7 @@ pub fn btrfs_inodes_changed_since(
     hi: u64,
     since: u64,
     max_items: usize,
-) -> Result<Option<Vec<BtrfsChanged>>, Errno> {
+) -> Result<Option<(Vec<BtrfsChanged>, usize)>, Errno> {
     use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
     const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
     let mut out = Vec::new();
@@ -674,7 +676,7 @@ pub fn btrfs_inodes_changed_since(
         };
         let n = arg.key.nr_items as usize;
         if n == 0 {
-            return Ok(Some(out));
+            return Ok(Some((out, seen)));
         }
         seen += n;
         if seen > max_items {
@@ -732,7 +734,7 @@ pub fn btrfs_inodes_changed_since(
             (o, t, off) if off < u64::MAX => (o, t, off + 1),
             (o, t, _) if t < 255 => (o, t + 1, 0),
             (o, _, _) if o < hi => (o + 1, 0, 0),
-            _ => return Ok(Some(out)),
+            _ => return Ok(Some((out, seen))),
         };
     }
 }

@@ -153,7 +153,7 @@ pub fn btrfs_inodes_changed_since(
     _hi: u64,
     _since: u64,
     _max_items: usize,
-) -> Result<Option<Vec<BtrfsChanged>>, Errno> {
+) -> Result<Option<(Vec<BtrfsChanged>, usize)>, Errno> {
     Err(Errno::NOTTY)
 }
 

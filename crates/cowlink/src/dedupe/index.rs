@@ -618,8 +618,14 @@ pub(super) enum DirProof {
     /// claim checked by sample, as off Btrfs.
     None,
     /// The record's inodes written since its transaction, with their
-    /// identity now; the rest are unchanged.
-    Searched(HashMap<u64, cowlink_sys::FileId>),
+    /// identity now; the rest are unchanged. `refresh`: the search
+    /// copied items of leaves written since (for other items' sake, such
+    /// as a neighbour's): the record is rebuilt with this run's
+    /// transaction, so the next search skips them.
+    Searched {
+        written: HashMap<u64, cowlink_sys::FileId>,
+        refresh: bool,
+    },
     /// No record, or one without a transaction: each file is `statx`ed,
     /// and a layout claim that would spare work is mapped again, so the
     /// rebuilt record is certified.
@@ -629,8 +635,8 @@ pub(super) enum DirProof {
 /// What [`FsIndex::unstated`] knows of one file.
 pub(super) enum Unstated {
     /// Unchanged since its record's transaction: the identity its entry
-    /// holds.
-    Unchanged(cowlink_sys::FileId),
+    /// holds, and the entry (counted as unchanged).
+    Unchanged(cowlink_sys::FileId, Entry),
     /// Written since (its times may be the same: a dedupe, an access):
     /// its identity now, from its inode item.
     Written(cowlink_sys::FileId),
@@ -760,9 +766,10 @@ impl FsIndex {
         // than that per file is searched only while few changed in it.
         let most = rec.files.len().saturating_mul(32).saturating_add(1024);
         match cowlink_sys::btrfs_inodes_changed_since(dirfd, dev, *lo, *hi, rec.since, most) {
-            Ok(Some(changed)) => {
-                DirProof::Searched(changed.into_iter().map(|c| (c.id.ino, c.id)).collect())
-            }
+            Ok(Some((changed, seen))) => DirProof::Searched {
+                written: changed.into_iter().map(|c| (c.id.ino, c.id)).collect(),
+                refresh: seen > 0,
+            },
             Ok(None) => DirProof::None,
             Err(_) => {
                 self.unsearchable.store(true, Ordering::Relaxed);
@@ -774,7 +781,7 @@ impl FsIndex {
     /// What the index knows of the regular file (by its directory entry)
     /// of inode `ino` in directory `dir` without a `statx`, by `proof`.
     pub fn unstated(&self, dir: u64, dev: u64, ino: u64, proof: &DirProof) -> Option<Unstated> {
-        let DirProof::Searched(written) = proof else {
+        let DirProof::Searched { written, .. } = proof else {
             return None;
         };
         if let Some(id) = written.get(&ino) {
@@ -789,7 +796,8 @@ impl FsIndex {
             return None;
         }
         self.unstated.fetch_add(1, Ordering::Relaxed);
-        Some(Unstated::Unchanged(cowlink_sys::FileId {
+        self.unchanged.fetch_add(1, Ordering::Relaxed);
+        let id = cowlink_sys::FileId {
             dev,
             ino,
             mode: 0o100_600,
@@ -799,7 +807,8 @@ impl FsIndex {
             mtime_ns: e.mtime_ns,
             ctime_ns: e.ctime_ns,
             btime_ns: e.btime_ns,
-        }))
+        };
+        Some(Unstated::Unchanged(id, e.clone()))
     }
 
     /// A layout claim of a file in directory `dir` was trusted without

@@ -549,19 +549,25 @@ impl Collect {
         // where the transaction proves it unchanged; else by sample.
         let remap = match (&unstated, proof.as_ref().map(|p| &*p.3)) {
             (Some(Unstated::Written(_)), _)
-            | (None, Some(DirProof::Remap | DirProof::Searched(_))) => {
+            | (None, Some(DirProof::Remap | DirProof::Searched { .. })) => {
                 self.recheck != LayoutRecheck::Never
             }
-            (Some(Unstated::Unchanged(_)), _) => self.recheck == LayoutRecheck::Every,
+            (Some(Unstated::Unchanged(..)), _) => self.recheck == LayoutRecheck::Every,
             _ => false,
         };
         let sampled = proof
             .as_ref()
             .is_none_or(|p| matches!(*p.3, DirProof::None));
-        let written = matches!(unstated, Some(Unstated::Written(_)));
-        let proven = matches!(unstated, Some(Unstated::Unchanged(_)));
-        let st = match unstated {
-            Some(Unstated::Unchanged(id) | Unstated::Written(id)) => id,
+        // Written since its record's transaction, or in a directory
+        // whose search met leaves written since: the record is rebuilt,
+        // to be given this run's.
+        let refresh = matches!(unstated, Some(Unstated::Written(_)))
+            || proof
+                .as_ref()
+                .is_some_and(|p| matches!(*p.3, DirProof::Searched { refresh: true, .. }));
+        let proven = matches!(unstated, Some(Unstated::Unchanged(..)));
+        let st = match &unstated {
+            Some(Unstated::Unchanged(id, _) | Unstated::Written(id)) => *id,
             // statx: the birth time comes with the rest, for the index.
             None => match cowlink_sys::file_id_at(e.dirfd, e.name) {
                 Ok(st) => st,
@@ -613,16 +619,14 @@ impl Collect {
         // Unchanged since a run learnt it: take what was learnt, read
         // nothing. Looked up in its directory's record (a file on another
         // device than its directory, a bind mount, is not indexed).
-        let hit = self.indexes.as_ref().and_then(|ix| {
-            let d = e.dir?;
-            let (dev, dir) = *self
-                .dir_keys
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(d.id)?;
-            (dev == st.dev).then_some(())?;
-            ix.of(dev, e.dirfd)?.lookup(dir, &st)
-        });
+        let hit = match (unstated, &proof) {
+            // Its entry, known by transaction.
+            (Some(Unstated::Unchanged(_, entry)), _) => Some(entry),
+            (_, Some((fs, dir, dev, _))) => {
+                (*dev == st.dev).then(|| fs.lookup(*dir, &st)).flatten()
+            }
+            (_, None) => None,
+        };
         // What the index holds of it, to tell whether it still holds it
         // exactly (see `record_walk`).
         let held = hit.clone();
@@ -707,9 +711,7 @@ impl Collect {
                 return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
             }
         }
-        // Written since its record's transaction: the record is rebuilt,
-        // to be given this run's.
-        let known = !written && held.is_some_and(|h| entry_of(&c) == h);
+        let known = !refresh && held.is_some_and(|h| entry_of(&c) == h);
         let mut files = lock(&self.files);
         let (files, names) = &mut *files;
         c.name = match e.dir {
