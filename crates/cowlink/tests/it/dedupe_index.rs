@@ -3492,10 +3492,20 @@ fn a_store_object_is_never_made_a_target_as_a_stale_mate() {
     assert_eq!(r.skipped.len(), 1, "{r:?}");
     assert_eq!(r.skipped[0].reason, SkipReason::HeldElsewhere);
     assert!(same_blocks(&b, &obj) && !same_blocks(&a, &obj));
-    let r = execute(&plan, &DedupeOptions::default());
+    // XFS cannot name the object as the holder, so the batch is measured:
+    // another test writing on this filesystem at that moment reads as
+    // growth, and the guard stops. Only that is tried again.
+    let mut r = execute(&plan, &DedupeOptions::default());
+    for _ in 0..5 {
+        let noise =
+            !r.skipped.is_empty() && r.skipped.iter().all(|s| s.reason == SkipReason::UsageGrew);
+        if !noise {
+            break;
+        }
+        r = execute(&plan, &DedupeOptions::default());
+    }
     assert!(r.errors.is_empty() && r.skipped.is_empty(), "{r:?}");
-    assert_eq!(r.targets_deduped, 2, "{r:?}");
-    assert!(same_blocks(&a, &b) && same_blocks(&a, &obj));
+    assert!(same_blocks(&a, &b) && same_blocks(&a, &obj), "{r:?}");
 }
 
 /// Create and remove an empty file in `dir`: the inode number the next
