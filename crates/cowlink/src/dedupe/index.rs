@@ -759,7 +759,11 @@ impl FsIndex {
         let (Some((lo, _)), Some((hi, _))) = (rec.files.first(), rec.files.last()) else {
             return DirProof::Remap;
         };
-        if rec.since == 0 {
+        // A transaction this filesystem has not reached: the record was
+        // written on another copy of it (a block copy mounted in turn on
+        // this device, or an image restored from before), whose files
+        // are not these.
+        if rec.since == 0 || Some(rec.since) > self.since_now {
             return DirProof::Remap;
         }
         // A leaf changed since holds about a hundred items; a range wider
