@@ -597,6 +597,8 @@ pub(super) struct FsIndex {
     since_now: Option<u64>,
     /// Tree searches are refused here (no `CAP_SYS_ADMIN`).
     unsearchable: AtomicBool,
+    /// [`DirProof::None`], shared.
+    no_proof: Arc<DirProof>,
 }
 
 /// How the walk may know the files of one directory's record on Btrfs
@@ -730,6 +732,10 @@ impl FsIndex {
     /// `dev`) are known this run; found once per directory while its
     /// record stays cached.
     pub fn proof(&self, dir: u64, dirfd: BorrowedFd<'_>, dev: u64) -> Arc<DirProof> {
+        // Off Btrfs, or not root: the one answer, without a lock.
+        if self.since_now.is_none() {
+            return self.no_proof.clone();
+        }
         if let Some(p) = lock(&self.state).proofs.get(&dir) {
             return p.clone();
         }
@@ -1765,6 +1771,7 @@ impl Indexes {
             sharing: Mutex::default(),
             since_now,
             unsearchable: Default::default(),
+            no_proof: Arc::new(DirProof::None),
         })
     }
 
