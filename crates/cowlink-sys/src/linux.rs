@@ -629,6 +629,11 @@ pub fn btrfs_commit(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 /// sake included. `Ok(None)` when more than `max_items` came back: the
 /// caller's range was too wide to be worth it.
 ///
+/// A balance (relocation) rewrites file extent items, and the leaves
+/// holding them, to move their extents, but no inode item: an inode with
+/// a file extent item in a leaf written after `since` is listed too,
+/// without an identity (`id: None`), as its layout may have moved.
+///
 /// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs.
 pub fn btrfs_inodes_changed_since(
     fd: BorrowedFd<'_>,
@@ -641,9 +646,25 @@ pub fn btrfs_inodes_changed_since(
     use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
     const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
     let mut out = Vec::new();
+    // Inodes with a file extent item in a leaf written since.
+    let mut extents = std::collections::BTreeSet::new();
     let mut seen = 0usize;
     // The next key to search from: (objectid, type, offset).
     let mut from = (lo, 0u32, 0u64);
+    let done = |mut out: Vec<BtrfsChanged>, extents: std::collections::BTreeSet<u64>| {
+        let listed: std::collections::HashSet<u64> = out.iter().map(|c| c.ino).collect();
+        out.extend(
+            extents
+                .into_iter()
+                .filter(|i| !listed.contains(i))
+                .map(|ino| BtrfsChanged {
+                    transid: 0,
+                    id: None,
+                    ino,
+                }),
+        );
+        out
+    };
     loop {
         let mut arg = btrfs_ioctl_search_args {
             key: btrfs_ioctl_search_key {
@@ -676,7 +697,7 @@ pub fn btrfs_inodes_changed_since(
         };
         let n = arg.key.nr_items as usize;
         if n == 0 {
-            return Ok(Some((out, seen)));
+            return Ok(Some((done(out, extents), seen)));
         }
         seen += n;
         if seen > max_items {
@@ -705,6 +726,9 @@ pub fn btrfs_inodes_changed_since(
             // 56, flags 64, sequence 72, reserved 80, then the times
             // (u64 seconds, u32 nanoseconds): atime 112, ctime 124,
             // mtime 136, otime 148.
+            if typ == BTRFS_EXTENT_DATA_KEY && objectid >= lo {
+                extents.insert(objectid);
+            }
             if typ != BTRFS_INODE_ITEM_KEY || item.len() < 160 || objectid < lo {
                 continue;
             }
@@ -716,7 +740,8 @@ pub fn btrfs_inodes_changed_since(
             let t = |at: usize| time_ns(le64(item, at) as i64, u64::from(le32(at + 8)));
             out.push(BtrfsChanged {
                 transid,
-                id: FileId {
+                ino: objectid,
+                id: Some(FileId {
                     dev,
                     ino: objectid,
                     mode: le32(52),
@@ -726,7 +751,7 @@ pub fn btrfs_inodes_changed_since(
                     mtime_ns: t(136),
                     ctime_ns: t(124),
                     btime_ns: Some(t(148)),
-                },
+                }),
             });
         }
         // Past the last key returned.
@@ -734,7 +759,7 @@ pub fn btrfs_inodes_changed_since(
             (o, t, off) if off < u64::MAX => (o, t, off + 1),
             (o, t, _) if t < 255 => (o, t + 1, 0),
             (o, _, _) if o < hi => (o + 1, 0, 0),
-            _ => return Ok(Some((out, seen))),
+            _ => return Ok(Some((done(out, extents), seen))),
         };
     }
 }

@@ -95,7 +95,13 @@ pub struct BtrfsChanged {
     /// The inode as `statx` would describe it, `dev` given by the caller
     /// (the subvolume's device number). `blocks` is the bytes written to
     /// disk (`nbytes`) in 512-byte blocks, without data not written back.
-    pub id: FileId,
+    /// `None` where its inode item was not written since, but one of its
+    /// file extent items lies in a leaf written since: its extents may
+    /// have moved with no inode item written (a balance relocates them
+    /// so), and only a `statx` gives its identity.
+    pub id: Option<FileId>,
+    /// The inode number.
+    pub ino: u64,
 }
 
 /// One file extent item of a Btrfs inode (`struct btrfs_file_extent_item`

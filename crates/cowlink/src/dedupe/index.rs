@@ -609,7 +609,10 @@ pub(super) struct FsIndex {
 /// write, truncation, clone, dedupe, defragment, a change of owner,
 /// mode, links or any time) writes its inode item in the transaction it
 /// belongs to, so an inode whose item no later transaction wrote is as
-/// its entry says, its layout included; one tree search per directory,
+/// its entry says, its layout included, unless a balance moved its
+/// extents (which rewrites its file extent items, not its inode item:
+/// one in a leaf written since has the file `statx`ed and its layout
+/// mapped again); one tree search per directory,
 /// after a commit (an inode's update waits in memory until one), names
 /// the others and gives their identity from the item. A record is
 /// given this run's transaction only when each of its entries is known
@@ -620,12 +623,14 @@ pub(super) enum DirProof {
     /// claim checked by sample, as off Btrfs.
     None,
     /// The record's inodes written since its transaction, with their
-    /// identity now; the rest are unchanged. `refresh`: the search
-    /// copied items of leaves written since (for other items' sake, such
-    /// as a neighbour's): the record is rebuilt with this run's
-    /// transaction, so the next search skips them.
+    /// identity now (`None`: an extent item of theirs was rewritten, as a
+    /// balance does, with their inode item left: `statx`ed and mapped
+    /// again); the rest are unchanged. `refresh`: the search copied
+    /// items of leaves written since (for other items' sake, such as a
+    /// neighbour's): the record is rebuilt with this run's transaction,
+    /// so the next search skips them.
     Searched {
-        written: HashMap<u64, cowlink_sys::FileId>,
+        written: HashMap<u64, Option<cowlink_sys::FileId>>,
         refresh: bool,
     },
     /// No record, or one without a transaction: each file is `statx`ed,
@@ -777,7 +782,7 @@ impl FsIndex {
         let most = rec.files.len().saturating_mul(32).saturating_add(1024);
         match cowlink_sys::btrfs_inodes_changed_since(dirfd, dev, *lo, *hi, rec.since, most) {
             Ok(Some((changed, seen))) => DirProof::Searched {
-                written: changed.into_iter().map(|c| (c.id.ino, c.id)).collect(),
+                written: changed.into_iter().map(|c| (c.ino, c.id)).collect(),
                 refresh: seen > 0,
             },
             Ok(None) => DirProof::None,
@@ -795,8 +800,9 @@ impl FsIndex {
             return None;
         };
         if let Some(id) = written.get(&ino) {
+            let id = (*id)?;
             return (cowlink_sys::file_type(id.mode) == rustix::fs::FileType::RegularFile)
-                .then_some(Unstated::Written(*id));
+                .then_some(Unstated::Written(id));
         }
         let rec = self.record(dir)?;
         let e = rec.get(ino)?;
