@@ -599,6 +599,10 @@ pub(super) struct FsIndex {
     unsearchable: AtomicBool,
     /// [`DirProof::None`], shared.
     no_proof: Arc<DirProof>,
+    /// The filesystem's transaction is before one a run of this index
+    /// saw: it went back (see [`FsIndex::find_proof`]), so no record's
+    /// transaction is trusted this run.
+    went_back: bool,
 }
 
 /// How the walk may know the files of one directory's record on Btrfs
@@ -770,11 +774,12 @@ impl FsIndex {
         let (Some((lo, _)), Some((hi, _))) = (rec.files.first(), rec.files.last()) else {
             return DirProof::Remap;
         };
-        // A transaction this filesystem has not reached: the record was
-        // written on another copy of it (a block copy mounted in turn on
-        // this device, or an image restored from before), whose files
-        // are not these.
-        if rec.since == 0 || Some(rec.since) > self.since_now {
+        // A transaction later than this run's: the filesystem went back
+        // (an image or a block device snapshot put back, a same-UUID copy
+        // mounted in its place) since the record was written, and the
+        // inode items it holds may be older than the record yet not
+        // what it learnt. Nothing is known by transaction there.
+        if rec.since == 0 || self.went_back || self.since_now.is_some_and(|t| rec.since > t) {
             return DirProof::Remap;
         }
         // A leaf changed since holds about a hundred items; a range wider
@@ -1747,6 +1752,18 @@ impl Indexes {
                 _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
             }
         }
+        // The latest transaction a run of this index committed: one
+        // later than this run's means the filesystem went back.
+        let went_back = match since_now {
+            Some(t) => {
+                let seen = last_transid(&db);
+                if seen != Some(t) {
+                    write_transid(&db, t).map_err(|e| format!("index {}: {e}", shown(&file)))?;
+                }
+                seen.is_some_and(|seen| seen > t)
+            }
+            None => false,
+        };
         let mark = moved_mark(&file);
         let moved = cowlink_sys::lstat(&mark).is_ok();
         if moved || was_sharing(&db) {
@@ -1778,6 +1795,7 @@ impl Indexes {
             since_now,
             unsearchable: Default::default(),
             no_proof: Arc::new(DirProof::None),
+            went_back,
         })
     }
 
@@ -2008,6 +2026,23 @@ fn last_dev(db: &Database) -> Option<u64> {
     let t = txn.open_table(META).ok()?;
     let v = t.get("dev").ok()??;
     Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+}
+
+/// The Btrfs transaction the last run as root committed on the index's
+/// filesystem (see [`FsIndex::find_proof`]).
+fn last_transid(db: &Database) -> Option<u64> {
+    let txn = db.begin_read().ok()?;
+    let t = txn.open_table(META).ok()?;
+    let v = t.get("transid").ok()??;
+    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+}
+
+fn write_transid(db: &Database, transid: u64) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?
+        .insert("transid", transid.to_le_bytes().as_slice())?;
+    txn.commit()?;
+    Ok(())
 }
 
 fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
