@@ -737,6 +737,12 @@ impl FsIndex {
         Some(e.clone())
     }
 
+    /// [`DirProof::None`]: for a directory whose files are all to be
+    /// `statx`ed.
+    pub fn no_proof(&self) -> Arc<DirProof> {
+        self.no_proof.clone()
+    }
+
     /// How the files of directory `dir` (open as `dirfd`, on device
     /// `dev`) are known this run; found once per directory while its
     /// record stays cached.

@@ -504,6 +504,29 @@ struct Collect {
     /// Each walked directory's device and inode, by the walk's id: the
     /// index's records are per directory.
     dir_keys: RwLock<Vec<(u64, u64)>>,
+    /// The directories (device, inode) something is mounted in, as the
+    /// run began ([`mount_dirs`]); `None` when not known, or without an
+    /// index to prove files unchanged by.
+    mount_dirs: Option<HashSet<(u64, u64)>>,
+}
+
+/// The directories (device, inode) holding a mount point. A name there
+/// may have a file mounted on it, while its directory entry gives the
+/// inode under the mount: only a `statx` of the name tells them apart,
+/// so no file of such a directory is known by transaction alone.
+/// `None` when the mount table cannot be read.
+fn mount_dirs() -> Option<HashSet<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let text = cowlink_sys::mount_table().ok()?;
+    Some(
+        crate::ground::mountinfo::parse(&text)
+            .into_iter()
+            .filter_map(|m| {
+                let st = std::fs::metadata(m.mount_point.parent()?).ok()?;
+                Some((st.dev(), st.ino()))
+            })
+            .collect(),
+    )
 }
 
 /// The inline files the walk met, and per device the shortest of their
@@ -736,6 +759,16 @@ impl Collect {
             .unwrap_or_else(|e| e.into_inner())
             .get(d.id)?;
         let fs = ix.of(dev, e.dirfd)?;
+        // A directory something is mounted in: each name is `statx`ed
+        // (its entry's inode is the one under the mount).
+        if self
+            .mount_dirs
+            .as_ref()
+            .is_none_or(|m| m.contains(&(dev, dir)))
+        {
+            let p = fs.no_proof();
+            return Some((fs, dir, dev, p));
+        }
         let p = fs.proof(dir, e.dirfd, dev);
         Some((fs, dir, dev, p))
     }
@@ -1193,6 +1226,10 @@ fn find<P: AsRef<Path>>(
         euid: rustix::process::geteuid().as_raw(),
         fixed_from,
         indexes: indexes.cloned(),
+        // Only a run as root knows files by transaction (see `dir_proof`).
+        mount_dirs: (indexes.is_some() && rustix::process::geteuid().is_root())
+            .then(mount_dirs)
+            .flatten(),
         recheck: opts.layout_recheck,
         salt: std::hash::BuildHasher::hash_one(
             &std::collections::hash_map::RandomState::new(),
