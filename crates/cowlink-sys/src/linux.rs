@@ -417,6 +417,33 @@ pub fn btrfs_fsid(fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
     Ok(arg.fsid)
 }
 
+const BTRFS_IOC_GET_SUBVOL_INFO: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_GET_SUBVOL_INFO as Opcode;
+
+/// The UUID of the Btrfs subvolume `fd` is in (`BTRFS_IOC_GET_SUBVOL_INFO`,
+/// unprivileged): its own for ever, where its id is given to a new
+/// subvolume once it is deleted and the filesystem mounted again.
+///
+/// `ENOTTY` off Btrfs (or before Linux 4.18).
+pub fn btrfs_subvol_uuid(fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
+    // SAFETY: the struct is plain integers and arrays: all zeroes is a
+    // valid value.
+    let mut arg: Box<linux_raw_sys::btrfs::btrfs_ioctl_get_subvol_info_args> =
+        Box::new(unsafe { std::mem::zeroed() });
+    // SAFETY: BTRFS_IOC_GET_SUBVOL_INFO is `_IOR(0x94, 60, struct
+    // btrfs_ioctl_get_subvol_info_args)`: the kernel writes that struct,
+    // which `arg` is, and it lives for the duration of the call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<
+                BTRFS_IOC_GET_SUBVOL_INFO,
+                linux_raw_sys::btrfs::btrfs_ioctl_get_subvol_info_args,
+            >::new(&mut arg),
+        )?
+    };
+    Ok(arg.uuid)
+}
+
 const BTRFS_IOC_INO_LOOKUP: Opcode = linux_raw_sys::ioctl::BTRFS_IOC_INO_LOOKUP as Opcode;
 
 /// `ioctl(fd, BTRFS_IOC_INO_LOOKUP, {treeid: 0, objectid: 256})`: the id

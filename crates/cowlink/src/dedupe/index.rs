@@ -600,8 +600,9 @@ pub(super) struct FsIndex {
     /// [`DirProof::None`], shared.
     no_proof: Arc<DirProof>,
     /// The filesystem's transaction is before one a run of this index
-    /// saw: it went back (see [`FsIndex::find_proof`]), so no record's
-    /// transaction is trusted this run.
+    /// saw: it went back (see [`FsIndex::find_proof`]); or the Btrfs
+    /// subvolume is another than the last run met under this index's key
+    /// (its id given again). No record's transaction is trusted this run.
     went_back: bool,
 }
 
@@ -1693,7 +1694,11 @@ impl Indexes {
             .get(&dev)
             .copied()
             .flatten();
-        self.open_keyed(dev, fs_key(dev, fd), true, since_now)
+        // On Btrfs, the subvolume's own UUID: its id (in the key) is
+        // given again to a new one after it is deleted and the filesystem
+        // mounted again.
+        let subvol = since_now.and_then(|_| cowlink_sys::btrfs_subvol_uuid(fd).ok());
+        self.open_keyed(dev, fs_key(dev, fd), true, since_now, subvol)
     }
 
     /// Open the index named `key` for device `dev`. With `check`, an
@@ -1712,6 +1717,7 @@ impl Indexes {
         key: String,
         check: bool,
         since_now: Option<u64>,
+        subvol: Option<[u8; 16]>,
     ) -> Result<FsIndex, String> {
         let shown = |p: &Path| crate::name::quoted(p).to_string();
         std::fs::create_dir_all(&self.dir).map_err(|e| {
@@ -1753,7 +1759,13 @@ impl Indexes {
                 Some(d) if mounted_with_key(d, &key) => {
                     drop(db);
                     drop(lk);
-                    return self.open_keyed(dev, format!("{key}-dev-{dev:x}"), false, since_now);
+                    return self.open_keyed(
+                        dev,
+                        format!("{key}-dev-{dev:x}"),
+                        false,
+                        since_now,
+                        subvol,
+                    );
                 }
                 _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
             }
@@ -1766,7 +1778,14 @@ impl Indexes {
                 if seen != Some(t) {
                     write_transid(&db, t).map_err(|e| format!("index {}: {e}", shown(&file)))?;
                 }
+                // Another subvolume under the id (see `open`): its inode
+                // items are of its own history.
+                let was = last_subvol(&db);
+                if let Some(u) = subvol.filter(|u| was != Some(*u)) {
+                    write_subvol(&db, u).map_err(|e| format!("index {}: {e}", shown(&file)))?;
+                }
                 seen.is_some_and(|seen| seen > t)
+                    || subvol.is_some_and(|u| was.is_some_and(|w| w != u))
             }
             None => false,
         };
@@ -2041,6 +2060,22 @@ fn last_transid(db: &Database) -> Option<u64> {
     let t = txn.open_table(META).ok()?;
     let v = t.get("transid").ok()??;
     Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+}
+
+/// The UUID of the Btrfs subvolume the last run as root met under the
+/// index's key (see [`Indexes::open`]).
+fn last_subvol(db: &Database) -> Option<[u8; 16]> {
+    let txn = db.begin_read().ok()?;
+    let t = txn.open_table(META).ok()?;
+    let v = t.get("subvol").ok()??;
+    <[u8; 16]>::try_from(v.value()).ok()
+}
+
+fn write_subvol(db: &Database, uuid: [u8; 16]) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?.insert("subvol", uuid.as_slice())?;
+    txn.commit()?;
+    Ok(())
 }
 
 fn write_transid(db: &Database, transid: u64) -> Result<(), redb::Error> {
