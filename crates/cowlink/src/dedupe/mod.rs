@@ -513,14 +513,22 @@ struct Collect {
 /// The directories (device, inode) holding a mount point. A name there
 /// may have a file mounted on it, while its directory entry gives the
 /// inode under the mount: only a `statx` of the name tells them apart,
-/// so no file of such a directory is known by transaction alone.
-/// `None` when the mount table cannot be read.
-fn mount_dirs() -> Option<HashSet<(u64, u64)>> {
+/// so no file of such a directory is known by transaction alone. Only
+/// mount points below one of the walk's `roots` are looked at (a `stat`
+/// elsewhere could wait on an unanswering network filesystem). `None`
+/// when the mount table or a root cannot be read.
+fn mount_dirs(roots: &[PathBuf]) -> Option<HashSet<(u64, u64)>> {
     use std::os::unix::fs::MetadataExt;
     let text = cowlink_sys::mount_table().ok()?;
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .map(std::fs::canonicalize)
+        .collect::<std::io::Result<_>>()
+        .ok()?;
     Some(
         crate::ground::mountinfo::parse(&text)
             .into_iter()
+            .filter(|m| roots.iter().any(|r| m.mount_point.starts_with(r)))
             .filter_map(|m| {
                 let st = std::fs::metadata(m.mount_point.parent()?).ok()?;
                 Some((st.dev(), st.ino()))
@@ -1228,7 +1236,7 @@ fn find<P: AsRef<Path>>(
         indexes: indexes.cloned(),
         // Only a run as root knows files by transaction (see `dir_proof`).
         mount_dirs: (indexes.is_some() && rustix::process::geteuid().is_root())
-            .then(mount_dirs)
+            .then(|| mount_dirs(&roots))
             .flatten(),
         recheck: opts.layout_recheck,
         salt: std::hash::BuildHasher::hash_one(
