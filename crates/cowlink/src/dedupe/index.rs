@@ -529,6 +529,31 @@ fn check(dir: u64, body: &[u8]) -> [u8; CHECK] {
     out
 }
 
+/// The inode ranges a record's files are searched in: runs of its inode
+/// numbers (sorted) with gaps of at most 16 between neighbours, the gap
+/// widened eightfold until there are at most 8 + files/8 ranges. One
+/// range over the whole record would take in every inode made between
+/// its first and last file (a directory's files and its subdirectories'
+/// trees interleave when a tree is copied), and the search copies every
+/// item of every leaf written since in its range.
+fn search_ranges(files: &[(u64, Entry)]) -> Vec<(u64, u64)> {
+    let limit = 8 + files.len() / 8;
+    let mut gap = 16u64;
+    loop {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &(ino, _) in files {
+            match out.last_mut() {
+                Some((_, hi)) if ino.saturating_sub(*hi) <= gap => *hi = ino,
+                _ => out.push((ino, ino)),
+            }
+        }
+        if out.len() <= limit || gap > u64::MAX / 8 {
+            return out;
+        }
+        gap *= 8;
+    }
+}
+
 /// Take the exclusive `flock` on the index's lock file `lk`, trying a few
 /// times over about a quarter of a second before calling it held. A lock
 /// released by a run can still be held for a moment by a process another
@@ -652,6 +677,11 @@ pub(super) enum Unstated {
     /// Written since (its times may be the same: a dedupe, an access):
     /// its identity now, from its inode item.
     Written(cowlink_sys::FileId),
+    /// Its inode item unchanged since (so its identity and content, and
+    /// an inline claim), but one of its file extent items lies in a
+    /// leaf written since, which a balance's move of its extents would
+    /// also do: a layout claim is mapped again.
+    Relocatable(cowlink_sys::FileId, Entry),
 }
 
 /// The records a run met, and those decoded for its lookups.
@@ -778,9 +808,9 @@ impl FsIndex {
         let Some(rec) = self.record(dir) else {
             return DirProof::Remap;
         };
-        let (Some((lo, _)), Some((hi, _))) = (rec.files.first(), rec.files.last()) else {
+        if rec.files.is_empty() {
             return DirProof::Remap;
-        };
+        }
         // A transaction later than this run's: the filesystem went back
         // (an image or a block device snapshot put back, a same-UUID copy
         // mounted in its place) since the record was written, and the
@@ -789,20 +819,26 @@ impl FsIndex {
         if rec.since == 0 || self.went_back || self.since_now.is_some_and(|t| rec.since > t) {
             return DirProof::Remap;
         }
-        // A leaf changed since holds about a hundred items; a range wider
-        // than that per file is searched only while few changed in it.
-        let most = rec.files.len().saturating_mul(32).saturating_add(1024);
-        match cowlink_sys::btrfs_inodes_changed_since(dirfd, dev, *lo, *hi, rec.since, most) {
-            Ok(Some((changed, seen))) => DirProof::Searched {
-                written: changed.into_iter().map(|c| (c.ino, c.id)).collect(),
-                refresh: seen > 0,
-            },
-            Ok(None) => DirProof::None,
-            Err(_) => {
-                self.unsearchable.store(true, Ordering::Relaxed);
-                DirProof::None
+        // A leaf changed since holds about a hundred items; ranges wider
+        // than that per file are searched only while few changed in them.
+        let mut most = rec.files.len().saturating_mul(32).saturating_add(1024);
+        let mut written = HashMap::new();
+        let mut refresh = false;
+        for (lo, hi) in search_ranges(&rec.files) {
+            match cowlink_sys::btrfs_inodes_changed_since(dirfd, dev, lo, hi, rec.since, most) {
+                Ok(Some((changed, seen))) => {
+                    written.extend(changed.into_iter().map(|c| (c.ino, c.id)));
+                    refresh |= seen > 0;
+                    most -= seen.min(most);
+                }
+                Ok(None) => return DirProof::None,
+                Err(_) => {
+                    self.unsearchable.store(true, Ordering::Relaxed);
+                    return DirProof::None;
+                }
             }
         }
+        DirProof::Searched { written, refresh }
     }
 
     /// What the index knows of the regular file (by its directory entry)
@@ -811,10 +847,12 @@ impl FsIndex {
         let DirProof::Searched { written, .. } = proof else {
             return None;
         };
-        if let Some(id) = written.get(&ino) {
-            let id = (*id)?;
+        // Its inode item was written since (`Some`), or only one of its
+        // file extent items lies in a leaf written since (`None`).
+        let listed = written.get(&ino);
+        if let Some(Some(id)) = listed {
             return (cowlink_sys::file_type(id.mode) == rustix::fs::FileType::RegularFile)
-                .then_some(Unstated::Written(id));
+                .then_some(Unstated::Written(*id));
         }
         let rec = self.record(dir)?;
         let e = rec.get(ino)?;
@@ -836,7 +874,10 @@ impl FsIndex {
             ctime_ns: e.ctime_ns,
             btime_ns: e.btime_ns,
         };
-        Some(Unstated::Unchanged(id, e.clone()))
+        Some(match listed {
+            Some(None) => Unstated::Relocatable(id, e.clone()),
+            _ => Unstated::Unchanged(id, e.clone()),
+        })
     }
 
     /// A layout claim of a file in directory `dir` was trusted without

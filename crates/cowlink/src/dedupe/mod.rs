@@ -578,13 +578,23 @@ impl Collect {
         // written since its record's transaction (a dedupe, a
         // defragment), or where the record is to be certified; never
         // where the transaction proves it unchanged; else by sample.
-        let remap = match (&unstated, proof.as_ref().map(|p| &*p.3)) {
+        // (An inline claim, by the same rule; but extents a balance
+        // moves are never inline: a relocatable file's claim holds.)
+        let (remap, remap_inline) = match (&unstated, proof.as_ref().map(|p| &*p.3)) {
             (Some(Unstated::Written(_)), _)
             | (None, Some(DirProof::Remap | DirProof::Searched { .. })) => {
-                self.recheck != LayoutRecheck::Never
+                let r = self.recheck != LayoutRecheck::Never;
+                (r, r)
             }
-            (Some(Unstated::Unchanged(..)), _) => self.recheck == LayoutRecheck::Every,
-            _ => false,
+            (Some(Unstated::Relocatable(..)), _) => (
+                self.recheck != LayoutRecheck::Never,
+                self.recheck == LayoutRecheck::Every,
+            ),
+            (Some(Unstated::Unchanged(..)), _) => {
+                let r = self.recheck == LayoutRecheck::Every;
+                (r, r)
+            }
+            _ => (false, false),
         };
         let sampled = proof
             .as_ref()
@@ -596,9 +606,13 @@ impl Collect {
             || proof
                 .as_ref()
                 .is_some_and(|p| matches!(*p.3, DirProof::Searched { refresh: true, .. }));
+        // Claims proven by transaction: every one, or an inline one.
         let proven = matches!(unstated, Some(Unstated::Unchanged(..)));
+        let proven_inline = proven || matches!(unstated, Some(Unstated::Relocatable(..)));
         let st = match &unstated {
-            Some(Unstated::Unchanged(id, _) | Unstated::Written(id)) => *id,
+            Some(
+                Unstated::Unchanged(id, _) | Unstated::Relocatable(id, _) | Unstated::Written(id),
+            ) => *id,
             // statx: the birth time comes with the rest, for the index.
             None => match cowlink_sys::file_id_at(e.dirfd, e.name) {
                 Ok(st) => st,
@@ -608,6 +622,7 @@ impl Collect {
             },
         };
         let picks = |ino| remap || (sampled && self.recheck.picks(ino, self.salt));
+        let picks_inline = |ino| remap_inline || (sampled && self.recheck.picks(ino, self.salt));
         if cowlink_sys::file_type(st.mode) != FileType::RegularFile {
             return;
         }
@@ -652,7 +667,9 @@ impl Collect {
         // device than its directory, a bind mount, is not indexed).
         let hit = match (unstated, &proof) {
             // Its entry, known by transaction.
-            (Some(Unstated::Unchanged(_, entry)), _) => Some(entry),
+            (Some(Unstated::Unchanged(_, entry) | Unstated::Relocatable(_, entry)), _) => {
+                Some(entry)
+            }
             (_, Some((fs, dir, dev, _))) => {
                 (*dev == st.dev).then(|| fs.lookup(*dir, &st)).flatten()
             }
@@ -665,7 +682,12 @@ impl Collect {
             // A claim that would spare work, trusted unchecked: the
             // directory's record cannot be given this run's transaction.
             let spares = hit.inline || hit.shared.is_some() || hit.exclusive == 0;
-            if hit.mapped && spares && !proven && !picks(st.ino) {
+            let checked = if hit.inline {
+                proven_inline || picks_inline(st.ino)
+            } else {
+                proven || picks(st.ino)
+            };
+            if hit.mapped && spares && !checked {
                 if let Some((fs, dir, _, _)) = &proof {
                     fs.uncertify(*dir);
                 }
@@ -684,7 +706,7 @@ impl Collect {
             // tool's dedupe moves an inline file onto a regular extent
             // leaving its times: one picked is taken as a new file
             // (mapped, below), not trusted.
-            if c.inline && picks(st.ino) {
+            if c.inline && picks_inline(st.ino) {
                 c.known = false;
                 c.mapped = false;
                 c.inline = false;
