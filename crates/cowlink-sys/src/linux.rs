@@ -638,6 +638,71 @@ pub fn btrfs_commit(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     Ok(transid)
 }
 
+/// The transaction that last wrote the data relocation tree of the Btrfs
+/// filesystem `fd` is on (the root item of tree -9, which only a
+/// relocation writes: a balance, a device removed, a shrink, finished or
+/// cancelled). Before a transaction `t`, no extent of any file moved
+/// after `t` without its inode item being written.
+///
+/// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs; `ENOENT` where
+/// the tree has no root item.
+pub fn btrfs_relocated_at(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
+    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
+    // `BTRFS_DATA_RELOC_TREE_OBJECTID` (-9) and `BTRFS_ROOT_ITEM_KEY`.
+    const DATA_RELOC: u64 = u64::MAX - 8;
+    const ROOT_ITEM: u32 = 132;
+    let mut arg = btrfs_ioctl_search_args {
+        key: btrfs_ioctl_search_key {
+            // The root tree.
+            tree_id: 1,
+            min_objectid: DATA_RELOC,
+            max_objectid: DATA_RELOC,
+            min_offset: 0,
+            max_offset: u64::MAX,
+            min_transid: 0,
+            max_transid: u64::MAX,
+            min_type: ROOT_ITEM,
+            max_type: ROOT_ITEM,
+            nr_items: 16,
+            unused: 0,
+            unused1: 0,
+            unused2: 0,
+            unused3: 0,
+            unused4: 0,
+        },
+        buf: [0; 3992],
+    };
+    // SAFETY: as in `search_file_extents`: `arg` is exactly the 4096-byte
+    // struct BTRFS_IOC_TREE_SEARCH reads and writes, and lives for the
+    // call.
+    unsafe {
+        ioctl(
+            fd,
+            Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
+        )?
+    };
+    let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
+    let mut at = 0;
+    let mut latest = None;
+    for _ in 0..arg.key.nr_items {
+        if at + HEADER > buf.len() {
+            break;
+        }
+        let h = &buf[at..at + HEADER];
+        let typ = u32::from_ne_bytes(bytes(h, 24));
+        let len = u32::from_ne_bytes(bytes(h, 28)) as usize;
+        let item = buf.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
+        at += HEADER + len;
+        // struct btrfs_root_item: an inode item (160 bytes), then the
+        // tree's generation.
+        if typ == ROOT_ITEM && item.len() >= 168 {
+            latest = latest.max(Some(le64(item, 160)));
+        }
+    }
+    latest.ok_or(Errno::NOENT)
+}
+
 /// The inodes numbered `lo..=hi` in the subvolume `fd` is in whose inode
 /// item a transaction after `since` wrote, from their inode items; `dev`
 /// is put in each [`FileId`]. An inode left out was not changed since

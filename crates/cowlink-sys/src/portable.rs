@@ -146,6 +146,11 @@ pub fn btrfs_subvol_uuid(_fd: BorrowedFd<'_>) -> Result<[u8; 16], Errno> {
 }
 
 /// No Btrfs here: `ENOTTY`.
+pub fn btrfs_relocated_at(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
+    Err(Errno::NOTTY)
+}
+
+/// No Btrfs here: `ENOTTY`.
 pub fn btrfs_commit(_fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     Err(Errno::NOTTY)
 }

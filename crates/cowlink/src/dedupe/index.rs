@@ -624,6 +624,11 @@ pub(super) struct FsIndex {
     unsearchable: AtomicBool,
     /// [`DirProof::None`], shared.
     no_proof: Arc<DirProof>,
+    /// The transaction of the filesystem's last relocation (a balance),
+    /// when `since_now` is known (`u64::MAX` where it cannot be read):
+    /// only after one can a file's extents have moved with its inode
+    /// item left as it was.
+    relocated_at: u64,
     /// The filesystem's transaction is before one a run of this index
     /// saw: it went back (see [`FsIndex::find_proof`]); or the Btrfs
     /// subvolume is another than the last run met under this index's key
@@ -790,9 +795,9 @@ impl FsIndex {
         if !matches!(*p, DirProof::None) {
             st.certified.insert(dir);
         }
-        // Kept only while the record is (a directory without one has
-        // nothing to search).
-        if st.cache.contains_key(&dir) {
+        // A search's answer is kept only while its record is (it holds
+        // inodes); the others hold nothing and are kept for the walk.
+        if st.cache.contains_key(&dir) || !matches!(*p, DirProof::Searched { .. }) {
             st.proofs.insert(dir, p.clone());
         }
         p
@@ -874,8 +879,12 @@ impl FsIndex {
             ctime_ns: e.ctime_ns,
             btime_ns: e.btime_ns,
         };
+        // A file extent item in a leaf written since is what a balance
+        // leaves, but also what any change to another item of that leaf
+        // does: a layout claim is mapped again only where a relocation
+        // ran since the record's transaction.
         Some(match listed {
-            Some(None) => Unstated::Relocatable(id, e.clone()),
+            Some(None) if self.relocated_at > rec.since => Unstated::Relocatable(id, e.clone()),
             _ => Unstated::Unchanged(id, e.clone()),
         })
     }
@@ -1739,7 +1748,15 @@ impl Indexes {
         // given again to a new one after it is deleted and the filesystem
         // mounted again.
         let subvol = since_now.and_then(|_| cowlink_sys::btrfs_subvol_uuid(fd).ok());
-        self.open_keyed(dev, fs_key(dev, fd), true, since_now, subvol)
+        // Read after the commit `entering` made, so a relocation before
+        // this run is seen.
+        let relocated_at = match since_now {
+            Some(_) => cowlink_sys::btrfs_relocated_at(fd).unwrap_or(u64::MAX),
+            None => 0,
+        };
+        let mut ix = self.open_keyed(dev, fs_key(dev, fd), true, since_now, subvol)?;
+        ix.relocated_at = relocated_at;
+        Ok(ix)
     }
 
     /// Open the index named `key` for device `dev`. With `check`, an
@@ -1861,6 +1878,7 @@ impl Indexes {
             since_now,
             unsearchable: Default::default(),
             no_proof: Arc::new(DirProof::None),
+            relocated_at: u64::MAX,
             went_back,
         })
     }

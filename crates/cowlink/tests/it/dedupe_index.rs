@@ -4145,4 +4145,3 @@ fn btrfs_a_subvolume_id_given_again_to_a_snapshot_is_not_trusted_by_transaction(
     assert_eq!(index_of(&p).unchanged, 0, "{p:?}");
     assert_eq!(p.groups_found, 1, "{p:?} {r:?}");
 }
-
