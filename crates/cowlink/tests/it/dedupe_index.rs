@@ -488,6 +488,24 @@ struct Loop {
     mnt: PathBuf,
 }
 
+/// A new Btrfs filesystem of 256 MiB in `dir/btrfs.img` (sparse), for a
+/// test whose work (a balance, a remount) must not touch other tests'.
+fn new_btrfs_image(dir: &Path) -> PathBuf {
+    let img = dir.join("btrfs.img");
+    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    let out = std::process::Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    img
+}
+
 impl Loop {
     fn mount(img: &Path, mnt: &Path) -> Loop {
         // nouuid: XFS refuses a second mount of one UUID otherwise.
@@ -3301,18 +3319,7 @@ fn btrfs_remounted_with_a_smaller_max_inline_does_not_claim_rewrites_inline() {
     use std::os::unix::fs::FileExt;
     let d = testfs!(Xfs);
     let ix = tempfile::tempdir().unwrap();
-    let img = d.path().join("btrfs.img");
-    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    let out = std::process::Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let img = new_btrfs_image(d.path());
     let m = Loop::mount_with(&img, &d.path().join("m"), "max_inline=2048");
     let root = m.mnt.join("t");
     fs::create_dir_all(root.join("copies")).unwrap();
@@ -3911,18 +3918,7 @@ fn btrfs_extents_moved_by_a_balance_are_not_trusted_where_they_were() {
     // A filesystem of its own: a balance moves every test's extents.
     let d = testfs!(Xfs);
     let ix = tempfile::tempdir().unwrap();
-    let img = d.path().join("btrfs.img");
-    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    let out = std::process::Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let img = new_btrfs_image(d.path());
     let m = Loop::mount_with(&img, &d.path().join("m"), "defaults");
     let root = m.mnt.join("t");
     fs::create_dir_all(root.join("x")).unwrap();
@@ -3969,19 +3965,8 @@ fn btrfs_extents_moved_by_a_balance_are_not_trusted_where_they_were() {
 fn btrfs_a_filesystem_rolled_back_is_not_trusted_by_transaction() {
     let d = testfs!(Xfs);
     let ix = tempfile::tempdir().unwrap();
-    let img = d.path().join("btrfs.img");
+    let img = new_btrfs_image(d.path());
     let copy = d.path().join("copy.img");
-    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    let out = std::process::Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let mnt = d.path().join("m");
     {
         let m = Loop::mount_with(&img, &mnt, "defaults");
@@ -4078,18 +4063,7 @@ fn btrfs_a_file_mounted_over_an_indexed_name_is_taken_for_the_mounted_one() {
 fn btrfs_a_subvolume_id_given_again_to_a_snapshot_is_not_trusted_by_transaction() {
     let d = testfs!(Xfs);
     let ix = tempfile::tempdir().unwrap();
-    let img = d.path().join("btrfs.img");
-    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    let out = std::process::Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let img = new_btrfs_image(d.path());
     let mnt = d.path().join("m");
     let (x, s) = (mnt.join("x"), mnt.join("s"));
     let rootid = |p: &Path| {
