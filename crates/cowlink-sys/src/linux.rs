@@ -647,45 +647,21 @@ pub fn btrfs_commit(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 /// `EPERM` without `CAP_SYS_ADMIN`; `ENOTTY` off Btrfs; `ENOENT` where
 /// the tree has no root item.
 pub fn btrfs_relocated_at(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
-    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
     const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
     // `BTRFS_DATA_RELOC_TREE_OBJECTID` (-9) and `BTRFS_ROOT_ITEM_KEY`.
     const DATA_RELOC: u64 = u64::MAX - 8;
     const ROOT_ITEM: u32 = 132;
-    let mut arg = btrfs_ioctl_search_args {
-        key: btrfs_ioctl_search_key {
-            // The root tree.
-            tree_id: 1,
-            min_objectid: DATA_RELOC,
-            max_objectid: DATA_RELOC,
-            min_offset: 0,
-            max_offset: u64::MAX,
-            min_transid: 0,
-            max_transid: u64::MAX,
-            min_type: ROOT_ITEM,
-            max_type: ROOT_ITEM,
-            nr_items: 16,
-            unused: 0,
-            unused1: 0,
-            unused2: 0,
-            unused3: 0,
-            unused4: 0,
-        },
-        buf: [0; 3992],
-    };
-    // SAFETY: as in `search_file_extents`: `arg` is exactly the 4096-byte
-    // struct BTRFS_IOC_TREE_SEARCH reads and writes, and lives for the
-    // call.
-    unsafe {
-        ioctl(
-            fd,
-            Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
-        )?
-    };
-    let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
+    let (n, buf) = tree_search(
+        fd,
+        1,
+        (DATA_RELOC, ROOT_ITEM, 0),
+        (DATA_RELOC, ROOT_ITEM, u64::MAX),
+        0,
+        16,
+    )?;
     let mut at = 0;
     let mut latest = None;
-    for _ in 0..arg.key.nr_items {
+    for _ in 0..n {
         if at + HEADER > buf.len() {
             break;
         }
@@ -735,7 +711,6 @@ pub fn btrfs_inodes_changed_since(
     since: u64,
     max_items: usize,
 ) -> Result<Option<(Vec<BtrfsChanged>, usize)>, Errno> {
-    use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
     const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
     let mut out = Vec::new();
     // Inodes with a file extent item in a leaf written since.
@@ -758,36 +733,14 @@ pub fn btrfs_inodes_changed_since(
         out
     };
     loop {
-        let mut arg = btrfs_ioctl_search_args {
-            key: btrfs_ioctl_search_key {
-                tree_id: 0,
-                min_objectid: from.0,
-                max_objectid: hi,
-                min_offset: from.2,
-                max_offset: u64::MAX,
-                min_transid: since.saturating_add(1),
-                max_transid: u64::MAX,
-                min_type: from.1,
-                max_type: 255,
-                nr_items: u32::MAX,
-                unused: 0,
-                unused1: 0,
-                unused2: 0,
-                unused3: 0,
-                unused4: 0,
-            },
-            buf: [0; 3992],
-        };
-        // SAFETY: as in `search_file_extents`: `arg` is exactly the
-        // 4096-byte struct BTRFS_IOC_TREE_SEARCH reads and writes, and
-        // lives for the call.
-        unsafe {
-            ioctl(
-                fd,
-                Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
-            )?
-        };
-        let n = arg.key.nr_items as usize;
+        let (n, buf) = tree_search(
+            fd,
+            0,
+            (from.0, from.1, from.2),
+            (hi, 255, u64::MAX),
+            since.saturating_add(1),
+            u32::MAX,
+        )?;
         if n == 0 {
             return Ok(Some((done(out, extents), seen)));
         }
@@ -795,7 +748,6 @@ pub fn btrfs_inodes_changed_since(
         if seen > max_items {
             return Ok(None);
         }
-        let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
         let mut at = 0;
         let mut last = from;
         for _ in 0..n {
@@ -856,32 +808,35 @@ pub fn btrfs_inodes_changed_since(
     }
 }
 
-/// One `BTRFS_IOC_TREE_SEARCH` call for at most `max_items` of inode
-/// `inode`'s file extent items from file offset `from`, appended to `out`.
-/// Returns the key offset of the last item the kernel returned, or `None`
-/// when it returned none (nothing more to read).
-fn search_file_extents(
+/// One `BTRFS_IOC_TREE_SEARCH` call over tree `tree` (0: the subvolume
+/// `fd` is in) for the items from key `min` to key `max` (object id,
+/// type, offset; compared as one key, so every type between two object
+/// ids is in range) in leaves written at or after transaction
+/// `min_transid`, at most `nr` of them and as many as fit in 3,992
+/// bytes: how many came, and the bytes (each a 32-byte
+/// `btrfs_ioctl_search_header` in host order, then the item).
+fn tree_search(
     fd: BorrowedFd<'_>,
-    inode: u64,
-    from: u64,
-    max_items: u32,
-    out: &mut Vec<BtrfsFileExtent>,
-) -> Result<Option<u64>, Errno> {
+    tree: u64,
+    min: (u64, u32, u64),
+    max: (u64, u32, u64),
+    min_transid: u64,
+    nr: u32,
+) -> Result<(usize, [u8; 3992]), Errno> {
     use linux_raw_sys::btrfs::{btrfs_ioctl_search_args, btrfs_ioctl_search_key};
-    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
     // On the stack: the walk makes one call per small Btrfs file.
     let mut arg = btrfs_ioctl_search_args {
         key: btrfs_ioctl_search_key {
-            tree_id: 0,
-            min_objectid: inode,
-            max_objectid: inode,
-            min_offset: from,
-            max_offset: u64::MAX,
-            min_transid: 0,
+            tree_id: tree,
+            min_objectid: min.0,
+            max_objectid: max.0,
+            min_offset: min.2,
+            max_offset: max.2,
+            min_transid,
             max_transid: u64::MAX,
-            min_type: BTRFS_EXTENT_DATA_KEY,
-            max_type: BTRFS_EXTENT_DATA_KEY,
-            nr_items: max_items,
+            min_type: min.1,
+            max_type: max.1,
+            nr_items: nr,
             unused: 0,
             unused1: 0,
             unused2: 0,
@@ -900,11 +855,32 @@ fn search_file_extents(
             Updater::<BTRFS_IOC_TREE_SEARCH, btrfs_ioctl_search_args>::new(&mut arg),
         )?
     };
-    let n = arg.key.nr_items as usize;
+    Ok((arg.key.nr_items as usize, arg.buf.map(|c| c as u8)))
+}
+
+/// One `BTRFS_IOC_TREE_SEARCH` call for at most `max_items` of inode
+/// `inode`'s file extent items from file offset `from`, appended to `out`.
+/// Returns the key offset of the last item the kernel returned, or `None`
+/// when it returned none (nothing more to read).
+fn search_file_extents(
+    fd: BorrowedFd<'_>,
+    inode: u64,
+    from: u64,
+    max_items: u32,
+    out: &mut Vec<BtrfsFileExtent>,
+) -> Result<Option<u64>, Errno> {
+    const HEADER: usize = std::mem::size_of::<linux_raw_sys::btrfs::btrfs_ioctl_search_header>();
+    let (n, buf) = tree_search(
+        fd,
+        0,
+        (inode, BTRFS_EXTENT_DATA_KEY, from),
+        (inode, BTRFS_EXTENT_DATA_KEY, u64::MAX),
+        0,
+        max_items,
+    )?;
     if n == 0 {
         return Ok(None);
     }
-    let buf: [u8; 3992] = arg.buf.map(|c| c as u8);
     let mut at = 0;
     let mut last = from;
     for _ in 0..n {

@@ -1240,7 +1240,7 @@ impl Indexes {
             // (a write in the same tick as the last one leaves the times
             // as they were, and the size waits for the write-back): the
             // filesystem is synced, then committed again.
-            rustix::fs::syncfs(fd).ok()?;
+            cowlink_sys::sync_filesystem(fd).ok()?;
             cowlink_sys::btrfs_commit(fd).ok()
         });
     }
