@@ -634,6 +634,10 @@ pub(super) struct FsIndex {
     /// subvolume is another than the last run met under this index's key
     /// (its id given again). No record's transaction is trusted this run.
     went_back: bool,
+    /// A run found the filesystem gone back: records whose transaction
+    /// is at most this (the last one a run saw before) belong to the
+    /// history undone, and are never trusted by transaction.
+    distrust: u64,
 }
 
 /// How the walk may know the files of one directory's record on Btrfs
@@ -821,7 +825,11 @@ impl FsIndex {
         // mounted in its place) since the record was written, and the
         // inode items it holds may be older than the record yet not
         // what it learnt. Nothing is known by transaction there.
-        if rec.since == 0 || self.went_back || self.since_now.is_some_and(|t| rec.since > t) {
+        if rec.since == 0
+            || self.went_back
+            || rec.since <= self.distrust
+            || self.since_now.is_some_and(|t| rec.since > t)
+        {
             return DirProof::Remap;
         }
         // A leaf changed since holds about a hundred items; ranges wider
@@ -1842,11 +1850,25 @@ impl Indexes {
                 if let Some(u) = subvol.filter(|u| was != Some(*u)) {
                     write_subvol(&db, u).map_err(|e| format!("index {}: {e}", shown(&file)))?;
                 }
-                seen.is_some_and(|seen| seen > t)
-                    || subvol.is_some_and(|u| was.is_some_and(|w| w != u))
+                let back = seen.is_some_and(|seen| seen > t)
+                    || subvol.is_some_and(|u| was.is_some_and(|w| w != u));
+                // Records this run does not walk keep a transaction of
+                // the history undone: none up to the last one a run saw
+                // is trusted again, in this run or any later one.
+                let floor = last_distrust(&db).unwrap_or(0);
+                let floor = match seen {
+                    Some(seen) if back && seen > floor => {
+                        write_meta_u64(&db, "distrust", seen)
+                            .map_err(|e| format!("index {}: {e}", shown(&file)))?;
+                        seen
+                    }
+                    _ => floor,
+                };
+                (back, floor)
             }
-            None => false,
+            None => (false, 0),
         };
+        let (went_back, distrust) = went_back;
         let mark = moved_mark(&file);
         let moved = cowlink_sys::lstat(&mark).is_ok();
         if moved || was_sharing(&db) {
@@ -1880,6 +1902,7 @@ impl Indexes {
             no_proof: Arc::new(DirProof::None),
             relocated_at: u64::MAX,
             went_back,
+            distrust,
         })
     }
 
@@ -2133,6 +2156,24 @@ fn last_subvol(db: &Database) -> Option<[u8; 16]> {
 fn write_subvol(db: &Database, uuid: [u8; 16]) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
     txn.open_table(META)?.insert("subvol", uuid.as_slice())?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// The transaction up to which no record is trusted (see
+/// [`FsIndex::find_proof`]): the last one a run saw before a run found
+/// the filesystem gone back.
+fn last_distrust(db: &Database) -> Option<u64> {
+    let txn = db.begin_read().ok()?;
+    let t = txn.open_table(META).ok()?;
+    let v = t.get("distrust").ok()??;
+    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+}
+
+fn write_meta_u64(db: &Database, key: &str, x: u64) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(META)?
+        .insert(key, x.to_le_bytes().as_slice())?;
     txn.commit()?;
     Ok(())
 }
