@@ -44,9 +44,20 @@
 //! the layout: extents move with no time changed (a compressing Btrfs
 //! defragment, another tool's dedupe), so an entry whose layout would
 //! spare work (every block shared, or none held alone) has its file
-//! mapped again (one FIEMAP, no byte read) before the layout is used. The hashes are kept whole (32 bytes),
+//! mapped again (one FIEMAP, no byte read) before the layout is used, a
+//! sample of them each run. The hashes are kept whole (32 bytes),
 //! though a planning hash needs fewer bits: a plan shows the BLAKE3 of
 //! each group, and an index hash must compare equal to one read this run.
+//!
+//! On Btrfs, as root, the identity need not even be read: Btrfs writes a
+//! file's inode item in the transaction of every change to it, its
+//! extents' included, so each record holds a transaction committed
+//! before its files were looked at, and one tree search per range of
+//! its inodes names those written since. The others are taken from
+//! their entries with no `statx` and no sample; the written ones have
+//! their layout mapped again every time. The rules (when a record is
+//! given a run's transaction, balances, filesystems put back, reused
+//! subvolume ids, files mounted over a name) are at [`DirProof`].
 //!
 //! After the walk, the record of every directory walked is rebuilt from
 //! the files met in it: a file gone from it is dropped then (pruned), and
