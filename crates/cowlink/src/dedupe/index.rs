@@ -57,7 +57,7 @@
 //! their entries with no `statx` and no sample; the written ones have
 //! their layout mapped again every time. The rules (when a record is
 //! given a run's transaction, balances, filesystems put back, reused
-//! subvolume ids, files mounted over a name) are at [`DirProof`].
+//! subvolume ids, files mounted over a name) are at `DirProof`.
 //!
 //! After the walk, the record of every directory walked is rebuilt from
 //! the files met in it: a file gone from it is dropped then (pruned), and
