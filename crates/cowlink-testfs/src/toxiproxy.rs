@@ -119,8 +119,13 @@ impl Toxiproxy {
 
     /// Remove the toxic `name`.
     ///
+    /// Only while no client was killed or cut off mid-transfer: a
+    /// `bandwidth` toxic whose output nobody reads any more can hold the
+    /// removal (and so this call) forever. A test that needs full speed
+    /// after such a kill goes straight to the server instead.
+    ///
     /// # Panics
-    /// When toxiproxy refuses.
+    /// When toxiproxy refuses, or gives no answer within 10 s.
     pub fn remove(&self, name: &str) {
         let (s, b) = call(
             self.api,
