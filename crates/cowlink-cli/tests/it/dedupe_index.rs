@@ -795,6 +795,69 @@ fn trusting_run(
     (p, r)
 }
 
+/// A second Ctrl-C while a first run copies its index (into
+/// `<key>.redb.new`, renamed over the old file once whole) exits at once
+/// and takes the copy with it: the index's directory holds only the
+/// database and its lock, and a run trusting the index then leaves every
+/// duplicate shared. 2,000 directories of three files make the copy last
+/// long enough (13 ms in a release build) for both signals, 3 ms apart
+/// (two at once are delivered as one), to land while it is there; tried
+/// until that happened three times.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_second_ctrl_c_while_the_index_is_copied_leaves_no_copy_behind() {
+    use rustix::process::{kill_process, Pid, Signal};
+    let x = testfs!(Xfs);
+    let mut landed = 0;
+    for attempt in 0..12u64 {
+        let dir = x.path().join(format!("copy-cut-{attempt}"));
+        let sets: Vec<(Vec<PathBuf>, Vec<u8>)> = (0..2000u64)
+            .map(|d| {
+                let bytes = data(4096, attempt * 10_000 + d);
+                let sub = dir.join(format!("d{d:04}"));
+                let paths: Vec<PathBuf> = (0..3).map(|k| sub.join(format!("f{k}"))).collect();
+                std::fs::create_dir_all(&sub).unwrap();
+                for p in &paths {
+                    std::fs::write(p, &bytes).unwrap();
+                }
+                (paths, bytes)
+            })
+            .collect();
+        rustix::fs::syncfs(std::fs::File::open(&dir).unwrap()).unwrap();
+        let ix = tempfile::tempdir().unwrap();
+        let copying = || {
+            cowlink_testfs::names(ix.path())
+                .iter()
+                .any(|n| n.ends_with(".redb.new"))
+        };
+        let mut child = spawn_quiet(ix.path(), &dir);
+        let pid = Pid::from_child(&child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut hit = false;
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            if copying() {
+                let _ = kill_process(pid, Signal::INT);
+                std::thread::sleep(Duration::from_millis(3));
+                hit = copying();
+                let _ = kill_process(pid, Signal::INT);
+                break;
+            }
+        }
+        let status = child.wait().unwrap();
+        let what = format!("attempt {attempt}: {status:?}, copy there at the second signal: {hit}");
+        assert!(matches!(status.code(), Some(0 | 130)), "{what}");
+        assert_index_files(ix.path(), &what);
+        trusting_run(ix.path(), &dir, &what);
+        assert_shared(&sets, &what);
+        std::fs::remove_dir_all(&dir).unwrap();
+        landed += u32::from(hit && status.code() == Some(130));
+        if landed == 3 {
+            return;
+        }
+    }
+    panic!("the second signal landed during the copy only {landed} times in 12");
+}
+
 /// SIGKILL, SIGINT or SIGTERM (drawn from a seeded RNG) at a random
 /// point of a first run over 1,800 files (from the walk to the index's
 /// rewrite at the run's end, where the layouts learnt while sharing go

@@ -115,7 +115,8 @@
 //! after its last rewrite (meta key `compacted`), is rewritten at the end of the run:
 //! copied into `<key>.redb.new`, then renamed over the old one (atomic: a
 //! crash leaves one whole file or the other; a copy left by a crash is
-//! removed when the index is next opened). What is left is redb's
+//! removed when the index is next opened, and a second Ctrl-C removes it
+//! on the way out). What is left is redb's
 //! growth by regions: the file's apparent size runs ahead of the pages
 //! in use (not written, so not allocated on disk). Storing records in
 //! pieces of 2 KiB, so that no value outgrows a page, was measured to
@@ -2025,7 +2026,8 @@ fn wasteful(ix: &FsIndex) -> bool {
 /// key order leave every leaf half empty, and a large record among small
 /// ones strands more), then rename it over the old file: atomic, so a
 /// crash leaves the old file or the new one, whole (a `.new` left over
-/// is removed when the index is next opened). The lock is held
+/// is removed when the index is next opened; a forced exit at a second
+/// Ctrl-C removes it, see `Unfinished`). The lock is held
 /// throughout; the old file is let go by the caller.
 ///
 /// `facts` are applied to the records on the way, as [`Indexes::write`]
@@ -2038,6 +2040,8 @@ fn rewrite(ix: &FsIndex, facts: Facts<'_>, done_sharing: bool) -> Result<u64, St
     let (file, db) = (&ix.file, &ix.db);
     let tmp = file.with_extension("redb.new");
     let _ = std::fs::remove_file(&tmp);
+    // A forced exit (a second Ctrl-C) while it is written removes it.
+    let _unfinished = crate::prim::place::Unfinished::register(&tmp);
     let mut changed = 0;
     let copied = (|| -> Result<(), String> {
         let own = own_file(&tmp)?;

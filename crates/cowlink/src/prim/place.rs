@@ -336,6 +336,37 @@ pub fn remove_unfinished() -> usize {
         .count()
 }
 
+/// A temporary file of this process that [`remove_unfinished`] removes
+/// while the guard lives: one a forced exit (a second Ctrl-C) would
+/// otherwise leave behind, such as an index being copied before it is
+/// renamed over the old one. Dropping the guard only forgets the path.
+#[cfg(unix)]
+pub(crate) struct Unfinished(u64);
+
+#[cfg(unix)]
+impl Unfinished {
+    /// Register `path` (absolute, or relative to a working directory
+    /// that stays) until the guard is dropped.
+    pub(crate) fn register(path: &Path) -> Unfinished {
+        let id = UNFINISHED_ID.fetch_add(1, Ordering::Relaxed);
+        UNFINISHED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, path.to_path_buf()));
+        Unfinished(id)
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let mut list = UNFINISHED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = list.iter().rposition(|(x, _)| *x == self.0) {
+            list.swap_remove(i);
+        }
+    }
+}
+
 /// A new destination file being written, placed per [`Placement`].
 #[cfg(unix)]
 pub(crate) enum NewFile<'d> {
@@ -349,7 +380,8 @@ pub(crate) struct DirectFile<'d> {
     file: OwnedFd,
     dir: BorrowedFd<'d>,
     name: PathBuf,
-    id: u64,
+    /// Registered for [`remove_unfinished`] while it lives.
+    _unfinished: Unfinished,
     finished: bool,
 }
 
@@ -373,16 +405,11 @@ impl<'d> NewFile<'d> {
             Placement::Direct => {
                 let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC;
                 let file = fs::openat(dir, dst, flags, mode)?;
-                let id = UNFINISHED_ID.fetch_add(1, Ordering::Relaxed);
-                UNFINISHED
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((id, shown.to_path_buf()));
                 Ok(NewFile::Direct(DirectFile {
                     file,
                     dir,
                     name: dst.to_path_buf(),
-                    id,
+                    _unfinished: Unfinished::register(shown),
                     finished: false,
                 }))
             }
@@ -424,10 +451,7 @@ impl Drop for DirectFile<'_> {
                 let _ = fs::unlinkat(self.dir, &self.name, AtFlags::empty());
             }
         }
-        let mut list = UNFINISHED.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = list.iter().rposition(|(x, _)| *x == self.id) {
-            list.swap_remove(i);
-        }
+        // Then `_unfinished` lets the path go.
     }
 }
 
