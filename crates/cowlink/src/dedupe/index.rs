@@ -165,6 +165,13 @@ use crate::ground::lock;
 pub const FORMAT: u32 = 5;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
+/// The index's own facts, by key: `format` ([`FORMAT`]); `dev`, the
+/// device it was last opened on; `transid`, the Btrfs transaction the
+/// last run as root committed; `subvol`, the UUID of the Btrfs subvolume
+/// that run met under the key (see [`Indexes::open`]); `distrust`, the
+/// transaction up to which no record is trusted, the last one a run saw
+/// before a run found the filesystem gone back (see
+/// [`FsIndex::find_proof`]); [`COMPACTED`] and [`SHARING`].
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// Key of [`META`] set, synced, before a run first shares a file of the
@@ -468,7 +475,7 @@ pub(super) struct Record {
     pub path: Vec<u8>,
     /// On Btrfs, a transaction committed before any file of the record
     /// was looked at: a file whose inode item no later transaction wrote
-    /// is as its entry says, layout included (see [`FsIndex::walked`]).
+    /// is as its entry says, layout included (see [`Indexes::walked`]).
     /// 0: none known.
     pub since: u64,
     pub files: Vec<(u64, Entry)>,
@@ -1832,7 +1839,8 @@ impl Indexes {
         let _ = std::fs::remove_file(file.with_extension("redb.new"));
         let db = self.open_db(&file)?;
         if check {
-            match last_dev(&db) {
+            // The device the index was last opened on.
+            match meta_u64(&db, "dev") {
                 Some(d) if d == dev => {}
                 Some(d) if mounted_with_key(d, &key) => {
                     drop(db);
@@ -1845,32 +1853,35 @@ impl Indexes {
                         subvol,
                     );
                 }
-                _ => write_dev(&db, dev).map_err(|e| format!("index {}: {e}", shown(&file)))?,
+                _ => set_meta(&db, "dev", &dev.to_le_bytes())
+                    .map_err(|e| format!("index {}: {e}", shown(&file)))?,
             }
         }
         // The latest transaction a run of this index committed: one
         // later than this run's means the filesystem went back.
         let went_back = match since_now {
             Some(t) => {
-                let seen = last_transid(&db);
+                let seen = meta_u64(&db, "transid");
                 if seen != Some(t) {
-                    write_transid(&db, t).map_err(|e| format!("index {}: {e}", shown(&file)))?;
+                    set_meta(&db, "transid", &t.to_le_bytes())
+                        .map_err(|e| format!("index {}: {e}", shown(&file)))?;
                 }
                 // Another subvolume under the id (see `open`): its inode
                 // items are of its own history.
-                let was = last_subvol(&db);
+                let was = meta(&db, "subvol").and_then(|v| <[u8; 16]>::try_from(v).ok());
                 if let Some(u) = subvol.filter(|u| was != Some(*u)) {
-                    write_subvol(&db, u).map_err(|e| format!("index {}: {e}", shown(&file)))?;
+                    set_meta(&db, "subvol", &u)
+                        .map_err(|e| format!("index {}: {e}", shown(&file)))?;
                 }
                 let back = seen.is_some_and(|seen| seen > t)
                     || subvol.is_some_and(|u| was.is_some_and(|w| w != u));
                 // Records this run does not walk keep a transaction of
                 // the history undone: none up to the last one a run saw
                 // is trusted again, in this run or any later one.
-                let floor = last_distrust(&db).unwrap_or(0);
+                let floor = meta_u64(&db, "distrust").unwrap_or(0);
                 let floor = match seen {
                     Some(seen) if back && seen > floor => {
-                        write_meta_u64(&db, "distrust", seen)
+                        set_meta(&db, "distrust", &seen.to_le_bytes())
                             .map_err(|e| format!("index {}: {e}", shown(&file)))?;
                         seen
                     }
@@ -2142,69 +2153,25 @@ fn format_of(db: &Database) -> Result<Option<u32>, redb::Error> {
     }))
 }
 
-/// The device the index was last opened on (`None` before any).
-fn last_dev(db: &Database) -> Option<u64> {
+/// The bytes of meta key `key` (`None` when absent or unreadable).
+fn meta(db: &Database, key: &str) -> Option<Vec<u8>> {
     let txn = db.begin_read().ok()?;
     let t = txn.open_table(META).ok()?;
-    let v = t.get("dev").ok()??;
-    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+    let v = t.get(key).ok()??;
+    Some(v.value().to_vec())
 }
 
-/// The Btrfs transaction the last run as root committed on the index's
-/// filesystem (see [`FsIndex::find_proof`]).
-fn last_transid(db: &Database) -> Option<u64> {
-    let txn = db.begin_read().ok()?;
-    let t = txn.open_table(META).ok()?;
-    let v = t.get("transid").ok()??;
-    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
+/// Meta key `key` as a number (little endian).
+fn meta_u64(db: &Database, key: &str) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        <[u8; 8]>::try_from(meta(db, key)?).ok()?,
+    ))
 }
 
-/// The UUID of the Btrfs subvolume the last run as root met under the
-/// index's key (see [`Indexes::open`]).
-fn last_subvol(db: &Database) -> Option<[u8; 16]> {
-    let txn = db.begin_read().ok()?;
-    let t = txn.open_table(META).ok()?;
-    let v = t.get("subvol").ok()??;
-    <[u8; 16]>::try_from(v.value()).ok()
-}
-
-fn write_subvol(db: &Database, uuid: [u8; 16]) -> Result<(), redb::Error> {
+/// Set meta key `key` to `value`, in a commit of its own.
+fn set_meta(db: &Database, key: &str, value: &[u8]) -> Result<(), redb::Error> {
     let txn = db.begin_write()?;
-    txn.open_table(META)?.insert("subvol", uuid.as_slice())?;
-    txn.commit()?;
-    Ok(())
-}
-
-/// The transaction up to which no record is trusted (see
-/// [`FsIndex::find_proof`]): the last one a run saw before a run found
-/// the filesystem gone back.
-fn last_distrust(db: &Database) -> Option<u64> {
-    let txn = db.begin_read().ok()?;
-    let t = txn.open_table(META).ok()?;
-    let v = t.get("distrust").ok()??;
-    Some(u64::from_le_bytes(<[u8; 8]>::try_from(v.value()).ok()?))
-}
-
-fn write_meta_u64(db: &Database, key: &str, x: u64) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
-    txn.open_table(META)?
-        .insert(key, x.to_le_bytes().as_slice())?;
-    txn.commit()?;
-    Ok(())
-}
-
-fn write_transid(db: &Database, transid: u64) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
-    txn.open_table(META)?
-        .insert("transid", transid.to_le_bytes().as_slice())?;
-    txn.commit()?;
-    Ok(())
-}
-
-fn write_dev(db: &Database, dev: u64) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
-    txn.open_table(META)?
-        .insert("dev", dev.to_le_bytes().as_slice())?;
+    txn.open_table(META)?.insert(key, value)?;
     txn.commit()?;
     Ok(())
 }
