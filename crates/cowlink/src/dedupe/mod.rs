@@ -1346,8 +1346,12 @@ fn find<P: AsRef<Path>>(
     }
     drop(inline_seen);
 
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(run.threads_or(crate::run::cores))
+        .build()
+        .map_err(|e| Error::new(Operation::Dedupe, ErrorKind::Io).with_reason(e.to_string()))?;
     // One inode is one file: keep the name that sorts first.
-    plan.hardlinks_skipped = stages::one_per_inode(&mut files, &names);
+    plan.hardlinks_skipped = pool.install(|| stages::one_per_inode(&mut files, &names));
     // The directories met, as (device, inode), for pruning the index's
     // records of those gone.
     let seen: Option<HashSet<(u64, u64)>> =
@@ -1366,11 +1370,7 @@ fn find<P: AsRef<Path>>(
     }
     plan.hardlinks_skipped += inline.hardlinks;
     plan.candidates = files.len() as u64 + inline.inodes;
-    stages::by_size(&mut files);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(run.threads_or(crate::run::cores))
-        .build()
-        .map_err(|e| Error::new(Operation::Dedupe, ErrorKind::Io).with_reason(e.to_string()))?;
+    pool.install(|| stages::by_size(&mut files));
     // The layout tells already-shared files apart without reading them.
     // Only larger files with a same-size partner are mapped here (small
     // ones were, in the walk); a failure only costs the shortcut.

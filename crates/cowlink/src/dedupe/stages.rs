@@ -14,6 +14,7 @@
 //! by size: over 223,547 real files on XFS the plan's peak RSS went from
 //! 112 to 62 MiB, the same plan byte for byte (docs/benchmarks.md, "Peak memory").
 
+use rayon::slice::ParallelSliceMut;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -413,8 +414,10 @@ pub(super) fn fingerprint(runs: &[Run]) -> u64 {
 /// only if every name may). Returns how many names were dropped.
 pub(super) fn one_per_inode(files: &mut Vec<Cand>, names: &Names) -> u64 {
     // (device, inode, path) is distinct per entry, so an unstable sort
-    // (no scratch copy) gives the one order.
-    files.sort_unstable_by(|a, b| {
+    // (no scratch copy) gives the one order; in parallel, in the pool
+    // the caller installed (this sort and `by_size`'s, run serially, took
+    // 31 ms of a 390 ms unchanged rerun over 148,716 files on XFS).
+    files.par_sort_unstable_by(|a, b| {
         (a.dev, a.ino)
             .cmp(&(b.dev, b.ino))
             .then_with(|| names.cmp(a.name, b.name))
@@ -436,7 +439,7 @@ pub(super) fn one_per_inode(files: &mut Vec<Cand>, names: &Names) -> u64 {
 /// sorted by device, size and inode, lone files dropped. Returns the size
 /// groups (two or more files each, in inode order) as spans of `files`.
 pub(super) fn by_size(files: &mut Vec<Cand>) -> Vec<Span> {
-    files.sort_unstable_by_key(|c| (c.dev, c.size, c.ino));
+    files.par_sort_unstable_by_key(|c| (c.dev, c.size, c.ino));
     partnered(files)
 }
 
