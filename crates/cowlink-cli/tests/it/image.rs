@@ -1002,6 +1002,30 @@ fn declared_formats_are_obeyed_and_only_plain_names_followed() {
 
 /// Whether some process holds an OFD lock on the file `p` (/proc/locks
 /// lists them by device and inode).
+/// Whether every byte of `bytes` of `p` is under some process's OFD lock
+/// (`/proc/locks`; a holder's adjacent bytes show as one range).
+fn ofd_locked_bytes(p: &Path, bytes: &[u64]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = fs::metadata(p).unwrap().ino();
+    let ranges: Vec<(u64, u64)> = fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("OFDLCK") && l.contains(&format!(":{ino} ")))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (start, end) = (f.get(f.len().checked_sub(2)?)?, f.last()?);
+            let end = match *end {
+                "EOF" => u64::MAX,
+                e => e.parse().ok()?,
+            };
+            Some((start.parse().ok()?, end))
+        })
+        .collect();
+    bytes
+        .iter()
+        .all(|b| ranges.iter().any(|&(s, e)| s <= *b && *b <= e))
+}
+
 fn ofd_locked(p: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let ino = fs::metadata(p).unwrap().ino();
@@ -1088,7 +1112,10 @@ fn locks_keep_qemu_and_other_commits_out() {
         let b = fs::read(d.join("base.raw")).unwrap();
         b[at as usize]
     };
-    // cowlink commit of a, stopped while it holds its locks.
+    // cowlink commit of a, stopped while it holds all its locks on the
+    // base (taken one byte at a time: stopped after the first, it would
+    // not yet keep qemu-img out).
+    let writer = cowlink::image::lock::bytes_taken(cowlink::image::lock::Access::Write);
     let mut stopped = None;
     for _ in 0..5 {
         let child = common::bin()
@@ -1101,13 +1128,13 @@ fn locks_keep_qemu_and_other_commits_out() {
         let pid = rustix::process::Pid::from_child(&child);
         let mut held = false;
         for _ in 0..20_000 {
-            if ofd_locked(&d.join("base.raw")) {
+            if ofd_locked_bytes(&d.join("base.raw"), &writer) {
                 rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
                 held = true;
                 break;
             }
         }
-        if held && ofd_locked(&d.join("base.raw")) {
+        if held && ofd_locked_bytes(&d.join("base.raw"), &writer) {
             stopped = Some(child);
             break;
         }
@@ -1117,7 +1144,16 @@ fn locks_keep_qemu_and_other_commits_out() {
         child.wait().unwrap();
         qemu_io(&d, "raw", "base.raw", &["write -P 0x11 0 16M"]);
     }
-    let mut a = stopped.expect("a commit could not be caught holding its locks");
+    // Killed if an assertion fails while it is stopped: a stopped process
+    // keeps the test filesystem busy.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut a = KillOnDrop(stopped.expect("a commit could not be caught holding its locks"));
     let q = Command::new("qemu-img")
         .args(["commit", "-f", "qcow2", "b.qcow2"])
         .current_dir(&d)
@@ -1127,11 +1163,11 @@ fn locks_keep_qemu_and_other_commits_out() {
     assert!(text(&q.stderr).contains("lock"), "{}", text(&q.stderr));
     refused(&d, &["commit", "b.qcow2"], &["base.raw", "in use"]);
     rustix::process::kill_process(
-        rustix::process::Pid::from_child(&a),
+        rustix::process::Pid::from_child(&a.0),
         rustix::process::Signal::CONT,
     )
     .unwrap();
-    assert!(a.wait().unwrap().success());
+    assert!(a.0.wait().unwrap().success());
     assert_eq!(region(1 << 20), 0xaa);
     assert_eq!(region(8 << 20), 0x11, "b's data went in although refused");
 
