@@ -545,14 +545,17 @@ impl Loop {
         let dev = sh(std::process::Command::new("losetup")
             .args(["-f", "--show"])
             .arg(img));
-        fs::create_dir_all(mnt).unwrap();
-        sh(std::process::Command::new("mount")
-            .args(["-o", opts, &dev])
-            .arg(mnt));
-        Loop {
+        // Held before the mount: a mount that fails (the assertion
+        // panics) still has its loop device detached on the way out.
+        let held = Loop {
             dev,
             mnt: mnt.to_path_buf(),
-        }
+        };
+        fs::create_dir_all(mnt).unwrap();
+        sh(std::process::Command::new("mount")
+            .args(["-o", opts, &held.dev])
+            .arg(mnt));
+        held
     }
 }
 
