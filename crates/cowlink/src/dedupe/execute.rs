@@ -391,28 +391,41 @@ pub(super) struct Executor<'a> {
 /// source keeps its own: after a group, the source and each target
 /// shared whole share every block, on the source's runs. Those runs'
 /// fingerprint comes from the plan, which mapped the source
-/// ([`Executor::source_runs`]), and the source is mapped again after its
-/// group (once per group) to check it still has those runs: another
-/// program's dedupe moves a file's blocks and leaves its times, and the
-/// targets then take the blocks it was moved to. A source the plan did
-/// not map this run (known from the index) must share every block. A
-/// file is learnt under the stamp it was opened with, the one planned
-/// (checked again after the map for the source): sharing moves no time,
-/// so its index entry, written from the walk's identity, is its own, and
-/// a write since moved its ctime, so the next run does not trust that
-/// entry.
-/// Mapping every shared file again by path after the run cost 1.2 s of
-/// a 6.5 s first run over 154,608 files on XFS; mapping each source
-/// after its group, 0.26 s of CPU.
+/// ([`Executor::source_runs`]), and the source is mapped again when the
+/// run ends (once per group, [`Executor::flush_layouts`]) to check it
+/// still has those runs: another program's dedupe moves a file's blocks
+/// and leaves its times, and the targets then take the blocks it was
+/// moved to. A source the plan did not map this run (known from the
+/// index) must share every block. A file is learnt under the stamp it
+/// was opened with, the one planned (checked again after the map for
+/// the source): sharing moves no time, so its index entry, written from
+/// the walk's identity, is its own, and a write since moved its ctime,
+/// so the next run does not trust that entry.
 ///
-/// What is learnt is held (40 bytes a file, 6 MB over 154,608 files)
-/// and written when the run ends ([`Executor::flush_layouts`] hands it
-/// to `Indexes::finish`), after planning has let go of its memory. Written in batches as it comes, a first run's large records
-/// would be rewritten by most batches while planning still holds its
-/// candidates (14 MB more at the peak over 154,608 files on XFS).
-/// Nothing is lost by waiting: a run
-/// killed while sharing leaves its index marked, and the next run
-/// forgets every layout anyway (`Indexes::sharing`).
+/// Why at the end and not after each group: on XFS a source's map
+/// (FIEMAP reads the refcount B-tree under its allocation group's
+/// buffer locks) waits on the other threads' dedupe calls, and theirs
+/// on it. Mapped after each group, the sources of a first run over
+/// 148,716 files on XFS made its sharing 0.7 s longer (phase times, two
+/// runs each way); mapped at the end, with nothing else running, they
+/// take 0.35-0.4 s. What waiting gives up: a source moved by another
+/// program and then moved back to its planned blocks while the run
+/// shares has its targets learnt on runs they may not hold. The index
+/// then takes them as already shared, which frees nothing and loses
+/// nothing, until the sampled recheck maps them. Mapping every shared
+/// file again by path after the run cost 1.2 s of a 6.5 s first run
+/// over 154,608 files on XFS: the targets are not mapped, only each
+/// group's source.
+///
+/// What is learnt is held (40 bytes a file, 6 MB over 154,608 files;
+/// and the path of each group's source until it is mapped again) and
+/// written when the run ends ([`Executor::flush_layouts`] hands it to
+/// `Indexes::finish`), after planning has let go of its memory. Written
+/// in batches as it comes, a first run's large records would be
+/// rewritten by most batches while planning still holds its candidates
+/// (14 MB more at the peak over 154,608 files on XFS). Nothing is lost
+/// by waiting: a run killed while sharing leaves its index marked, and
+/// the next run forgets every layout anyway (`Indexes::sharing`).
 struct Learn {
     ix: Arc<Indexes>,
     /// The (device, inode) of each directory met, by path: the index's
@@ -421,8 +434,41 @@ struct Learn {
     /// The runs of the sources of groups handed over, by the source's
     /// stamp (taken out when its group is done).
     runs: Mutex<HashMap<FileStamp, u64>>,
-    /// Learnt, not yet written.
-    held: Mutex<Vec<Relaid>>,
+    /// Learnt, waiting for its source to be mapped again.
+    waiting: Mutex<Waiting>,
+}
+
+/// Files shared whole, waiting for their group's source to be mapped
+/// again at the run's end (see [`Learn`]). Packed: a first run holds
+/// one source a group (47,874 over 148,716 files on XFS) and one
+/// [`Relaid`] a file shared until it ends.
+#[derive(Default)]
+struct Waiting {
+    /// The directories of the sources, each once, by path.
+    dirs: HashMap<PathBuf, u32>,
+    /// The same directories, by their place in `dirs`.
+    dir_paths: Vec<PathBuf>,
+    /// The sources' file names, one after the other.
+    names: Vec<u8>,
+    /// Each group's source: its directory in `dir_paths`, the end of its
+    /// name in `names` (it starts where the previous one ends), its stamp
+    /// as planned, and the fingerprint of the runs the plan mapped
+    /// (`None`: not mapped this run).
+    sources: Vec<(u32, usize, FileStamp, Option<u64>)>,
+    /// The source and the targets of each group, as they will be learnt
+    /// once the source's fingerprint is known: until then, `shared` is
+    /// the place of their source in `sources`.
+    files: Vec<Relaid>,
+}
+
+impl Waiting {
+    /// The path of the source at `at` in `sources`.
+    fn source(&self, at: usize) -> PathBuf {
+        let (dir, end, _, _) = self.sources[at];
+        let start = at.checked_sub(1).map_or(0, |p| self.sources[p].1);
+        let name = std::ffi::OsStr::from_bytes(&self.names[start..end]);
+        self.dir_paths[dir as usize].join(name)
+    }
 }
 
 impl Learn {
@@ -463,6 +509,80 @@ impl Learn {
             stamp,
             shared,
         })
+    }
+
+    /// Hold what group sharing `source` (device, inode, stamp as planned,
+    /// the plan's runs `runs`) taught of it and of its targets shared
+    /// whole (path, device, inode, stamp), until the source is mapped
+    /// again ([`Executor::flush_layouts`]).
+    fn await_source(
+        &self,
+        source: &Path,
+        (dev, ino, planned): (u64, u64, FileStamp),
+        runs: Option<u64>,
+        shared_whole: &[(&PathBuf, u64, u64, FileStamp)],
+    ) {
+        let (Some(dir), Some(name)) = (source.parent(), source.file_name()) else {
+            return;
+        };
+        let mut w = lock(&self.waiting);
+        let at = w.sources.len() as u64;
+        let before = w.files.len();
+        w.files.extend(
+            std::iter::once((source, dev, ino, planned))
+                .chain(
+                    shared_whole
+                        .iter()
+                        .map(|&(p, d, i, s)| (p.as_path(), d, i, s)),
+                )
+                .filter_map(|(p, d, i, s)| self.relaid(p, d, i, s, at)),
+        );
+        if w.files.len() == before {
+            return;
+        }
+        let dir = match w.dirs.get(dir) {
+            Some(&d) => d,
+            None => {
+                let d = w.dir_paths.len() as u32;
+                w.dirs.insert(dir.to_path_buf(), d);
+                w.dir_paths.push(dir.to_path_buf());
+                d
+            }
+        };
+        w.names.extend_from_slice(name.as_bytes());
+        let end = w.names.len();
+        w.sources.push((dir, end, planned, runs));
+    }
+}
+
+/// The fingerprint of the runs the source `path` shares every block on,
+/// mapped again now (see [`Learn`]), if it is still the file `planned`
+/// and those runs are the plan's (`runs`), or, where the plan did not map
+/// it, if it shares every block. `None` otherwise: nothing of its group
+/// is learnt.
+fn mapped_again(path: &Path, planned: FileStamp, runs: Option<u64>) -> Option<u64> {
+    let fd = open_read(path).ok()?;
+    let unchanged = |fd: &OwnedFd| {
+        cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| FileStamp::of(&id) == planned)
+    };
+    // Another program's dedupe moves a file's blocks and leaves its
+    // times, so the stamp alone cannot tell that the source still has the
+    // runs the plan mapped, which its targets took: where the plan
+    // mapped it, its runs must be the plan's (a move since changes
+    // them); where not, every block must be shared. One stamp check,
+    // after the map, covers the time before it too: a write moves the
+    // ctime before its data lands, and the ctime never comes back to the
+    // planned one.
+    let list = extents_fd(fd.as_fd(), false).ok()?;
+    let mut c = super::stages::Cand::default();
+    super::layout_facts(&list, &mut c);
+    if !unchanged(&fd) {
+        return None;
+    }
+    match (c.shared, runs) {
+        (_, Some(fp)) if c.runs == fp => Some(fp),
+        (Some(fp), None) if c.exclusive == 0 => Some(fp),
+        _ => None,
     }
 }
 
@@ -613,7 +733,7 @@ impl<'a> Executor<'a> {
             ix,
             dirs: Mutex::default(),
             runs: Mutex::default(),
-            held: Mutex::default(),
+            waiting: Mutex::default(),
         });
     }
 
@@ -625,15 +745,40 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Hand the layouts learnt to the index, which writes them at the
-    /// run's end (`Indexes::finish`).
+    /// Map each group's source again (in parallel, see [`Learn`]) and
+    /// hand the layouts learnt to the index, which writes them at the
+    /// run's end (`Indexes::finish`). A cancelled run does too, for what
+    /// it shared before the cancel (at most a few microseconds a group).
     pub(super) fn flush_layouts(&mut self) {
-        if let Some(learn) = &self.learn {
-            let held = std::mem::take(&mut *lock(&learn.held));
-            lock(&learn.runs).clear();
-            if !held.is_empty() {
-                learn.ix.relayout(held);
-            }
+        let Some(learn) = &self.learn else {
+            return;
+        };
+        let w = std::mem::take(&mut *lock(&learn.waiting));
+        lock(&learn.runs).clear();
+        if w.files.is_empty() {
+            return;
+        }
+        let map = || -> Vec<Option<u64>> {
+            (0..w.sources.len())
+                .into_par_iter()
+                .map(|at| {
+                    let (_, _, planned, runs) = w.sources[at];
+                    mapped_again(&w.source(at), planned, runs)
+                })
+                .collect()
+        };
+        let fps = match &self.pool {
+            Some(pool) => pool.install(map),
+            None => map(),
+        };
+        let held: Vec<Relaid> = (w.files.into_iter())
+            .filter_map(|r| {
+                let fp = fps[r.shared as usize]?;
+                Some(Relaid { shared: fp, ..r })
+            })
+            .collect();
+        if !held.is_empty() {
+            learn.ix.relayout(held);
         }
     }
 
@@ -1699,40 +1844,10 @@ fn dedupe_group(
         let runs = lock(&learn.runs).remove(&planned);
         if !shared_whole.is_empty() {
             // The source and the targets shared whole now share every
-            // block, on the source's runs (see `Learn`): learnt only if
-            // the source is still the file planned (a write to it moves
-            // its blocks, not the targets').
-            let unchanged = |fd: &OwnedFd| {
-                cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| FileStamp::of(&id) == planned)
-            };
-            // Mapped again after the group, then its stamp checked:
-            // another program's dedupe moves a file's blocks and leaves
-            // its times, so the stamp alone cannot tell that the source
-            // still has the runs the plan mapped, which its targets
-            // took. Where the plan mapped it, its runs must be the
-            // plan's (a move before or while the group was shared
-            // changes them); where not, every block must be shared. One
-            // check, after the map, covers the time before it too: a
-            // write moves the ctime before its data lands, and the
-            // ctime never comes back to the planned one.
-            let facts = extents_fd(src.as_fd(), false).ok().map(|list| {
-                let mut c = super::stages::Cand::default();
-                super::layout_facts(&list, &mut c);
-                (c.exclusive, c.shared, c.runs)
-            });
-            let still = unchanged(&src);
-            let shared = match (facts, runs) {
-                (Some((_, _, now)), Some(fp)) if still && now == fp => Some(fp),
-                (Some((0, Some(fp), _)), None) if still => Some(fp),
-                _ => None,
-            };
-            if let Some(fp) = shared {
-                let got: Vec<Relaid> = std::iter::once((&g.source, dev, src_ino, planned))
-                    .chain(shared_whole.iter().copied())
-                    .filter_map(|(p, d, ino, stamp)| learn.relaid(p, d, ino, stamp, fp))
-                    .collect();
-                lock(&learn.held).extend(got);
-            }
+            // block, on the source's runs (see `Learn`): learnt once the
+            // source, mapped again when the run ends, is found still the
+            // file planned on those runs.
+            learn.await_source(&g.source, (dev, src_ino, planned), runs, &shared_whole);
         }
     }
     report.targets_deduped += done;
