@@ -750,7 +750,8 @@ impl<'a> Executor<'a> {
     /// run's end (`Indexes::finish`). A cancelled run does too, for what
     /// it shared before the cancel (at most a few microseconds a group).
     pub(super) fn flush_layouts(&mut self) {
-        let Some(learn) = &self.learn else {
+        // Let go of the indexes: they are the caller's to finish.
+        let Some(learn) = self.learn.take() else {
             return;
         };
         let w = std::mem::take(&mut *lock(&learn.waiting));
@@ -1006,6 +1007,24 @@ impl<'a> Executor<'a> {
         lost.iter()
             .filter(|&(s, n)| self.split.get(*s) == Some(n))
             .count() as u64
+    }
+
+    /// Whether the filesystem of `path` is one whose space in use this
+    /// run measures (see [`Executor::finish`]): where it cannot be told,
+    /// it is taken to be.
+    pub(super) fn measures(&self, path: &Path) -> bool {
+        let dir = fs::OFlags::RDONLY | fs::OFlags::DIRECTORY | fs::OFlags::CLOEXEC;
+        let Ok(fd) = fs::open(path, dir, fs::Mode::empty()) else {
+            return true;
+        };
+        let key = match cowlink_sys::btrfs_fsid(fd.as_fd()) {
+            Ok(id) => FsKey::Btrfs(id),
+            Err(_) => match fs::fstat(&fd) {
+                Ok(st) => FsKey::Dev(st.st_dev),
+                Err(_) => return true,
+            },
+        };
+        lock(&self.fs.used_before).used.contains_key(&key)
     }
 
     /// Measure the space given back and close the run.

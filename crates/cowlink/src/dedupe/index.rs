@@ -1241,6 +1241,11 @@ impl Indexes {
         }
     }
 
+    /// The directory the indexes are kept in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The walk opened a directory, `fd`, on device `dev`, and will look
     /// at its files next. The first time a device is met, on Btrfs, as
     /// root (a tree search needs it), the filesystem is synced and

@@ -1068,8 +1068,7 @@ pub fn dedupe<P: AsRef<Path>>(
                 // as the executor learnt them, so the next run sees them
                 // shared and reads neither.
                 ex.flush_layouts();
-                let report = ex.finish();
-                Ok((plan, report))
+                Ok((plan, ex))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
                 // What was shared before the cancel, as it is now.
@@ -1081,21 +1080,49 @@ pub fn dedupe<P: AsRef<Path>>(
                     groups: handed,
                     ..DedupePlan::default()
                 };
-                Ok((plan, ex.finish()))
+                Ok((plan, ex))
             }
             Err(e) => Err(e),
         }
     });
-    // The layouts learnt while sharing are written now (see
-    // `Indexes::finish`): the report counts them.
-    let mut out = out;
-    if let Some(ix) = indexes {
-        let report = ix.finish();
-        if let Ok((plan, _)) = out.as_mut() {
-            plan.index = Some(report);
+    // The space in use measured at the end, and the layouts learnt while
+    // sharing written (see `Indexes::finish`): the report counts them.
+    match (out, indexes) {
+        (Ok((mut plan, ex)), Some(ix)) => {
+            let (report, index) = end_together(ex, ix);
+            plan.index = Some(index);
+            Ok((plan, report))
+        }
+        (Ok((plan, ex)), None) => Ok((plan, ex.finish())),
+        (Err(e), ix) => {
+            if let Some(ix) = ix {
+                ix.finish();
+            }
+            Err(e)
         }
     }
-    out
+}
+
+/// End a run: the executor's last measure of the space in use
+/// ([`execute::Executor::finish`], a `syncfs` of each filesystem shared
+/// on: on Btrfs, the commit that frees what was shared) and the indexes'
+/// last write ([`Indexes::finish`], and on a first run the index's
+/// rewrite), side by side where the index is kept on none of the
+/// filesystems measured (its writes would count as space in use
+/// there), else one after the other.
+fn end_together(ex: execute::Executor<'_>, ix: Arc<Indexes>) -> (DedupeReport, IndexReport) {
+    if !ex.measures(ix.dir()) {
+        return std::thread::scope(|s| {
+            let index = s.spawn(|| ix.finish());
+            let report = ex.finish();
+            let index = index
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (report, index)
+        });
+    }
+    let report = ex.finish();
+    (report, ix.finish())
 }
 
 /// A batch of groups handed to the executor, with its sources' runs.
