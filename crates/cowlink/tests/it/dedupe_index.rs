@@ -4061,19 +4061,8 @@ fn btrfs_a_filesystem_rolled_back_is_not_trusted_by_transaction() {
 fn btrfs_records_a_rolled_back_run_did_not_walk_are_not_trusted_later() {
     let d = testfs!(Xfs);
     let ix = tempfile::tempdir().unwrap();
-    let img = d.path().join("btrfs.img");
+    let img = new_btrfs_image(d.path());
     let copy = d.path().join("copy.img");
-    fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    let out = std::process::Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let mnt = d.path().join("m");
     // Transactions committed, each with a change of its own.
     let commits = |m: &Path, n: usize| {
