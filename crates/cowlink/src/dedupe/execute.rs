@@ -1019,8 +1019,8 @@ impl<'a> Executor<'a> {
         };
         let key = match cowlink_sys::btrfs_fsid(fd.as_fd()) {
             Ok(id) => FsKey::Btrfs(id),
-            Err(_) => match fs::fstat(&fd) {
-                Ok(st) => FsKey::Dev(st.st_dev),
+            Err(_) => match cowlink_sys::file_id(fd.as_fd()) {
+                Ok(id) => FsKey::Dev(id.dev),
                 Err(_) => return true,
             },
         };
