@@ -396,7 +396,10 @@ pub(super) struct Executor<'a> {
 /// still has those runs: another program's dedupe moves a file's blocks
 /// and leaves its times, and the targets then take the blocks it was
 /// moved to. A source the plan did not map this run (known from the
-/// index) must share every block. A file is learnt under the stamp it
+/// index) is mapped before any of its targets is shared, and checked
+/// against those runs the same way (only "every block shared" at the
+/// end would take a source moved onto another file's blocks after its
+/// group for the truth). A file is learnt under the stamp it
 /// was opened with, the one planned (checked again after the map for
 /// the source): sharing moves no time, so its index entry, written from
 /// the walk's identity, is its own, and a write since moved its ctime,
@@ -452,9 +455,8 @@ struct Waiting {
     names: Vec<u8>,
     /// Each group's source: its directory in `dir_paths`, the end of its
     /// name in `names` (it starts where the previous one ends), its stamp
-    /// as planned, and the fingerprint of the runs the plan mapped
-    /// (`None`: not mapped this run).
-    sources: Vec<(u32, usize, FileStamp, Option<u64>)>,
+    /// as planned, and the fingerprint of the runs its targets took.
+    sources: Vec<(u32, usize, FileStamp, u64)>,
     /// The source and the targets of each group, as they will be learnt
     /// once the source's fingerprint is known: until then, `shared` is
     /// the place of their source in `sources`.
@@ -519,7 +521,7 @@ impl Learn {
         &self,
         source: &Path,
         (dev, ino, planned): (u64, u64, FileStamp),
-        runs: Option<u64>,
+        runs: u64,
         shared_whole: &[(&PathBuf, u64, u64, FileStamp)],
     ) {
         let (Some(dir), Some(name)) = (source.parent(), source.file_name()) else {
@@ -555,35 +557,33 @@ impl Learn {
     }
 }
 
-/// The fingerprint of the runs the source `path` shares every block on,
-/// mapped again now (see [`Learn`]), if it is still the file `planned`
-/// and those runs are the plan's (`runs`), or, where the plan did not map
-/// it, if it shares every block. `None` otherwise: nothing of its group
-/// is learnt.
-fn mapped_again(path: &Path, planned: FileStamp, runs: Option<u64>) -> Option<u64> {
-    let fd = open_read(path).ok()?;
-    let unchanged = |fd: &OwnedFd| {
-        cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| FileStamp::of(&id) == planned)
+/// Whether the source `path`, mapped again now (see [`Learn`]), is
+/// still the file `planned` on the runs of fingerprint `runs`, the ones
+/// its targets took. If not, nothing of its group is learnt.
+fn mapped_again(path: &Path, planned: FileStamp, runs: u64) -> bool {
+    let Ok(fd) = open_read(path) else {
+        return false;
     };
     // Another program's dedupe moves a file's blocks and leaves its
     // times, so the stamp alone cannot tell that the source still has the
-    // runs the plan mapped, which its targets took: where the plan
-    // mapped it, its runs must be the plan's (a move since changes
-    // them); where not, every block must be shared. One stamp check,
-    // after the map, covers the time before it too: a write moves the
-    // ctime before its data lands, and the ctime never comes back to the
-    // planned one.
+    // runs its targets took: they must be the ones mapped before it was
+    // shared (by the plan, or by the executor for a source the plan did
+    // not map). Only "every block shared" would take a source moved
+    // onto another file's blocks after its group for the truth. One stamp
+    // check, after the map, covers the time before it too: a write moves
+    // the ctime before its data lands, and the ctime never comes back to
+    // the planned one.
+    runs_of(&fd) == Some(runs)
+        && cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| FileStamp::of(&id) == planned)
+}
+
+/// The fingerprint of the runs of the open file `fd` ([`super::stages::Cand::runs`]),
+/// where it can be mapped and every extent has its blocks.
+fn runs_of(fd: &OwnedFd) -> Option<u64> {
     let list = extents_fd(fd.as_fd(), false).ok()?;
     let mut c = super::stages::Cand::default();
     super::layout_facts(&list, &mut c);
-    if !unchanged(&fd) {
-        return None;
-    }
-    match (c.shared, runs) {
-        (_, Some(fp)) if c.runs == fp => Some(fp),
-        (Some(fp), None) if c.exclusive == 0 => Some(fp),
-        _ => None,
-    }
+    (c.runs != 0).then_some(c.runs)
 }
 
 /// Per filesystem (device), shared by the groups running in parallel.
@@ -764,7 +764,7 @@ impl<'a> Executor<'a> {
                 .into_par_iter()
                 .map(|at| {
                     let (_, _, planned, runs) = w.sources[at];
-                    mapped_again(&w.source(at), planned, runs)
+                    mapped_again(&w.source(at), planned, runs).then_some(runs)
                 })
                 .collect()
         };
@@ -1651,6 +1651,17 @@ fn dedupe_group(
         }
     };
     measure_once(fs, dev, &src);
+    // With an index: the runs the targets will take. The plan's, or, for
+    // a source the plan did not map (known from the index), mapped now,
+    // before any target is shared: checked against the source's runs
+    // when the run ends (see `Learn`), like the plan's.
+    let runs = match (learn, g.source_stamp) {
+        (Some(learn), Some(planned)) => {
+            let planned_runs = lock(&learn.runs).remove(&planned);
+            planned_runs.or_else(|| runs_of(&src))
+        }
+        _ => None,
+    };
     // With an index: marked before anything of its filesystem is shared
     // (see `Indexes::sharing`).
     if let Some(learn) = learn {
@@ -1859,8 +1870,7 @@ fn dedupe_group(
             );
         }
     }
-    if let (Some(learn), Some(planned)) = (learn, g.source_stamp) {
-        let runs = lock(&learn.runs).remove(&planned);
+    if let (Some(learn), Some(planned), Some(runs)) = (learn, g.source_stamp, runs) {
         if !shared_whole.is_empty() {
             // The source and the targets shared whole now share every
             // block, on the source's runs (see `Learn`): learnt once the
