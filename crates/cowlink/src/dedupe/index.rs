@@ -127,6 +127,10 @@
 //! bounded number of decoded records ([`CACHED_ENTRIES`]), and redb's
 //! cache is small: a run reads each record once.
 //!
+//! An index directory inside the tree being deduplicated is fine: the
+//! walk leaves the index's own files there alone (they are written while
+//! the run reads), and walks the rest (`Indexes::own_file`).
+//!
 //! A lock file `<key>.lock` next to the database (`flock`, exclusive,
 //! holding the holder's pid and command line) keeps two runs from using
 //! one index at once; a run that finds it held goes on without the index
@@ -1003,6 +1007,10 @@ impl FsIndex {
 /// The indexes of one run, one per filesystem met, opened on first use.
 pub(super) struct Indexes {
     dir: PathBuf,
+    /// The directory's (device, inode), made if missing (`None`: it
+    /// could not be made or examined): the walk leaves the index's own
+    /// files alone ([`Indexes::own_file`]).
+    dir_id: Option<(u64, u64)>,
     by_dev: RwLock<HashMap<u64, Option<Arc<FsIndex>>>>,
     notes: Mutex<Vec<String>>,
     written: AtomicU64,
@@ -1229,8 +1237,14 @@ fn of_key<C: Change>(changes: &[C], at: impl Fn((u64, u64, u64)) -> std::cmp::Or
 impl Indexes {
     /// Indexes kept under `dir` (created when first needed).
     pub fn new(dir: &Path) -> Indexes {
+        // Made now, not when the walk first needs an index, so that a
+        // directory inside the tree walked is known before the walk
+        // reaches it. A failure is reported when an index is opened.
+        let _ = std::fs::create_dir_all(dir);
+        let dir_id = cowlink_sys::stat(dir).ok().map(|st| (st.st_dev, st.st_ino));
         Indexes {
             dir: dir.to_path_buf(),
+            dir_id,
             by_dev: RwLock::default(),
             notes: Mutex::default(),
             written: AtomicU64::new(0),
@@ -1244,6 +1258,19 @@ impl Indexes {
     /// The directory the indexes are kept in.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether `name`, in the directory of (device, inode) `dir`, is one
+    /// of the index's own files (a database, its lock, a rewrite's copy,
+    /// the mark of a run that shared behind another's index). An index
+    /// kept inside the tree being deduplicated is written while the run
+    /// reads it: the walk leaves these alone, and only these (a user's
+    /// own files beside them are walked).
+    pub fn own_file(&self, dir: (u64, u64), name: &std::ffi::OsStr) -> bool {
+        self.dir_id == Some(dir)
+            && [".redb", ".lock", ".redb.new", ".moved"]
+                .iter()
+                .any(|ext| name.as_bytes().ends_with(ext.as_bytes()))
     }
 
     /// The walk opened a directory, `fd`, on device `dev`, and will look

@@ -564,7 +564,7 @@ impl Collect {
         if e.file_type.is_some_and(|t| t != FileType::RegularFile) {
             return;
         }
-        if self.excluded(e.root, &e.path) {
+        if self.excluded(e.root, &e.path) || self.index_own(&e) {
             return;
         }
         // On Btrfs, as root, a file of an indexed directory is known by
@@ -801,6 +801,21 @@ impl Collect {
         }
         let p = fs.proof(dir, e.dirfd, dev);
         Some((fs, dir, dev, p))
+    }
+
+    /// Whether the entry is one of the index's own files, in the index's
+    /// directory inside the tree walked ([`Indexes::own_file`]).
+    fn index_own(&self, e: &Entry<'_>) -> bool {
+        let (Some(ix), Some(d), Some(name)) = (&self.indexes, e.dir, e.path.file_name()) else {
+            return false;
+        };
+        let key = self
+            .dir_keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(d.id)
+            .copied();
+        key.is_some_and(|k| ix.own_file(k, name))
     }
 
     /// Whether `path` (below walk root `root`) is excluded by its own name

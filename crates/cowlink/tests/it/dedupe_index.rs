@@ -4217,3 +4217,54 @@ fn btrfs_a_subvolume_id_given_again_to_a_snapshot_is_not_trusted_by_transaction(
     assert_eq!(index_of(&p).unchanged, 0, "{p:?}");
     assert_eq!(p.groups_found, 1, "{p:?} {r:?}");
 }
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn an_index_kept_inside_the_tree_leaves_its_own_files_out_and_the_users_in() {
+    let d = testfs!(Xfs);
+    let root = d.path().join("t");
+    let ix = root.join("state").join("index");
+    for i in 0..200u64 {
+        let sub = root.join(format!("d{}", i % 10));
+        fs::create_dir_all(&sub).unwrap();
+        fs::write(sub.join(format!("f{i}")), data(20_000, i % 50)).unwrap();
+    }
+    // A file of the user's own beside the index's, with a copy elsewhere.
+    fs::create_dir_all(&ix).unwrap();
+    let mine = data(70_000, 999);
+    fs::write(ix.join("notes"), &mine).unwrap();
+    fs::write(root.join("notes-copy"), &mine).unwrap();
+    sync(&root);
+    for round in 0..3 {
+        let (p, r) = run(&root, &ix);
+        // The index's database, its lock and any copy are never walked:
+        // they would be read while this run writes them.
+        assert_eq!(p.files_scanned, 202, "round {round}: {:?}", p.index);
+        for g in &p.groups {
+            for f in std::iter::once(&g.source).chain(&g.targets) {
+                assert!(
+                    !f.starts_with(&ix) || f.ends_with("notes"),
+                    "round {round}: the index's own {f:?} was grouped"
+                );
+            }
+        }
+        assert!(!r.cancelled);
+        if round > 0 {
+            assert_eq!(index_of(&p).written, 0, "round {round}: {p:?}");
+        }
+    }
+    assert!(index_file_in(&ix).exists());
+    assert!(same_blocks(&ix.join("notes"), &root.join("notes-copy")));
+    assert_shared_iff_equal(&root);
+}
+
+/// The one database in the index directory `ix`.
+fn index_file_in(ix: &Path) -> PathBuf {
+    let mut dbs: Vec<PathBuf> = fs::read_dir(ix)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "redb"))
+        .collect();
+    assert_eq!(dbs.len(), 1, "{dbs:?}");
+    dbs.remove(0)
+}
