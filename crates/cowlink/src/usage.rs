@@ -312,7 +312,7 @@ impl Collector {
             ) {
                 Ok(fd) => match cowlink_sys::fstat(&fd) {
                     Ok(st) => (st, Some(fd)),
-                    Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
+                    Err(err) => return self.error(Error::from_errno(op, err).with_src(e.path())),
                 },
                 // A symlink, or a FIFO/socket found by an unknown d_type, or
                 // a file we may not open: stat it for its sizes.
@@ -320,20 +320,20 @@ impl Collector {
                     match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
                         Ok(st) if cowlink_sys::file_type(st.st_mode) == FileType::RegularFile => {
                             return self
-                                .error(Error::from_errno(op, Errno::ACCESS).with_src(&e.path))
+                                .error(Error::from_errno(op, Errno::ACCESS).with_src(e.path()))
                         }
                         Ok(st) => (st, None),
                         Err(err) => {
-                            return self.error(Error::from_errno(op, err).with_src(&e.path))
+                            return self.error(Error::from_errno(op, err).with_src(e.path()))
                         }
                     }
                 }
-                Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
+                Err(err) => return self.error(Error::from_errno(op, err).with_src(e.path())),
             }
         } else {
             match cowlink_sys::statat(e.dirfd, e.name, fs::AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => (st, None),
-                Err(err) => return self.error(Error::from_errno(op, err).with_src(&e.path)),
+                Err(err) => return self.error(Error::from_errno(op, err).with_src(e.path())),
             }
         };
         let kind = cowlink_sys::file_type(st.st_mode);
@@ -342,7 +342,7 @@ impl Collector {
             dir: e.dir.map(|d| d.id),
             root: e.root,
             key: (st.st_dev, st.st_ino),
-            path: (st.st_nlink > 1).then(|| e.path.clone()),
+            path: (st.st_nlink > 1).then(|| e.path()),
             regular: kind == FileType::RegularFile,
             mapped: true,
             apparent: if counts_size { st.st_size as u64 } else { 0 },
@@ -406,7 +406,7 @@ impl Collector {
                         first
                     };
                     if first {
-                        self.error(fiemap_error(&e.path, err));
+                        self.error(fiemap_error(&e.path(), err));
                     }
                 }
             }

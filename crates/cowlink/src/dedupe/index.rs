@@ -1260,17 +1260,18 @@ impl Indexes {
         &self.dir
     }
 
-    /// Whether `name`, in the directory of (device, inode) `dir`, is one
+    /// Whether `name`, in the directory of (device, inode) `dir()`, is one
     /// of the index's own files (a database, its lock, a rewrite's copy,
     /// the mark of a run that shared behind another's index). An index
     /// kept inside the tree being deduplicated is written while the run
     /// reads it: the walk leaves these alone, and only these (a user's
     /// own files beside them are walked).
-    pub fn own_file(&self, dir: (u64, u64), name: &std::ffi::OsStr) -> bool {
-        self.dir_id == Some(dir)
-            && [".redb", ".lock", ".redb.new", ".moved"]
-                .iter()
-                .any(|ext| name.as_bytes().ends_with(ext.as_bytes()))
+    pub fn own_file(&self, dir: impl FnOnce() -> Option<(u64, u64)>, name: &[u8]) -> bool {
+        [".redb", ".lock", ".redb.new", ".moved"]
+            .iter()
+            .any(|ext| name.ends_with(ext.as_bytes()))
+            && self.dir_id.is_some()
+            && dir() == self.dir_id
     }
 
     /// The walk opened a directory, `fd`, on device `dev`, and will look

@@ -564,7 +564,7 @@ impl Collect {
         if e.file_type.is_some_and(|t| t != FileType::RegularFile) {
             return;
         }
-        if self.excluded(e.root, &e.path) || self.index_own(&e) {
+        if (!self.exclude.is_empty() && self.excluded(e.root, &e.path())) || self.index_own(&e) {
             return;
         }
         // On Btrfs, as root, a file of an indexed directory is known by
@@ -617,7 +617,7 @@ impl Collect {
             None => match cowlink_sys::file_id_at(e.dirfd, e.name) {
                 Ok(st) => st,
                 Err(err) => {
-                    return self.error(Error::from_errno(Operation::Dedupe, err).with_src(&e.path))
+                    return self.error(Error::from_errno(Operation::Dedupe, err).with_src(e.path()))
                 }
             },
         };
@@ -743,7 +743,7 @@ impl Collect {
             c.hash = hit.hash;
             c.whole = hit.whole.map(Box::new);
             if c.inline {
-                return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
+                return self.set_aside(c, &e, held.as_ref());
             }
         }
         if size <= 2 * EDGE && !c.mapped {
@@ -757,11 +757,11 @@ impl Collect {
                 c.inline = true;
             } else if let Ok(fd) = open_read_at(e.dirfd, e.name) {
                 if !read_layout(fd.as_fd(), &mut c) {
-                    return self.error(changed_while_read(&e.path));
+                    return self.error(changed_while_read(&e.path()));
                 }
             }
             if c.inline {
-                return self.set_aside(c, e.path, e.dir.map(|d| d.id), held.as_ref());
+                return self.set_aside(c, &e, held.as_ref());
             }
         }
         let known = !refresh && held.is_some_and(|h| entry_of(&c) == h);
@@ -772,7 +772,7 @@ impl Collect {
                 names.met(d.id, known);
                 names.push(Some(d.id), OsStr::from_bytes(e.name.to_bytes()))
             }
-            None => names.push(None, e.path.as_os_str()),
+            None => names.push(None, e.path().as_os_str()),
         };
         files.push(c);
     }
@@ -806,16 +806,14 @@ impl Collect {
     /// Whether the entry is one of the index's own files, in the index's
     /// directory inside the tree walked ([`Indexes::own_file`]).
     fn index_own(&self, e: &Entry<'_>) -> bool {
-        let (Some(ix), Some(d), Some(name)) = (&self.indexes, e.dir, e.path.file_name()) else {
+        let (Some(ix), Some(d)) = (&self.indexes, e.dir) else {
             return false;
         };
-        let key = self
-            .dir_keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(d.id)
-            .copied();
-        key.is_some_and(|k| ix.own_file(k, name))
+        let key = || {
+            let keys = self.dir_keys.read().unwrap_or_else(|e| e.into_inner());
+            keys.get(d.id).copied()
+        };
+        ix.own_file(key, e.name.to_bytes())
     }
 
     /// Whether `path` (below walk root `root`) is excluded by its own name
@@ -829,11 +827,12 @@ impl Collect {
             .is_ok_and(|rel| !rel.as_os_str().is_empty() && self.exclude.excludes_entry(rel))
     }
 
-    /// Keep an inline file apart, without its name (unless `path` is its
-    /// device's shortest yet). With an index, it is counted as met in its
-    /// directory `dir` (the walk's id), `known` if the index held it
-    /// (`held`) as it is.
-    fn set_aside(&self, c: Cand, path: PathBuf, dir: Option<usize>, held: Option<&IndexEntry>) {
+    /// Keep an inline file apart, without its name (unless its path is
+    /// its device's shortest yet). With an index, it is counted as met in
+    /// its entry's directory, `known` if the index held it (`held`) as it
+    /// is.
+    fn set_aside(&self, c: Cand, e: &Entry<'_>, held: Option<&IndexEntry>) {
+        let dir = e.dir.map(|d| d.id);
         // (A file on another device than its directory is not indexed.)
         let same_dev = |dir: usize| {
             let keys = self.dir_keys.read().unwrap_or_else(|e| e.into_inner());
@@ -862,10 +861,10 @@ impl Collect {
             size: c.size,
         });
         match aside.shortest.get_mut(&c.dev) {
-            Some(p) if p.as_os_str().len() <= path.as_os_str().len() => {}
-            Some(p) => *p = path,
+            Some(p) if p.as_os_str().len() <= e.path_len() => {}
+            Some(p) => *p = e.path(),
             None => {
-                aside.shortest.insert(c.dev, path);
+                aside.shortest.insert(c.dev, e.path());
             }
         }
     }

@@ -94,8 +94,8 @@ impl TreeIngest<'_> {
             .push(e);
     }
 
-    fn file(&self, e: &Entry<'_>) -> Result<EntryKind> {
-        let err = |x: Errno| store_err(&e.path, x);
+    fn file(&self, e: &Entry<'_>, path: &Path) -> Result<EntryKind> {
+        let err = |x: Errno| store_err(path, x);
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let fd = match fs::openat(
             e.dirfd,
@@ -108,7 +108,7 @@ impl TreeIngest<'_> {
         }
         .map_err(err)?;
         let st = cowlink_sys::fstat(&fd).map_err(err)?;
-        let added = self.store.ingest(fd.as_fd(), &st, &e.path, false)?;
+        let added = self.store.ingest(fd.as_fd(), &st, path, false)?;
         if added.new {
             self.new_objects.fetch_add(1, Ordering::Relaxed);
         }
@@ -127,7 +127,8 @@ impl TreeIngest<'_> {
 impl TreeIngest<'_> {
     /// Record one entry of the walk.
     fn take(&self, e: Entry<'_>) {
-        let rel = match self.rel(&e.path) {
+        let path = e.path();
+        let rel = match self.rel(&path) {
             Ok(r) => r,
             Err(err) => return self.fail(err),
         };
@@ -135,17 +136,17 @@ impl TreeIngest<'_> {
             Some(t) => t,
             None => match cowlink_sys::statat(e.dirfd, e.name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => cowlink_sys::file_type(st.st_mode),
-                Err(x) => return self.fail(store_err(&e.path, x)),
+                Err(x) => return self.fail(store_err(&path, x)),
             },
         };
         let kind = match ft {
-            FileType::RegularFile => self.file(&e),
+            FileType::RegularFile => self.file(&e, &path),
             FileType::Symlink => fs::readlinkat(e.dirfd, e.name, Vec::new())
-                .map_err(|x| store_err(&e.path, x))
+                .map_err(|x| store_err(&path, x))
                 .and_then(|t| {
                     t.into_string().map_err(|_| {
                         Error::new(Operation::Store, ErrorKind::InvalidInput)
-                            .with_src(&e.path)
+                            .with_src(&path)
                             .with_reason(
                                 "the link's target is not valid UTF-8, which manifests cannot hold",
                             )
@@ -153,7 +154,7 @@ impl TreeIngest<'_> {
                 })
                 .map(|target| EntryKind::Symlink { target }),
             other => Err(Error::new(Operation::Store, ErrorKind::NotRegularFile)
-                .with_src(&e.path)
+                .with_src(&path)
                 .with_reason(format!(
                     "{} cannot be stored (only files, directories and symbolic links)",
                     crate::prim::files::file_type_name(cowlink_sys::file_type_bits(other))

@@ -52,14 +52,43 @@ pub(crate) struct Entry<'a> {
     pub dirfd: BorrowedFd<'a>,
     /// The name inside `dirfd`.
     pub name: &'a std::ffi::CStr,
-    /// The full path, for reports.
-    pub path: PathBuf,
+    /// The walk root's own path, when the entry is a walk root (else
+    /// the path is its directory's joined with `name`: see
+    /// [`Entry::path`]).
+    root_path: Option<&'a Path>,
     /// The type from the directory entry, when the filesystem gave one.
     pub file_type: Option<FileType>,
     /// The inode number from the directory entry (`d_ino`; `None` for a
     /// walk root). The file's own but where something is mounted on the
     /// name: only a `stat` of the name is sure.
     pub ino: Option<u64>,
+}
+
+impl Entry<'_> {
+    /// The full path, for reports and for names kept. Built when asked:
+    /// most entries of a large walk never need theirs (a rerun of
+    /// dedupe keeps a directory and a name), and a path per entry was an
+    /// allocation and a copy per file.
+    pub fn path(&self) -> PathBuf {
+        match (self.dir, self.root_path) {
+            (Some(d), _) => d.path.join(OsStr::from_bytes(self.name.to_bytes())),
+            (None, Some(p)) => p.to_path_buf(),
+            (None, None) => PathBuf::from(OsStr::from_bytes(self.name.to_bytes())),
+        }
+    }
+
+    /// The length in bytes of [`Entry::path`], without building it.
+    pub fn path_len(&self) -> usize {
+        match (self.dir, self.root_path) {
+            (Some(d), _) => {
+                let dir = d.path.as_os_str().len();
+                let sep = usize::from(dir > 0 && !d.path.as_os_str().as_bytes().ends_with(b"/"));
+                dir + sep + self.name.to_bytes().len()
+            }
+            (None, Some(p)) => p.as_os_str().len(),
+            (None, None) => self.name.to_bytes().len(),
+        }
+    }
 }
 
 /// What the walk reports to.
@@ -185,7 +214,7 @@ impl pool::Driver for Walk<'_> {
                     root,
                     dirfd: dirfd.as_fd(),
                     name: &name,
-                    path: path.to_path_buf(),
+                    root_path: Some(path),
                     file_type: Some(cowlink_sys::file_type(st.st_mode)),
                     ino: None,
                 }),
@@ -241,7 +270,7 @@ impl pool::Driver for Walk<'_> {
             root: dir.info.root,
             dirfd: dir.fd.as_fd(),
             name,
-            path: dir.info.path.join(OsStr::from_bytes(name.to_bytes())),
+            root_path: None,
             file_type: (ft != FileType::Unknown).then_some(ft),
             ino: Some(ino),
         });
