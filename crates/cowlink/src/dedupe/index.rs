@@ -147,7 +147,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -613,6 +613,25 @@ pub(super) fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// [`absolute`], as bytes, borrowed where `path` is absolute already and
+/// has nothing to make plain (no `.` component, no repeated or trailing
+/// separator): the walk's paths below an absolute root, in a rerun's
+/// check of every directory met.
+pub(super) fn absolute_bytes(path: &Path) -> std::borrow::Cow<'_, [u8]> {
+    let b = path.as_os_str().as_bytes();
+    let plain = b.len() > 1
+        && b[0] == b'/'
+        && b[1] != b'/'
+        && !b.ends_with(b"/")
+        && !b.ends_with(b"/.")
+        && !b.windows(2).any(|w| w == b"//")
+        && !b.windows(3).any(|w| w == b"/./");
+    match plain {
+        true => std::borrow::Cow::Borrowed(b),
+        false => std::borrow::Cow::Owned(absolute(path).into_os_string().into_vec()),
+    }
+}
+
 /// The index of one filesystem, open and locked for a run.
 pub(super) struct FsIndex {
     file: PathBuf,
@@ -988,8 +1007,25 @@ impl FsIndex {
         if let Some(r) = st.touch(dir) {
             return Some(r);
         }
-        st.keep(dir, rec.clone());
+        // An empty record (a directory of subdirectories only) is not
+        // kept: it spares no read, and the cache is bounded by the
+        // entries it holds, which such records would not count.
+        if !rec.files.is_empty() {
+            st.keep(dir, rec.clone());
+        }
         Some(rec)
+    }
+
+    /// The walk entered directory `dir`: its record is looked up now,
+    /// whether or not a file of it is looked up later, so that the end of
+    /// the walk knows a directory with no candidate as stored unchanged
+    /// ([`Indexes::stored_as`]) instead of reading its record again to
+    /// rebuild it (3,052 of 9,961 directories of three copies of
+    /// `/usr/share`).
+    pub fn entered(&self, dir: u64) {
+        if !self.broken.load(Ordering::Relaxed) {
+            let _ = self.record(dir);
+        }
     }
 
     /// Whether records may be left of directories the run did not meet:
@@ -1335,14 +1371,22 @@ impl Indexes {
     /// [`FsIndex::read`]) and of the records decoded for it.
     pub fn walked(&self) {
         let map = self.by_dev.read().unwrap_or_else(|e| e.into_inner());
+        let mut old = Vec::new();
         for ix in map.values().flatten() {
             *ix.read.write().unwrap_or_else(|e| e.into_inner()) = None;
             let mut st = lock(&ix.state);
-            st.cache = HashMap::new();
-            st.by_use = BTreeMap::new();
+            old.push((
+                std::mem::take(&mut st.cache),
+                std::mem::take(&mut st.by_use),
+                std::mem::take(&mut st.proofs),
+            ));
             st.cached = 0;
-            st.proofs = HashMap::new();
         }
+        // Freed on a thread of its own, beside the serial work that
+        // follows the walk: thousands of decoded records took 9-12 ms
+        // to free, of an unchanged 480 ms rerun over 148,716 files.
+        // (Where no thread can be made, they are freed here.)
+        let _ = std::thread::Builder::new().spawn(move || drop(old));
     }
 
     /// End the run: write what was learnt after the walk

@@ -1196,6 +1196,55 @@ fn records_of_directories_removed_or_moved_out_are_pruned() {
     assert_eq!(index_of(&p).written, 0, "{p:?}");
 }
 
+/// A directory that keeps only its subdirectories (every file of its own
+/// removed) has its entries pruned; one with no files from the start is
+/// stored empty and left so; files put back into an emptied directory
+/// are read and shared.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn a_directory_emptied_of_files_is_pruned_and_its_new_files_read() {
+    let d = testfs!(Xfs);
+    let ix = tempfile::tempdir().unwrap();
+    let root = d.path().join("t");
+    // `a` holds four files and a subdirectory; `only-dirs` none.
+    for (dir, n) in [("a", 4u64), ("a/sub", 2), ("b", 4), ("only-dirs/x/y", 1)] {
+        fs::create_dir_all(root.join(dir)).unwrap();
+        for i in 0..n {
+            write_file(&root.join(dir).join(format!("f{i}")), &data(30_000, i));
+        }
+    }
+    run(&root, ix.path());
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
+    let file = index_file(&p);
+    let (before, _) = cowlink::dedupe::index::stats(&file).unwrap();
+    assert_eq!(before, 11);
+    for i in 0..4 {
+        fs::remove_file(root.join(format!("a/f{i}"))).unwrap();
+    }
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).pruned, 4, "{p:?}");
+    assert_eq!(cowlink::dedupe::index::stats(&file).unwrap().0, before - 4);
+    let (p, _) = run(&root, ix.path());
+    assert_eq!(index_of(&p).pruned, 0, "{p:?}");
+    assert_eq!(index_of(&p).written, 0, "{p:?}");
+    // Files back in `a`, equal to `b`'s: read, and shared with them.
+    for i in 0..4 {
+        write_file(&root.join(format!("a/f{i}")), &data(30_000, i));
+    }
+    let (p, r) = run(&root, ix.path());
+    assert!(index_of(&p).written >= 4, "{p:?}");
+    assert_eq!(r.targets_deduped, 4, "{r:?}");
+    for i in 0..4 {
+        let f = format!("f{i}");
+        assert!(same_blocks(
+            &root.join("a").join(&f),
+            &root.join("b").join(&f)
+        ));
+    }
+    assert_shared_iff_equal(&root);
+}
+
 /// A file's blocks unshared without its identity moving (Btrfs rewrites
 /// a file's extents on a compressing defragment and leaves its ctime as
 /// it was): the index must not claim it still shares its partner's
