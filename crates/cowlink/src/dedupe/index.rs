@@ -1303,9 +1303,11 @@ impl Indexes {
     /// reads it: the walk leaves these alone, and only these (a user's
     /// own files beside them are walked).
     pub fn own_file(&self, dir: impl FnOnce() -> Option<(u64, u64)>, name: &[u8]) -> bool {
-        [".redb", ".lock", ".redb.new", ".moved"]
-            .iter()
-            .any(|ext| name.ends_with(ext.as_bytes()))
+        // (The last byte first: this is asked of every name walked.)
+        matches!(name.last(), Some(b'b' | b'k' | b'w' | b'd'))
+            && [".redb", ".lock", ".redb.new", ".moved"]
+                .iter()
+                .any(|ext| name.ends_with(ext.as_bytes()))
             && self.dir_id.is_some()
             && dir() == self.dir_id
     }
@@ -1488,11 +1490,6 @@ impl Indexes {
         lock(&self.notes).push(s);
     }
 
-    /// Write the records of the directories walked on device `dev`, as
-    /// `(directory inode, record)` (each record's entries sorted by
-    /// inode), in one transaction. A record equal to the stored one is
-    /// not written; entries the stored one had and the new one lacks
-    /// (files gone) count as pruned.
     /// Whether the record of directory `dir` on `dev`, as this run read
     /// it, has `files` entries and `path`: with every file the walk met
     /// there found unchanged in it, the record it would be rebuilt into
@@ -1529,6 +1526,11 @@ impl Indexes {
         }
     }
 
+    /// Write the records of the directories walked on device `dev`, as
+    /// `(directory inode, record)` (each record's entries sorted by
+    /// inode), in one transaction. A record equal to the stored one is
+    /// not written; entries the stored one had and the new one lacks
+    /// (files gone) count as pruned.
     pub fn put_dirs(&self, dev: u64, recs: impl Iterator<Item = (u64, Record)>) {
         let Some(ix) = self.opened(dev) else { return };
         if self.drop_broken(&ix) {

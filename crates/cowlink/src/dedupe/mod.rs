@@ -1341,17 +1341,12 @@ fn find<P: AsRef<Path>>(
     // Filesystems: refuse network clients and those that cannot dedupe.
     // Asked once per device, of its shortest path (a deep one may not fit
     // PATH_MAX, which the probe needs).
-    // (A candidate's path is built only when it is shorter than the one
-    // kept; the walk's candidates first, as they win a tie.)
+    // (The walk's candidates first, as they win a tie: one path built
+    // per device, `Names::shortest_per_device`.)
     let mut files = files;
-    let mut devices: HashMap<u64, PathBuf> = HashMap::new();
+    let mut devices = names.shortest_per_device(files.iter().map(|c| (c.dev, c.name)));
     let shorter =
         |kept: Option<&PathBuf>, len: usize| kept.is_none_or(|p| len < p.as_os_str().len());
-    for c in &files {
-        if shorter(devices.get(&c.dev), names.path_len(c.name)) {
-            devices.insert(c.dev, names.path(c.name));
-        }
-    }
     for (dev, path) in inline_names {
         if shorter(devices.get(&dev), path.as_os_str().len()) {
             devices.insert(dev, path);

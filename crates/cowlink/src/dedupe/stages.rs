@@ -178,6 +178,57 @@ impl Names {
         p
     }
 
+    /// Per device, the path of its shortest name among `names` (device,
+    /// name), the first met of equal ones. Names of one directory in a
+    /// row (the walk's order) share the directory's length, looked up
+    /// once: a lookup per name (into each directory's path) took 5 ms
+    /// over 148,716 names.
+    pub fn shortest_per_device(
+        &self,
+        names: impl Iterator<Item = (u64, Name)>,
+    ) -> HashMap<u64, PathBuf> {
+        let mut best: HashMap<u64, (usize, Name)> = HashMap::new();
+        let keep = |best: &mut HashMap<u64, (usize, Name)>, dev: u64, len: usize, n: Name| {
+            let e = best.entry(dev).or_insert((len, n));
+            if len < e.0 {
+                *e = (len, n);
+            }
+        };
+        // The directory of the last name and its part of the length; the
+        // shortest of the current run of one device.
+        let mut dir: Option<(u32, usize)> = None;
+        let mut run: Option<(u64, usize, Name)> = None;
+        for (dev, n) in names {
+            let dir_len = match dir {
+                Some((d, l)) if d == n.dir => l,
+                _ => {
+                    let l = self.path_len(n) - n.len as usize;
+                    dir = Some((n.dir, l));
+                    l
+                }
+            };
+            let len = dir_len + n.len as usize;
+            match &mut run {
+                Some(r) if r.0 == dev => {
+                    if len < r.1 {
+                        *r = (dev, len, n);
+                    }
+                }
+                _ => {
+                    if let Some((d, l, m)) = run.replace((dev, len, n)) {
+                        keep(&mut best, d, l, m);
+                    }
+                }
+            }
+        }
+        if let Some((d, l, m)) = run {
+            keep(&mut best, d, l, m);
+        }
+        best.into_iter()
+            .map(|(d, (_, n))| (d, self.path(n)))
+            .collect()
+    }
+
     /// The length in bytes of the whole path (a separator is added only
     /// where the directory's path does not end in one, as `push` does).
     pub fn path_len(&self, n: Name) -> usize {
@@ -910,6 +961,48 @@ mod tests {
             .iter()
             .map(|c| path(c.name))
             .collect()
+    }
+
+    /// `shortest_per_device` against the plain rule (the first shortest
+    /// whole path per device), over random names in random runs of
+    /// directories and devices, roots among them.
+    #[test]
+    fn the_shortest_name_per_device_is_the_first_shortest_path() {
+        for seed in 0..200u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut n = Names::default();
+            let dirs = ["/a", "/a/bb", "/r/", "/ccc/d/e", "./x"];
+            for (i, d) in dirs.iter().enumerate() {
+                n.dir(i, Path::new(d), 1, i as u64);
+            }
+            let mut list = Vec::new();
+            for _ in 0..rng.usize(1..60) {
+                let dev = rng.u64(1..4);
+                let name = "n".repeat(rng.usize(1..6));
+                let name = match rng.u8(..8) {
+                    0 => n.push(None, OsStr::new(&format!("/z/{name}"))),
+                    _ => n.push(Some(rng.usize(..dirs.len())), OsStr::new(&name)),
+                };
+                for _ in 0..rng.usize(1..4) {
+                    list.push((dev, name));
+                }
+            }
+            let mut want: HashMap<u64, PathBuf> = HashMap::new();
+            for &(dev, name) in &list {
+                let p = n.path(name);
+                if want
+                    .get(&dev)
+                    .is_none_or(|w| p.as_os_str().len() < w.as_os_str().len())
+                {
+                    want.insert(dev, p);
+                }
+            }
+            assert_eq!(
+                n.shortest_per_device(list.iter().copied()),
+                want,
+                "seed {seed}"
+            );
+        }
     }
 
     #[test]
