@@ -935,3 +935,56 @@ fn a_signal_at_any_point_of_a_first_run_leaves_no_claim_a_trusting_run_keeps() {
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
+
+/// Paths as users give them: one that is not UTF-8 with an index (the
+/// index's lock file names the command line: it once panicked there),
+/// bare file names in the working directory (their directory is `.`,
+/// not the empty path), and the index's own database named as a path
+/// (left alone, as inside a walked directory).
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn odd_paths_an_index_database_given_as_a_path_and_bare_names() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = testfs!(Xfs);
+    let ix = d.path().join("ix");
+    let bad = d.path().join(std::ffi::OsStr::from_bytes(b"bad\xff\nname"));
+    std::fs::create_dir_all(&bad).unwrap();
+    let bytes = data(70_000, 7);
+    write_file(&bad.join("a"), &bytes);
+    write_file(&bad.join("b"), &bytes);
+    let v = json(&dedupe(&ix, &bad));
+    assert_eq!(v["result"]["targets_deduped"], 1, "{v}");
+    assert!(same_blocks(&bad.join("a"), &bad.join("b")));
+
+    let db = std::fs::read_dir(&ix)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "redb"))
+        .expect("an index database");
+    let copy = d.path().join("copy.redb");
+    std::fs::write(&copy, std::fs::read(&db).unwrap()).unwrap();
+    let out = bin()
+        .args(["dedupe", "--json", "--index"])
+        .arg(&ix)
+        .arg(&db)
+        .arg(&copy)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(v["plan"]["files_scanned"], 3, "{v}");
+    assert!(!same_blocks(&db, &copy), "the index's database was shared");
+
+    let here = d.path().join("here");
+    std::fs::create_dir_all(&here).unwrap();
+    write_file(&here.join("x"), &bytes);
+    write_file(&here.join("y"), &bytes);
+    let out = bin()
+        .current_dir(&here)
+        .args(["dedupe", "--json", "--no-index", "x", "y"])
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(v["result"]["targets_deduped"], 1, "{v}");
+    assert!(same_blocks(&here.join("x"), &here.join("y")));
+}

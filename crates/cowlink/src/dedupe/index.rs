@@ -2407,7 +2407,12 @@ fn fs_key(dev: u64, fd: BorrowedFd<'_>) -> String {
 
 /// This process's command line, for the lock file (empty if unknown).
 fn command_line() -> String {
-    std::env::args().collect::<Vec<_>>().join(" ")
+    // `args_os`: `args` panics on an argument that is not UTF-8 (a path
+    // may be any bytes); shown lossily, as it is only for people.
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Read-only statistics of an index file, for tests and benchmarks:

@@ -804,14 +804,21 @@ impl Collect {
     }
 
     /// Whether the entry is one of the index's own files, in the index's
-    /// directory inside the tree walked ([`Indexes::own_file`]).
+    /// directory inside the tree walked or given as a path itself
+    /// ([`Indexes::own_file`]).
     fn index_own(&self, e: &Entry<'_>) -> bool {
-        let (Some(ix), Some(d)) = (&self.indexes, e.dir) else {
+        let Some(ix) = &self.indexes else {
             return false;
         };
-        let key = || {
-            let keys = self.dir_keys.read().unwrap_or_else(|e| e.into_inner());
-            keys.get(d.id).copied()
+        let key = || match e.dir {
+            Some(d) => {
+                let keys = self.dir_keys.read().unwrap_or_else(|e| e.into_inner());
+                keys.get(d.id).copied()
+            }
+            // A file given as a path: its directory, open beside it.
+            None => cowlink_sys::fstat(e.dirfd)
+                .ok()
+                .map(|st| (st.st_dev, st.st_ino)),
         };
         ix.own_file(key, e.name.to_bytes())
     }
@@ -2031,7 +2038,11 @@ fn changed_while_read(path: &Path) -> Error {
 /// client, and the kernel's trial dedupe there works.
 fn can_dedupe(path: &Path) -> Result<()> {
     let op = Operation::Dedupe;
-    let dir = path.parent().unwrap_or(Path::new("."));
+    // (A bare name's parent is the empty path: the working directory.)
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
     let kind = FsKind::of_path(dir).map_err(|e| Error::from_errno(op, e).with_src(dir))?;
     if kind.is_network_client() {
         return Err(Error::new(op, ErrorKind::NotSupported).with_src(dir).with_reason(format!(
