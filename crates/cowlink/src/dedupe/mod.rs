@@ -1769,10 +1769,12 @@ fn record_walk(
         .map(|(id, _, _)| *id)
         .collect();
     // (An index past the candidates is an inline file's.)
-    let none = wanted.is_empty();
-    let mut order: Vec<(u64, u64, u64, u32)> = files
+    let (cands, inl): (&[Cand], &[InlineSeen]) = match wanted.is_empty() {
+        true => (&[], &[]),
+        false => (files, inline),
+    };
+    let mut order: Vec<(u64, u64, u64, u32)> = cands
         .iter()
-        .take(if none { 0 } else { usize::MAX })
         .enumerate()
         .filter_map(|(i, c)| {
             let key = names.dir_key(c.name)?;
@@ -1780,18 +1782,12 @@ fn record_walk(
                 .contains(&key)
                 .then_some((key.0, key.1, c.ino, i as u32))
         })
-        .chain(
-            inline
-                .iter()
-                .take(if none { 0 } else { usize::MAX })
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let key = names.dir_key_of(s.dir)?;
-                    wanted
-                        .contains(&key)
-                        .then_some((key.0, key.1, s.ino, (files.len() + i) as u32))
-                }),
-        )
+        .chain(inl.iter().enumerate().filter_map(|(i, s)| {
+            let key = names.dir_key_of(s.dir)?;
+            wanted
+                .contains(&key)
+                .then_some((key.0, key.1, s.ino, (files.len() + i) as u32))
+        }))
         .collect();
     drop(wanted);
     order.sort_unstable();
