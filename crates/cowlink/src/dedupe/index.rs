@@ -156,7 +156,7 @@ use redb::{Database, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableD
 use rustix::fd::{AsFd, BorrowedFd};
 use rustix::fs::{self, FlockOperation};
 
-use super::FileStamp;
+use super::{stages, FileStamp};
 use crate::ground::lock;
 
 /// The records' format. An index of another format is rebuilt. 2: table
@@ -472,6 +472,23 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// An inode number's mark for [`Indexes::stored_as`]: a mix of it with
+/// a key drawn once per process, so that no set of inode numbers is
+/// chosen to make two sums meet.
+pub(super) fn ino_mark(ino: u64) -> u64 {
+    static KEY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let key = *KEY.get_or_init(|| {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(0x0063_6f77_6c69_6e6b_u64)
+    });
+    // splitmix64's finaliser: a bijection whose every input bit moves
+    // every output bit.
+    let mut z = ino ^ key;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// A directory's record: its absolute path (for pruning) and the entries
 /// of the files met in it, sorted by inode, one per inode.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -741,9 +758,10 @@ struct State {
     /// Per directory inode met: the check of its record as the run found
     /// it (`None`: there was none, or it was damaged).
     met: HashMap<u64, Option<[u8; CHECK]>>,
-    /// Per record decoded this run: its number of entries and its path
-    /// (see [`Indexes::stored_as`]).
-    shape: HashMap<u64, (usize, Box<[u8]>)>,
+    /// Per record decoded this run: its number of entries, the sum of
+    /// their inodes' [`ino_mark`]s, and its path (see
+    /// [`Indexes::stored_as`]).
+    shape: HashMap<u64, (usize, u64, Box<[u8]>)>,
     /// Decoded records, each with when it was last used (a count of
     /// switches between records), and their entries in all.
     cache: HashMap<u64, (Arc<Record>, u64)>,
@@ -999,8 +1017,14 @@ impl FsIndex {
             }
             v.insert(sum);
             if let Some(r) = &rec {
-                st.shape
-                    .insert(dir, (r.files.len(), r.path.clone().into_boxed_slice()));
+                let marks = r
+                    .files
+                    .iter()
+                    .fold(0u64, |s, (ino, _)| s.wrapping_add(ino_mark(*ino)));
+                st.shape.insert(
+                    dir,
+                    (r.files.len(), marks, r.path.clone().into_boxed_slice()),
+                );
             }
         }
         let rec = rec?;
@@ -1491,17 +1515,24 @@ impl Indexes {
     }
 
     /// Whether the record of directory `dir` on `dev`, as this run read
-    /// it, has `files` entries and `path`: with every file the walk met
-    /// there found unchanged in it, the record it would be rebuilt into
-    /// is the one stored, and need not be built.
-    pub fn stored_as(&self, dev: u64, dir: u64, files: usize, path: &[u8]) -> bool {
+    /// it, holds the inodes of the files the walk met there (`met`: as
+    /// many, the same sum of marks) under `path`: with every file met
+    /// found unchanged in it, the record it would be rebuilt into is the
+    /// one stored, and need not be built.
+    ///
+    /// Each name met counts; the record holds one entry per inode. Two
+    /// names of one inode where a file was deleted give the count of the
+    /// record, not its sum (the sum of keyed marks of a multiset of its
+    /// inodes equals the record's only for the record's own set, but
+    /// with odds of 2^-64 per directory).
+    pub fn stored_as(&self, dev: u64, dir: u64, met: stages::Met, path: &[u8]) -> bool {
         let Some(ix) = self.opened(dev) else {
             return false;
         };
         let st = lock(&ix.state);
-        st.shape
-            .get(&dir)
-            .is_some_and(|(n, p)| *n == files && **p == *path)
+        st.shape.get(&dir).is_some_and(|(n, marks, p)| {
+            *n == met.names as usize && *marks == met.marks && **p == *path
+        })
     }
 
     /// The order to write new records of device `dev` in, by their

@@ -769,7 +769,7 @@ impl Collect {
         let (files, names) = &mut *files;
         c.name = match e.dir {
             Some(d) => {
-                names.met(d.id, known);
+                names.met(d.id, c.ino, known);
                 names.push(Some(d.id), OsStr::from_bytes(e.name.to_bytes()))
             }
             None => names.push(None, e.path().as_os_str()),
@@ -855,7 +855,7 @@ impl Collect {
                 };
                 lock(&self.files)
                     .1
-                    .met(dir, held == Some(&inline_entry(&seen)));
+                    .met(dir, c.ino, held == Some(&inline_entry(&seen)));
                 Some(seen)
             }
             _ => None,
@@ -1740,10 +1740,10 @@ fn record_walk(
     let mut dirs: Vec<((u64, u64), &Path, bool)> = names
         .dirs_met()
         .filter(|((dev, _), _, _)| allowed(*dev))
-        .filter(|&((dev, ino), path, (met, known))| {
-            met != known || !ix.stored_as(dev, ino, met as usize, &index::absolute_bytes(path))
+        .filter(|&((dev, ino), path, m)| {
+            m.names != m.known || !ix.stored_as(dev, ino, m, &index::absolute_bytes(path))
         })
-        .map(|(id, path, (met, _))| (id, path, met > 0))
+        .map(|(id, path, m)| (id, path, m.names > 0))
         .collect();
     ix.forget_stored();
     dirs.sort_unstable_by_key(|(id, _, _)| *id);

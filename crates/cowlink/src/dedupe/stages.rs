@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use super::{DedupeGroup, FileStamp};
+use super::{index, DedupeGroup, FileStamp};
 use crate::extents::Extent;
 
 /// Where the candidates' names are kept: each directory's path once, by
@@ -39,10 +39,24 @@ pub(super) struct Names {
     keys: Vec<Box<[u8]>>,
     /// Each directory's device and inode (by the same id), for the index.
     dir_ids: Vec<(u64, u64)>,
-    /// Per directory (by the same id): the candidates met in it, and how
-    /// many of them the index held exactly as they are now.
-    met: Vec<(u32, u32)>,
+    /// Per directory (by the same id): what the walk met in it
+    /// ([`Met`]).
+    met: Vec<Met>,
     bytes: Vec<u8>,
+}
+
+/// What the walk met in one directory, for telling whether its record
+/// would be rebuilt into the one stored (see `record_walk`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Met {
+    /// Candidates met (names: two hard links count twice).
+    pub names: u32,
+    /// Those the index held exactly as they are now.
+    pub known: u32,
+    /// The sum of [`index::ino_mark`] over the inodes of those known: a
+    /// record holds one entry per inode, so two names of one inode would
+    /// count for a file gone were the counts alone compared.
+    pub marks: u64,
 }
 
 /// A candidate's name in [`Names`]: its directory and its own name, or,
@@ -68,7 +82,7 @@ impl Names {
             self.dirs.resize(id + 1, None);
             self.keys.resize(id + 1, Box::default());
             self.dir_ids.resize(id + 1, (0, 0));
-            self.met.resize(id + 1, (0, 0));
+            self.met.resize(id + 1, Met::default());
         }
         self.dirs[id] = Some(path.into());
         self.keys[id] = order_key(path);
@@ -80,25 +94,33 @@ impl Names {
         self.dirs_met().map(|(id, p, _)| (id, p))
     }
 
-    /// [`Names::dirs`], each with (candidates met in it, those the index
-    /// held as they are: [`Names::met`]).
-    pub fn dirs_met(&self) -> impl Iterator<Item = ((u64, u64), &Path, (u32, u32))> {
+    /// [`Names::dirs`], each with what the walk met in it
+    /// ([`Names::met`]).
+    pub fn dirs_met(&self) -> impl Iterator<Item = ((u64, u64), &Path, Met)> {
         self.dir_ids
             .iter()
             .zip(&self.dirs)
-            .zip(self.met.iter().copied().chain(std::iter::repeat((0, 0))))
+            .zip(
+                self.met
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat(Met::default())),
+            )
             .filter_map(|((&id, p), m)| Some((id, p.as_deref()?, m)))
     }
 
-    /// Count a candidate met in directory `dir` (the walk's id), `known`
-    /// if the index held it exactly as it is now.
-    pub fn met(&mut self, dir: usize, known: bool) {
+    /// Count a candidate, inode `ino`, met in directory `dir` (the walk's
+    /// id), `known` if the index held it exactly as it is now.
+    pub fn met(&mut self, dir: usize, ino: u64, known: bool) {
         if self.met.len() <= dir {
-            self.met.resize(dir + 1, (0, 0));
+            self.met.resize(dir + 1, Met::default());
         }
         let m = &mut self.met[dir];
-        m.0 = m.0.saturating_add(1);
-        m.1 = m.1.saturating_add(u32::from(known));
+        m.names = m.names.saturating_add(1);
+        if known {
+            m.known = m.known.saturating_add(1);
+            m.marks = m.marks.wrapping_add(index::ino_mark(ino));
+        }
     }
 
     /// The device and inode of a name's directory (`None` for a name
