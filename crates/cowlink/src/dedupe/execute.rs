@@ -459,9 +459,17 @@ struct Waiting {
     sources: Vec<(u32, usize, FileStamp, u64)>,
     /// The source and the targets of each group, as they will be learnt
     /// once the source's fingerprint is known: until then, `shared` is
-    /// the place of their source in `sources`.
+    /// the place of their source in `sources`, or [`MOVED`] for a file
+    /// whose blocks a call moved but whose layout is not known after it.
+    /// In the order learnt: of two facts of one file, the later wins.
     files: Vec<Relaid>,
 }
+
+/// In [`Waiting::files`]: a file moved by a call of the run, whose layout
+/// after it is not known (a target shared in part, or shorter than
+/// asked): the index forgets the layout it holds of it
+/// ([`Relaid::MOVED`]).
+const MOVED: u64 = u64::MAX;
 
 impl Waiting {
     /// The path of the source at `at` in `sources`.
@@ -525,6 +533,7 @@ impl Learn {
         shared_whole: &[(&PathBuf, u64, u64, FileStamp)],
     ) {
         let (Some(dir), Some(name)) = (source.parent(), source.file_name()) else {
+            self.moved(shared_whole);
             return;
         };
         let mut w = lock(&self.waiting);
@@ -554,6 +563,20 @@ impl Learn {
         w.names.extend_from_slice(name.as_bytes());
         let end = w.names.len();
         w.sources.push((dir, end, planned, runs));
+    }
+
+    /// Files (path, device, inode, stamp as planned) whose blocks a call
+    /// of this run moved, with no layout to learn of them after it: the
+    /// layout the index holds of them (the walk's, the planning's, or one
+    /// learnt from an earlier group of the run) is forgotten, not kept.
+    fn moved(&self, files: &[(&PathBuf, u64, u64, FileStamp)]) {
+        if files.is_empty() {
+            return;
+        }
+        let facts: Vec<Relaid> = (files.iter())
+            .filter_map(|&(p, d, i, s)| self.relaid(p, d, i, s, MOVED))
+            .collect();
+        lock(&self.waiting).files.extend(facts);
     }
 }
 
@@ -772,15 +795,24 @@ impl<'a> Executor<'a> {
             Some(pool) => pool.install(map),
             None => map(),
         };
+        // Every file moved is learnt: on its source's runs, or, where
+        // the source was not found on them (or it moved without a layout
+        // to learn), as moved, its layout forgotten. A file of two groups
+        // (a target regrouped after the kernel found it different, a
+        // source made a target there) has two facts, in order.
         let held: Vec<Relaid> = (w.files.into_iter())
-            .filter_map(|r| {
-                let fp = fps[r.shared as usize]?;
-                Some(Relaid { shared: fp, ..r })
+            .map(|r| {
+                let fp = match r.shared {
+                    MOVED => None,
+                    at => fps[at as usize],
+                };
+                Relaid {
+                    shared: fp.unwrap_or(Relaid::MOVED),
+                    ..r
+                }
             })
             .collect();
-        if !held.is_empty() {
-            learn.ix.relayout(held);
-        }
+        learn.ix.relayout(held);
     }
 
     /// Carry out `groups` (in parallel) and wait for them: first every
@@ -1701,7 +1733,7 @@ fn dedupe_group(
         // The stamp each target was opened under, by path.
         // The stamp each target was opened under (the one planned), its
         // device and inode, by path.
-        let mut opened_as: HashMap<&Path, (FileStamp, u64, u64)> = HashMap::new();
+        let mut opened_as: HashMap<&Path, (&PathBuf, FileStamp, u64, u64)> = HashMap::new();
         // Targets the kernel said it shared fewer bytes of than asked:
         // shared, but not known to be laid out as the source is.
         let mut short: HashSet<&Path> = HashSet::new();
@@ -1735,7 +1767,7 @@ fn dedupe_group(
             match proof {
                 Proof::Freed => {
                     if learn.is_some() {
-                        opened_as.insert(t.as_path(), (stamp, t_dev, ino));
+                        opened_as.insert(t.as_path(), (t, stamp, t_dev, ino));
                     }
                     live.push((t, fd))
                 }
@@ -1767,6 +1799,9 @@ fn dedupe_group(
         let still_planned = |fd: &OwnedFd, stamp: Option<FileStamp>| {
             cowlink_sys::file_id(fd.as_fd()).is_ok_and(|id| Some(FileStamp::of(&id)) == stamp)
         };
+        // Targets a call shared some bytes of (with an index): whatever
+        // else becomes of them, their blocks moved.
+        let mut moved: HashSet<&Path> = HashSet::new();
         // Whether the source was found changed under a call (reported
         // once, however many targets and chunks saw it).
         let mut source_changed = false;
@@ -1791,6 +1826,9 @@ fn dedupe_group(
                                 cowlink_sys::DedupeStatus::Same => {
                                     if r.bytes_deduped != len {
                                         short.insert(t.as_path());
+                                    }
+                                    if learn.is_some() && r.bytes_deduped > 0 {
+                                        moved.insert(t.as_path());
                                     }
                                     keep.push((t, fd))
                                 }
@@ -1859,24 +1897,32 @@ fn dedupe_group(
         // it back), so the next run finds the entry is not of the file
         // and reads the file again; what is learnt here is never
         // trusted of a changed file.
-        if learn.is_some() {
-            shared_whole.extend(
-                live.iter()
-                    .filter(|(t, _)| !short.contains(t.as_path()))
-                    .filter_map(|(t, _)| {
-                        let &(was, t_dev, ino) = opened_as.get(t.as_path())?;
-                        Some((*t, t_dev, ino, was))
-                    }),
-            );
+        if let Some(learn) = learn {
+            let live: HashSet<&Path> = live.iter().map(|(t, _)| t.as_path()).collect();
+            let whole = |t: &Path| !short.contains(t) && live.contains(t);
+            let of = |t: &Path| {
+                let &(t, was, t_dev, ino) = opened_as.get(t)?;
+                Some((t, t_dev, ino, was))
+            };
+            shared_whole.extend(moved.iter().filter(|t| whole(t)).filter_map(|t| of(t)));
+            let partly: Vec<_> = (moved.iter())
+                .filter(|t| !whole(t))
+                .filter_map(|t| of(t))
+                .collect();
+            learn.moved(&partly);
         }
     }
-    if let (Some(learn), Some(planned), Some(runs)) = (learn, g.source_stamp, runs) {
-        if !shared_whole.is_empty() {
+    if let Some(learn) = learn {
+        match (g.source_stamp, runs) {
             // The source and the targets shared whole now share every
             // block, on the source's runs (see `Learn`): learnt once the
             // source, mapped again when the run ends, is found still the
             // file planned on those runs.
-            learn.await_source(&g.source, (dev, src_ino, planned), runs, &shared_whole);
+            (Some(planned), Some(runs)) if !shared_whole.is_empty() => {
+                learn.await_source(&g.source, (dev, src_ino, planned), runs, &shared_whole)
+            }
+            // Moved onto runs not known.
+            _ => learn.moved(&shared_whole),
         }
     }
     report.targets_deduped += done;

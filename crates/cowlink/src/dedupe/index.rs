@@ -1173,6 +1173,13 @@ pub(super) struct Relaid {
     pub shared: u64,
 }
 
+impl Relaid {
+    /// `shared` of a file moved during the run whose layout after it is
+    /// not known: the layout its entry holds is forgotten (a run's
+    /// fingerprint of runs is never 0).
+    pub const MOVED: u64 = 0;
+}
+
 /// What [`Indexes::write`] applies to one entry of a record: an
 /// [`Update`] or a [`Relaid`].
 trait Change {
@@ -1223,8 +1230,17 @@ impl Change for Relaid {
         self.stamp
     }
     fn apply(&self, e: &mut Entry) {
-        e.exclusive = 0;
-        e.shared = Some(self.shared);
+        if self.shared == Relaid::MOVED {
+            // A claim that spares no work: the next run plans it as a
+            // file holding its blocks alone (its hashes still hold: a
+            // dedupe moves no byte).
+            e.exclusive = e.size.max(1);
+            e.shared = None;
+            e.inline = false;
+        } else {
+            e.exclusive = 0;
+            e.shared = Some(self.shared);
+        }
         e.mapped = true;
     }
 }
@@ -1284,6 +1300,15 @@ impl<'a> Facts<'a> {
         let at = |k: (u64, u64, u64)| k.1.cmp(&dir);
         run(of_key(self.updates, at), rec) + run(of_key(self.relaid, at), rec)
     }
+}
+
+/// Sort what was learnt after the walk by [`Change::key`], as
+/// [`Facts::apply`] takes it. Stable: of two facts of one file, the one
+/// learnt later is applied later, and wins (a file moved again by a later
+/// group of the run, after a fact of its first).
+fn in_key_order(updates: &mut [Update], relaid: &mut [Relaid]) {
+    updates.sort_by_key(|u| u.key());
+    relaid.sort_by_key(|u| u.key());
 }
 
 /// The run of `changes` (sorted by [`Change::key`]) whose keys `at` finds
@@ -1443,8 +1468,7 @@ impl Indexes {
             mut updates,
             mut relaid,
         } = std::mem::take(&mut *lock(&self.later));
-        updates.sort_unstable_by_key(|u| u.key());
-        relaid.sort_unstable_by_key(|u| u.key());
+        in_key_order(&mut updates, &mut relaid);
         let me = match Arc::try_unwrap(self) {
             Ok(me) => me,
             Err(shared) => {
@@ -2777,6 +2801,90 @@ mod tests {
             (e.ident(), e.hash, e.whole),
             (was.ident(), was.hash, was.whole)
         );
+    }
+
+    /// Seeded random facts of a few files of one record, learnt in some
+    /// order (layouts read while planning, layouts after sharing, files
+    /// moved without a layout), sorted and applied as a run's end does:
+    /// each file ends with the last layout learnt after sharing, or,
+    /// without one, the last read while planning.
+    #[test]
+    fn of_two_facts_of_one_file_the_later_wins() {
+        for seed in 1..=200u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let inos: Vec<u64> = (1..=4).collect();
+            let mut rec = Record {
+                path: b"/d".to_vec(),
+                since: 0,
+                files: inos.iter().map(|&i| (i, full())).collect(),
+            };
+            let stamp = |ino| full().stamp(1, ino);
+            let (mut updates, mut relaid) = (Vec::new(), Vec::new());
+            // Per file: (exclusive, shared) expected.
+            let mut want: HashMap<u64, (u64, Option<u64>)> = HashMap::new();
+            let mut after_sharing: HashSet<u64> = HashSet::new();
+            for _ in 0..rng.usize(1..12) {
+                let ino = inos[rng.usize(..inos.len())];
+                match rng.u8(..3) {
+                    0 => {
+                        let (exclusive, shared) = match rng.bool() {
+                            true => (rng.u64(1..9000), None),
+                            false => (0, Some(rng.u64(1..99))),
+                        };
+                        updates.push(Update {
+                            dev: 1,
+                            dir: 2,
+                            ino,
+                            stamp: stamp(ino),
+                            what: Learnt::Layout {
+                                exclusive,
+                                shared,
+                                inline: false,
+                                hash: None,
+                            },
+                        });
+                        if !after_sharing.contains(&ino) {
+                            want.insert(ino, (exclusive, shared));
+                        }
+                    }
+                    n => {
+                        let shared = match n {
+                            1 => rng.u64(1..99),
+                            _ => Relaid::MOVED,
+                        };
+                        relaid.push(Relaid {
+                            dev: 1,
+                            dir: 2,
+                            ino,
+                            stamp: stamp(ino),
+                            shared,
+                        });
+                        after_sharing.insert(ino);
+                        let size = full().size.max(1);
+                        want.insert(
+                            ino,
+                            match shared {
+                                Relaid::MOVED => (size, None),
+                                fp => (0, Some(fp)),
+                            },
+                        );
+                    }
+                }
+            }
+            in_key_order(&mut updates, &mut relaid);
+            Facts {
+                updates: &updates,
+                relaid: &relaid,
+            }
+            .apply(2, &mut rec);
+            for (ino, e) in &rec.files {
+                let expect = want
+                    .get(ino)
+                    .copied()
+                    .unwrap_or((full().exclusive, full().shared));
+                assert_eq!((e.exclusive, e.shared), expect, "seed {seed}, inode {ino}");
+            }
+        }
     }
 
     /// The record cache against a plain model of its rule (scan for the
