@@ -461,8 +461,11 @@ struct Waiting {
     /// once the source's fingerprint is known: until then, `shared` is
     /// the place of their source in `sources`, or [`MOVED`] for a file
     /// whose blocks a call moved but whose layout is not known after it.
-    /// In the order learnt: of two facts of one file, the later wins.
+    /// In the order learnt.
     files: Vec<Relaid>,
+    /// Where in `files` the facts of the regrouping begin (see
+    /// [`Executor::regrouping`]).
+    late_from: Option<usize>,
 }
 
 /// In [`Waiting::files`]: a file moved by a call of the run, whose layout
@@ -578,6 +581,26 @@ impl Learn {
             .collect();
         lock(&self.waiting).files.extend(facts);
     }
+}
+
+/// What the run learnt of the files it moved (`held`, in the order
+/// learnt), with the regrouping's facts from `late_from` on: a file the
+/// regrouping taught of is learnt from it alone. Its earlier groups' facts
+/// are of blocks it left (a source of those groups made a target in the
+/// regrouping). The groups of one pass are disjoint, so what remains of a
+/// file agrees (a source whose deferred targets ran in a later batch is
+/// learnt twice, alike), and the index may apply it in any order.
+fn last_group_wins(mut held: Vec<Relaid>, late_from: Option<usize>) -> Vec<Relaid> {
+    let Some(from) = late_from.filter(|&f| f < held.len()) else {
+        return held;
+    };
+    let late: HashSet<(u64, u64)> = held[from..].iter().map(|r| (r.dev, r.ino)).collect();
+    let mut at = 0;
+    held.retain(|r| {
+        at += 1;
+        at > from || !late.contains(&(r.dev, r.ino))
+    });
+    held
 }
 
 /// Whether the source `path`, mapped again now (see [`Learn`]), is
@@ -800,6 +823,7 @@ impl<'a> Executor<'a> {
         // to learn), as moved, its layout forgotten. A file of two groups
         // (a target regrouped after the kernel found it different, a
         // source made a target there) has two facts, in order.
+        let late_from = w.late_from;
         let held: Vec<Relaid> = (w.files.into_iter())
             .map(|r| {
                 let fp = match r.shared {
@@ -812,7 +836,7 @@ impl<'a> Executor<'a> {
                 }
             })
             .collect();
-        learn.ix.relayout(held);
+        learn.ix.relayout(last_group_wins(held, late_from));
     }
 
     /// Carry out `groups` (in parallel) and wait for them: first every
@@ -1018,6 +1042,17 @@ impl<'a> Executor<'a> {
     fn key_of(&self, dev: u64) -> FsKey {
         let map = lock(&self.fs.used_before);
         map.fs_of.get(&dev).copied().unwrap_or(FsKey::Dev(dev))
+    }
+
+    /// What is started from now on regroups pairs the kernel found
+    /// different: a file of such a group may have been moved by a group
+    /// before, and what its new group teaches of it replaces that
+    /// ([`last_group_wins`]).
+    pub(super) fn regrouping(&mut self) {
+        if let Some(learn) = &self.learn {
+            let mut w = lock(&learn.waiting);
+            w.late_from = Some(w.files.len());
+        }
     }
 
     /// The (source, target) pairs of edge-only groups that the kernel
@@ -1933,6 +1968,42 @@ fn dedupe_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seeded random facts of a few files over two passes: after
+    /// [`last_group_wins`], a file the second pass taught of has only its
+    /// facts, any other keeps its first pass's, and order is kept.
+    #[test]
+    fn the_regrouping_replaces_what_earlier_groups_taught() {
+        for seed in 1..=300u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let fact = |rng: &mut fastrand::Rng| Relaid {
+                dev: rng.u64(1..3),
+                dir: 7,
+                ino: rng.u64(1..6),
+                stamp: FileStamp(rng.u64(..)),
+                shared: rng.u64(..3),
+            };
+            let first: Vec<Relaid> = (0..rng.usize(..10)).map(|_| fact(&mut rng)).collect();
+            let second: Vec<Relaid> = (0..rng.usize(..4)).map(|_| fact(&mut rng)).collect();
+            let all: Vec<Relaid> = first.iter().chain(&second).copied().collect();
+            let late = (!second.is_empty() || rng.bool()).then_some(first.len());
+            let got = last_group_wins(all.clone(), late);
+            let in_second = |r: &Relaid| second.iter().any(|s| (s.dev, s.ino) == (r.dev, r.ino));
+            let want: Vec<Relaid> = match late {
+                None => all,
+                Some(_) => (first.iter().filter(|r| !in_second(r)))
+                    .chain(&second)
+                    .copied()
+                    .collect(),
+            };
+            let key = |r: &Relaid| (r.dev, r.dir, r.ino, r.stamp, r.shared);
+            assert_eq!(
+                got.iter().map(key).collect::<Vec<_>>(),
+                want.iter().map(key).collect::<Vec<_>>(),
+                "seed {seed}"
+            );
+        }
+    }
 
     #[test]
     fn a_target_refused_because_the_source_changed_is_no_error() {

@@ -1221,6 +1221,7 @@ fn settle(
         return;
     }
     if let Some(second) = regroup(&unsettled, opts, ix) {
+        ex.regrouping();
         ex.start(&second.groups);
         plan.bytes_hashed += second.bytes_hashed;
         plan.groups_found += second.groups_found;
