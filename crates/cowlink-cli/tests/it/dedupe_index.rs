@@ -988,3 +988,145 @@ fn odd_paths_an_index_database_given_as_a_path_and_bare_names() {
     assert_eq!(v["result"]["targets_deduped"], 1, "{v}");
     assert!(same_blocks(&here.join("x"), &here.join("y")));
 }
+
+/// The entries the index kept in `ix` holds (its one database).
+fn entries_in(ix: &Path) -> u64 {
+    let db = std::fs::read_dir(ix)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "redb"))
+        .expect("an index database");
+    cowlink::dedupe::index::stats(&db).unwrap().0
+}
+
+/// Pruning where the walk sees less than the tree: a tree whose files
+/// were all removed or emptied (no file met, so no index was needed to
+/// look one up), a tree recorded through a symbolic link or with `..` in
+/// its root and walked later by its own path, and a directory the run
+/// may not read (as `nobody`), whose entries stay while it cannot be
+/// read, with those below it.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn pruning_when_the_walk_meets_no_file_a_link_or_a_closed_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = testfs!(Xfs);
+    let top = d.path();
+    let mk = |root: &Path, files: &[(&str, usize)]| {
+        for (i, (name, size)) in files.iter().enumerate() {
+            let p = root.join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            write_file(&p, &data(*size, 40 + i as u64));
+        }
+    };
+    let run = |ix: &Path, root: &Path| {
+        let out = dedupe(ix, root);
+        json(&out)
+    };
+
+    // No file met: every file removed, then the only file emptied.
+    let (t, ix) = (top.join("none"), top.join("ix-none"));
+    mk(&t, &[("a", 100), ("s/b", 5000), ("s/c", 5000)]);
+    run(&ix, &t);
+    assert_eq!(entries_in(&ix), 3);
+    std::fs::remove_file(t.join("a")).unwrap();
+    std::fs::remove_dir_all(t.join("s")).unwrap();
+    let v = run(&ix, &t);
+    assert_eq!(v["plan"]["index"]["pruned"], 3, "{v}");
+    assert_eq!(entries_in(&ix), 0);
+    mk(&t, &[("x", 5000)]);
+    run(&ix, &t);
+    assert_eq!(entries_in(&ix), 1);
+    std::fs::File::options()
+        .write(true)
+        .open(t.join("x"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    run(&ix, &t);
+    assert_eq!(entries_in(&ix), 0);
+
+    // Recorded through a link, walked by the real path; and with `..`.
+    let (t, ix) = (top.join("real"), top.join("ix-link"));
+    mk(&t, &[("d/f1", 5000), ("d/s/f2", 5000)]);
+    let link = top.join("link");
+    std::os::unix::fs::symlink(&t, &link).unwrap();
+    run(&ix, &link);
+    assert_eq!(entries_in(&ix), 2);
+    std::fs::remove_dir_all(t.join("d/s")).unwrap();
+    std::fs::remove_file(&link).unwrap();
+    run(&ix, &t);
+    assert_eq!(
+        entries_in(&ix),
+        1,
+        "the entry recorded through the link stays"
+    );
+    let (t, ix) = (top.join("dots"), top.join("ix-dots"));
+    mk(&t, &[("d/f1", 5000), ("d/s/f2", 5000)]);
+    run(&ix, &t);
+    std::fs::remove_dir_all(t.join("d/s")).unwrap();
+    run(&ix, &t.join("d/.."));
+    assert_eq!(entries_in(&ix), 1, "the root given with `..`");
+    // Walked both ways in one run: recorded once, nothing written again.
+    mk(&t, &[("d/s/f2", 6000)]);
+    run(&ix, &t);
+    let v = json(
+        &bin()
+            .args(["dedupe", "--json", "--index"])
+            .arg(&ix)
+            .arg(&t)
+            .arg(t.join("d/.."))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(v["plan"]["index"]["written"], 0, "{v}");
+    assert_eq!(entries_in(&ix), 2);
+
+    // A directory `nobody` may not read keeps its entries, and those
+    // below it; read again, nothing was lost.
+    let (t, ix) = (top.join("closed"), top.join("ix-closed"));
+    mk(
+        &t,
+        &[
+            ("a/f1", 5000),
+            ("a/f2", 5001),
+            ("a/s/f1", 5002),
+            ("a/s/f2", 5003),
+            ("b/f1", 5004),
+            ("b/f2", 5005),
+        ],
+    );
+    std::fs::create_dir_all(&ix).unwrap();
+    let status = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&t)
+        .arg(&ix)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = || {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .args(["dedupe", "--json", "--index"])
+            .arg(&ix)
+            .arg(&t)
+            .output()
+            .unwrap()
+    };
+    let out = as_nobody();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(entries_in(&ix), 6);
+    std::fs::set_permissions(t.join("a"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let out = as_nobody();
+    assert!(!out.status.success(), "the closed directory is an error");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["index"]["pruned"], 0, "{v}");
+    assert_eq!(entries_in(&ix), 6);
+    std::fs::set_permissions(t.join("a"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = as_nobody();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plan"]["index"]["written"], 0, "read again, as held: {v}");
+    assert_eq!(entries_in(&ix), 6);
+}

@@ -1084,6 +1084,8 @@ pub(super) struct Indexes {
     /// Per device the walk entered: the Btrfs transaction committed
     /// before it looked at any file there ([`Indexes::entering`]).
     since: RwLock<HashMap<u64, Option<u64>>>,
+    /// Devices [`Indexes::open_if_kept`] looked for a kept index of.
+    probed: Mutex<HashSet<u64>>,
 }
 
 /// What a run learnt after its walk: the planning's updates
@@ -1096,11 +1098,15 @@ struct Later {
 }
 
 /// What pruning needs of a walk: the directories it met, as (device,
-/// inode), and its roots (absolute).
+/// inode), and its roots (as the index records paths: absolute, links
+/// and `..` resolved).
 #[derive(Clone, Copy)]
 pub(super) struct Seen<'a> {
     pub dirs: &'a HashSet<(u64, u64)>,
     pub roots: &'a [PathBuf],
+    /// Directories there but not read whole (as recorded): what is held
+    /// of them and below them is kept.
+    pub kept: &'a [Vec<u8>],
 }
 
 /// Something learnt of a file after the walk: on device `dev`, in the
@@ -1341,6 +1347,7 @@ impl Indexes {
             in_use: Mutex::default(),
             later: Mutex::default(),
             since: RwLock::default(),
+            probed: Mutex::default(),
         }
     }
 
@@ -1420,6 +1427,23 @@ impl Indexes {
         };
         map.insert(dev, opened.clone());
         opened
+    }
+
+    /// Open the index of device `dev` (`fd` open on a directory there)
+    /// if one is kept already: a walk that meets no file of a filesystem
+    /// (every file there removed, or emptied) still prunes what its index
+    /// holds of them. None is made: a filesystem without files to index
+    /// gets no index file. Asked once per device.
+    pub fn open_if_kept(&self, dev: u64, fd: BorrowedFd<'_>) {
+        let known = (self.by_dev.read())
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&dev);
+        if known || !lock(&self.probed).insert(dev) {
+            return;
+        }
+        if self.dir.join(format!("{}.redb", fs_key(dev, fd))).is_file() {
+            let _ = self.of(dev, fd);
+        }
     }
 
     /// The walk is over: let go of the snapshots it read (see
@@ -1754,6 +1778,8 @@ impl Indexes {
                 let under = |p: &[u8]| {
                     let p = Path::new(std::ffi::OsStr::from_bytes(p));
                     seen.roots.iter().any(|r| p.starts_with(r))
+                        && !(seen.kept.iter())
+                            .any(|k| p.starts_with(Path::new(std::ffi::OsStr::from_bytes(k))))
                 };
                 let mut gone = Vec::new();
                 let mut files = 0;

@@ -478,6 +478,10 @@ struct Collect {
     /// In the order met (the first is returned when nothing could be
     /// walked).
     errors: Mutex<Vec<Error>>,
+    /// Directories there but not read whole (see
+    /// [`walk::scan::Visitor::unreadable`]): the index keeps what it
+    /// holds of them and below them.
+    unreadable: Mutex<Vec<PathBuf>>,
     min_size: u64,
     /// The caller's effective user id.
     euid: u32,
@@ -950,6 +954,10 @@ impl Visitor for Collect {
         if let Some(ix) = &self.indexes {
             // Before any file below is looked at (see `index::DirProof`).
             ix.entering(st.st_dev, fd);
+            // An index kept for this filesystem is opened even if the
+            // walk meets no file of it: what it holds of files gone is
+            // pruned all the same.
+            ix.open_if_kept(st.st_dev, fd);
             // (Only where the index is open already: a directory of
             // subdirectories alone opens none, as before.)
             if let Some(fs) = ix.opened(st.st_dev) {
@@ -973,6 +981,12 @@ impl Visitor for Collect {
 
     fn error(&self, err: Error) {
         lock(&self.errors).push(err);
+    }
+
+    fn unreadable(&self, path: &Path) {
+        if self.indexes.is_some() {
+            lock(&self.unreadable).push(path.to_path_buf());
+        }
     }
 
     fn skip_dir(&self, root: usize, path: &Path) -> bool {
@@ -1333,6 +1347,13 @@ fn find<P: AsRef<Path>>(
         indexed: inline_seen,
     } = c.inline.into_inner().unwrap_or_else(|e| e.into_inner());
     let walked = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
+    // How the index records the walk's paths, and what it must keep.
+    let spelled = Spelled::new(&roots);
+    let unreadable: Vec<Vec<u8>> = (c.unreadable.into_inner())
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|p| spelled.record_path(p).into_owned())
+        .collect();
     let files_scanned = (files.len() + inline.len()) as u64 + c.below_min.into_inner();
     let nothing_walked = walked.len() >= roots.len();
     let mut errors = refused;
@@ -1389,9 +1410,19 @@ fn find<P: AsRef<Path>>(
         // What the walk learnt (small files were read whole there), every
         // name of each file, before the names beyond one per inode and
         // the files without a partner are dropped.
-        record_walk(ix, &files, &inline_seen, &names, |dev| {
-            allowed.get(&dev) == Some(&true)
-        });
+        // (A filesystem without a candidate: refused by none, and its
+        // index, if open, kept from an earlier run that was allowed.)
+        record_walk(
+            ix,
+            (&files, &inline_seen, &names),
+            (&spelled, &unreadable),
+            |dev| {
+                allowed
+                    .get(&dev)
+                    .copied()
+                    .unwrap_or_else(|| ix.opened(dev).is_some())
+            },
+        );
     }
     drop(inline_seen);
 
@@ -1655,8 +1686,12 @@ fn find<P: AsRef<Path>>(
         // gone pruned: once the clusters and names are gone (beside them,
         // this update would be a first run's peak), while the executor
         // shares.
-        let abs: Vec<PathBuf> = roots.iter().map(|r| index::absolute(r)).collect();
-        let seen = seen.as_ref().map(|dirs| index::Seen { dirs, roots: &abs });
+        let abs = spelled.recorded_roots();
+        let seen = seen.as_ref().map(|dirs| index::Seen {
+            dirs,
+            roots: &abs,
+            kept: &unreadable,
+        });
         ix.update(learnt.unwrap_or_default(), seen);
     }
     stages::order(&mut groups);
@@ -1716,6 +1751,59 @@ fn build_groups(
     }
 }
 
+/// How the index records the walk's directories: by absolute path, each
+/// below its root's real path (every link and `..` resolved), so that a
+/// tree walked through a link, or with `..` in its root, is recorded (and
+/// pruned) as the same tree walked by its own path. The walk's own paths,
+/// which a plan and a report show, are the user's.
+struct Spelled {
+    /// Each root as walked, and its real path.
+    roots: Vec<(PathBuf, PathBuf)>,
+    /// Every root's real path is its absolute one: nothing to translate.
+    plain: bool,
+}
+
+impl Spelled {
+    fn new(roots: &[PathBuf]) -> Spelled {
+        let roots: Vec<(PathBuf, PathBuf)> = roots
+            .iter()
+            .map(|r| {
+                let real = std::fs::canonicalize(r).unwrap_or_else(|_| index::absolute(r));
+                (r.clone(), real)
+            })
+            .collect();
+        let plain = roots
+            .iter()
+            .all(|(r, real)| index::absolute_bytes(r).as_ref() == real.as_os_str().as_bytes());
+        Spelled { roots, plain }
+    }
+
+    /// The path the index records for `path`, a path of the walk: below
+    /// the root it starts with (the longest), that root's real path.
+    fn record_path<'a>(&self, path: &'a Path) -> std::borrow::Cow<'a, [u8]> {
+        if self.plain {
+            return index::absolute_bytes(path);
+        }
+        let below = (self.roots.iter())
+            .filter_map(|(r, real)| Some((r, real, path.strip_prefix(r).ok()?)))
+            .max_by_key(|(r, _, _)| r.components().count());
+        match below {
+            Some((_, real, rest)) if rest.as_os_str().is_empty() => {
+                std::borrow::Cow::Owned(real.as_os_str().as_bytes().to_vec())
+            }
+            Some((_, real, rest)) => {
+                std::borrow::Cow::Owned(real.join(rest).as_os_str().as_bytes().to_vec())
+            }
+            None => index::absolute_bytes(path),
+        }
+    }
+
+    /// The roots as the index records them.
+    fn recorded_roots(&self) -> Vec<PathBuf> {
+        self.roots.iter().map(|(_, real)| real.clone()).collect()
+    }
+}
+
 /// Write each walked directory's record, rebuilt from the candidates met
 /// in it (`files`), one filesystem at a time, on the devices `allowed` (a
 /// refused filesystem's index is left alone).
@@ -1729,9 +1817,8 @@ fn build_groups(
 /// 160 bytes).
 fn record_walk(
     ix: &Indexes,
-    files: &[Cand],
-    inline: &[InlineSeen],
-    names: &Names,
+    (files, inline, names): (&[Cand], &[InlineSeen], &Names),
+    (spelled, unreadable): (&Spelled, &[Vec<u8>]),
     allowed: impl Fn(u64) -> bool,
 ) {
     ix.walked();
@@ -1742,7 +1829,11 @@ fn record_walk(
         .dirs_met()
         .filter(|((dev, _), _, _)| allowed(*dev))
         .filter(|&((dev, ino), path, m)| {
-            m.names != m.known || !ix.stored_as(dev, ino, m, &index::absolute_bytes(path))
+            m.names != m.known || !ix.stored_as(dev, ino, m, &spelled.record_path(path))
+        })
+        // A directory read in part is left as stored.
+        .filter(|(_, path, _)| {
+            unreadable.is_empty() || !unreadable.contains(&spelled.record_path(path).into_owned())
         })
         .map(|(id, path, m)| (id, path, m.names > 0))
         .collect();
@@ -1822,7 +1913,7 @@ fn record_walk(
             // Two names of one inode in one directory: one entry.
             entries.dedup_by_key(|(ino, _)| *ino);
             let rec = Record {
-                path: index::absolute(path).as_os_str().as_bytes().to_vec(),
+                path: spelled.record_path(path).into_owned(),
                 since: since.get(&key.1).copied().unwrap_or(0),
                 files: entries,
             };

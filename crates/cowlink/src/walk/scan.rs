@@ -100,6 +100,11 @@ pub(crate) trait Visitor: Sync {
     fn entry(&self, entry: Entry<'_>) -> ControlFlow<()>;
     /// A directory or root could not be opened or read.
     fn error(&self, err: Error);
+    /// The directory at `path` is there but could not be opened or read
+    /// whole (denied, out of descriptors, an I/O error; not one gone):
+    /// what is below it was not seen, which is not to say it is gone.
+    /// Reported besides [`Visitor::error`].
+    fn unreadable(&self, _path: &Path) {}
     /// Whether the walk counts every entry it hands out as done in the
     /// run's progress (a visitor that counts its own work says no).
     fn counted_by_walk(&self) -> bool {
@@ -146,6 +151,17 @@ pub(crate) fn walk(roots: &[PathBuf], run: &Run, op: Operation, visitor: &dyn Vi
 }
 
 impl Walk<'_> {
+    /// Directory `path` could not be opened or read: `e` reported, and,
+    /// unless it is gone (removed, or replaced by something else than a
+    /// directory), the directory named unreadable.
+    fn dir_failed(&self, path: &Path, e: Errno) {
+        self.visitor
+            .error(Error::from_errno(self.op, e).with_src(path));
+        if !matches!(e, Errno::NOENT | Errno::NOTDIR | Errno::LOOP) {
+            self.visitor.unreadable(path);
+        }
+    }
+
     fn visit(&self, entry: Entry<'_>) {
         if self.visitor.counted_by_walk() {
             self.run.done(1, 0);
@@ -173,8 +189,10 @@ impl Walk<'_> {
         let reader = match rustix::io::fcntl_dupfd_cloexec(&fd, 0).and_then(Dir::new) {
             Ok(r) => r,
             Err(e) => {
+                // Open, so there (out of descriptors, most likely).
                 self.visitor
                     .error(Error::from_errno(self.op, e).with_src(&info.path));
+                self.visitor.unreadable(&info.path);
                 return None;
             }
         };
@@ -197,7 +215,7 @@ impl pool::Driver for Walk<'_> {
         let st = match cowlink_sys::lstat(path) {
             Ok(st) => st,
             Err(e) => {
-                self.visitor.error(err(e));
+                self.dir_failed(path, e);
                 return None;
             }
         };
@@ -225,7 +243,7 @@ impl pool::Driver for Walk<'_> {
         match open_dir(CWD, path.as_os_str().as_bytes()) {
             Ok((fd, st)) => self.new_dir(None, root, path.to_path_buf(), fd, &st),
             Err(e) => {
-                self.visitor.error(err(e));
+                self.dir_failed(path, e);
                 None
             }
         }
@@ -239,8 +257,7 @@ impl pool::Driver for Walk<'_> {
         match open_dir(parent.fd.as_fd(), name.to_bytes()) {
             Ok((fd, st)) => self.new_dir(Some(parent.info.id), parent.info.root, path, fd, &st),
             Err(e) => {
-                self.visitor
-                    .error(Error::from_errno(self.op, e).with_src(path));
+                self.dir_failed(&path, e);
                 None
             }
         }
@@ -251,8 +268,10 @@ impl pool::Driver for Walk<'_> {
     }
 
     fn read_failed(&self, dir: &ScanDir, e: Errno) {
+        // Opened, so not gone: whatever `e`, read in part at most.
         self.visitor
             .error(Error::from_errno(self.op, e).with_src(&dir.info.path));
+        self.visitor.unreadable(&dir.info.path);
     }
 
     fn entry(&self, dir: &Arc<ScanDir>, name: &CStr, mut ft: FileType, ino: u64) -> Next {

@@ -625,6 +625,14 @@ impl Rng {
     }
 }
 
+/// The entries the run's index holds (none without an index file).
+fn entries_held(p: &DedupePlan) -> u64 {
+    match index_of(p).files.first() {
+        Some(file) => cowlink::dedupe::index::stats(file).unwrap().0,
+        None => 0,
+    }
+}
+
 /// The regular files under `root` that are not empty, counted once per
 /// inode and directory: the entries an exact index holds of the tree.
 fn files_per_dir(root: &Path) -> u64 {
@@ -813,11 +821,11 @@ fn random_operations_between_runs(dir: &Path, seed: u64, recheck: LayoutRecheck)
             .collect();
         assert_shared_iff_equal_but(&root, &held);
         // Pruned exactly: an entry per file and directory holding it.
-        let held = match index_of(&p).files.first() {
-            Some(file) => cowlink::dedupe::index::stats(file).unwrap().0,
-            None => 0,
-        };
-        assert_eq!(held, files_per_dir(&root), "round {round}: {p:?}");
+        assert_eq!(
+            entries_held(&p),
+            files_per_dir(&root),
+            "round {round}: {p:?}"
+        );
         eprintln!("round {round}: {} names", names.len());
     }
     let (p, _) = run(&root, ix.path());
@@ -1376,12 +1384,8 @@ fn the_index_prunes_exactly_over_random_links_renames_and_removals() {
             }
             sync(&root);
             let (p, _) = run(&root, ix.path());
-            let held = match index_of(&p).files.first() {
-                Some(file) => cowlink::dedupe::index::stats(file).unwrap().0,
-                None => 0,
-            };
             assert_eq!(
-                held,
+                entries_held(&p),
                 files_per_dir(&root),
                 "seed {seed} round {round}: {p:?}"
             );
