@@ -1130,3 +1130,103 @@ fn pruning_when_the_walk_meets_no_file_a_link_or_a_closed_directory() {
     assert_eq!(v["plan"]["index"]["written"], 0, "read again, as held: {v}");
     assert_eq!(entries_in(&ix), 6);
 }
+
+/// Unmounts a bind mount the test made, when dropped.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// What a run does not see whole stays in the index: a directory listed
+/// but not searchable (as `nobody`: each file's `statx` refused), and an
+/// `--exclude`d directory; after either, a full run writes nothing again.
+/// A directory met under two paths (a bind mount inside the tree) is
+/// recorded under one of them, so a rerun writes nothing either.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn what_the_walk_does_not_see_whole_is_kept_and_a_bind_mount_written_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = testfs!(Xfs);
+    let top = d.path();
+    let mk = |root: &Path, names: &[&str]| {
+        for (i, name) in names.iter().enumerate() {
+            let p = root.join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            write_file(&p, &data(5000 + i, 60 + i as u64));
+        }
+    };
+    let index = |v: &serde_json::Value, what: &str| v["plan"]["index"][what].clone();
+
+    // Listed, not searchable.
+    let (t, ix) = (top.join("listed"), top.join("ix-listed"));
+    mk(&t, &["a/f1", "a/f2", "b/f1", "b/f2"]);
+    std::fs::create_dir_all(&ix).unwrap();
+    let st = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&t)
+        .arg(&ix)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = || {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .args(["dedupe", "--json", "--index"])
+            .arg(&ix)
+            .arg(&t)
+            .output()
+            .unwrap()
+    };
+    json(&as_nobody());
+    assert_eq!(entries_in(&ix), 4);
+    std::fs::set_permissions(t.join("a"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = as_nobody();
+    assert!(!out.status.success(), "a file not examined is an error");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(index(&v, "pruned"), 0, "{v}");
+    assert_eq!(entries_in(&ix), 4);
+    std::fs::set_permissions(t.join("a"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let v = json(&as_nobody());
+    assert_eq!(index(&v, "written"), 0, "{v}");
+
+    // Excluded.
+    let (t, ix) = (top.join("excl"), top.join("ix-excl"));
+    mk(&t, &["s/f1", "s/f2", "k/f1"]);
+    json(&dedupe(&ix, &t));
+    let v = json(
+        &bin()
+            .args(["dedupe", "--json", "--exclude", "s", "--index"])
+            .arg(&ix)
+            .arg(&t)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(index(&v, "pruned"), 0, "{v}");
+    assert_eq!(entries_in(&ix), 3);
+    let v = json(&dedupe(&ix, &t));
+    assert_eq!(index(&v, "written"), 0, "{v}");
+
+    // One directory under two paths.
+    let (t, ix) = (top.join("bound"), top.join("ix-bound"));
+    mk(&t, &["a/f1", "a/f2"]);
+    std::fs::create_dir_all(t.join("b/bnd")).unwrap();
+    let st = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(t.join("a"))
+        .arg(t.join("b/bnd"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount --bind");
+    let _bound = Unmount(t.join("b/bnd"));
+    json(&dedupe(&ix, &t));
+    for _ in 0..3 {
+        let v = json(&dedupe(&ix, &t));
+        assert_eq!(index(&v, "written"), 0, "{v}");
+    }
+    assert_eq!(entries_in(&ix), 2);
+}

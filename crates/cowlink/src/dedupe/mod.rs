@@ -478,10 +478,11 @@ struct Collect {
     /// In the order met (the first is returned when nothing could be
     /// walked).
     errors: Mutex<Vec<Error>>,
-    /// Directories there but not read whole (see
-    /// [`walk::scan::Visitor::unreadable`]): the index keeps what it
-    /// holds of them and below them.
-    unreadable: Mutex<Vec<PathBuf>>,
+    /// Directories there but not walked whole: not read whole (see
+    /// [`walk::scan::Visitor::unreadable`]), holding a file that could
+    /// not be examined, or excluded. The index keeps what it holds of
+    /// them and below them: a run forgets only what it saw gone.
+    unwalked: Mutex<Vec<PathBuf>>,
     min_size: u64,
     /// The caller's effective user id.
     euid: u32,
@@ -621,7 +622,13 @@ impl Collect {
             None => match cowlink_sys::file_id_at(e.dirfd, e.name) {
                 Ok(st) => st,
                 Err(err) => {
-                    return self.error(Error::from_errno(Operation::Dedupe, err).with_src(e.path()))
+                    // Not gone: its directory's record is kept as it is
+                    // (a directory listed but not searchable).
+                    if let (Some(d), false) = (e.dir, err == rustix::io::Errno::NOENT) {
+                        self.unwalked(&d.path);
+                    }
+                    return self
+                        .error(Error::from_errno(Operation::Dedupe, err).with_src(e.path()));
                 }
             },
         };
@@ -827,6 +834,14 @@ impl Collect {
         ix.own_file(key, e.name.to_bytes())
     }
 
+    /// Directory `path` is there but not walked whole (see
+    /// [`Collect::unwalked`]).
+    fn unwalked(&self, path: &Path) {
+        if self.indexes.is_some() {
+            lock(&self.unwalked).push(path.to_path_buf());
+        }
+    }
+
     /// Whether `path` (below walk root `root`) is excluded by its own name
     /// or path (its directories were checked when the walk reached them).
     fn excluded(&self, root: usize, path: &Path) -> bool {
@@ -984,13 +999,15 @@ impl Visitor for Collect {
     }
 
     fn unreadable(&self, path: &Path) {
-        if self.indexes.is_some() {
-            lock(&self.unreadable).push(path.to_path_buf());
-        }
+        self.unwalked(path);
     }
 
     fn skip_dir(&self, root: usize, path: &Path) -> bool {
-        self.excluded(root, path)
+        let skip = self.excluded(root, path);
+        if skip {
+            self.unwalked(path);
+        }
+        skip
     }
 }
 
@@ -1349,7 +1366,7 @@ fn find<P: AsRef<Path>>(
     let walked = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     // How the index records the walk's paths, and what it must keep.
     let spelled = Spelled::new(&roots);
-    let unreadable: Vec<Vec<u8>> = (c.unreadable.into_inner())
+    let unwalked: Vec<Vec<u8>> = (c.unwalked.into_inner())
         .unwrap_or_else(|e| e.into_inner())
         .iter()
         .map(|p| spelled.record_path(p).into_owned())
@@ -1415,7 +1432,7 @@ fn find<P: AsRef<Path>>(
         record_walk(
             ix,
             (&files, &inline_seen, &names),
-            (&spelled, &unreadable),
+            (&spelled, &unwalked),
             |dev| {
                 allowed
                     .get(&dev)
@@ -1690,7 +1707,7 @@ fn find<P: AsRef<Path>>(
         let seen = seen.as_ref().map(|dirs| index::Seen {
             dirs,
             roots: &abs,
-            kept: &unreadable,
+            kept: &unwalked,
         });
         ix.update(learnt.unwrap_or_default(), seen);
     }
@@ -1818,36 +1835,39 @@ impl Spelled {
 fn record_walk(
     ix: &Indexes,
     (files, inline, names): (&[Cand], &[InlineSeen], &Names),
-    (spelled, unreadable): (&Spelled, &[Vec<u8>]),
+    (spelled, unwalked): (&Spelled, &[Vec<u8>]),
     allowed: impl Fn(u64) -> bool,
 ) {
     ix.walked();
     // (A directory without a candidate of its own is rebuilt unless its
     // record is stored empty, under its path: its record was looked up
     // when the walk entered it.)
-    let mut dirs: Vec<((u64, u64), &Path, bool)> = names
+    let mut met: Vec<((u64, u64), &Path, stages::Met)> = names
         .dirs_met()
         .filter(|((dev, _), _, _)| allowed(*dev))
-        .filter(|&((dev, ino), path, m)| {
-            m.names != m.known || !ix.stored_as(dev, ino, m, &spelled.record_path(path))
-        })
-        // A directory read in part is left as stored.
-        .filter(|(_, path, _)| {
-            unreadable.is_empty() || !unreadable.contains(&spelled.record_path(path).into_owned())
-        })
-        .map(|(id, path, m)| (id, path, m.names > 0))
         .collect();
-    ix.forget_stored();
-    dirs.sort_unstable_by_key(|(id, _, _)| *id);
-    // (One directory met twice: its candidates are wanted if either
-    // time met any.)
-    dirs.dedup_by(|b, a| {
-        let same = a.0 == b.0;
-        if same {
-            a.2 |= b.2;
+    // One directory met under several paths (overlapping roots, a bind
+    // mount inside the tree): recorded under the least of them, the same
+    // in every run (one path, then another, was a record written again
+    // by every rerun).
+    met.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let mut dirs: Vec<((u64, u64), &Path, bool)> = Vec::new();
+    for same in met.chunk_by(|a, b| a.0 == b.0) {
+        let ((dev, ino), path, _) = same[0];
+        let recorded = spelled.record_path(path);
+        let rebuilt = (same.iter())
+            .any(|&(_, _, m)| m.names != m.known || !ix.stored_as(dev, ino, m, &recorded));
+        // A directory not walked whole is left as stored.
+        let partly = !unwalked.is_empty()
+            && (same.iter())
+                .any(|(_, p, _)| unwalked.contains(&spelled.record_path(p).into_owned()));
+        if rebuilt && !partly {
+            let any = same.iter().any(|(_, _, m)| m.names > 0);
+            dirs.push(((dev, ino), path, any));
         }
-        same
-    });
+    }
+    drop(met);
+    ix.forget_stored();
     if dirs.is_empty() {
         return;
     }
