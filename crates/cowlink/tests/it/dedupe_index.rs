@@ -1322,9 +1322,11 @@ fn a_file_deleted_beside_two_names_of_one_inode_is_pruned() {
 }
 
 /// Random names made, linked (in the same directory or another), renamed
-/// and removed, a few per round, in a handful of directories: after each
-/// run the index holds exactly an entry per file and directory holding it
-/// (no entry of a file gone is kept, none of a file there is lost).
+/// and removed, a few per round, in a handful of directories, the tree
+/// given each round by its path, through a symbolic link or with `..`:
+/// after each run the index holds exactly an entry per file and
+/// directory holding it (no entry of a file gone is kept, none of a file
+/// there is lost).
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn the_index_prunes_exactly_over_random_links_renames_and_removals() {
@@ -1339,6 +1341,8 @@ fn the_index_prunes_exactly_over_random_links_renames_and_removals() {
         }
         let mut rng = Rng(seed);
         let mut names: Vec<PathBuf> = Vec::new();
+        // Directories made (and removed) on the way.
+        let mut extra: Vec<PathBuf> = Vec::new();
         let mut next = 0;
         for round in 0..30 {
             for _ in 0..1 + rng.below(2) {
@@ -1348,7 +1352,22 @@ fn the_index_prunes_exactly_over_random_links_renames_and_removals() {
                 };
                 let dir = root.join(dirs[rng.below(dirs.len() as u64) as usize]);
                 next += 1;
-                match rng.below(5) {
+                match rng.below(7) {
+                    5 => {
+                        let x = dir.join(format!("x{next}"));
+                        fs::create_dir_all(&x).unwrap();
+                        let p = x.join("f");
+                        write_file(&p, &data(9000, rng.below(4)));
+                        names.push(p);
+                        extra.push(x);
+                    }
+                    6 => {
+                        if let Some(x) = pick(&mut rng, &extra) {
+                            fs::remove_dir_all(&x).unwrap();
+                            names.retain(|n| !n.starts_with(&x));
+                            extra.retain(|e| !e.starts_with(&x));
+                        }
+                    }
                     0 | 1 => {
                         // Inline on Btrfs or not.
                         let size = [900, 9000][rng.below(2) as usize];
@@ -1383,11 +1402,22 @@ fn the_index_prunes_exactly_over_random_links_renames_and_removals() {
                 }
             }
             sync(&root);
-            let (p, _) = run(&root, ix.path());
+            // The tree given by its path, through a link, or with `..`:
+            // recorded the same (by its real path) whichever it is.
+            let link = d.join(format!("prune-{seed}-link"));
+            let _ = fs::remove_file(&link);
+            std::os::unix::fs::symlink(&root, &link).unwrap();
+            let spelled = match rng.below(3) {
+                0 => root.clone(),
+                1 => link.clone(),
+                _ => root.join("b/.."),
+            };
+            let (p, _) = run(&spelled, ix.path());
             assert_eq!(
                 entries_held(&p),
                 files_per_dir(&root),
-                "seed {seed} round {round}: {p:?}"
+                "seed {seed} round {round}, as {}: {p:?}",
+                spelled.display()
             );
         }
     }
