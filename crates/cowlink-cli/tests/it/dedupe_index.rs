@@ -989,6 +989,32 @@ fn odd_paths_an_index_database_given_as_a_path_and_bare_names() {
     assert!(same_blocks(&here.join("x"), &here.join("y")));
 }
 
+/// Give tree `t` and index directory `ix` (made here) to `nobody`, open
+/// `top` to all, and return a run of `cowlink dedupe --json --index IX T`
+/// as `nobody`.
+fn nobodys<'a>(top: &Path, t: &'a Path, ix: &'a Path) -> impl Fn() -> Output + 'a {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(ix).unwrap();
+    let st = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(t)
+        .arg(ix)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    move || {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_cowlink"))
+            .args(["dedupe", "--json", "--index"])
+            .arg(ix)
+            .arg(t)
+            .output()
+            .unwrap()
+    }
+}
+
 /// The entries the index kept in `ix` holds (its one database).
 fn entries_in(ix: &Path) -> u64 {
     let db = std::fs::read_dir(ix)
@@ -1095,25 +1121,7 @@ fn pruning_when_the_walk_meets_no_file_a_link_or_a_closed_directory() {
             ("b/f2", 5005),
         ],
     );
-    std::fs::create_dir_all(&ix).unwrap();
-    let status = std::process::Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(&t)
-        .arg(&ix)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let as_nobody = || {
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_cowlink"))
-            .args(["dedupe", "--json", "--index"])
-            .arg(&ix)
-            .arg(&t)
-            .output()
-            .unwrap()
-    };
+    let as_nobody = nobodys(top, &t, &ix);
     let out = as_nobody();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(entries_in(&ix), 6);
@@ -1163,25 +1171,7 @@ fn what_the_walk_does_not_see_whole_is_kept_and_a_bind_mount_written_once() {
     // Listed, not searchable.
     let (t, ix) = (top.join("listed"), top.join("ix-listed"));
     mk(&t, &["a/f1", "a/f2", "b/f1", "b/f2"]);
-    std::fs::create_dir_all(&ix).unwrap();
-    let st = std::process::Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(&t)
-        .arg(&ix)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let as_nobody = || {
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_cowlink"))
-            .args(["dedupe", "--json", "--index"])
-            .arg(&ix)
-            .arg(&t)
-            .output()
-            .unwrap()
-    };
+    let as_nobody = nobodys(top, &t, &ix);
     json(&as_nobody());
     assert_eq!(entries_in(&ix), 4);
     std::fs::set_permissions(t.join("a"), std::fs::Permissions::from_mode(0o644)).unwrap();
