@@ -481,12 +481,7 @@ pub(super) fn ino_mark(ino: u64) -> u64 {
         use std::hash::BuildHasher;
         std::collections::hash_map::RandomState::new().hash_one(0x0063_6f77_6c69_6e6b_u64)
     });
-    // splitmix64's finaliser: a bijection whose every input bit moves
-    // every output bit.
-    let mut z = ino ^ key;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    super::mix64(ino ^ key)
 }
 
 /// A directory's record: its absolute path (for pruning) and the entries

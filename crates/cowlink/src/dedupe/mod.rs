@@ -245,15 +245,18 @@ impl LayoutRecheck {
                 // splitmix64 of the inode and the run's number: every
                 // inode equally likely in each run, independently of
                 // the runs before.
-                let mut z = ino ^ salt;
-                z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                z ^= z >> 31;
-                z % RECHECK_ONE_IN == 0
+                mix64((ino ^ salt).wrapping_add(0x9e37_79b9_7f4a_7c15)) % RECHECK_ONE_IN == 0
             }
         }
     }
+}
+
+/// splitmix64's finaliser: a bijection of 64 bits whose every input bit
+/// moves every output bit (the recheck's pick, the index's inode marks).
+pub(super) fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// The directories the walk starts from: `paths`, then the objects
@@ -1366,11 +1369,15 @@ fn find<P: AsRef<Path>>(
     let walked = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     // How the index records the walk's paths, and what it must keep.
     let spelled = Spelled::new(&roots);
-    let unwalked: Vec<Vec<u8>> = (c.unwalked.into_inner())
+    // Sorted, once each (a directory whose files cannot be examined is
+    // named once per file).
+    let mut unwalked: Vec<Vec<u8>> = (c.unwalked.into_inner())
         .unwrap_or_else(|e| e.into_inner())
         .iter()
         .map(|p| spelled.record_path(p).into_owned())
         .collect();
+    unwalked.sort_unstable();
+    unwalked.dedup();
     let files_scanned = (files.len() + inline.len()) as u64 + c.below_min.into_inner();
     let nothing_walked = walked.len() >= roots.len();
     let mut errors = refused;
@@ -1835,6 +1842,7 @@ impl Spelled {
 fn record_walk(
     ix: &Indexes,
     (files, inline, names): (&[Cand], &[InlineSeen], &Names),
+    // (`unwalked`: sorted, as recorded.)
     (spelled, unwalked): (&Spelled, &[Vec<u8>]),
     allowed: impl Fn(u64) -> bool,
 ) {
@@ -1859,8 +1867,10 @@ fn record_walk(
             .any(|&(_, _, m)| m.names != m.known || !ix.stored_as(dev, ino, m, &recorded));
         // A directory not walked whole is left as stored.
         let partly = !unwalked.is_empty()
-            && (same.iter())
-                .any(|(_, p, _)| unwalked.contains(&spelled.record_path(p).into_owned()));
+            && (same.iter()).any(|(_, p, _)| {
+                let p = spelled.record_path(p);
+                unwalked.binary_search_by(|u| u.as_slice().cmp(&p)).is_ok()
+            });
         if rebuilt && !partly {
             let any = same.iter().any(|(_, _, m)| m.names > 0);
             dirs.push(((dev, ino), path, any));
