@@ -81,3 +81,20 @@ pub fn malloc_keep_freed(keep: usize) {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = keep;
 }
+
+/// Hand the C allocator's free memory back to the system now: the free
+/// pages of every heap, not only those past the trim threshold
+/// ([`malloc_keep_freed`]) at each heap's top. For a program that has
+/// just let go of a large structure and is about to grow others: the
+/// freed pages would otherwise stay counted in its resident memory,
+/// scattered between live blocks where no threshold reaches them.
+///
+/// glibc's `malloc_trim`; elsewhere it does nothing.
+pub fn malloc_release_free() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes the allocator's own locks and only
+    // returns pages no block uses; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

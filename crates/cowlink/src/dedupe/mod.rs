@@ -76,6 +76,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, OsStr};
+use std::num::NonZeroU64;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -476,8 +477,11 @@ impl DedupePlan {
 
 #[derive(Default)]
 struct Collect {
-    /// The candidates and their names.
-    files: Mutex<(Vec<Cand>, Names)>,
+    /// The candidates and their names, and (with an index) the times
+    /// the walk saw of each candidate, by the same place: kept apart,
+    /// only the index's records need them, and planning lets them go
+    /// once those are written (24 bytes a candidate).
+    files: Mutex<(Vec<Cand>, Names, Vec<Times>)>,
     /// In the order met (the first is returned when nothing could be
     /// walked).
     errors: Mutex<Vec<Error>>,
@@ -666,16 +670,12 @@ impl Collect {
             hash: None,
             mapped: false,
             may_change,
-            times: Times {
-                mtime_ns: st.mtime_ns,
-                ctime_ns: st.ctime_ns,
-                btime_ns: st.btime_ns,
-            },
             known: false,
             whole: None,
             stamp: FileStamp::of(&st),
             changed: false,
         };
+        let times = Times::new(st.mtime_ns, st.ctime_ns, st.btime_ns);
         // Unchanged since a run learnt it: take what was learnt, read
         // nothing. Looked up in its directory's record (a file on another
         // device than its directory, a bind mount, is not indexed).
@@ -713,7 +713,7 @@ impl Collect {
             c.mapped = hit.mapped;
             if hit.mapped {
                 c.exclusive = hit.exclusive;
-                c.shared = hit.shared;
+                c.shared = hit.shared.and_then(NonZeroU64::new);
                 c.inline = hit.inline;
             }
             // An inline claim sets the file aside unread, and another
@@ -757,7 +757,7 @@ impl Collect {
             c.hash = hit.hash;
             c.whole = hit.whole.map(Box::new);
             if c.inline {
-                return self.set_aside(c, &e, held.as_ref());
+                return self.set_aside(c, times, &e, held.as_ref());
             }
         }
         if size <= 2 * EDGE && !c.mapped {
@@ -775,12 +775,12 @@ impl Collect {
                 }
             }
             if c.inline {
-                return self.set_aside(c, &e, held.as_ref());
+                return self.set_aside(c, times, &e, held.as_ref());
             }
         }
-        let known = !refresh && held.is_some_and(|h| entry_of(&c) == h);
+        let known = !refresh && held.is_some_and(|h| entry_of(&c, &times) == h);
         let mut files = lock(&self.files);
-        let (files, names) = &mut *files;
+        let (files, names, walked) = &mut *files;
         c.name = match e.dir {
             Some(d) => {
                 names.met(d.id, c.ino, known);
@@ -789,6 +789,9 @@ impl Collect {
             None => names.push(None, e.path().as_os_str()),
         };
         files.push(c);
+        if self.indexes.is_some() {
+            walked.push(times);
+        }
     }
 
     /// The index of an entry's directory, the directory's inode and
@@ -860,7 +863,7 @@ impl Collect {
     /// its device's shortest yet). With an index, it is counted as met in
     /// its entry's directory, `known` if the index held it (`held`) as it
     /// is.
-    fn set_aside(&self, c: Cand, e: &Entry<'_>, held: Option<&IndexEntry>) {
+    fn set_aside(&self, c: Cand, times: Times, e: &Entry<'_>, held: Option<&IndexEntry>) {
         let dir = e.dir.map(|d| d.id);
         // (A file on another device than its directory is not indexed.)
         let same_dev = |dir: usize| {
@@ -873,7 +876,7 @@ impl Collect {
                     dir: dir as u32,
                     ino: c.ino,
                     size: c.size,
-                    times: c.times,
+                    times,
                 };
                 lock(&self.files)
                     .1
@@ -1084,9 +1087,16 @@ pub fn dedupe<P: AsRef<Path>>(
                 ex.learn_layouts(ix.clone());
             }
             let (mut handed, mut found) = (Vec::new(), 0u64);
-            for (groups, runs) in rx {
+            for (batch, (groups, runs)) in rx.into_iter().enumerate() {
                 ex.source_runs(runs);
                 ex.start(&groups);
+                // The groups' own allocations, freed on the executor's
+                // threads, stay in their heaps between the learnt layouts
+                // growing there: given back every few batches (over
+                // 184,092 files on XFS, a first run's peak 3 MiB lower).
+                if batch % RELEASE_EVERY == RELEASE_EVERY - 1 {
+                    crate::run::release_free_heap();
+                }
                 found += groups.len() as u64;
                 if opts.keep_groups {
                     handed.extend(groups);
@@ -1359,7 +1369,7 @@ fn find<P: AsRef<Path>>(
     if run.cancelled() {
         return Err(cancelled());
     }
-    let (files, mut names) = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
+    let (files, mut names, mut times) = c.files.into_inner().unwrap_or_else(|e| e.into_inner());
     names.shrink();
     let SetAside {
         files: mut inline,
@@ -1428,6 +1438,10 @@ fn find<P: AsRef<Path>>(
         };
         allowed.insert(dev, ok);
     }
+    if !times.is_empty() {
+        let mut keep = files.iter().map(|c| allowed[&c.dev]);
+        times.retain(|_| keep.next().unwrap_or(false));
+    }
     files.retain(|c| allowed[&c.dev]);
     inline.retain(|i| allowed[&i.dev]);
     if let Some(ix) = indexes {
@@ -1438,7 +1452,7 @@ fn find<P: AsRef<Path>>(
         // index, if open, kept from an earlier run that was allowed.)
         record_walk(
             ix,
-            (&files, &inline_seen, &names),
+            (&files, &times, &inline_seen, &names),
             (&spelled, &unwalked),
             |dev| {
                 allowed
@@ -1448,7 +1462,8 @@ fn find<P: AsRef<Path>>(
             },
         );
     }
-    drop(inline_seen);
+    drop((inline_seen, times));
+    crate::run::release_free_heap();
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(run.threads_or(crate::run::cores))
@@ -1502,7 +1517,7 @@ fn find<P: AsRef<Path>>(
                     stamp: c.stamp,
                     what: Learnt::Layout {
                         exclusive: c.exclusive,
-                        shared: c.shared,
+                        shared: c.shared.map(NonZeroU64::get),
                         inline: c.inline,
                         hash: c.hash,
                     },
@@ -1524,6 +1539,7 @@ fn find<P: AsRef<Path>>(
     let (inline_dropped, size_groups) = stages::drop_inline(&mut files);
     plan.inline_skipped = inline.partnered + inline_dropped;
     let mut cl = stages::clusters(files, &size_groups, &names);
+    crate::run::release_free_heap();
     drop(size_groups);
     plan.groups_already_shared = cl.groups_already_shared;
     plan.files_already_shared = cl.files_already_shared;
@@ -1684,6 +1700,7 @@ fn find<P: AsRef<Path>>(
     // paths are built.
     pool.broadcast(|_| crate::ground::hash::release_buffer());
     drop(pool);
+    crate::run::release_free_heap();
 
     if run.cancelled() {
         return Err(cancelled());
@@ -1728,6 +1745,10 @@ fn find<P: AsRef<Path>>(
 /// Groups handed to the executor at a time (see
 /// [`DedupeOptions::keep_groups`]): a batch's paths are a few megabytes.
 const HAND_OVER_BATCH: usize = 2048;
+
+/// How many batches of groups the executor carries out between two
+/// releases of free heap ([`crate::run::release_free_heap`]).
+const RELEASE_EVERY: usize = 8;
 
 /// Build the groups of `sets` ([`stages::groups`]) and hand them over
 /// with `hand_over` in batches of [`HAND_OVER_BATCH`] sets, or keep them
@@ -1837,11 +1858,12 @@ impl Spelled {
 /// rebuilt into the record stored: it is skipped without being built
 /// (what an unchanged rerun meets everywhere; building and checking every
 /// record was a tenth of such a rerun over 154,608 files). The others'
-/// candidates are put in order by an index, not moved (a candidate is
-/// 160 bytes).
+/// candidates are put in order by their places, not moved (a candidate is
+/// 120 bytes, and its times 24 more).
 fn record_walk(
     ix: &Indexes,
-    (files, inline, names): (&[Cand], &[InlineSeen], &Names),
+    // (`times`: of each of `files`, by the same place.)
+    (files, times, inline, names): (&[Cand], &[Times], &[InlineSeen], &Names),
     // (`unwalked`: sorted, as recorded.)
     (spelled, unwalked): (&Spelled, &[Vec<u8>]),
     allowed: impl Fn(u64) -> bool,
@@ -1884,35 +1906,47 @@ fn record_walk(
     // The candidates of those directories, by directory and inode (none
     // to look for where no directory chosen met any: an unchanged rerun
     // rebuilds only those without candidates, and the scan of every
-    // candidate cost it 4-6 ms over 148,716 files).
-    let wanted: HashSet<(u64, u64)> = dirs
+    // candidate cost it 4-6 ms over 148,716 files). Places, grouped by a
+    // counting sort on each directory's slot: 4 bytes a candidate, where
+    // a sorted list of (device, directory, inode, place) took 32, at a
+    // first run's peak.
+    let slots: HashMap<(u64, u64), u32> = dirs
         .iter()
         .filter(|(_, _, any)| *any)
-        .map(|(id, _, _)| *id)
+        .enumerate()
+        .map(|(slot, (id, _, _))| (*id, slot as u32))
         .collect();
-    // (An index past the candidates is an inline file's.)
-    let (cands, inl): (&[Cand], &[InlineSeen]) = match wanted.is_empty() {
+    // (A place past the candidates is an inline file's.)
+    let (cands, inl): (&[Cand], &[InlineSeen]) = match slots.is_empty() {
         true => (&[], &[]),
         false => (files, inline),
     };
-    let mut order: Vec<(u64, u64, u64, u32)> = cands
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| {
-            let key = names.dir_key(c.name)?;
-            wanted
-                .contains(&key)
-                .then_some((key.0, key.1, c.ino, i as u32))
-        })
-        .chain(inl.iter().enumerate().filter_map(|(i, s)| {
-            let key = names.dir_key_of(s.dir)?;
-            wanted
-                .contains(&key)
-                .then_some((key.0, key.1, s.ino, (files.len() + i) as u32))
-        }))
+    let slot_of: Vec<u32> = (cands.iter().map(|c| names.dir_key(c.name)))
+        .chain(inl.iter().map(|s| names.dir_key_of(s.dir)))
+        .map(|key| key.and_then(|k| slots.get(&k).copied()).unwrap_or(u32::MAX))
         .collect();
-    drop(wanted);
-    order.sort_unstable();
+    let mut start = vec![0usize; slots.len() + 1];
+    for &s in slot_of.iter().filter(|&&s| s != u32::MAX) {
+        start[s as usize + 1] += 1;
+    }
+    for i in 1..start.len() {
+        start[i] += start[i - 1];
+    }
+    let mut order = vec![0u32; start[slots.len()]];
+    let mut next = start.clone();
+    for (i, &s) in slot_of.iter().enumerate().filter(|&(_, &s)| s != u32::MAX) {
+        order[next[s as usize]] = i as u32;
+        next[s as usize] += 1;
+    }
+    drop((slot_of, next));
+    let ino_of = |i: u32| match files.get(i as usize) {
+        Some(c) => c.ino,
+        None => inline[i as usize - files.len()].ino,
+    };
+    // By inode, then place (of two names of one inode, the first met).
+    for w in start.windows(2) {
+        order[w[0]..w[1]].sort_unstable_by_key(|&i| (ino_of(i), i));
+    }
     // Written per device in the index's order (`Indexes::write_order`).
     let write_order: HashMap<u64, fn(u64) -> u64> = dirs
         .iter()
@@ -1928,14 +1962,16 @@ fn record_walk(
                 .collect()
         });
         let recs = one.iter().map(|&(key, path, _)| {
-            let lo = order.partition_point(|o| (o.0, o.1) < key);
-            let hi = order.partition_point(|o| (o.0, o.1) <= key);
-            let mut entries: Vec<(u64, IndexEntry)> = order[lo..hi]
+            let placed = match slots.get(&key) {
+                Some(&s) => &order[start[s as usize]..start[s as usize + 1]],
+                None => &[],
+            };
+            let mut entries: Vec<(u64, IndexEntry)> = placed
                 .iter()
-                .filter_map(|o| match files.get(o.3 as usize) {
-                    Some(c) => (c.dev == key.0).then(|| (c.ino, entry_of(c))),
+                .filter_map(|&i| match files.get(i as usize) {
+                    Some(c) => (c.dev == key.0).then(|| (c.ino, entry_of(c, &times[i as usize]))),
                     None => {
-                        let s = &inline[o.3 as usize - files.len()];
+                        let s = &inline[i as usize - files.len()];
                         Some((s.ino, inline_entry(s)))
                     }
                 })
@@ -1955,14 +1991,14 @@ fn record_walk(
 
 /// What candidate `c` tells the index: its identity as the walk saw it,
 /// and what is known of it (from the index, or read this run).
-fn entry_of(c: &Cand) -> IndexEntry {
+fn entry_of(c: &Cand, times: &Times) -> IndexEntry {
     let id = cowlink_sys::FileId {
         dev: c.dev,
         ino: c.ino,
         size: c.size,
-        mtime_ns: c.times.mtime_ns,
-        ctime_ns: c.times.ctime_ns,
-        btime_ns: c.times.btime_ns,
+        mtime_ns: times.mtime_ns,
+        ctime_ns: times.ctime_ns,
+        btime_ns: times.btime_ns(),
         ..Default::default()
     };
     let mut e = IndexEntry::of(&id);
@@ -1971,7 +2007,7 @@ fn entry_of(c: &Cand) -> IndexEntry {
     if c.mapped {
         e.mapped = true;
         e.exclusive = c.exclusive;
-        e.shared = c.shared;
+        e.shared = c.shared.map(NonZeroU64::get);
         e.inline = c.inline;
     }
     e
@@ -1989,7 +2025,7 @@ fn inline_entry(s: &InlineSeen) -> IndexEntry {
             size: s.size,
             mtime_ns: s.times.mtime_ns,
             ctime_ns: s.times.ctime_ns,
-            btime_ns: s.times.btime_ns,
+            btime_ns: s.times.btime_ns(),
             ..Default::default()
         })
     }

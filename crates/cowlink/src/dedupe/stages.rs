@@ -343,7 +343,7 @@ pub(super) struct Cand {
     /// already shared, and `FIDEDUPERANGE` compares whatever is shared.
     /// A fingerprint rather than the runs: the index keeps it in 8 bytes,
     /// and a candidate holds no heap block for it.
-    pub shared: Option<u64>,
+    pub shared: Option<std::num::NonZeroU64>,
     /// The fingerprint of the runs whether shared or not, where every
     /// extent has its blocks (none delayed or inline); 0 when not known.
     /// Unwritten extents are left out, as holes (see [`layout_facts`]). A target shared whole with this file as its source
@@ -366,9 +366,6 @@ pub(super) struct Cand {
     /// The caller may make this file share another's blocks (root, its
     /// owner, or write permission); otherwise it can only be a source.
     pub may_change: bool,
-    /// The times the walk saw (with `size`, the identity the index checks
-    /// its entries by).
-    pub times: Times,
     /// What the plan knows of it came from the index: nothing of the file
     /// was read.
     pub known: bool,
@@ -382,12 +379,34 @@ pub(super) struct Cand {
     pub changed: bool,
 }
 
-/// A file's times as the walk saw them, in nanoseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A file's times as the walk saw them, in nanoseconds: 24 bytes, where
+/// an `Option` birth time would take 32 (one is held per candidate
+/// through the walk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Times {
     pub mtime_ns: i64,
     pub ctime_ns: i64,
-    pub btime_ns: Option<i64>,
+    /// [`Times::NO_BIRTH`] where the filesystem gives none.
+    btime_ns: i64,
+}
+
+impl Times {
+    /// No birth time: no time `statx` gives is this far back (it would
+    /// not fit 64 bits of nanoseconds).
+    const NO_BIRTH: i64 = i64::MIN;
+
+    pub fn new(mtime_ns: i64, ctime_ns: i64, btime_ns: Option<i64>) -> Times {
+        Times {
+            mtime_ns,
+            ctime_ns,
+            btime_ns: btime_ns.unwrap_or(Times::NO_BIRTH),
+        }
+    }
+
+    /// The birth time, where the filesystem gives one.
+    pub fn btime_ns(&self) -> Option<i64> {
+        (self.btime_ns != Times::NO_BIRTH).then_some(self.btime_ns)
+    }
 }
 
 /// A contiguous logical → physical run of a file's extents.
@@ -467,7 +486,7 @@ pub(super) fn layout_facts(list: &[Extent], c: &mut Cand) {
         }
     }
     let fp = fingerprint(&runs);
-    c.shared = all_shared.then_some(fp);
+    c.shared = std::num::NonZeroU64::new(fp).filter(|_| all_shared);
     c.runs = if all_placed { fp } else { 0 };
 }
 
@@ -957,7 +976,7 @@ mod tests {
     }
 
     fn shared(mut c: Cand, physical: u64) -> Cand {
-        c.shared = Some(fingerprint(&[Run {
+        c.shared = std::num::NonZeroU64::new(fingerprint(&[Run {
             logical: 0,
             physical,
             length: c.size,
@@ -1135,7 +1154,7 @@ mod tests {
             &mut c,
         );
         assert_eq!(
-            c.shared,
+            c.shared.map(|f| f.get()),
             Some(fingerprint(&[Run {
                 logical: 0,
                 physical: 4096,
@@ -1156,7 +1175,7 @@ mod tests {
         assert_eq!(d.shared, None, "not every block is shared");
         assert_eq!(d.exclusive, 4096);
         // Its runs are known all the same: a target shared with it takes them.
-        assert_eq!(c.runs, c.shared.unwrap());
+        assert_eq!(c.runs, c.shared.unwrap().get());
         let runs = [(0, 4096), (4096, 99 << 12)].map(|(logical, physical)| Run {
             logical,
             physical,
@@ -1180,7 +1199,7 @@ mod tests {
             physical: 4096,
             length: 4096,
         }];
-        assert_eq!(u.shared, Some(fingerprint(&written)));
+        assert_eq!(u.shared.map(|f| f.get()), Some(fingerprint(&written)));
         assert_eq!((u.exclusive, u.runs), (0, fingerprint(&written)));
 
         // An extent without its blocks (delayed, inline): a target
