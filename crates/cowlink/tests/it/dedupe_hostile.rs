@@ -287,3 +287,28 @@ fn after_a_source_rewritten_under_the_call_a_rerun_shares_the_targets() {
     }
     assert!(landed[0] > 0 && landed[1] > 0, "{landed:?}");
 }
+
+#[allow(dead_code)]
+#[path = "../../../../fuzz/fuzz_targets/index_record_check.rs"]
+mod index_record_check;
+
+/// The `index_record` fuzz target's seed corpus (fuzz/seeds/index_record:
+/// records of real indexes, XFS and Btrfs) replayed on stable through the
+/// same checks the target runs, with every seed also cut short and
+/// changed byte by byte, the directory's inode included. A seed, as a
+/// real record, encodes to exactly its own bytes.
+#[test]
+fn index_record_fuzz_corpus_replay() {
+    let seeds = crate::replay_corpus("index_record", |b| {
+        index_record_check::check(b);
+    });
+    for (p, bytes) in &seeds {
+        assert_eq!(
+            index_record_check::check(bytes).as_deref(),
+            Some(&bytes[8..]),
+            "{}: a real record is refused or not its own encoding",
+            p.display()
+        );
+    }
+    assert!(seeds.len() >= 10, "{} seeds", seeds.len());
+}

@@ -497,36 +497,12 @@ mod block_record_check;
 /// seed also cut short and flipped byte by byte.
 #[test]
 fn block_record_fuzz_corpus_replay() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/block_record");
-    let mut accepted = 0;
-    let mut n = 0;
-    for e in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let p = e.unwrap().path();
-        let bytes = fs::read(&p).unwrap();
-        accepted += usize::from(BlockRecord::from_bytes(&bytes).is_ok());
-        let mut inputs = vec![bytes.clone()];
-        inputs.extend((0..bytes.len()).map(|k| bytes[..k].to_vec()));
-        inputs.extend((0..bytes.len()).map(|k| {
-            let mut b = bytes.clone();
-            b[k] = b[k].wrapping_add(1);
-            b
-        }));
-        for input in inputs {
-            let r = std::panic::catch_unwind(|| block_record_check::check(&input));
-            assert!(
-                r.is_ok(),
-                "{} (variant of {} bytes) fails",
-                p.display(),
-                input.len()
-            );
-        }
-        n += 1;
-    }
-    assert!(
-        n >= 5 && accepted >= 5,
-        "{n} seeds, {accepted} valid, in {}",
-        dir.display()
-    );
+    let seeds = crate::replay_corpus("block_record", block_record_check::check);
+    let n = seeds.len();
+    let accepted = (seeds.iter())
+        .filter(|(_, b)| BlockRecord::from_bytes(b).is_ok())
+        .count();
+    assert!(n >= 5 && accepted >= 5, "{n} seeds, {accepted} valid");
 }
 
 /// As a snapshot set uses it: the old version is the earlier snapshot's
