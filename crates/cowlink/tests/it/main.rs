@@ -40,7 +40,9 @@ fn same_blocks(a: &Path, b: &Path) -> bool {
 /// length and with each byte in turn changed, none of which may panic.
 /// Gives back the seeds, to be asserted on.
 fn replay_corpus(name: &str, check: impl Fn(&[u8])) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/seeds")
+        .join(name);
     let mut seeds = Vec::new();
     for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let p = e.unwrap().path();
