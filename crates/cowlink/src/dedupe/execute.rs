@@ -512,7 +512,15 @@ impl Learn {
         // Followed: the path's own lookup follows a link there (a root
         // given as `link/`), and the walk keyed its record by the
         // directory it read, not by the link.
-        let got = cowlink_sys::stat(at).ok().map(|st| (st.st_dev, st.st_ino));
+        // A path past PATH_MAX is opened in pieces.
+        let got = cowlink_sys::stat(at)
+            .ok()
+            .or_else(|| {
+                let flags = fs::OFlags::PATH | fs::OFlags::DIRECTORY | fs::OFlags::CLOEXEC;
+                let fd = crate::prim::files::open_deep(at, flags).ok()?;
+                cowlink_sys::fstat(fd.as_fd()).ok()
+            })
+            .map(|st| (st.st_dev, st.st_ino));
         let mut d = lock(&self.dirs);
         // (Another thread may have met it meanwhile.)
         if let Some(&place) = d.by_path.get(bytes) {
@@ -844,9 +852,9 @@ impl<'a> Executor<'a> {
         let late_from = w.late_from;
         let held: Vec<Relaid> = (w.files.into_iter())
             .filter_map(|h| {
-                let fp = match h.source {
-                    MOVED => None,
-                    at => fps[at as usize],
+                let shared = match h.source {
+                    MOVED => Relaid::MOVED,
+                    at => fps[at as usize].unwrap_or(Relaid::MOVED),
                 };
                 let (dev, dir) = dirs.keys[h.dir as usize]?;
                 Some(Relaid {
@@ -854,7 +862,7 @@ impl<'a> Executor<'a> {
                     dir,
                     ino: h.ino,
                     stamp: h.stamp,
-                    shared: fp.unwrap_or(Relaid::MOVED),
+                    shared,
                 })
             })
             .collect();
