@@ -516,7 +516,7 @@ impl Learn {
         let got = cowlink_sys::stat(at)
             .ok()
             .or_else(|| {
-                let flags = fs::OFlags::PATH | fs::OFlags::DIRECTORY | fs::OFlags::CLOEXEC;
+                let flags = cowlink_sys::O_PATH | fs::OFlags::DIRECTORY | fs::OFlags::CLOEXEC;
                 let fd = crate::prim::files::open_deep(at, flags).ok()?;
                 cowlink_sys::fstat(fd.as_fd()).ok()
             })
