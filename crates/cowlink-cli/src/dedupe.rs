@@ -391,9 +391,17 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             0 => String::new(),
             n => format!(", {n} of them not even stat'ed (Btrfs transaction)"),
         };
+        // Layouts moved behind the index (another tool's dedupe).
+        let corrected = match ix.corrected {
+            0 => String::new(),
+            n => format!(
+                " ({} moved behind the index, corrected)",
+                count(n, "layout", "layouts")
+            ),
+        };
         writeln!(
             out,
-            "index: {} not read (unchanged){unstated}, {} written, {} of files gone removed",
+            "index: {} not read (unchanged){unstated}, {} written{corrected}, {} of files gone removed",
             count(ix.unchanged, "file", "files"),
             count(ix.written, "entry", "entries"),
             count(ix.pruned, "entry", "entries"),

@@ -185,6 +185,7 @@ impl Plan {
             unstated: r.unstated,
             written: r.written,
             pruned: r.pruned,
+            corrected: r.corrected,
             notes: r.notes.clone(),
         })
     }
@@ -249,6 +250,9 @@ record!(
         written: u64,
         /// Entries of files gone from the paths walked, removed.
         pruned: u64,
+        /// Of `written`, layouts held that a fresh map found wrong (moved
+        /// behind the index by another program), written as mapped.
+        corrected: u64,
         /// What to know: an index rebuilt (damaged, another format),
         /// damaged entries dropped, an index in use by another run.
         notes: Vec<String>,

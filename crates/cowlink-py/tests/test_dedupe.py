@@ -67,6 +67,7 @@ def test_dedupe_index_makes_a_rerun_read_only_what_changed(
     again = cowlink.dedupe.plan([xfs / "t"], index=str(ix))
     assert again.bytes_hashed == 0
     assert again.index is not None and again.index.unchanged == 12
+    assert again.index.corrected == 0
     # A new duplicate of one file: only it is read, and the pair is found
     # against the indexed file.
     write(xfs / "t" / "dup", files[3].read_bytes())

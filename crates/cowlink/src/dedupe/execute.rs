@@ -646,6 +646,15 @@ fn runs_of(fd: &OwnedFd) -> Option<u64> {
     (c.runs != 0).then_some(c.runs)
 }
 
+/// The fingerprint of the runs of the open file `fd`, mapped with its
+/// dirty pages written back, where every block it has is shared.
+fn all_shared_runs(fd: &OwnedFd) -> Option<u64> {
+    let list = extents_fd(fd.as_fd(), true).ok()?;
+    let mut c = super::stages::Cand::default();
+    super::layout_facts(&list, &mut c);
+    c.shared.map(|f| f.get()).filter(|&f| f == c.runs)
+}
+
 /// Per filesystem (device), shared by the groups running in parallel.
 #[derive(Default)]
 struct FsState {
@@ -1843,6 +1852,19 @@ fn dedupe_group(
                     // counts it as: a file already shared, not a target.
                     if mates.iter().any(|(m, _)| *m == t) {
                         continue;
+                    }
+                    // Every block held elsewhere, though its index entry
+                    // may say they are its own: such a claim is trusted,
+                    // never mapped again (it spares no work), yet it
+                    // decides which file of a group is the source, and a
+                    // stale one kept a copy apart run after run. Learnt
+                    // as it is, when it shares every block (mapped with
+                    // its dirty pages written back, as the plan maps),
+                    // and checked at the run's end as a source is.
+                    if let Some(learn) = learn {
+                        if let Some(runs) = all_shared_runs(&fd) {
+                            learn.await_source(t, (t_dev, ino, stamp), runs, &[]);
+                        }
                     }
                     report.skipped.push(SkippedTarget {
                         path: t.clone(),

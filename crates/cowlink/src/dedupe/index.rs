@@ -244,6 +244,13 @@ pub struct IndexReport {
     /// Entries of files gone from the walked paths (from their
     /// directory, or with it), removed.
     pub pruned: u64,
+    /// Of [`IndexReport::written`], layouts the index held that a fresh
+    /// map found wrong: blocks moved behind the index, with the file's
+    /// times left as they were (another program's dedupe or clone, a
+    /// defragment). Found by the sampled recheck or `--recheck-layouts`;
+    /// each is written as mapped.
+    #[serde(default)]
+    pub corrected: u64,
     /// Things the user should know: an index rebuilt (damaged, another
     /// format), damaged entries dropped, an index in use by another run.
     pub notes: Vec<String>,
@@ -674,6 +681,8 @@ pub(super) struct FsIndex {
     damaged: AtomicU64,
     unchanged: AtomicU64,
     unstated: AtomicU64,
+    /// Layout claims a fresh map found wrong ([`IndexReport::corrected`]).
+    corrected: AtomicU64,
     state: Mutex<State>,
     /// redb failed (panicked) reading it: a damage its checks missed.
     /// Nothing more is read or written; the file is removed at commit.
@@ -920,6 +929,11 @@ impl FsIndex {
             }
         }
         DirProof::Searched { written, refresh }
+    }
+
+    /// A layout claim of this index, mapped again, was found wrong.
+    pub fn corrected(&self) {
+        self.corrected.fetch_add(1, Ordering::Relaxed);
     }
 
     /// What the index knows of the regular file (by its directory entry)
@@ -1923,6 +1937,7 @@ impl Indexes {
             r.files.push(ix.file.clone());
             r.unchanged += ix.unchanged.load(Ordering::Relaxed);
             r.unstated += ix.unstated.load(Ordering::Relaxed);
+            r.corrected += ix.corrected.load(Ordering::Relaxed);
             let damaged = ix.damaged.load(Ordering::Relaxed);
             if damaged > 0 {
                 r.notes.push(format!(
@@ -2088,6 +2103,7 @@ impl Indexes {
             damaged: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
             unstated: AtomicU64::new(0),
+            corrected: AtomicU64::new(0),
             state: Mutex::default(),
             broken: Default::default(),
             lazy: Default::default(),

@@ -692,6 +692,14 @@ impl Collect {
         // What the index holds of it, to tell whether it still holds it
         // exactly (see `record_walk`).
         let held = hit.clone();
+        // A layout claim mapped again and found wrong is counted.
+        let corrected = || {
+            if let Some((fs, ..)) = &proof {
+                fs.corrected();
+            }
+        };
+        // An inline claim picked to be mapped again.
+        let mut inline_checked = false;
         if let Some(hit) = hit {
             // A claim that would spare work, trusted unchecked: the
             // directory's record cannot be given this run's transaction.
@@ -721,6 +729,7 @@ impl Collect {
             // leaving its times: one picked is taken as a new file
             // (mapped, below), not trusted.
             if c.inline && picks_inline(st.ino) {
+                inline_checked = true;
                 c.known = false;
                 c.mapped = false;
                 c.inline = false;
@@ -744,6 +753,10 @@ impl Collect {
                     Some(list) => {
                         c.exclusive = 0;
                         layout_facts(&list, &mut c);
+                        let now = (c.exclusive, c.shared.map(NonZeroU64::get), c.inline);
+                        if now != (hit.exclusive, hit.shared, false) {
+                            corrected();
+                        }
                     }
                     // Not mapped again: taken as a new file.
                     None => {
@@ -773,6 +786,9 @@ impl Collect {
                 if !read_layout(fd.as_fd(), &mut c) {
                     return self.error(changed_while_read(&e.path()));
                 }
+            }
+            if inline_checked && !c.inline {
+                corrected();
             }
             if c.inline {
                 return self.set_aside(c, times, &e, held.as_ref());

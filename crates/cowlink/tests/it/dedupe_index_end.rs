@@ -18,6 +18,8 @@ use cowlink::dedupe::{dedupe, DedupeOptions, DedupePlan, DedupeReport, LayoutRec
 use cowlink::extents::extents;
 use cowlink_testfs::{data, testfs};
 
+use crate::dedupe_space::reflink;
+
 /// A run that trusts every indexed layout while its file's identity
 /// holds: what the index claims is all it knows.
 fn trusting(ix: &Path) -> DedupeOptions {
@@ -48,16 +50,6 @@ type Model = HashMap<PathBuf, (usize, u64)>;
 
 /// Sizes around one and two edges (4 KiB), none inline on Btrfs.
 const SIZES: [usize; 7] = [4096, 6000, 8192, 8193, 12_288, 20_000, 65_537];
-
-fn reflink(from: &Path, to: &Path) {
-    let st = std::process::Command::new("cp")
-        .arg("--reflink=always")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(st.success(), "cp --reflink {from:?} {to:?}");
-}
 
 /// A content of the pool: about three files of each, in directories
 /// drawn at random.

@@ -42,7 +42,7 @@ fn sync(dir: &Path) {
 }
 
 /// A reflink of `src` at `dst` (fails rather than copies).
-fn reflink(src: &Path, dst: &Path) {
+pub(crate) fn reflink(src: &Path, dst: &Path) {
     let opts = CloneOptions {
         link: LinkMode::Clone,
         ..CloneOptions::default()
