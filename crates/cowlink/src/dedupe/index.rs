@@ -244,11 +244,12 @@ pub struct IndexReport {
     /// Entries of files gone from the walked paths (from their
     /// directory, or with it), removed.
     pub pruned: u64,
-    /// Of [`IndexReport::written`], layouts the index held that a fresh
-    /// map found wrong: blocks moved behind the index, with the file's
-    /// times left as they were (another program's dedupe or clone, a
-    /// defragment). Found by the sampled recheck or `--recheck-layouts`;
-    /// each is written as mapped.
+    /// Files whose layout, as the index held it, a fresh map found
+    /// wrong: blocks moved or unshared while the file's times stayed
+    /// (another program's dedupe or clone, a defragment, the deletion of
+    /// a file they were shared with). Found by the sampled recheck or
+    /// `--recheck-layouts`; each is written as mapped. A file counts
+    /// once, however many names it has.
     #[serde(default)]
     pub corrected: u64,
     /// Things the user should know: an index rebuilt (damaged, another
@@ -681,8 +682,9 @@ pub(super) struct FsIndex {
     damaged: AtomicU64,
     unchanged: AtomicU64,
     unstated: AtomicU64,
-    /// Layout claims a fresh map found wrong ([`IndexReport::corrected`]).
-    corrected: AtomicU64,
+    /// The inodes whose layout claim a fresh map found wrong
+    /// ([`IndexReport::corrected`]).
+    corrected: Mutex<HashSet<u64>>,
     state: Mutex<State>,
     /// redb failed (panicked) reading it: a damage its checks missed.
     /// Nothing more is read or written; the file is removed at commit.
@@ -931,9 +933,10 @@ impl FsIndex {
         DirProof::Searched { written, refresh }
     }
 
-    /// A layout claim of this index, mapped again, was found wrong.
-    pub fn corrected(&self) {
-        self.corrected.fetch_add(1, Ordering::Relaxed);
+    /// The layout claim of inode `ino`, mapped again, was found wrong
+    /// (under one of its names).
+    pub fn corrected(&self, ino: u64) {
+        lock(&self.corrected).insert(ino);
     }
 
     /// What the index knows of the regular file (by its directory entry)
@@ -1937,7 +1940,7 @@ impl Indexes {
             r.files.push(ix.file.clone());
             r.unchanged += ix.unchanged.load(Ordering::Relaxed);
             r.unstated += ix.unstated.load(Ordering::Relaxed);
-            r.corrected += ix.corrected.load(Ordering::Relaxed);
+            r.corrected += lock(&ix.corrected).len() as u64;
             let damaged = ix.damaged.load(Ordering::Relaxed);
             if damaged > 0 {
                 r.notes.push(format!(
@@ -2103,7 +2106,7 @@ impl Indexes {
             damaged: AtomicU64::new(0),
             unchanged: AtomicU64::new(0),
             unstated: AtomicU64::new(0),
-            corrected: AtomicU64::new(0),
+            corrected: Mutex::default(),
             state: Mutex::default(),
             broken: Default::default(),
             lazy: Default::default(),

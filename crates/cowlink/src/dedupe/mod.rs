@@ -695,7 +695,7 @@ impl Collect {
         // A layout claim mapped again and found wrong is counted.
         let corrected = || {
             if let Some((fs, ..)) = &proof {
-                fs.corrected();
+                fs.corrected(st.ino);
             }
         };
         // An inline claim picked to be mapped again.

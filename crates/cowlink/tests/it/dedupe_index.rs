@@ -1734,7 +1734,7 @@ fn a_btrfs_snapshot_gets_its_own_index_and_its_changes_are_caught() {
     assert_eq!(r.targets_deduped, 0, "{r:?}");
 }
 
-/// Files `x/a` and `x/c` of equal bytes under `root`, shared by two
+/// Files `x/a` and `x/c` (also named `x/c2`) of equal bytes under `root`, shared by two
 /// indexed runs (index in `ix`); then another tool's dedupe (`xfs_io`)
 /// moves `c` onto `other/d`, blocks of its own outside `root`. Returns
 /// `c`'s metadata before and after the move.
@@ -1749,6 +1749,8 @@ fn a_layout_moved_behind_the_index(
     for name in ["a", "c"] {
         fs::write(root.join("x").join(name), &bytes).unwrap();
     }
+    // A second name of `c` beside it: one file, one correction.
+    fs::hard_link(root.join("x/c"), root.join("x/c2")).unwrap();
     sync(root);
     run(root, ix);
     run(root, ix);
@@ -1793,7 +1795,8 @@ fn xfs_a_file_moved_by_another_dedupe_is_not_claimed_shared() {
         "the dedupe left the ctime (what this test is about)"
     );
     let (p, _) = run(&root, ix.path());
-    // `c` moved, and `a` now holds its blocks alone: both claims wrong.
+    // `c` moved (two names, one file), and `a` now holds its blocks
+    // alone: both claims wrong.
     assert_eq!(index_of(&p).corrected, 2, "{p:?}");
     assert_shared_iff_equal(&root);
     let (p, _) = run(&root, ix.path());
@@ -3661,52 +3664,76 @@ fn btrfs_remounted_with_a_smaller_max_inline_does_not_claim_rewrites_inline() {
     drop(m);
 }
 
-/// `a`, `b` and `c`, equal, are shared by an indexed run onto `a`'s
+/// `a`, `b`, `c` and `e`, equal, are shared by an indexed run onto `a`'s
 /// blocks; then another tool's dedupe (`xfs_io`, times left alone) moves
-/// `b` and `c` onto the blocks of a copy outside the tree, and `b` is
-/// touched, so the index maps it again while it goes on claiming that
-/// `c` shares `a`'s blocks. The next run, trusting the index, plans `b`
-/// as a target of `a` and `c` as already sharing `a`'s blocks: the guard
-/// finds `b`'s blocks held by `c`, outside the group (named on Btrfs as
-/// root; on XFS, a shared extent no file of the group maps). `c` must
-/// then be shared with it, not `b` refused: all three end up on `a`'s
-/// blocks, nothing is skipped, and the run after that has nothing to do.
-fn a_stale_mate_holding_a_targets_blocks(dir: &Path) {
+/// `b`, `c` and `e` onto the blocks of a copy outside the tree, and `b`
+/// and `e` are touched, so the index maps them again while it goes on
+/// claiming that `c` shares `a`'s blocks. The next run, trusting the
+/// index, plans `b` and `e` as targets of `a` and `c` as already sharing
+/// `a`'s blocks (two clusters of two: the first path's is the source):
+/// the guard finds `b`'s blocks held by `c`, outside the group (named on
+/// Btrfs as root; on XFS, a shared extent no file of the group maps).
+/// `c` must then be shared with them, not `b` refused: all four end up
+/// on `a`'s blocks, nothing is skipped, and the run after that has
+/// nothing to do.
+///
+/// Without `e` (`with_e` false), `b` is a file alone in its cluster
+/// whose blocks are all shared, which the plan makes the source (held
+/// outside the set, as far as the plan can tell): `a` and `c` are its
+/// targets, and all three end up on `b`'s blocks, with no stale mate. On
+/// XFS `e` would keep the stale mate from being found (`b`'s extent is
+/// mapped by a target of the group, so nothing proves it held outside):
+/// the sampled recheck finds `c` later.
+fn a_stale_mate_holding_a_targets_blocks(dir: &Path, with_e: bool) {
     let ix = tempfile::tempdir().unwrap();
     let top = dir.join("stale-mate");
     let (root, other) = (top.join("in"), top.join("out"));
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&other).unwrap();
     let bytes = data((1 << 20) + 4096, 201);
-    let [a, b, c] = ["a", "b", "c"].map(|n| root.join(n));
-    for p in [&a, &b, &c] {
+    let names: &[&str] = if with_e {
+        &["a", "b", "c", "e"]
+    } else {
+        &["a", "b", "c"]
+    };
+    let all: Vec<PathBuf> = names.iter().map(|n| root.join(n)).collect();
+    let (a, b, c) = (&all[0], &all[1], &all[2]);
+    for p in &all {
         write_file(p, &bytes);
     }
     sync(&top);
     let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
-    assert!(same_blocks(&a, &b) && same_blocks(&a, &c));
+    assert!(all.iter().all(|p| same_blocks(a, p)));
     let z = other.join("z");
     write_file(&z, &bytes);
     sync(&top);
-    for p in [&c, &b] {
+    for p in &all[1..] {
         let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
         assert!(xfs_io_ok(p, &[cmd]), "xfs_io dedupe onto {}", z.display());
     }
-    // `b` is a file the index maps again; `c`'s entry still holds.
-    rustix::fs::chmod(&b, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    // `b` (and `e`) are files the index maps again; `c`'s entry still holds.
+    for p in all.iter().filter(|p| *p != c).skip(1) {
+        rustix::fs::chmod(p, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    }
     fs::remove_file(&z).unwrap();
     sync(&top);
-    assert!(same_blocks(&b, &c) && !same_blocks(&a, &c));
+    assert!(all[1..].iter().all(|p| same_blocks(b, p)) && !same_blocks(a, c));
     let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
-    assert!(
-        p.groups.iter().any(|g| g.already_shared == [c.clone()]),
-        "the plan takes `c` as sharing the source's blocks: {p:?}"
-    );
+    match with_e {
+        true => assert!(
+            p.groups.iter().any(|g| g.already_shared == [c.clone()]),
+            "the plan takes `c` as sharing the source's blocks: {p:?}"
+        ),
+        false => assert!(
+            p.groups.iter().any(|g| &g.source == b),
+            "the plan takes `b` as the source: {p:?}"
+        ),
+    }
     assert!(r.skipped.is_empty(), "nothing refused: {:?}", r.skipped);
-    assert_eq!(r.targets_deduped, 2, "{r:?}");
-    assert!(same_blocks(&a, &b) && same_blocks(&a, &c));
+    assert_eq!(r.targets_deduped, all.len() as u64 - 1, "{r:?}");
+    assert!(all.iter().all(|p| same_blocks(a, p)));
     let (_, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert_eq!((r.targets_deduped, r.skipped.len()), (0, 0), "{r:?}");
     assert_shared_iff_equal(&root);
@@ -3716,14 +3743,15 @@ fn a_stale_mate_holding_a_targets_blocks(dir: &Path) {
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
     let d = testfs!(Btrfs);
-    a_stale_mate_holding_a_targets_blocks(d.path());
+    a_stale_mate_holding_a_targets_blocks(&d.path().join("e"), true);
+    a_stale_mate_holding_a_targets_blocks(d.path(), false);
 }
 
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
     let d = testfs!(Xfs);
-    a_stale_mate_holding_a_targets_blocks(d.path());
+    a_stale_mate_holding_a_targets_blocks(d.path(), false);
 }
 
 /// `execute` writes nothing to the index, even given one in its options
@@ -4130,8 +4158,8 @@ fn btrfs_a_stale_mate_shared_is_not_also_counted_already_shared() {
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&other).unwrap();
     let bytes = data((1 << 20) + 4096, 210);
-    let [a, b, c, e] = ["a", "b", "c", "d"].map(|n| root.join(n));
-    for p in [&a, &b, &c, &e] {
+    let [a, b, c, e, f] = ["a", "b", "c", "d", "e"].map(|n| root.join(n));
+    for p in [&a, &b, &c, &e, &f] {
         write_file(p, &bytes);
     }
     sync(&top);
@@ -4140,23 +4168,28 @@ fn btrfs_a_stale_mate_shared_is_not_also_counted_already_shared() {
     let z = other.join("z");
     write_file(&z, &bytes);
     sync(&top);
-    for p in [&c, &b] {
+    // `f` moves and is mapped again with `b`: their cluster is not a
+    // file alone, which the plan would make the source.
+    for p in [&c, &b, &f] {
         let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
         assert!(xfs_io_ok(p, &[cmd]), "xfs_io dedupe onto {}", z.display());
     }
-    rustix::fs::chmod(&b, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    for p in [&b, &f] {
+        rustix::fs::chmod(p, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    }
     fs::remove_file(&z).unwrap();
     sync(&top);
     let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
-    assert!(same_blocks(&a, &b) && same_blocks(&a, &c) && same_blocks(&a, &e));
-    assert_eq!(r.targets_deduped, 2, "{r:?}");
+    assert!([&b, &c, &e, &f].iter().all(|p| same_blocks(&a, p)));
+    assert_eq!(r.targets_deduped, 3, "{r:?}");
     assert_eq!(p.files_already_shared, 1, "{p:?}");
 }
 
 /// As in [`btrfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too`],
-/// a snapshot holding the stale `c`'s blocks too: `b` is refused as held
-/// elsewhere, and `c`, left as it was, is counted once, among the files
+/// a snapshot holding the stale `c`'s blocks too: `b` and `e` (moved
+/// with it) are refused as held elsewhere, and `c`, left as it was, is
+/// counted once, among the files
 /// already shared (as the plan has it), not also among those skipped.
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
@@ -4171,8 +4204,8 @@ fn btrfs_a_stale_mate_held_by_a_snapshot_is_not_reported_skipped() {
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&other).unwrap();
     let bytes = data((1 << 20) + 4096, 211);
-    let [a, b, c] = ["a", "b", "c"].map(|n| root.join(n));
-    for p in [&a, &b, &c] {
+    let [a, b, c, e] = ["a", "b", "c", "e"].map(|n| root.join(n));
+    for p in [&a, &b, &c, &e] {
         write_file(p, &bytes);
     }
     sync(&sv);
@@ -4181,11 +4214,15 @@ fn btrfs_a_stale_mate_held_by_a_snapshot_is_not_reported_skipped() {
     let z = other.join("z");
     write_file(&z, &bytes);
     sync(&sv);
-    for p in [&c, &b] {
+    // `e` moves and is mapped again with `b`: their cluster is not a
+    // file alone, which the plan would make the source.
+    for p in [&c, &b, &e] {
         let cmd = format!("dedupe {} 0 0 {}", z.display(), bytes.len());
         assert!(xfs_io_ok(p, &[cmd]), "xfs_io dedupe onto {}", z.display());
     }
-    rustix::fs::chmod(&b, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    for p in [&b, &e] {
+        rustix::fs::chmod(p, rustix::fs::Mode::from_raw_mode(0o640)).unwrap();
+    }
     fs::remove_file(&z).unwrap();
     let snap = d.path().join("snap");
     btrfs(&[
@@ -4201,7 +4238,7 @@ fn btrfs_a_stale_mate_held_by_a_snapshot_is_not_reported_skipped() {
     assert_eq!(p.files_already_shared, 1, "{p:?}");
     assert_eq!(r.targets_deduped, 0, "{r:?}");
     let skipped: Vec<&PathBuf> = r.skipped.iter().map(|s| &s.path).collect();
-    assert_eq!(skipped, [&b], "{r:?}");
+    assert_eq!(skipped, [&b, &e], "{r:?}");
     drop(subs);
 }
 
@@ -4595,57 +4632,64 @@ fn xfs_files_below_path_max_are_learnt_once_shared() {
 /// A file the index learnt as holding its blocks alone, whose blocks
 /// another program then reflinked into a file outside its group (its
 /// identity does not move, and a claim of blocks held alone is never
-/// mapped again): a copy of it arrives, the plan from the stale claim
-/// makes the copy the source and the file a target, which the executor
-/// leaves as it is (held elsewhere). That run learns the file as it is,
-/// so the next takes it as the source and shares the copy: before,
-/// every run left the two apart.
-fn a_target_found_held_elsewhere(dir: &Path, seed: u64) {
+/// mapped again): `copies` copies of it arrive, of `size` bytes. The plan
+/// from the stale claim makes a copy the source and the file a target,
+/// which the executor leaves as it is (held elsewhere), and shares the
+/// other copies onto the first. That run learns the file as it is, so
+/// the next takes it as the source (held outside, it frees nothing as a
+/// target, while the copies, even shared among themselves, give their
+/// blocks back) and shares every copy onto it. Before, every run left
+/// them apart.
+fn a_target_found_held_elsewhere(dir: &Path, seed: u64, size: usize, copies: usize) {
     let ix = tempfile::tempdir().unwrap();
-    let root = dir.join(format!("held-elsewhere-{seed}"));
+    let top = dir.join(format!("held-elsewhere-{seed}"));
+    let root = top.join("in");
     fs::create_dir_all(root.join("z")).unwrap();
     fs::create_dir_all(root.join("b")).unwrap();
+    fs::create_dir_all(top.join("out")).unwrap();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let bytes = data(12288, rng.u64(..));
-    let (a, b, r) = (root.join("z/a"), root.join("b/b"), root.join("r"));
+    let bytes = data(size, rng.u64(..));
+    let a = root.join("z/a");
     write_file(&a, &bytes);
     // A partner of its size, other bytes: `a` is mapped and learnt.
-    write_file(&root.join("p"), &data(12288, rng.u64(..)));
+    write_file(&root.join("p"), &data(size, rng.u64(..)));
     sync(&root);
     let (p, _) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert!(p.errors.is_empty(), "{p:?}");
-    reflink(&a, &r);
-    let tail = data(4096, rng.u64(..));
-    fs::OpenOptions::new()
-        .append(true)
-        .open(&r)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, &tail))
-        .unwrap();
-    write_file(&b, &bytes);
+    // Every block of `a` held outside the tree too.
+    reflink(&a, &top.join("out/r"));
+    let copies: Vec<PathBuf> = (0..copies).map(|i| root.join(format!("b/b{i}"))).collect();
+    for b in &copies {
+        write_file(b, &bytes);
+    }
     sync(&root);
     for round in 0..3 {
         let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
         assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
-        if same_blocks(&a, &b) {
+        if copies.iter().all(|b| same_blocks(&a, b)) {
             assert!(round > 0, "seed {seed}: shared at once");
-            assert_eq!(fs::read(&a).unwrap(), bytes);
-            assert_eq!(fs::read(&b).unwrap(), bytes);
+            for f in copies.iter().chain([&a]) {
+                assert_eq!(fs::read(f).unwrap(), bytes, "{f:?}");
+            }
             return;
         }
     }
-    panic!("seed {seed}: z/a and b/b left apart by every indexed run");
+    panic!("seed {seed}: z/a and its copies left apart by every indexed run");
 }
 
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_a_target_found_held_elsewhere_is_learnt_as_it_is() {
     let d = testfs!(Xfs);
-    a_target_found_held_elsewhere(d.path(), 701);
+    a_target_found_held_elsewhere(d.path(), 701, 12288, 1);
+    // Small files (read whole in the walk), two copies.
+    a_target_found_held_elsewhere(d.path(), 703, 4097, 2);
 }
 
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn btrfs_a_target_found_held_elsewhere_is_learnt_as_it_is() {
     let d = testfs!(Btrfs);
-    a_target_found_held_elsewhere(d.path(), 702);
+    a_target_found_held_elsewhere(d.path(), 702, 12288, 1);
+    a_target_found_held_elsewhere(d.path(), 704, 8192, 2);
 }
