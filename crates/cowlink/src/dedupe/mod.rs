@@ -1418,8 +1418,9 @@ fn find<P: AsRef<Path>>(
     };
 
     // Filesystems: refuse network clients and those that cannot dedupe.
-    // Asked once per device, of its shortest path (a deep one may not fit
-    // PATH_MAX, which the probe needs).
+    // Asked once per device, of its shortest path's directory (a deep one
+    // may not fit PATH_MAX, which the probe needs: then of an ancestor,
+    // `probe_dir`).
     // (The walk's candidates first, as they win a tie: one path built
     // per device, `Names::shortest_per_device`.)
     let mut files = files;
@@ -1439,7 +1440,7 @@ fn find<P: AsRef<Path>>(
     let mut devices: Vec<(u64, PathBuf)> = devices.into_iter().collect();
     devices.sort();
     for (dev, path) in devices {
-        let ok = match can_dedupe(&path) {
+        let ok = match can_dedupe(&probe_dir(&path, dev)) {
             Ok(()) => {
                 if let Ok(id) = open_read(&path).and_then(|fd| cowlink_sys::btrfs_fsid(fd.as_fd()))
                 {
@@ -2204,15 +2205,10 @@ fn changed_while_read(path: &Path) -> Error {
         .with_reason("written or replaced by another program while this run read it; left as it is")
 }
 
-/// Whether files on `path`'s filesystem may be deduplicated: not a network
-/// client, and the kernel's trial dedupe there works.
-fn can_dedupe(path: &Path) -> Result<()> {
+/// Whether files in directory `dir`'s filesystem may be deduplicated:
+/// not a network client, and the kernel's trial dedupe there works.
+fn can_dedupe(dir: &Path) -> Result<()> {
     let op = Operation::Dedupe;
-    // (A bare name's parent is the empty path: the working directory.)
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
     let kind = FsKind::of_path(dir).map_err(|e| Error::from_errno(op, e).with_src(dir))?;
     if kind.is_network_client() {
         return Err(Error::new(op, ErrorKind::NotSupported).with_src(dir).with_reason(format!(
@@ -2236,6 +2232,32 @@ fn can_dedupe(path: &Path) -> Result<()> {
             .with_src(dir)
             .with_reason(format!("this filesystem cannot deduplicate: {why}"))),
     }
+}
+
+/// The longest path the filesystem probe is given (PATH_MAX is 4096
+/// bytes with its NUL).
+const PROBE_PATH_MAX: usize = 4095;
+
+/// The directory to probe device `dev` by ([`can_dedupe`]) for its file
+/// `path`: the file's own, or, where that is longer than PATH_MAX (a deep
+/// tree, its files opened in pieces), the deepest ancestor that fits and
+/// is on `dev` still. (The walk came down to the file from a root that
+/// fits, so one is found unless the filesystem is mounted that deep.)
+fn probe_dir(path: &Path, dev: u64) -> PathBuf {
+    // (A bare name's parent is the empty path: the working directory.)
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if dir.as_os_str().len() <= PROBE_PATH_MAX {
+        return dir.to_path_buf();
+    }
+    dir.ancestors()
+        .skip(1)
+        .filter(|a| !a.as_os_str().is_empty() && a.as_os_str().len() <= PROBE_PATH_MAX)
+        .find(|a| cowlink_sys::stat(*a).is_ok_and(|st| st.st_dev == dev))
+        .unwrap_or(dir)
+        .to_path_buf()
 }
 
 #[cfg(test)]
