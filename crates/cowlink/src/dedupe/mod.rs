@@ -559,7 +559,15 @@ struct SetAside {
     /// directory's record (so the next run knows it is inline from the
     /// index, not from a tree search per file).
     indexed: Vec<InlineSeen>,
+    /// With an index: the stored entries of files left out of the run
+    /// (excluded, or below `--min-size`) and unchanged, by the walk's id
+    /// of their directory (see [`Collect::keep`]).
+    kept: Vec<Kept>,
 }
+
+/// The stored entry of a file left out of the run, kept: the walk's id
+/// of its directory, its inode, the entry.
+type Kept = (u32, u64, IndexEntry);
 
 /// An inline file as its directory's record keeps it.
 struct InlineSeen {
@@ -576,7 +584,13 @@ impl Collect {
         if e.file_type.is_some_and(|t| t != FileType::RegularFile) {
             return;
         }
-        if (!self.exclude.is_empty() && self.excluded(e.root, &e.path())) || self.index_own(&e) {
+        if self.index_own(&e) {
+            return;
+        }
+        // An excluded file is not a candidate; with an index, what it
+        // holds of the file, unchanged, is kept (below).
+        let excluded = !self.exclude.is_empty() && self.excluded(e.root, &e.path());
+        if excluded && self.indexes.is_none() {
             return;
         }
         // On Btrfs, as root, a file of an indexed directory is known by
@@ -628,6 +642,8 @@ impl Collect {
             // statx: the birth time comes with the rest, for the index.
             None => match cowlink_sys::file_id_at(e.dirfd, e.name) {
                 Ok(st) => st,
+                // Not looked at, as without an index.
+                Err(_) if excluded => return,
                 Err(err) => {
                     // Not gone: its directory's record is kept as it is
                     // (a directory listed but not searchable).
@@ -645,8 +661,26 @@ impl Collect {
             return;
         }
         let size = st.size;
-        if size < self.min_size.max(1) {
-            self.below_min.fetch_add(1, Ordering::Relaxed);
+        let below_min = size < self.min_size.max(1);
+        if below_min || excluded {
+            if below_min && !excluded {
+                self.below_min.fetch_add(1, Ordering::Relaxed);
+            }
+            // Left out of this run, not gone: its entry stays.
+            let stored = match (unstated, &proof) {
+                (Some(Unstated::Unchanged(_, entry) | Unstated::Relocatable(_, entry)), _) => {
+                    Some(entry)
+                }
+                (_, Some((fs, dir, dev, _))) if size > 0 => {
+                    (*dev == st.dev).then(|| fs.lookup(*dir, &st)).flatten()
+                }
+                _ => None,
+            };
+            if let (Some(entry), Some((fs, dir, _, _))) = (stored, &proof) {
+                self.keep(&e, st.ino, entry);
+                // Trusted unchecked: the record is not certified.
+                fs.uncertify(*dir);
+            }
             return;
         }
         // What the kernel asks of a dedupe target: root, the owner, or
@@ -873,6 +907,16 @@ impl Collect {
         let base = self.roots.get(root).map_or(Path::new(""), |r| r.as_path());
         path.strip_prefix(base)
             .is_ok_and(|rel| !rel.as_os_str().is_empty() && self.exclude.excludes_entry(rel))
+    }
+
+    /// Keep the stored `entry` of file `ino`, met at `e` and left out of
+    /// this run (excluded, or below `--min-size`), for its directory's
+    /// record: a run with other options has not pruned it. Counted as met
+    /// in the directory, and known.
+    fn keep(&self, e: &Entry<'_>, ino: u64, entry: IndexEntry) {
+        let Some(d) = e.dir else { return };
+        lock(&self.files).1.met(d.id, ino, true);
+        lock(&self.inline).kept.push((d.id as u32, ino, entry));
     }
 
     /// Keep an inline file apart, without its name (unless its path is
@@ -1391,6 +1435,7 @@ fn find<P: AsRef<Path>>(
         files: mut inline,
         shortest: inline_names,
         indexed: inline_seen,
+        kept,
     } = c.inline.into_inner().unwrap_or_else(|e| e.into_inner());
     let walked = c.errors.into_inner().unwrap_or_else(|e| e.into_inner());
     // How the index records the walk's paths, and what it must keep.
@@ -1469,7 +1514,7 @@ fn find<P: AsRef<Path>>(
         // index, if open, kept from an earlier run that was allowed.)
         record_walk(
             ix,
-            (&files, &times, &inline_seen, &names),
+            (&files, &times, &inline_seen, &kept, &names),
             (&spelled, &unwalked),
             |dev| {
                 allowed
@@ -1479,7 +1524,7 @@ fn find<P: AsRef<Path>>(
             },
         );
     }
-    drop((inline_seen, times));
+    drop((inline_seen, kept, times));
     crate::run::release_free_heap();
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -1879,8 +1924,9 @@ impl Spelled {
 /// 120 bytes, and its times 24 more).
 fn record_walk(
     ix: &Indexes,
-    // (`times`: of each of `files`, by the same place.)
-    (files, times, inline, names): (&[Cand], &[Times], &[InlineSeen], &Names),
+    // (`times`: of each of `files`, by the same place; `kept`: entries
+    // of files left out, by the walk's id of their directory.)
+    (files, times, inline, kept, names): (&[Cand], &[Times], &[InlineSeen], &[Kept], &Names),
     // (`unwalked`: sorted, as recorded.)
     (spelled, unwalked): (&Spelled, &[Vec<u8>]),
     allowed: impl Fn(u64) -> bool,
@@ -1964,6 +2010,13 @@ fn record_walk(
     for w in start.windows(2) {
         order[w[0]..w[1]].sort_unstable_by_key(|&i| (ino_of(i), i));
     }
+    // The entries kept of files left out, by directory.
+    let mut kept_in: HashMap<(u64, u64), Vec<(u64, IndexEntry)>> = HashMap::new();
+    for (dir, ino, entry) in kept {
+        if let Some(key) = names.dir_key_of(*dir).filter(|k| slots.contains_key(k)) {
+            kept_in.entry(key).or_default().push((*ino, entry.clone()));
+        }
+    }
     // Written per device in the index's order (`Indexes::write_order`).
     let write_order: HashMap<u64, fn(u64) -> u64> = dirs
         .iter()
@@ -1993,6 +2046,11 @@ fn record_walk(
                     }
                 })
                 .collect();
+            if let Some(k) = kept_in.remove(&key) {
+                // After the walk's: a stable sort keeps them second.
+                entries.extend(k);
+                entries.sort_by_key(|(ino, _)| *ino);
+            }
             // Two names of one inode in one directory: one entry.
             entries.dedup_by_key(|(ino, _)| *ino);
             let rec = Record {

@@ -841,10 +841,9 @@ pub(super) fn split_by(cl: &mut Clusters, groups: &[Span]) -> Vec<Span> {
 
 /// The plan's groups from sets of clusters with equal hashes (from
 /// [`split_by`]). The source is the first path of a cluster holding files
-/// the caller may not change (they can only be a source), else of a file
-/// alone in its cluster whose blocks are all shared already (held outside
-/// the set: freeing nothing as a target), else of the largest cluster
-/// (fewest files change); targets are the files of the
+/// the caller may not change (they can only be a source), else of the
+/// largest cluster (fewest files change), then of a file whose blocks are
+/// all shared already (freeing nothing as a target); targets are the files of the
 /// other clusters the caller may change. Returns the groups, largest
 /// reclaimable first (ties by source path), how many files were already
 /// shared with their source (or, left out by [`split_by`] since the last
@@ -871,19 +870,15 @@ pub(super) fn groups(
     for set in sets {
         {
             let fixed = |s: &Span| files[s.range()].iter().filter(|c| !c.may_change).count();
-            // A cluster of one file whose blocks are all shared already
-            // is held by something outside the set (a reflink, a
-            // snapshot, a store): as a target it gives nothing back, so
-            // it is the source, before a larger cluster, whose blocks
-            // may be held by its own files alone and go when they are
-            // made targets. (The larger cluster first left such a file
-            // held elsewhere, and every copy of it apart, on every run.)
+            // Among clusters of one file, one whose blocks are all shared
+            // already (held by files outside the set, a snapshot, a
+            // store) gives nothing back as a target: it is the source.
             let held = |s: &Span| s.len() == 1 && files[s.first()].exclusive == 0;
             clusters[set.range()].sort_by(|a, b| {
                 fixed(b)
                     .cmp(&fixed(a))
-                    .then(held(b).cmp(&held(a)))
                     .then(b.len().cmp(&a.len()))
+                    .then(held(b).cmp(&held(a)))
                     .then_with(|| names.cmp(files[a.first()].name, files[b.first()].name))
             });
         }
@@ -1396,29 +1391,6 @@ mod tests {
         assert_eq!(g.reclaimable, 20, "the targets' exclusive bytes");
         assert_eq!(g.blake3, Some(crate::ground::hash::hex(&[1; 32])));
         assert_eq!(already, 1);
-    }
-
-    #[test]
-    fn a_file_held_outside_the_set_is_the_source_before_a_larger_cluster() {
-        // x1/x2 share blocks with each other; h shares every block with
-        // something outside (a reflink elsewhere): as a target h frees
-        // nothing, while x1 and x2 give theirs back onto h.
-        let mut c = clustered(vec![vec![
-            shared(cand("x1", 1, 1, 10), 100),
-            shared(cand("x2", 1, 2, 10), 100),
-            shared(cand("h", 1, 3, 10), 300),
-            cand("y", 1, 4, 10),
-        ]]);
-        hash(&mut c, &["x1", "h", "y"], 1);
-        let size_groups = c.groups.clone();
-        let split = split_by(&mut c, &size_groups);
-        let (groups, already, _, _) = groups(&mut c, &split, &names());
-        assert_eq!(groups.len(), 1);
-        let g = &groups[0];
-        assert_eq!(g.source, PathBuf::from("h"));
-        let want = ["x1", "x2", "y"].map(PathBuf::from);
-        assert_eq!(g.targets, want);
-        assert_eq!(already, 0);
     }
 
     #[test]
