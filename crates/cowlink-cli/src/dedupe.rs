@@ -391,11 +391,12 @@ pub fn run(args: DedupeArgs) -> Result<Exit> {
             0 => String::new(),
             n => format!(", {n} of them not even stat'ed (Btrfs transaction)"),
         };
-        // Layouts moved behind the index (another tool's dedupe).
+        // Layouts that changed behind the index (another tool's dedupe,
+        // a partner deleted).
         let corrected = match ix.corrected {
             0 => String::new(),
             n => format!(
-                " ({} moved behind the index, corrected)",
+                " ({} found stale and corrected)",
                 count(n, "layout", "layouts")
             ),
         };

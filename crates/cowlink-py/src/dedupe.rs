@@ -250,8 +250,8 @@ record!(
         written: u64,
         /// Entries of files gone from the paths walked, removed.
         pruned: u64,
-        /// Of `written`, layouts held that a fresh map found wrong (moved
-        /// behind the index by another program), written as mapped.
+        /// Files whose indexed layout a fresh map found stale (blocks
+        /// moved or unshared behind the index), each counted once.
         corrected: u64,
         /// What to know: an index rebuilt (damaged, another format),
         /// damaged entries dropped, an index in use by another run.
