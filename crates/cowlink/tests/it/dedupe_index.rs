@@ -1420,6 +1420,27 @@ fn the_index_prunes_exactly_over_random_links_renames_and_removals() {
                 "seed {seed} round {round}, as {}: {p:?}",
                 spelled.display()
             );
+            // Then a run that leaves files out (small ones, or some by
+            // name or directory) finds them unchanged: it keeps their
+            // entries and prunes nothing. (Its own generator, so the
+            // tree's operations stay as they were.)
+            let patterns: &[&str] = match Rng(seed * 1000 + round).below(3) {
+                0 => &[],
+                1 => &["l*"],
+                _ => &["n*", "b/c"],
+            };
+            let left_out = DedupeOptions {
+                min_size: if patterns.is_empty() { 5000 } else { 0 },
+                exclude: cowlink::dedupe::Exclude::new(patterns).unwrap(),
+                ..opts(ix.path())
+            };
+            let (p, r) = dedupe(&[&root], &left_out).unwrap();
+            assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+            assert_eq!(
+                (entries_held(&p), index_of(&p).pruned),
+                (files_per_dir(&root), 0),
+                "seed {seed} round {round}, {patterns:?}: {p:?}"
+            );
         }
     }
 }
