@@ -283,6 +283,23 @@ pub(crate) fn loops_of(image: FileId) -> Vec<(u32, LoopState)> {
         .collect()
 }
 
+/// Wait, at most `limit`, until no loop device holds the file `image`:
+/// a device let go while something else still has it open (a probe by
+/// udev or blkid after mkfs, or the mount just undone) detaches only when
+/// that closes. Returns whether none is left.
+pub(crate) fn await_detached(image: FileId, limit: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if loops_of(image).is_empty() {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// The loop device mounted as `m`: its source must be a loop device node
 /// whose `major:minor` is the mount's (for Btrfs, whose mounts show an
 /// anonymous device, the node named as the source). Returns its number,

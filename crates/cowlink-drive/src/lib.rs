@@ -519,6 +519,9 @@ impl Drop for Undo {
     }
 }
 
+/// How long an undo waits for a loop device it let go to detach.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How long a drive command waits for another one to finish.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
@@ -785,6 +788,12 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
         // the name was replaced meanwhile.
         let i = image.clone();
         undo.push(move || remove_if_same(&i, image_id));
+        // Runs after the unmount and after the device was let go: a
+        // device still held a moment by a prober must be gone before the
+        // command says everything was undone.
+        undo.push(move || {
+            let _ = device::await_detached(image_id, DETACH_WAIT);
+        });
     }
     {
         use std::os::unix::fs::PermissionsExt;
@@ -1359,6 +1368,9 @@ pub fn mount(
             )));
     }
     let attached = attach(op, &image, id, block_size_for(sector))?;
+    undo.push(move || {
+        let _ = device::await_detached(id, DETACH_WAIT);
+    });
     mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
     if old.as_ref() != Some(&record) {
         save(&record)?;

@@ -1146,6 +1146,57 @@ fn a_mount_point_holding_the_image_is_refused() {
     nothing_left(&w, &img);
 }
 
+/// A device the undo lets go while another process still has it open (as
+/// udev or blkid may, probing it after mkfs) detaches only on that last
+/// close: the command waits for it before it says everything was undone.
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn an_undo_waits_for_a_device_held_open_by_another_process_to_detach() {
+    let d = testfs!(Ext4);
+    let w = World::new(d);
+    // Paused after step 4 (attached, not mounted) and step 5 (mounted).
+    for step in [4, 5] {
+        let (img, mnt) = (w.p("h.img"), w.p("h"));
+        let mut c = w.command(&[&"create", &img, &"--size", &"1G", &"--mount", &mnt]);
+        c.env("COWLINK_DRIVE_TEST_PAUSE_AFTER_STEP", step.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(
+            line.contains(&format!("paused after step {step}")),
+            "{line}"
+        );
+        let devs = loops_of(&img);
+        assert_eq!(devs.len(), 1, "step {step}: {devs:?}");
+        // The "prober": holds the device for 400 ms after the signal.
+        let held = fs::File::open(&devs[0]).unwrap();
+        let prober = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            drop(held);
+        });
+        assert!(Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+        let st = child.wait().unwrap();
+        // Checked before the prober is joined: the command itself must
+        // have seen the device go.
+        let left = loops_of_dir(&w.root);
+        prober.join().unwrap();
+        assert_eq!(st.code(), Some(130), "step {step}: {rest}");
+        assert!(rest.contains("undone"), "{rest}");
+        assert_eq!(left, Vec::<String>::new(), "step {step}: loop device left");
+        nothing_left(&w, &img);
+        assert!(!mnt.exists(), "step {step}: mount point left");
+    }
+}
+
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn a_signal_at_each_step_of_create_undoes_every_step() {
