@@ -1804,13 +1804,16 @@ fn dedupe_group(
             tally.done(1, g.size);
         }
         let mut live: Vec<(&PathBuf, OwnedFd)> = Vec::with_capacity(opened.len());
-        // The stamp each target was opened under, by path.
         // The stamp each target was opened under (the one planned), its
-        // device and inode, by path.
-        let mut opened_as: HashMap<&Path, (&PathBuf, FileStamp, u64, u64)> = HashMap::new();
+        // device and inode. (The sets of targets below are a few at a
+        // time, each named by its one `&PathBuf` from the group: kept in
+        // vectors, told apart by address, see `same`. Hashing a `Path`
+        // hashes it component by component, and this is done for every
+        // target of a run.)
+        let mut opened_as: Vec<(&PathBuf, FileStamp, u64, u64)> = Vec::new();
         // Targets the kernel said it shared fewer bytes of than asked:
         // shared, but not known to be laid out as the source is.
-        let mut short: HashSet<&Path> = HashSet::new();
+        let mut short: Vec<&PathBuf> = Vec::new();
         let mut proofs = match proving {
             Proving::Sort => prove(&src, src_ino, &opened, dev, fs),
             Proving::Measured => vec![Proof::Freed; opened.len()],
@@ -1841,7 +1844,7 @@ fn dedupe_group(
             match proof {
                 Proof::Freed => {
                     if learn.is_some() {
-                        opened_as.insert(t.as_path(), (t, stamp, t_dev, ino));
+                        opened_as.push((t, stamp, t_dev, ino));
                     }
                     live.push((t, fd))
                 }
@@ -1888,7 +1891,7 @@ fn dedupe_group(
         };
         // Targets a call shared some bytes of (with an index): whatever
         // else becomes of them, their blocks moved.
-        let mut moved: HashSet<&Path> = HashSet::new();
+        let mut moved: Vec<&PathBuf> = Vec::new();
         // Whether the source was found changed under a call (reported
         // once, however many targets and chunks saw it).
         let mut source_changed = false;
@@ -1911,11 +1914,11 @@ fn dedupe_group(
                         for ((t, fd), r) in piece.into_iter().zip(results) {
                             match r.status {
                                 cowlink_sys::DedupeStatus::Same => {
-                                    if r.bytes_deduped != len {
-                                        short.insert(t.as_path());
+                                    if r.bytes_deduped != len && !has(&short, t) {
+                                        short.push(t);
                                     }
-                                    if learn.is_some() && r.bytes_deduped > 0 {
-                                        moved.insert(t.as_path());
+                                    if learn.is_some() && r.bytes_deduped > 0 && !has(&moved, t) {
+                                        moved.push(t);
                                     }
                                     keep.push((t, fd))
                                 }
@@ -1985,10 +1988,9 @@ fn dedupe_group(
         // and reads the file again; what is learnt here is never
         // trusted of a changed file.
         if let Some(learn) = learn {
-            let live: HashSet<&Path> = live.iter().map(|(t, _)| t.as_path()).collect();
-            let whole = |t: &Path| !short.contains(t) && live.contains(t);
-            let of = |t: &Path| {
-                let &(t, was, t_dev, ino) = opened_as.get(t)?;
+            let whole = |t: &PathBuf| !has(&short, t) && live.iter().any(|(l, _)| same(l, t));
+            let of = |t: &PathBuf| {
+                let &(t, was, t_dev, ino) = opened_as.iter().find(|o| same(o.0, t))?;
                 Some((t, t_dev, ino, was))
             };
             shared_whole.extend(moved.iter().filter(|t| whole(t)).filter_map(|t| of(t)));
@@ -2015,6 +2017,17 @@ fn dedupe_group(
     report.targets_deduped += done;
     report.bytes_compared += g.size * done;
     Some(dev)
+}
+
+/// Whether `a` and `b` are the same name of a group's: the one
+/// `&PathBuf` each target is known by while its group runs.
+fn same(a: &PathBuf, b: &PathBuf) -> bool {
+    std::ptr::eq(a, b)
+}
+
+/// Whether `set` holds the name `t` (see [`same`]).
+fn has(set: &[&PathBuf], t: &PathBuf) -> bool {
+    set.iter().any(|s| same(s, t))
 }
 
 #[cfg(test)]
