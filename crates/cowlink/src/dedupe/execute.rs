@@ -1252,6 +1252,8 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
     // it maps (for the overlap rule).
     let mut shared: Vec<Vec<(u64, u64)>> = Vec::with_capacity(live.len());
     let mut state: Vec<State> = Vec::with_capacity(live.len());
+    // Per target: the bytes of its extents not marked shared (its own).
+    let mut alone: Vec<u64> = Vec::with_capacity(live.len());
     // Every mapped range of the group: (physical, end, owner); the source
     // is owner `usize::MAX`.
     let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
@@ -1260,8 +1262,15 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
         let Ok(list) = extents_fd(fd.as_fd(), false) else {
             shared.push(Vec::new());
             state.push(State::Unknown);
+            alone.push(0);
             continue;
         };
+        alone.push(
+            list.iter()
+                .filter(|x| !x.is_shared() && x.has_address())
+                .map(|x| x.length)
+                .sum(),
+        );
         let mine: Vec<(u64, u64)> = list
             .iter()
             .filter(|x| x.is_shared() && x.has_address())
@@ -1358,7 +1367,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                             skipped: target(r, ino, true),
                         };
                         (
-                            holder_words(&live[i].1, mine, who, outside.len()),
+                            holder_words(&live[i].1, mine, who, outside.len(), alone[i]),
                             outside.clone(),
                         )
                     })
@@ -1374,13 +1383,17 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                         .count();
                     (lone > 0).then(|| {
                         let words = format!(
-                            "its blocks are also held outside its group ({}, marked shared, that \
-                             no other file of the group maps): sharing it would free nothing and \
-                             could grow usage",
+                            "{} also held outside its group ({}, marked shared, that no other \
+                             file of the group maps): {}",
+                            match alone[i] {
+                                0 => "its blocks are",
+                                _ => "some of its blocks are",
+                            },
                             match lone {
                                 1 => "1 extent".to_string(),
                                 n => format!("{n} extents"),
-                            }
+                            },
+                            would_free(alone[i])
                         );
                         (words, Vec::new())
                     })
@@ -1509,8 +1522,9 @@ struct Holder {
 }
 
 /// In words: who else holds a target's blocks (`who`, the first of `count`
-/// holders outside its group; the target is in tree `root`, open as `fd`).
-fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
+/// holders outside its group; the target is in tree `root`, open as `fd`,
+/// and holds `alone` bytes of its own).
+fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize, alone: u64) -> String {
     let Holder {
         root: r,
         ino,
@@ -1536,7 +1550,24 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize) -> String {
             false => format!("{name}, outside this group{more}"),
         }
     };
-    format!("its blocks are also held by {who}: sharing it would free nothing and could grow usage")
+    let which = match alone {
+        0 => "its blocks are",
+        _ => "some of its blocks are",
+    };
+    format!("{which} also held by {who}: {}", would_free(alone))
+}
+
+/// What sharing a target skipped as held elsewhere would give back, in
+/// words: nothing, or at most the `alone` bytes it holds alone (its
+/// blocks held elsewhere stay in use either way, and the sharing can
+/// cost metadata).
+fn would_free(alone: u64) -> String {
+    match alone {
+        0 => "sharing it would free nothing and could grow usage".into(),
+        n => format!(
+            "sharing it would free at most the {n} bytes it holds alone, and could grow usage"
+        ),
+    }
 }
 
 /// The files of `g` the plan took as already sharing the source's blocks

@@ -459,6 +459,56 @@ fn store_objects_are_sources(dir: &Path) {
     );
 }
 
+/// A target only part of whose blocks a file outside the set holds is
+/// skipped, and its reason says what sharing it would give back: at most
+/// the bytes it holds alone, not "nothing".
+fn a_partly_held_target_says_what_it_holds_alone(dir: &Path) {
+    let set = dir.join("set");
+    let out = dir.join("out");
+    fs::create_dir_all(&set).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    let bytes = data(2 * MIB as usize, 33);
+    for n in ["x", "y"] {
+        write_file(&set.join(n), &bytes);
+    }
+    // y's first MiB is h's blocks; its second MiB is its own.
+    write_file(&out.join("h"), &bytes[..MIB as usize]);
+    clone_range(out.join("h"), 0, set.join("y"), 0, MIB).unwrap();
+    sync(dir);
+    let (plan, r) = run(&[&set], &[]);
+    assert_eq!(plan.groups[0].source, set.join("x"), "{plan:?}");
+    assert_eq!(skipped(&r, SkipReason::HeldElsewhere), [set.join("y")]);
+    let detail = &r.skipped[0].detail;
+    assert!(
+        detail.starts_with("some of its blocks are also held")
+            && detail.contains(&format!("at most the {MIB} bytes it holds alone")),
+        "{detail}"
+    );
+    assert!(!detail.contains("free nothing"), "{detail}");
+    // Left as it was: nothing shared.
+    assert_eq!(r.targets_deduped, 0, "{r:?}");
+    assert!(!same_blocks(&set.join("x"), &set.join("y")));
+    for n in ["x", "y"] {
+        assert_eq!(fs::read(set.join(n)).unwrap(), bytes);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_a_partly_held_target_says_what_it_holds_alone() {
+    let _serial = serial();
+    let d = testfs!(Xfs);
+    a_partly_held_target_says_what_it_holds_alone(d.path());
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_a_partly_held_target_says_what_it_holds_alone() {
+    let _serial = serial();
+    let d = testfs!(Btrfs);
+    a_partly_held_target_says_what_it_holds_alone(d.path());
+}
+
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_store_objects_are_sources_and_still_verify() {
