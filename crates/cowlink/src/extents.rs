@@ -52,6 +52,11 @@ pub struct Encoded {
     /// Bytes of the whole extent once decompressed (a file may reference
     /// only part of them).
     pub ram_length: u64,
+    /// Where this file's reference starts inside the decompressed extent:
+    /// 0 unless it references only a later part (a range cloned out of
+    /// the middle of a compressed extent). FIEMAP gives every part the
+    /// extent's own address, so this is what tells the parts apart.
+    pub offset: u64,
 }
 
 /// The flags people care about, by name, in the order [`Extent::flag_names`]
@@ -354,6 +359,7 @@ fn encoded_sizes(fd: BorrowedFd<'_>, list: &mut [Extent]) {
             e.encoded = Some(Encoded {
                 disk_length: i.disk_num_bytes,
                 ram_length: i.ram_bytes,
+                offset: i.offset,
             });
         }
     }

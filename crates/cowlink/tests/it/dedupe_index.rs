@@ -2732,6 +2732,115 @@ fn btrfs_zstd_compressed_copies_are_learnt_right() {
     }
 }
 
+/// Two files holding different parts of one compressed extent, each a
+/// range cloned out of it to the start of a file of one length: FIEMAP
+/// gives both the extent's address, the same length and offset. They are
+/// not copies of each other: a third file equal to one of them is shared
+/// with that one, and the other is left alone (it was taken as its
+/// partner's copy, read once for both, and the third file matched
+/// neither). Random lengths and parts, either name first; with and
+/// without the index.
+fn parts_of_one_compressed_extent(dir: &Path, seed: u64) {
+    use cowlink::clone_range;
+    eprintln!("seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let ix = tempfile::tempdir().unwrap();
+    let (root, out) = (
+        dir.join(format!("parts-{seed}")),
+        dir.join(format!("parts-out-{seed}")),
+    );
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    // One compressed extent of 128 KiB (Btrfs's largest), two halves
+    // that differ; written whole in one call.
+    let half = 64 << 10;
+    let mut whole = compressible(half, rng.u64(..1 << 40));
+    whole.extend(compressible(half, rng.u64(..1 << 40)));
+    let c = out.join("c");
+    write_file(&c, &whole);
+    let xs = extents(&c).unwrap().extents;
+    assert!(
+        xs.len() == 1 && xs[0].is_encoded() && xs[0].length == 2 * half as u64,
+        "seed {seed}: not one compressed extent: {xs:?}"
+    );
+    // Each a part of `len` bytes from a different place in the extent.
+    // (More than a block: a file of one compressed block may be inline.)
+    let len = rng.u64(2..=16) << 12;
+    let starts = {
+        let a = rng.u64(..=(2 * half as u64 - len) >> 12) << 12;
+        let mut b = a;
+        while b == a || whole[a as usize..][..len as usize] == whole[b as usize..][..len as usize] {
+            b = rng.u64(..=(2 * half as u64 - len) >> 12) << 12;
+        }
+        [a, b]
+    };
+    let names = match rng.bool() {
+        true => ["p", "q"],
+        false => ["q", "p"],
+    };
+    for (name, &at) in names.iter().zip(&starts) {
+        let p = root.join(name);
+        fs::File::create(&p).unwrap();
+        clone_range(&c, at, &p, 0, len).unwrap();
+    }
+    // The copy of the first part, written on its own.
+    let (first, second) = (root.join(names[0]), root.join(names[1]));
+    let copy = root.join("r");
+    write_file(&copy, &whole[starts[0] as usize..][..len as usize]);
+    sync(dir);
+    let raw = |p: &Path| {
+        let x = extents(p).unwrap().extents;
+        x.iter()
+            .map(|e| (e.logical, e.physical, e.length))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        raw(&first),
+        raw(&second),
+        "seed {seed}: FIEMAP tells them apart"
+    );
+    let before = files(&root);
+    let with_index = rng.bool();
+    let o = match with_index {
+        true => opts(ix.path()),
+        false => DedupeOptions::default(),
+    };
+    let (p, r) = dedupe(&[&root], &o).unwrap();
+    assert!(
+        p.errors.is_empty() && r.errors.is_empty(),
+        "seed {seed}: {p:?} {r:?}"
+    );
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+    let members = |g: &cowlink::dedupe::DedupeGroup| {
+        let mut m: Vec<PathBuf> = std::iter::once(g.source.clone())
+            .chain(g.targets.iter().cloned())
+            .collect();
+        m.sort();
+        m
+    };
+    let groups: Vec<Vec<PathBuf>> = p.groups.iter().map(members).collect();
+    let mut want = vec![first.clone(), copy.clone()];
+    want.sort();
+    assert_eq!(groups, [want], "seed {seed} (index: {with_index}): {p:?}");
+    assert_eq!(r.targets_deduped, 1, "seed {seed}: {r:?}");
+    // A second run finds nothing more to do.
+    let (p, r) = dedupe(&[&root], &o).unwrap();
+    assert!(
+        p.groups.is_empty() && r.targets_deduped == 0,
+        "seed {seed}: {p:?}"
+    );
+    assert_eq!(files(&root), before, "seed {seed}: bytes changed");
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_zstd_parts_of_one_compressed_extent_are_not_taken_as_copies() {
+    let d = testfs!(BtrfsZstd);
+    for seed in 1..=8 {
+        parts_of_one_compressed_extent(d.path(), seed);
+    }
+}
+
 /// One of the changes [`a_writer_during_the_run`] makes to a file.
 fn hostile_change(rng: &mut fastrand::Rng, model: &mut [(PathBuf, Vec<u8>)], sizes: &[usize]) {
     use std::os::unix::fs::FileExt;
