@@ -302,7 +302,18 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
             persist,
         } => {
             need_root("cowlink drive mount")?;
-            let (change, mut d) = drive::mount(&image, &dir, fs, &places)?;
+            // Every signal only cancels: the mount is undone whole, or
+            // made whole.
+            let token = crate::interrupt::token();
+            let (change, mut d) = match crate::interrupt::steadfast(|| {
+                drive::mount(&image, &dir, fs, &places, &token)
+            }) {
+                Err(e) if e.kind() == cowlink::ErrorKind::Cancelled => {
+                    errln!("cowlink: {}", e.reason());
+                    return Ok(Exit::Interrupted);
+                }
+                r => r?,
+            };
             let lp = d.loop_device.as_ref();
             match change {
                 Change::Done => outln!(
@@ -387,11 +398,9 @@ fn create(a: CreateArgs, places: &Places) -> Result<Exit> {
     };
     let c = match crate::interrupt::steadfast(|| drive::create(&a.image, &opts, places)) {
         Err(e) if e.kind() == cowlink::ErrorKind::Cancelled => {
-            errln!(
-                "cowlink: interrupted: {} was not made; every step taken was undone \
-                 (no image, mount, loop device, record or boot entry is left)",
-                quoted(&a.image)
-            );
+            // The library's reason says what was undone, and what another
+            // process still holds, if anything.
+            errln!("cowlink: {} was not made; {}", quoted(&a.image), e.reason());
             return Ok(Exit::Interrupted);
         }
         r => r?,

@@ -758,121 +758,178 @@ pub fn create(image: &Path, options: &CreateOptions, places: &Places) -> Result<
     }
 
     let mut undo = Undo::default();
-    let step = |n: u32| checkpoint(op, &image, options, n);
-    step(0)?;
-    if !mount_exists {
-        fs::create_dir(&mount).map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
-        let m = mount.clone();
-        undo.push(move || drop(fs::remove_dir(m)));
-    }
-    let mount_id = device::dir_id_beneath_mounts(&mount)
-        .ok()
-        .flatten()
-        .ok_or_else(|| {
-            Error::new(op, ErrorKind::NotFound)
-                .with_src(&mount)
-                .with_reason("the mount point vanished while the drive was being made")
-        })?;
-    step(1)?;
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&image)
-        .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
-    let image_id = file
-        .metadata()
-        .map(|m| FileId::of(&m))
-        .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
-    {
-        // Undone by identity: only the file made here is removed, even if
-        // the name was replaced meanwhile.
-        let i = image.clone();
-        undo.push(move || remove_if_same(&i, image_id));
-        // Runs after the unmount and after the device was let go: a
-        // device still held a moment by a prober must be gone before the
-        // command says everything was undone.
-        undo.push(move || {
-            let _ = device::await_detached(image_id, DETACH_WAIT);
-        });
-    }
-    {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_len(options.size)
-            .and_then(|()| file.set_permissions(fs::Permissions::from_mode(0o600)))
+    // The image made, once it is: what the undo must see detached.
+    let mut made: Option<FileId> = None;
+    let steps = (|| -> Result<Created, Error> {
+        let undo = &mut undo;
+        let step = |n: u32| checkpoint(op, &image, options, n);
+        step(0)?;
+        if !mount_exists {
+            fs::create_dir(&mount).map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
+            let m = mount.clone();
+            undo.push(move || drop(fs::remove_dir(m)));
+        }
+        let mount_id = device::dir_id_beneath_mounts(&mount)
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                Error::new(op, ErrorKind::NotFound)
+                    .with_src(&mount)
+                    .with_reason("the mount point vanished while the drive was being made")
+            })?;
+        step(1)?;
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&image)
             .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
-        drop(file);
-    }
-    step(2)?;
-    let out = Command::new(&mkfs)
-        .args(fs_.mkfs_args(&image))
-        .output()
-        .map_err(|e| {
-            Error::from_io(op, &e)
+        let image_id = file
+            .metadata()
+            .map(|m| FileId::of(&m))
+            .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+        made = Some(image_id);
+        {
+            // Undone by identity: only the file made here is removed, even if
+            // the name was replaced meanwhile.
+            let i = image.clone();
+            undo.push(move || remove_if_same(&i, image_id));
+            // Runs after the unmount and after the device was let go: a
+            // device still held a moment by a prober must be gone before the
+            // command says everything was undone.
+            undo.push(move || {
+                let _ = device::await_detached(image_id, DETACH_WAIT);
+            });
+        }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_len(options.size)
+                .and_then(|()| file.set_permissions(fs::Permissions::from_mode(0o600)))
+                .map_err(|e| Error::from_io(op, &e).with_src(&image))?;
+            drop(file);
+        }
+        step(2)?;
+        let out = Command::new(&mkfs)
+            .args(fs_.mkfs_args(&image))
+            .output()
+            .map_err(|e| {
+                Error::from_io(op, &e)
+                    .with_src(&image)
+                    .with_reason(format!("cannot run {}: {e}", quoted(&mkfs)))
+            })?;
+        // A Ctrl-C from the terminal also reaches mkfs: the cancel is what
+        // happened, not mkfs's failure. mkfs may be seen dead of it before
+        // this process's handler has marked the cancel: its death by SIGINT or
+        // SIGTERM is the cancel too.
+        {
+            use std::os::unix::process::ExitStatusExt;
+            if matches!(out.status.signal(), Some(2 | 15)) {
+                // SIGINT, SIGTERM.
+                options.cancel.cancel();
+            }
+        }
+        step(3)?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            // What it said before any usage text, at most 3 lines.
+            let said: Vec<&str> = err
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .filter(|l| !l.trim().is_empty())
+                .take(3)
+                .collect();
+            let said = said.join(" / ");
+            return Err(Error::new(op, ErrorKind::Io)
                 .with_src(&image)
-                .with_reason(format!("cannot run {}: {e}", quoted(&mkfs)))
-        })?;
-    // A Ctrl-C from the terminal also reaches mkfs: the cancel is what
-    // happened, not mkfs's failure. mkfs may be seen dead of it before
-    // this process's handler has marked the cancel: its death by SIGINT or
-    // SIGTERM is the cancel too.
-    {
-        use std::os::unix::process::ExitStatusExt;
-        if matches!(out.status.signal(), Some(2 | 15)) {
-            // SIGINT, SIGTERM.
-            options.cancel.cancel();
+                .with_reason(format!("{} failed ({}): {said}", fs_.mkfs(), out.status)));
+        }
+        let image_uuid = device::superblock(&image)
+            .ok()
+            .flatten()
+            .map(|sb| sb.uuid_hex());
+        let attached = attach(op, &image, image_id, 4096)?;
+        step(4)?;
+        mount_attached(op, &attached, &image, &mount, fs_, undo)?;
+        step(5)?;
+        if let Some((uid, gid)) = options.owner {
+            std::os::unix::fs::chown(&mount, Some(uid), Some(gid))
+                .map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
+        }
+        step(6)?;
+        let record = Record {
+            image: image.clone(),
+            mount: mount.clone(),
+            fs: fs_,
+            image_id: Some(image_id),
+            mount_id: Some(mount_id),
+            image_uuid,
+        };
+        write_record(places, &record)
+            .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
+        let (p2, i2) = (places.clone(), image.clone());
+        undo.push(move || drop(remove_record(&p2, &i2)));
+        step(7)?;
+        if let Some(p) = &plan {
+            persist::apply(p, places).map_err(|e| Error::from_io(op, &e).with_src(&p.file))?;
+            let (p2, i2, m2) = (places.clone(), image.clone(), mount.clone());
+            undo.push(move || drop(persist::remove(&p2, &i2, &m2)));
+        }
+        step(8)?;
+        attached.keep();
+        Ok(created(Some(info(&record, places))))
+    })();
+    match steps {
+        Ok(c) => {
+            undo.done();
+            Ok(c)
+        }
+        Err(e) => {
+            drop(undo);
+            Err(undone(e, made, true))
         }
     }
-    step(3)?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        // What it said before any usage text, at most 3 lines.
-        let said: Vec<&str> = err
-            .lines()
-            .take_while(|l| !l.starts_with("Usage:"))
-            .filter(|l| !l.trim().is_empty())
-            .take(3)
-            .collect();
-        let said = said.join(" / ");
-        return Err(Error::new(op, ErrorKind::Io)
-            .with_src(&image)
-            .with_reason(format!("{} failed ({}): {said}", fs_.mkfs(), out.status)));
-    }
-    let image_uuid = device::superblock(&image)
-        .ok()
-        .flatten()
-        .map(|sb| sb.uuid_hex());
-    let attached = attach(op, &image, image_id, 4096)?;
-    step(4)?;
-    mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
-    step(5)?;
-    if let Some((uid, gid)) = options.owner {
-        std::os::unix::fs::chown(&mount, Some(uid), Some(gid))
-            .map_err(|e| Error::from_io(op, &e).with_src(&mount))?;
-    }
-    step(6)?;
-    let record = Record {
-        image: image.clone(),
-        mount: mount.clone(),
-        fs: fs_,
-        image_id: Some(image_id),
-        mount_id: Some(mount_id),
-        image_uuid,
-    };
-    write_record(places, &record)
-        .map_err(|e| Error::from_io(op, &e).with_src(&places.state_dir))?;
-    let (p2, i2) = (places.clone(), image.clone());
-    undo.push(move || drop(remove_record(&p2, &i2)));
-    step(7)?;
-    if let Some(p) = &plan {
-        persist::apply(p, places).map_err(|e| Error::from_io(op, &e).with_src(&p.file))?;
-        let (p2, i2, m2) = (places.clone(), image.clone(), mount.clone());
-        undo.push(move || drop(persist::remove(&p2, &i2, &m2)));
-    }
-    step(8)?;
-    attached.keep();
-    undo.done();
-    Ok(created(Some(info(&record, places))))
 }
+
+/// `err` (a cancel, or a step that failed) once every step made was
+/// undone: a cancel says so, and either says what is still there (a
+/// loop device over `image`, attached by this command, that another
+/// process keeps open: the kernel detaches it only when that lets go).
+/// `made`: the image was made by this command (and so was deleted).
+fn undone(err: Error, image: Option<FileId>, made: bool) -> Error {
+    let left: Vec<String> = image
+        .map(device::loops_of)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, s)| s.device.display().to_string())
+        .collect();
+    let cancelled = err.kind() == ErrorKind::Cancelled;
+    match (left.is_empty(), cancelled) {
+        (true, false) => err,
+        (true, true) => err.with_reason(match made {
+            true => UNDONE,
+            false => "interrupted: nothing was mounted (every step made was undone)",
+        }),
+        (false, _) => {
+            let what = match cancelled {
+                true => "interrupted: every step made was undone".to_string(),
+                false => format!("{}; every step made was undone", err.reason()),
+            };
+            err.with_reason(format!(
+                "{what}, but {} still holds the image{}: another process has it open \
+                 (or a mount of it was detached lazily, being in use); the kernel detaches it \
+                 when that lets go (see fuser -v {})",
+                left.join(", "),
+                if made { ", deleted" } else { "" },
+                left[0]
+            ))
+        }
+    }
+}
+
+/// What an interrupted [`create`] or [`mount`] says when nothing of it is
+/// left.
+const UNDONE: &str =
+    "interrupted: every step made was undone (no image, mount, loop device, record or boot \
+     entry is left)";
 
 /// Remove `path` if it is still the file `id` (an undo removes only what
 /// it made).
@@ -1243,12 +1300,15 @@ fn warnings(d: &DriveInfo) -> Vec<String> {
 /// Not root, `image` missing or holding neither XFS nor Btrfs (or not the
 /// `fs` asked for), not a drive, `image` mounted elsewhere, the mount
 /// point not an empty directory or the image's own directory, loop setup
-/// or mount failing (everything undone).
+/// or mount failing (everything undone). `Cancelled` when `cancel` was
+/// cancelled (Ctrl-C, SIGTERM) before the mount was recorded: everything
+/// undone, and the reason says so (or what another process still holds).
 pub fn mount(
     image: &Path,
     mount_point: &Path,
     fs_asked: Option<DriveFs>,
     places: &Places,
+    cancel: &cowlink::CancelToken,
 ) -> Result<(Change, DriveInfo), Error> {
     let op = Operation::DriveMount;
     let image = absolute(op, image)?;
@@ -1371,9 +1431,21 @@ pub fn mount(
     undo.push(move || {
         let _ = device::await_detached(id, DETACH_WAIT);
     });
-    mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
-    if old.as_ref() != Some(&record) {
-        save(&record)?;
+    let steps = (|| -> Result<(), Error> {
+        mount_attached(op, &attached, &image, &mount, fs_, &mut undo)?;
+        // A cancel (Ctrl-C, SIGTERM) during the steps undoes them all.
+        if cancel.is_cancelled() {
+            return Err(Error::new(op, ErrorKind::Cancelled).with_src(&image));
+        }
+        if old.as_ref() != Some(&record) {
+            save(&record)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = steps {
+        drop(attached);
+        drop(undo);
+        return Err(undone(e, Some(id), false));
     }
     attached.keep();
     undo.done();
