@@ -1384,7 +1384,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                     (lone > 0).then(|| {
                         let words = format!(
                             "{} also held outside its group ({}, marked shared, that no other \
-                             file of the group maps): {}",
+                             file of the group being shared maps): {}",
                             match alone[i] {
                                 0 => "its blocks are",
                                 _ => "some of its blocks are",
@@ -1393,7 +1393,7 @@ fn prove(src: &OwnedFd, src_ino: u64, live: &[Live<'_>], dev: u64, fs: &FsState)
                                 1 => "1 extent".to_string(),
                                 n => format!("{n} extents"),
                             },
-                            would_free(alone[i])
+                            would_free(alone[i], cowlink_sys::btrfs_fsid(src.as_fd()).is_ok())
                         );
                         (words, Vec::new())
                     })
@@ -1554,18 +1554,24 @@ fn holder_words(fd: &OwnedFd, root: u64, who: Holder, count: usize, alone: u64) 
         0 => "its blocks are",
         _ => "some of its blocks are",
     };
-    format!("{which} also held by {who}: {}", would_free(alone))
+    format!("{which} also held by {who}: {}", would_free(alone, true))
 }
 
 /// What sharing a target skipped as held elsewhere would give back, in
-/// words: nothing, or at most the `alone` bytes it holds alone (its
-/// blocks held elsewhere stay in use either way, and the sharing can
-/// cost metadata).
-fn would_free(alone: u64) -> String {
-    match alone {
-        0 => "sharing it would free nothing and could grow usage".into(),
-        n => format!(
+/// words: nothing, or the `alone` bytes it holds alone (its blocks held
+/// elsewhere stay in use either way, and the sharing can cost metadata).
+/// On Btrfs (`btrfs`) an extent is freed only whole, so sharing can also
+/// free the parts of its extents no file references any more (an extent
+/// partly overwritten), which no map shows.
+fn would_free(alone: u64, btrfs: bool) -> String {
+    match (alone, btrfs) {
+        (0, _) => "sharing it would free nothing and could grow usage".into(),
+        (n, false) => format!(
             "sharing it would free at most the {n} bytes it holds alone, and could grow usage"
+        ),
+        (n, true) => format!(
+            "sharing it would free the {n} bytes it holds alone (and any part of its extents \
+             nothing else references), and could grow usage"
         ),
     }
 }
@@ -1624,6 +1630,20 @@ fn stale_mates<'g>(
                 }
             }
             _ => {}
+        }
+    }
+    // Less the source's own blocks: a target that shares some of the
+    // source's blocks and is held outside elsewhere makes every file of
+    // the source's cluster overlap it, and such a file is no stale mate
+    // (it was taken again, and shared for nothing, run after run).
+    if !unnamed.is_empty() {
+        if let Ok(list) = extents_fd(src.as_fd(), false) {
+            let own: Vec<(u64, u64)> = list
+                .iter()
+                .filter(|x| x.has_address())
+                .map(|x| (x.physical, x.physical + x.length))
+                .collect();
+            unnamed = less(&unnamed, &own);
         }
     }
     let overlaps = |fd: &OwnedFd| {
@@ -2050,6 +2070,31 @@ fn dedupe_group(
     Some(dev)
 }
 
+/// The parts of the ranges `from` (start, end) outside every range of
+/// `minus`.
+fn less(from: &[(u64, u64)], minus: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(start, end) in from {
+        let mut pieces = vec![(start, end)];
+        for &(a, b) in minus {
+            pieces = pieces
+                .into_iter()
+                .flat_map(|(s, e)| {
+                    if b <= s || e <= a {
+                        return vec![(s, e)];
+                    }
+                    [(s, a.min(e)), (b.max(s), e)]
+                        .into_iter()
+                        .filter(|(x, y)| x < y)
+                        .collect()
+                })
+                .collect();
+        }
+        out.extend(pieces);
+    }
+    out
+}
+
 /// Whether `a` and `b` are the same name of a group's: the one
 /// `&PathBuf` each target is known by while its group runs.
 fn same(a: &PathBuf, b: &PathBuf) -> bool {
@@ -2098,6 +2143,37 @@ mod tests {
                 want.iter().map(key).collect::<Vec<_>>(),
                 "seed {seed}"
             );
+        }
+    }
+
+    /// Seeded random ranges: what `less` keeps is exactly the bytes of
+    /// `from` in no range of `minus`, block by block.
+    #[test]
+    fn less_keeps_exactly_what_no_subtracted_range_covers() {
+        for seed in 1..=300u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut ranges = |n: usize| -> Vec<(u64, u64)> {
+                (0..n)
+                    .map(|_| {
+                        let s = rng.u64(..64);
+                        (s, s + rng.u64(1..16))
+                    })
+                    .collect()
+            };
+            let (from, minus) = (ranges(3), ranges(4));
+            let got = less(&from, &minus);
+            for x in 0..96u64 {
+                let inside = |r: &[(u64, u64)]| r.iter().filter(|&&(a, b)| a <= x && x < b).count();
+                let want = match inside(&minus) {
+                    0 => inside(&from),
+                    _ => 0,
+                };
+                assert_eq!(
+                    inside(&got),
+                    want,
+                    "seed {seed} at {x}: {from:?} - {minus:?} = {got:?}"
+                );
+            }
         }
     }
 
