@@ -392,7 +392,7 @@ pub(super) struct Executor<'a> {
 /// shared whole share every block, on the source's runs. Those runs'
 /// fingerprint comes from the plan, which mapped the source
 /// ([`Executor::source_runs`]), and the source is mapped again when the
-/// run ends (once per group, [`Executor::flush_layouts`]) to check it
+/// run ends (once per group, [`Layouts::flush`]) to check it
 /// still has those runs: another program's dedupe moves a file's blocks
 /// and leaves its times, and the targets then take the blocks it was
 /// moved to. A source the plan did not map this run (known from the
@@ -422,7 +422,7 @@ pub(super) struct Executor<'a> {
 ///
 /// What is learnt is held (24 bytes a file, 4.4 MB over 184,092 files,
 /// and each directory's path once) and
-/// written when the run ends ([`Executor::flush_layouts`] hands it to
+/// written when the run ends ([`Layouts::flush`] hands it to
 /// `Indexes::finish`), after planning has let go of its memory. Written
 /// in batches as it comes, a first run's large records would be
 /// rewritten by most batches while planning still holds its candidates
@@ -548,7 +548,7 @@ impl Learn {
     /// Hold what group sharing `source` (device, inode, stamp as planned,
     /// the plan's runs `runs`) taught of it and of its targets shared
     /// whole (path, device, inode, stamp), until the source is mapped
-    /// again ([`Executor::flush_layouts`]).
+    /// again ([`Layouts::flush`]).
     fn await_source(
         &self,
         source: &Path,
@@ -792,7 +792,7 @@ impl<'a> Executor<'a> {
     }
 
     /// Learn the layout of every file shared and hand it to `ix` (see
-    /// [`Learn`]) at [`Executor::flush_layouts`].
+    /// [`Learn`]) at [`Layouts::flush`].
     ///
     /// The planning's own updates of the index ([`Indexes::update`]) are
     /// applied before these at the run's end, so a layout learnt here is
@@ -814,15 +814,35 @@ impl<'a> Executor<'a> {
         }
     }
 
+    /// What was learnt while sharing, to be handed to the index
+    /// ([`Layouts::flush`]), with the executor's threads: done with, the
+    /// executor only measures ([`Executor::finish`]), and the two run
+    /// side by side (on Btrfs the measure's `syncfs` commits, a
+    /// fraction of a second after a first run).
+    pub(super) fn take_layouts(&mut self) -> Option<Layouts> {
+        let learn = self.learn.take()?;
+        Some(Layouts {
+            learn,
+            pool: self.pool.take(),
+        })
+    }
+}
+
+/// The layouts an [`Executor`] learnt, taken from it
+/// ([`Executor::take_layouts`]).
+pub(super) struct Layouts {
+    learn: Learn,
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Layouts {
     /// Map each group's source again (in parallel, see [`Learn`]) and
     /// hand the layouts learnt to the index, which writes them at the
     /// run's end (`Indexes::finish`). A cancelled run does too, for what
     /// it shared before the cancel (at most a few microseconds a group).
-    pub(super) fn flush_layouts(&mut self) {
-        // Let go of the indexes: they are the caller's to finish.
-        let Some(learn) = self.learn.take() else {
-            return;
-        };
+    /// Lets go of the indexes: they are the caller's to finish.
+    pub(super) fn flush(self) {
+        let Layouts { learn, pool } = self;
         let w = std::mem::take(&mut *lock(&learn.waiting));
         let dirs = std::mem::take(&mut *lock(&learn.dirs));
         lock(&learn.runs).clear();
@@ -849,7 +869,7 @@ impl<'a> Executor<'a> {
                 })
                 .collect()
         };
-        let fps = match &self.pool {
+        let fps = match &pool {
             Some(pool) => pool.install(map),
             None => map(),
         };
@@ -877,7 +897,9 @@ impl<'a> Executor<'a> {
             .collect();
         learn.ix.relayout(last_group_wins(held, late_from));
     }
+}
 
+impl Executor<'_> {
     /// Carry out `groups` (in parallel) and wait for them: first every
     /// target proven to give its blocks back, then, in measured batches,
     /// those whose holders could not be named.

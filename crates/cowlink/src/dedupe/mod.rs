@@ -1196,13 +1196,14 @@ pub fn dedupe<P: AsRef<Path>>(
                     plan.files_already_shared.saturating_sub(ex.mates_shared());
                 // The files shared now hold other blocks: their layouts,
                 // as the executor learnt them, so the next run sees them
-                // shared and reads neither.
-                ex.flush_layouts();
-                Ok((plan, ex))
+                // shared and reads neither (handed to the index at the
+                // end, see `end_together`).
+                let layouts = ex.take_layouts();
+                Ok((plan, ex, layouts))
             }
             Err(e) if e.kind() == ErrorKind::Cancelled => {
                 // What was shared before the cancel, as it is now.
-                ex.flush_layouts();
+                let layouts = ex.take_layouts();
                 let plan = DedupePlan {
                     // Counted as handed over: none are kept without
                     // `keep_groups`.
@@ -1210,7 +1211,7 @@ pub fn dedupe<P: AsRef<Path>>(
                     groups: handed,
                     ..DedupePlan::default()
                 };
-                Ok((plan, ex))
+                Ok((plan, ex, layouts))
             }
             Err(e) => Err(e),
         }
@@ -1218,12 +1219,12 @@ pub fn dedupe<P: AsRef<Path>>(
     // The space in use measured at the end, and the layouts learnt while
     // sharing written (see `Indexes::finish`): the report counts them.
     match (out, indexes) {
-        (Ok((mut plan, ex)), Some(ix)) => {
-            let (report, index) = end_together(ex, ix);
+        (Ok((mut plan, ex, layouts)), Some(ix)) => {
+            let (report, index) = end_together(ex, ix, layouts);
             plan.index = Some(index);
             Ok((plan, report))
         }
-        (Ok((plan, ex)), None) => Ok((plan, ex.finish())),
+        (Ok((plan, ex, _)), None) => Ok((plan, ex.finish())),
         (Err(e), ix) => {
             if let Some(ix) = ix {
                 ix.finish();
@@ -1235,24 +1236,39 @@ pub fn dedupe<P: AsRef<Path>>(
 
 /// End a run: the executor's last measure of the space in use
 /// ([`execute::Executor::finish`], a `syncfs` of each filesystem shared
-/// on: on Btrfs, the commit that frees what was shared) and the indexes'
-/// last write ([`Indexes::finish`], and on a first run the index's
-/// rewrite), side by side where the index is kept on none of the
-/// filesystems measured (its writes would count as space in use
-/// there), else one after the other.
-fn end_together(ex: execute::Executor<'_>, ix: Arc<Indexes>) -> (DedupeReport, IndexReport) {
-    if !ex.measures(ix.dir()) {
-        return std::thread::scope(|s| {
-            let index = s.spawn(|| ix.finish());
-            let report = ex.finish();
-            let index = index
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (report, index)
+/// on: on Btrfs, the commit that frees what was shared, 0.5-1 s after a
+/// first run over 184,092 files), beside the layouts learnt while
+/// sharing (`layouts`: the sources mapped again, [`execute::Layouts::flush`],
+/// which only reads) and the indexes' last write ([`Indexes::finish`],
+/// and on a first run the index's rewrite). The write runs beside the
+/// measure too where the index is kept on none of the filesystems
+/// measured (its writes would count as space in use there), else after
+/// it.
+fn end_together(
+    ex: execute::Executor<'_>,
+    ix: Arc<Indexes>,
+    layouts: Option<execute::Layouts>,
+) -> (DedupeReport, IndexReport) {
+    let beside = !ex.measures(ix.dir());
+    std::thread::scope(|s| {
+        let learnt = s.spawn(move || {
+            if let Some(l) = layouts {
+                l.flush();
+            }
+            match beside {
+                true => Ok(ix.finish()),
+                false => Err(ix),
+            }
         });
-    }
-    let report = ex.finish();
-    (report, ix.finish())
+        let report = ex.finish();
+        match learnt
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        {
+            Ok(index) => (report, index),
+            Err(ix) => (report, ix.finish()),
+        }
+    })
 }
 
 /// A batch of groups handed to the executor, with its sources' runs.
