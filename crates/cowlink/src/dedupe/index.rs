@@ -2290,7 +2290,14 @@ fn rewrite(ix: &FsIndex, facts: Facts<'_>, done_sharing: bool) -> Result<u64, St
         .map_err(|e| e.to_string())?;
         // redb grows its file by regions and gives the slack back only
         // over several commits: its compaction makes them.
-        new.compact().map_err(|e| e.to_string())?;
+        // Each call moves what it can; repeated until it moves nothing
+        // (bounded), or the file's size varied from one run to the next
+        // (25.8 or 34.2 MB over 184,092 files).
+        for _ in 0..8 {
+            if !new.compact().map_err(|e| e.to_string())? {
+                break;
+            }
+        }
         // The size it was left at, for the next run's decision (a small
         // commit, within the space compaction left).
         let size = std::fs::metadata(&tmp).map_err(|e| e.to_string())?.len();
