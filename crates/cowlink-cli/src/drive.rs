@@ -302,42 +302,11 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
             persist,
         } => {
             need_root("cowlink drive mount")?;
-            // Every signal only cancels: the mount is undone whole, or
-            // made whole.
+            // Every signal only cancels, from here to the end: the mount
+            // is undone whole, or made whole (a signal after it was made
+            // changes nothing: its boot entry is written, if asked).
             let token = crate::interrupt::token();
-            let (change, mut d) = match crate::interrupt::steadfast(|| {
-                drive::mount(&image, &dir, fs, &places, &token)
-            }) {
-                Err(e) if e.kind() == cowlink::ErrorKind::Cancelled => {
-                    errln!("cowlink: {}", e.reason());
-                    return Ok(Exit::Interrupted);
-                }
-                r => r?,
-            };
-            let lp = d.loop_device.as_ref();
-            match change {
-                Change::Done => outln!(
-                    "mounted {} on {} ({}{})",
-                    quoted(&d.image),
-                    quoted(&d.mount_point),
-                    d.fs,
-                    lp.map(|l| format!(", {}{}", l.device.display(), dio_words(l.direct_io)))
-                        .unwrap_or_default()
-                ),
-                Change::Already => outln!(
-                    "{} is already mounted on {}{}",
-                    quoted(&d.image),
-                    quoted(&d.mount_point),
-                    lp.map(|l| dio_words(l.direct_io)).unwrap_or_default()
-                ),
-            }
-            if let Some(with) = persist {
-                let p = drive::persist(&d.image, &d.mount_point, with, &places)?;
-                outln!("boot entry written: {}", quoted(&p.file));
-                d = drive::status(&d.mount_point, &places)?;
-            }
-            warn(&d);
-            Ok(Exit::Ok)
+            crate::interrupt::steadfast(|| mount_arm(&image, &dir, fs, persist, &places, &token))
         }
         DriveCommand::Unmount { dir } => {
             need_root("cowlink drive unmount")?;
@@ -369,6 +338,48 @@ pub fn run(args: DriveArgs) -> Result<Exit> {
             Ok(Exit::Ok)
         }
     }
+}
+
+/// `drive mount`, run steadfast (see the caller).
+fn mount_arm(
+    image: &std::path::Path,
+    dir: &std::path::Path,
+    fs: Option<drive::DriveFs>,
+    persist: Option<drive::PersistWith>,
+    places: &drive::Places,
+    token: &cowlink::CancelToken,
+) -> Result<Exit> {
+    let (change, mut d) = match drive::mount(image, dir, fs, places, token) {
+        Err(e) if e.kind() == cowlink::ErrorKind::Cancelled => {
+            errln!("cowlink: {}", e.reason());
+            return Ok(Exit::Interrupted);
+        }
+        r => r?,
+    };
+    let lp = d.loop_device.as_ref();
+    match change {
+        Change::Done => outln!(
+            "mounted {} on {} ({}{})",
+            quoted(&d.image),
+            quoted(&d.mount_point),
+            d.fs,
+            lp.map(|l| format!(", {}{}", l.device.display(), dio_words(l.direct_io)))
+                .unwrap_or_default()
+        ),
+        Change::Already => outln!(
+            "{} is already mounted on {}{}",
+            quoted(&d.image),
+            quoted(&d.mount_point),
+            lp.map(|l| dio_words(l.direct_io)).unwrap_or_default()
+        ),
+    }
+    if let Some(with) = persist {
+        let p = drive::persist(&d.image, &d.mount_point, with, places)?;
+        outln!("boot entry written: {}", quoted(&p.file));
+        d = drive::status(&d.mount_point, places)?;
+    }
+    warn(&d);
+    Ok(Exit::Ok)
 }
 
 fn dio_words(on: bool) -> &'static str {
