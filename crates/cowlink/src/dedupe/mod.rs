@@ -502,7 +502,8 @@ struct Collect {
     searchable: RwLock<HashMap<u64, Option<u64>>>,
     /// Inline files, kept apart from `files` without their names.
     inline: Mutex<SetAside>,
-    /// Regular files below `min_size`: counted as scanned, nothing more.
+    /// Regular files below `min_size`, or of holes only: counted as
+    /// scanned, nothing more.
     below_min: AtomicU64,
     /// `--exclude`, and the walk's roots its paths are relative to.
     exclude: Exclude,
@@ -655,13 +656,20 @@ impl Collect {
                 }
             },
         };
+        // Stated now (not known by transaction): `statx` counts blocks
+        // waiting to be written too.
+        let stated = unstated.is_none();
         let picks = |ino| remap || (sampled && self.recheck.picks(ino, self.salt));
         let picks_inline = |ino| remap_inline || (sampled && self.recheck.picks(ino, self.salt));
         if cowlink_sys::file_type(st.mode) != FileType::RegularFile {
             return;
         }
         let size = st.size;
-        let below_min = size < self.min_size.max(1);
+        // A file of holes only (no block, none waiting to be written) has
+        // nothing to share: left out as a file below the minimum size is.
+        // (Taken in, copies of it were "shared" again on every run, and
+        // counted as reclaimable.)
+        let below_min = size < self.min_size.max(1) || (stated && st.blocks == 0);
         if below_min || excluded {
             if below_min && !excluded {
                 self.below_min.fetch_add(1, Ordering::Relaxed);

@@ -537,6 +537,68 @@ fn xfs_a_clone_of_the_source_is_not_shared_again_beside_a_held_target() {
     }
 }
 
+/// Files of holes only (no block at all) have nothing to share: they are
+/// scanned, never grouped, and no run "shares" them (each did, counting
+/// their size as reclaimable). A file with one written block among its
+/// holes is still shared. With and without the index.
+fn holes_only_files_are_left_alone(dir: &Path) {
+    let set = dir.join("holes");
+    fs::create_dir_all(&set).unwrap();
+    for n in ["a", "b", "c"] {
+        fs::File::create(set.join(n))
+            .unwrap()
+            .set_len(81_449)
+            .unwrap();
+    }
+    // Two with one block written at the same place: those share.
+    let bytes = data(4096, 35);
+    for n in ["d", "e"] {
+        let f = fs::File::create(set.join(n)).unwrap();
+        f.set_len(81_449).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &bytes, 40_960).unwrap();
+    }
+    sync(dir);
+    let ix = tempfile::tempdir().unwrap();
+    for (k, index) in [None, Some(ix.path()), Some(ix.path())]
+        .into_iter()
+        .enumerate()
+    {
+        let opts = DedupeOptions {
+            index: index.map(Path::to_path_buf),
+            ..DedupeOptions::default()
+        };
+        let (p, r) = dedupe(&[&set], &opts).unwrap();
+        assert_eq!(p.files_scanned, 5, "run {k}: {p:?}");
+        assert!(
+            p.groups.iter().all(|g| !g.source.ends_with("a")
+                && !g.source.ends_with("b")
+                && !g.source.ends_with("c")),
+            "run {k}: {p:?}"
+        );
+        assert_eq!(r.targets_deduped, u64::from(k == 0), "run {k}: {r:?}");
+    }
+    assert!(same_blocks(&set.join("d"), &set.join("e")));
+    for n in ["a", "b", "c"] {
+        assert_eq!(fs::read(set.join(n)).unwrap(), vec![0u8; 81_449]);
+    }
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn xfs_holes_only_files_are_left_alone() {
+    let _serial = serial();
+    let d = testfs!(Xfs);
+    holes_only_files_are_left_alone(d.path());
+}
+
+#[test]
+#[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
+fn btrfs_holes_only_files_are_left_alone() {
+    let _serial = serial();
+    let d = testfs!(Btrfs);
+    holes_only_files_are_left_alone(d.path());
+}
+
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn xfs_a_partly_held_target_says_what_it_holds_alone() {
