@@ -754,7 +754,7 @@ fn btrfs_without_root_files_a_snapshot_holds_are_skipped_from_the_maps() {
         skipped[0]["detail"]
             .as_str()
             .unwrap()
-            .contains("no other file of the group maps"),
+            .contains("no other file of the group being shared maps"),
         "{v}"
     );
     assert!(after < before, "space in use {before} then {after}");
