@@ -1211,6 +1211,50 @@ impl Relaid {
     pub const MOVED: u64 = 0;
 }
 
+/// The sources' check a run ends with ([`Indexes::finish_checked`]):
+/// the fingerprints of the runs some source of the run was not found on
+/// again when it ended.
+pub(super) type NotFound<'a> = Box<dyn FnOnce() -> HashSet<u64> + Send + 'a>;
+
+/// A [`NotFound`], asked at most once.
+struct Check<'a> {
+    pending: Option<NotFound<'a>>,
+    found: Option<HashSet<u64>>,
+}
+
+impl Check<'_> {
+    /// The fingerprints not found (waits for the check the first time).
+    fn not_found(&mut self) -> &HashSet<u64> {
+        let pending = &mut self.pending;
+        self.found
+            .get_or_insert_with(|| pending.take().map(|f| f()).unwrap_or_default())
+    }
+
+    /// Of `relaid`, those learnt on runs not found, as forgotten
+    /// ([`Relaid::MOVED`]), in the same order.
+    fn corrections(&mut self, relaid: &[Relaid]) -> Vec<Relaid> {
+        let gone = self.not_found();
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        (relaid.iter())
+            .filter(|r| r.shared != Relaid::MOVED && gone.contains(&r.shared))
+            .map(|r| Relaid {
+                shared: Relaid::MOVED,
+                ..*r
+            })
+            .collect()
+    }
+
+    /// Forget, in `relaid`, what was learnt on runs not found.
+    fn correct(&mut self, relaid: &mut [Relaid]) {
+        let gone = self.not_found();
+        for r in relaid.iter_mut().filter(|r| gone.contains(&r.shared)) {
+            r.shared = Relaid::MOVED;
+        }
+    }
+}
+
 /// What [`Indexes::write`] applies to one entry of a record: an
 /// [`Update`] or a [`Relaid`].
 trait Change {
@@ -1517,6 +1561,23 @@ impl Indexes {
     /// left, which takes writing about the index's size again. Rewrites
     /// only when no one else holds the indexes.
     pub fn finish(self: Arc<Self>) -> IndexReport {
+        self.finish_checked(None)
+    }
+
+    /// [`Indexes::finish`], with the layouts learnt while sharing
+    /// ([`Indexes::relayout`]) handed over before their sources were
+    /// mapped again: `check` maps them and gives the fingerprints of the
+    /// runs some source was not found on (see `execute::Recheck`). A
+    /// file learnt on such runs is forgotten instead (as
+    /// [`Relaid::MOVED`]), in the same transaction as the rest, so the
+    /// crash rules are those of [`Indexes::finish`]. A first run's
+    /// rewrite copies the index while the sources are mapped, and takes
+    /// the check's answer just before it commits.
+    pub fn finish_checked(self: Arc<Self>, check: Option<NotFound<'_>>) -> IndexReport {
+        let mut check = Check {
+            pending: check,
+            found: None,
+        };
         let Later {
             mut updates,
             mut relaid,
@@ -1525,6 +1586,7 @@ impl Indexes {
         let me = match Arc::try_unwrap(self) {
             Ok(me) => me,
             Err(shared) => {
+                check.correct(&mut relaid);
                 shared.change(&updates, &relaid, None);
                 shared.persist();
                 return shared.report();
@@ -1534,22 +1596,32 @@ impl Indexes {
             let map = me.by_dev.read().unwrap_or_else(|e| e.into_inner());
             for (&dev, ix) in map.iter() {
                 let Some(ix) = ix else { continue };
-                me.end(ix, Facts::of(&updates, &relaid, dev));
+                me.end(ix, &updates, &mut relaid, dev, &mut check);
             }
         }
         me.report()
     }
 
-    /// [`Indexes::finish`] for one index, `facts` what was learnt of its
-    /// files after the walk.
-    fn end(&self, ix: &FsIndex, facts: Facts<'_>) {
+    /// [`Indexes::finish`] for the index `ix` of device `dev`: what was
+    /// learnt of its files after the walk is among `updates` and
+    /// `relaid` (both in key order), `check` the sources' check.
+    fn end(
+        &self,
+        ix: &FsIndex,
+        updates: &[Update],
+        relaid: &mut [Relaid],
+        dev: u64,
+        check: &mut Check<'_>,
+    ) {
         if self.drop_broken(ix) {
             return;
         }
         *ix.read.write().unwrap_or_else(|e| e.into_inner()) = None;
+        let facts = Facts::of(updates, relaid, dev);
         if !facts.is_empty() && wasteful(ix) {
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                rewrite(ix, facts, ix.lazy.load(Ordering::Relaxed))
+                let mut late = || check.corrections(facts.relaid);
+                rewrite(ix, facts, ix.lazy.load(Ordering::Relaxed), &mut late)
             }));
             if let Ok(Ok(n)) = res {
                 self.written.fetch_add(n, Ordering::Relaxed);
@@ -1558,6 +1630,8 @@ impl Indexes {
             }
         }
         if !facts.is_empty() {
+            check.correct(relaid);
+            let facts = Facts::of(updates, relaid, dev);
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.write(ix, facts, None)
             }));
@@ -1572,7 +1646,7 @@ impl Indexes {
         }
         if wasteful(ix) {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                rewrite(ix, Facts::default(), false)
+                rewrite(ix, Facts::default(), false, &mut Vec::new)
             }));
         }
     }
@@ -2233,12 +2307,18 @@ fn wasteful(ix: &FsIndex) -> bool {
 /// throughout; the old file is let go by the caller.
 ///
 /// `facts` are applied to the records on the way, as [`Indexes::write`]
-/// would; with `done_sharing` ([`SHARING`] was set by this run, and
+/// would, then the corrections `late` gives (asked for once, just before
+/// the commit: see [`Indexes::finish_checked`]); with `done_sharing` ([`SHARING`] was set by this run, and
 /// `facts` hold all it learnt while sharing),
 /// [`SHARING`] is left out of the copy: the layouts and the mark's
 /// removal land together. On an error nothing changed: the old file
 /// holds what it held. The entries changed.
-fn rewrite(ix: &FsIndex, facts: Facts<'_>, done_sharing: bool) -> Result<u64, String> {
+fn rewrite(
+    ix: &FsIndex,
+    facts: Facts<'_>,
+    done_sharing: bool,
+    late: &mut dyn FnMut() -> Vec<Relaid>,
+) -> Result<u64, String> {
     let (file, db) = (&ix.file, &ix.db);
     let tmp = file.with_extension("redb.new");
     let _ = std::fs::remove_file(&tmp);
@@ -2282,6 +2362,22 @@ fn rewrite(ix: &FsIndex, facts: Facts<'_>, done_sharing: bool) -> Result<u64, St
                         _ => to.insert(k, v.value())?,
                     };
                     changed += n;
+                }
+                // Files learnt on runs their source was not found on
+                // again: forgotten, in the same commit.
+                let late = late();
+                let late = Facts {
+                    updates: &[],
+                    relaid: &late,
+                };
+                for dir in late.dirs() {
+                    let Some(mut rec) = to.get(dir)?.and_then(|v| Record::decode(dir, v.value()))
+                    else {
+                        continue;
+                    };
+                    if late.apply(dir, &mut rec) > 0 {
+                        to.insert(dir, rec.encode(dir).as_slice())?;
+                    }
                 }
             }
             w.commit()?;
@@ -2944,6 +3040,78 @@ mod tests {
                     "seed {seed}, inode {ino}"
                 );
                 assert!(e.mapped && !e.inline, "seed {seed}, inode {ino}");
+            }
+        }
+    }
+
+    /// The sources' check at a run's end, both ways the index takes it:
+    /// corrections applied after what was learnt (a rewrite,
+    /// [`Check::corrections`]) and what was learnt corrected first (a
+    /// write, [`Check::correct`]). Over seeded random layouts learnt and
+    /// runs not found, either way a file learnt on runs not found is
+    /// forgotten, the others keep what was learnt, and the check is asked
+    /// once.
+    #[test]
+    fn files_learnt_on_runs_not_found_again_are_forgotten_either_way() {
+        use std::sync::atomic::AtomicUsize;
+        for seed in 1..=200u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let inos: Vec<u64> = (1..=30).collect();
+            let fresh = || Record {
+                path: b"/d".to_vec(),
+                since: 0,
+                files: inos.iter().map(|&i| (i, full())).collect(),
+            };
+            let mut relaid: Vec<Relaid> = (inos.iter())
+                .map(|&ino| Relaid {
+                    dev: 1,
+                    dir: 2,
+                    ino,
+                    stamp: full().stamp(1, ino),
+                    shared: match rng.u8(..4) {
+                        0 => Relaid::MOVED,
+                        _ => rng.u64(1..8),
+                    },
+                })
+                .collect();
+            in_key_order(&mut [], &mut relaid);
+            let gone: HashSet<u64> = (1..8).filter(|_| rng.bool()).collect();
+            let asked = AtomicUsize::new(0);
+            let check = || Check {
+                pending: Some(Box::new(|| {
+                    asked.fetch_add(1, Ordering::Relaxed);
+                    gone.clone()
+                })),
+                found: None,
+            };
+            fn facts(relaid: &[Relaid]) -> Facts<'_> {
+                Facts {
+                    updates: &[],
+                    relaid,
+                }
+            }
+            // As a rewrite: learnt, then corrected.
+            let mut after = fresh();
+            facts(&relaid).apply(2, &mut after);
+            let mut c = check();
+            let late = c.corrections(&relaid);
+            let _ = c.corrections(&relaid);
+            facts(&late).apply(2, &mut after);
+            // As a write: corrected, then learnt.
+            let mut first = fresh();
+            let mut fixed = relaid.clone();
+            let mut c = check();
+            c.correct(&mut fixed);
+            c.correct(&mut fixed);
+            facts(&fixed).apply(2, &mut first);
+            assert_eq!(asked.load(Ordering::Relaxed), 2, "seed {seed}");
+            for (r, ((_, a), (_, b))) in relaid.iter().zip(after.files.iter().zip(&first.files)) {
+                let want = match r.shared {
+                    fp if fp == Relaid::MOVED || gone.contains(&fp) => (full().size, None),
+                    fp => (0, Some(fp)),
+                };
+                assert_eq!((a.exclusive, a.shared), want, "seed {seed}: {r:?}");
+                assert_eq!((b.exclusive, b.shared), want, "seed {seed}: {r:?}");
             }
         }
     }

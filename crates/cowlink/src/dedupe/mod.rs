@@ -1246,9 +1246,10 @@ pub fn dedupe<P: AsRef<Path>>(
 /// ([`execute::Executor::finish`], a `syncfs` of each filesystem shared
 /// on: on Btrfs, the commit that frees what was shared, 0.5-1 s after a
 /// first run over 184,092 files), beside the layouts learnt while
-/// sharing (`layouts`: the sources mapped again, [`execute::Layouts::flush`],
-/// which only reads) and the indexes' last write ([`Indexes::finish`],
-/// and on a first run the index's rewrite). The write runs beside the
+/// sharing (`layouts`: handed to the index, and their sources mapped
+/// again, [`execute::Layouts::split`], which only reads) and the
+/// indexes' last write ([`Indexes::finish_checked`], and on a first run
+/// the index's rewrite, beside the sources' map). The write runs beside the
 /// measure too where the index is kept on none of the filesystems
 /// measured (its writes would count as space in use there), else after
 /// it.
@@ -1260,12 +1261,18 @@ fn end_together(
     let beside = !ex.measures(ix.dir());
     std::thread::scope(|s| {
         let learnt = s.spawn(move || {
-            if let Some(l) = layouts {
-                l.flush();
-            }
+            let check = layouts.map(|l| {
+                let recheck = l.split();
+                let mapped = s.spawn(move || recheck.run());
+                Box::new(move || {
+                    mapped
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+                }) as index::NotFound<'_>
+            });
             match beside {
-                true => Ok(ix.finish()),
-                false => Err(ix),
+                true => Ok(ix.finish_checked(check)),
+                false => Err((ix, check)),
             }
         });
         let report = ex.finish();
@@ -1274,7 +1281,7 @@ fn end_together(
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
         {
             Ok(index) => (report, index),
-            Err(ix) => (report, ix.finish()),
+            Err((ix, check)) => (report, ix.finish_checked(check)),
         }
     })
 }
