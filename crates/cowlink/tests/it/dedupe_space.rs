@@ -651,6 +651,19 @@ fn a_directory_that_is_not_a_store_is_refused_and_nothing_changes() {
     assert!(!same_blocks(&d.path().join("a"), &d.path().join("b")));
 }
 
+/// Write `bytes` at `p` with a hole wherever a 4 KiB block of it is
+/// all zeros (a file of zeros only has no block at all).
+fn write_sparse(p: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::create(p).unwrap();
+    for (b, block) in bytes.chunks((4 * KIB) as usize).enumerate() {
+        if block.iter().any(|&x| x != 0) {
+            f.write_all_at(block, b as u64 * 4 * KIB).unwrap();
+        }
+    }
+    f.set_len(bytes.len() as u64).unwrap();
+}
+
 /// A small deterministic generator (xorshift64*), so a failure replays.
 struct Rng(u64);
 
@@ -669,7 +682,8 @@ impl Rng {
 
 /// Random groups of identical files with random pre-existing sharing:
 /// clones within the group, reflinked copies outside the set, parts cloned
-/// from another member, and (on Btrfs) a snapshot of some of them. After
+/// from another member, members with holes or of holes only, and (on
+/// Btrfs) a snapshot of some of them. After
 /// the dedupe, free space has not fallen and every file holds its bytes.
 ///
 /// `tally` adds up the targets shared and skipped, so the caller can check
@@ -697,11 +711,24 @@ fn random_sharing_never_grows_usage(
     // snapshot shares them, and changing a file unshares its leaf.
     for g in 0..60u64 {
         let blocks = 1 + rng.below(16);
-        let bytes = data((blocks * 4 * KIB) as usize, seed * 100 + g);
+        let mut bytes = data((blocks * 4 * KIB) as usize, seed * 100 + g);
+        // One group in six has zero blocks (one in three of those, only
+        // zeros): each member is written sparse (holes there, or no
+        // block at all) or in full, at random.
+        let sparse = rng.below(6) == 0;
+        if sparse {
+            let none = rng.below(3) == 0;
+            for (b, block) in bytes.chunks_mut((4 * KIB) as usize).enumerate() {
+                if none || b % 2 == 1 || rng.below(2) == 0 {
+                    block.fill(0);
+                }
+            }
+        }
         let mut members: Vec<PathBuf> = Vec::new();
         for m in 0..2 + rng.below(4) {
             let p = set.join(format!("g{g}-m{m}"));
             match (rng.below(5), members.last()) {
+                (_, _) if sparse && rng.below(2) == 0 => write_sparse(&p, &bytes),
                 // A clone of an earlier member.
                 (0, Some(prev)) => reflink(prev, &p),
                 // Written, with a reflinked copy outside the set.
