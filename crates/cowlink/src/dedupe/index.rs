@@ -1216,29 +1216,41 @@ impl Relaid {
 /// again when it ended.
 pub(super) type NotFound<'a> = Box<dyn FnOnce() -> HashSet<u64> + Send + 'a>;
 
-/// A [`NotFound`], asked at most once.
+/// A [`NotFound`], asked at most once. A check that panicked (its
+/// message printed by the panic hook) has found nothing: every layout
+/// learnt while sharing is forgotten, not trusted unchecked.
 struct Check<'a> {
     pending: Option<NotFound<'a>>,
-    found: Option<HashSet<u64>>,
+    /// `Some(None)`: the check panicked.
+    found: Option<Option<HashSet<u64>>>,
 }
 
 impl Check<'_> {
-    /// The fingerprints not found (waits for the check the first time).
-    fn not_found(&mut self) -> &HashSet<u64> {
+    /// The fingerprints not found (waits for the check the first time);
+    /// `None` if it failed.
+    fn not_found(&mut self) -> Option<&HashSet<u64>> {
         let pending = &mut self.pending;
         self.found
-            .get_or_insert_with(|| pending.take().map(|f| f()).unwrap_or_default())
+            .get_or_insert_with(|| match pending.take() {
+                Some(f) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok(),
+                None => Some(HashSet::new()),
+            })
+            .as_ref()
+    }
+
+    /// Whether what was learnt on runs `shared` is to be forgotten.
+    fn gone(&mut self, shared: u64) -> bool {
+        shared != Relaid::MOVED && self.not_found().is_none_or(|g| g.contains(&shared))
     }
 
     /// Of `relaid`, those learnt on runs not found, as forgotten
     /// ([`Relaid::MOVED`]), in the same order.
     fn corrections(&mut self, relaid: &[Relaid]) -> Vec<Relaid> {
-        let gone = self.not_found();
-        if gone.is_empty() {
+        if self.not_found().is_some_and(HashSet::is_empty) {
             return Vec::new();
         }
         (relaid.iter())
-            .filter(|r| r.shared != Relaid::MOVED && gone.contains(&r.shared))
+            .filter(|r| self.gone(r.shared))
             .map(|r| Relaid {
                 shared: Relaid::MOVED,
                 ..*r
@@ -1248,9 +1260,13 @@ impl Check<'_> {
 
     /// Forget, in `relaid`, what was learnt on runs not found.
     fn correct(&mut self, relaid: &mut [Relaid]) {
-        let gone = self.not_found();
-        for r in relaid.iter_mut().filter(|r| gone.contains(&r.shared)) {
-            r.shared = Relaid::MOVED;
+        if self.not_found().is_some_and(HashSet::is_empty) {
+            return;
+        }
+        for r in relaid.iter_mut() {
+            if self.gone(r.shared) {
+                r.shared = Relaid::MOVED;
+            }
         }
     }
 }
@@ -3050,7 +3066,7 @@ mod tests {
     /// write, [`Check::correct`]). Over seeded random layouts learnt and
     /// runs not found, either way a file learnt on runs not found is
     /// forgotten, the others keep what was learnt, and the check is asked
-    /// once.
+    /// once; a check that panics forgets every file.
     #[test]
     fn files_learnt_on_runs_not_found_again_are_forgotten_either_way() {
         use std::sync::atomic::AtomicUsize;
@@ -3076,10 +3092,13 @@ mod tests {
                 .collect();
             in_key_order(&mut [], &mut relaid);
             let gone: HashSet<u64> = (1..8).filter(|_| rng.bool()).collect();
+            // A check that fails forgets all.
+            let fails = seed % 10 == 0;
             let asked = AtomicUsize::new(0);
             let check = || Check {
                 pending: Some(Box::new(|| {
                     asked.fetch_add(1, Ordering::Relaxed);
+                    assert!(!fails, "the check fails (seed {seed})");
                     gone.clone()
                 })),
                 found: None,
@@ -3107,7 +3126,7 @@ mod tests {
             assert_eq!(asked.load(Ordering::Relaxed), 2, "seed {seed}");
             for (r, ((_, a), (_, b))) in relaid.iter().zip(after.files.iter().zip(&first.files)) {
                 let want = match r.shared {
-                    fp if fp == Relaid::MOVED || gone.contains(&fp) => (full().size, None),
+                    fp if fails || fp == Relaid::MOVED || gone.contains(&fp) => (full().size, None),
                     fp => (0, Some(fp)),
                 };
                 assert_eq!((a.exclusive, a.shared), want, "seed {seed}: {r:?}");
