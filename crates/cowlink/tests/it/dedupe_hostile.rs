@@ -191,13 +191,18 @@ fn source_rewritten_when_opened(
             let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
             let mut events = inotify::Reader::new(&ino, &mut buf);
             loop {
+                // Read before the queue: once the run is over, its open
+                // is queued (read after, a run that opened and ended
+                // between an empty read and the flag was taken as never
+                // opening the source, and the test failed under load).
+                let over = done.load(SeqCst);
                 match events.next() {
                     Ok(ev) if ev.events().contains(ReadFlags::OPEN) => {
                         w.write_all_at(&other, 0).unwrap();
                         return;
                     }
                     Ok(_) => {}
-                    Err(rustix::io::Errno::AGAIN) if done.load(SeqCst) => return,
+                    Err(rustix::io::Errno::AGAIN) if over => return,
                     Err(rustix::io::Errno::AGAIN) => std::hint::spin_loop(),
                     Err(e) => panic!("inotify: {e}"),
                 }
