@@ -34,7 +34,13 @@ RUNS_DIR=$PWD/bench/runs/$(date -u +%F)-${BENCH_MACHINE:-$(nproc)core-$(uname -r
 export RUNS_DIR
 save_raw() {
     mkdir -p "$RUNS_DIR"
-    cp "$2" "$RUNS_DIR/$1.json"
+    # A second run of a day keeps the first's results: NAME-2.json, ...
+    local to=$RUNS_DIR/$1.json n=2
+    while [ -e "$to" ]; do
+        to=$RUNS_DIR/$1-$n.json
+        n=$((n + 1))
+    done
+    cp "$2" "$to"
 }
 
 header() {
