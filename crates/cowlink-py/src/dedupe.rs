@@ -183,6 +183,7 @@ impl Plan {
             files: r.files.clone(),
             unchanged: r.unchanged,
             unstated: r.unstated,
+            verified: r.verified,
             written: r.written,
             pruned: r.pruned,
             corrected: r.corrected,
@@ -246,6 +247,10 @@ record!(
         /// Btrfs, as root, no transaction since their directory's record
         /// wrote their inode.
         unstated: u64,
+        /// Index files whose every page was checked on opening (new ones
+        /// included); the others were exactly as the last run left them,
+        /// checked less than a day before.
+        verified: u64,
         /// Entries written (files read this time, layouts after sharing).
         written: u64,
         /// Entries of files gone from the paths walked, removed.
