@@ -2210,17 +2210,14 @@ impl Indexes {
             .map_err(|e| format!("index lock {}: {e}; going on without it", shown(&lock_path)))?;
         if !lock_soon(&lk) {
             let mut holder = String::new();
-            let _ = lk.read_to_string(&mut holder);
-            let holder = holder.trim();
+            let _ = (&lk).take(4096).read_to_string(&mut holder);
+            // The holder's line (a run ending writes its seal instead).
+            let holder = holder.lines().find(|l| l.starts_with("pid "));
             lock(&self.in_use).insert(dev, moved_mark(&file));
             return Err(format!(
                 "index {} is in use by {}; this run goes on without it",
                 shown(&file),
-                if holder.is_empty() {
-                    "another run"
-                } else {
-                    holder
-                }
+                holder.unwrap_or("another run")
             ));
         }
         // The seal the last run left, taken away: a run that does not

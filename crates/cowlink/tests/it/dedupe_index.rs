@@ -524,13 +524,28 @@ fn an_index_is_checked_whole_unless_as_the_last_clean_run_left_it() {
     };
     let day_before = |c: &str| (c.parse::<u64>().unwrap() - 86_401).to_string();
     let bigger = |n: &str| (n.parse::<u64>().unwrap() + 4096).to_string();
+    let tomorrow = |c: &str| (c.parse::<u64>().unwrap() + 86_400).to_string();
     type Damage<'a> = (&'static str, Box<dyn Fn() + 'a>);
-    let cases: [Damage; 4] = [
+    let cases: [Damage; 6] = [
         (
             "checked over a day ago",
             Box::new(|| reseal(6, &day_before)),
         ),
         ("another size", Box::new(|| reseal(3, &bigger))),
+        (
+            "checked in the future (a clock set back since)",
+            Box::new(|| reseal(6, &tomorrow)),
+        ),
+        (
+            "another file in its place, times and size kept",
+            Box::new(|| {
+                let copy = file.with_extension("copy");
+                let m = fs::metadata(&file).unwrap();
+                fs::copy(&file, &copy).unwrap();
+                restore_mtime(&copy, &m);
+                fs::rename(&copy, &file).unwrap();
+            }),
+        ),
         (
             "a run that did not end: its line, no seal",
             Box::new(|| fs::write(&lock, "pid 4242 (cowlink dedupe /x)\n").unwrap()),
