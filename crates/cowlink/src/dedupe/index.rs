@@ -91,11 +91,18 @@
 //! ctime, and when its pages were last checked), and the next run reads
 //! the seal and removes it before it opens the file. A write to the file
 //! by anything else moves its ctime, which no one can set back; a run
-//! killed, or one whose write failed, leaves no seal; a file or seal not
-//! owned by the user running is not trusted. A damage that moves no time
-//! (a disk's) is found within a day. The check reads the whole file
-//! twice (its checksums, then its allocations): about 30 ms of a 0.5 s
-//! rerun over 150,000 files.
+//! killed, or one whose write or read failed, that met a damaged record
+//! or a redb panic, or that finds another file at the path at its end,
+//! leaves no seal; a file or seal not owned by the user running, or that
+//! others may write, is not trusted, nor a seal that is not the lock
+//! file's one line. A damage that moves no time (a disk's) is found
+//! within a day; a run that meets it first has redb's panics caught (at
+//! open, in each read, when the database closes) and goes on without
+//! what it could not read. A power loss can keep a seal whose removal
+//! never reached the disk, over a file a later run changed: that run's
+//! unclean close makes redb recover (and check) the file when it is next
+//! opened. The check reads the whole file twice (its checksums, then its
+//! allocations): about 30 ms of a 0.5 s rerun over 150,000 files.
 //!
 //! Crash rules: what the walk learned is written in one redb write
 //! transaction per filesystem when the walk ends (committed, fsync), and
@@ -755,7 +762,7 @@ pub(super) fn absolute_bytes(path: &Path) -> std::borrow::Cow<'_, [u8]> {
 /// The index of one filesystem, open and locked for a run.
 pub(super) struct FsIndex {
     file: PathBuf,
-    db: Database,
+    db: Db,
     /// The records as they were when the run began, until the walk is
     /// over ([`Indexes::walked`]): a read transaction left open keeps
     /// every page the run's writes replace, and the file grew by several
@@ -809,12 +816,36 @@ pub(super) struct FsIndex {
 }
 
 impl Drop for FsIndex {
-    /// A database redb failed on is not sealed (its lock, let go after
-    /// this, seals the others).
+    /// The database is closed first, and a database redb failed on (a
+    /// panic, now or while it closes), or one with a record found
+    /// damaged, is not sealed: the next run checks every page (its lock,
+    /// let go after this, seals the others).
     fn drop(&mut self) {
-        if self.broken.load(Ordering::Relaxed) {
+        // redb writes its allocator state on the way out, reading the
+        // tree: a damage there is the file's, not the run's.
+        if let Some(db) = self.db.0.take() {
+            let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+            if closed.is_err() {
+                self.broken.store(true, Ordering::Relaxed);
+            }
+        }
+        if self.broken.load(Ordering::Relaxed) || self.damaged.load(Ordering::Relaxed) > 0 {
             self.lock.sealable.store(false, Ordering::Relaxed);
         }
+    }
+}
+
+/// An index's open database, there until the index is let go (then
+/// closed by [`FsIndex`]'s drop, a panic caught).
+struct Db(Option<Database>);
+
+impl std::ops::Deref for Db {
+    type Target = Database;
+    fn deref(&self) -> &Database {
+        // Taken only by the drop.
+        self.0
+            .as_ref()
+            .expect("the database is open while its index is")
     }
 }
 
@@ -1119,7 +1150,11 @@ impl FsIndex {
         // redb trusts its pages: a damaged file can make it panic. That
         // is an index to rebuild, not a run to lose.
         let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            table.get(dir).ok().flatten().map(|v| {
+            // A read that fails (an I/O error) leaves no seal either.
+            let v = table
+                .get(dir)
+                .map_err(|_| self.lock.sealable.store(false, Ordering::Relaxed));
+            v.ok().flatten().map(|v| {
                 let b = v.value();
                 (tail(b), Record::decode(dir, b))
             })
@@ -1603,10 +1638,22 @@ impl Indexes {
         if let Some(got) = map.get(&dev) {
             return got.clone();
         }
-        let opened = match self.open(dev, fd) {
-            Ok(ix) => Some(Arc::new(ix)),
-            Err(note) => {
+        // A panic while it is opened is redb meeting a damage in pages a
+        // seal let go unchecked (see `Seal`): the run goes on without it,
+        // and leaves no seal, so the next run checks every page.
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.open(dev, fd)));
+        let opened = match got {
+            Ok(Ok(ix)) => Some(Arc::new(ix)),
+            Ok(Err(note)) => {
                 self.note(note);
+                None
+            }
+            Err(_) => {
+                self.note(format!(
+                    "an index in {} could not be read (damaged); this run goes on without it, \
+                     and the next one checks it whole",
+                    crate::name::quoted(&self.dir)
+                ));
                 None
             }
         };
@@ -1744,6 +1791,9 @@ impl Indexes {
                 ix.lazy.store(false, Ordering::Relaxed);
                 return;
             }
+            // Failed (no room, or a damage met reading every record): the
+            // file is as the last commit left it, but it gets no seal.
+            ix.lock.sealable.store(false, Ordering::Relaxed);
         }
         if !facts.is_empty() {
             check.correct(relaid);
@@ -1761,9 +1811,12 @@ impl Indexes {
             return;
         }
         if wasteful(ix) {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 rewrite(ix, Facts::default(), false, &mut Vec::new)
             }));
+            if !matches!(res, Ok(Ok(_))) {
+                ix.lock.sealable.store(false, Ordering::Relaxed);
+            }
         }
     }
 
@@ -2232,7 +2285,7 @@ impl Indexes {
         // [`rewrite`]): the old file is whole; the copy only holds space.
         // Under the lock, so no run is writing it.
         let _ = std::fs::remove_file(file.with_extension("redb.new"));
-        let (db, checked, verified) = self.open_db(&file, seal)?;
+        let (db, checked, verified, at) = self.open_db(&file, seal)?;
         let ix_file = file.clone();
         if check {
             // The device the index was last opened on.
@@ -2305,13 +2358,14 @@ impl Indexes {
             .map_or(u64::MAX, |r| r.len().unwrap_or(u64::MAX));
         Ok(FsIndex {
             file,
-            db,
+            db: Db(Some(db)),
             read: RwLock::new(read),
             held,
             verified,
             lock: IndexLock {
                 file: lk,
                 db: ix_file,
+                at: Mutex::new(at),
                 checked,
                 sealable: AtomicBool::new(true),
             },
@@ -2336,7 +2390,8 @@ impl Indexes {
     /// damaged or of another format.
     /// Also returned: when its pages were last all checked, and whether
     /// that was now.
-    fn open_db(&self, file: &Path, seal: Option<Seal>) -> Result<(Database, u64, bool), String> {
+    /// (And the file opened, by device and inode.)
+    fn open_db(&self, file: &Path, seal: Option<Seal>) -> Result<Opened, String> {
         let shown = crate::name::quoted(file).to_string();
         let builder = || {
             let mut b = Database::builder();
@@ -2352,6 +2407,7 @@ impl Indexes {
         // check that reads them all; unless the file is as a run that
         // ended cleanly left it, checked within a day (see `Seal`).
         let now = unix_now();
+        let at = file_at(&own);
         let sealed = seal.filter(|s| own.metadata().is_ok_and(|m| s.holds(&m, now)));
         let checked = sealed.map_or(now, |s| s.checked);
         let opened = std::panic::catch_unwind(move || {
@@ -2382,10 +2438,10 @@ impl Indexes {
         };
         let why = match opened {
             Ok(db) => match format_of(&db) {
-                Ok(Some(FORMAT)) => return Ok((db, checked, sealed.is_none())),
+                Ok(Some(FORMAT)) => return Ok((db, checked, sealed.is_none(), at)),
                 Ok(None) => {
                     write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
-                    return Ok((db, checked, sealed.is_none()));
+                    return Ok((db, checked, sealed.is_none(), at));
                 }
                 Ok(Some(other)) => format!("is of format {other}, this version uses {FORMAT}"),
                 Err(redb::Error::Io(e)) if no_room(&e) => return Err(kept(&e)),
@@ -2401,12 +2457,24 @@ impl Indexes {
         ));
         std::fs::remove_file(file).map_err(|e| format!("index {shown}: cannot remove: {e}"))?;
         let own = own_file(file).map_err(|e| format!("index {shown}: {e}; going on without it"))?;
+        let at = file_at(&own);
         let db = builder()
             .create_file(own)
             .map_err(|e| format!("index {shown}: {e}"))?;
         write_format(&db).map_err(|e| format!("index {shown}: {e}"))?;
-        Ok((db, now, true))
+        Ok((db, now, true, at))
     }
+}
+
+/// An opened database: the database, when its pages were last all
+/// checked, whether that was now, and the file by device and inode.
+type Opened = (Database, u64, bool, (u64, u64));
+
+/// A file's device and inode (zeros where it cannot be read: then no
+/// file at the path matches it).
+fn file_at(f: &std::fs::File) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    f.metadata().map_or((0, 0), |m| (m.dev(), m.ino()))
 }
 
 /// Seconds since the epoch (0 for a clock before it).
@@ -2419,9 +2487,14 @@ fn unix_now() -> u64 {
 /// Whether `f` belongs to the user running (a file another user made in a
 /// shared index directory is not trusted to say anything).
 fn owned(f: &std::fs::File) -> bool {
+    f.metadata().is_ok_and(|m| own_only(&m))
+}
+
+/// Whether `m` is a file of the user running that no group or other user
+/// may write (an index made before its files were created 0600 can be).
+fn own_only(m: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
-    f.metadata()
-        .is_ok_and(|m| m.uid() == rustix::process::geteuid().as_raw())
+    m.uid() == rustix::process::geteuid().as_raw() && m.mode() & 0o022 == 0
 }
 
 /// How long a database's pages, all checked once, are trusted unchecked
@@ -2464,9 +2537,15 @@ impl Seal {
         )
     }
 
-    /// The seal among the lock file's lines, if one is whole.
+    /// The seal the lock file's text is, if it is one whole: its one
+    /// line (a run writes nothing else there; a holder's line, which
+    /// carries a command line, is never read as one).
     fn parse(text: &str) -> Option<Seal> {
-        let line = text.lines().find_map(|l| l.strip_prefix("sealed "))?;
+        let line = text.strip_suffix('\n')?;
+        if line.contains('\n') {
+            return None;
+        }
+        let line = line.strip_prefix("sealed ")?;
         let words: Vec<&str> = line.split(' ').collect();
         let [dev, ino, size, mtime_ns, ctime_ns, checked] = words.as_slice() else {
             return None;
@@ -2485,9 +2564,10 @@ impl Seal {
     /// running, with its pages checked less than [`SEAL_FOR_SECS`]
     /// before `now`.
     fn holds(&self, m: &std::fs::Metadata, now: u64) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        m.uid() == rustix::process::geteuid().as_raw()
+        // (A clock before the epoch reads 0: never a time to trust by.)
+        own_only(m)
             && Seal::of(m, self.checked) == *self
+            && self.checked > 0
             && now >= self.checked
             && now - self.checked < SEAL_FOR_SECS
     }
@@ -2495,16 +2575,28 @@ impl Seal {
 
 /// An index's lock file, held (`flock`ed) for a run. Let go after the
 /// database is closed: then, unless a write failed, the run panicked or
-/// the database is gone, the database is synced and its [`Seal`] written
-/// over the holder's line.
+/// met a damage, or the database is gone or another file now, the
+/// database is synced and its [`Seal`] written over the holder's line.
 struct IndexLock {
     file: std::fs::File,
     /// The database's path.
     db: PathBuf,
+    /// The database the run opened (or renamed into place), by device
+    /// and inode: a file put at the path meanwhile is not sealed.
+    at: Mutex<(u64, u64)>,
     /// When its pages were last all checked.
     checked: u64,
     /// No write of this run failed.
     sealable: AtomicBool,
+}
+
+impl IndexLock {
+    /// The database is the file `m` describes now (a rewrite renamed it
+    /// into place).
+    fn now_at(&self, m: &std::fs::Metadata) {
+        use std::os::unix::fs::MetadataExt;
+        *lock(&self.at) = (m.dev(), m.ino());
+    }
 }
 
 impl Drop for IndexLock {
@@ -2520,8 +2612,11 @@ impl Drop for IndexLock {
                 .open(&self.db)
                 .ok()?;
             let m = f.metadata().ok()?;
-            if !m.file_type().is_file() {
-                return None;
+            {
+                use std::os::unix::fs::MetadataExt;
+                if !m.file_type().is_file() || *lock(&self.at) != (m.dev(), m.ino()) {
+                    return None;
+                }
             }
             // Durable before it is vouched for: a crash must not leave a
             // seal over pages that never reached the disk.
@@ -2556,6 +2651,18 @@ fn no_room(e: &std::io::Error) -> bool {
 
 /// Whether `ix`'s file is due for a rewrite ([`bloated`]).
 fn wasteful(ix: &FsIndex) -> bool {
+    // Reads every page's header (redb's statistics): a damage there is
+    // the file's, not the run's.
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wasteful_as_read(ix)));
+    got.unwrap_or_else(|_| {
+        ix.lock.sealable.store(false, Ordering::Relaxed);
+        ix.broken.store(true, Ordering::Relaxed);
+        false
+    })
+}
+
+/// [`wasteful`], read.
+fn wasteful_as_read(ix: &FsIndex) -> bool {
     (|| -> Result<bool, redb::Error> {
         let txn = ix.db.begin_write()?;
         let st = txn.stats()?;
@@ -2680,7 +2787,10 @@ fn rewrite(
         })()
         .map_err(|e| e.to_string())?;
         drop(new);
+        let now = std::fs::metadata(&tmp).map_err(|e| e.to_string())?;
         std::fs::rename(&tmp, file).map_err(|e| e.to_string())?;
+        // The file the run leaves, and seals, is the copy now.
+        ix.lock.now_at(&now);
         if let Some(dir) = file.parent() {
             let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
         }
@@ -3030,8 +3140,9 @@ mod tests {
         );
     }
 
-    /// A seal reads back as written, and a line that is not one whole
-    /// (cut short, a word too many, not numbers, another line) is none.
+    /// A seal reads back as written, and text that is not one whole
+    /// (cut short, a word too many, not numbers, beside another line) is
+    /// none.
     #[test]
     fn a_seal_reads_back_and_nothing_else_passes_for_one() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -3049,20 +3160,28 @@ mod tests {
                 checked: next() >> 20,
             };
             let line = s.line();
-            assert_eq!(Seal::parse(&format!("pid 1 (x)\n{line}\n")), Some(s));
+            assert_eq!(Seal::parse(&format!("{line}\n")), Some(s));
+            // Only as the file's one line: not after a holder's line (a
+            // command line can hold a newline), nor without its end.
+            assert_eq!(Seal::parse(&format!("pid 1 (x)\n{line}\n")), None);
+            assert_eq!(Seal::parse(&format!("{line}\npid 1 (x)\n")), None);
+            assert_eq!(Seal::parse(&line), None);
             let cut = (next() as usize) % line.len();
             let short = &line[..cut];
-            if let Some(got) = Seal::parse(short) {
+            if let Some(got) = Seal::parse(&format!("{short}\n")) {
                 // Cut inside the last number only: another number, never
                 // a seal of other words.
                 assert_eq!((got.dev, got.ino, got.size), (s.dev, s.ino, s.size));
             }
-            assert_eq!(Seal::parse(&format!("{line} 7")), None);
-            assert_eq!(Seal::parse(&line.replace(' ', "  ")), None);
-            assert_eq!(Seal::parse(&line.replacen("sealed", "seal", 1)), None);
+            assert_eq!(Seal::parse(&format!("{line} 7\n")), None);
+            assert_eq!(Seal::parse(&format!("{}\n", line.replace(' ', "  "))), None);
+            assert_eq!(
+                Seal::parse(&format!("{}\n", line.replacen("sealed", "seal", 1))),
+                None
+            );
         }
-        assert_eq!(Seal::parse("sealed 1 2 3 4 5 x"), None);
-        assert_eq!(Seal::parse("sealed 1 2 3 4 5 -6"), None);
+        assert_eq!(Seal::parse("sealed 1 2 3 4 5 x\n"), None);
+        assert_eq!(Seal::parse("sealed 1 2 3 4 5 -6\n"), None);
         assert_eq!(Seal::parse(""), None);
     }
 
