@@ -4152,12 +4152,29 @@ fn xfs_a_file_claimed_shared_but_holding_a_targets_blocks_is_shared_too() {
 /// next indexed run, trusting it, has the kernel compare the files again
 /// (they share their blocks already: nothing is reclaimed twice) and
 /// learns their layouts, so the run after that has nothing to do.
+///
+/// What is reclaimed is measured (free space around each batch): another
+/// test freeing space on the same filesystem meanwhile, or XFS freeing
+/// the targets' old blocks in the background, reads as space reclaimed.
+/// Only that is tried again, on a fresh tree and index.
 #[test]
 #[ignore = "needs the loop-mounted test filesystems: run scripts/test"]
 fn plan_then_execute_leaves_the_index_to_the_next_run() {
     let d = testfs!(Xfs);
+    for attempt in 0..5 {
+        if plan_then_execute_once(&d.path().join(format!("t{attempt}"))) {
+            return;
+        }
+        eprintln!("space freed by another test read as reclaimed; again");
+    }
+    panic!("space was reclaimed twice on every attempt");
+}
+
+/// One attempt of [`plan_then_execute_leaves_the_index_to_the_next_run`]
+/// in `root`: false when the run comparing again measured space freed.
+fn plan_then_execute_once(root: &Path) -> bool {
     let ix = tempfile::tempdir().unwrap();
-    let root = d.path().join("t");
+    let root = root.to_path_buf();
     tree(&root);
     let p = plan(&[&root], &trusting(ix.path())).unwrap();
     assert!(p.errors.is_empty() && !p.groups.is_empty(), "{p:?}");
@@ -4169,12 +4186,19 @@ fn plan_then_execute_leaves_the_index_to_the_next_run() {
     assert_eq!(fs::read(&file).unwrap(), before, "execute wrote the index");
     let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert!(p.errors.is_empty() && r.errors.is_empty(), "{p:?} {r:?}");
+    // (Space another test allocates meanwhile reads as growth: the guard
+    // stops. Only that, too, is tried again.)
+    let grew = !r.skipped.is_empty()
+        && (r.skipped.iter()).all(|s| s.reason == cowlink::dedupe::SkipReason::UsageGrew);
+    if r.bytes_reclaimed != 0 || grew {
+        return false;
+    }
     assert_eq!(r.targets_deduped, 10, "compared again: {r:?}");
-    assert_eq!(r.bytes_reclaimed, 0, "{r:?}");
     assert_shared_iff_equal(&root);
     let (p, r) = dedupe(&[&root], &trusting(ix.path())).unwrap();
     assert_eq!(r.targets_deduped, 0, "{r:?}");
     assert!(p.groups.is_empty(), "{p:?}");
+    true
 }
 
 /// A plan's already shared file that holds a target's blocks is shared
