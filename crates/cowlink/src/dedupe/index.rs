@@ -577,18 +577,24 @@ impl Record {
         v
     }
 
+    /// A stored record's head, read from `r` (at the start of its body):
+    /// its path, its transaction and its number of entries, which each
+    /// take 5 bytes at least (no count beyond that is read).
+    fn header<'a>(r: &mut Reader<'a>) -> Option<(&'a [u8], u64, u64)> {
+        let whole = r.0.len() as u64;
+        let len = usize::try_from(r.var()?).ok()?;
+        let path = r.take(len)?;
+        let since = r.var()?;
+        let n = r.var()?;
+        (n <= whole / 5).then_some((path, since, n))
+    }
+
     /// The record in `b`, if its check holds and it reads whole.
     fn decode(dir: u64, b: &[u8]) -> Option<Record> {
         let body = checked(dir, b)?;
         let mut r = Reader(body);
-        let len = usize::try_from(r.var()?).ok()?;
-        let path = r.take(len)?.to_vec();
-        let since = r.var()?;
-        let n = r.var()?;
-        // Each entry takes 5 bytes at least: no count beyond that.
-        if n > body.len() as u64 / 5 {
-            return None;
-        }
+        let (path, since, n) = Record::header(&mut r)?;
+        let path = path.to_vec();
         let mut files = Vec::with_capacity(n as usize);
         let mut last = 0u64;
         for i in 0..n {
@@ -608,13 +614,7 @@ impl Record {
     /// decoding the entries; `None` where `body` does not read whole.
     fn lost_from(&self, body: &[u8]) -> Option<u64> {
         let mut r = Reader(body);
-        let len = usize::try_from(r.var()?).ok()?;
-        r.take(len)?;
-        r.var()?;
-        let n = r.var()?;
-        if n > body.len() as u64 / 5 {
-            return None;
-        }
+        let (_, _, n) = Record::header(&mut r)?;
         let (mut last, mut lost, mut kept) = (0u64, 0, self.files.iter().peekable());
         for i in 0..n {
             let d = r.var()?;
